@@ -1,0 +1,352 @@
+"""The HBM arena: one shared-memory buffer per device, CANN-rule allocation, bounds-checked access.
+
+Device pointers are integers ``TAG | device_id << 40 | offset`` (see :func:`make_ptr`), so ``ptr + k``
+works like C and the owning device is read off the pointer.  Every access resolves the pointer to a live
+allocation first; out-of-bounds ranges, freed or never-allocated pointers and pointers of another device
+raise :class:`~devices.errors.MemoryAccessError` with a CANN code and touch nothing.
+
+The buffer is a ``/dev/shm`` file mapped with :mod:`mmap` (not ``multiprocessing.shared_memory``, whose
+resource tracker unlinks segments when an attaching process exits), so another process on the node can
+map the same bytes: that is the emulated PCIe BAR used by the driver's same-node fast path.
+
+All methods are host-synchronous and thread-safe; none of them orders device work.
+"""
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import (ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR, ACL_ERROR_RT_MEMORY_FREE, ACL_ERROR_RT_NO_PERMISSION,
+                     AclError, InvalidParamError, MemoryAccessError, MemoryAllocationError)
+
+PTR_TAG = 0xAC << 56
+_DEV_SHIFT = 40
+_OFF_MASK = (1 << _DEV_SHIFT) - 1
+_DEV_MASK = 0xFFFF
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "vnpu_"
+
+# aclrtMemMallocPolicy (reference 1.5)
+ACL_MEM_MALLOC_HUGE_FIRST = 0
+ACL_MEM_MALLOC_HUGE_ONLY = 1
+ACL_MEM_MALLOC_NORMAL_ONLY = 2
+ACL_MEM_MALLOC_HUGE_FIRST_P2P = 3
+ACL_MEM_MALLOC_HUGE_ONLY_P2P = 4
+ACL_MEM_MALLOC_NORMAL_ONLY_P2P = 5
+ACL_MEM_MALLOC_HUGE1G_ONLY = 6
+ACL_MEM_MALLOC_HUGE1G_ONLY_P2P = 7
+_HUGE_POLICIES = {ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_HUGE_ONLY, ACL_MEM_MALLOC_HUGE_FIRST_P2P,
+                  ACL_MEM_MALLOC_HUGE_ONLY_P2P}
+_HUGE_PAGE = 2 << 20
+ALIGN = 64
+_CANARY = 0xA5
+
+
+def make_ptr(device_id: int, offset: int) -> int:
+    return PTR_TAG | (device_id & _DEV_MASK) << _DEV_SHIFT | offset
+
+
+def is_device_ptr(ptr: int) -> bool:
+    return isinstance(ptr, int) and (ptr >> 56) == (PTR_TAG >> 56)
+
+
+def ptr_device(ptr: int) -> int:
+    """The device id a pointer names; raises for something that is not a device pointer."""
+    if not is_device_ptr(ptr):
+        raise InvalidParamError(f"0x{ptr:x} is not a device pointer" if isinstance(ptr, int)
+                                else f"{ptr!r} is not a device pointer")
+    return (ptr >> _DEV_SHIFT) & _DEV_MASK
+
+
+def block_size(size: int, policy: int = ACL_MEM_MALLOC_HUGE_FIRST) -> int:
+    """Bytes an allocation of ``size`` takes: CANN rounds up to 32 B then adds 32 B; starts are 64 B
+    aligned; huge-page policies round requests over 1 MiB up to whole 2 MiB pages."""
+    if policy in _HUGE_POLICIES and size > (1 << 20):
+        return -(-size // _HUGE_PAGE) * _HUGE_PAGE
+    padded = -(-size // 32) * 32 + 32
+    return -(-padded // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Allocation:
+    offset: int
+    size: int          #: bytes the user asked for (the accessible range)
+    reserved: int      #: bytes the block takes in the arena
+    owner: str
+    policy: int
+
+
+@dataclass(frozen=True)
+class MemStats:
+    total: int
+    used: int
+    free: int
+    largest_free: int
+    peak: int
+    allocations: int
+    fragmentation: float
+    canary_violations: int
+
+
+class Allocator:
+    """Coalescing free-range allocator (best fit) over ``[0, total)``.  Not thread-safe by itself."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self._free_starts: list[int] = [0] if total else []
+        self._free: dict[int, int] = {0: total} if total else {}
+        self.used = 0
+        self.peak = 0
+
+    def alloc(self, nbytes: int) -> int | None:
+        best, best_size = None, None
+        for start in self._free_starts:
+            size = self._free[start]
+            if size >= nbytes and (best_size is None or size < best_size):
+                best, best_size = start, size
+                if size == nbytes:
+                    break
+        if best is None:
+            return None
+        i = bisect.bisect_left(self._free_starts, best)
+        del self._free_starts[i]
+        del self._free[best]
+        if best_size > nbytes:
+            rest = best + nbytes
+            self._free[rest] = best_size - nbytes
+            self._free_starts.insert(i, rest)
+        self.used += nbytes
+        self.peak = max(self.peak, self.used)
+        return best
+
+    def release(self, start: int, nbytes: int) -> None:
+        i = bisect.bisect_left(self._free_starts, start)
+        end = start + nbytes
+        # merge with the next free range
+        if i < len(self._free_starts) and self._free_starts[i] == end:
+            nbytes += self._free.pop(end)
+            del self._free_starts[i]
+        # merge with the previous free range
+        if i > 0:
+            prev = self._free_starts[i - 1]
+            if prev + self._free[prev] == start:
+                self._free[prev] += nbytes
+                self.used -= end - start
+                return
+        self._free[start] = nbytes
+        self._free_starts.insert(i, start)
+        self.used -= end - start
+
+    @property
+    def free_bytes(self) -> int:
+        return self.total - self.used
+
+    @property
+    def largest_free(self) -> int:
+        return max(self._free.values(), default=0)
+
+    def free_ranges(self) -> list[tuple[int, int]]:
+        return [(s, self._free[s]) for s in self._free_starts]
+
+
+class HbmArena:
+    """One device's HBM: a mapped shared-memory file plus the allocation table."""
+
+    def __init__(self, device_id: int, size: int, *, name: str | None = None):
+        if size <= 0 or size > _OFF_MASK:
+            raise InvalidParamError(f"arena size {size} out of range")
+        self.device_id = device_id
+        self.size = size
+        self.name = name or f"{SHM_PREFIX}{os.getpid()}_{device_id}_{secrets.token_hex(4)}"
+        self.path = os.path.join(SHM_DIR, self.name)
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.buf = np.frombuffer(self._mm, dtype=np.uint8)
+        self._lock = threading.Lock()
+        self._alloc = Allocator(size)
+        self._starts: list[int] = []
+        self._live: dict[int, Allocation] = {}
+        self._freed: OrderedDict[int, int] = OrderedDict()    # recently freed start -> size, for messages
+        self._poison: list[tuple[int, int]] = []               # ECC-faulted ranges (offset, end)
+        self._canary_violations = 0
+        self._closed = False
+
+    # ---- allocation ----
+    def malloc(self, size: int, policy: int = ACL_MEM_MALLOC_HUGE_FIRST, owner: str = "") -> int:
+        if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
+            raise InvalidParamError(f"malloc size must be a positive integer, got {size!r}")
+        if not isinstance(policy, (int, np.integer)) or policy < 0:
+            raise AclError(f"invalid malloc policy {policy!r}", code=107018)
+        size = int(size)
+        reserved = block_size(size, int(policy))
+        with self._lock:
+            self._check_open()
+            off = self._alloc.alloc(reserved)
+            if off is None:
+                raise MemoryAllocationError(
+                    f"device {self.device_id}: cannot allocate {size} B ({reserved} B reserved); "
+                    f"free {self._alloc.free_bytes} B, largest free block {self._alloc.largest_free} B")
+            a = Allocation(off, size, reserved, owner, int(policy))
+            bisect.insort(self._starts, off)
+            self._live[off] = a
+            self._freed.pop(off, None)
+        self.buf[off + size:off + reserved] = _CANARY
+        return make_ptr(self.device_id, off)
+
+    def free(self, ptr: int, owner: str | None = None) -> None:
+        off = self._offset_of(ptr)
+        with self._lock:
+            self._check_open()
+            a = self._live.get(off)
+            if a is None:
+                if off in self._freed:
+                    raise AclError(f"double free of 0x{ptr:x} on device {self.device_id}",
+                                   code=ACL_ERROR_RT_MEMORY_FREE)
+                raise InvalidParamError(f"free of 0x{ptr:x}: not the start of an allocation on device "
+                                        f"{self.device_id}")
+            if owner is not None and a.owner != owner:
+                raise AclError(f"0x{ptr:x} belongs to another tenant", code=ACL_ERROR_RT_NO_PERMISSION)
+            if not np.all(self.buf[a.offset + a.size:a.offset + a.reserved] == _CANARY):
+                self._canary_violations += 1
+            del self._live[off]
+            del self._starts[bisect.bisect_left(self._starts, off)]
+            self._alloc.release(off, a.reserved)
+            self._freed[off] = a.size
+            if len(self._freed) > 65536:
+                self._freed.popitem(last=False)
+
+    def free_owner(self, owner: str) -> int:
+        """Free every allocation of one tenant (client disconnect); returns how many."""
+        with self._lock:
+            ptrs = [make_ptr(self.device_id, a.offset) for a in self._live.values() if a.owner == owner]
+        for p in ptrs:
+            self.free(p)
+        return len(ptrs)
+
+    def reset(self) -> None:
+        """Drop every allocation (device reset)."""
+        with self._lock:
+            self._alloc = Allocator(self.size)
+            self._starts.clear()
+            self._live.clear()
+            self._freed.clear()
+            self._poison.clear()
+
+    # ---- access ----
+    def _offset_of(self, ptr: int) -> int:
+        dev = ptr_device(ptr)
+        if dev != self.device_id:
+            raise MemoryAccessError(f"pointer 0x{ptr:x} belongs to device {dev}, not device {self.device_id}")
+        return ptr & _OFF_MASK
+
+    def resolve(self, ptr: int, nbytes: int, owner: str | None = None, write: bool = False) -> int:
+        """Check that ``[ptr, ptr + nbytes)`` lies inside one live allocation; return its arena offset."""
+        off = self._offset_of(ptr)
+        if nbytes < 0:
+            raise InvalidParamError(f"negative length {nbytes}")
+        with self._lock:
+            i = bisect.bisect_right(self._starts, off) - 1
+            a = self._live[self._starts[i]] if i >= 0 else None
+            if a is None or off >= a.offset + a.size:
+                if a is not None and off < a.offset + a.reserved:
+                    raise MemoryAccessError(f"0x{ptr:x} is past the end of the {a.size} B allocation at "
+                                            f"0x{make_ptr(self.device_id, a.offset):x}")
+                what = ("freed memory (use after free)"
+                        if any(s <= off < s + n for s, n in self._freed.items()) else "no live allocation")
+                raise MemoryAccessError(f"0x{ptr:x} on device {self.device_id} points to {what}")
+            if off + nbytes > a.offset + a.size:
+                raise MemoryAccessError(
+                    f"access of {nbytes} B at 0x{ptr:x} overruns its allocation "
+                    f"({a.size} B at 0x{make_ptr(self.device_id, a.offset):x}, {a.offset + a.size - off} B left)")
+            if owner is not None and a.owner != owner:
+                raise AclError(f"0x{ptr:x} belongs to another tenant", code=ACL_ERROR_RT_NO_PERMISSION)
+            if self._poison:
+                for s, e in self._poison:
+                    if s < off + max(nbytes, 1) and off < e:
+                        raise AclError(f"uncorrectable HBM ECC error at device {self.device_id} offset "
+                                       f"0x{s:x}", code=ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR)
+        return off
+
+    def view(self, ptr: int, nbytes: int, owner: str | None = None, write: bool = False) -> np.ndarray:
+        """A uint8 numpy view of a checked range (zero-copy into the arena)."""
+        off = self.resolve(ptr, nbytes, owner, write)
+        return self.buf[off:off + nbytes]
+
+    def typed_view(self, ptr: int, shape: tuple[int, ...], dtype, owner: str | None = None) -> np.ndarray:
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        off = self.resolve(ptr, n * dt.itemsize, owner)
+        if off % dt.itemsize:
+            # numpy needs no alignment, but CANN kernels do: report it like the runtime
+            raise AclError(f"0x{ptr:x} is not aligned to {dt.itemsize} B for {dt}", code=107008)
+        return np.frombuffer(self._mm, dtype=dt, count=n, offset=off).reshape(shape)
+
+    def allocation_of(self, ptr: int) -> Allocation:
+        off = self.resolve(ptr, 0)
+        with self._lock:
+            i = bisect.bisect_right(self._starts, off) - 1
+            return self._live[self._starts[i]]
+
+    # ---- faults ----
+    def poison(self, offset: int, length: int) -> None:
+        """Mark an HBM range as having an uncorrectable ECC error (chaos)."""
+        with self._lock:
+            self._poison.append((offset, offset + length))
+
+    def clear_poison(self) -> None:
+        with self._lock:
+            self._poison.clear()
+
+    # ---- stats ----
+    def stats(self) -> MemStats:
+        with self._lock:
+            total_free = self._alloc.free_bytes
+            largest = self._alloc.largest_free
+            return MemStats(total=self.size, used=self._alloc.used, free=total_free, largest_free=largest,
+                            peak=self._alloc.peak, allocations=len(self._live),
+                            fragmentation=(1.0 - largest / total_free) if total_free else 0.0,
+                            canary_violations=self._canary_violations)
+
+    def live_allocations(self) -> list[Allocation]:
+        with self._lock:
+            return [self._live[s] for s in self._starts]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AclError("device arena is closed", code=207004)
+
+    def close(self) -> None:
+        """Unmap and unlink the segment (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.buf = None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a view is still alive somewhere; the mapping goes when it does
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def attach(name: str, size: int) -> tuple[mmap.mmap, np.ndarray]:
+    """Map another process's arena segment (same node); the caller owns only the mapping."""
+    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+    try:
+        mm = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    return mm, np.frombuffer(mm, dtype=np.uint8)

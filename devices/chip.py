@@ -1,0 +1,116 @@
+"""Chip specs and the roofline cost model that gives every task a modeled device duration.
+
+Nothing here blocks or touches memory: it is arithmetic over a frozen :class:`ChipSpec`.
+
+Sources and assumptions for ``ASCEND_910B3`` (an Ascend 910B-class training part):
+- 20 AI Cores (Cube) and 40 Vector cores: the 910B3 configuration reported by ``npu-smi`` / DCMI
+  (``ACL_DEV_ATTR_AICORE_CORE_NUM`` / ``VECTOR_CORE_NUM``); 24 on 910B2.
+- Cube throughput: ~313 TFLOP/s fp16 dense is the public figure for the 910B family; fp32 matmuls run
+  through the Cube at a quarter of that (assumption, as HF32-off fp32 on comparable cubes).
+- Vector throughput: assumed 1/16 of fp16 Cube (a Vector core does 128 fp16 lanes/cycle at ~1.8 GHz).
+- HBM: 64 GB HBM2e at ~1.6 TB/s (four stacks), per public datasheets; the emulated arena is smaller.
+- Host link: PCIe Gen5 x16, ~64 GB/s raw, ~50 GB/s effective for copies (assumption).
+- Device link: HCCS, 7 links x 56 GB/s on an 8-card board (public figure); one peer link modeled.
+- Launch: ~5 us device-side per kernel (the host-side runtime cost of ~12-15 us is what the launch
+  benchmark measures for real; this is only the device's own dispatch).
+- Power/thermal: 400 W TDP, ~90 W idle, ambient 35 C, +0.12 C/W at steady state (assumptions that land
+  the idle/busy readings near the npu-smi samples in the reference).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """Static description of one NPU model."""
+    name: str                      #: SoC name as ``acl.get_soc_name()`` reports it
+    short_name: str                #: npu-smi "Name" column
+    ai_cores: int                  #: AI Core (Cube) count: also the emulator's worker-thread count
+    vector_cores: int
+    cube_flops_fp16: float         #: FLOP/s, whole chip
+    cube_flops_fp32: float
+    vector_flops: float            #: FLOP/s, whole chip
+    hbm_bytes: int                 #: nominal HBM of the real part (the arena is configured separately)
+    hbm_bandwidth: float           #: B/s
+    pcie_bandwidth: float          #: B/s, host <-> device copies
+    link_bandwidth: float          #: B/s, device <-> device (HCCS) per peer
+    link_latency_s: float          #: per message
+    launch_cost_s: float           #: device-side dispatch per task
+    tdp_w: float
+    idle_w: float
+    ambient_c: float
+    c_per_w: float
+    max_streams: int = 1984
+    max_events: int = 65536
+
+
+ASCEND_910B3 = ChipSpec(
+    name="Ascend910B3", short_name="910B3", ai_cores=20, vector_cores=40,
+    cube_flops_fp16=313e12, cube_flops_fp32=313e12 / 4, vector_flops=313e12 / 16,
+    hbm_bytes=64 << 30, hbm_bandwidth=1.6e12, pcie_bandwidth=50e9, link_bandwidth=56e9,
+    link_latency_s=2e-6, launch_cost_s=5e-6, tdp_w=400.0, idle_w=90.0, ambient_c=35.0, c_per_w=0.12,
+)
+
+#: A smaller inference part (Atlas 300I-class); figures scaled from public 310P3 numbers (assumption).
+ASCEND_310P3 = ChipSpec(
+    name="Ascend310P3", short_name="310P3", ai_cores=8, vector_cores=7,
+    cube_flops_fp16=140e12, cube_flops_fp32=140e12 / 4, vector_flops=140e12 / 16,
+    hbm_bytes=24 << 30, hbm_bandwidth=204.8e9, pcie_bandwidth=25e9, link_bandwidth=25e9,
+    link_latency_s=5e-6, launch_cost_s=8e-6, tdp_w=72.0, idle_w=15.0, ambient_c=35.0, c_per_w=0.35,
+    max_streams=1024, max_events=1023,
+)
+
+CHIPS: dict[str, ChipSpec] = {c.name: c for c in (ASCEND_910B3, ASCEND_310P3)}
+
+
+def chip_by_name(name: str) -> ChipSpec:
+    """Look a spec up by SoC name (``Ascend910B3``) or short name (``910B3``)."""
+    for spec in CHIPS.values():
+        if name in (spec.name, spec.short_name):
+            return spec
+    raise KeyError(f"unknown chip {name!r}; known: {sorted(CHIPS)}")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a task does, for the cost model: floating-point ops and HBM bytes moved."""
+    flops: float = 0.0
+    bytes: float = 0.0
+    unit: str = "vector"           #: "cube" | "vector" | "dma" | "host" | "link"
+    fp16: bool = False
+
+
+class CostModel:
+    """Roofline durations in seconds of modeled device time."""
+
+    def __init__(self, spec: ChipSpec):
+        self.spec = spec
+
+    def kernel(self, work: Work, block_dim: int) -> float:
+        """A kernel of ``block_dim`` blocks: launch + max(compute on the used cores, HBM traffic)."""
+        s = self.spec
+        used = max(1, min(block_dim, s.ai_cores))
+        waves = math.ceil(max(1, block_dim) / s.ai_cores)
+        if work.unit == "cube":
+            tput = s.cube_flops_fp16 if work.fp16 else s.cube_flops_fp32
+        else:
+            tput = s.vector_flops
+        per_core = tput / s.ai_cores
+        t_compute = work.flops / (per_core * used) if work.flops else 0.0
+        # with fewer blocks than cores, the kernel also gets only part of the bandwidth
+        t_mem = work.bytes / (s.hbm_bandwidth * min(1.0, used / s.ai_cores * 2)) if work.bytes else 0.0
+        return s.launch_cost_s + max(t_compute, t_mem) * (waves if block_dim > s.ai_cores else 1)
+
+    def host_copy(self, nbytes: int) -> float:
+        """H2D or D2H over PCIe."""
+        return self.spec.launch_cost_s + nbytes / self.spec.pcie_bandwidth
+
+    def device_copy(self, nbytes: int) -> float:
+        """D2D inside one device's HBM (read + write)."""
+        return self.spec.launch_cost_s + 2 * nbytes / self.spec.hbm_bandwidth
+
+    def link_transfer(self, nbytes: int) -> float:
+        """One message over a device-to-device link (alpha-beta)."""
+        return self.spec.link_latency_s + nbytes / self.spec.link_bandwidth

@@ -1,0 +1,232 @@
+"""The one CANN error table and the typed exceptions that carry its codes.
+
+Every layer raises :class:`AclError` subclasses with a CANN numeric code; the driver sends the code over
+the wire and raises the same class on the other side (see :func:`error_for_code`).  Codes and names are
+those of ``acl_base_rt.h`` / ``rt_error_codes.h`` (reference/cann_api.md section 2).
+"""
+from __future__ import annotations
+
+# ---- ACL general codes (acl_base_rt.h) ----
+ACL_SUCCESS = 0
+ACL_ERROR_INVALID_PARAM = 100000
+ACL_ERROR_UNINITIALIZE = 100001
+ACL_ERROR_REPEAT_INITIALIZE = 100002
+ACL_ERROR_OP_NOT_FOUND = 100024
+ACL_ERROR_UNSUPPORTED_DATA_TYPE = 100026
+ACL_ERROR_KERNEL_NOT_FOUND = 100029
+ACL_ERROR_KERNEL_ALREADY_REGISTERED = 100031
+ACL_ERROR_REPEAT_SUBSCRIBE = 100033
+ACL_ERROR_REPEAT_FINALIZE = 100037
+ACL_ERROR_BAD_ALLOC = 200000
+ACL_ERROR_API_NOT_SUPPORT = 200001
+ACL_ERROR_INVALID_RESOURCE_HANDLE = 200005
+ACL_ERROR_FEATURE_UNSUPPORTED = 200006
+ACL_ERROR_INTERNAL_ERROR = 500000
+ACL_ERROR_FAILURE = 500001
+
+# ---- runtime codes passed through (rt_error_codes.h) ----
+ACL_ERROR_RT_PARAM_INVALID = 107000
+ACL_ERROR_RT_INVALID_DEVICEID = 107001
+ACL_ERROR_RT_CONTEXT_NULL = 107002
+ACL_ERROR_RT_STREAM_CONTEXT = 107003
+ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID = 107006
+ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL = 107007
+ACL_ERROR_RT_ADDR_UNALIGNED = 107008
+ACL_ERROR_RT_STREAM_NO_CB_REG = 107015
+ACL_ERROR_RT_INVALID_MEMORY_TYPE = 107016
+ACL_ERROR_RT_INVALID_HANDLE = 107017
+ACL_ERROR_RT_INVALID_MALLOC_TYPE = 107018
+ACL_ERROR_RT_WAIT_TIMEOUT = 107019
+ACL_ERROR_RT_TASK_TIMEOUT = 107020
+ACL_ERROR_RT_DEVICE_TASK_ABORT = 107022
+ACL_ERROR_RT_STREAM_ABORT = 107023
+ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
+ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
+ACL_ERROR_RT_MEMORY_FREE = 207002
+ACL_ERROR_RT_NO_DEVICE = 207004
+ACL_ERROR_RT_NO_PERMISSION = 207006
+ACL_ERROR_RT_NO_EVENT_RESOURCE = 207007
+ACL_ERROR_RT_NO_STREAM_RESOURCE = 207008
+ACL_ERROR_RT_OVER_LIMIT = 207012
+ACL_ERROR_RT_DEVICE_OOM = 207018
+ACL_ERROR_RT_TIMEOUT = 207020
+ACL_ERROR_RT_INTERNAL_ERROR = 507000
+ACL_ERROR_RT_STREAM_TASK_FULL = 507002
+ACL_ERROR_RT_LOST_HEARTBEAT = 507010
+ACL_ERROR_RT_REPORT_TIMEOUT = 507012
+ACL_ERROR_RT_AICORE_TIMEOUT = 507014
+ACL_ERROR_RT_AICORE_EXCEPTION = 507015
+ACL_ERROR_RT_KERNEL_LOOKUP = 507027
+ACL_ERROR_RT_DEV_SETUP_ERROR = 507033
+ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW = 507042
+ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW = 507043
+ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046
+ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047
+ACL_ERROR_RT_DEVICE_MEM_ERROR = 507053
+ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR = 507054
+ACL_ERROR_RT_LINK_ERROR = 507056
+ACL_ERROR_RT_SOCKET_CLOSE = 507901
+
+#: code -> (name, one-line meaning).  The single error table of the project.
+ERROR_TABLE: dict[int, tuple[str, str]] = {
+    ACL_SUCCESS: ("ACL_SUCCESS", "success"),
+    ACL_ERROR_INVALID_PARAM: ("ACL_ERROR_INVALID_PARAM", "invalid parameter"),
+    ACL_ERROR_UNINITIALIZE: ("ACL_ERROR_UNINITIALIZE", "acl.init has not been called"),
+    ACL_ERROR_REPEAT_INITIALIZE: ("ACL_ERROR_REPEAT_INITIALIZE", "repeated initialization"),
+    ACL_ERROR_OP_NOT_FOUND: ("ACL_ERROR_OP_NOT_FOUND", "operator not found"),
+    ACL_ERROR_UNSUPPORTED_DATA_TYPE: ("ACL_ERROR_UNSUPPORTED_DATA_TYPE", "unsupported data type"),
+    ACL_ERROR_KERNEL_NOT_FOUND: ("ACL_ERROR_KERNEL_NOT_FOUND", "kernel not found"),
+    ACL_ERROR_KERNEL_ALREADY_REGISTERED: ("ACL_ERROR_KERNEL_ALREADY_REGISTERED", "kernel already registered"),
+    ACL_ERROR_REPEAT_SUBSCRIBE: ("ACL_ERROR_REPEAT_SUBSCRIBE", "repeated subscription"),
+    ACL_ERROR_REPEAT_FINALIZE: ("ACL_ERROR_REPEAT_FINALIZE", "repeated finalize"),
+    ACL_ERROR_BAD_ALLOC: ("ACL_ERROR_BAD_ALLOC", "host memory allocation failed"),
+    ACL_ERROR_API_NOT_SUPPORT: ("ACL_ERROR_API_NOT_SUPPORT", "API not supported"),
+    ACL_ERROR_INVALID_RESOURCE_HANDLE: ("ACL_ERROR_INVALID_RESOURCE_HANDLE", "invalid resource handle"),
+    ACL_ERROR_FEATURE_UNSUPPORTED: ("ACL_ERROR_FEATURE_UNSUPPORTED", "feature not supported"),
+    ACL_ERROR_INTERNAL_ERROR: ("ACL_ERROR_INTERNAL_ERROR", "internal error"),
+    ACL_ERROR_FAILURE: ("ACL_ERROR_FAILURE", "failure"),
+    ACL_ERROR_RT_PARAM_INVALID: ("ACL_ERROR_RT_PARAM_INVALID", "invalid parameter"),
+    ACL_ERROR_RT_INVALID_DEVICEID: ("ACL_ERROR_RT_INVALID_DEVICEID", "invalid device id"),
+    ACL_ERROR_RT_CONTEXT_NULL: ("ACL_ERROR_RT_CONTEXT_NULL", "no current context: call set_device first"),
+    ACL_ERROR_RT_STREAM_CONTEXT: ("ACL_ERROR_RT_STREAM_CONTEXT", "stream not in the current context"),
+    ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID: ("ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID", "event not recorded"),
+    ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL: ("ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL", "end event before start"),
+    ACL_ERROR_RT_ADDR_UNALIGNED: ("ACL_ERROR_RT_ADDR_UNALIGNED", "address not aligned"),
+    ACL_ERROR_RT_STREAM_NO_CB_REG: ("ACL_ERROR_RT_STREAM_NO_CB_REG", "stream has no subscribed callback thread"),
+    ACL_ERROR_RT_INVALID_MEMORY_TYPE: ("ACL_ERROR_RT_INVALID_MEMORY_TYPE", "invalid memory type"),
+    ACL_ERROR_RT_INVALID_HANDLE: ("ACL_ERROR_RT_INVALID_HANDLE", "invalid handle"),
+    ACL_ERROR_RT_INVALID_MALLOC_TYPE: ("ACL_ERROR_RT_INVALID_MALLOC_TYPE", "invalid malloc policy"),
+    ACL_ERROR_RT_WAIT_TIMEOUT: ("ACL_ERROR_RT_WAIT_TIMEOUT", "wait timed out"),
+    ACL_ERROR_RT_TASK_TIMEOUT: ("ACL_ERROR_RT_TASK_TIMEOUT", "task timed out"),
+    ACL_ERROR_RT_DEVICE_TASK_ABORT: ("ACL_ERROR_RT_DEVICE_TASK_ABORT", "device task abort (device lost)"),
+    ACL_ERROR_RT_STREAM_ABORT: ("ACL_ERROR_RT_STREAM_ABORT", "stream is being aborted"),
+    ACL_ERROR_RT_FEATURE_NOT_SUPPORT: ("ACL_ERROR_RT_FEATURE_NOT_SUPPORT", "feature not supported"),
+    ACL_ERROR_RT_MEMORY_ALLOCATION: ("ACL_ERROR_RT_MEMORY_ALLOCATION", "device memory allocation failed"),
+    ACL_ERROR_RT_MEMORY_FREE: ("ACL_ERROR_RT_MEMORY_FREE", "device memory free failed"),
+    ACL_ERROR_RT_NO_DEVICE: ("ACL_ERROR_RT_NO_DEVICE", "device unavailable"),
+    ACL_ERROR_RT_NO_PERMISSION: ("ACL_ERROR_RT_NO_PERMISSION", "no permission"),
+    ACL_ERROR_RT_NO_EVENT_RESOURCE: ("ACL_ERROR_RT_NO_EVENT_RESOURCE", "event resources exhausted"),
+    ACL_ERROR_RT_NO_STREAM_RESOURCE: ("ACL_ERROR_RT_NO_STREAM_RESOURCE", "stream resources exhausted"),
+    ACL_ERROR_RT_OVER_LIMIT: ("ACL_ERROR_RT_OVER_LIMIT", "over limit"),
+    ACL_ERROR_RT_DEVICE_OOM: ("ACL_ERROR_RT_DEVICE_OOM", "device out of memory"),
+    ACL_ERROR_RT_TIMEOUT: ("ACL_ERROR_RT_TIMEOUT", "driver call timed out"),
+    ACL_ERROR_RT_INTERNAL_ERROR: ("ACL_ERROR_RT_INTERNAL_ERROR", "runtime internal error"),
+    ACL_ERROR_RT_STREAM_TASK_FULL: ("ACL_ERROR_RT_STREAM_TASK_FULL", "stream task queue full"),
+    ACL_ERROR_RT_LOST_HEARTBEAT: ("ACL_ERROR_RT_LOST_HEARTBEAT", "device heartbeat lost"),
+    ACL_ERROR_RT_REPORT_TIMEOUT: ("ACL_ERROR_RT_REPORT_TIMEOUT", "process_report timed out"),
+    ACL_ERROR_RT_AICORE_TIMEOUT: ("ACL_ERROR_RT_AICORE_TIMEOUT", "AI Core task timed out"),
+    ACL_ERROR_RT_AICORE_EXCEPTION: ("ACL_ERROR_RT_AICORE_EXCEPTION", "AI Core exception"),
+    ACL_ERROR_RT_KERNEL_LOOKUP: ("ACL_ERROR_RT_KERNEL_LOOKUP", "kernel lookup failed"),
+    ACL_ERROR_RT_DEV_SETUP_ERROR: ("ACL_ERROR_RT_DEV_SETUP_ERROR", "device setup error"),
+    ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW: ("ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW", "kernel read out of bounds"),
+    ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW: ("ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW",
+                                              "kernel write out of bounds"),
+    ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: ("ACL_ERROR_RT_STREAM_SYNC_TIMEOUT", "stream synchronize timed out"),
+    ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: ("ACL_ERROR_RT_EVENT_SYNC_TIMEOUT", "event synchronize timed out"),
+    ACL_ERROR_RT_DEVICE_MEM_ERROR: ("ACL_ERROR_RT_DEVICE_MEM_ERROR", "device memory UCE error"),
+    ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR: ("ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR", "HBM multi-bit ECC error"),
+    ACL_ERROR_RT_LINK_ERROR: ("ACL_ERROR_RT_LINK_ERROR", "inter-device link error"),
+    ACL_ERROR_RT_SOCKET_CLOSE: ("ACL_ERROR_RT_SOCKET_CLOSE", "device connection closed"),
+}
+
+
+def error_name(code: int) -> str:
+    """The CANN name of ``code`` (``ACL_ERROR_UNKNOWN_<code>`` when the table does not hold it)."""
+    entry = ERROR_TABLE.get(code)
+    return entry[0] if entry else f"ACL_ERROR_UNKNOWN_{code}"
+
+
+class AclError(Exception):
+    """A CANN runtime error: ``code`` is the aclError value, ``name`` its symbolic name."""
+
+    default_code = ACL_ERROR_INTERNAL_ERROR
+
+    def __init__(self, message: str = "", code: int | None = None):
+        self.code = int(code if code is not None else self.default_code)
+        self.name = error_name(self.code)
+        self.detail = message or ERROR_TABLE.get(self.code, ("", "error"))[1]
+        super().__init__(f"[{self.code} {self.name}] {self.detail}")
+
+    def __reduce__(self):
+        return (error_for_code, (self.code, self.detail))
+
+
+class InvalidParamError(AclError):
+    default_code = ACL_ERROR_RT_PARAM_INVALID
+
+
+class InvalidDeviceError(AclError):
+    default_code = ACL_ERROR_RT_INVALID_DEVICEID
+
+
+class InvalidHandleError(AclError):
+    default_code = ACL_ERROR_RT_INVALID_HANDLE
+
+
+class MemoryAllocationError(AclError):
+    default_code = ACL_ERROR_RT_MEMORY_ALLOCATION
+
+
+class MemoryAccessError(AclError):
+    """An access outside any live allocation: out of bounds, use after free, wrong device."""
+    default_code = ACL_ERROR_RT_PARAM_INVALID
+
+
+class KernelError(AclError):
+    """A task failed on the device (kernel exception, trap, lookup failure)."""
+    default_code = ACL_ERROR_RT_AICORE_EXCEPTION
+
+
+class TimeoutError_(AclError):
+    default_code = ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+
+
+class DeviceLostError(AclError):
+    """The device died, hung or was aborted: pending work failed."""
+    default_code = ACL_ERROR_RT_DEVICE_TASK_ABORT
+
+
+class UninitializedError(AclError):
+    default_code = ACL_ERROR_UNINITIALIZE
+
+
+class UnsupportedError(AclError):
+    default_code = ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+
+
+_CLASS_BY_CODE: dict[int, type[AclError]] = {
+    ACL_ERROR_RT_PARAM_INVALID: InvalidParamError,
+    ACL_ERROR_INVALID_PARAM: InvalidParamError,
+    ACL_ERROR_UNSUPPORTED_DATA_TYPE: InvalidParamError,
+    ACL_ERROR_RT_ADDR_UNALIGNED: InvalidParamError,
+    ACL_ERROR_RT_INVALID_DEVICEID: InvalidDeviceError,
+    ACL_ERROR_RT_INVALID_HANDLE: InvalidHandleError,
+    ACL_ERROR_INVALID_RESOURCE_HANDLE: InvalidHandleError,
+    ACL_ERROR_RT_MEMORY_ALLOCATION: MemoryAllocationError,
+    ACL_ERROR_RT_DEVICE_OOM: MemoryAllocationError,
+    ACL_ERROR_RT_MEMORY_FREE: MemoryAccessError,
+    ACL_ERROR_RT_AICORE_EXCEPTION: KernelError,
+    ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW: KernelError,
+    ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW: KernelError,
+    ACL_ERROR_RT_KERNEL_LOOKUP: KernelError,
+    ACL_ERROR_KERNEL_NOT_FOUND: KernelError,
+    ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR: KernelError,
+    ACL_ERROR_RT_DEVICE_MEM_ERROR: KernelError,
+    ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: TimeoutError_,
+    ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: TimeoutError_,
+    ACL_ERROR_RT_WAIT_TIMEOUT: TimeoutError_,
+    ACL_ERROR_RT_TIMEOUT: TimeoutError_,
+    ACL_ERROR_RT_DEVICE_TASK_ABORT: DeviceLostError,
+    ACL_ERROR_RT_NO_DEVICE: DeviceLostError,
+    ACL_ERROR_RT_LOST_HEARTBEAT: DeviceLostError,
+    ACL_ERROR_RT_SOCKET_CLOSE: DeviceLostError,
+    ACL_ERROR_UNINITIALIZE: UninitializedError,
+    ACL_ERROR_RT_FEATURE_NOT_SUPPORT: UnsupportedError,
+    ACL_ERROR_FEATURE_UNSUPPORTED: UnsupportedError,
+}
+
+
+def error_for_code(code: int, message: str = "") -> AclError:
+    """Rebuild the typed exception for a code (used across the wire and when unpickling)."""
+    cls = _CLASS_BY_CODE.get(int(code), AclError)
+    return cls(message, code=int(code))

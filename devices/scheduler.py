@@ -1,0 +1,434 @@
+"""The task scheduler: streams (FIFO), events, and the AI Core worker threads that run blocks.
+
+Design: one lock and one ready heap per device.  A stream hands at most one task at a time to the heap;
+the AI Core workers pop ``(priority, seq)``-ordered blocks, run them outside the lock, and the worker that
+finishes a task's last block completes it and advances its stream inline, so a chain of small tasks on one
+stream runs back to back on one worker without a thread hand-off.  Event records and waits are resolved
+inline while advancing a stream (they take no core).  Smaller priority number = scheduled first; a running
+block is never preempted.
+
+Host-side calls (:meth:`Scheduler.enqueue`, ``synchronize_*``) take the lock briefly; only the
+``synchronize_*`` calls block the host, and they always take a deadline.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,
+                     ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID, ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL,
+                     ACL_ERROR_RT_NO_EVENT_RESOURCE, ACL_ERROR_RT_NO_STREAM_RESOURCE,
+                     ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, AclError, InvalidHandleError, InvalidParamError,
+                     KernelError, error_for_code)
+
+EVENT_NOT_COMPLETE = 507006
+
+
+@dataclass
+class Task:
+    """One unit of stream work.  ``kind``: kernel | copy | record | wait."""
+    kind: str
+    blocks: int = 1
+    run: Callable[[int], None] | None = None        #: run(block_idx) for kernel/copy tasks
+    duration: float = 0.0                           #: modeled seconds
+    event: "Event | None" = None
+    gen: int = 0
+    name: str = ""
+    # filled while running
+    next_block: int = 0
+    done_blocks: int = 0
+    error: AclError | None = None
+    stream: "Stream | None" = None
+
+
+@dataclass
+class Stream:
+    sid: int
+    priority: int
+    owner: str = ""
+    queue: deque = field(default_factory=deque)
+    running: Task | None = None
+    parked_on: "Event | None" = None
+    error: AclError | None = None          #: sticky until the host synchronizes
+    model_time: float = 0.0                #: modeled device clock of this stream (s)
+    tasks_done: int = 0
+    submitted: int = 0
+
+
+@dataclass
+class Event:
+    eid: int
+    flags: int = 0
+    owner: str = ""
+    recorded_gen: int = 0                  #: records enqueued so far
+    completed_gen: int = 0                 #: records completed so far
+    wall_ts: float | None = None           #: perf_counter() of the last completed record
+    model_ts: float | None = None          #: modeled device time of the last completed record
+    error: AclError | None = None
+    record_stream: int | None = None
+    waiters: list = field(default_factory=list)   # (stream, gen) parked on this event
+
+
+class Scheduler:
+    """Streams, events and a pool of ``cores`` worker threads for one device."""
+
+    def __init__(self, device_id: int, cores: int, *, max_streams: int = 1984, max_events: int = 65536,
+                 on_task_done: Callable[[Task, float], None] | None = None, name: str = "npu"):
+        self.device_id = device_id
+        self.cores = cores
+        self.max_streams = max_streams
+        self.max_events = max_events
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)      # workers wait here for ready blocks
+        self._idle = threading.Condition(self._lock)      # hosts wait here for streams/events
+        self._ready: list = []
+        self._seq = itertools.count()
+        self._ids = itertools.count(1)
+        self.streams: dict[int, Stream] = {}
+        self.events: dict[int, Event] = {}
+        self._idle_workers = 0
+        self._stop = False
+        self._abort_error: AclError | None = None
+        self._on_task_done = on_task_done
+        self.busy_s = [0.0] * cores                      # wall seconds each core spent running blocks
+        self.tasks_run = 0
+        self.model_now = 0.0
+        self._slow_factor = 1.0
+        self._hang = threading.Event()
+        self._hang.set()
+        self._threads = [threading.Thread(target=self._worker, args=(i,), name=f"{name}{device_id}-core{i}",
+                                          daemon=True) for i in range(cores)]
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------------ resources
+    def create_stream(self, priority: int = 0, owner: str = "") -> int:
+        if not isinstance(priority, int) or priority < 0:
+            raise InvalidParamError(f"stream priority must be a non-negative integer, got {priority!r}")
+        priority = min(priority, 7)   # CANN clamps to [0, 7]
+        with self._lock:
+            self._check_alive()
+            if len(self.streams) >= self.max_streams:
+                raise AclError(f"device {self.device_id}: {self.max_streams} streams already exist",
+                               code=ACL_ERROR_RT_NO_STREAM_RESOURCE)
+            sid = next(self._ids)
+            self.streams[sid] = Stream(sid, priority, owner)
+            return sid
+
+    def destroy_stream(self, sid: int, owner: str | None = None) -> None:
+        """Waits for the stream's queued work first (CANN asks callers to synchronize before)."""
+        s = self._stream(sid, owner)
+        self.synchronize_stream(sid, timeout=-1, owner=owner, raise_error=False)
+        with self._lock:
+            self.streams.pop(s.sid, None)
+
+    def create_event(self, flags: int = 0, owner: str = "") -> int:
+        with self._lock:
+            self._check_alive()
+            if len(self.events) >= self.max_events:
+                raise AclError(f"device {self.device_id}: {self.max_events} events already exist",
+                               code=ACL_ERROR_RT_NO_EVENT_RESOURCE)
+            eid = next(self._ids)
+            self.events[eid] = Event(eid, flags, owner)
+            return eid
+
+    def destroy_event(self, eid: int, owner: str | None = None) -> None:
+        e = self._event(eid, owner)
+        with self._lock:
+            self.events.pop(e.eid, None)
+
+    def _stream(self, sid: int, owner: str | None = None) -> Stream:
+        s = self.streams.get(sid)
+        if s is None or (owner is not None and s.owner != owner):
+            raise InvalidHandleError(f"unknown stream {sid!r} on device {self.device_id}")
+        return s
+
+    def _event(self, eid: int, owner: str | None = None) -> Event:
+        e = self.events.get(eid)
+        if e is None or (owner is not None and e.owner != owner):
+            raise InvalidHandleError(f"unknown event {eid!r} on device {self.device_id}")
+        return e
+
+    # ------------------------------------------------------------------ enqueue
+    def enqueue(self, sid: int, tasks: list[Task], owner: str | None = None) -> None:
+        """Append tasks to a stream; returns at once (only orders the device)."""
+        with self._lock:
+            self._check_alive()
+            s = self._stream(sid, owner)
+            for t in tasks:
+                t.stream = s
+                if t.kind == "record":
+                    t.event.recorded_gen += 1
+                    t.gen = t.event.recorded_gen
+                    t.event.record_stream = s.sid
+                elif t.kind == "wait" and t.gen == 0:
+                    t.gen = t.event.recorded_gen
+                s.queue.append(t)
+            s.submitted += len(tasks)
+            if s.running is None and s.parked_on is None:
+                self._advance(s)
+
+    def record(self, sid: int, eid: int, owner: str | None = None) -> None:
+        self.enqueue(sid, [Task("record", event=self._event(eid, owner))], owner)
+
+    def wait(self, sid: int, eid: int, gen: int = 0, owner: str | None = None) -> None:
+        """Later tasks of ``sid`` wait for the event's latest record (or record number ``gen``)."""
+        self.enqueue(sid, [Task("wait", event=self._event(eid, owner), gen=gen)], owner)
+
+    def signal(self, eid: int, gen: int, owner: str | None = None) -> None:
+        """Complete an event from the host up to record number ``gen`` (host-signalled gates)."""
+        with self._lock:
+            e = self._event(eid, owner)
+            e.recorded_gen = max(e.recorded_gen, gen)
+            if gen > e.completed_gen:
+                self._complete_event(e, gen, None, self.model_now)
+
+    # ------------------------------------------------------------------ core of the scheduler
+    def _advance(self, s: Stream) -> None:
+        """Run inline what needs no core, then hand the next task to the ready heap.  Lock held."""
+        q = s.queue
+        while q:
+            t = q[0]
+            if t.kind == "record":
+                q.popleft()
+                s.tasks_done += 1
+                self._complete_event(t.event, t.gen, s.error, s.model_time)
+                continue
+            if t.kind == "wait":
+                e = t.event
+                if e.completed_gen >= t.gen:
+                    q.popleft()
+                    s.tasks_done += 1
+                    if e.model_ts is not None and t.gen > 0:
+                        s.model_time = max(s.model_time, e.model_ts)
+                    continue
+                s.parked_on = e
+                e.waiters.append((s, t.gen))
+                return
+            if s.error is not None:          # a failed stream skips work until the host synchronizes
+                q.popleft()
+                s.tasks_done += 1
+                continue
+            q.popleft()
+            s.running = t
+            t.next_block = 0
+            t.done_blocks = 0
+            heapq.heappush(self._ready, (s.priority, next(self._seq), t))
+            if self._idle_workers:
+                self._work.notify(min(t.blocks, self._idle_workers))
+            return
+        self._idle.notify_all()
+
+    def _complete_event(self, e: Event, gen: int, err: AclError | None, model_ts: float) -> None:
+        e.completed_gen = max(e.completed_gen, gen)
+        e.wall_ts = time.perf_counter()
+        e.model_ts = model_ts
+        e.error = err
+        if e.waiters:
+            still = []
+            for st, g in e.waiters:
+                if e.completed_gen >= g:
+                    st.parked_on = None
+                    st.queue.popleft()       # the wait task
+                    st.tasks_done += 1
+                    st.model_time = max(st.model_time, model_ts)
+                    if st.running is None:
+                        self._advance(st)
+                else:
+                    still.append((st, g))
+            e.waiters = still
+        self._idle.notify_all()
+
+    def _worker(self, core: int) -> None:
+        lock = self._lock
+        while True:
+            with lock:
+                while not self._ready and not self._stop:
+                    self._idle_workers += 1
+                    self._work.wait()
+                    self._idle_workers -= 1
+                if self._stop:
+                    return
+                _, _, t = self._ready[0]
+                b = t.next_block
+                t.next_block += 1
+                if t.next_block >= t.blocks:
+                    heapq.heappop(self._ready)
+            self._hang.wait()
+            t0 = time.perf_counter()
+            err = None
+            try:
+                if t.error is None:
+                    t.run(b)
+            except AclError as e:
+                err = e
+            except Exception as e:  # noqa: BLE001 - any failure is a task failure, never a dead core
+                err = KernelError(f"{t.name or t.kind} failed: {type(e).__name__}: {e}")
+            dt = time.perf_counter() - t0
+            if self._slow_factor > 1.0:
+                deadline = t0 + dt * self._slow_factor
+                while time.perf_counter() < deadline:   # emulated slowness burns the core's time
+                    threading.Event().wait(max(0.0, deadline - time.perf_counter()))
+                dt = time.perf_counter() - t0
+            self.busy_s[core] += dt
+            with lock:
+                if err is not None and t.error is None:
+                    t.error = err
+                t.done_blocks += 1
+                if t.done_blocks == t.blocks:
+                    self._finish(t)
+
+    def _finish(self, t: Task) -> None:
+        s = t.stream
+        s.running = None
+        s.tasks_done += 1
+        self.tasks_run += 1
+        s.model_time += t.duration * self._slow_factor
+        self.model_now = max(self.model_now, s.model_time)
+        if t.error is not None and s.error is None:
+            s.error = t.error
+        if self._on_task_done is not None:
+            self._on_task_done(t, s.model_time)
+        if s.parked_on is None:
+            self._advance(s)
+
+    # ------------------------------------------------------------------ host synchronization
+    def _deadline(self, timeout_ms: float) -> float | None:
+        return None if timeout_ms is None or timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
+
+    def _wait_until(self, pred, deadline: float | None) -> bool:
+        """Lock held.  Wait for pred() or the deadline."""
+        while not pred():
+            if self._abort_error is not None:
+                raise error_for_code(self._abort_error.code, self._abort_error.detail)
+            if deadline is None:
+                self._idle.wait(1.0)
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return pred()
+                self._idle.wait(left)
+        return True
+
+    def synchronize_stream(self, sid: int, timeout: float = -1, owner: str | None = None,
+                           raise_error: bool = True) -> None:
+        """Block the host until every task submitted to the stream has finished (timeout in ms, -1 =
+        forever, 0 = poll).  Raises the stream's first task error (and clears it)."""
+        with self._lock:
+            s = self._stream(sid, owner)
+            target = s.submitted
+            ok = self._wait_until(lambda: s.tasks_done >= target, self._deadline(timeout))
+            if not ok:
+                raise AclError(f"stream {sid} did not finish within {timeout} ms",
+                               code=ACL_ERROR_RT_STREAM_SYNC_TIMEOUT)
+            err, s.error = s.error, None
+        if err is not None and raise_error:
+            raise error_for_code(err.code, err.detail)
+
+    def stream_idle(self, sid: int, owner: str | None = None) -> bool:
+        with self._lock:
+            s = self._stream(sid, owner)
+            return s.tasks_done >= s.submitted
+
+    def synchronize_event(self, eid: int, timeout: float = -1, owner: str | None = None) -> None:
+        """Block the host until the event's latest record has completed."""
+        with self._lock:
+            e = self._event(eid, owner)
+            target = e.recorded_gen
+            ok = self._wait_until(lambda: e.completed_gen >= target, self._deadline(timeout))
+            if not ok:
+                raise AclError(f"event {eid} did not complete within {timeout} ms",
+                               code=ACL_ERROR_RT_EVENT_SYNC_TIMEOUT)
+            err = e.error
+        if err is not None:
+            raise error_for_code(err.code, err.detail)
+
+    def synchronize_device(self, timeout: float = -1, owner: str | None = None) -> None:
+        for sid in list(self.streams):
+            s = self.streams.get(sid)
+            if s is not None and (owner is None or s.owner == owner):
+                self.synchronize_stream(sid, timeout, owner)
+
+    def query_event(self, eid: int, owner: str | None = None) -> bool:
+        """True when the latest record has completed (also before the first record)."""
+        with self._lock:
+            e = self._event(eid, owner)
+            return e.completed_gen >= e.recorded_gen
+
+    def event_times(self, eid: int, owner: str | None = None) -> tuple[float, float]:
+        with self._lock:
+            e = self._event(eid, owner)
+            if e.recorded_gen == 0:
+                raise AclError(f"event {eid} was never recorded", code=ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID)
+            if e.completed_gen < e.recorded_gen or e.wall_ts is None:
+                raise AclError(f"event {eid} has not completed", code=EVENT_NOT_COMPLETE)
+            return e.wall_ts, e.model_ts
+
+    def elapsed(self, start: int, end: int, owner: str | None = None) -> tuple[float, float]:
+        """(wall ms, modeled ms) between two completed events."""
+        w0, m0 = self.event_times(start, owner)
+        w1, m1 = self.event_times(end, owner)
+        if w1 < w0:
+            raise AclError("end event completed before start event", code=ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL)
+        return (w1 - w0) * 1e3, max(0.0, m1 - m0) * 1e3
+
+    # ------------------------------------------------------------------ faults and shutdown
+    def set_slow(self, factor: float) -> None:
+        self._slow_factor = max(1.0, float(factor))
+
+    def set_hang(self, hang: bool) -> None:
+        """A hung device stops running blocks (queued work stays queued)."""
+        if hang:
+            self._hang.clear()
+        else:
+            self._hang.set()
+
+    def abort(self, code: int = ACL_ERROR_RT_DEVICE_TASK_ABORT, message: str = "device task abort") -> None:
+        """Fail every queued task and every waiter with ``code`` (aclrtDeviceTaskAbort / device loss)."""
+        err = error_for_code(code, message)
+        with self._lock:
+            self._abort_error = err
+            self._ready.clear()
+            for s in self.streams.values():
+                s.tasks_done = s.submitted
+                s.queue.clear()
+                s.running = None
+                s.parked_on = None
+                s.error = err
+            for e in self.events.values():
+                e.completed_gen = e.recorded_gen
+                e.error = err
+                e.waiters = []
+            self._idle.notify_all()
+
+    def clear_abort(self) -> None:
+        with self._lock:
+            self._abort_error = None
+            for s in self.streams.values():
+                s.error = None
+
+    def _check_alive(self) -> None:
+        if self._stop:
+            raise error_for_code(207004, f"device {self.device_id} is shut down")
+        if self._abort_error is not None:
+            raise error_for_code(self._abort_error.code, self._abort_error.detail)
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._work.notify_all()
+            self._idle.notify_all()
+        self._hang.set()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"streams": len(self.streams), "events": len(self.events), "tasks_run": self.tasks_run,
+                    "queued": sum(len(s.queue) + (s.running is not None) for s in self.streams.values()),
+                    "model_now_s": self.model_now}

@@ -1,0 +1,63 @@
+"""Stream operations as plain frozen dataclasses: what the runtime sends, one by one or in batches.
+
+The same objects travel in-process (the local backend hands them to :meth:`devices.device.Device.submit`)
+and over the wire (the driver converts them to and from protobuf), so they hold only ints, floats,
+strings, bytes, tuples and :class:`~devices.kernel.TensorDesc`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .kernel import TensorDesc
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Run kernel ``kernel`` as ``block_dim`` blocks (0 = let the device choose)."""
+    stream: int
+    kernel: str
+    inputs: tuple[TensorDesc, ...] = ()
+    outputs: tuple[TensorDesc, ...] = ()
+    attrs: dict = field(default_factory=dict, hash=False, compare=False)
+    block_dim: int = 0
+
+
+@dataclass(frozen=True)
+class Record:
+    stream: int
+    event: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Later tasks of ``stream`` wait for the event's record number ``gen`` (0 = the latest one)."""
+    stream: int
+    event: int
+    gen: int = 0
+
+
+@dataclass(frozen=True)
+class CopyD2D:
+    stream: int
+    dst: int
+    src: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Memset:
+    stream: int
+    ptr: int
+    value: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class WriteH2D:
+    """Stream-ordered host-to-device copy of bytes captured at enqueue (pageable-memory semantics)."""
+    stream: int
+    dst: int
+    data: bytes
+
+
+StreamOp = Launch | Record | Wait | CopyD2D | Memset | WriteH2D

@@ -1,0 +1,498 @@
+"""The Pythonic runtime: Device, Stream, Event, Tensor.  Everything else (acl, jobs, CLI) builds on it.
+
+Launches and stream-ordered copies are queued per device on the host and handed to the backend in
+batches (:class:`LaunchQueue`): the host never waits for the device when it launches.  The queue is
+flushed when the host synchronizes, reads device memory, queries or waits on an event, or when a batch
+fills up; with the in-process backend the batch size is 1 (queuing is already cheap there).
+
+Errors are typed exceptions from :mod:`devices.errors` that carry the CANN code (``e.code``).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from devices.errors import (ACL_ERROR_RT_STREAM_CONTEXT, AclError, InvalidDeviceError, InvalidParamError,
+                            UnsupportedError)
+from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
+from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
+
+from .backend import Backend, DeviceHandle, LocalBackend, parse_visible_devices
+
+
+# ---------------------------------------------------------------------------------------------- runtime
+class Runtime:
+    """The process's view of the devices: a backend plus the ``ASCEND_RT_VISIBLE_DEVICES`` mapping."""
+
+    def __init__(self, backend: Backend, visible: str | None = None, batch_size: int | None = None):
+        self.backend = backend
+        env = visible if visible is not None else os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+        self.physical = parse_visible_devices(env, backend.device_ids())
+        default_batch = 1 if backend.name == "local" else 256
+        self.batch_size = batch_size or int(os.environ.get("VNPU_LAUNCH_BATCH", default_batch))
+        self._devices: dict[int, Device] = {}
+        self._lock = threading.Lock()
+
+    def device_count(self) -> int:
+        return len(self.physical)
+
+    def device(self, index: int) -> "Device":
+        """The device with user (visible) id ``index``."""
+        if not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.physical):
+            raise InvalidDeviceError(f"device id {index!r} out of range [0, {len(self.physical)})")
+        with self._lock:
+            d = self._devices.get(index)
+            if d is None:
+                d = self._devices[index] = Device(self, int(index), self.backend.device(self.physical[index]))
+            return d
+
+    def devices(self) -> list["Device"]:
+        return [self.device(i) for i in range(self.device_count())]
+
+    def flush_all(self) -> None:
+        for d in list(self._devices.values()):
+            d.queue.flush()
+
+    def close(self) -> None:
+        for d in list(self._devices.values()):
+            d.queue.flush(raise_errors=False)
+        self.backend.close()
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """The process-wide runtime, created on first use: the in-process backend unless ``VNPU_BACKEND``
+    says ``cluster`` (then the devices of the running vnpu cluster)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            kind = os.environ.get("VNPU_BACKEND", "local")
+            if kind == "local":
+                backend: Backend = LocalBackend()
+            elif kind in ("cluster", "ray", "remote"):
+                from .remote import RemoteBackend
+                backend = RemoteBackend.connect()
+            else:
+                raise InvalidParamError(f"unknown VNPU_BACKEND {kind!r} (local | cluster)")
+            _runtime = Runtime(backend)
+        return _runtime
+
+
+def set_runtime(rt: Runtime | None) -> Runtime | None:
+    """Install ``rt`` as the process runtime (tests, jobs); returns the previous one."""
+    global _runtime
+    with _runtime_lock:
+        old, _runtime = _runtime, rt
+        return old
+
+
+def device_count() -> int:
+    return get_runtime().device_count()
+
+
+def device(index: int = 0) -> "Device":
+    return get_runtime().device(index)
+
+
+# ---------------------------------------------------------------------------------------------- queue
+class LaunchQueue:
+    """Host-side batch of stream ops for one device."""
+
+    def __init__(self, handle: DeviceHandle, batch_size: int):
+        self.handle = handle
+        self.batch_size = max(1, batch_size)
+        self._ops: list = []
+        self._lock = threading.Lock()
+        self.batches_sent = 0
+        self.ops_sent = 0
+
+    def put(self, op) -> None:
+        if self.batch_size == 1:
+            self.handle.submit((op,))
+            self.batches_sent += 1
+            self.ops_sent += 1
+            return
+        with self._lock:
+            self._ops.append(op)
+            full = len(self._ops) >= self.batch_size
+        if full:
+            self.flush()
+
+    def flush(self, raise_errors: bool = True) -> None:
+        with self._lock:
+            ops, self._ops = self._ops, []
+            if not ops:
+                return
+            try:
+                self.handle.submit(ops)
+            except AclError:
+                if raise_errors:
+                    raise
+            finally:
+                self.batches_sent += 1
+                self.ops_sent += len(ops)
+
+
+# ---------------------------------------------------------------------------------------------- device
+class Device:
+    """One visible device.  Use :func:`device` to get it."""
+
+    def __init__(self, rt: Runtime, index: int, handle: DeviceHandle):
+        self.rt = rt
+        self.index = index
+        self.handle = handle
+        self.physical_id = handle.id
+        self.queue = LaunchQueue(handle, rt.batch_size)
+        self._default: Stream | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<vnpu Device {self.index} (physical {self.physical_id})>"
+
+    @property
+    def default_stream(self) -> "Stream":
+        with self._lock:
+            if self._default is None:
+                self._default = Stream(self, self.handle.create_stream(0), 0, default=True)
+            return self._default
+
+    def stream(self, priority: int = 0) -> "Stream":
+        return Stream(self, self.handle.create_stream(priority), priority)
+
+    def event(self, flags: int = 0) -> "Event":
+        return Event(self, self.handle.create_event(flags), flags)
+
+    def malloc(self, nbytes: int, policy: int = 0) -> int:
+        return self.handle.malloc(nbytes, policy)
+
+    def free(self, ptr: int) -> None:
+        self.handle.free(ptr)
+
+    def empty(self, shape: Sequence[int], dtype="float32") -> "Tensor":
+        shape = _shape(shape)
+        dt = _dtype(dtype)
+        nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize)
+        return Tensor(self, self.malloc(nbytes), shape, dt, owned=True)
+
+    def from_numpy(self, arr: np.ndarray) -> "Tensor":
+        """Allocate and upload (host-synchronous)."""
+        arr = np.ascontiguousarray(arr)
+        t = self.empty(arr.shape, arr.dtype.name)
+        t.copy_from(arr)
+        return t
+
+    def launch(self, kernel: str, inputs: Sequence["Tensor | TensorDesc"] = (),
+               outputs: Sequence["Tensor | TensorDesc"] = (), attrs: dict | None = None, block_dim: int = 0,
+               stream: "Stream | None" = None) -> None:
+        (stream or self.default_stream).launch(kernel, inputs, outputs, attrs, block_dim)
+
+    def synchronize(self, timeout_ms: float = -1) -> None:
+        """Block the host until all this device's streams are done."""
+        self.rt.flush_all()
+        self.handle.synchronize_device(timeout_ms)
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes of HBM."""
+        return self.handle.mem_info()
+
+    def telemetry(self) -> dict:
+        return self.handle.telemetry()
+
+    def info(self):
+        return self.handle.info()
+
+
+# ---------------------------------------------------------------------------------------------- stream
+class Stream:
+    def __init__(self, dev: Device, sid: int, priority: int, default: bool = False):
+        self.device = dev
+        self.sid = sid
+        self.priority = priority
+        self.is_default = default
+        self._destroyed = False
+
+    def __repr__(self) -> str:
+        return f"<vnpu Stream {self.sid} on device {self.device.index} prio {self.priority}>"
+
+    def _put(self, op) -> None:
+        if self._destroyed:
+            raise AclError(f"stream {self.sid} was destroyed", code=107017)
+        self.device.queue.put(op)
+
+    def launch(self, kernel: str, inputs: Sequence = (), outputs: Sequence = (), attrs: dict | None = None,
+               block_dim: int = 0) -> None:
+        """Queue a kernel launch (returns at once; only orders the device).  Shapes and dtypes of
+        built-in kernels are checked here and bad ones raise InvalidParamError."""
+        ins = tuple(_desc(x, self.device) for x in inputs)
+        outs = tuple(_desc(x, self.device) for x in outputs)
+        attrs = dict(attrs or {})
+        k = lookup(kernel)
+        check_launch(k, ins, outs, attrs, block_dim or 1)
+        self._put(Launch(self.sid, kernel, ins, outs, attrs, int(block_dim)))
+
+    def record(self, event: "Event") -> None:
+        event.record(self)
+
+    def wait(self, event: "Event") -> None:
+        """Later tasks on this stream wait for the event's latest record (may be on another stream of
+        the same device)."""
+        if event.device is not self.device:
+            raise UnsupportedError("a stream can only wait on events of its own device "
+                                   "(cross-device ordering goes through HCCL)")
+        self._put(Wait(self.sid, event.eid, 0))
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """Stream-ordered device-to-device copy on this device."""
+        self._put(CopyD2D(self.sid, int(dst), int(src), int(nbytes)))
+
+    def memset(self, ptr: int, value: int, nbytes: int) -> None:
+        self._put(Memset(self.sid, int(ptr), int(value), int(nbytes)))
+
+    def write(self, dst: int, data: bytes) -> None:
+        """Stream-ordered host-to-device copy; ``data`` is captured now."""
+        self._put(WriteH2D(self.sid, int(dst), bytes(data)))
+
+    def synchronize(self, timeout_ms: float = -1) -> None:
+        """Block the host until all work queued on this stream is done; raises its first task error."""
+        self.device.rt.flush_all()
+        self.device.handle.synchronize_stream(self.sid, timeout_ms)
+
+    def query(self) -> bool:
+        """True when every queued task has completed."""
+        self.device.queue.flush()
+        return self.device.handle.query_stream(self.sid)
+
+    def launch_host_func(self, fn: Callable[[], Any], blocking: bool = True) -> None:
+        """Run ``fn`` on a runtime thread once the work queued so far is done; with ``blocking`` the
+        stream's later tasks wait for it to return."""
+        callbacks_for(self.device).launch(self, lambda _u: fn(), None, blocking, direct=True)
+
+    def destroy(self) -> None:
+        if self.is_default or self._destroyed:
+            return
+        self.device.queue.flush(raise_errors=False)
+        self.device.handle.destroy_stream(self.sid)
+        self._destroyed = True
+
+
+# ---------------------------------------------------------------------------------------------- event
+@dataclass(frozen=True)
+class Elapsed:
+    wall_ms: float
+    modeled_ms: float
+
+
+class Event:
+    def __init__(self, dev: Device, eid: int, flags: int = 0):
+        self.device = dev
+        self.eid = eid
+        self.flags = flags
+
+    def record(self, stream: Stream) -> None:
+        if stream.device is not self.device:
+            raise AclError("event and stream belong to different devices", code=ACL_ERROR_RT_STREAM_CONTEXT)
+        stream._put(Record(stream.sid, self.eid))
+
+    def synchronize(self, timeout_ms: float = -1) -> None:
+        """Block the host until the latest record has completed."""
+        self.device.rt.flush_all()
+        self.device.handle.synchronize_event(self.eid, timeout_ms)
+
+    def query(self) -> bool:
+        """True when the latest record has completed (also when never recorded)."""
+        self.device.queue.flush()
+        return self.device.handle.query_event(self.eid)
+
+    def elapsed(self, end: "Event") -> Elapsed:
+        """Time from this event to ``end`` (both completed), in wall and modeled milliseconds."""
+        w, m = self.device.handle.event_elapsed(self.eid, end.eid)
+        return Elapsed(w, m)
+
+    def timestamp(self) -> tuple[float, float]:
+        return self.device.handle.event_timestamp(self.eid)
+
+    def destroy(self) -> None:
+        self.device.handle.destroy_event(self.eid)
+
+
+# ---------------------------------------------------------------------------------------------- tensor
+class Tensor:
+    """A typed view of device memory."""
+
+    def __init__(self, dev: Device, ptr: int, shape: tuple[int, ...], dtype: str, owned: bool = False):
+        self.device = dev
+        self.ptr = ptr
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self._owned = owned
+        self._freed = False
+
+    def __repr__(self) -> str:
+        return f"<vnpu Tensor {self.shape} {self.dtype} on device {self.device.index} @0x{self.ptr:x}>"
+
+    @property
+    def desc(self) -> TensorDesc:
+        return TensorDesc(self.ptr, self.shape, self.dtype)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * np.dtype(self.dtype).itemsize
+
+    def view(self, shape: Sequence[int], dtype: str | None = None, offset_bytes: int = 0) -> "Tensor":
+        """Another tensor over the same memory (no copy, not owned)."""
+        return Tensor(self.device, self.ptr + offset_bytes, _shape(shape), _dtype(dtype or self.dtype))
+
+    def copy_from(self, arr: np.ndarray) -> None:
+        """Host-synchronous upload of ``arr`` (same number of bytes)."""
+        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        if arr.nbytes != self.nbytes:
+            raise InvalidParamError(f"host array has {arr.nbytes} B, tensor {self.shape} {self.dtype} "
+                                    f"has {self.nbytes} B")
+        self.device.queue.flush()
+        self.device.handle.memcpy_h2d(self.ptr, arr)
+
+    def numpy(self, stream: Stream | None = None) -> np.ndarray:
+        """Wait for ``stream`` (default: the whole device), then copy to the host."""
+        if stream is not None:
+            stream.synchronize()
+        else:
+            self.device.synchronize()
+        raw = self.device.handle.memcpy_d2h(self.ptr, self.nbytes)
+        return np.frombuffer(raw, dtype=self.dtype, count=self.numel).reshape(self.shape).copy() \
+            if not isinstance(raw, np.ndarray) else raw.view(self.dtype).reshape(self.shape)
+
+    def free(self) -> None:
+        if self._owned and not self._freed:
+            self._freed = True
+            self.device.handle.free(self.ptr)
+
+
+# ---------------------------------------------------------------------------------------------- callbacks
+class HostCallbacks:
+    """Host callbacks on a device's streams, built from device events.
+
+    ``launch`` records an event after the work queued so far and, when blocking, makes the stream wait
+    on a second, host-signalled event.  Callbacks run either in the thread that calls :meth:`process`
+    (pyACL's subscribe_report / process_report) or, for ``direct`` ones, on a runtime thread.
+    """
+
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self._cv = threading.Condition()
+        self._pending: list[tuple] = []          # (stream, done_eid, gate_eid|None, fn, user_data, direct)
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    def launch(self, stream: Stream, fn, user_data, blocking: bool, direct: bool = False) -> None:
+        h = self.dev.handle
+        done = h.create_event(0)
+        stream._put(Record(stream.sid, done))
+        gate = None
+        if blocking:
+            gate = h.create_event(0)
+            stream._put(Wait(stream.sid, gate, 1))
+        self.dev.queue.flush()
+        with self._cv:
+            self._pending.append((stream, done, gate, fn, user_data, direct))
+            self._cv.notify_all()
+            if direct and self._thread is None:
+                self._thread = threading.Thread(target=self._run_direct, daemon=True,
+                                                name=f"vnpu-hostfunc-{self.dev.index}")
+                self._thread.start()
+
+    def _take(self, streams: set | None, direct: bool, timeout_s: float | None) -> tuple | None:
+        import time
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                for i, item in enumerate(self._pending):
+                    if item[5] == direct and (streams is None or item[0].sid in streams):
+                        return self._pending.pop(i)
+                if self._stop:
+                    return None
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cv.wait(left if left is not None else 1.0)
+
+    def _fire(self, item: tuple) -> None:
+        stream, done, gate, fn, user_data, _ = item
+        h = self.dev.handle
+        try:
+            h.synchronize_event(done, -1)
+        except AclError:
+            pass                                  # the stream failed: still release it
+        try:
+            fn(user_data)
+        finally:
+            if gate is not None:
+                h.signal_event(gate, 1)
+            h.destroy_event(done)
+            if gate is not None:
+                h.destroy_event(gate)
+
+    def process(self, streams: set | None, timeout_s: float | None) -> bool:
+        """Run one subscribed callback (waiting up to ``timeout_s``); False on timeout."""
+        item = self._take(streams, False, timeout_s)
+        if item is None:
+            return False
+        self._fire(item)
+        return True
+
+    def _run_direct(self) -> None:
+        while not self._stop:
+            item = self._take(None, True, None)
+            if item is None:
+                return
+            self._fire(item)
+
+
+_callbacks: "weakref.WeakKeyDictionary[Device, HostCallbacks]" = weakref.WeakKeyDictionary()
+_cb_lock = threading.Lock()
+
+
+def callbacks_for(dev: Device) -> HostCallbacks:
+    with _cb_lock:
+        cb = _callbacks.get(dev)
+        if cb is None:
+            cb = _callbacks[dev] = HostCallbacks(dev)
+        return cb
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _shape(shape) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    out = tuple(int(x) for x in shape)
+    if any(x < 0 for x in out):
+        raise InvalidParamError(f"negative dimension in {out}")
+    return out
+
+
+def _dtype(dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in DTYPES:
+        raise InvalidParamError(f"unsupported dtype {name!r}", code=100026)
+    return name
+
+
+def _desc(x, dev: Device) -> TensorDesc:
+    if isinstance(x, Tensor):
+        if x.device is not dev and x.device.physical_id != dev.physical_id:
+            raise InvalidParamError(f"{x!r} lives on device {x.device.index}, not device {dev.index}")
+        return x.desc
+    if isinstance(x, TensorDesc):
+        return x
+    raise InvalidParamError(f"kernel arguments must be Tensors, got {type(x).__name__}")

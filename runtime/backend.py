@@ -1,0 +1,102 @@
+"""Backends: where the runtime's devices live.
+
+A backend hands out :class:`DeviceHandle` objects, one per physical device.  The in-process backend's
+handles are :class:`devices.device.Device` objects themselves; the remote backend (``runtime.remote``)
+returns driver clients with the same methods that reach device actors over gRPC.  The runtime programs
+only against :class:`DeviceHandle`, so the same runtime code and tests run on both.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Protocol, runtime_checkable
+
+from devices.device import Device, DeviceConfig
+from devices.errors import InvalidDeviceError
+
+
+@runtime_checkable
+class DeviceHandle(Protocol):
+    """What the runtime needs from one device.  ``submit`` only orders the device; ``synchronize_*``
+    block the host (with a timeout in ms, -1 = forever); everything else is host-synchronous."""
+    id: int
+
+    def info(self): ...
+    def malloc(self, size: int, policy: int = 0) -> int: ...
+    def free(self, ptr: int) -> None: ...
+    def memcpy_h2d(self, dst: int, data) -> None: ...
+    def memcpy_d2h(self, src: int, nbytes: int, out=None): ...
+    def memcpy_d2d(self, dst: int, src: int, nbytes: int) -> None: ...
+    def memset(self, ptr: int, value: int, nbytes: int) -> None: ...
+    def mem_info(self) -> tuple[int, int]: ...
+    def create_stream(self, priority: int = 0) -> int: ...
+    def destroy_stream(self, sid: int) -> None: ...
+    def create_event(self, flags: int = 0) -> int: ...
+    def destroy_event(self, eid: int) -> None: ...
+    def submit(self, ops) -> None: ...
+    def synchronize_stream(self, sid: int, timeout_ms: float = -1) -> None: ...
+    def synchronize_event(self, eid: int, timeout_ms: float = -1) -> None: ...
+    def synchronize_device(self, timeout_ms: float = -1) -> None: ...
+    def query_event(self, eid: int) -> bool: ...
+    def query_stream(self, sid: int) -> bool: ...
+    def event_elapsed(self, start: int, end: int) -> tuple[float, float]: ...
+    def event_timestamp(self, eid: int) -> tuple[float, float]: ...
+    def signal_event(self, eid: int, gen: int) -> None: ...
+    def telemetry(self) -> dict: ...
+    def health(self) -> tuple[str, list[str]]: ...
+
+
+class Backend(Protocol):
+    name: str
+
+    def device_ids(self) -> list[int]: ...
+    def device(self, physical_id: int) -> DeviceHandle: ...
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """N in-process devices (threads, no Ray, no sockets)."""
+    name = "local"
+
+    def __init__(self, count: int | None = None, config: DeviceConfig | None = None):
+        count = count if count is not None else int(os.environ.get("VNPU_DEVICES", "4"))
+        base = config or DeviceConfig(arena_bytes=int(os.environ.get("VNPU_HBM_BYTES", 1 << 30)))
+        self._devices = [Device(_with_id(base, i)) for i in range(count)]
+        self._lock = threading.Lock()
+
+    def device_ids(self) -> list[int]:
+        return [d.id for d in self._devices]
+
+    def device(self, physical_id: int) -> Device:
+        for d in self._devices:
+            if d.id == physical_id:
+                return d
+        raise InvalidDeviceError(f"no device {physical_id}")
+
+    def close(self) -> None:
+        for d in self._devices:
+            d.close()
+
+
+def _with_id(cfg: DeviceConfig, i: int) -> DeviceConfig:
+    from dataclasses import replace
+    return replace(cfg, device_id=i)
+
+
+def parse_visible_devices(value: str | None, available: list[int]) -> list[int]:
+    """``ASCEND_RT_VISIBLE_DEVICES`` as CANN reads it: unset -> all; ids ascending; parsing stops at the
+    first invalid token (not an integer, not an existing device, or not ascending)."""
+    if value is None:
+        return list(available)
+    value = value.strip()
+    if value in ("", "NoDevFiles"):
+        return []
+    out: list[int] = []
+    for tok in value.split(","):
+        if not tok.isdigit():
+            break
+        i = int(tok)
+        if i >= len(available) or (out and i <= out[-1]):
+            break
+        out.append(i)
+    return [available[i] for i in out]

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv (if missing), install vnpu with its dev extras, and generate the protobuf code.
+# Idempotent: safe to run before every command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.vnpu-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  touch "$stamp"
+fi
+.venv/bin/python -m driver.protogen
