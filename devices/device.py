@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .arena import HbmArena, ptr_device
+from .arena import HbmArena
 from .chip import ASCEND_910B3, ChipSpec, CostModel, Work
 from .errors import AclError, InvalidParamError
 from .kernel import KernelRunner, check_launch, default_block_dim, lookup
@@ -196,8 +196,6 @@ class Device:
     def _check_range(self, ptr: int, nbytes: int, owner: str | None) -> None:
         if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
             raise InvalidParamError(f"bad byte count {nbytes!r}")
-        if ptr_device(ptr) != self.id:
-            self.arena.resolve(ptr, nbytes, owner)   # raises the wrong-device error
         self.arena.resolve(ptr, nbytes, owner)
 
     def _guarded(self, fn) -> None:

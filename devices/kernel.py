@@ -13,6 +13,7 @@ Two kinds:
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -26,6 +27,8 @@ from .errors import (ACL_ERROR_KERNEL_ALREADY_REGISTERED, ACL_ERROR_RT_AICORE_TR
 
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 
+_ITEMSIZE = {n: np.dtype(n).itemsize for n in DTYPES}
+
 #: aclDataType numeric values (reference 1.1) for the dtypes numpy can hold
 ACL_DTYPE = {"float32": 0, "float16": 1, "int8": 2, "int32": 3, "uint8": 4, "int16": 6, "int64": 9,
              "float64": 11, "bool": 12}
@@ -38,16 +41,16 @@ class TensorDesc:
     shape: tuple[int, ...]
     dtype: str = "float32"
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         n = 1
         for d in self.shape:
             n *= d
         return n
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
-        return self.numel * np.dtype(self.dtype).itemsize
+        return self.numel * _ITEMSIZE.get(self.dtype, 0)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1150 @@
+"""The built-in kernel library, on numpy.
+
+Every kernel is ``run(ctx, inputs, outputs, attrs)`` (see :mod:`devices.kernel`): ``inputs`` are read-only
+numpy views, ``outputs`` writable views of the checked shape and dtype.  Block ``ctx.block_idx`` of
+``ctx.block_dim`` writes only its share (``ctx.split(parallel_dim)``) and the shares of all blocks cover
+the outputs exactly once.  ``block_dim == 1`` takes a direct path: one numpy call per step, ``out=``
+wherever numpy allows it, no copies beyond the fp32 upcast of float16 data.
+
+What blocks split over (``parallel_dim``):
+
+- elementwise, scalar, unary, ``swiglu``, ``cast``, ``copy``, ``fill``, ``transpose``: the output's
+  elements in row-major order (a block's range is cut into at most ``2*ndim`` rectangular boxes, so
+  broadcasting inputs stay views);
+- ``softmax``: the rows along ``axis`` (all other axes flattened); ``layernorm``/``rmsnorm``: rows of
+  ``[..., D]``;
+- ``matmul``: the rows M, or the columns N when N > M (decode: M is 1, so N is what can be split);
+- ``batch_matmul``: the flattened batch; ``attention``: ``B * Hq`` (GQA groups stay whole per box);
+- ``rope``: ``B * S`` tokens; ``embedding``: the ids; reductions and ``argmax``: the kept output elements.
+
+Float16 is computed in float32 where it matters (matmul accumulation, softmax, norms, gelu/silu/swiglu,
+rope, attention, sums) and rounded once into the output.  Floating-point exceptions are silent, as on
+the device (``inf``/``nan`` results, no numpy warnings).  Elementwise, softmax, norm and rope kernels are
+safe when an output aliases its input (same pointer).
+
+Conventions beyond the obvious: a softmax or attention row whose entries are all ``-inf`` (fully masked)
+yields zeros, not NaN, so padding cannot poison later layers; reductions default to all axes
+(``axis=None``), ``argmax`` to ``axis=-1``; ``rope`` takes an optional ``rotary_dim`` (default ``Dh``,
+the rest of each head is passed through).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import numpy as np
+
+from .chip import Work
+from .errors import InvalidParamError, KernelError
+from .kernel import builtin
+
+F16, F32, F64 = np.float16, np.float32, np.float64
+
+FLOATS = ("float16", "float32", "float64")
+INTS = ("int8", "uint8", "int16", "int32", "int64")
+SIGNED = FLOATS + ("int8", "int16", "int32", "int64")
+NUMERIC = FLOATS + INTS
+ID_TYPES = ("int32", "int64")
+ANY = NUMERIC + ("bool",)
+
+
+# ---------------------------------------------------------------------------------------------------
+# check helpers: all raise InvalidParamError("<kernel>: <what is wrong>")
+# ---------------------------------------------------------------------------------------------------
+
+def _need(cond, name: str, msg: str) -> None:
+    if not cond:
+        raise InvalidParamError(f"{name}: {msg}")
+
+
+def _arity(name, inputs, outputs, n_in, n_out=1) -> None:
+    lo, hi = (n_in, n_in) if isinstance(n_in, int) else n_in
+    want = str(lo) if lo == hi else f"{lo} to {hi}"
+    _need(lo <= len(inputs) <= hi, name, f"expects {want} input(s), got {len(inputs)}")
+    _need(len(outputs) == n_out, name, f"expects {n_out} output(s), got {len(outputs)}")
+
+
+def _dtype_in(name, d, allowed, what) -> None:
+    _need(d.dtype in allowed, name, f"{what} dtype {d.dtype} not supported (allowed: {', '.join(allowed)})")
+
+
+def _same_dtype(name, ref, *others) -> None:
+    """Every ``(what, desc)`` in ``others`` has the dtype of ``ref`` (also a ``(what, desc)``)."""
+    for what, d in others:
+        _need(d.dtype == ref[1].dtype, name, f"{what} dtype {d.dtype} differs from {ref[0]} dtype {ref[1].dtype}")
+
+
+def _shape_is(name, d, shape, what="output") -> None:
+    _need(tuple(d.shape) == tuple(shape), name, f"{what} shape {tuple(d.shape)} must be {tuple(shape)}")
+
+
+def _ndim(name, d, what, lo, hi=None) -> None:
+    n = len(d.shape)
+    if hi is None:
+        _need(n >= lo, name, f"{what} must have at least {lo} dim(s), got shape {tuple(d.shape)}")
+    else:
+        _need(lo <= n <= hi, name, f"{what} must have {lo if lo == hi else f'{lo} to {hi}'} dim(s), "
+                                   f"got shape {tuple(d.shape)}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (numbers.Integral, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (numbers.Real, np.number)) and not isinstance(v, (bool, np.bool_))
+
+
+def _int_attr(name, attrs, key, default):
+    v = attrs.get(key, default)
+    _need(_is_int(v), name, f"attr {key!r} must be an int, got {v!r}")
+    return int(v)
+
+
+def _bool_attr(name, attrs, key, default=False) -> bool:
+    v = attrs.get(key, default)
+    _need(isinstance(v, (bool, np.bool_)) or (_is_int(v) and v in (0, 1)), name,
+          f"attr {key!r} must be a bool, got {v!r}")
+    return bool(v)
+
+
+def _num_attr(name, attrs, key, default, finite=True) -> float:
+    v = attrs.get(key, default)
+    _need(_is_num(v), name, f"attr {key!r} must be a number, got {v!r}")
+    _need(not finite or math.isfinite(v), name, f"attr {key!r} must be finite, got {v!r}")
+    return v
+
+
+def _choice_attr(name, attrs, key, default, choices) -> str:
+    v = attrs.get(key, default)
+    _need(v in choices, name, f"attr {key!r} must be one of {', '.join(map(repr, choices))}, got {v!r}")
+    return v
+
+
+def _value_for(name, key, v, dtype: str) -> None:
+    """A scalar attribute ``v`` that will be stored in / combined with ``dtype``."""
+    _need(_is_num(v) or isinstance(v, (bool, np.bool_)), name, f"attr {key!r} must be a number, got {v!r}")
+    if dtype in INTS:
+        _need(float(v).is_integer(), name, f"attr {key!r}={v!r} is not an integer for a {dtype} tensor")
+        info = np.iinfo(dtype)
+        _need(info.min <= int(v) <= info.max, name, f"attr {key!r}={v!r} out of range for {dtype}")
+
+
+def _axis(name, axis, ndim, key="axis") -> int:
+    _need(_is_int(axis), name, f"attr {key!r} must be an int, got {axis!r}")
+    _need(-ndim <= axis < ndim, name, f"attr {key!r}={axis} out of range for {ndim} dim(s)")
+    return int(axis) % ndim
+
+
+def _axes(name, attrs, ndim, default=None) -> tuple[int, ...]:
+    """Normalized, sorted reduction axes from attr ``axis`` (int, tuple/list, or None meaning all)."""
+    v = attrs.get("axis", default)
+    if v is None:
+        return tuple(range(ndim))
+    vals = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+    out = tuple(sorted(_axis(name, a, ndim) for a in vals))
+    _need(len(set(out)) == len(out), name, f"attr 'axis'={v!r} repeats an axis")
+    return out
+
+
+def _val_scalar(value, dtype):
+    """``value`` as the Python scalar numpy combines with a ``dtype`` array without promotion."""
+    return int(value) if np.dtype(dtype).kind in "iu" else float(value)
+
+
+def _compute_dtype(dt):
+    return F64 if dt == F64 else F32
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+# ---------------------------------------------------------------------------------------------------
+# work helpers
+# ---------------------------------------------------------------------------------------------------
+
+def _io_bytes(inputs, outputs) -> int:
+    return sum(d.nbytes for d in inputs) + sum(d.nbytes for d in outputs)
+
+
+def _vector_work(flops_per_elem: float):
+    """``flops_per_elem`` per output element, every tensor read/written once."""
+    def work(inputs, outputs, attrs):
+        n = outputs[0].numel if outputs else 0
+        return Work(flops=flops_per_elem * n, bytes=_io_bytes(inputs, outputs), unit="vector")
+    return work
+
+
+def _input_vector_work(flops_per_elem: float):
+    """Like :func:`_vector_work` but counted per element of the first input (reductions, norms)."""
+    def work(inputs, outputs, attrs):
+        return Work(flops=flops_per_elem * inputs[0].numel, bytes=_io_bytes(inputs, outputs), unit="vector")
+    return work
+
+
+def _out_numel(inputs, outputs, attrs) -> int:
+    return outputs[0].numel
+
+
+# ---------------------------------------------------------------------------------------------------
+# block helpers
+# ---------------------------------------------------------------------------------------------------
+
+def _boxes(shape, start: int, stop: int) -> list[tuple]:
+    """Boxes (tuples of slices over a prefix of ``shape``) covering flat row-major ``[start, stop)`` once.
+
+    At most ``2 * len(shape) - 1`` boxes; slices always keep their axis (length-1 slices, no ints).
+    """
+    out: list[tuple] = []
+
+    def rec(prefix, dims, lo, hi):
+        if lo >= hi:
+            return
+        if not dims:
+            out.append(prefix)
+            return
+        inner = _numel(dims[1:])
+        i0, r0 = divmod(lo, inner)
+        i1, r1 = divmod(hi, inner)
+        if i0 == i1:
+            rec(prefix + (slice(i0, i0 + 1),), dims[1:], r0, r1)
+            return
+        if r0:
+            rec(prefix + (slice(i0, i0 + 1),), dims[1:], r0, inner)
+            i0 += 1
+        if i1 > i0:
+            out.append(prefix + (slice(i0, i1),))
+        if r1:
+            rec(prefix + (slice(i1, i1 + 1),), dims[1:], 0, r1)
+
+    rec((), tuple(shape), start, stop)
+    return out
+
+
+def _sub(a: np.ndarray, box: tuple, ndim: int) -> np.ndarray:
+    """The part of ``a`` (broadcastable, right-aligned, to an ``ndim``-d result) that feeds ``box``."""
+    off = ndim - a.ndim
+    idx = tuple((slice(None) if a.shape[j - off] == 1 else s) for j, s in enumerate(box) if j >= off)
+    return a[idx + (Ellipsis,)]
+
+
+def _block_boxes(ctx, shape) -> list[tuple]:
+    """This block's boxes over ``shape`` (flat row-major split); the whole shape for one block."""
+    if ctx.block_dim == 1:
+        return [()]
+    r = ctx.split(_numel(shape))
+    return _boxes(shape, r.start, r.stop) if r else []
+
+
+def _pad_box(box, n):
+    return tuple(box) + (slice(None),) * (n - len(box))
+
+
+def _pad_box_list(boxes, n):
+    return [_pad_box(b, n) for b in boxes]
+
+
+def _ew_apply(ctx, fn, ins, out) -> None:
+    """``fn(*ins, out=...)`` on this block's share of ``out``'s elements (inputs broadcast to ``out``)."""
+    if out.ndim == 0:                    # numpy ufuncs return scalars, not arrays, for 0-d temporaries
+        out, ins = out.reshape(1), [a.reshape(1) for a in ins]
+    if ctx.block_dim == 1:
+        fn(*ins, out=out)
+        return
+    r = ctx.split(out.size)
+    if not r:
+        return
+    if out.flags.c_contiguous and all(a.shape == out.shape and a.flags.c_contiguous for a in ins):
+        sl = slice(r.start, r.stop)
+        fn(*[a.reshape(-1)[sl] for a in ins], out=out.reshape(-1)[sl])
+        return
+    for box in _boxes(out.shape, r.start, r.stop):
+        fn(*[_sub(a, box, out.ndim) for a in ins], out=out[box + (Ellipsis,)])
+
+
+def _rows(a: np.ndarray, d: int, writable=False) -> np.ndarray:
+    """``a`` as ``[rows, d]`` (a view; outputs must not be copied)."""
+    shape = (a.size // d if d else _numel(a.shape[:-1]), d)
+    return a.reshape(shape, copy=False) if writable else a.reshape(shape)
+
+
+def _quiet(fn):
+    """Run a kernel with numpy floating-point warnings off (the device just produces inf/nan)."""
+    @functools.wraps(fn)
+    def run(ctx, inputs, outputs, attrs):
+        with np.errstate(all="ignore"):
+            fn(ctx, inputs, outputs, attrs)
+    return run
+
+
+def _upcast(fn):
+    """Compute ``fn(*ins, out=)`` in float32 when the output is float16 (one rounding at the end)."""
+    def g(*ins, out):
+        if out.dtype == F16:
+            tmp = np.empty(out.shape, F32)
+            fn(*[a.astype(F32) if a.dtype == F16 else a for a in ins], out=tmp)
+            np.copyto(out, tmp, casting="same_kind")
+        else:
+            fn(*ins, out=out)
+    return g
+
+
+# ---------------------------------------------------------------------------------------------------
+# elementwise binary: add, sub, mul, div
+# ---------------------------------------------------------------------------------------------------
+
+def _check_binary(name, kinds, alpha=False, same_shape=False):
+    def check(inputs, outputs, attrs):
+        _arity(name, inputs, outputs, 2)
+        a, b = inputs
+        o = outputs[0]
+        _dtype_in(name, a, kinds, "input")
+        _same_dtype(name, ("input 0", a), ("input 1", b), ("output", o))
+        if same_shape:
+            _need(tuple(a.shape) == tuple(b.shape), name,
+                  f"inputs must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+            want = tuple(a.shape)
+        else:
+            try:
+                want = np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+            except ValueError:
+                raise InvalidParamError(f"{name}: input shapes {tuple(a.shape)} and {tuple(b.shape)} "
+                                        f"do not broadcast") from None
+        _shape_is(name, o, want)
+        if alpha:
+            _value_for(name, "alpha", attrs.get("alpha", 1), a.dtype)
+    return check
+
+
+def _binary_kernel(name, ufunc, kinds, use_alpha=False, flops=1):
+    def run(ctx, inputs, outputs, attrs):
+        a, b = inputs
+        out = outputs[0]
+        alpha = attrs.get("alpha", 1) if use_alpha else 1
+        if alpha == 1:
+            _ew_apply(ctx, ufunc, (a, b), out)
+        else:
+            al = _val_scalar(alpha, out.dtype)
+
+            def fn(x, y, out):
+                ufunc(x, np.multiply(y, al), out=out)   # temp for alpha*y: alias-safe when out is x
+            _ew_apply(ctx, fn, (a, b), out)
+    run.__doc__ = f"{name}(a, b) with numpy broadcasting" + (" (out = a op alpha*b)" if use_alpha else "")
+    builtin(name, unit="vector", check=_check_binary(name, kinds, alpha=use_alpha), work=_vector_work(flops),
+            parallel_dim=_out_numel)(_quiet(run))
+
+
+_binary_kernel("add", np.add, NUMERIC, use_alpha=True)
+_binary_kernel("sub", np.subtract, NUMERIC, use_alpha=True)
+_binary_kernel("mul", np.multiply, NUMERIC)
+_binary_kernel("div", np.divide, FLOATS)
+
+
+# ---------------------------------------------------------------------------------------------------
+# unary / scalar elementwise
+# ---------------------------------------------------------------------------------------------------
+
+def _check_unary(name, kinds, attrs_check=None):
+    def check(inputs, outputs, attrs):
+        _arity(name, inputs, outputs, 1)
+        x, o = inputs[0], outputs[0]
+        _dtype_in(name, x, kinds, "input")
+        _same_dtype(name, ("input", x), ("output", o))
+        _shape_is(name, o, x.shape)
+        if attrs_check is not None:
+            attrs_check(name, x, attrs)
+    return check
+
+
+def _unary_kernel(name, make_fn, kinds, flops, attrs_check=None, doc=""):
+    """Register ``name``; ``make_fn(attrs, dtype)`` returns ``fn(x, out=)`` (alias-safe)."""
+    def run(ctx, inputs, outputs, attrs):
+        _ew_apply(ctx, make_fn(attrs, outputs[0].dtype), inputs, outputs[0])
+    run.__doc__ = doc
+    builtin(name, unit="vector", check=_check_unary(name, kinds, attrs_check), work=_vector_work(flops),
+            parallel_dim=_out_numel)(_quiet(run))
+
+
+# gelu with exact erf: gelu(x) = x * Phi(x) = relu(x) - |x| * Phi(-|x|), Phi(-a) = erfc(a / sqrt 2) / 2.
+# erfc by the Chebyshev-fitted form of Numerical Recipes (erfcc, fractional error < 1.2e-7 everywhere),
+# so gelu keeps its relative accuracy in the negative tail and the absolute error stays below 1e-6.
+_ERFC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
+         1.48851587, -0.82215223, 0.17087277)
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
+def _gelu_erf(x, out):
+    a = np.abs(x)
+    t = np.multiply(a, 0.5 * _INV_SQRT2)
+    t += 1.0
+    np.reciprocal(t, out=t)                      # t = 1 / (1 + z/2), z = |x|/sqrt 2
+    p = np.multiply(t, _ERFC[9])
+    for c in _ERFC[8:0:-1]:
+        p += c
+        p *= t
+    p += _ERFC[0]
+    z2 = np.multiply(a, a)
+    z2 *= 0.5
+    p -= z2
+    np.exp(p, out=p)
+    p *= t                                       # erfc(z)
+    p *= a
+    p *= 0.5                                     # |x| * Phi(-|x|)
+    np.maximum(x, 0, out=out)
+    np.subtract(out, p, out=out)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh(x, out):
+    u = np.multiply(x, x)
+    u *= 0.044715
+    u += 1.0
+    u *= x
+    u *= _SQRT_2_OVER_PI
+    np.tanh(u, out=u)
+    u += 1.0
+    u *= 0.5
+    np.multiply(x, u, out=out)
+
+
+def _silu(x, out):
+    t = np.negative(x)
+    np.exp(t, out=t)
+    t += 1.0
+    np.divide(x, t, out=out)
+
+
+def _rsqrt(x, out):
+    np.sqrt(x, out=out)
+    np.divide(1, out, out=out)
+
+
+def _relu(x, out):
+    np.maximum(x, 0, out=out)
+
+
+_GELU = {"none": _upcast(_gelu_erf), "tanh": _upcast(_gelu_tanh)}
+_SILU = _upcast(_silu)
+
+
+def _scalar_op(ufunc, value, x, out):
+    ufunc(x, value, out=out)
+
+
+def _gelu_attrs(name, x, attrs):
+    _choice_attr(name, attrs, "approximate", "none", ("none", "tanh"))
+
+
+def _scalar_attrs(name, x, attrs):
+    _need("value" in attrs, name, "attr 'value' is required")
+    _value_for(name, "value", attrs["value"], x.dtype)
+
+
+_unary_kernel("gelu", lambda attrs, dt: _GELU[attrs.get("approximate", "none")], FLOATS, 30, _gelu_attrs,
+              "GELU; attr approximate: 'none' (erf) or 'tanh'")
+_unary_kernel("silu", lambda attrs, dt: _SILU, FLOATS, 5, doc="x * sigmoid(x)")
+_unary_kernel("relu", lambda attrs, dt: _relu, SIGNED, 1, doc="max(x, 0)")
+_unary_kernel("exp", lambda attrs, dt: np.exp, FLOATS, 4, doc="e**x")
+_unary_kernel("tanh", lambda attrs, dt: np.tanh, FLOATS, 6, doc="tanh(x)")
+_unary_kernel("sqrt", lambda attrs, dt: np.sqrt, FLOATS, 2, doc="sqrt(x)")
+_unary_kernel("rsqrt", lambda attrs, dt: _rsqrt, FLOATS, 3, doc="1 / sqrt(x)")
+_unary_kernel("neg", lambda attrs, dt: np.negative, SIGNED, 1, doc="-x")
+_unary_kernel("add_scalar",
+              lambda attrs, dt: functools.partial(_scalar_op, np.add, _val_scalar(attrs["value"], dt)),
+              NUMERIC, 1, _scalar_attrs, "x + value")
+_unary_kernel("mul_scalar",
+              lambda attrs, dt: functools.partial(_scalar_op, np.multiply, _val_scalar(attrs["value"], dt)),
+              NUMERIC, 1, _scalar_attrs, "x * value")
+
+
+
+def _swiglu(g, u, out):
+    t = np.negative(g)
+    np.exp(t, out=t)
+    t += 1.0
+    np.divide(g, t, out=t)
+    np.multiply(t, u, out=out)
+
+
+_SWIGLU = _upcast(_swiglu)
+
+
+@builtin("swiglu", unit="vector", check=_check_binary("swiglu", FLOATS, same_shape=True), work=_vector_work(6),
+         parallel_dim=_out_numel)
+@_quiet
+def _swiglu_run(ctx, inputs, outputs, attrs):
+    """silu(gate) * up (inputs gate, up of one shape)"""
+    _ew_apply(ctx, _SWIGLU, inputs, outputs[0])
+
+
+# ---------------------------------------------------------------------------------------------------
+# layout: cast, copy, fill, transpose
+# ---------------------------------------------------------------------------------------------------
+
+def _copyto(src, out):
+    np.copyto(out, src, casting="unsafe")
+
+
+def _check_cast(inputs, outputs, attrs):
+    _arity("cast", inputs, outputs, 1)
+    _shape_is("cast", outputs[0], inputs[0].shape)
+
+
+@builtin("cast", unit="vector", check=_check_cast, work=_vector_work(1), parallel_dim=_out_numel)
+@_quiet
+def _cast_run(ctx, inputs, outputs, attrs):
+    """Convert to the output's dtype (numpy astype semantics: float to int truncates)"""
+    _ew_apply(ctx, _copyto, inputs, outputs[0])
+
+
+@builtin("copy", unit="vector", check=_check_unary("copy", ANY), work=_vector_work(0), parallel_dim=_out_numel)
+def _copy_run(ctx, inputs, outputs, attrs):
+    """out = x (same shape and dtype)"""
+    _ew_apply(ctx, _copyto, inputs, outputs[0])
+
+
+def _check_fill(inputs, outputs, attrs):
+    _arity("fill", inputs, outputs, 0)
+    _need("value" in attrs, "fill", "attr 'value' is required")
+    _value_for("fill", "value", attrs["value"], outputs[0].dtype)
+
+
+@builtin("fill", unit="vector", check=_check_fill, work=_vector_work(0), parallel_dim=_out_numel)
+@_quiet
+def _fill_run(ctx, inputs, outputs, attrs):
+    """Every element of the output = attr value"""
+    out = outputs[0]
+    value = attrs["value"]
+    for box in _block_boxes(ctx, out.shape):
+        out[box + (Ellipsis,)] = value
+
+
+def _perm(name, attrs, ndim) -> tuple[int, ...]:
+    p = attrs.get("perm")
+    _need(isinstance(p, (tuple, list)) and all(_is_int(i) for i in p), name,
+          f"attr 'perm' must be a tuple of ints, got {p!r}")
+    _need(sorted(int(i) for i in p) == list(range(ndim)), name,
+          f"attr 'perm'={tuple(p)!r} is not a permutation of the {ndim} input axes")
+    return tuple(int(i) for i in p)
+
+
+def _check_transpose(inputs, outputs, attrs):
+    _arity("transpose", inputs, outputs, 1)
+    x, o = inputs[0], outputs[0]
+    p = _perm("transpose", attrs, len(x.shape))
+    _same_dtype("transpose", ("input", x), ("output", o))
+    _shape_is("transpose", o, tuple(x.shape[i] for i in p))
+
+
+@builtin("transpose", unit="vector", check=_check_transpose, work=_vector_work(0), parallel_dim=_out_numel)
+def _transpose_run(ctx, inputs, outputs, attrs):
+    """out = x.transpose(perm)"""
+    xt = inputs[0].transpose(tuple(attrs["perm"]))
+    out = outputs[0]
+    for box in _block_boxes(ctx, out.shape):
+        b = box + (Ellipsis,)
+        np.copyto(out[b], xt[b])
+
+
+# ---------------------------------------------------------------------------------------------------
+# softmax and norms (row-wise)
+# ---------------------------------------------------------------------------------------------------
+
+def _softmax(x, out, axis) -> None:
+    """Softmax of ``x`` along ``axis`` into ``out`` (may be ``x``); all-``-inf`` rows give zeros."""
+    if x.size == 0:
+        return
+    ct = _compute_dtype(out.dtype)
+    m = np.max(x, axis=axis, keepdims=True)
+    if m.dtype != ct:
+        m = m.astype(ct)
+    m[m == -np.inf] = 0
+    buf = out if out.dtype == ct else np.empty(x.shape, ct)
+    np.subtract(x, m, out=buf)
+    np.exp(buf, out=buf)
+    s = np.sum(buf, axis=axis, keepdims=True)
+    s[s == 0] = 1
+    np.divide(buf, s, out=out)
+
+
+def _softmax_layout(shape, axis):
+    """(outer, n, inner) of ``shape`` around ``axis``."""
+    return _numel(shape[:axis]), shape[axis], _numel(shape[axis + 1:])
+
+
+def _check_softmax(inputs, outputs, attrs):
+    _arity("softmax", inputs, outputs, 1)
+    x, o = inputs[0], outputs[0]
+    _dtype_in("softmax", x, FLOATS, "input")
+    _ndim("softmax", x, "input", 1)
+    _same_dtype("softmax", ("input", x), ("output", o))
+    _shape_is("softmax", o, x.shape)
+    _axis("softmax", attrs.get("axis", -1), len(x.shape))
+
+
+def _softmax_pd(inputs, outputs, attrs):
+    shape = tuple(inputs[0].shape)
+    outer, _, inner = _softmax_layout(shape, int(attrs.get("axis", -1)) % len(shape))
+    return outer * inner
+
+
+@builtin("softmax", unit="vector", check=_check_softmax, work=_vector_work(5), parallel_dim=_softmax_pd)
+@_quiet
+def _softmax_run(ctx, inputs, outputs, attrs):
+    """softmax along attr axis (default -1), computed in float32 for float16"""
+    x, out = inputs[0], outputs[0]
+    axis = int(attrs.get("axis", -1)) % x.ndim
+    if ctx.block_dim == 1:
+        _softmax(x, out, axis)
+        return
+    outer, n, inner = _softmax_layout(x.shape, axis)
+    if inner == 1:
+        r = ctx.split(outer)
+        if r:
+            _softmax(_rows(x, n)[r.start:r.stop], _rows(out, n, True)[r.start:r.stop], 1)
+        return
+    x3 = x.reshape(outer, n, inner)
+    o3 = out.reshape((outer, n, inner), copy=False)
+    for ob, ib in _pad_box_list(_block_boxes(ctx, (outer, inner)), 2):
+        _softmax(x3[ob, :, ib], o3[ob, :, ib], 1)
+
+
+
+def _check_norm(name, n_params):
+    def check(inputs, outputs, attrs):
+        _arity(name, inputs, outputs, 1 + n_params)
+        x, o = inputs[0], outputs[0]
+        _dtype_in(name, x, FLOATS, "input")
+        _ndim(name, x, "input", 1)
+        d = x.shape[-1]
+        for i, p in enumerate(inputs[1:]):
+            what = ("gamma", "beta")[i]
+            _shape_is(name, p, (d,), what)
+            _need(p.dtype in (x.dtype, "float32"), name,
+                  f"{what} dtype {p.dtype} must be the input's ({x.dtype}) or float32")
+        _same_dtype(name, ("input", x), ("output", o))
+        _shape_is(name, o, x.shape)
+        eps = _num_attr(name, attrs, "eps", 1e-5 if n_params == 2 else 1e-6)
+        _need(eps >= 0, name, f"attr 'eps' must be >= 0, got {eps!r}")
+    return check
+
+
+def _rows_pd(inputs, outputs, attrs):
+    shape = inputs[0].shape
+    return _numel(shape[:-1])
+
+
+def _row_block(ctx, x, out):
+    """This block's rows of ``x``/``out`` as ``[r, D]`` views, or None when it has none."""
+    d = x.shape[-1]
+    x2, o2 = _rows(x, d), _rows(out, d, True)
+    if ctx.block_dim == 1:
+        return x2, o2
+    r = ctx.split(x2.shape[0])
+    return (x2[r.start:r.stop], o2[r.start:r.stop]) if r else None
+
+
+@builtin("layernorm", unit="vector", check=_check_norm("layernorm", 2), work=_input_vector_work(8),
+         parallel_dim=_rows_pd)
+@_quiet
+def _layernorm_run(ctx, inputs, outputs, attrs):
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the last axis (float32 math for float16)"""
+    x, gamma, beta = inputs
+    eps = float(attrs.get("eps", 1e-5))
+    rows = _row_block(ctx, x, outputs[0])
+    if rows is None or rows[0].size == 0:
+        return
+    x2, o2 = rows
+    xc = x2.astype(_compute_dtype(x2.dtype))          # a fresh buffer: centered in place below
+    xc -= xc.mean(axis=1, keepdims=True)
+    var = np.einsum("ij,ij->i", xc, xc)[:, None]
+    var /= x2.shape[1]
+    var += eps
+    np.sqrt(var, out=var)
+    xc /= var
+    xc *= gamma
+    np.add(xc, beta, out=o2)
+
+
+@builtin("rmsnorm", unit="vector", check=_check_norm("rmsnorm", 1), work=_input_vector_work(4),
+         parallel_dim=_rows_pd)
+@_quiet
+def _rmsnorm_run(ctx, inputs, outputs, attrs):
+    """x / sqrt(mean(x**2) + eps) * gamma over the last axis (float32 math for float16)"""
+    x, gamma = inputs
+    eps = float(attrs.get("eps", 1e-6))
+    rows = _row_block(ctx, x, outputs[0])
+    if rows is None or rows[0].size == 0:
+        return
+    x2, o2 = rows
+    ct = _compute_dtype(x2.dtype)
+    xf = x2 if x2.dtype == ct else x2.astype(ct)
+    ms = np.einsum("ij,ij->i", xf, xf)[:, None]
+    ms /= x2.shape[1]
+    ms += eps
+    np.sqrt(ms, out=ms)
+    if o2.dtype == ct:
+        np.divide(xf, ms, out=o2)                      # every row read (for ms) before it is written
+        np.multiply(o2, gamma, out=o2)
+    else:
+        xf /= ms
+        np.multiply(xf, gamma, out=o2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# matmul (cube)
+# ---------------------------------------------------------------------------------------------------
+
+def _mm(a, b, bias, out) -> None:
+    """out = a @ b (+ bias); float16 accumulates in float32 like the Cube."""
+    if out.size == 0:
+        return
+    if out.dtype == F16:
+        r = np.matmul(a.astype(F32), b.astype(F32))
+        if bias is not None:
+            r += bias
+        np.copyto(out, r, casting="same_kind")
+    else:
+        np.matmul(a, b, out=out)
+        if bias is not None:
+            np.add(out, bias, out=out)
+
+
+def _cube_work(inputs, outputs, flops) -> Work:
+    return Work(flops=flops, bytes=_io_bytes(inputs, outputs), unit="cube", fp16=outputs[0].dtype == "float16")
+
+
+def _check_matmul(inputs, outputs, attrs):
+    n = "matmul"
+    _arity(n, inputs, outputs, (2, 3))
+    a, b, o = inputs[0], inputs[1], outputs[0]
+    tb = _bool_attr(n, attrs, "transpose_b")
+    _dtype_in(n, a, FLOATS, "a")
+    _same_dtype(n, ("a", a), ("b", b), ("output", o))
+    _ndim(n, a, "a", 2, 2)
+    _ndim(n, b, "b", 2, 2)
+    m, k = a.shape
+    kb, nn = (b.shape[1], b.shape[0]) if tb else b.shape
+    _need(k == kb, n, f"inner dims differ: a {tuple(a.shape)}, b {tuple(b.shape)} (transpose_b={tb})")
+    if len(inputs) == 3:
+        _same_dtype(n, ("a", a), ("bias", inputs[2]))
+        _shape_is(n, inputs[2], (nn,), "bias")
+    _shape_is(n, o, (m, nn))
+
+
+def _mm_split_n(m, n) -> bool:
+    return n > m
+
+
+def _matmul_pd(inputs, outputs, attrs):
+    m, n = outputs[0].shape
+    return n if _mm_split_n(m, n) else m
+
+
+def _matmul_work(inputs, outputs, attrs):
+    m, k = inputs[0].shape
+    return _cube_work(inputs, outputs, 2.0 * m * outputs[0].shape[1] * k)
+
+
+@builtin("matmul", unit="cube", check=_check_matmul, work=_matmul_work, parallel_dim=_matmul_pd)
+@_quiet
+def _matmul_run(ctx, inputs, outputs, attrs):
+    """out[M,N] = a[M,K] @ b[K,N] (b[N,K] with transpose_b) (+ bias[N])"""
+    a, b = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    out = outputs[0]
+    bt = b.T if attrs.get("transpose_b", False) else b
+    if ctx.block_dim == 1:
+        _mm(a, bt, bias, out)
+        return
+    m, n = out.shape
+    if _mm_split_n(m, n):
+        r = ctx.split(n)
+        if r:
+            s = slice(r.start, r.stop)
+            _mm(a, bt[:, s], None if bias is None else bias[s], out[:, s])
+    else:
+        r = ctx.split(m)
+        if r:
+            s = slice(r.start, r.stop)
+            _mm(a[s], bt, bias, out[s])
+
+
+def _bmm_dims(a_shape, b_shape, ta, tb):
+    m, k = (a_shape[-1], a_shape[-2]) if ta else (a_shape[-2], a_shape[-1])
+    kb, n = (b_shape[-1], b_shape[-2]) if tb else (b_shape[-2], b_shape[-1])
+    return m, k, kb, n
+
+
+def _check_bmm(inputs, outputs, attrs):
+    nm = "batch_matmul"
+    _arity(nm, inputs, outputs, 2)
+    a, b, o = inputs[0], inputs[1], outputs[0]
+    ta = _bool_attr(nm, attrs, "transpose_a")
+    tb = _bool_attr(nm, attrs, "transpose_b")
+    _dtype_in(nm, a, FLOATS, "a")
+    _same_dtype(nm, ("a", a), ("b", b), ("output", o))
+    _ndim(nm, a, "a", 2)
+    _ndim(nm, b, "b", 2)
+    _need(len(b.shape) == 2 or tuple(b.shape[:-2]) == tuple(a.shape[:-2]), nm,
+          f"b must be 2-D or have a's batch dims {tuple(a.shape[:-2])}, got shape {tuple(b.shape)}")
+    m, k, kb, n = _bmm_dims(a.shape, b.shape, ta, tb)
+    _need(k == kb, nm, f"inner dims differ: a {tuple(a.shape)}, b {tuple(b.shape)} "
+                       f"(transpose_a={ta}, transpose_b={tb})")
+    _shape_is(nm, o, tuple(a.shape[:-2]) + (m, n))
+
+
+def _bmm_pd(inputs, outputs, attrs):
+    return _numel(outputs[0].shape[:-2])
+
+
+def _bmm_work(inputs, outputs, attrs):
+    m, k, _, n = _bmm_dims(inputs[0].shape, inputs[1].shape, attrs.get("transpose_a", False),
+                           attrs.get("transpose_b", False))
+    return _cube_work(inputs, outputs, 2.0 * _numel(inputs[0].shape[:-2]) * m * n * k)
+
+
+@builtin("batch_matmul", unit="cube", check=_check_bmm, work=_bmm_work, parallel_dim=_bmm_pd)
+@_quiet
+def _bmm_run(ctx, inputs, outputs, attrs):
+    """out[..., M, N] = a[..., M, K] @ b[..., K, N] (b may be 2-D); attrs transpose_a, transpose_b"""
+    a, b = inputs
+    out = outputs[0]
+    ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
+    a3 = a.reshape((-1,) + a.shape[-2:])
+    b3 = b if b.ndim == 2 else b.reshape((-1,) + b.shape[-2:])
+    o3 = out.reshape((-1,) + out.shape[-2:], copy=False)
+    if ta:
+        a3 = a3.swapaxes(-1, -2)
+    if tb:
+        b3 = b3.swapaxes(-1, -2)
+    if ctx.block_dim == 1:
+        _mm(a3, b3, None, o3)
+        return
+    r = ctx.split(o3.shape[0])
+    if r:
+        s = slice(r.start, r.stop)
+        _mm(a3[s], b3 if b3.ndim == 2 else b3[s], None, o3[s])
+
+
+# ---------------------------------------------------------------------------------------------------
+# attention (cube): softmax(q k^T * scale + mask) v with GQA and causal masking
+# ---------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def _causal_bias(sq: int, skv: int, q_offset: int):
+    """Additive [Sq, Skv] float32 bias: -inf where key j > q_offset + i; None when nothing is masked."""
+    if q_offset >= skv - 1:
+        return None
+    bias = np.where(np.arange(skv)[None, :] > (q_offset + np.arange(sq))[:, None], -np.inf, 0.0).astype(F32)
+    bias.flags.writeable = False
+    return bias
+
+
+def _check_attention(inputs, outputs, attrs):
+    nm = "attention"
+    _arity(nm, inputs, outputs, (3, 4))
+    q, k, v, o = inputs[0], inputs[1], inputs[2], outputs[0]
+    for what, d in (("q", q), ("k", k), ("v", v)):
+        _ndim(nm, d, what, 4, 4)
+    _dtype_in(nm, q, FLOATS, "q")
+    _same_dtype(nm, ("q", q), ("k", k), ("v", v), ("output", o))
+    b, hq, sq, dq = q.shape
+    bk, hkv, skv, dk = k.shape
+    _need(bk == b, nm, f"k batch {bk} differs from q batch {b}")
+    _need(dk == dq, nm, f"k head dim {dk} differs from q head dim {dq}")
+    _need(tuple(v.shape[:3]) == tuple(k.shape[:3]), nm,
+          f"v shape {tuple(v.shape)} must match k {tuple(k.shape)} in [B, Hkv, Skv]")
+    _need(hkv >= 1 and hq % hkv == 0, nm, f"q heads {hq} must be a multiple of kv heads {hkv}")
+    _need(skv >= 1, nm, "attention needs at least one key (Skv >= 1)")
+    _shape_is(nm, o, (b, hq, sq, v.shape[3]))
+    if len(inputs) == 4:
+        m = inputs[3]
+        _dtype_in(nm, m, FLOATS, "mask")
+        _ndim(nm, m, "mask", 0, 4)
+        full = (1,) * (4 - len(m.shape)) + tuple(m.shape)
+        _need(all(x in (1, y) for x, y in zip(full, (b, hq, sq, skv))), nm,
+              f"mask shape {tuple(m.shape)} does not broadcast to [B, 1|Hq, Sq, Skv] = [{b}, {hq}, {sq}, {skv}]")
+    _bool_attr(nm, attrs, "causal")
+    _int_attr(nm, attrs, "q_offset", skv - sq)
+    if attrs.get("scale") is not None:
+        _num_attr(nm, attrs, "scale", None)
+
+
+def _attention_pd(inputs, outputs, attrs):
+    return inputs[0].shape[0] * inputs[0].shape[1]
+
+
+def _attention_work(inputs, outputs, attrs):
+    b, hq, sq, d = inputs[0].shape
+    skv, dv = inputs[2].shape[2], inputs[2].shape[3]
+    return _cube_work(inputs, outputs, 2.0 * b * hq * sq * skv * (d + dv) + 5.0 * b * hq * sq * skv)
+
+
+@builtin("attention", unit="cube", check=_check_attention, work=_attention_work, parallel_dim=_attention_pd)
+@_quiet
+def _attention_run(ctx, inputs, outputs, attrs):
+    """softmax(q @ k^T * scale + mask [+ causal]) @ v; q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D], GQA by h // (Hq/Hkv)"""
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    mask = inputs[3] if len(inputs) > 3 else None
+    out = outputs[0]
+    b, hq, sq, d = q.shape
+    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
+    g = hq // hkv
+    scale = attrs.get("scale")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    cbias = None
+    if attrs.get("causal", False):
+        cbias = _causal_bias(sq, skv, int(attrs.get("q_offset", skv - sq)))
+    q5 = q.reshape(b, hkv, g, sq, d)
+    o5 = out.reshape((b, hkv, g, sq, dv), copy=False)
+    m5 = None
+    if mask is not None:
+        m4 = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+        mh = (hkv, g) if m4.shape[1] == hq and hq > 1 else (1, 1)
+        m5 = m4.reshape((m4.shape[0],) + mh + m4.shape[2:])
+    ct = _compute_dtype(out.dtype)
+    for box in _block_boxes(ctx, (b, hkv, g)):
+        bs, ks, gs = _pad_box(box, 3)
+        qb = q5[bs, ks, gs]
+        nb, nk, ng = qb.shape[:3]
+        qm = qb.reshape(nb, nk, ng * sq, d)
+        kb, vb = k[bs, ks], v[bs, ks]
+        if qm.dtype != ct:
+            qm, kb, vb = qm.astype(ct), kb.astype(ct), vb.astype(ct)
+        s = np.matmul(qm, kb.swapaxes(-1, -2))                       # [nb, nk, ng*Sq, Skv]
+        s *= scale
+        if m5 is not None or cbias is not None:
+            s5 = s.reshape(nb, nk, ng, sq, skv)
+            if m5 is not None:
+                s5 += _sub(m5, (bs, ks, gs), 5)
+            if cbias is not None:
+                s5 += cbias
+        _softmax(s, s, -1)
+        ob = o5[bs, ks, gs]
+        if ob.dtype == ct:
+            np.matmul(s, vb, out=ob.reshape((nb, nk, ng * sq, dv), copy=False))
+        else:
+            np.copyto(ob, np.matmul(s, vb).reshape(nb, nk, ng, sq, dv), casting="same_kind")
+
+
+# ---------------------------------------------------------------------------------------------------
+# rope
+# ---------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=32)
+def _inv_freq(rd: int, base: float) -> np.ndarray:
+    f = 1.0 / (base ** (np.arange(0, rd, 2, dtype=F64) / rd))
+    f.flags.writeable = False
+    return f
+
+
+def _check_rope(inputs, outputs, attrs):
+    nm = "rope"
+    _arity(nm, inputs, outputs, 2)
+    x, pos, o = inputs[0], inputs[1], outputs[0]
+    _ndim(nm, x, "x", 4, 4)
+    _dtype_in(nm, x, FLOATS, "x")
+    _dtype_in(nm, pos, ID_TYPES, "positions")
+    _same_dtype(nm, ("x", x), ("output", o))
+    _shape_is(nm, o, x.shape)
+    b, s, h, dh = x.shape
+    _need(tuple(pos.shape) == (s,) or (len(pos.shape) == 2 and pos.shape[0] in (1, b) and pos.shape[1] == s), nm,
+          f"positions shape {tuple(pos.shape)} must be [S] = [{s}] or [B, S] = [{b}, {s}]")
+    rd = _int_attr(nm, attrs, "rotary_dim", dh)
+    _need(0 < rd <= dh and rd % 2 == 0, nm, f"rotary dim {rd} must be even and in (0, {dh}] (head dim {dh})")
+    base = _num_attr(nm, attrs, "base", 10000.0)
+    _need(base > 0, nm, f"attr 'base' must be > 0, got {base!r}")
+    _choice_attr(nm, attrs, "style", "half", ("half", "interleaved"))
+
+
+def _rope_pd(inputs, outputs, attrs):
+    return inputs[0].shape[0] * inputs[0].shape[1]
+
+
+@builtin("rope", unit="vector", check=_check_rope, work=_vector_work(6), parallel_dim=_rope_pd)
+@_quiet
+def _rope_run(ctx, inputs, outputs, attrs):
+    """Rotary embedding of x [B,S,H,Dh] at positions [S] or [B,S]; style 'half' (rotate_half) or 'interleaved'"""
+    x, pos = inputs
+    out = outputs[0]
+    b, s, h, dh = x.shape
+    rd = int(attrs.get("rotary_dim", dh))
+    half = rd // 2
+    inv = _inv_freq(rd, float(attrs.get("base", 10000.0)))
+    interleaved = attrs.get("style", "half") == "interleaved"
+    ct = _compute_dtype(out.dtype)
+    for box in _block_boxes(ctx, (b, s)):
+        bs, ss = _pad_box(box, 2)
+        p = pos[ss] if pos.ndim == 1 else (pos[bs, ss] if pos.shape[0] == b else pos[:, ss])
+        ang = p.astype(F64)[..., None] * inv
+        cos = np.cos(ang).astype(ct)
+        sin = np.sin(ang).astype(ct)
+        cos, sin = (cos[None, :, None, :], sin[None, :, None, :]) if p.ndim == 1 else \
+            (cos[:, :, None, :], sin[:, :, None, :])
+        xb, ob = x[bs, ss], out[bs, ss]
+        if interleaved:
+            x1, x2, o1, o2 = xb[..., 0:rd:2], xb[..., 1:rd:2], ob[..., 0:rd:2], ob[..., 1:rd:2]
+        else:
+            x1, x2, o1, o2 = xb[..., :half], xb[..., half:rd], ob[..., :half], ob[..., half:rd]
+        t1 = np.multiply(x1, cos, dtype=ct)
+        t1 -= np.multiply(x2, sin, dtype=ct)
+        t2 = np.multiply(x2, cos, dtype=ct)
+        t2 += np.multiply(x1, sin, dtype=ct)
+        np.copyto(o1, t1, casting="same_kind")                       # both halves read before any write
+        np.copyto(o2, t2, casting="same_kind")
+        if rd < dh:
+            np.copyto(ob[..., rd:], xb[..., rd:])
+
+
+# ---------------------------------------------------------------------------------------------------
+# embedding
+# ---------------------------------------------------------------------------------------------------
+
+def _check_embedding(inputs, outputs, attrs):
+    nm = "embedding"
+    _arity(nm, inputs, outputs, 2)
+    table, ids, o = inputs[0], inputs[1], outputs[0]
+    _ndim(nm, table, "table", 2, 2)
+    _dtype_in(nm, ids, ID_TYPES, "ids")
+    _same_dtype(nm, ("table", table), ("output", o))
+    _shape_is(nm, o, tuple(ids.shape) + (table.shape[1],))
+
+
+def _embedding_work(inputs, outputs, attrs):
+    return Work(flops=0.0, bytes=inputs[1].nbytes + 2 * outputs[0].nbytes, unit="vector")
+
+
+def _embedding_pd(inputs, outputs, attrs):
+    return inputs[1].numel
+
+
+@builtin("embedding", unit="vector", check=_check_embedding, work=_embedding_work, parallel_dim=_embedding_pd)
+def _embedding_run(ctx, inputs, outputs, attrs):
+    """out[*S, D] = table[ids]; an id outside [0, V) is a KernelError, never wrapped"""
+    table, ids = inputs
+    v, d = table.shape
+    ids1 = ids.reshape(-1)
+    o2 = _rows(outputs[0], d, True)
+    if ctx.block_dim > 1:
+        r = ctx.split(ids1.size)
+        if not r:
+            return
+        ids1, o2 = ids1[r.start:r.stop], o2[r.start:r.stop]
+    if ids1.size == 0:
+        return
+    lo, hi = ids1.min(), ids1.max()
+    if lo < 0 or hi >= v:
+        bad = np.flatnonzero((ids1 < 0) | (ids1 >= v))
+        first = int(bad[0]) + (ctx.split(ids.size).start if ctx.block_dim > 1 else 0)
+        raise KernelError(f"embedding: id {int(ids.reshape(-1)[first])} at flat index {first} is outside the "
+                          f"table's [0, {v}) rows ({bad.size} bad id(s) in block {ctx.block_idx})")
+    np.take(table, ids1, axis=0, out=o2, mode="clip")               # range checked above; clip = no buffering
+
+
+# ---------------------------------------------------------------------------------------------------
+# reductions
+# ---------------------------------------------------------------------------------------------------
+
+def _reduced_shape(shape, axes, keepdims):
+    if keepdims:
+        return tuple(1 if i in axes else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in axes)
+
+
+def _check_reduce(name, kinds, nonempty=False):
+    def check(inputs, outputs, attrs):
+        _arity(name, inputs, outputs, 1)
+        x, o = inputs[0], outputs[0]
+        _dtype_in(name, x, kinds, "input")
+        _same_dtype(name, ("input", x), ("output", o))
+        axes = _axes(name, attrs, len(x.shape))
+        kd = _bool_attr(name, attrs, "keepdims")
+        if nonempty:
+            _need(all(x.shape[a] > 0 for a in axes), name,
+                  f"cannot reduce over an empty axis (input shape {tuple(x.shape)}, axes {axes})")
+        _shape_is(name, o, _reduced_shape(x.shape, axes, kd))
+    return check
+
+
+def _reduce_pd(inputs, outputs, attrs):
+    return outputs[0].numel
+
+
+def _reduce_kernel(name, fn, kinds, nonempty=False):
+    """``fn(x, axis, out)`` reduces ``x`` over the tuple ``axis`` into ``out`` (already shaped)."""
+    def run(ctx, inputs, outputs, attrs):
+        x, out = inputs[0], outputs[0]
+        axes = _axes(name, attrs, x.ndim)
+        keep = tuple(i for i in range(x.ndim) if i not in axes)
+        kept_shape = tuple(x.shape[i] for i in keep)
+        xt = x.transpose(keep + axes)
+        red = tuple(range(len(keep), x.ndim))
+        ok = out.reshape(kept_shape, copy=False)
+        for box in _block_boxes(ctx, kept_shape):
+            fn(xt[box + (Ellipsis,)], red, ok[box + (Ellipsis,)])
+    run.__doc__ = f"{name} over attr axis (int, tuple or None = all; default None), attr keepdims"
+    builtin(name, unit="vector", check=_check_reduce(name, kinds, nonempty), work=_input_vector_work(1),
+            parallel_dim=_reduce_pd)(_quiet(run))
+
+
+def _sum(x, axis, out):
+    if out.dtype == F16:
+        np.copyto(out, np.sum(x, axis=axis, dtype=F32), casting="same_kind")
+    else:
+        np.sum(x, axis=axis, out=out)
+
+
+def _mean(x, axis, out):
+    if out.dtype == F16:
+        np.copyto(out, np.mean(x, axis=axis, dtype=F32), casting="same_kind")
+    else:
+        np.mean(x, axis=axis, out=out)
+
+
+def _max(x, axis, out):
+    np.max(x, axis=axis, out=out)
+
+
+def _min(x, axis, out):
+    np.min(x, axis=axis, out=out)
+
+
+_reduce_kernel("reduce_sum", _sum, NUMERIC)
+_reduce_kernel("reduce_mean", _mean, FLOATS)
+_reduce_kernel("reduce_max", _max, NUMERIC, nonempty=True)
+_reduce_kernel("reduce_min", _min, NUMERIC, nonempty=True)
+
+
+def _check_argmax(inputs, outputs, attrs):
+    nm = "argmax"
+    _arity(nm, inputs, outputs, 1)
+    x, o = inputs[0], outputs[0]
+    _dtype_in(nm, x, NUMERIC, "input")
+    _ndim(nm, x, "input", 1)
+    _dtype_in(nm, o, ID_TYPES, "output")
+    ax = _axis(nm, attrs.get("axis", -1), len(x.shape))
+    _need(x.shape[ax] > 0, nm, f"cannot take argmax over an empty axis (input shape {tuple(x.shape)})")
+    _shape_is(nm, o, _reduced_shape(x.shape, (ax,), _bool_attr(nm, attrs, "keepdims")))
+
+
+@builtin("argmax", unit="vector", check=_check_argmax, work=_input_vector_work(1), parallel_dim=_reduce_pd)
+def _argmax_run(ctx, inputs, outputs, attrs):
+    """Index of the largest element along attr axis (default -1; first one on ties); out int32 or int64"""
+    x, out = inputs[0], outputs[0]
+    ax = int(attrs.get("axis", -1)) % x.ndim
+    xt = np.moveaxis(x, ax, -1)
+    ok = out.reshape(xt.shape[:-1], copy=False)
+    for box in _block_boxes(ctx, xt.shape[:-1]):
+        bx = box + (Ellipsis,)
+        if ok.dtype == np.intp:
+            np.argmax(xt[bx], axis=-1, out=ok[bx])
+        else:
+            np.copyto(ok[bx], np.argmax(xt[bx], axis=-1), casting="unsafe")
