@@ -11,6 +11,8 @@ ACL_SUCCESS = 0
 ACL_ERROR_INVALID_PARAM = 100000
 ACL_ERROR_UNINITIALIZE = 100001
 ACL_ERROR_REPEAT_INITIALIZE = 100002
+ACL_ERROR_INVALID_FILE = 100003
+ACL_ERROR_PARSE_FILE = 100006
 ACL_ERROR_OP_NOT_FOUND = 100024
 ACL_ERROR_UNSUPPORTED_DATA_TYPE = 100026
 ACL_ERROR_KERNEL_NOT_FOUND = 100029
@@ -32,6 +34,8 @@ ACL_ERROR_RT_STREAM_CONTEXT = 107003
 ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID = 107006
 ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL = 107007
 ACL_ERROR_RT_ADDR_UNALIGNED = 107008
+ACL_ERROR_RT_STREAM_SUBSCRIBE = 107011
+ACL_ERROR_RT_THREAD_SUBSCRIBE = 107012
 ACL_ERROR_RT_STREAM_NO_CB_REG = 107015
 ACL_ERROR_RT_INVALID_MEMORY_TYPE = 107016
 ACL_ERROR_RT_INVALID_HANDLE = 107017
@@ -52,6 +56,7 @@ ACL_ERROR_RT_DEVICE_OOM = 207018
 ACL_ERROR_RT_TIMEOUT = 207020
 ACL_ERROR_RT_INTERNAL_ERROR = 507000
 ACL_ERROR_RT_STREAM_TASK_FULL = 507002
+ACL_ERROR_RT_EVENT_NOT_COMPLETE = 507006
 ACL_ERROR_RT_LOST_HEARTBEAT = 507010
 ACL_ERROR_RT_REPORT_TIMEOUT = 507012
 ACL_ERROR_RT_AICORE_TIMEOUT = 507014
@@ -73,6 +78,8 @@ ERROR_TABLE: dict[int, tuple[str, str]] = {
     ACL_ERROR_INVALID_PARAM: ("ACL_ERROR_INVALID_PARAM", "invalid parameter"),
     ACL_ERROR_UNINITIALIZE: ("ACL_ERROR_UNINITIALIZE", "acl.init has not been called"),
     ACL_ERROR_REPEAT_INITIALIZE: ("ACL_ERROR_REPEAT_INITIALIZE", "repeated initialization"),
+    ACL_ERROR_INVALID_FILE: ("ACL_ERROR_INVALID_FILE", "invalid file"),
+    ACL_ERROR_PARSE_FILE: ("ACL_ERROR_PARSE_FILE", "cannot parse file"),
     ACL_ERROR_OP_NOT_FOUND: ("ACL_ERROR_OP_NOT_FOUND", "operator not found"),
     ACL_ERROR_UNSUPPORTED_DATA_TYPE: ("ACL_ERROR_UNSUPPORTED_DATA_TYPE", "unsupported data type"),
     ACL_ERROR_KERNEL_NOT_FOUND: ("ACL_ERROR_KERNEL_NOT_FOUND", "kernel not found"),
@@ -92,6 +99,8 @@ ERROR_TABLE: dict[int, tuple[str, str]] = {
     ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID: ("ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID", "event not recorded"),
     ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL: ("ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL", "end event before start"),
     ACL_ERROR_RT_ADDR_UNALIGNED: ("ACL_ERROR_RT_ADDR_UNALIGNED", "address not aligned"),
+    ACL_ERROR_RT_STREAM_SUBSCRIBE: ("ACL_ERROR_RT_STREAM_SUBSCRIBE", "stream subscription failed"),
+    ACL_ERROR_RT_THREAD_SUBSCRIBE: ("ACL_ERROR_RT_THREAD_SUBSCRIBE", "thread subscription failed"),
     ACL_ERROR_RT_STREAM_NO_CB_REG: ("ACL_ERROR_RT_STREAM_NO_CB_REG", "stream has no subscribed callback thread"),
     ACL_ERROR_RT_INVALID_MEMORY_TYPE: ("ACL_ERROR_RT_INVALID_MEMORY_TYPE", "invalid memory type"),
     ACL_ERROR_RT_INVALID_HANDLE: ("ACL_ERROR_RT_INVALID_HANDLE", "invalid handle"),
@@ -112,6 +121,7 @@ ERROR_TABLE: dict[int, tuple[str, str]] = {
     ACL_ERROR_RT_TIMEOUT: ("ACL_ERROR_RT_TIMEOUT", "driver call timed out"),
     ACL_ERROR_RT_INTERNAL_ERROR: ("ACL_ERROR_RT_INTERNAL_ERROR", "runtime internal error"),
     ACL_ERROR_RT_STREAM_TASK_FULL: ("ACL_ERROR_RT_STREAM_TASK_FULL", "stream task queue full"),
+    ACL_ERROR_RT_EVENT_NOT_COMPLETE: ("ACL_ERROR_RT_EVENT_NOT_COMPLETE", "event not complete"),
     ACL_ERROR_RT_LOST_HEARTBEAT: ("ACL_ERROR_RT_LOST_HEARTBEAT", "device heartbeat lost"),
     ACL_ERROR_RT_REPORT_TIMEOUT: ("ACL_ERROR_RT_REPORT_TIMEOUT", "process_report timed out"),
     ACL_ERROR_RT_AICORE_TIMEOUT: ("ACL_ERROR_RT_AICORE_TIMEOUT", "AI Core task timed out"),
@@ -230,3 +240,57 @@ def error_for_code(code: int, message: str = "") -> AclError:
     """Rebuild the typed exception for a code (used across the wire and when unpickling)."""
     cls = _CLASS_BY_CODE.get(int(code), AclError)
     return cls(message, code=int(code))
+
+
+# ---- HCCL (hccl_types.h HcclResult) ----
+HCCL_SUCCESS = 0
+HCCL_E_PARA = 1
+HCCL_E_PTR = 2
+HCCL_E_MEMORY = 3
+HCCL_E_INTERNAL = 4
+HCCL_E_NOT_SUPPORT = 5
+HCCL_E_NOT_FOUND = 6
+HCCL_E_UNAVAIL = 7
+HCCL_E_TIMEOUT = 9
+HCCL_E_RUNTIME = 15
+HCCL_E_NETWORK = 19
+HCCL_E_REMOTE = 21
+
+HCCL_RESULT_NAMES: dict[int, str] = {
+    0: "HCCL_SUCCESS", 1: "HCCL_E_PARA", 2: "HCCL_E_PTR", 3: "HCCL_E_MEMORY", 4: "HCCL_E_INTERNAL",
+    5: "HCCL_E_NOT_SUPPORT", 6: "HCCL_E_NOT_FOUND", 7: "HCCL_E_UNAVAIL", 8: "HCCL_E_SYSCALL",
+    9: "HCCL_E_TIMEOUT", 10: "HCCL_E_OPEN_FILE_FAILURE", 11: "HCCL_E_TCP_CONNECT", 12: "HCCL_E_ROCE_CONNECT",
+    13: "HCCL_E_TCP_TRANSFER", 14: "HCCL_E_ROCE_TRANSFER", 15: "HCCL_E_RUNTIME", 16: "HCCL_E_DRV",
+    17: "HCCL_E_PROFILING", 18: "HCCL_E_CCE", 19: "HCCL_E_NETWORK", 20: "HCCL_E_AGAIN", 21: "HCCL_E_REMOTE",
+    22: "HCCL_E_SUSPENDING", 23: "HCCL_E_OPRETRY_FAIL", 24: "HCCL_E_OOM",
+}
+
+#: HcclResult -> the aclError a stream synchronize reports for a failed collective task
+_HCCL_TO_ACL = {HCCL_E_PARA: ACL_ERROR_RT_PARAM_INVALID, HCCL_E_PTR: ACL_ERROR_RT_PARAM_INVALID,
+                HCCL_E_TIMEOUT: ACL_ERROR_RT_TASK_TIMEOUT, HCCL_E_REMOTE: 507057,
+                HCCL_E_NETWORK: ACL_ERROR_RT_LINK_ERROR, HCCL_E_MEMORY: ACL_ERROR_RT_MEMORY_ALLOCATION,
+                HCCL_E_NOT_SUPPORT: ACL_ERROR_RT_FEATURE_NOT_SUPPORT}
+ERROR_TABLE[507057] = ("ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", "suspected remote (peer) error")
+
+
+def hccl_result_name(code: int) -> str:
+    return HCCL_RESULT_NAMES.get(code, f"HCCL_E_UNKNOWN_{code}")
+
+
+class HcclError(AclError):
+    """A failed collective: ``hccl_code`` is the HcclResult, ``code`` the aclError a stream reports."""
+
+    def __init__(self, message: str = "", hccl_code: int = HCCL_E_INTERNAL, code: int | None = None):
+        self.hccl_code = int(hccl_code)
+        super().__init__(f"{hccl_result_name(self.hccl_code)}: {message}",
+                         code=code if code is not None else _HCCL_TO_ACL.get(self.hccl_code, 507000))
+
+    def __reduce__(self):
+        return (_rebuild_hccl, (self.detail, self.hccl_code, self.code))
+
+
+def _rebuild_hccl(detail: str, hccl_code: int, code: int) -> "HcclError":
+    e = HcclError("", hccl_code, code)
+    e.detail = detail
+    e.args = (f"[{code} {e.name}] {detail}",)
+    return e

@@ -419,13 +419,16 @@ class HostCallbacks:
             while True:
                 for i, item in enumerate(self._pending):
                     if item[5] == direct and (streams is None or item[0].sid in streams):
-                        return self._pending.pop(i)
+                        if direct or self.dev.handle.query_event(item[1]):
+                            return self._pending.pop(i)
                 if self._stop:
                     return None
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                self._cv.wait(left if left is not None else 1.0)
+                # subscribed callbacks are taken only once their work is done: poll the device
+                wait = 1.0 if direct else 0.002
+                self._cv.wait(min(left, wait) if left is not None else wait)
 
     def _fire(self, item: tuple) -> None:
         stream, done, gate, fn, user_data, _ = item
@@ -452,11 +455,15 @@ class HostCallbacks:
         return True
 
     def _run_direct(self) -> None:
+        import logging
         while not self._stop:
             item = self._take(None, True, None)
             if item is None:
                 return
-            self._fire(item)
+            try:
+                self._fire(item)
+            except Exception:  # noqa: BLE001 - a failing host function must not stop later ones
+                logging.getLogger("vnpu").exception("host function failed")
 
 
 _callbacks: "weakref.WeakKeyDictionary[Device, HostCallbacks]" = weakref.WeakKeyDictionary()
@@ -482,7 +489,10 @@ def _shape(shape) -> tuple[int, ...]:
 
 
 def _dtype(dtype) -> str:
-    name = np.dtype(dtype).name
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        raise InvalidParamError(f"unknown dtype {dtype!r}", code=100026) from None
     if name not in DTYPES:
         raise InvalidParamError(f"unsupported dtype {name!r}", code=100026)
     return name
