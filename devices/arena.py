@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import (ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR, ACL_ERROR_RT_MEMORY_FREE, ACL_ERROR_RT_NO_PERMISSION,
-                     AclError, InvalidParamError, MemoryAccessError, MemoryAllocationError)
+                     AclError, InvalidParamError, MemoryAccessError, MemoryAllocationError, error_for_code)
 
 PTR_TAG = 0xAC << 56
 _DEV_SHIFT = 40
@@ -211,8 +211,8 @@ class HbmArena:
             a = self._live.get(off)
             if a is None:
                 if off in self._freed:
-                    raise AclError(f"double free of 0x{ptr:x} on device {self.device_id}",
-                                   code=ACL_ERROR_RT_MEMORY_FREE)
+                    raise error_for_code(ACL_ERROR_RT_MEMORY_FREE,
+                                         f"double free of 0x{ptr:x} on device {self.device_id}")
                 raise InvalidParamError(f"free of 0x{ptr:x}: not the start of an allocation on device "
                                         f"{self.device_id}")
             if owner is not None and a.owner != owner:
@@ -256,6 +256,7 @@ class HbmArena:
         if nbytes < 0:
             raise InvalidParamError(f"negative length {nbytes}")
         with self._lock:
+            self._check_open()
             i = bisect.bisect_right(self._starts, off) - 1
             a = self._live[self._starts[i]] if i >= 0 else None
             if a is None or off >= a.offset + a.size:
@@ -274,8 +275,9 @@ class HbmArena:
             if self._poison:
                 for s, e in self._poison:
                     if s < off + max(nbytes, 1) and off < e:
-                        raise AclError(f"uncorrectable HBM ECC error at device {self.device_id} offset "
-                                       f"0x{s:x}", code=ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR)
+                        raise error_for_code(ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
+                                             f"uncorrectable HBM ECC error at device {self.device_id} "
+                                             f"offset 0x{s:x}")
         return off
 
     def view(self, ptr: int, nbytes: int, owner: str | None = None, write: bool = False) -> np.ndarray:
@@ -289,12 +291,13 @@ class HbmArena:
         off = self.resolve(ptr, n * dt.itemsize, owner)
         if off % dt.itemsize:
             # numpy needs no alignment, but CANN kernels do: report it like the runtime
-            raise AclError(f"0x{ptr:x} is not aligned to {dt.itemsize} B for {dt}", code=107008)
+            raise error_for_code(107008, f"0x{ptr:x} is not aligned to {dt.itemsize} B for {dt}")
         return np.frombuffer(self._mm, dtype=dt, count=n, offset=off).reshape(shape)
 
     def allocation_of(self, ptr: int) -> Allocation:
         off = self.resolve(ptr, 0)
         with self._lock:
+            self._check_open()
             i = bisect.bisect_right(self._starts, off) - 1
             return self._live[self._starts[i]]
 
@@ -324,13 +327,14 @@ class HbmArena:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise AclError("device arena is closed", code=207004)
+            raise error_for_code(207004, f"device {self.device_id} arena is closed")
 
     def close(self) -> None:
         """Unmap and unlink the segment (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         self.buf = None
         try:
             self._mm.close()

@@ -16,10 +16,11 @@ import numpy as np
 
 from .arena import HbmArena
 from .chip import ASCEND_910B3, ChipSpec, CostModel, Work
-from .errors import AclError, InvalidParamError
+from .errors import InvalidParamError, KernelError
 from .kernel import KernelRunner, check_launch, default_block_dim, lookup
 from .scheduler import Scheduler, Task
-from .tasks import CopyD2D, Launch, Memset, Record, StreamOp, Wait, WriteH2D
+from .hccl import CollectiveOp, HcclEngine
+from .tasks import Collective, CopyD2D, Launch, Memset, Record, StreamOp, Wait, WriteH2D
 
 DEFAULT_ARENA = 1 << 30
 
@@ -74,6 +75,7 @@ class Device:
         self._temp_c = config.spec.ambient_c + config.spec.c_per_w * config.spec.idle_w
         self._util = 0.0
         self.closed = False
+        self.hccl = HcclEngine(self)
         self.default_stream = self.sched.create_stream(0)
 
     # ------------------------------------------------------------------ info
@@ -187,6 +189,11 @@ class Device:
             self._check_range(op.ptr, op.nbytes, owner)
             return Task("copy", run=lambda b: self._guarded(lambda: self.memset(op.ptr, op.value, op.nbytes, owner)),
                         duration=self.cost.device_copy(op.nbytes) / 2, name="memset")
+        if isinstance(op, Collective):
+            cop = CollectiveOp(op.comm, op.op, op.send, op.recv, op.count, op.dtype, op.redop, op.root, op.peer)
+            self.hccl.check(cop, owner)
+            return Task("copy", run=lambda b: self._guarded(lambda: self.hccl.run(cop, owner)),
+                        duration=self.hccl.modeled_seconds(cop), name=f"hccl_{op.op}")
         if isinstance(op, WriteH2D):
             self._check_range(op.dst, len(op.data), owner)
             return Task("copy", run=lambda b: self._guarded(lambda: self.memcpy_h2d(op.dst, op.data, owner)),
@@ -202,7 +209,7 @@ class Device:
         with self._lock:
             if self.faults.task_fail > 0:
                 self.faults.task_fail -= 1
-                raise AclError("injected task failure", code=507015)
+                raise KernelError("injected task failure (fault task-fail)")
         fn()
 
     def _launch_task(self, op: Launch, owner: str | None) -> Task:
@@ -239,6 +246,25 @@ class Device:
             runner().run_block(b)
 
         return Task("kernel", blocks=block_dim, run=run, duration=duration, name=op.kernel)
+
+    # ------------------------------------------------------------------ HCCL communicators
+    def hccl_info(self) -> dict:
+        """What peers need to reach this device (arena segment, doorbell, node)."""
+        return self.hccl.info()
+
+    def hccl_comm_init(self, comm_id: str, rank: int, peers: list[dict], config: dict | None = None) -> None:
+        self.hccl.comm_init(comm_id, rank, peers, config)
+
+    def hccl_comm_join(self, comm_id: str, rank: int, nranks: int, root: dict, config: dict | None = None,
+                       timeout_s: float = 120.0) -> list[dict]:
+        """Root-info rendezvous (host-blocking up to ``timeout_s``)."""
+        return self.hccl.comm_join(comm_id, rank, nranks, root, config, timeout_s)
+
+    def hccl_comm_destroy(self, comm_id: str) -> None:
+        self.hccl.comm_destroy(comm_id)
+
+    def hccl_async_error(self, comm_id: str) -> int:
+        return self.hccl.async_error(comm_id)
 
     # ------------------------------------------------------------------ telemetry
     def telemetry(self) -> dict:
@@ -299,6 +325,8 @@ class Device:
             self.sched.streams.clear()
             self.sched.events.clear()
         self.arena.reset()
+        for cid in list(self.hccl.comms):
+            self.hccl.comm_destroy(cid)
         self.faults = Faults()
         self.default_stream = self.sched.create_stream(0)
 
@@ -306,6 +334,7 @@ class Device:
         if self.closed:
             return
         self.closed = True
+        self.hccl.close()
         self.sched.close()
         self.arena.close()
 

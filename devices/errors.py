@@ -158,7 +158,7 @@ class AclError(Exception):
         super().__init__(f"[{self.code} {self.name}] {self.detail}")
 
     def __reduce__(self):
-        return (error_for_code, (self.code, self.detail))
+        return (error_for_code, (self.code, self.detail, type(self).__name__))
 
 
 class InvalidParamError(AclError):
@@ -177,7 +177,7 @@ class MemoryAllocationError(AclError):
     default_code = ACL_ERROR_RT_MEMORY_ALLOCATION
 
 
-class MemoryAccessError(AclError):
+class MemoryAccessError(InvalidParamError):
     """An access outside any live allocation: out of bounds, use after free, wrong device."""
     default_code = ACL_ERROR_RT_PARAM_INVALID
 
@@ -236,9 +236,21 @@ _CLASS_BY_CODE: dict[int, type[AclError]] = {
 }
 
 
-def error_for_code(code: int, message: str = "") -> AclError:
-    """Rebuild the typed exception for a code (used across the wire and when unpickling)."""
+def _subclasses(cls) -> dict[str, type]:
+    out = {cls.__name__: cls}
+    for sub in cls.__subclasses__():
+        out.update(_subclasses(sub))
+    return out
+
+
+def error_for_code(code: int, message: str = "", class_name: str | None = None) -> AclError:
+    """Rebuild the typed exception for a code (used across the wire and when unpickling).
+    ``class_name`` (sent beside the code) restores a subclass that shares its code with another."""
     cls = _CLASS_BY_CODE.get(int(code), AclError)
+    if class_name:
+        named = _subclasses(AclError).get(class_name)
+        if named is not None and named is not HcclError and issubclass(named, AclError):
+            cls = named
     return cls(message, code=int(code))
 
 

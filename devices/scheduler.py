@@ -20,13 +20,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,
+from .errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_EVENT_NOT_COMPLETE, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,
                      ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID, ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL,
                      ACL_ERROR_RT_NO_EVENT_RESOURCE, ACL_ERROR_RT_NO_STREAM_RESOURCE,
                      ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, AclError, InvalidHandleError, InvalidParamError,
                      KernelError, error_for_code)
 
-EVENT_NOT_COMPLETE = 507006
 
 
 @dataclass
@@ -66,12 +65,20 @@ class Event:
     flags: int = 0
     owner: str = ""
     recorded_gen: int = 0                  #: records enqueued so far
-    completed_gen: int = 0                 #: records completed so far
+    completed_gen: int = 0                 #: highest record number completed (the timestamps are its)
+    done_floor: int = 0                    #: every record number <= done_floor has completed
+    done_above: set = field(default_factory=set)   #: completed record numbers > done_floor (records on
+                                                   #: different streams may complete out of order)
     wall_ts: float | None = None           #: perf_counter() of the last completed record
     model_ts: float | None = None          #: modeled device time of the last completed record
     error: AclError | None = None
     record_stream: int | None = None
     waiters: list = field(default_factory=list)   # (stream, gen) parked on this event
+
+
+def _is_done(e: Event, gen: int) -> bool:
+    """Whether record number ``gen`` of ``e`` has completed (0, "never recorded", always has)."""
+    return gen <= e.done_floor or gen in e.done_above
 
 
 class Scheduler:
@@ -185,8 +192,8 @@ class Scheduler:
         with self._lock:
             e = self._event(eid, owner)
             e.recorded_gen = max(e.recorded_gen, gen)
-            if gen > e.completed_gen:
-                self._complete_event(e, gen, None, self.model_now)
+            if gen > e.done_floor:
+                self._complete_event(e, gen, None, self.model_now, upto=True)
 
     # ------------------------------------------------------------------ core of the scheduler
     def _advance(self, s: Stream) -> None:
@@ -201,7 +208,7 @@ class Scheduler:
                 continue
             if t.kind == "wait":
                 e = t.event
-                if e.completed_gen >= t.gen:
+                if _is_done(e, t.gen):
                     q.popleft()
                     s.tasks_done += 1
                     if e.model_ts is not None and t.gen > 0:
@@ -224,15 +231,27 @@ class Scheduler:
             return
         self._idle.notify_all()
 
-    def _complete_event(self, e: Event, gen: int, err: AclError | None, model_ts: float) -> None:
-        e.completed_gen = max(e.completed_gen, gen)
-        e.wall_ts = time.perf_counter()
-        e.model_ts = model_ts
-        e.error = err
+    def _complete_event(self, e: Event, gen: int, err: AclError | None, model_ts: float,
+                        upto: bool = False) -> None:
+        """Record number ``gen`` of ``e`` completed (with ``upto``: every record up to ``gen``)."""
+        if upto:
+            e.done_floor = max(e.done_floor, gen)
+        elif gen > e.done_floor:
+            e.done_above.add(gen)
+        while e.done_floor + 1 in e.done_above:
+            e.done_floor += 1
+            e.done_above.discard(e.done_floor)
+        if upto and e.done_above:
+            e.done_above = {g for g in e.done_above if g > e.done_floor}
+        if gen >= e.completed_gen:                 # an older record completing late keeps the newer stamps
+            e.completed_gen = gen
+            e.wall_ts = time.perf_counter()
+            e.model_ts = model_ts
+            e.error = err
         if e.waiters:
             still = []
             for st, g in e.waiters:
-                if e.completed_gen >= g:
+                if _is_done(e, g):
                     st.parked_on = None
                     st.queue.popleft()       # the wait task
                     st.tasks_done += 1
@@ -324,8 +343,8 @@ class Scheduler:
             target = s.submitted
             ok = self._wait_until(lambda: s.tasks_done >= target, self._deadline(timeout))
             if not ok:
-                raise AclError(f"stream {sid} did not finish within {timeout} ms",
-                               code=ACL_ERROR_RT_STREAM_SYNC_TIMEOUT)
+                raise error_for_code(ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
+                                     f"stream {sid} did not finish within {timeout} ms")
             err, s.error = s.error, None
         if err is not None and raise_error:
             raise error_for_code(err.code, err.detail)
@@ -340,33 +359,42 @@ class Scheduler:
         with self._lock:
             e = self._event(eid, owner)
             target = e.recorded_gen
-            ok = self._wait_until(lambda: e.completed_gen >= target, self._deadline(timeout))
+            ok = self._wait_until(lambda: _is_done(e, target), self._deadline(timeout))
             if not ok:
-                raise AclError(f"event {eid} did not complete within {timeout} ms",
-                               code=ACL_ERROR_RT_EVENT_SYNC_TIMEOUT)
+                raise error_for_code(ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,
+                                     f"event {eid} did not complete within {timeout} ms")
             err = e.error
         if err is not None:
             raise error_for_code(err.code, err.detail)
 
     def synchronize_device(self, timeout: float = -1, owner: str | None = None) -> None:
+        """Wait for every stream (of ``owner``), then raise the first stream error found."""
+        first = None
         for sid in list(self.streams):
             s = self.streams.get(sid)
             if s is not None and (owner is None or s.owner == owner):
-                self.synchronize_stream(sid, timeout, owner)
+                try:
+                    self.synchronize_stream(sid, timeout, owner)
+                except AclError as e:
+                    if e.code in (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,):
+                        raise
+                    first = first or e
+        if first is not None:
+            raise first
 
     def query_event(self, eid: int, owner: str | None = None) -> bool:
         """True when the latest record has completed (also before the first record)."""
         with self._lock:
             e = self._event(eid, owner)
-            return e.completed_gen >= e.recorded_gen
+            return _is_done(e, e.recorded_gen)
 
     def event_times(self, eid: int, owner: str | None = None) -> tuple[float, float]:
         with self._lock:
             e = self._event(eid, owner)
             if e.recorded_gen == 0:
                 raise AclError(f"event {eid} was never recorded", code=ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID)
-            if e.completed_gen < e.recorded_gen or e.wall_ts is None:
-                raise AclError(f"event {eid} has not completed", code=EVENT_NOT_COMPLETE)
+            if not _is_done(e, e.recorded_gen) or e.wall_ts is None:
+                raise AclError(f"event {eid} has not completed", code=ACL_ERROR_RT_EVENT_NOT_COMPLETE)
             return e.wall_ts, e.model_ts
 
     def elapsed(self, start: int, end: int, owner: str | None = None) -> tuple[float, float]:
@@ -401,7 +429,8 @@ class Scheduler:
                 s.parked_on = None
                 s.error = err
             for e in self.events.values():
-                e.completed_gen = e.recorded_gen
+                e.completed_gen = e.done_floor = e.recorded_gen
+                e.done_above = set()
                 e.error = err
                 e.waiters = []
             self._idle.notify_all()

@@ -17,8 +17,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from devices.errors import (ACL_ERROR_RT_STREAM_CONTEXT, AclError, InvalidDeviceError, InvalidParamError,
-                            UnsupportedError)
+from devices.errors import (ACL_ERROR_RT_STREAM_CONTEXT, AclError, InvalidDeviceError, InvalidHandleError,
+                            InvalidParamError, UnsupportedError)
 from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
 from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
@@ -224,7 +224,7 @@ class Stream:
 
     def _put(self, op) -> None:
         if self._destroyed:
-            raise AclError(f"stream {self.sid} was destroyed", code=107017)
+            raise InvalidHandleError(f"stream {self.sid} was destroyed")
         self.device.queue.put(op)
 
     def launch(self, kernel: str, inputs: Sequence = (), outputs: Sequence = (), attrs: dict | None = None,

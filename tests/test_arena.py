@@ -1,0 +1,516 @@
+"""Unit tests of the HBM arena (devices.arena): CANN allocation rules, bounds checks, shared memory.
+
+The stateful test drives ``HbmArena`` with random malloc / free / write / read steps and checks it
+against a plain Python model after every step; the deterministic tests pin down the rules one by one.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, precondition, rule
+
+from devices.arena import (ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_NORMAL_ONLY, Allocator, HbmArena, attach,
+                           block_size, make_ptr)
+from devices.errors import AclError, InvalidParamError, MemoryAccessError, MemoryAllocationError, error_for_code
+
+OFF_MASK = (1 << 40) - 1
+KIB = 1 << 10
+MIB = 1 << 20
+_dev_ids = itertools.count(100)
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def cann_block(size: int) -> int:
+    """Bytes CANN reserves for a request of ``size`` <= 1 MiB: round to 32, add 32, 64-aligned start."""
+    return round_up(round_up(size, 32) + 32, 64)
+
+
+def off(ptr: int) -> int:
+    return ptr & OFF_MASK
+
+
+@pytest.fixture
+def arena():
+    a = HbmArena(next(_dev_ids), 1 * MIB)
+    try:
+        yield a
+    finally:
+        a.close()
+
+
+# ------------------------------------------------------------------------------------------ stateful
+ARENA_BYTES = 128 * KIB
+END_BYTES = 8          # pattern-filled bytes at each end of every block
+
+
+def _ends(size: int) -> tuple[int, int]:
+    """(head, tail) pattern lengths of a block: the first and the last bytes, never overlapping."""
+    n = min(END_BYTES, size)
+    return n, min(END_BYTES, size - n)
+
+
+class ArenaMachine(RuleBasedStateMachine):
+    """malloc / free / write / read on a 128 KiB arena against a model of live blocks and their bytes."""
+
+    blocks = Bundle("blocks")
+
+    def __init__(self):
+        super().__init__()
+        self.dev = next(_dev_ids)
+        self.arena = HbmArena(self.dev, ARENA_BYTES)
+        # model: start offset -> [size, reserved, content(np.uint8), known(bool mask), head, tail]
+        self.live: dict[int, list] = {}
+        self.freed: set[int] = set()        # starts freed and not handed out again at the same start
+        self.peak = 0
+        self.fill = 0
+
+    def teardown(self):
+        self.arena.close()
+
+    # -- model helpers
+    def _used(self) -> int:
+        return sum(b[1] for b in self.live.values())
+
+    def _gaps(self) -> list[tuple[int, int]]:
+        """Free ranges implied by the live blocks (maximal, i.e. fully coalesced)."""
+        gaps, pos = [], 0
+        for s in sorted(self.live):
+            if s > pos:
+                gaps.append((pos, s - pos))
+            pos = s + self.live[s][1]
+        if pos < ARENA_BYTES:
+            gaps.append((pos, ARENA_BYTES - pos))
+        return gaps
+
+    def _verify_block(self, start: int) -> None:
+        size, _, content, known, head, tail = self.live[start]
+        got = self.arena.view(make_ptr(self.dev, start), size)
+        assert np.array_equal(got[known], content[known]), f"block at {start:#x} lost data"
+        assert bytes(got[:len(head)]) == head, f"head pattern of block at {start:#x} overwritten"
+        assert bytes(got[size - len(tail):]) == tail, f"tail pattern of block at {start:#x} overwritten"
+
+    # -- rules
+    @rule(target=blocks, size=st.one_of(st.integers(1, 64 * KIB), st.integers(16 * KIB, 64 * KIB), st.integers(1, 256),
+                                        st.sampled_from([32, 64, 96])))
+    def malloc(self, size):
+        need = cann_block(size)
+        gaps = self._gaps()
+        fits = [g for g in gaps if g[1] >= need]
+        if not fits:
+            with pytest.raises(MemoryAllocationError) as ei:
+                self.arena.malloc(size)
+            assert ei.value.code == 207001
+            return multiple()
+        ptr = self.arena.malloc(size)
+        start = off(ptr)
+        assert (ptr >> 40) & 0xFFFF == self.dev
+        # best fit: the smallest free range that is large enough, from its start
+        best = min(g[1] for g in fits)
+        assert (start, best) in [(g[0], g[1]) for g in fits if g[1] == best], \
+            f"malloc({size}) placed at {start:#x}, not at the start of a smallest fitting free range {fits}"
+        # pattern-fill both ends
+        self.fill = (self.fill + 1) % 251
+        n, m = _ends(size)
+        head = bytes((self.fill + i) % 256 for i in range(n))
+        tail = bytes((self.fill * 7 + i + 1) % 256 for i in range(m))
+        v = self.arena.view(ptr, size)
+        v[:n] = np.frombuffer(head, np.uint8)
+        v[size - m:] = np.frombuffer(tail, np.uint8)
+        content = np.zeros(size, np.uint8)
+        known = np.zeros(size, bool)
+        content[:n] = np.frombuffer(head, np.uint8)
+        content[size - m:] = np.frombuffer(tail, np.uint8)
+        known[:n] = True
+        known[size - m:] = True
+        self.live[start] = [size, need, content, known, head, tail]
+        self.freed.discard(start)
+        self.peak = max(self.peak, self._used())
+        return ptr
+
+    @rule(ptr=consumes(blocks))
+    def free(self, ptr):
+        start = off(ptr)
+        assert start in self.live
+        self._verify_block(start)
+        self.arena.free(ptr)
+        del self.live[start]
+        self.freed.add(start)
+
+    @rule(kind=st.sampled_from(["size", "double", "never", "other_device", "oob"]), data=st.data())
+    def misuse(self, kind, data):
+        """One bad call; it must raise its code and change nothing (the invariants check the rest)."""
+        before = self.arena.stats()
+        if kind == "size":
+            size = data.draw(st.one_of(st.just(0), st.integers(-(1 << 20), -1)))
+            with pytest.raises(InvalidParamError) as ei:
+                self.arena.malloc(size)
+            assert ei.value.code == 107000
+        elif kind == "double":
+            if not self.freed:
+                return
+            start = data.draw(st.sampled_from(sorted(self.freed)))
+            assert start not in self.live
+            with pytest.raises(AclError) as ei:
+                self.arena.free(make_ptr(self.dev, start))
+            assert ei.value.code == 207002
+        elif kind == "never":
+            o = data.draw(st.integers(0, ARENA_BYTES - 1))
+            if o in self.live or o in self.freed:
+                return
+            with pytest.raises(AclError) as ei:
+                self.arena.free(make_ptr(self.dev, o))
+            assert ei.value.code == 107000
+        elif kind == "other_device":
+            o = data.draw(st.sampled_from(sorted(self.live)) if self.live else st.integers(0, ARENA_BYTES - 1))
+            with pytest.raises(MemoryAccessError):
+                self.arena.free(make_ptr(self.dev + 1, o))
+            with pytest.raises(MemoryAccessError):
+                self.arena.view(make_ptr(self.dev + 1, o), 1)
+        else:
+            if not self.live:
+                return
+            start = data.draw(st.sampled_from(sorted(self.live)))
+            size = self.live[start][0]
+            o = data.draw(st.integers(0, size))
+            with pytest.raises(MemoryAccessError):
+                self.arena.view(make_ptr(self.dev, start) + o, size - o + 1)
+        assert self.arena.stats() == before
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def write(self, data):
+        start = data.draw(st.sampled_from(sorted(self.live)))
+        size, _, content, known = self.live[start][:4]
+        o = data.draw(st.integers(0, size - 1))
+        n = data.draw(st.integers(1, min(size - o, 512)))
+        # keep the end patterns: write only between them when there is room
+        lo, hi = _ends(size)[0], size - _ends(size)[1]
+        if hi > lo:
+            o = lo + o % (hi - lo)
+            n = max(1, min(n, hi - o))
+        else:
+            return
+        payload = np.frombuffer(data.draw(st.binary(min_size=n, max_size=n)), np.uint8)
+        self.arena.view(make_ptr(self.dev, start) + o, n)[:] = payload
+        content[o:o + n] = payload
+        known[o:o + n] = True
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def read(self, data):
+        start = data.draw(st.sampled_from(sorted(self.live)))
+        size, _, content, known = self.live[start][:4]
+        o = data.draw(st.integers(0, size - 1))
+        n = data.draw(st.integers(1, size - o))
+        got = self.arena.view(make_ptr(self.dev, start) + o, n)
+        k = known[o:o + n]
+        assert np.array_equal(got[k], content[o:o + n][k])
+
+    # -- invariants
+    @invariant()
+    def stats_consistent(self):
+        s = self.arena.stats()
+        used = self._used()
+        assert s.total == ARENA_BYTES
+        assert s.used == used
+        assert s.free == ARENA_BYTES - used
+        assert s.allocations == len(self.live)
+        assert s.peak >= s.used
+        assert s.peak == self.peak
+        assert s.largest_free <= s.free
+        gaps = self._gaps()
+        assert s.largest_free == max((g[1] for g in gaps), default=0)
+        if s.free == 0:
+            assert s.fragmentation == 0.0
+        else:
+            assert s.fragmentation == pytest.approx(1.0 - s.largest_free / s.free)
+        assert s.canary_violations == 0
+
+    @invariant()
+    def layout_consistent(self):
+        allocs = self.arena.live_allocations()
+        assert sorted(a.offset for a in allocs) == sorted(self.live)
+        prev_end = 0
+        for a in sorted(allocs, key=lambda a: a.offset):
+            assert a.offset % 64 == 0, f"block start {a.offset:#x} not 64-byte aligned"
+            assert a.offset >= prev_end, "live blocks overlap"
+            assert a.size == self.live[a.offset][0]
+            assert a.reserved == cann_block(a.size) == self.live[a.offset][1]
+            prev_end = a.offset + a.reserved
+        assert prev_end <= ARENA_BYTES
+        # the allocator's free list is exactly the coalesced complement of the live blocks
+        assert self.arena._alloc.free_ranges() == self._gaps()
+
+
+TestArenaStateful = ArenaMachine.TestCase
+TestArenaStateful.settings = settings(max_examples=50, stateful_step_count=50, deadline=None,
+                                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+# ------------------------------------------------------------------------------------------ rules
+@pytest.mark.parametrize("size,expected", [
+    (1, 64), (31, 64), (32, 64), (33, 128), (64, 128), (95, 128), (96, 128), (97, 192), (128, 192),
+    (1000, 1088), (4096, 4160), (MIB, MIB + 64),
+])
+def test_cann_rounding(size, expected):
+    assert cann_block(size) == expected
+    assert block_size(size) == expected
+    assert block_size(size, ACL_MEM_MALLOC_NORMAL_ONLY) == expected
+
+
+def test_rounding_applied_by_malloc(arena):
+    sizes = [1, 32, 33, 100, 1000, 64]
+    ptrs = [arena.malloc(s) for s in sizes]
+    for p, s in zip(ptrs, sizes):
+        assert off(p) % 64 == 0
+        assert arena.allocation_of(p).reserved == cann_block(s)
+        assert arena.allocation_of(p).size == s
+    # a fresh arena hands out consecutive blocks
+    for p, q, s in zip(ptrs, ptrs[1:], sizes):
+        assert off(q) - off(p) == cann_block(s)
+    assert arena.stats().used == sum(cann_block(s) for s in sizes)
+
+
+def test_huge_page_rounding():
+    a = HbmArena(next(_dev_ids), 8 * MIB)
+    try:
+        p = a.malloc(MIB + 1, ACL_MEM_MALLOC_HUGE_FIRST)
+        assert a.allocation_of(p).reserved == 2 * MIB
+        q = a.malloc(MIB + 1, ACL_MEM_MALLOC_NORMAL_ONLY)
+        assert a.allocation_of(q).reserved == cann_block(MIB + 1)
+    finally:
+        a.close()
+
+
+@pytest.mark.parametrize("size", [0, -1, -64, 2.5, "10", None, True])
+def test_bad_malloc_size_rejected(arena, size):
+    before = arena.stats()
+    with pytest.raises(InvalidParamError) as ei:
+        arena.malloc(size)
+    assert ei.value.code == 107000
+    assert arena.stats() == before
+
+
+def test_oom_leaves_other_allocations_intact(arena):
+    p = arena.malloc(1000)
+    data = np.arange(1000, dtype=np.uint32).astype(np.uint8)
+    arena.view(p, 1000)[:] = data
+    before = arena.stats()
+    with pytest.raises(MemoryAllocationError) as ei:
+        arena.malloc(2 * MIB)
+    assert ei.value.code == 207001
+    assert "allocate" in str(ei.value)
+    # fill the rest exactly, then one more byte does not fit
+    rest = arena.stats().largest_free
+    q = arena.malloc(rest - 64)          # block of exactly `rest` bytes
+    assert arena.stats().free == 0
+    with pytest.raises(MemoryAllocationError) as ei:
+        arena.malloc(1)
+    assert ei.value.code == 207001
+    assert np.array_equal(arena.view(p, 1000), data)
+    arena.free(q)
+    after = arena.stats()
+    assert (after.used, after.free, after.allocations, after.largest_free) == \
+        (before.used, before.free, before.allocations, before.largest_free)
+    assert after.peak == MIB
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_coalescing_three_adjacent_blocks(arena, order):
+    ptrs = [arena.malloc(100) for _ in range(3)]           # 192 B blocks
+    guard = arena.malloc(64)                                # keeps the three apart from the tail
+    b = cann_block(100)
+    assert [off(p) for p in ptrs] == [0, b, 2 * b]
+    tail = (off(guard) + cann_block(64), MIB - off(guard) - cann_block(64))
+    for i in order:
+        arena.free(ptrs[i])
+    assert arena._alloc.free_ranges() == [(0, 3 * b), tail]
+    s = arena.stats()
+    assert s.largest_free == max(3 * b, tail[1])
+    # the merged range is usable in one piece
+    big = arena.malloc(3 * b - 64)
+    assert off(big) == 0
+    assert arena._alloc.free_ranges() == [tail]
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_allocator_coalescing(order):
+    al = Allocator(1024)
+    starts = [al.alloc(128) for _ in range(3)]
+    assert starts == [0, 128, 256]
+    al.alloc(128)
+    for i in order:
+        al.release(starts[i], 128)
+    assert al.free_ranges() == [(0, 384), (512, 512)]
+    assert al.used == 128 and al.free_bytes == 896 and al.largest_free == 512
+
+
+def test_fragmentation_known_layout():
+    a = HbmArena(next(_dev_ids), 1024)
+    try:
+        ptrs = [a.malloc(64) for _ in range(8)]            # 8 blocks of 128 B fill 1 KiB
+        assert [off(p) for p in ptrs] == [128 * i for i in range(8)]
+        s = a.stats()
+        assert (s.used, s.free, s.largest_free, s.fragmentation) == (1024, 0, 0, 0.0)
+        for i in (1, 3, 4):
+            a.free(ptrs[i])
+        # free ranges: [128, 256) and [384, 640): 384 B free, largest 256 B -> 1 - 256/384 = 1/3
+        s = a.stats()
+        assert (s.used, s.free, s.largest_free) == (640, 384, 256)
+        assert s.fragmentation == pytest.approx(1 / 3)
+        assert s.peak == 1024
+        assert s.allocations == 5
+    finally:
+        a.close()
+
+
+def test_fragmentation_known_layout_fit():
+    a = HbmArena(next(_dev_ids), 1024)
+    try:
+        ptrs = [a.malloc(64) for _ in range(8)]
+        for i in (1, 3, 4):
+            a.free(ptrs[i])
+        # 192 B (block 256) fits only the 256-byte range; 300 B (block 384) fits nowhere
+        with pytest.raises(MemoryAllocationError) as ei:
+            a.malloc(300)
+        assert ei.value.code == 207001
+        q = a.malloc(192)
+        assert off(q) == 384
+        s = a.stats()
+        assert (s.free, s.largest_free, s.fragmentation) == (128, 128, 0.0)
+    finally:
+        a.close()
+
+
+# ------------------------------------------------------------------------------------------ access
+def _filled(arena, size, seed):
+    p = arena.malloc(size)
+    data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+    arena.view(p, size)[:] = data
+    return p, data
+
+
+def test_pointer_arithmetic_inside_allocation(arena):
+    p = arena.malloc(256)
+    arena.view(p, 256)[:] = 0
+    arena.view(p + 100, 10)[:] = np.arange(1, 11, dtype=np.uint8)
+    whole = arena.view(p, 256)
+    assert list(whole[100:110]) == list(range(1, 11))
+    assert not whole[:100].any() and not whole[110:].any()
+    assert list(arena.view(p + 105, 5)) == [6, 7, 8, 9, 10]
+    assert arena.allocation_of(p + 200).offset == off(p)
+    t = arena.typed_view(p + 64, (4,), np.uint32)
+    t[:] = [1, 2, 3, 4]
+    assert bytes(arena.view(p + 64, 4)) == (1).to_bytes(4, "little")
+
+
+def _check_rejected(arena, call, others, *, words):
+    with pytest.raises(MemoryAccessError) as ei:
+        call()
+    msg = str(ei.value).lower()
+    assert any(w in msg for w in words), f"unclear message: {ei.value}"
+    for p, data in others:
+        assert np.array_equal(arena.view(p, data.size), data), "a rejected access touched another allocation"
+    return ei.value
+
+
+def test_out_of_bounds_rejected(arena):
+    before, before_data = _filled(arena, 300, 1)
+    p, pdata = _filled(arena, 300, 2)
+    after, after_data = _filled(arena, 300, 3)
+    others = [(before, before_data), (after, after_data)]
+    e = _check_rejected(arena, lambda: arena.view(p, 301), others, words=["overrun"])
+    assert f"{p:x}" in str(e)
+    _check_rejected(arena, lambda: arena.view(p + 300, 1), others, words=["past the end", "overrun"])
+    _check_rejected(arena, lambda: arena.view(p + 299, 2), others, words=["overrun"])
+    _check_rejected(arena, lambda: arena.view(p - 1, 1), others + [(p, pdata)], words=["past the end", "overrun", "no live"])
+    # the guard bytes past the end are not reachable either
+    _check_rejected(arena, lambda: arena.view(p + 320, 1), others, words=["past the end", "no live"])
+    with pytest.raises(MemoryAccessError):
+        arena.typed_view(p, (76,), np.float32)
+    assert np.array_equal(arena.view(p, 300), pdata)
+    assert arena.stats().canary_violations == 0
+
+
+def test_use_after_free_rejected(arena):
+    a, adata = _filled(arena, 500, 4)
+    p, _ = _filled(arena, 500, 5)
+    arena.free(p)
+    e = _check_rejected(arena, lambda: arena.view(p, 1), [(a, adata)], words=["free"])
+    assert "use after free" in str(e)
+    _check_rejected(arena, lambda: arena.view(p + 10, 4), [(a, adata)], words=["free"])
+    with pytest.raises(AclError) as ei:
+        arena.free(p)
+    assert ei.value.code == 207002
+    assert type(ei.value) is type(error_for_code(207002))      # the class every backend raises for it
+    assert np.array_equal(arena.view(a, 500), adata)
+
+
+def test_pointer_of_another_device_rejected(arena):
+    a, adata = _filled(arena, 128, 6)
+    foreign = make_ptr(arena.device_id + 1, off(a))
+    e = _check_rejected(arena, lambda: arena.view(foreign, 1), [(a, adata)], words=["device"])
+    assert f"device {arena.device_id + 1}" in str(e)
+    with pytest.raises(MemoryAccessError):
+        arena.free(foreign)
+    assert arena.stats().allocations == 1
+    assert np.array_equal(arena.view(a, 128), adata)
+
+
+def test_never_allocated_and_interior_free(arena):
+    a, adata = _filled(arena, 1000, 7)
+    for bad in (a + 64, a + 1, make_ptr(arena.device_id, 512 * KIB)):
+        with pytest.raises(AclError) as ei:
+            arena.free(bad)
+        assert ei.value.code == 107000
+    with pytest.raises(InvalidParamError):
+        arena.free(12345)                # not a device pointer at all
+    assert arena.stats().allocations == 1
+    assert np.array_equal(arena.view(a, 1000), adata)
+    with pytest.raises(MemoryAccessError):
+        arena.view(make_ptr(arena.device_id, 512 * KIB), 1)
+
+
+# ------------------------------------------------------------------------------------------ shared memory
+def test_segment_lifecycle_and_attach():
+    a = HbmArena(next(_dev_ids), 256 * KIB)
+    path = os.path.join("/dev/shm", a.name)
+    try:
+        assert os.path.exists(path)
+        assert os.path.getsize(path) == 256 * KIB
+        p = a.malloc(4096)
+        a.view(p, 4096)[:] = np.arange(4096, dtype=np.uint16).astype(np.uint8)
+        mm, buf = attach(a.name, a.size)
+        try:
+            o = off(p)
+            assert np.array_equal(buf[o:o + 4096], a.view(p, 4096))
+            buf[o + 10:o + 14] = [0xDE, 0xAD, 0xBE, 0xEF]          # the other mapping writes ...
+            assert bytes(a.view(p + 10, 4)) == b"\xde\xad\xbe\xef"  # ... and the arena sees it
+        finally:
+            del buf
+            mm.close()
+    finally:
+        a.close()
+    assert not os.path.exists(path)
+    a.close()                                                        # idempotent
+
+
+def test_closed_arena_rejects_every_call():
+    a = HbmArena(next(_dev_ids), 64 * KIB)
+    p = a.malloc(100)
+    a.close()
+    calls = [lambda: a.malloc(64), lambda: a.free(p), lambda: a.view(p, 4), lambda: a.typed_view(p, (4,), np.int32),
+             lambda: a.resolve(p, 4), lambda: a.allocation_of(p)]
+    for call in calls:
+        with pytest.raises(AclError) as ei:
+            call()
+        assert ei.value.code == 207004
+        assert type(ei.value) is type(error_for_code(207004))
