@@ -111,6 +111,30 @@ class CostModel:
         """D2D inside one device's HBM (read + write)."""
         return self.spec.launch_cost_s + 2 * nbytes / self.spec.hbm_bandwidth
 
+    def collective(self, op: str, algo: str, n: int, nbytes: int) -> float:
+        """Alpha-beta model of one collective over ``n`` ranks (``nbytes`` as HCCL counts the buffer).
+
+        Bandwidth terms follow nccl-tests' bus-bandwidth factors; latency terms count the algorithm's
+        sequential steps (ring: 2(n-1) for AllReduce, hd: 2 log2 n, mesh: 2 rounds)."""
+        s = self.spec
+        if n <= 1:
+            return s.launch_cost_s
+        alpha, bw = s.link_latency_s, s.link_bandwidth
+        log = max(1, (n - 1).bit_length())
+        steps = {"ring": n - 1, "hd": log, "mesh": 1}.get(algo, n - 1)
+        if op == "allreduce":
+            factor, steps = 2 * (n - 1) / n, 2 * steps
+        elif op in ("allgather", "reducescatter", "alltoall"):
+            factor = (n - 1) / n * (n if op == "allgather" else 1)
+        elif op in ("broadcast", "reduce", "send", "recv"):
+            factor, steps = 1.0, 1
+        else:   # barrier
+            factor, steps = 0.0, 2
+        if algo == "mesh":   # every peer link is used at once
+            bw = bw * (n - 1) if op not in ("send", "recv") else bw
+            factor = factor if op != "allreduce" else 2 * (n - 1) / n
+        return s.launch_cost_s + steps * alpha + factor * nbytes / bw
+
     def link_transfer(self, nbytes: int) -> float:
         """One message over a device-to-device link (alpha-beta)."""
         return self.spec.link_latency_s + nbytes / self.spec.link_bandwidth

@@ -60,4 +60,20 @@ class WriteH2D:
     data: bytes
 
 
-StreamOp = Launch | Record | Wait | CopyD2D | Memset | WriteH2D
+@dataclass(frozen=True)
+class Collective:
+    """An HCCL operator of this rank: ``op`` is allreduce | allgather | reducescatter | broadcast |
+    reduce | alltoall | send | recv | barrier; ``count``/``dtype``/``redop``/``root`` as in HCCL."""
+    stream: int
+    comm: str
+    op: str
+    send: int = 0
+    recv: int = 0
+    count: int = 0
+    dtype: str = "float32"
+    redop: str = "sum"
+    root: int = 0
+    peer: int = -1
+
+
+StreamOp = Launch | Record | Wait | CopyD2D | Memset | WriteH2D | Collective

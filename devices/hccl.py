@@ -1,0 +1,526 @@
+"""The device side of HCCL: communicators, the emulated HCCS link, and the executor that runs a
+collective's schedule (:mod:`devices.hccl_schedule`) as one stream task on this device.
+
+Transport on one node (the emulated HCCS/RDMA fabric):
+- data: a rank *pulls* ranges straight out of a peer's HBM arena, which it maps from ``/dev/shm``
+  (the same segment the peer device owns), reducing or copying into its own arena: device to device,
+  never through the user's process;
+- control: a *doorbell* per device, an abstract-namespace Unix datagram socket (no file, gone when the
+  process dies).  Messages are small JSON tuples ``(comm, seq, tag, from_rank, payload)``; the
+  communicator id is a 128-bit random capability known only to its members, and messages for unknown
+  communicators are dropped.
+
+A collective runs on a core thread and blocks it while it waits for peers, always with a deadline
+(``exec_timeout_s``, HCCL_EXEC_TIMEOUT-style).  While waiting it probes the peers it waits for: a peer
+whose doorbell is gone (its process died or its device closed) fails the collective at once with
+HCCL_E_REMOTE instead of waiting for the timeout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .arena import _OFF_MASK, attach
+from .errors import (HCCL_E_NETWORK, HCCL_E_PARA, HCCL_E_REMOTE, HCCL_E_TIMEOUT, AclError, HcclError,
+                     InvalidParamError)
+from .hccl_schedule import Pull, choose_algo, epilogue, prologue, schedule
+
+#: HcclDataType (hccl_types.h) -> numpy dtype name ("bfloat16" is carried as uint16 bit patterns)
+HCCL_DTYPES = {0: "int8", 1: "int16", 2: "int32", 3: "float16", 4: "float32", 5: "int64", 6: "uint64",
+               7: "uint8", 8: "uint16", 9: "uint32", 10: "float64", 11: "bfloat16"}
+HCCL_DTYPE_IDS = {v: k for k, v in HCCL_DTYPES.items()}
+REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min"}
+_UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+_ITEM = {"bfloat16": 2}
+DEFAULT_EXEC_TIMEOUT_S = float(os.environ.get("HCCL_EXEC_TIMEOUT", 1836))
+DEFAULT_CONNECT_TIMEOUT_S = float(os.environ.get("HCCL_CONNECT_TIMEOUT", 120))
+_PROBE_S = 0.05
+
+
+def itemsize(dtype: str) -> int:
+    return _ITEM.get(dtype) or np.dtype(dtype).itemsize
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    rank: int
+    device_id: int
+    arena: str
+    arena_bytes: int
+    doorbell: str
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    exec_timeout_s: float = DEFAULT_EXEC_TIMEOUT_S
+    algo: str | None = None          #: HCCL_ALGO-style override: ring | H-D_R | mesh
+    segment_bytes: int = 4 << 20     #: pulls larger than this are done in segments
+
+
+@dataclass
+class Comm:
+    cid: str
+    rank: int
+    peers: list[PeerInfo]
+    config: CommConfig
+    seq: int = 0
+    p2p_seq: dict = field(default_factory=dict)
+    async_error: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.peers)
+
+
+@dataclass(frozen=True)
+class CollectiveOp:
+    """What the runtime asks for (see devices.tasks.Collective)."""
+    comm: str
+    op: str
+    send: int
+    recv: int
+    count: int
+    dtype: str
+    redop: str = "sum"
+    root: int = 0
+    peer: int = -1
+
+
+class Mailbox:
+    """Received doorbell messages, waited on by key."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._msgs: dict[tuple, object] = {}
+
+    def put(self, key: tuple, payload) -> None:
+        with self._cv:
+            self._msgs[key] = payload
+            self._cv.notify_all()
+
+    def take(self, keys: list[tuple], deadline: float, probe, cancelled) -> list:
+        """Wait for every key; ``probe()`` runs every few ms while waiting and may raise."""
+        out = {}
+        with self._cv:
+            while True:
+                for k in keys:
+                    if k not in out and k in self._msgs:
+                        out[k] = self._msgs.pop(k)
+                if len(out) == len(keys):
+                    return [out[k] for k in keys]
+                now = time.monotonic()
+                if now >= deadline:
+                    missing = [k for k in keys if k not in out]
+                    raise HcclError(f"timed out waiting for {missing[:3]}", HCCL_E_TIMEOUT)
+                if cancelled():
+                    raise HcclError("device aborted while waiting for peers", HCCL_E_REMOTE)
+                self._cv.wait(min(_PROBE_S, deadline - now))
+                self._cv.release()
+                try:
+                    probe([k for k in keys if k not in out])
+                finally:
+                    self._cv.acquire()
+
+    def __len__(self) -> int:
+        return len(self._msgs)
+
+    def drop_comm(self, cid: str) -> None:
+        with self._cv:
+            for k in [k for k in self._msgs if k[0] == cid]:
+                del self._msgs[k]
+
+
+class Doorbell:
+    """This device's control endpoint: an abstract Unix datagram socket plus a receiver thread."""
+
+    def __init__(self, name: str, mailbox: Mailbox, known):
+        self.name = name
+        self._addr = "\0" + name
+        self._mailbox = mailbox
+        self._known = known
+        self._rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._rx.bind(self._addr)
+        self._tx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"doorbell-{name}")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed:
+            try:
+                data = self._rx.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                continue
+            try:
+                cid, seq, tag, frm, payload = json.loads(data)
+            except (ValueError, TypeError):
+                continue                       # malformed: drop
+            if self._known(cid, tag):
+                self._mailbox.put((cid, seq, tag, frm), payload)
+
+    def send(self, doorbell: str, msg: tuple) -> None:
+        """Raises HcclError(E_REMOTE) when the peer's doorbell is gone."""
+        try:
+            self._tx.sendto(json.dumps(msg).encode(), "\0" + doorbell)
+        except (ConnectionRefusedError, FileNotFoundError) as e:
+            raise HcclError(f"peer doorbell {doorbell} unreachable ({e.strerror})", HCCL_E_REMOTE) from None
+
+    def alive(self, doorbell: str) -> bool:
+        try:
+            self._tx.sendto(b"", "\0" + doorbell)
+            return True
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._rx.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._rx.close()
+        self._tx.close()
+
+
+class HcclEngine:
+    """Communicators of one device and the collective executor."""
+
+    def __init__(self, device):
+        self.device = device
+        self.arena = device.arena
+        self.mailbox = Mailbox()
+        self.comms: dict[str, Comm] = {}
+        self._pending_joins: set[str] = set()
+        self._maps: dict[str, tuple] = {}
+        self._lock = threading.Lock()
+        self.link_down: set[int] = set()          # peer device ids whose link is down (chaos)
+        self.doorbell = Doorbell(f"vnpu-hccs-{self.arena.name}", self.mailbox, self._known)
+        self.aborted = False
+        self.stats = {"collectives": 0, "bytes_pulled": 0, "messages": 0}
+
+    def _known(self, cid: str, tag: str) -> bool:
+        """Keep messages of known communicators, and a bounded number for ones not created here yet
+        (a peer may start an operator before this rank has created the communicator)."""
+        return cid in self.comms or cid in self._pending_joins or len(self.mailbox) < 65536
+
+    # ---------------------------------------------------------------- communicators
+    def info(self) -> dict:
+        return {"device_id": self.device.id, "arena": self.arena.name, "arena_bytes": self.arena.size,
+                "doorbell": self.doorbell.name, "node": _node_key()}
+
+    def comm_init(self, cid: str, rank: int, peers: list[dict], config: dict | None = None) -> None:
+        if not isinstance(cid, str) or len(cid) < 16:
+            raise HcclError("communicator id must be a random string of >= 16 characters", HCCL_E_PARA)
+        infos = [PeerInfo(rank=i, **{k: p[k] for k in ("device_id", "arena", "arena_bytes", "doorbell")},
+                          node=p.get("node", "")) for i, p in enumerate(peers)]
+        if not 0 <= rank < len(infos) or infos[rank].device_id != self.device.id:
+            raise HcclError(f"rank {rank} is not this device ({self.device.id})", HCCL_E_PARA)
+        for p in infos:
+            if p.node and p.node != _node_key():
+                raise HcclError(f"rank {p.rank} (device {p.device_id}) is on another node; cross-node "
+                                f"transport is not available in this build", 5)
+        cfg = CommConfig(**(config or {}))
+        with self._lock:
+            self.comms[cid] = Comm(cid, rank, infos, cfg)
+            self._pending_joins.discard(cid)
+
+    def comm_join(self, cid: str, rank: int, nranks: int, root: dict, config: dict | None = None,
+                  timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[dict]:
+        """Root-info rendezvous: every rank sends its info to the root device's doorbell; the root
+        answers everyone with the table.  Host-blocking, with ``timeout_s``."""
+        with self._lock:
+            self._pending_joins.add(cid)
+        deadline = time.monotonic() + timeout_s
+        me = self.info()
+        try:
+            if rank == 0:
+                if root["doorbell"] != self.doorbell.name:
+                    raise HcclError("rank 0 must run on the root device", HCCL_E_PARA)
+                keys = [(cid, 0, "join", r) for r in range(1, nranks)]
+                joins = self.mailbox.take(keys, deadline, lambda missing: None, lambda: self.aborted)
+                table = [me] + joins
+                for r, info in enumerate(table[1:], start=1):
+                    self.doorbell.send(info["doorbell"], (cid, 0, "table", 0, table))
+            else:
+                self.doorbell.send(root["doorbell"], (cid, 0, "join", rank, me))
+                (table,) = self.mailbox.take([(cid, 0, "table", 0)], deadline, lambda m: None,
+                                             lambda: self.aborted)
+        except HcclError:
+            with self._lock:
+                self._pending_joins.discard(cid)
+            raise
+        self.comm_init(cid, rank, table, config)
+        return table
+
+    def comm_destroy(self, cid: str) -> None:
+        with self._lock:
+            self.comms.pop(cid, None)
+        self.mailbox.drop_comm(cid)
+
+    def async_error(self, cid: str) -> int:
+        c = self.comms.get(cid)
+        if c is None:
+            raise HcclError(f"unknown communicator {cid!r}", 6)
+        return c.async_error
+
+    def _comm(self, cid: str) -> Comm:
+        c = self.comms.get(cid)
+        if c is None:
+            raise HcclError(f"unknown communicator {cid[:8]}...", HCCL_E_PARA)
+        return c
+
+    # ---------------------------------------------------------------- validation at enqueue
+    def check(self, op: CollectiveOp, owner: str | None) -> None:
+        c = self._comm(op.comm)
+        if op.dtype not in HCCL_DTYPE_IDS:
+            raise HcclError(f"unsupported data type {op.dtype!r}", 5)
+        if op.redop not in _UFUNC:
+            raise HcclError(f"unsupported reduce op {op.redop!r}", HCCL_E_PARA)
+        if not isinstance(op.count, int) or op.count < 0:
+            raise HcclError(f"bad count {op.count!r}", HCCL_E_PARA)
+        if op.op in ("broadcast", "reduce") and not 0 <= op.root < c.size:
+            raise HcclError(f"root {op.root} outside [0, {c.size})", HCCL_E_PARA)
+        if op.op in ("send", "recv") and not (0 <= op.peer < c.size and op.peer != c.rank):
+            raise HcclError(f"peer {op.peer} invalid for rank {c.rank} of {c.size}", HCCL_E_PARA)
+        send_n, recv_n = self._sizes(op, c.size, c.rank)
+        isz = itemsize(op.dtype)
+        for ptr, n in ((op.send, send_n), (op.recv, recv_n)):
+            if n:
+                if ptr % isz:
+                    raise HcclError(f"buffer 0x{ptr:x} not aligned to {isz} B", HCCL_E_PARA)
+                self.arena.resolve(ptr, n * isz, owner)
+
+    @staticmethod
+    def _sizes(op: CollectiveOp, n: int, r: int) -> tuple[int, int]:
+        """Elements of the send and recv buffers this rank touches."""
+        k = op.count
+        return {
+            "allreduce": (k, k), "allgather": (k, k * n), "reducescatter": (k * n, k),
+            "broadcast": (0, k), "reduce": (k, k if r == op.root else 0), "alltoall": (k * n, k * n),
+            "send": (k, 0), "recv": (0, k), "barrier": (0, 0),
+        }[op.op]
+
+    def modeled_seconds(self, op: CollectiveOp) -> float:
+        c = self._comm(op.comm)
+        n = c.size
+        nbytes = op.count * itemsize(op.dtype)
+        algo = choose_algo(op.op, n, nbytes * (n if op.op == "allgather" else 1), c.config.algo) \
+            if op.op not in ("send", "recv", "barrier") else "mesh"
+        return self.device.cost.collective(op.op, algo, n, nbytes)
+
+    # ---------------------------------------------------------------- execution (on a core thread)
+    def run(self, op: CollectiveOp, owner: str | None) -> None:
+        c = self._comm(op.comm)
+        try:
+            if op.op in ("send", "recv"):
+                self._p2p(c, op)
+            else:
+                self._collective(c, op, owner)
+            self.stats["collectives"] += 1
+        except HcclError as e:
+            c.async_error = e.hccl_code
+            raise
+        except AclError as e:
+            c.async_error = HCCL_E_PARA if e.code in (107000, 100000) else 15
+            raise
+
+    def _deadline(self, c: Comm) -> float:
+        return time.monotonic() + c.config.exec_timeout_s
+
+    def _post(self, c: Comm, peer: int, seq, tag: str, payload=None) -> None:
+        p = c.peers[peer]
+        if p.device_id in self.link_down:
+            raise HcclError(f"link to device {p.device_id} is down", HCCL_E_NETWORK)
+        self.doorbell.send(p.doorbell, (c.cid, seq, tag, c.rank, payload))
+        self.stats["messages"] += 1
+
+    def _wait(self, c: Comm, waits: list[tuple[int, str]], seq, deadline: float) -> list:
+        keys = [(c.cid, seq, tag, peer) for peer, tag in waits]
+
+        def probe(missing):
+            for (_, _, _, peer) in missing:
+                p = c.peers[peer]
+                if p.device_id in self.link_down:
+                    raise HcclError(f"link to device {p.device_id} is down", HCCL_E_NETWORK)
+                if not self.doorbell.alive(p.doorbell):
+                    raise HcclError(f"rank {peer} (device {p.device_id}) is gone", HCCL_E_REMOTE)
+        return self.mailbox.take(keys, deadline, probe, lambda: self.aborted)
+
+    def _barrier(self, c: Comm, seq, tag: str, deadline: float, payload=None) -> list:
+        others = [q for q in range(c.size) if q != c.rank]
+        for q in others:
+            self._post(c, q, seq, tag, payload)
+        return self._wait(c, [(q, tag) for q in others], seq, deadline)
+
+    def _mem(self, c: Comm, rank: int) -> np.ndarray:
+        """uint8 view of a rank's whole arena (mine, or a peer's mapped segment)."""
+        if rank == c.rank:
+            return self.arena.buf
+        p = c.peers[rank]
+        with self._lock:
+            m = self._maps.get(p.arena)
+            if m is None:
+                try:
+                    m = self._maps[p.arena] = attach(p.arena, p.arena_bytes)
+                except FileNotFoundError:
+                    raise HcclError(f"rank {rank}'s HBM (device {p.device_id}) is gone", HCCL_E_REMOTE) from None
+            return m[1]
+
+    def _collective(self, c: Comm, op: CollectiveOp, owner: str | None) -> None:
+        n, r = c.size, c.rank
+        c.seq += 1
+        seq = c.seq
+        deadline = self._deadline(c)
+        isz = itemsize(op.dtype)
+        total_bytes = op.count * isz * (n if op.op == "allgather" else 1)
+        algo = choose_algo(op.op, n, total_bytes, c.config.algo)
+        send_n, recv_n = self._sizes(op, n, r)
+        bufs = {"send": op.send, "recv": op.recv}
+        for name, ptr, cnt in (("send", op.send, send_n), ("recv", op.recv, recv_n)):
+            if cnt:
+                self.arena.resolve(ptr, cnt * isz, owner)
+        work_ptr = None
+        pro = prologue(op.op, n, r, op.count, algo, op.root)
+        epi = epilogue(op.op, n, r, op.count, algo)
+        try:
+            if any("work" in (p[0], p[2]) for p in pro + epi):
+                work_ptr = self.arena.malloc(op.count * n * isz, owner="hccl")
+                bufs["work"] = work_ptr
+            me = self._mem(c, r)
+            for src, so, dst, do, cnt in pro:
+                if bufs[src] != bufs[dst] or so != do:
+                    self._move(me, bufs[src], so, me, bufs[dst], do, cnt, op.dtype, None)
+            sig = [op.op, op.count, op.dtype, op.redop, op.root, algo]
+            ready = self._barrier(c, seq, "ready", deadline, [bufs.get("send", 0), bufs.get("recv", 0),
+                                                             bufs.get("work", 0), sig])
+            peer_bufs = {}
+            for q, (s_ptr, r_ptr, w_ptr, psig) in zip([q for q in range(n) if q != r], ready):
+                if psig != sig:
+                    raise HcclError(f"rank {q} issued {psig[:4]} but rank {r} issued {sig[:4]}: operators "
+                                    f"must match on every rank", HCCL_E_PARA)
+                peer_bufs[q] = {"send": s_ptr, "recv": r_ptr, "work": w_ptr}
+            peer_bufs[r] = bufs
+            red = op.redop
+            for i, phase in enumerate(schedule(op.op, algo, n, r, op.count, op.root)):
+                if i:
+                    self._barrier(c, seq, f"phase{i}", deadline)
+                for step in phase.steps:
+                    if step.waits:
+                        self._wait(c, list(step.waits), seq, deadline)
+                    for p in step.pulls:
+                        self._pull(c, p, peer_bufs, op.dtype, red)
+                    for q in step.signals:
+                        self._post(c, q, seq, step.tag)
+            for src, so, dst, do, cnt in epi:
+                self._move(me, bufs[src], so, me, bufs[dst], do, cnt, op.dtype, None)
+            self._barrier(c, seq, "done", deadline)
+        finally:
+            if work_ptr is not None:
+                self.arena.free(work_ptr)
+
+    def _pull(self, c: Comm, p: Pull, peer_bufs: dict, dtype: str, redop: str) -> None:
+        src_mem = self._mem(c, p.peer)
+        dst_mem = self._mem(c, c.rank)
+        seg = max(1, c.config.segment_bytes // itemsize(dtype))
+        done = 0
+        while done < p.count:
+            k = min(seg, p.count - done)
+            self._move(src_mem, peer_bufs[p.peer][p.src], p.src_off + done, dst_mem, peer_bufs[c.rank][p.dst],
+                       p.dst_off + done, k, dtype, redop if p.reduce else None)
+            done += k
+        self.stats["bytes_pulled"] += p.count * itemsize(dtype)
+
+    @staticmethod
+    def _move(src_mem, src_ptr, src_off, dst_mem, dst_ptr, dst_off, count, dtype, redop) -> None:
+        if count <= 0:
+            return
+        isz = itemsize(dtype)
+        so = (src_ptr & _OFF_MASK) + src_off * isz
+        do = (dst_ptr & _OFF_MASK) + dst_off * isz
+        nb = count * isz
+        if dtype == "bfloat16":
+            s = src_mem[so:so + nb].view(np.uint16)
+            d = dst_mem[do:do + nb].view(np.uint16)
+            if redop is None:
+                np.copyto(d, s)
+            else:
+                acc = _UFUNC[redop](_bf16_to_f32(d), _bf16_to_f32(s))
+                np.copyto(d, _f32_to_bf16(acc))
+            return
+        s = src_mem[so:so + nb].view(dtype)
+        d = dst_mem[do:do + nb].view(dtype)
+        if redop is None:
+            np.copyto(d, s)
+        else:
+            _UFUNC[redop](d, s, out=d)
+
+    def _p2p(self, c: Comm, op: CollectiveOp) -> None:
+        lo, hi = sorted((c.rank, op.peer))
+        key = (lo, hi)
+        c.p2p_seq[key] = c.p2p_seq.get(key, 0) + 1
+        seq = f"p{lo}-{hi}-{c.p2p_seq[key]}"
+        deadline = self._deadline(c)
+        isz = itemsize(op.dtype)
+        if op.op == "send":
+            self._post(c, op.peer, seq, "ready", [op.send, op.count, op.dtype])
+            self._wait(c, [(op.peer, "done")], seq, deadline)
+        else:
+            (payload,) = self._wait(c, [(op.peer, "ready")], seq, deadline)
+            s_ptr, cnt, dt = payload
+            if cnt != op.count or dt != op.dtype:
+                self._post(c, op.peer, seq, "done")
+                raise HcclError(f"send of {cnt} x {dt} does not match recv of {op.count} x {op.dtype}",
+                                HCCL_E_PARA)
+            self._move(self._mem(c, op.peer), s_ptr, 0, self._mem(c, c.rank), op.recv, 0, op.count, op.dtype,
+                       None)
+            self.stats["bytes_pulled"] += op.count * isz
+            self._post(c, op.peer, seq, "done")
+
+    def close(self) -> None:
+        self.aborted = True
+        self.doorbell.close()
+        with self._lock:
+            maps, self._maps = self._maps, {}
+        for mm, _ in maps.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass
+
+
+def _bf16_to_f32(x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    u = x.astype(np.float32).view(np.uint32)
+    rounded = u + (0x7FFF + ((u >> 16) & 1))     # round to nearest even
+    return (rounded >> 16).astype(np.uint16)
+
+
+def _node_key() -> str:
+    """Identity of this machine for same-node checks (boot id, so containers on one host agree)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def validate_redop(redop) -> str:
+    if isinstance(redop, int):
+        if redop not in REDOPS:
+            raise InvalidParamError(f"unknown HcclReduceOp {redop}")
+        return REDOPS[redop]
+    if redop not in _UFUNC:
+        raise InvalidParamError(f"unknown reduce op {redop!r}")
+    return redop
