@@ -247,9 +247,13 @@ def error_for_code(code: int, message: str = "", class_name: str | None = None) 
     """Rebuild the typed exception for a code (used across the wire and when unpickling).
     ``class_name`` (sent beside the code) restores a subclass that shares its code with another."""
     cls = _CLASS_BY_CODE.get(int(code), AclError)
+    if class_name == "HcclError":
+        name, _, rest = message.partition(": ")
+        by_name = {v: k for k, v in HCCL_RESULT_NAMES.items()}
+        return HcclError(rest if name in by_name else message, by_name.get(name, HCCL_E_INTERNAL), int(code))
     if class_name:
         named = _subclasses(AclError).get(class_name)
-        if named is not None and named is not HcclError and issubclass(named, AclError):
+        if named is not None and issubclass(named, AclError):
             cls = named
     return cls(message, code=int(code))
 

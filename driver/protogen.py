@@ -2,20 +2,31 @@
 
 Run by ``scripts/setup.sh`` and on first import of :mod:`driver.wire` when the output is missing or older
 than the ``.proto`` files.  Only :mod:`driver.wire` imports the generated modules.
+
+protoc writes imports relative to the proto root (``from vnpu.v1 import dms_pb2``); they are rewritten to
+``from driver._gen.vnpu.v1 import dms_pb2`` so the generated package needs no ``sys.path`` entry.
+Generation runs under a file lock into a scratch folder and swaps each file in atomically, so processes
+that import the driver at the same moment (Ray workers, test runners) never see half-written code.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import pathlib
+import re
+import shutil
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 OUT_DIR = ROOT / "driver" / "_gen"
+GEN_PACKAGE = "driver._gen"
 
 
 def stale() -> bool:
     protos = sorted(PROTO_DIR.glob("**/*.proto"))
-    outs = list(OUT_DIR.glob("**/*_pb2.py"))
+    outs = [p for p in OUT_DIR.glob("**/*_pb2.py") if not any(x.startswith(".") for x in p.parts[-4:])]
     if not protos:
         return False
     if len(outs) < len(protos):
@@ -23,6 +34,16 @@ def stale() -> bool:
     newest_in = max(p.stat().st_mtime for p in protos)
     oldest_out = min(p.stat().st_mtime for p in outs)
     return newest_in > oldest_out
+
+
+def _rewrite_imports(text: str, top_packages: set[str]) -> str:
+    """``from vnpu.v1 import x_pb2`` -> ``from driver._gen.vnpu.v1 import x_pb2`` (and ``import x_pb2``
+    of protos at the root)."""
+    if top_packages:
+        alt = "|".join(sorted(map(re.escape, top_packages)))
+        text = re.sub(rf"^from ((?:{alt})(?:\.\w+)*) import ", rf"from {GEN_PACKAGE}.\1 import ", text,
+                      flags=re.M)
+    return re.sub(r"^import (\w+_pb2)( as \w+)?$", rf"from {GEN_PACKAGE} import \1\2", text, flags=re.M)
 
 
 def generate() -> None:
@@ -33,14 +54,30 @@ def generate() -> None:
     if not protos:
         return
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    include = str(importlib.resources.files("grpc_tools") / "_proto")
-    args = ["grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={OUT_DIR}",
-            f"--grpc_python_out={OUT_DIR}", *protos]
-    rc = protoc.main(args)
-    if rc != 0:
-        raise RuntimeError(f"protoc failed ({rc}) on {protos}")
-    for d in [OUT_DIR, *[p for p in OUT_DIR.rglob("*") if p.is_dir()]]:
-        (d / "__init__.py").touch()
+    with open(OUT_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=OUT_DIR))
+        try:
+            include = str(importlib.resources.files("grpc_tools") / "_proto")
+            args = ["grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={tmp}",
+                    f"--grpc_python_out={tmp}", *protos]
+            rc = protoc.main(args)
+            if rc != 0:
+                raise RuntimeError(f"protoc failed ({rc}) on {protos}")
+            tops = {pathlib.PurePath(p).parts[0] for p in protos if len(pathlib.PurePath(p).parts) > 1}
+            for d in [tmp, *[p for p in tmp.rglob("*") if p.is_dir()]]:
+                (d / "__init__.py").touch()
+            for f in sorted(tmp.rglob("*.py")):
+                rel = f.relative_to(tmp)
+                if f.name != "__init__.py":
+                    f.write_text(_rewrite_imports(f.read_text(), tops))
+                dest = OUT_DIR / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if f.name == "__init__.py" and dest.exists():
+                    continue
+                os.replace(f, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def ensure() -> None:

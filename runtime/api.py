@@ -33,7 +33,7 @@ class Runtime:
         self.backend = backend
         env = visible if visible is not None else os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
         self.physical = parse_visible_devices(env, backend.device_ids())
-        default_batch = 1 if backend.name == "local" else 256
+        default_batch = 1 if backend.name == "local" else 1024
         self.batch_size = batch_size or int(os.environ.get("VNPU_LAUNCH_BATCH", default_batch))
         self._devices: dict[int, Device] = {}
         self._lock = threading.Lock()
@@ -141,6 +141,42 @@ class LaunchQueue:
                 self.ops_sent += len(ops)
 
 
+# ---------------------------------------------------------------------------------------------- memory table
+class AllocTable:
+    """Host-side mirror of the allocations made through this runtime, so that a launch whose tensor
+    overruns its allocation fails at launch time even when launches are batched (the device checks
+    again when the batch arrives; pointers the table does not know are left to the device)."""
+
+    def __init__(self):
+        import bisect
+        self._bisect = bisect
+        self._starts: list[int] = []
+        self._sizes: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, ptr: int, size: int) -> None:
+        with self._lock:
+            self._bisect.insort(self._starts, ptr)
+            self._sizes[ptr] = size
+
+    def remove(self, ptr: int) -> None:
+        with self._lock:
+            if self._sizes.pop(ptr, None) is not None:
+                del self._starts[self._bisect.bisect_left(self._starts, ptr)]
+
+    def check(self, ptr: int, nbytes: int) -> None:
+        with self._lock:
+            i = self._bisect.bisect_right(self._starts, ptr) - 1
+            if i < 0:
+                return
+            start = self._starts[i]
+            size = self._sizes[start]
+        if ptr < start + size and ptr + nbytes > start + size:
+            from devices.errors import MemoryAccessError
+            raise MemoryAccessError(f"access of {nbytes} B at 0x{ptr:x} overruns its allocation ({size} B at "
+                                    f"0x{start:x}, {start + size - ptr} B left)")
+
+
 # ---------------------------------------------------------------------------------------------- device
 class Device:
     """One visible device.  Use :func:`device` to get it."""
@@ -151,6 +187,9 @@ class Device:
         self.handle = handle
         self.physical_id = handle.id
         self.queue = LaunchQueue(handle, rt.batch_size)
+        self.allocs = AllocTable()
+        self.live_streams: set[int] = set()   # handles created through this runtime: batched ops that
+        self.live_events: set[int] = set()    # name unknown ones fail at enqueue, not at the next flush
         self._default: Stream | None = None
         self._lock = threading.Lock()
 
@@ -162,19 +201,28 @@ class Device:
         with self._lock:
             if self._default is None:
                 self._default = Stream(self, self.handle.create_stream(0), 0, default=True)
+                self.live_streams.add(self._default.sid)
             return self._default
 
     def stream(self, priority: int = 0) -> "Stream":
-        return Stream(self, self.handle.create_stream(priority), priority)
+        s = Stream(self, self.handle.create_stream(priority), priority)
+        self.live_streams.add(s.sid)
+        return s
 
     def event(self, flags: int = 0) -> "Event":
-        return Event(self, self.handle.create_event(flags), flags)
+        e = Event(self, self.handle.create_event(flags), flags)
+        self.live_events.add(e.eid)
+        return e
 
     def malloc(self, nbytes: int, policy: int = 0) -> int:
-        return self.handle.malloc(nbytes, policy)
+        ptr = self.handle.malloc(nbytes, policy)
+        self.allocs.add(ptr, int(nbytes))
+        return ptr
 
     def free(self, ptr: int) -> None:
+        self.queue.flush()
         self.handle.free(ptr)
+        self.allocs.remove(ptr)
 
     def empty(self, shape: Sequence[int], dtype="float32") -> "Tensor":
         shape = _shape(shape)
@@ -223,9 +271,14 @@ class Stream:
         return f"<vnpu Stream {self.sid} on device {self.device.index} prio {self.priority}>"
 
     def _put(self, op) -> None:
-        if self._destroyed:
-            raise InvalidHandleError(f"stream {self.sid} was destroyed")
-        self.device.queue.put(op)
+        dev = self.device
+        if self._destroyed or self.sid not in dev.live_streams:
+            raise InvalidHandleError(f"unknown stream {self.sid} on device {dev.index}"
+                                     + (" (destroyed)" if self._destroyed else ""))
+        ev = getattr(op, "event", None)
+        if ev is not None and ev not in dev.live_events:
+            raise InvalidHandleError(f"unknown event {ev} on device {dev.index}")
+        dev.queue.put(op)
 
     def launch(self, kernel: str, inputs: Sequence = (), outputs: Sequence = (), attrs: dict | None = None,
                block_dim: int = 0) -> None:
@@ -236,6 +289,10 @@ class Stream:
         attrs = dict(attrs or {})
         k = lookup(kernel)
         check_launch(k, ins, outs, attrs, block_dim or 1)
+        check = self.device.allocs.check
+        for d in ins + outs:
+            _own_ptr(d.ptr, self.device)
+            check(d.ptr, d.nbytes)
         self._put(Launch(self.sid, kernel, ins, outs, attrs, int(block_dim)))
 
     def record(self, event: "Event") -> None:
@@ -251,13 +308,20 @@ class Stream:
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         """Stream-ordered device-to-device copy on this device."""
+        for p in (dst, src):
+            _own_ptr(p, self.device)
+            self.device.allocs.check(p, int(nbytes))
         self._put(CopyD2D(self.sid, int(dst), int(src), int(nbytes)))
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
+        _own_ptr(ptr, self.device)
+        self.device.allocs.check(ptr, int(nbytes))
         self._put(Memset(self.sid, int(ptr), int(value), int(nbytes)))
 
     def write(self, dst: int, data: bytes) -> None:
         """Stream-ordered host-to-device copy; ``data`` is captured now."""
+        _own_ptr(dst, self.device)
+        self.device.allocs.check(dst, len(data))
         self._put(WriteH2D(self.sid, int(dst), bytes(data)))
 
     def synchronize(self, timeout_ms: float = -1) -> None:
@@ -281,6 +345,7 @@ class Stream:
         self.device.queue.flush(raise_errors=False)
         self.device.handle.destroy_stream(self.sid)
         self._destroyed = True
+        self.device.live_streams.discard(self.sid)
 
 
 # ---------------------------------------------------------------------------------------------- event
@@ -320,7 +385,9 @@ class Event:
         return self.device.handle.event_timestamp(self.eid)
 
     def destroy(self) -> None:
+        self.device.queue.flush(raise_errors=False)
         self.device.handle.destroy_event(self.eid)
+        self.device.live_events.discard(self.eid)
 
 
 # ---------------------------------------------------------------------------------------------- tensor
@@ -376,7 +443,7 @@ class Tensor:
     def free(self) -> None:
         if self._owned and not self._freed:
             self._freed = True
-            self.device.handle.free(self.ptr)
+            self.device.free(self.ptr)
 
 
 # ---------------------------------------------------------------------------------------------- callbacks
@@ -398,10 +465,12 @@ class HostCallbacks:
     def launch(self, stream: Stream, fn, user_data, blocking: bool, direct: bool = False) -> None:
         h = self.dev.handle
         done = h.create_event(0)
+        self.dev.live_events.add(done)
         stream._put(Record(stream.sid, done))
         gate = None
         if blocking:
             gate = h.create_event(0)
+            self.dev.live_events.add(gate)
             stream._put(Wait(stream.sid, gate, 1))
         self.dev.queue.flush()
         with self._cv:
@@ -443,8 +512,10 @@ class HostCallbacks:
             if gate is not None:
                 h.signal_event(gate, 1)
             h.destroy_event(done)
+            self.dev.live_events.discard(done)
             if gate is not None:
                 h.destroy_event(gate)
+                self.dev.live_events.discard(gate)
 
     def process(self, streams: set | None, timeout_s: float | None) -> bool:
         """Run one subscribed callback (waiting up to ``timeout_s``); False on timeout."""
@@ -496,6 +567,15 @@ def _dtype(dtype) -> str:
     if name not in DTYPES:
         raise InvalidParamError(f"unsupported dtype {name!r}", code=100026)
     return name
+
+
+def _own_ptr(ptr: int, dev: Device) -> None:
+    """A pointer of another device fails at enqueue (the device would refuse the whole batch)."""
+    from devices.arena import is_device_ptr, ptr_device
+    if is_device_ptr(ptr) and ptr_device(ptr) != dev.physical_id:
+        from devices.errors import MemoryAccessError
+        raise MemoryAccessError(f"pointer 0x{ptr:x} belongs to device {ptr_device(ptr)}, not device "
+                                f"{dev.physical_id}")
 
 
 def _desc(x, dev: Device) -> TensorDesc:

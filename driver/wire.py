@@ -1,0 +1,361 @@
+"""The wire: the one module that imports the generated gRPC/protobuf code, and the one codec.
+
+Everything that crosses the network goes through here: the stubs, servicer bases and ``add_*_to_server``
+functions of the two services (``vnpu.v1.DeviceManagement`` = DMS, ``vnpu.v1.ResourceManagement`` = RMS),
+the conversions between :mod:`devices.tasks` ops / :class:`~devices.kernel.TensorDesc` / telemetry dicts
+and protobuf messages, the metadata keys, the message-size limits and the mapping between CANN error codes
+and gRPC status codes (used in both directions).
+
+Nothing here opens a socket; :mod:`driver.service` and :mod:`driver.client` do.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")     # no INFO chatter (GOAWAY...) when a device goes away
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+
+from driver import protogen  # noqa: E402
+
+protogen.ensure()
+
+from driver._gen.vnpu.v1 import dms_pb2, dms_pb2_grpc, rms_pb2, rms_pb2_grpc  # noqa: E402
+
+from devices.errors import (ACL_ERROR_API_NOT_SUPPORT, ACL_ERROR_INTERNAL_ERROR,  # noqa: E402
+                            ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_NO_PERMISSION, ACL_ERROR_RT_OVER_LIMIT,
+                            ACL_ERROR_RT_PARAM_INVALID, ACL_ERROR_RT_TIMEOUT, InvalidParamError)
+from devices.kernel import TensorDesc  # noqa: E402
+from devices.tasks import Collective, CopyD2D, Launch, Memset, Record, Wait, WriteH2D  # noqa: E402
+
+# ---------------------------------------------------------------- services
+DMS_SERVICE = dms_pb2.DESCRIPTOR.services_by_name["DeviceManagement"]
+RMS_SERVICE = rms_pb2.DESCRIPTOR.services_by_name["ResourceManagement"]
+DMS_NAME = DMS_SERVICE.full_name            #: "vnpu.v1.DeviceManagement"
+RMS_NAME = RMS_SERVICE.full_name            #: "vnpu.v1.ResourceManagement"
+
+DeviceManagementStub = dms_pb2_grpc.DeviceManagementStub
+DeviceManagementServicer = dms_pb2_grpc.DeviceManagementServicer
+add_DeviceManagementServicer_to_server = dms_pb2_grpc.add_DeviceManagementServicer_to_server
+ResourceManagementStub = rms_pb2_grpc.ResourceManagementStub
+ResourceManagementServicer = rms_pb2_grpc.ResourceManagementServicer
+add_ResourceManagementServicer_to_server = rms_pb2_grpc.add_ResourceManagementServicer_to_server
+
+dms = dms_pb2      #: message classes of the DMS
+rms = rms_pb2      #: message classes of the RMS
+
+# ---------------------------------------------------------------- conventions
+AUTH_KEY = "authorization"          #: metadata: "Bearer <token>"
+CLIENT_KEY = "vnpu-client"          #: metadata: the tenant (client identity) a call acts for
+DEVICE_KEY = "vnpu-device"          #: metadata (optional): the device id the caller means to reach
+ACL_CODE_KEY = "vnpu-acl-code"      #: trailing metadata of a failed call: the CANN aclError code
+ACL_CLASS_KEY = "vnpu-acl-class"    #: ... and the exception class (codes shared by several classes)
+ANONYMOUS = "anonymous"             #: tenant of calls that carry no client id
+
+CHUNK_BYTES = 1 << 20               #: copy chunk size (H2D client stream, D2H server stream)
+MAX_MESSAGE_BYTES = 64 << 20        #: per-message limit, both directions, both ends
+SUBMIT_SPLIT_BYTES = 32 << 20       #: a submit batch carrying more inline data goes as several RPCs
+SERVER_MAX_WAIT_MS = 60_000         #: the server bounds one synchronize wait (-1 included) to this
+CLIENT_WAIT_SLICE_MS = 20_000       #: clients wait "forever" as a loop of waits of this length
+
+
+def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            # pings only while a call is open (the health watch): a peer that vanished without a FIN
+            # (node lost) breaks the stream within ~keepalive_time + timeout
+            ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 0), ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.enable_retries", 0)]
+
+
+def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.http2.max_ping_strikes", 0)]
+
+
+# ---------------------------------------------------------------- errors <-> status
+_S = grpc.StatusCode
+_STATUS_BY_CODE: dict[int, grpc.StatusCode] = {
+    107017: _S.NOT_FOUND, 200005: _S.NOT_FOUND,                      # invalid handle
+    100024: _S.NOT_FOUND, 100029: _S.NOT_FOUND, 507027: _S.NOT_FOUND,  # op / kernel not found
+    107019: _S.DEADLINE_EXCEEDED, 107020: _S.DEADLINE_EXCEEDED, 207020: _S.DEADLINE_EXCEEDED,
+    507046: _S.DEADLINE_EXCEEDED, 507047: _S.DEADLINE_EXCEEDED, 507014: _S.DEADLINE_EXCEEDED,
+    107022: _S.ABORTED, 107023: _S.ABORTED,
+    207004: _S.UNAVAILABLE, 507010: _S.UNAVAILABLE, 507901: _S.UNAVAILABLE,
+    207006: _S.PERMISSION_DENIED,
+    207000: _S.UNIMPLEMENTED, 200001: _S.UNIMPLEMENTED, 200006: _S.UNIMPLEMENTED,
+    100001: _S.FAILED_PRECONDITION, 107002: _S.FAILED_PRECONDITION, 107006: _S.FAILED_PRECONDITION,
+    107007: _S.FAILED_PRECONDITION, 507006: _S.FAILED_PRECONDITION,
+    507053: _S.DATA_LOSS, 507054: _S.DATA_LOSS,
+}
+
+
+def status_for_code(code: int) -> grpc.StatusCode:
+    """The gRPC status a CANN code travels under (the code itself rides in ``vnpu-acl-code``)."""
+    st = _STATUS_BY_CODE.get(code)
+    if st is not None:
+        return st
+    band = code // 100000
+    if band == 1:
+        return _S.INVALID_ARGUMENT
+    if band in (2, 3):
+        return _S.RESOURCE_EXHAUSTED
+    return _S.INTERNAL
+
+
+#: CANN code for a failure that arrived without ``vnpu-acl-code`` (raised by gRPC itself).
+_CODE_BY_STATUS: dict[grpc.StatusCode, int] = {
+    _S.UNAVAILABLE: ACL_ERROR_RT_DEVICE_TASK_ABORT,        # connection refused / reset: device lost
+    _S.CANCELLED: ACL_ERROR_RT_DEVICE_TASK_ABORT,          # server shut down under the call
+    _S.DEADLINE_EXCEEDED: ACL_ERROR_RT_TIMEOUT,
+    _S.UNAUTHENTICATED: ACL_ERROR_RT_NO_PERMISSION,
+    _S.PERMISSION_DENIED: ACL_ERROR_RT_NO_PERMISSION,
+    _S.RESOURCE_EXHAUSTED: ACL_ERROR_RT_OVER_LIMIT,        # message larger than the limit
+    _S.INVALID_ARGUMENT: ACL_ERROR_RT_PARAM_INVALID,
+    _S.UNIMPLEMENTED: ACL_ERROR_API_NOT_SUPPORT,
+}
+
+
+def code_for_status(status: grpc.StatusCode) -> int:
+    return _CODE_BY_STATUS.get(status, ACL_ERROR_INTERNAL_ERROR)
+
+
+# ---------------------------------------------------------------- health / info / telemetry
+HEALTH_NAMES = ("OK", "Warning", "Alarm", "Critical", "Unknown")
+_HEALTH_BY_NAME = {n: i for i, n in enumerate(HEALTH_NAMES)}
+
+
+def health_to_pb(name: str) -> int:
+    return _HEALTH_BY_NAME.get(name, dms_pb2.HEALTH_UNKNOWN)
+
+
+def health_name(value: int) -> str:
+    return HEALTH_NAMES[value] if 0 <= value < len(HEALTH_NAMES) else "Unknown"
+
+
+def health_status_to_pb(health: tuple[str, list[str]]) -> "dms_pb2.HealthStatus":
+    name, reasons = health
+    return dms_pb2.HealthStatus(health=health_to_pb(name), reasons=list(reasons))
+
+
+def health_status_from_pb(m) -> tuple[str, list[str]]:
+    return health_name(m.health), list(m.reasons)
+
+
+def info_to_pb(info, **extra) -> "dms_pb2.DeviceInfo":
+    """``devices.device.DeviceInfo`` (+ arena_size, node_address, host_pid, hostname, boot_id)."""
+    return dms_pb2.DeviceInfo(device_id=info.device_id, chip=info.chip, short_name=info.short_name,
+                              ai_cores=info.ai_cores, vector_cores=info.vector_cores, hbm_total=info.hbm_total,
+                              bus_id=info.bus_id, arena_name=info.arena_name, **extra)
+
+
+def info_from_pb(m) -> dict:
+    return {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields}
+
+
+_TELE_FIELDS = [f.name for f in dms_pb2.Telemetry.DESCRIPTOR.fields if f.name not in ("health", "extra")]
+_TELE_SCALARS = [n for n in _TELE_FIELDS if n != "aicore_util"]
+_TELE_KNOWN = frozenset(_TELE_FIELDS) | {"health"}
+
+
+def telemetry_to_pb(t: dict) -> "dms_pb2.Telemetry":
+    """A ``Device.telemetry()`` dict -> message.  Numeric keys the schema lacks go to ``extra``."""
+    kw = {n: t[n] for n in _TELE_FIELDS if n in t}
+    m = dms_pb2.Telemetry(**kw)
+    if "health" in t:
+        m.health = health_to_pb(t["health"])
+    for k, v in t.items():
+        if k not in _TELE_KNOWN and isinstance(v, (int, float, np.integer, np.floating)) \
+                and not isinstance(v, bool):
+            m.extra[k] = float(v)
+    return m
+
+
+def telemetry_from_pb(m) -> dict:
+    """Message -> the same dict ``Device.telemetry()`` returns (same keys, same types)."""
+    d = {n: getattr(m, n) for n in _TELE_SCALARS}
+    d["health"] = health_name(m.health)
+    d["aicore_util"] = list(m.aicore_util)
+    d.update(m.extra)
+    return d
+
+
+# ---------------------------------------------------------------- attrs
+# Encoders build plain dicts, which the upb constructor of the enclosing message turns into protobuf in C:
+# that is ~2x cheaper than building and then copying nested message objects.
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
+
+
+def _int_list(vals: list, key: str) -> dict:
+    for v in vals:
+        if not _INT64_MIN <= v <= _INT64_MAX:
+            raise InvalidParamError(f"attr {key!r}: list element {v} does not fit in int64")
+    return {"ints": {"values": vals}}
+
+
+def attr_to_pb(key: str, v) -> dict:
+    """An attr value -> the dict form of an ``AttrValue``.  Kinds: int, float, bool, str, None and
+    lists/tuples/1-d arrays of ints, floats, bools or strings (numpy scalars are accepted)."""
+    t = type(v)
+    if t is int:
+        if _INT64_MIN <= v <= _INT64_MAX:
+            return {"i": v}
+        if 0 <= v <= _UINT64_MAX:
+            return {"u": v}
+        raise InvalidParamError(f"attr {key!r}: integer {v} does not fit in 64 bits")
+    if t is float:
+        return {"f": v}
+    if t is bool:
+        return {"b": v}
+    if t is str:
+        return {"s": v}
+    if v is None:
+        return {"none": True}
+    if t is tuple or t is list or t is np.ndarray:
+        if t is np.ndarray and v.ndim != 1:
+            raise InvalidParamError(f"attr {key!r}: only 1-d arrays can be attributes")
+        vals = v.tolist() if t is np.ndarray else list(v)
+        kinds = set(map(type, vals))
+        if not kinds or kinds == {int}:
+            return _int_list(vals, key)
+        if kinds <= {int, float}:
+            return {"floats": {"values": vals}}
+        if kinds == {bool}:
+            return {"bools": {"values": vals}}
+        if kinds == {str}:
+            return {"strings": {"values": vals}}
+        if any(isinstance(x, np.generic) for x in vals):
+            return attr_to_pb(key, [x.item() if isinstance(x, np.generic) else x for x in vals])
+        raise InvalidParamError(f"attr {key!r}: unsupported list element types "
+                                f"{sorted(k.__name__ for k in kinds)}")
+    if isinstance(v, np.generic):
+        return attr_to_pb(key, v.item())
+    for base in (bool, int, float, str):     # subclasses (IntEnum, ...)
+        if isinstance(v, base):
+            return attr_to_pb(key, base(v))
+    raise InvalidParamError(f"attr {key!r}: unsupported value type {t.__name__}")
+
+
+_ATTR_DECODE = {
+    "i": lambda a: a.i, "f": lambda a: a.f, "b": lambda a: a.b, "s": lambda a: a.s, "u": lambda a: a.u,
+    "ints": lambda a: tuple(a.ints.values), "floats": lambda a: tuple(a.floats.values),
+    "bools": lambda a: tuple(a.bools.values), "strings": lambda a: tuple(a.strings.values),
+    "none": lambda a: None, None: lambda a: None,
+}
+
+
+def attr_from_pb(a):
+    """``AttrValue`` -> Python (lists come back as tuples)."""
+    return _ATTR_DECODE[a.WhichOneof("value")](a)
+
+
+# ---------------------------------------------------------------- stream ops
+def _launch_to_pb(op: Launch) -> dict:
+    attrs = op.attrs
+    launch = {"kernel": op.kernel,
+              "inputs": [{"ptr": d.ptr, "shape": d.shape, "dtype": d.dtype} for d in op.inputs],
+              "outputs": [{"ptr": d.ptr, "shape": d.shape, "dtype": d.dtype} for d in op.outputs],
+              "block_dim": op.block_dim}
+    if attrs:
+        launch["attrs"] = {k: attr_to_pb(k, v) for k, v in attrs.items()}
+    return {"stream": op.stream, "launch": launch}
+
+
+_ENCODE = {
+    Launch: _launch_to_pb,
+    Record: lambda op: {"stream": op.stream, "record": {"event": op.event}},
+    Wait: lambda op: {"stream": op.stream, "wait": {"event": op.event, "gen": op.gen}},
+    CopyD2D: lambda op: {"stream": op.stream, "copy_d2d": {"dst": op.dst, "src": op.src, "nbytes": op.nbytes}},
+    Memset: lambda op: {"stream": op.stream, "memset": {"ptr": op.ptr, "value": op.value, "nbytes": op.nbytes}},
+    WriteH2D: lambda op: {"stream": op.stream, "write_h2d": {"dst": op.dst, "data": bytes(op.data)}},
+    Collective: lambda op: {"stream": op.stream, "collective": {
+        "comm": op.comm, "op": op.op, "send": op.send, "recv": op.recv, "count": op.count, "dtype": op.dtype,
+        "redop": op.redop, "root": op.root, "peer": op.peer}},
+}
+
+
+def _op_dict(op) -> dict:
+    enc = _ENCODE.get(type(op))
+    if enc is None:
+        raise InvalidParamError(f"unknown stream op {type(op).__name__}")
+    return enc(op)
+
+
+def submit_request(ops) -> "rms_pb2.SubmitRequest":
+    """A batch of :mod:`devices.tasks` ops -> ``SubmitRequest`` (the one encoder of stream ops).
+    Malformed ops (wrong types, out-of-range integers) raise InvalidParamError (107000)."""
+    try:
+        return rms_pb2.SubmitRequest(ops=[_op_dict(op) for op in ops])
+    except (TypeError, ValueError, OverflowError, AttributeError) as e:
+        raise InvalidParamError(f"cannot encode stream ops: {e}") from None
+
+
+def op_to_pb(op) -> "rms_pb2.StreamOp":
+    """One op -> ``StreamOp`` message."""
+    return submit_request((op,)).ops[0]
+
+
+def _desc(m, _new=object.__new__, _cls=TensorDesc) -> TensorDesc:
+    d = _new(_cls)             # TensorDesc is a frozen dataclass: fill its __dict__ without __init__
+    v = d.__dict__
+    v["ptr"] = m.ptr
+    v["shape"] = tuple(m.shape)
+    v["dtype"] = m.dtype
+    return d
+
+
+try:   # the fast path relies on TensorDesc keeping its fields in __dict__; fall back if it ever stops
+    _probe = rms_pb2.TensorDesc(ptr=64, shape=[2, 3], dtype="float32")
+    if _desc(_probe) != TensorDesc(64, (2, 3), "float32"):
+        raise TypeError
+except (AttributeError, TypeError):  # pragma: no cover
+    def _desc(m) -> TensorDesc:  # noqa: F811
+        return TensorDesc(m.ptr, tuple(m.shape), m.dtype)
+
+
+def desc_from_pb(m) -> TensorDesc:
+    return _desc(m)
+
+
+def _launch_from_pb(s, m):
+    attrs = m.attrs
+    return Launch(s, m.kernel, tuple(map(_desc, m.inputs)), tuple(map(_desc, m.outputs)),
+                  {k: _ATTR_DECODE[a.WhichOneof("value")](a) for k, a in attrs.items()} if attrs else {},
+                  m.block_dim)
+
+
+_DECODE = {
+    "launch": lambda s, m: _launch_from_pb(s, m.launch),
+    "record": lambda s, m: Record(s, m.record.event),
+    "wait": lambda s, m: Wait(s, m.wait.event, m.wait.gen),
+    "copy_d2d": lambda s, m: CopyD2D(s, m.copy_d2d.dst, m.copy_d2d.src, m.copy_d2d.nbytes),
+    "memset": lambda s, m: Memset(s, m.memset.ptr, m.memset.value, m.memset.nbytes),
+    "write_h2d": lambda s, m: WriteH2D(s, m.write_h2d.dst, m.write_h2d.data),
+    "collective": lambda s, m: Collective(s, m.collective.comm, m.collective.op, m.collective.send,
+                                          m.collective.recv, m.collective.count, m.collective.dtype,
+                                          m.collective.redop, m.collective.root, m.collective.peer),
+}
+
+
+def op_from_pb(m):
+    """``StreamOp`` -> the :mod:`devices.tasks` op (an empty oneof raises InvalidParamError)."""
+    which = m.WhichOneof("op")
+    if which is None:
+        raise InvalidParamError("stream op without an operation")
+    return _DECODE[which](m.stream, m)
+
+
+def ops_from_pb(ms) -> list:
+    return [op_from_pb(m) for m in ms]
+
+
+def op_wire_bytes(op) -> int:
+    """Rough encoded size of an op (to split very large batches under the message limit)."""
+    if type(op) is WriteH2D:
+        return len(op.data) + 32
+    return 256

@@ -1,0 +1,63 @@
+"""The cluster backend: devices are Ray actors; the runtime reaches them with the driver's gRPC clients.
+
+Discovery goes through Ray (named actors ``npu<id>`` in the ``vnpu`` namespace); after that every call is
+gRPC straight to the device actor (Ray is not on the data path).
+"""
+from __future__ import annotations
+
+import os
+import uuid
+
+from devices.actor import ACTOR_PREFIX, NAMESPACE
+from devices.errors import InvalidDeviceError, error_for_code
+from driver.client import RemoteDevice
+
+
+class RemoteBackend:
+    name = "cluster"
+
+    def __init__(self, where: list[dict], token: str, *, client_id: str | None = None,
+                 on_close=None, timeout_s: float = 30.0, same_node: bool | None = None):
+        self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.token = token
+        self.where = {w["device_id"]: w for w in where}
+        self._on_close = on_close
+        self._devices: dict[int, RemoteDevice] = {}
+        for dev_id in sorted(self.where):
+            w = self.where[dev_id]
+            self._devices[dev_id] = RemoteDevice(w["address"], token, dev_id, client_id=self.client_id,
+                                                 timeout_s=timeout_s,
+                                                 same_node=_same_node(w) if same_node is None else same_node)
+
+    @classmethod
+    def connect(cls, **kw) -> "RemoteBackend":
+        """Attach to the running vnpu cluster (``vnpu up``), or to the devices of the Ray cluster this
+        process already belongs to (inside a Ray task or actor)."""
+        from .cluster import attach_ray, discover, load_token
+        attach_ray()
+        return cls(discover(), load_token(), **kw)
+
+    def device_ids(self) -> list[int]:
+        return sorted(self._devices)
+
+    def device(self, physical_id: int) -> RemoteDevice:
+        d = self._devices.get(physical_id)
+        if d is None:
+            raise InvalidDeviceError(f"no device {physical_id} in the cluster")
+        return d
+
+    def close(self) -> None:
+        for d in self._devices.values():
+            try:
+                d.close()
+            except Exception:  # noqa: BLE001 - closing a dead device's channel must not stop the rest
+                pass
+        if self._on_close is not None:
+            self._on_close()
+
+
+def _same_node(w: dict) -> bool:
+    return os.path.exists(os.path.join("/dev/shm", w.get("arena", ""))) if w.get("arena") else False
+
+
+__all__ = ["RemoteBackend", "ACTOR_PREFIX", "NAMESPACE", "error_for_code"]

@@ -1,0 +1,52 @@
+"""``vnpu smi``: an npu-smi-like device table (and its JSON form) from the devices' telemetry."""
+from __future__ import annotations
+
+import json
+
+from .api import Runtime
+
+_W = (27, 15, 52)
+
+
+def collect(rt: Runtime) -> list[dict]:
+    """One row per visible device: telemetry plus where the device lives."""
+    rows = []
+    for i, dev in enumerate(rt.devices()):
+        t = dev.telemetry()
+        info = dev.info()
+        health, reasons = dev.handle.health()
+        addr = getattr(dev.handle, "address", "in-process")
+        rows.append({
+            "npu": i, "physical_id": dev.physical_id, "name": info.short_name, "chip": info.chip,
+            "health": health, "reasons": reasons, "power_w": t["power_w"], "temperature_c": t["temperature_c"],
+            "aicore_util": t["aicore_util_avg"], "hbm_used_mb": t["hbm_used"] / 2**20,
+            "hbm_total_mb": t["hbm_total"] / 2**20, "tasks_run": t["tasks_run"], "bus_id": info.bus_id,
+            "address": addr,
+        })
+    return rows
+
+
+def render(rows: list[dict], version: str = "vnpu 0.1.0") -> str:
+    sep = "+" + "+".join("-" * w for w in _W) + "+"
+    dsep = "+" + "+".join("=" * w for w in _W) + "+"
+
+    def line(*cols):
+        return "|" + "|".join(f" {c:<{w - 1}}" for c, w in zip(cols, _W)) + "|"
+
+    out = ["+" + "-" * (sum(_W) + 2) + "+",
+           "| " + f"npu-smi ({version})".ljust(sum(_W) + 1) + "|",
+           sep,
+           line("NPU   Name", "Health", "Power(W)    Temp(C)     Tasks"),
+           line("Chip  Node", "Bus-Id", "AICore(%)   HBM-Usage(MB)"),
+           dsep]
+    for r in rows:
+        out.append(line(f"{r['npu']:<5} {r['name']}", r["health"],
+                        f"{r['power_w']:<11.1f} {r['temperature_c']:<11.0f} {r['tasks_run']}"))
+        out.append(line(f"{r['physical_id']:<5} {r['address']}", r["bus_id"],
+                        f"{r['aicore_util']:<11.0f} {r['hbm_used_mb']:.0f} / {r['hbm_total_mb']:.0f}"))
+        out.append(dsep)
+    return "\n".join(out)
+
+
+def to_json(rows: list[dict]) -> str:
+    return json.dumps({"devices": rows}, indent=1)
