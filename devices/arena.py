@@ -46,6 +46,8 @@ _HUGE_POLICIES = {ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_HUGE_ONLY, ACL_MEM_M
                   ACL_MEM_MALLOC_HUGE_ONLY_P2P}
 _HUGE_PAGE = 2 << 20
 ALIGN = 64
+#: bytes after the arena in its segment: [0:8] = the arena generation (uint64)
+ARENA_HEADER = 4096
 _CANARY = 0xA5
 
 
@@ -168,11 +170,12 @@ class HbmArena:
         self.path = os.path.join(SHM_DIR, self.name)
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, size)
-            self._mm = mmap.mmap(fd, size)
+            os.ftruncate(fd, size + ARENA_HEADER)
+            self._mm = mmap.mmap(fd, size + ARENA_HEADER)
         finally:
             os.close(fd)
         self.buf = np.frombuffer(self._mm, dtype=np.uint8)
+        self._hdr = np.frombuffer(self._mm, dtype=np.uint64, count=1, offset=size)
         self._lock = threading.Lock()
         self._alloc = Allocator(size)
         self._starts: list[int] = []
@@ -181,6 +184,9 @@ class HbmArena:
         self._poison: list[tuple[int, int]] = []               # ECC-faulted ranges (offset, end)
         self._canary_violations = 0
         self._closed = False
+        #: bumped whenever a range stops being valid (free, reset, ECC poison): cached validations of
+        #: launch arguments stay good while it is unchanged
+        self.gen = 0
 
     # ---- allocation ----
     def malloc(self, size: int, policy: int = ACL_MEM_MALLOC_HUGE_FIRST, owner: str = "") -> int:
@@ -220,6 +226,7 @@ class HbmArena:
             if not np.all(self.buf[a.offset + a.size:a.offset + a.reserved] == _CANARY):
                 self._canary_violations += 1
             del self._live[off]
+            self._bump()
             del self._starts[bisect.bisect_left(self._starts, off)]
             self._alloc.release(off, a.reserved)
             self._freed[off] = a.size
@@ -237,11 +244,18 @@ class HbmArena:
     def reset(self) -> None:
         """Drop every allocation (device reset)."""
         with self._lock:
+            self._bump()
             self._alloc = Allocator(self.size)
             self._starts.clear()
             self._live.clear()
             self._freed.clear()
             self._poison.clear()
+
+    def _bump(self) -> None:
+        """A range stopped being valid: bump the generation (also published in the segment's header,
+        where same-node clients read it to know their cached range checks still hold)."""
+        self.gen += 1
+        self._hdr[0] = self.gen
 
     # ---- access ----
     def _offset_of(self, ptr: int) -> int:
@@ -305,6 +319,7 @@ class HbmArena:
     def poison(self, offset: int, length: int) -> None:
         """Mark an HBM range as having an uncorrectable ECC error (chaos)."""
         with self._lock:
+            self._bump()
             self._poison.append((offset, offset + length))
 
     def clear_poison(self) -> None:
@@ -346,11 +361,16 @@ class HbmArena:
             pass
 
 
+def header_gen(buf: np.ndarray, size: int) -> int:
+    """The generation published after an arena of ``size`` bytes mapped as ``buf``."""
+    return int(buf[size:size + 8].view(np.uint64)[0])
+
+
 def attach(name: str, size: int) -> tuple[mmap.mmap, np.ndarray]:
     """Map another process's arena segment (same node); the caller owns only the mapping."""
     fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
     try:
-        mm = mmap.mmap(fd, size)
+        mm = mmap.mmap(fd, size + ARENA_HEADER)
     finally:
         os.close(fd)
     return mm, np.frombuffer(mm, dtype=np.uint8)

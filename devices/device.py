@@ -76,6 +76,7 @@ class Device:
         self._util = 0.0
         self.closed = False
         self.hccl = HcclEngine(self)
+        self._plans: dict = {}
         self.default_stream = self.sched.create_stream(0)
 
     # ------------------------------------------------------------------ info
@@ -213,7 +214,27 @@ class Device:
         fn()
 
     def _launch_task(self, op: Launch, owner: str | None) -> Task:
+        key = _plan_key(op, owner)
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None or plan.gen != self.arena.gen or plan.kernel is not lookup(op.kernel):
+            plan = self._plan(op, owner)
+            if key is not None:
+                if len(self._plans) >= 4096:
+                    self._plans.clear()
+                self._plans[key] = plan
+
+        def run(b: int) -> None:
+            if self.faults.task_fail:
+                self._guarded(lambda: None)
+            plan.runner().run_block(b)
+
+        return Task("kernel", blocks=plan.block_dim, run=run, duration=plan.duration, name=op.kernel)
+
+    def _plan(self, op: Launch, owner: str | None) -> "LaunchPlan":
+        """Validate a launch (shapes, dtypes, every tensor inside a live allocation of ``owner``) and
+        price it.  Cached per distinct launch while no allocation has been freed since."""
         k = lookup(op.kernel)
+        gen = self.arena.gen
         attrs = dict(op.attrs) if op.attrs else {}
         block_dim = op.block_dim
         check_launch(k, op.inputs, op.outputs, attrs, block_dim or 1)
@@ -224,28 +245,7 @@ class Device:
                                           self.config.host_threads)
         work = k.work(op.inputs, op.outputs, attrs) if k.work else \
             Work(bytes=sum(d.nbytes for d in op.inputs + op.outputs))
-        duration = self.cost.kernel(work, block_dim)
-        arena = self.arena
-        state: dict = {}
-        lock = threading.Lock()
-
-        def runner() -> KernelRunner:
-            with lock:
-                r = state.get("r")
-                if r is None:
-                    ins = [arena.typed_view(d.ptr, d.shape, d.dtype, owner) for d in op.inputs]
-                    for a in ins:
-                        a.flags.writeable = False
-                    outs = [arena.typed_view(d.ptr, d.shape, d.dtype, owner) for d in op.outputs]
-                    r = state["r"] = KernelRunner(k, ins, outs, attrs, block_dim, self.id)
-                return r
-
-        def run(b: int) -> None:
-            if self.faults.task_fail:
-                self._guarded(lambda: None)
-            runner().run_block(b)
-
-        return Task("kernel", blocks=block_dim, run=run, duration=duration, name=op.kernel)
+        return LaunchPlan(self, k, op, attrs, block_dim, self.cost.kernel(work, block_dim), owner, gen)
 
     # ------------------------------------------------------------------ HCCL communicators
     def hccl_info(self) -> dict:
@@ -343,6 +343,50 @@ class Device:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class LaunchPlan:
+    """A validated launch and, once it first runs, its bound views (reused while the arena's
+    generation is unchanged: no allocation freed, so every view still points at live memory)."""
+
+    __slots__ = ("dev", "kernel", "op", "attrs", "block_dim", "duration", "owner", "gen", "_runner", "_lock")
+
+    def __init__(self, dev, kernel, op, attrs, block_dim, duration, owner, gen):
+        self.dev, self.kernel, self.op, self.attrs = dev, kernel, op, attrs
+        self.block_dim, self.duration, self.owner, self.gen = block_dim, duration, owner, gen
+        self._runner: tuple | None = None
+        self._lock = threading.Lock()
+
+    def runner(self) -> KernelRunner:
+        arena = self.dev.arena
+        with self._lock:
+            cached = self._runner
+            if cached is not None and cached[0] == arena.gen:
+                return cached[1]
+            gen = arena.gen
+            ins = [arena.typed_view(d.ptr, d.shape, d.dtype, self.owner) for d in self.op.inputs]
+            for a in ins:
+                a.flags.writeable = False
+            outs = [arena.typed_view(d.ptr, d.shape, d.dtype, self.owner) for d in self.op.outputs]
+            r = KernelRunner(self.kernel, ins, outs, self.attrs, self.block_dim, self.dev.id)
+            self._runner = (gen, r)
+            return r
+
+
+def _freeze(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def _plan_key(op: Launch, owner):
+    try:
+        attrs = tuple(sorted((k, _freeze(v)) for k, v in op.attrs.items())) if op.attrs else ()
+        key = (op.kernel, op.inputs, op.outputs, attrs, op.block_dim, owner)
+        hash(key)
+        return key
+    except TypeError:
+        return None
 
 
 def local_config(device_id: int, **kw) -> DeviceConfig:

@@ -33,11 +33,11 @@ from .wire import dms, rms
 import grpc  # noqa: E402,I100
 import numpy as np  # noqa: E402
 
-from devices.arena import SHM_DIR, attach  # noqa: E402
+from devices.arena import ARENA_HEADER, SHM_DIR, attach, header_gen  # noqa: E402
 from devices.device import DeviceInfo  # noqa: E402
 from devices.errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,  # noqa: E402
                             ACL_ERROR_RT_NO_DEVICE, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_TIMEOUT, AclError,
-                            InvalidDeviceError, InvalidParamError, error_for_code)
+                            InvalidDeviceError, InvalidHandleError, InvalidParamError, error_for_code)
 from devices.tasks import WriteH2D  # noqa: E402
 
 log = logging.getLogger("vnpu.driver.client")
@@ -124,6 +124,8 @@ class RemoteDevice:
         self._shm_checked = False
         self._watches: list[HealthWatch] = []
         self._shipped: dict[str, object] = {}
+        self._templates = wire.LaunchTemplates()
+        self._ranges: dict[tuple[int, int], tuple[int, int]] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ the one call helper
@@ -276,7 +278,7 @@ class RemoteDevice:
                 return None                                  # another machine (or VM)
             path = os.path.join(SHM_DIR, info.arena_name)
             try:
-                if not info.arena_name or os.stat(path).st_size != info.arena_size:
+                if not info.arena_name or os.stat(path).st_size != info.arena_size + ARENA_HEADER:
                     return None
                 self._shm = attach(info.arena_name, info.arena_size)
             except (OSError, ValueError):
@@ -289,8 +291,21 @@ class RemoteDevice:
         return self._arena() is not None
 
     def _check_range(self, ptr: int, nbytes: int, write: bool) -> int:
-        return self._rpc(self._rms.CheckRange, _request(rms.CheckRangeRequest, ptr=ptr, nbytes=nbytes,
-                                                        write=write)).offset
+        """The device validates the range (bounds, tenant, ECC) and returns its arena offset.  A range it
+        validated before is not asked again while the arena's published generation is unchanged (no
+        allocation freed, nothing poisoned since)."""
+        gen = header_gen(self._shm[1], self._info.arena_size) if self._shm is not None else None
+        key = (ptr, nbytes)
+        hit = self._ranges.get(key)
+        if hit is not None and gen is not None and hit[0] == gen:
+            return hit[1]
+        off = self._rpc(self._rms.CheckRange, _request(rms.CheckRangeRequest, ptr=ptr, nbytes=nbytes,
+                                                       write=write)).offset
+        if gen is not None:
+            if len(self._ranges) > 4096:
+                self._ranges.clear()
+            self._ranges[key] = (gen, off)
+        return off
 
     def memcpy_h2d(self, dst: int, data) -> None:
         src = _host_bytes(data)
@@ -320,8 +335,12 @@ class RemoteDevice:
             return out
         req = _request(rms.D2HRequest, src=src, nbytes=nbytes)
 
+        target = None
+        if out is not None and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.nbytes == nbytes:
+            target = out.reshape(-1).view(np.uint8)
+
         def consume(it):
-            res = np.empty(max(int(nbytes), 0), dtype=np.uint8)
+            res = target if target is not None else np.empty(max(int(nbytes), 0), dtype=np.uint8)
             pos = 0
             for chunk in it:
                 k = len(chunk.data)
@@ -335,8 +354,8 @@ class RemoteDevice:
 
         res = self._rpc(self._rms.MemcpyD2H, req, timeout=self.timeout_s + max(0, nbytes) / COPY_BYTES_PER_S,
                         consume=consume)
-        if out is None:
-            return res
+        if out is None or target is not None:
+            return out if target is not None else res
         np.copyto(out, res)
         return out
 
@@ -385,7 +404,13 @@ class RemoteDevice:
             return
         self._ship_user_kernels(ops)
         for batch in _split(ops):
-            self._rpc(self._rms.Submit, wire.submit_request(batch))
+            try:
+                self._rpc(self._rms.Submit, wire.submit_request(batch, self._templates))
+            except InvalidHandleError as e:
+                if "launch template" not in str(e):
+                    raise
+                self._templates.reset()          # the device forgot them (restarted): send in full
+                self._rpc(self._rms.Submit, wire.submit_request(batch, self._templates))
 
     def _ship_user_kernels(self, ops) -> None:
         """User kernels live in this process's registry: send each one (by value) to the device the

@@ -257,6 +257,7 @@ def _wait_ms(timeout_ms: float) -> float:
 class ResourceManagementServicer(wire.ResourceManagementServicer):
     def __init__(self, device):
         self.device = device
+        self._templates = wire.TemplateTable()
 
     # ---- memory
     def Malloc(self, request, context):
@@ -291,10 +292,13 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         return _EMPTY
 
     def MemcpyD2H(self, request, context):
-        data = self.device.memcpy_d2h(request.src, request.nbytes, owner=_owner(context))   # checked snapshot
+        d = self.device
+        if d.closed:
+            raise AclError(f"device {d.id} is shut down", code=ACL_ERROR_RT_NO_DEVICE)
+        view = d.arena.view(request.src, request.nbytes, _owner(context))     # checked; copied chunk by chunk
         step = min(wire.CHUNK_BYTES, max(4096, request.chunk_bytes or wire.CHUNK_BYTES))
-        for i in range(0, data.size, step):
-            yield rms.D2HChunk(data=data[i:i + step].tobytes())
+        for i in range(0, view.size, step):
+            yield rms.D2HChunk(data=view[i:i + step].tobytes())
 
     def MemcpyD2D(self, request, context):
         self.device.memcpy_d2d(request.dst, request.src, request.nbytes, owner=_owner(context))
@@ -335,8 +339,9 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
 
     # ---- work
     def Submit(self, request, context):
-        ops = wire.ops_from_pb(request.ops)
-        self.device.submit(ops, owner=_owner(context))
+        owner = _owner(context)
+        ops = self._templates.decode(request.ops, owner)
+        self.device.submit(ops, owner=owner)
         return rms.SubmitReply(queued=len(ops))
 
     def SynchronizeStream(self, request, context):

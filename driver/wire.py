@@ -53,7 +53,7 @@ ACL_CODE_KEY = "vnpu-acl-code"      #: trailing metadata of a failed call: the C
 ACL_CLASS_KEY = "vnpu-acl-class"    #: ... and the exception class (codes shared by several classes)
 ANONYMOUS = "anonymous"             #: tenant of calls that carry no client id
 
-CHUNK_BYTES = 1 << 20               #: copy chunk size (H2D client stream, D2H server stream)
+CHUNK_BYTES = 2 << 20               #: copy chunk size (H2D client stream, D2H server stream)
 MAX_MESSAGE_BYTES = 64 << 20        #: per-message limit, both directions, both ends
 SUBMIT_SPLIT_BYTES = 32 << 20       #: a submit batch carrying more inline data goes as several RPCs
 SERVER_MAX_WAIT_MS = 60_000         #: the server bounds one synchronize wait (-1 included) to this
@@ -286,11 +286,80 @@ def _op_dict(op) -> dict:
     return enc(op)
 
 
-def submit_request(ops) -> "rms_pb2.SubmitRequest":
+class LaunchTemplates:
+    """Client side of launch templates: a launch seen before travels as ``launch_ref{tid}`` (a few
+    bytes) instead of its kernel name, tensors and attributes; decode and validation on the device
+    side are then cached too.  ``reset()`` forgets everything (e.g. the server lost its table)."""
+
+    MAX = 1 << 16
+
+    def __init__(self):
+        self._tids: dict = {}
+
+    def reset(self) -> None:
+        self._tids = {}
+
+    def encode(self, op) -> dict:
+        if type(op) is not Launch:
+            return _op_dict(op)
+        try:
+            attrs = tuple(sorted((k, _freeze(v)) for k, v in op.attrs.items())) if op.attrs else ()
+            key = (op.kernel, op.inputs, op.outputs, attrs, op.block_dim)
+            tid = self._tids.get(key)
+        except TypeError:
+            return _op_dict(op)
+        if tid is not None:
+            return {"stream": op.stream, "launch_ref": {"tid": tid}}
+        if len(self._tids) >= self.MAX:
+            return _op_dict(op)
+        tid = self._tids[key] = len(self._tids) + 1
+        d = _launch_to_pb(op)
+        d["launch"]["tid"] = tid
+        return d
+
+
+def _freeze(v):
+    return tuple(_freeze(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+class TemplateTable:
+    """Server side: per-client templates (bounded by the client's own numbering)."""
+
+    def __init__(self):
+        self._by_owner: dict[str, dict[int, Launch]] = {}
+
+    def decode(self, ms, owner: str) -> list:
+        """Decode a batch, resolving references; an unknown reference fails the whole batch before
+        anything is queued (107017)."""
+        table = self._by_owner.setdefault(owner, {})
+        out = []
+        for m in ms:
+            which = m.WhichOneof("op")
+            if which == "launch_ref":
+                t = table.get(m.launch_ref.tid)
+                if t is None:
+                    from devices.errors import InvalidHandleError
+                    raise InvalidHandleError(f"unknown launch template {m.launch_ref.tid}")
+                out.append(Launch(m.stream, t.kernel, t.inputs, t.outputs, t.attrs, t.block_dim))
+                continue
+            op = op_from_pb(m)
+            if which == "launch" and m.launch.tid:
+                if len(table) >= LaunchTemplates.MAX:
+                    table.clear()
+                table[m.launch.tid] = op
+            out.append(op)
+        return out
+
+    def drop(self, owner: str) -> None:
+        self._by_owner.pop(owner, None)
+
+
+def submit_request(ops, templates: LaunchTemplates | None = None) -> "rms_pb2.SubmitRequest":
     """A batch of :mod:`devices.tasks` ops -> ``SubmitRequest`` (the one encoder of stream ops).
     Malformed ops (wrong types, out-of-range integers) raise InvalidParamError (107000)."""
+    enc = templates.encode if templates is not None else _op_dict
     try:
-        return rms_pb2.SubmitRequest(ops=[_op_dict(op) for op in ops])
+        return rms_pb2.SubmitRequest(ops=[enc(op) for op in ops])
     except (TypeError, ValueError, OverflowError, AttributeError) as e:
         raise InvalidParamError(f"cannot encode stream ops: {e}") from None
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, precondition, rule
 
-from devices.arena import (ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_NORMAL_ONLY, Allocator, HbmArena, attach,
+from devices.arena import (ARENA_HEADER, ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_NORMAL_ONLY, Allocator, HbmArena, attach,
                            block_size, make_ptr)
 from devices.errors import AclError, InvalidParamError, MemoryAccessError, MemoryAllocationError, error_for_code
 
@@ -485,7 +485,7 @@ def test_segment_lifecycle_and_attach():
     path = os.path.join("/dev/shm", a.name)
     try:
         assert os.path.exists(path)
-        assert os.path.getsize(path) == 256 * KIB
+        assert os.path.getsize(path) == 256 * KIB + ARENA_HEADER   # arena + generation header
         p = a.malloc(4096)
         a.view(p, 4096)[:] = np.arange(4096, dtype=np.uint16).astype(np.uint8)
         mm, buf = attach(a.name, a.size)
