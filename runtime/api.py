@@ -153,6 +153,7 @@ class AllocTable:
         self._starts: list[int] = []
         self._sizes: dict[int, int] = {}
         self._lock = threading.Lock()
+        self.gen = 0          #: bumped on every free: cached launch checks are good while unchanged
 
     def add(self, ptr: int, size: int) -> None:
         with self._lock:
@@ -163,6 +164,7 @@ class AllocTable:
         with self._lock:
             if self._sizes.pop(ptr, None) is not None:
                 del self._starts[self._bisect.bisect_left(self._starts, ptr)]
+            self.gen += 1
 
     def check(self, ptr: int, nbytes: int) -> None:
         with self._lock:
@@ -188,6 +190,7 @@ class Device:
         self.physical_id = handle.id
         self.queue = LaunchQueue(handle, rt.batch_size)
         self.allocs = AllocTable()
+        self.checked: dict = {}               # launches validated here (host side), see Stream.launch
         self.live_streams: set[int] = set()   # handles created through this runtime: batched ops that
         self.live_events: set[int] = set()    # name unknown ones fail at enqueue, not at the next flush
         self._default: Stream | None = None
@@ -284,15 +287,26 @@ class Stream:
                block_dim: int = 0) -> None:
         """Queue a kernel launch (returns at once; only orders the device).  Shapes and dtypes of
         built-in kernels are checked here and bad ones raise InvalidParamError."""
-        ins = tuple(_desc(x, self.device) for x in inputs)
-        outs = tuple(_desc(x, self.device) for x in outputs)
-        attrs = dict(attrs or {})
+        dev = self.device
+        ins = tuple(_desc(x, dev) for x in inputs)
+        outs = tuple(_desc(x, dev) for x in outputs)
+        attrs = dict(attrs) if attrs else {}
         k = lookup(kernel)
-        check_launch(k, ins, outs, attrs, block_dim or 1)
-        check = self.device.allocs.check
-        for d in ins + outs:
-            _own_ptr(d.ptr, self.device)
-            check(d.ptr, d.nbytes)
+        try:
+            key = (kernel, ins, outs, tuple(sorted(attrs.items())) if attrs else (), block_dim)
+            hit = dev.checked.get(key)
+        except TypeError:                 # unhashable attrs (lists): no caching
+            key = hit = None
+        if hit is None or hit[0] != dev.allocs.gen or hit[1] is not k:
+            check_launch(k, ins, outs, attrs, block_dim or 1)
+            check = dev.allocs.check
+            for d in ins + outs:
+                _own_ptr(d.ptr, dev)
+                check(d.ptr, d.nbytes)
+            if key is not None:
+                if len(dev.checked) > 8192:
+                    dev.checked.clear()
+                dev.checked[key] = (dev.allocs.gen, k)
         self._put(Launch(self.sid, kernel, ins, outs, attrs, int(block_dim)))
 
     def record(self, event: "Event") -> None:
@@ -401,13 +415,10 @@ class Tensor:
         self.dtype = dtype
         self._owned = owned
         self._freed = False
+        self.desc = TensorDesc(ptr, self.shape, dtype)
 
     def __repr__(self) -> str:
         return f"<vnpu Tensor {self.shape} {self.dtype} on device {self.device.index} @0x{self.ptr:x}>"
-
-    @property
-    def desc(self) -> TensorDesc:
-        return TensorDesc(self.ptr, self.shape, self.dtype)
 
     @property
     def numel(self) -> int:
