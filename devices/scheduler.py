@@ -196,8 +196,10 @@ class Scheduler:
                 self._complete_event(e, gen, None, self.model_now, upto=True)
 
     # ------------------------------------------------------------------ core of the scheduler
-    def _advance(self, s: Stream) -> None:
-        """Run inline what needs no core, then hand the next task to the ready heap.  Lock held."""
+    def _advance(self, s: Stream, worker: bool = False) -> None:
+        """Run inline what needs no core, then hand the next task to the ready heap.  Lock held.
+        ``worker``: called by a core that is about to look for work itself, so one block needs no
+        wake-up (a hand-off to another thread would only add latency)."""
         q = s.queue
         while q:
             t = q[0]
@@ -226,8 +228,9 @@ class Scheduler:
             t.next_block = 0
             t.done_blocks = 0
             heapq.heappush(self._ready, (s.priority, next(self._seq), t))
-            if self._idle_workers:
-                self._work.notify(min(t.blocks, self._idle_workers))
+            wake = min(t.blocks - (1 if worker else 0), self._idle_workers)
+            if wake > 0:
+                self._work.notify(wake)
             return
         self._idle.notify_all()
 
@@ -314,7 +317,7 @@ class Scheduler:
         if self._on_task_done is not None:
             self._on_task_done(t, s.model_time)
         if s.parked_on is None:
-            self._advance(s)
+            self._advance(s, worker=True)
 
     # ------------------------------------------------------------------ host synchronization
     def _deadline(self, timeout_ms: float) -> float | None:

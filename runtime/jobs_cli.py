@@ -1,0 +1,194 @@
+"""``vnpu run``: inference jobs on real models (see ``runtime.models``).
+
+    vnpu run embed --model minilm-l6 --devices 2 --parallel dp --input sentences.txt --output emb.npy
+    vnpu run generate --model smollm2 --devices 3 --parallel tp --prompt "What is an NPU?" --max-new-tokens 32
+
+The runtime is the running (or an embedded) vnpu cluster; ``VNPU_BACKEND=local`` runs the devices
+in this process instead (no Ray).  Errors print one line on stderr and exit with code 2.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+import numpy as np
+
+from devices.errors import AclError
+
+
+@contextlib.contextmanager
+def job_runtime(devices: int):
+    """The runtime a job runs on: the cluster backend, or in-process devices with VNPU_BACKEND=local
+    (``VNPU_DEVICES`` of them, default 4: asking for more is an error, as on a cluster)."""
+    if os.environ.get("VNPU_BACKEND", "") == "local":
+        from .api import Runtime, set_runtime
+        from .backend import LocalBackend
+        rt = Runtime(LocalBackend())              # VNPU_DEVICES devices (default 4), VNPU_HBM_BYTES each
+        old = set_runtime(rt)
+        try:
+            yield rt
+        finally:
+            set_runtime(old)
+            rt.close()
+    else:
+        from .cluster import cluster_runtime
+        with cluster_runtime(devices=devices) as rt:
+            yield rt
+
+
+def _fail(msg: str) -> int:
+    print(f"vnpu: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _read_lines(path: str) -> list[str]:
+    f = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    try:
+        return [ln.rstrip("\n") for ln in f if ln.strip()]
+    finally:
+        if f is not sys.stdin:
+            f.close()
+
+
+def _device_lines(stats) -> list[str]:
+    return [f"  npu{d.device}: wall {d.wall_ms:.1f} ms, modeled device time {d.modeled_ms:.3f} ms"
+            for d in stats.devices]
+
+
+# ---------------------------------------------------------------------------------------------- embed
+def _cmd_embed(a) -> int:
+    try:
+        texts = list(a.texts or [])
+        if a.input:
+            texts += _read_lines(a.input)
+        elif not texts:
+            texts = _read_lines("-")
+    except OSError as e:
+        return _fail(f"cannot read {a.input}: {e.strerror or e}")
+    from .models import EmbedJob
+    with job_runtime(a.devices) as rt:
+        job = EmbedJob(rt, a.model, devices=a.devices, parallel=a.parallel, batch_size=a.batch_size)
+        try:
+            emb = job.embed(texts)
+        finally:
+            job.close()
+        st = job.last_stats
+    if a.output:
+        try:
+            np.save(a.output, emb)
+        except OSError as e:
+            return _fail(f"cannot write {a.output}: {e.strerror or e}")
+    if a.json:
+        doc = {"model": a.model, "parallel": a.parallel, "devices": a.devices, "count": int(emb.shape[0]),
+               "dim": int(emb.shape[1]), "sentences_per_s": round(st.items_per_s, 2), "stats": st.as_dict()}
+        if a.output:
+            doc["output"] = a.output
+        else:
+            doc["embeddings"] = emb.tolist()
+        print(json.dumps(doc))
+        return 0
+    print(f"embedded {emb.shape[0]} sentence(s) with {a.model} on {a.devices} device(s) ({a.parallel}): "
+          f"dim {emb.shape[1]}, {st.wall_s * 1e3:.1f} ms, {st.items_per_s:.1f} sentences/s, "
+          f"{st.launches} launches")
+    for ln in _device_lines(st):
+        print(ln)
+    if a.output:
+        print(f"saved {a.output}")
+    else:
+        for t, v in list(zip(texts, emb))[:5]:
+            print(f"  {t[:40]!r}: [{', '.join(f'{x:+.4f}' for x in v[:4])}, ...]")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- generate
+def _cmd_generate(a) -> int:
+    prompts: list[str] = []
+    if a.prompt is not None:
+        prompts.append(a.prompt)
+    if a.prompts:
+        try:
+            prompts += _read_lines(a.prompts)
+        except OSError as e:
+            return _fail(f"cannot read {a.prompts}: {e.strerror or e}")
+    if not prompts:
+        return _fail("give --prompt TEXT or --prompts FILE")
+    parallel = a.parallel or ("none" if a.devices == 1 else "tp")
+    from .models import GenerateJob
+    stream = not a.json and len(prompts) == 1
+
+    def on_token(i, tok, piece):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    with job_runtime(a.devices) as rt:
+        job = GenerateJob(rt, a.model, devices=a.devices, parallel=parallel, max_len=a.max_len)
+        try:
+            res = job.generate(prompts, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                               top_k=a.top_k, top_p=a.top_p, seed=a.seed, raw=a.raw,
+                               on_token=on_token if stream else None)
+        finally:
+            job.close()
+        st = job.last_stats
+    if a.json:
+        print(json.dumps({"model": a.model, "parallel": parallel, "devices": a.devices,
+                          "results": [{"prompt": p, "token_ids": g.token_ids, "text": g.text,
+                                       "prompt_tokens": g.prompt_tokens, "finish": g.finish}
+                                      for p, g in zip(prompts, res)],
+                          "tokens_per_s": round(st.items_per_s, 2), "stats": st.as_dict()}))
+        return 0
+    if stream:
+        print()
+    else:
+        for i, (p, g) in enumerate(zip(prompts, res)):
+            print(f"--- [{i}] {p}")
+            print(g.text)
+    print(f"--- {st.items} new token(s) in {st.wall_s:.2f} s: {st.items_per_s:.1f} tokens/s "
+          f"(prefill {st.prefill_tokens} tokens in {st.prefill_s * 1e3:.0f} ms, decode "
+          f"{st.decode_ms_per_token:.1f} ms/step), {st.launches_per_token:.0f} launches per token "
+          f"({', '.join(f'{x:.0f}' for x in st.device_launches_per_token)} per device)"
+          + (f", {st.collectives} collectives" if st.collectives else ""))
+    for ln in _device_lines(st):
+        print(ln)
+    return 0
+
+
+def _guard(fn):
+    def run(a) -> int:
+        try:
+            return fn(a)
+        except AclError as e:
+            return _fail(f"{e.code} {e.name}: {e.detail}")
+    return run
+
+
+def register(sub) -> None:
+    r = sub.add_parser("run", help="run an inference job on a real model (embed | generate)")
+    rs = r.add_subparsers(dest="job", required=True)
+    e = rs.add_parser("embed", help="sentence embeddings (MiniLM)")
+    e.add_argument("texts", nargs="*", help="sentences (else --input, else stdin, one per line)")
+    e.add_argument("--model", default="minilm-l6", choices=["minilm-l6", "minilm-l3"])
+    e.add_argument("--devices", type=int, default=1)
+    e.add_argument("--parallel", default="dp", choices=["dp", "tp"])
+    e.add_argument("--input", help="file with one sentence per line ('-' = stdin)")
+    e.add_argument("--output", help="write the embeddings as a .npy file")
+    e.add_argument("--batch-size", type=int, default=32)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=_guard(_cmd_embed))
+    g = rs.add_parser("generate", help="text generation (SmolLM2-135M-Instruct)")
+    g.add_argument("--model", default="smollm2", choices=["smollm2"])
+    g.add_argument("--devices", type=int, default=1)
+    g.add_argument("--parallel", choices=["none", "tp", "pp"], default=None,
+                   help="default: none on one device, tp on more")
+    g.add_argument("--prompt", help="one prompt")
+    g.add_argument("--prompts", help="file with one prompt per line (a batch)")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--raw", action="store_true", help="no chat template: the prompt is plain text")
+    g.add_argument("--max-len", type=int, default=2048, help="prompt + new tokens limit (KV cache size)")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(fn=_guard(_cmd_generate))

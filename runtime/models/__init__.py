@@ -1,0 +1,15 @@
+"""Real models as multi-device inference jobs on virtual NPUs (no torch): BERT sentence encoders
+(MiniLM-L6 from safetensors, MiniLM-L3 from ONNX) and a llama decoder (SmolLM2-135M from GGUF).
+
+    from runtime.models import EmbedJob, GenerateJob
+    with EmbedJob(rt, "minilm-l6", devices=2, parallel="dp") as job:
+        vecs = job.embed(["a sentence", "another one"])
+    with GenerateJob(rt, "smollm2", devices=1) as job:
+        out = job.generate(["What is the capital of France?"], max_new_tokens=16)
+"""
+from .bert import ENCODER_MODELS, EmbedJob
+from .llama import DECODER_MODELS, GenerateJob, Generation, sample_token
+
+MODELS = sorted(list(ENCODER_MODELS) + list(DECODER_MODELS))
+
+__all__ = ["EmbedJob", "GenerateJob", "Generation", "sample_token", "ENCODER_MODELS", "DECODER_MODELS", "MODELS"]

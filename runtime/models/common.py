@@ -1,0 +1,283 @@
+"""Pieces shared by the model jobs: device buffers carved from one allocation, weight packs, launch
+counting, host-side input packing, and job statistics."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from devices.errors import AclError, InvalidDeviceError, InvalidParamError, UnsupportedError
+from devices.kernel import TensorDesc
+
+ALIGN = 64
+
+
+def align(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+def nbytes_of(shape, dtype="float32") -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def td(t, shape=None, offset_bytes: int = 0) -> TensorDesc:
+    """A launch argument over tensor (or desc) ``t``: same dtype, optional new shape and byte offset.
+    Building descs directly skips the per-launch view/desc objects of the hot decode loop."""
+    return TensorDesc(t.ptr + offset_bytes, t.shape if shape is None else tuple(shape), t.dtype)
+
+
+# ---------------------------------------------------------------------------------------------- buffers
+class Block:
+    """One device allocation carved into aligned, non-owned tensor views (weights or activations).
+
+    ``plan`` lays out (name, shape, dtype) entries; :meth:`allocate` makes the single allocation, so an
+    out-of-memory error happens at one place and leaves nothing behind.
+    """
+
+    def __init__(self, dev):
+        self.dev = dev
+        self.entries: dict[str, tuple[int, tuple, str]] = {}
+        self.size = 0
+        self.base = None
+        self.views: dict[str, object] = {}
+
+    def add(self, name: str, shape, dtype="float32") -> None:
+        shape = tuple(int(s) for s in shape)
+        self.entries[name] = (self.size, shape, dtype)
+        self.size += align(max(1, nbytes_of(shape, dtype)))
+
+    def allocate(self) -> "Block":
+        self.base = self.dev.empty((max(ALIGN, self.size),), "uint8")
+        for name, (off, shape, dtype) in self.entries.items():
+            self.views[name] = self.base.view(shape, dtype, off)
+        return self
+
+    def __getitem__(self, name: str):
+        return self.views[name]
+
+    def upload(self, name: str, arr: np.ndarray) -> None:
+        self.views[name].copy_from(np.ascontiguousarray(arr, dtype=self.views[name].dtype))
+
+    def free(self) -> None:
+        if self.base is not None:
+            try:
+                self.base.free()
+            finally:
+                self.base = None
+                self.views = {}
+
+
+def upload_block(dev, arrays: dict[str, np.ndarray]) -> Block:
+    """Allocate one block for ``arrays`` and upload them (host-synchronous)."""
+    b = Block(dev)
+    for k, a in arrays.items():
+        b.add(k, a.shape, a.dtype.name)
+    b.allocate()
+    try:
+        for k, a in arrays.items():
+            b.upload(k, a)
+    except BaseException:
+        b.free()
+        raise
+    return b
+
+
+class HostPack:
+    """Several small host arrays laid out like a device :class:`Block`, sent with ONE stream-ordered
+    write (``Stream.write``): the per-step inputs of a job (ids, positions, masks ...)."""
+
+    def __init__(self, block: Block, names: Sequence[str]):
+        self.block = block
+        offs = [block.entries[n][0] for n in names]
+        self.start = min(offs)
+        end = max(block.entries[n][0] + nbytes_of(block.entries[n][1], block.entries[n][2]) for n in names)
+        self.buf = np.zeros(end - self.start, np.uint8)
+
+    def put(self, name: str, arr: np.ndarray, count: int | None = None) -> None:
+        off, shape, dtype = self.block.entries[name]
+        a = np.ascontiguousarray(arr, dtype=dtype).reshape(-1)
+        n = a.size if count is None else count
+        if n > int(np.prod(shape)):
+            raise InvalidParamError(f"{name}: {n} elements do not fit {shape}")
+        o = off - self.start
+        self.buf[o:o + a.nbytes] = a.view(np.uint8)
+
+    def send(self, stream, upto: str | None = None, count: int | None = None) -> None:
+        """One ``Stream.write`` of the pack, or of its prefix that ends after ``count`` elements of
+        entry ``upto`` (the rest of the pack is not needed by this step)."""
+        end = len(self.buf)
+        if upto is not None:
+            off, shape, dtype = self.block.entries[upto]
+            n = int(np.prod(shape)) if count is None else count
+            end = off - self.start + n * np.dtype(dtype).itemsize
+        stream.write(self.block.base.ptr + self.start, self.buf[:end].tobytes())
+
+
+# ---------------------------------------------------------------------------------------------- launches
+class Launcher:
+    """A device stream plus a launch counter (what a job reports as launches per token)."""
+
+    def __init__(self, dev, stream=None, block_dim: int = 0):
+        self.dev = dev
+        self.block_dim = block_dim            #: 0 = the device's block-dim helper decides
+        self.own_stream = stream is None
+        self.stream = stream if stream is not None else dev.stream()
+        self.launches = 0
+        self.collectives = 0
+        self.writes = 0
+
+    def __call__(self, kernel: str, inputs, outputs, **attrs) -> None:
+        self.stream.launch(kernel, inputs, outputs, attrs, self.block_dim)
+        self.launches += 1
+
+    def write(self, pack: HostPack, upto: str | None = None, count: int | None = None) -> None:
+        pack.send(self.stream, upto, count)
+        self.writes += 1
+
+    def close(self) -> None:
+        if self.own_stream and self.stream is not None:
+            try:
+                self.stream.destroy()
+            finally:
+                self.stream = None
+
+
+# ---------------------------------------------------------------------------------------------- devices
+def pick_devices(rt, n) -> list:
+    """``n`` devices (the first ``n``) or the devices with the given visible ids (a list)."""
+    have = rt.device_count()
+    if isinstance(n, (list, tuple)):
+        ids = list(n)
+        if not ids or len(set(ids)) != len(ids) or not all(isinstance(i, (int, np.integer)) for i in ids):
+            raise InvalidParamError(f"devices must be distinct device ids, got {n!r}")
+        bad = [i for i in ids if not 0 <= i < have]
+        if bad:
+            raise InvalidDeviceError(f"device id(s) {bad} do not exist (the runtime has {have})")
+        return [rt.device(int(i)) for i in ids]
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise InvalidParamError(f"devices must be a positive integer, got {n!r}")
+    if n > have:
+        raise InvalidDeviceError(f"the job asks for {n} devices but only {have} exist")
+    return [rt.device(i) for i in range(n)]
+
+
+def hbm_used(devs) -> list[int]:
+    out = []
+    for d in devs:
+        free, total = d.mem_info()
+        out.append(total - free)
+    return out
+
+
+def import_hccl():
+    try:
+        from runtime import hccl
+    except ImportError as e:  # the collectives module is not there (yet)
+        raise UnsupportedError(f"this parallel mode needs HCCL collectives (runtime.hccl): {e}") from None
+    return hccl
+
+
+# ---------------------------------------------------------------------------------------------- stats
+@dataclass
+class DeviceTime:
+    device: int
+    wall_ms: float
+    modeled_ms: float
+
+
+@dataclass
+class JobStats:
+    """What one call of a job did."""
+    wall_s: float = 0.0
+    items: int = 0                      #: sentences embedded or tokens generated
+    launches: int = 0
+    decode_steps: int = 0
+    decode_launches: int = 0
+    decode_s: float = 0.0
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    collectives: int = 0
+    devices: list[DeviceTime] = field(default_factory=list)
+    device_launches_per_token: list[float] = field(default_factory=list)
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def launches_per_token(self) -> float:
+        return self.decode_launches / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def decode_ms_per_token(self) -> float:
+        return 1e3 * self.decode_s / self.decode_steps if self.decode_steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "wall_s": round(self.wall_s, 4), "items": self.items, "items_per_s": round(self.items_per_s, 2),
+            "launches": self.launches, "collectives": self.collectives,
+            "decode_steps": self.decode_steps, "launches_per_token": round(self.launches_per_token, 1),
+            "decode_ms_per_token": round(self.decode_ms_per_token, 3), "prefill_s": round(self.prefill_s, 4),
+            "prefill_tokens": self.prefill_tokens,
+            "device_launches_per_token": [round(x, 1) for x in self.device_launches_per_token],
+            "devices": [{"device": d.device, "wall_ms": round(d.wall_ms, 3), "modeled_ms": round(d.modeled_ms, 4)}
+                        for d in self.devices],
+        }
+
+
+class DeviceTimer:
+    """Start/stop events on each launcher's stream: per-device wall and modeled time of a job call."""
+
+    def __init__(self, launchers: Iterable[Launcher]):
+        self.launchers = list(launchers)
+        self.ev = [(lc.dev.event(), lc.dev.event()) for lc in self.launchers]
+
+    def start(self) -> None:
+        for lc, (a, _) in zip(self.launchers, self.ev):
+            a.record(lc.stream)
+
+    def stop(self) -> list[DeviceTime]:
+        out = []
+        for lc, (a, b) in zip(self.launchers, self.ev):
+            b.record(lc.stream)
+        for lc, (a, b) in zip(self.launchers, self.ev):
+            b.synchronize()
+            e = a.elapsed(b)
+            out.append(DeviceTime(lc.dev.index, e.wall_ms, e.modeled_ms))
+        return out
+
+    def destroy(self) -> None:
+        for a, b in self.ev:
+            for e in (a, b):
+                try:
+                    e.destroy()
+                except AclError:
+                    pass
+        self.ev = []
+
+
+class Closer:
+    """Collects cleanup callbacks; runs them all (last first) even when some fail."""
+
+    def __init__(self):
+        self._fns: list = []
+
+    def push(self, fn) -> None:
+        self._fns.append(fn)
+
+    def close(self) -> None:
+        err = None
+        while self._fns:
+            fn = self._fns.pop()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - keep freeing; report the first failure
+                err = err or e
+        if err is not None:
+            raise err
+
+
+def now() -> float:
+    return time.perf_counter()

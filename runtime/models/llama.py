@@ -1,0 +1,617 @@
+"""SmolLM2-135M-Instruct (llama architecture) on virtual NPUs: prefill, then token-by-token decode with a
+KV cache in device HBM.
+
+Layout (chosen so that every launch reads and writes contiguous tensors, the only kind a launch takes):
+
+- Tokens are *sequence-major*: row ``s * B + b`` is position slot ``s`` of sequence ``b``.  Batches are
+  left-padded (pads masked out of attention), so the newest token of every sequence sits in the same
+  slot and one decode step appends one row block ``[B, ...]``.
+- The residual stream is kept twice, ``x2 = [2, M, d]`` (both halves equal): RMSNorm of it feeds the
+  gate and up projections as ONE ``batch_matmul`` (weights stacked ``[2, ff, d]``) whose two outputs are
+  the contiguous inputs of ``swiglu``; half 0 feeds the QKV projection.
+- Per layer, a history buffer ``H = [cap, B, W, Dh]`` (``W = Hq + 2 Hkv`` heads) takes the fused QKV
+  projection of each step straight from the ``matmul`` (slot ``t`` is contiguous).  RoPE runs in place
+  on that slot viewed as ``[B, C, Hkv, Dh]`` chunks (``C = Hq/Hkv + 2``) with positions ``[B, C]``: the
+  q and k chunks get the token position, the v chunk position 0 (an exact identity rotation).
+- One ``embedding`` gather per layer builds the attention operands from ``H`` viewed as rows of
+  ``Dh``: ``q [B, Hq, Sq, Dh]``, ``K`` and ``V [B, Hkv, Skv, Dh]`` (head-major, as ``attention`` wants),
+  with host-computed row ids uploaded once per step for all layers.  That gather is the KV-cache read
+  (the cache itself is ``H``, written by the projection; nothing else is copied).  Decode steps gather
+  ``Skv`` rounded up to :data:`KV_BUCKET` rows (the extra ones masked), so that these launches repeat
+  exactly from step to step.
+- Per step the host writes ONE small buffer (token ids, positions, mask, gather ids) with a
+  stream-ordered ``Stream.write``; it reads back only the ``[B, vocab]`` logits.
+- GGUF keeps llama.cpp's permuted q/k rows (rope pairs (2i, 2i+1)): the weights stay as they are and
+  RoPE runs with ``style="interleaved"`` (the same math as Hugging Face rotate-half on unpermuted rows).
+
+Decode launches per layer: rmsnorm, matmul(qkv), rope, gather, attention, matmul(o), add, rmsnorm,
+batch_matmul(gate|up), swiglu, matmul(down), add = 12 (+2 all-reduces under tensor parallelism); per
+step also one embedding, a final rmsnorm and the LM-head matmul, and one host write of the step inputs.
+With ONE sequence the residual stream is a single row, which fits the ``bias`` input of ``matmul``
+(``[N]``): the o and down projections add the residual themselves (``out = a @ w^T + x``, ping-pong
+buffers), and gate|up is one plain matmul (its two halves are contiguous rows): 10 launches per layer.
+
+Parallel modes: ``none`` (one device), ``tp`` (heads, FFN columns and vocabulary split; partial sums of
+the o and down projections all-reduced; one KV-head group per device, so the degree must divide the KV
+heads), ``pp`` (contiguous layer stages; the residual stream is sent device to device).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from devices.errors import AclError, InvalidParamError
+
+from .common import (Block, Closer, DeviceTimer, HostPack, JobStats, Launcher, import_hccl, now, pick_devices,
+                     td, upload_block)
+from .tokenizer import GgufBpeTokenizer, gguf_tokenizer
+from .weights import LlamaConfig, llama_layer, llama_output, load_gguf_cached, smollm2_gguf
+
+DECODER_MODELS: dict[str, Callable] = {"smollm2": smollm2_gguf}
+DEFAULT_MAX_LEN = 2048
+#: decode steps attend over key rows rounded up to a multiple of this (masked past the newest token), so
+#: the gather and attention launches repeat exactly for KV_BUCKET steps (the device caches a launch's
+#: validation and bound views; see devices.device.LaunchPlan)
+KV_BUCKET = 32
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+def sample_token(logits: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int,
+                 top_p: float) -> int:
+    """Greedy when ``temperature == 0``; else temperature, then top-k, then top-p (nucleus)."""
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    if top_k and top_k < z.size:
+        kth = np.partition(z, -top_k)[-top_k]
+        z = np.where(z < kth, -np.inf, z)
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        keep = int(np.searchsorted(cum, top_p) + 1)
+        mask = np.zeros_like(p, dtype=bool)
+        mask[order[:keep]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(p.size, p=p))
+
+
+# ---------------------------------------------------------------------------------------------- one device
+@dataclass
+class RankSpec:
+    """What one device computes."""
+    layers: range
+    hq: int            #: query heads on this device
+    hkv: int           #: kv heads on this device
+    ff: int            #: FFN columns on this device
+    q0: int            #: first query head
+    kv0: int
+    f0: int
+    embed: bool        #: runs the token embedding
+    head: bool         #: runs the final norm + LM head
+    v0: int = 0        #: vocabulary rows of the LM head on this device
+    v1: int = 0
+
+
+class LlamaRank:
+    """Weights and per-call buffers of one device, and the launches it issues."""
+
+    def __init__(self, dev, cfg: LlamaConfig, spec: RankSpec, host: dict, comm=None, mode: str = "none"):
+        self.dev = dev
+        self.cfg = cfg
+        self.spec = spec
+        self.comm = comm
+        self.tp = mode == "tp" and comm is not None          # all-reduce the o / down projections
+        self.prev = self.next = -1                           # pipeline neighbours (ranks)
+        if mode == "pp" and comm is not None:
+            self.prev, self.next = comm.rank - 1, comm.rank + 1
+        self.lc = Launcher(dev)
+        self.w: Block | None = None
+        self.buf: Block | None = None
+        self.packs: dict[str, HostPack] = {}
+        try:
+            self.w = upload_block(dev, self._host_weights(host))
+        except BaseException:
+            self.lc.close()
+            raise
+        self.chunk = spec.hq // spec.hkv + 2            # rope chunks of Hkv heads per token row
+        self.W = spec.hq + 2 * spec.hkv                  # heads per H row
+        self.wd = {k: t.desc for k, t in self.w.views.items()}     # launch arguments, built once
+        for i in spec.layers:
+            t = self.wd[f"{i}.wgu"]
+            self.wd[f"{i}.wgu2"] = td(t, (2 * spec.ff, cfg.d_model))  # gate|up rows as one matrix
+        if spec.head:
+            self.wd["head"] = td(self.wd["embd"], (spec.v1 - spec.v0, cfg.d_model), spec.v0 * cfg.d_model * 4)
+
+    # -------------------------------------------------------------- weights
+    def _host_weights(self, host: dict) -> dict[str, np.ndarray]:
+        cfg, sp = self.cfg, self.spec
+        dh = cfg.head_dim
+        out: dict[str, np.ndarray] = {}
+        if sp.embed or sp.head:
+            out["embd"] = host["embd"]
+        if sp.head:
+            out["out_norm"] = host["out_norm"]
+        for i in sp.layers:
+            L = host["layers"][i]
+            q = L["wq"][sp.q0 * dh:(sp.q0 + sp.hq) * dh]
+            k = L["wk"][sp.kv0 * dh:(sp.kv0 + sp.hkv) * dh]
+            v = L["wv"][sp.kv0 * dh:(sp.kv0 + sp.hkv) * dh]
+            out[f"{i}.an"] = L["attn_norm"]
+            out[f"{i}.wqkv"] = np.concatenate([q, k, v], 0)
+            out[f"{i}.wo"] = np.ascontiguousarray(L["wo"][:, sp.q0 * dh:(sp.q0 + sp.hq) * dh])
+            out[f"{i}.fn"] = L["ffn_norm"]
+            out[f"{i}.wgu"] = np.stack([L["w_gate"][sp.f0:sp.f0 + sp.ff], L["w_up"][sp.f0:sp.f0 + sp.ff]])
+            out[f"{i}.wd"] = np.ascontiguousarray(L["w_down"][:, sp.f0:sp.f0 + sp.ff])
+        return out
+
+    # -------------------------------------------------------------- per-call buffers
+    def plan(self, B: int, P: int, cap: int) -> int:
+        """Lay out this call's buffers (KV history, activations, step inputs); returns their bytes."""
+        cfg, sp = self.cfg, self.spec
+        d, dh = cfg.d_model, cfg.head_dim
+        b = Block(self.dev)
+        Mp = B * P
+        for i in sp.layers:
+            b.add(f"H{i}", (cap, B, self.W, dh))
+        nq_p = B * sp.hq * P
+        n_p = nq_p + 2 * B * sp.hkv * P
+        n_d = B * sp.hq + 2 * B * sp.hkv * cap
+        for tag, M, n in (("p", Mp, n_p), ("d", B, n_d)):
+            b.add(f"x2{tag}", (2, M, d))
+            b.add(f"h2{tag}", (2, M, d))
+            b.add(f"tmp{tag}", (M, d))
+            b.add(f"gu{tag}", (2, M, sp.ff))
+            b.add(f"f{tag}", (M, sp.ff))
+            b.add(f"g{tag}", (n, dh))
+        b.add("attp", (B, sp.hq, P, dh))
+        b.add("att2p", (Mp, sp.hq * dh))
+        b.add("attd", (B, sp.hq, 1, dh))
+        if sp.head:
+            b.add("hf", (B, d))
+            b.add("logits", (B, sp.v1 - sp.v0))
+        # step inputs, per phase: one host write per step of the prefix a step uses
+        for tag, M, n, skv in (("p", Mp, n_p, P), ("d", B, n_d, cap)):
+            b.add(f"ids{tag}", (2, M), "int32")
+            b.add(f"pos{tag}", (M, self.chunk), "int32")
+            b.add(f"mask{tag}", (B, skv))
+            b.add(f"gids{tag}", (n,), "int32")
+        self.buf = b
+        self.B, self.P, self.cap = B, P, cap
+        return b.size
+
+    def allocate(self) -> None:
+        self.buf.allocate()
+        self.packs = {t: HostPack(self.buf, [f"ids{t}", f"pos{t}", f"mask{t}", f"gids{t}"]) for t in "pd"}
+        dh = self.cfg.head_dim
+        self.hist = {i: self.buf[f"H{i}"].desc for i in self.spec.layers}
+        self.table = {i: td(h, (self.cap * self.B * self.W, dh)) for i, h in self.hist.items()}
+
+    def release(self) -> None:
+        if self.buf is not None:
+            self.buf.free()
+        self.buf = None
+        self.packs = {}
+
+    # -------------------------------------------------------------- step inputs
+    def set_inputs(self, tag: str, ids: np.ndarray | None, positions: np.ndarray, q_slots: np.ndarray,
+                   skv: int, valid: int, pads: np.ndarray, need_mask: bool) -> None:
+        """Step inputs of phase ``tag`` ("p" prefill, "d" decode): token ``ids`` and ``positions [M]``
+        per token row; q rows from slots ``q_slots``; ``skv`` key rows of which slots ``[0, valid)``
+        hold keys.  Rows past ``valid`` (decode buckets) re-read the newest slot, masked out."""
+        B, W, sp = self.B, self.W, self.spec
+        pk = self.packs[tag]
+        if ids is not None:
+            pk.put(f"ids{tag}", np.concatenate([ids, ids]))
+        pos = np.zeros((positions.size, self.chunk), np.int32)
+        pos[:, :-1] = positions[:, None]
+        pk.put(f"pos{tag}", pos)
+        bb = np.arange(B)
+        q = (q_slots[None, None, :] * B + bb[:, None, None]) * W + np.arange(sp.hq)[None, :, None]
+        s = np.minimum(np.arange(skv), valid - 1)            # never a slot not written yet (garbage)
+        k = (s[None, None, :] * B + bb[:, None, None]) * W + sp.hq + np.arange(sp.hkv)[None, :, None]
+        gids = np.concatenate([q.ravel(), k.ravel(), (k + sp.hkv).ravel()])
+        pk.put(f"gids{tag}", gids)
+        if need_mask:
+            j = np.arange(skv)
+            m = np.where((j[None, :] < pads[:, None]) | (j[None, :] >= valid), -np.inf, 0.0).astype(np.float32)
+            pk.put(f"mask{tag}", m)
+        self.lc.write(pk, f"gids{tag}", gids.size)
+
+    # -------------------------------------------------------------- launches
+    def run(self, phase: str, slot0: int, sq: int, skv: int, need_mask: bool) -> None:
+        """Issue this device's part of one forward pass: ``sq`` new tokens per sequence written at slots
+        ``[slot0, slot0 + sq)``, attending over slots ``[0, skv)``."""
+        cfg, sp, lc, bf, w = self.cfg, self.spec, self.lc, self.buf, self.wd
+        B, W, dh, d, ff = self.B, self.W, cfg.head_dim, cfg.d_model, sp.ff
+        tag = "p" if phase == "prefill" else "d"
+        M = B * sq
+        single = tag == "d" and B == 1          # one sequence: residual adds fused into the matmuls
+        x2, h2, tmp = bf[f"x2{tag}"], bf[f"h2{tag}"], td(bf[f"tmp{tag}"])
+        gu, f, g = bf[f"gu{tag}"], td(bf[f"f{tag}"]), bf[f"g{tag}"]
+        h0 = td(h2, (M, d))
+        nq, nk = B * sp.hq * sq, B * sp.hkv * skv
+        gids = td(bf[f"gids{tag}"], (nq + 2 * nk,))
+        gv = td(g, (nq + 2 * nk, dh))
+        q = td(g, (B, sp.hq, sq, dh))
+        k = td(g, (B, sp.hkv, skv, dh), nq * dh * 4)
+        v = td(g, (B, sp.hkv, skv, dh), (nq + nk) * dh * 4)
+        qkv = [q, k, v] + ([td(bf[f"mask{tag}"], (B, 1, 1, skv))] if need_mask else [])
+        pos = td(bf[f"pos{tag}"], (M, self.chunk))
+        att = td(bf["attp"] if tag == "p" else bf["attd"])
+        att2 = td(bf["att2p"]) if tag == "p" else td(att, (M, sp.hq * dh))
+        att2t = td(att2, (sq, B, sp.hq, dh))
+        eps = float(cfg.eps)
+        rope_attrs = {"base": float(cfg.rope_base), "style": "interleaved"}
+        row_bytes = B * W * dh * 4
+        gate, up = td(gu, (M, ff)), td(gu, (M, ff), M * ff * 4)
+        gu1 = td(gu, (1, 2 * ff))
+        # the residual stream: x2 [2, M, d] (both halves equal), or for one sequence two [1, d]
+        # buffers used in turn (a matmul's bias input adds the residual: out = a @ w^T + x)
+        xa, xb = x2.view((1, d)), x2.view((1, d), offset_bytes=d * 4)
+        x = xa if single else x2
+        if sp.embed:
+            lc("embedding", [w["embd"], td(bf[f"ids{tag}"], (1,) if single else (2, M))], [td(x)])
+        elif self.comm is not None:
+            self.comm.recv(x, self.prev, stream=lc.stream)
+            lc.collectives += 1
+        x2d, h2d = td(x2), td(h2)
+        for i in sp.layers:
+            H = self.hist[i]
+            slot = td(H, (M, W * dh), slot0 * row_bytes)
+            rv = td(slot, (M, self.chunk, sp.hkv, dh))
+            lc("rmsnorm", [td(x), w[f"{i}.an"]], [h0 if single else h2d], eps=eps)
+            lc("matmul", [h0, w[f"{i}.wqkv"]], [slot], transpose_b=True)
+            lc("rope", [rv, pos], [rv], **rope_attrs)
+            lc("embedding", [self.table[i], gids], [gv])
+            if tag == "p":
+                lc("attention", qkv, [att], causal=True, q_offset=slot0)
+                lc("transpose", [att], [att2t], perm=(2, 0, 1, 3))
+            else:
+                lc("attention", qkv, [att])
+            if single:
+                x = self._proj_residual(att2, w[f"{i}.wo"], x, xb if x is xa else xa)
+                lc("rmsnorm", [td(x), w[f"{i}.fn"]], [h0], eps=eps)
+                lc("matmul", [h0, w[f"{i}.wgu2"]], [gu1], transpose_b=True)
+                lc("swiglu", [td(gu, (1, ff)), td(gu, (1, ff), ff * 4)], [f])
+                x = self._proj_residual(f, w[f"{i}.wd"], x, xb if x is xa else xa)
+                continue
+            lc("matmul", [att2, w[f"{i}.wo"]], [tmp], transpose_b=True)
+            self._all_reduce(bf[f"tmp{tag}"])
+            lc("add", [x2d, tmp], [x2d])
+            lc("rmsnorm", [x2d, w[f"{i}.fn"]], [h2d], eps=eps)
+            lc("batch_matmul", [h2d, w[f"{i}.wgu"]], [td(gu)], transpose_b=True)
+            lc("swiglu", [gate, up], [f])
+            lc("matmul", [f, w[f"{i}.wd"]], [tmp], transpose_b=True)
+            self._all_reduce(bf[f"tmp{tag}"])
+            lc("add", [x2d, tmp], [x2d])
+        if sp.head:
+            last = td(x) if single else td(x2, (B, d), (sq - 1) * B * d * 4)
+            lc("rmsnorm", [last, w["out_norm"]], [td(bf["hf"])], eps=eps)
+            lc("matmul", [td(bf["hf"]), w["head"]], [td(bf["logits"])], transpose_b=True)
+        elif self.comm is not None:
+            self.comm.send(x, self.next, stream=lc.stream)
+            lc.collectives += 1
+
+    def _proj_residual(self, a, wt, x, out):
+        """``out = a @ wt^T + x`` for one row (the residual rides in the bias input; under tensor
+        parallelism only rank 0 adds it and the all-reduce sums the partial products)."""
+        first = not self.tp or self.comm.rank == 0
+        self.lc("matmul", [a, wt] + ([td(x, (x.shape[-1],))] if first else []), [td(out)], transpose_b=True)
+        self._all_reduce(out)
+        return out
+
+    def _all_reduce(self, t) -> None:
+        if self.tp:
+            self.comm.all_reduce(t, t, op="sum", stream=self.lc.stream)
+            self.lc.collectives += 1
+
+    def logits(self) -> np.ndarray:
+        return self.buf["logits"].numpy(self.lc.stream)
+
+    def close(self) -> None:
+        c = Closer()
+        c.push(self.lc.close)
+        if self.w is not None:
+            c.push(self.w.free)
+        c.push(self.release)
+        self.w = None
+        c.close()
+
+
+# ---------------------------------------------------------------------------------------------- the job
+@dataclass
+class Generation:
+    token_ids: list[int]
+    text: str
+    prompt_tokens: int
+    finish: str = "length"
+
+    def as_dict(self) -> dict:
+        return {"token_ids": list(self.token_ids), "text": self.text, "prompt_tokens": self.prompt_tokens,
+                "finish": self.finish}
+
+    def __getitem__(self, k):          # dict-style access: g["token_ids"], g["text"]
+        return self.as_dict()[k]
+
+
+class GenerateJob:
+    """A causal-LM inference job: weights uploaded once, ``generate`` as often as wanted, ``close``.
+
+    ``parallel``: ``"none"`` (one device), ``"tp"`` (tensor parallel over ``devices``), ``"pp"``
+    (pipeline stages over ``devices``).  ``devices``: a count (the first ones) or a list of device
+    ids.  ``max_len`` bounds prompt + new tokens (the KV history is allocated per call for exactly what
+    the call needs, up to this).  ``block_dim``: blocks per launch (None: the device's helper for
+    prefill, one block for decode steps, whose kernels are too small to gain from splitting)."""
+
+    def __init__(self, rt, model: str = "smollm2", devices: int | Sequence[int] = 1, parallel: str = "none",
+                 max_len: int = DEFAULT_MAX_LEN, gguf_path: str | None = None, block_dim: int | None = None):
+        if model not in DECODER_MODELS:
+            raise InvalidParamError(f"unknown decoder model {model!r} (known: {', '.join(DECODER_MODELS)})")
+        if parallel not in ("none", "tp", "pp"):
+            raise InvalidParamError(f"parallel must be none, tp or pp for a decoder, got {parallel!r}")
+        devs = pick_devices(rt, devices)
+        if parallel == "none" and len(devs) != 1:
+            raise InvalidParamError(f"parallel='none' runs on one device, got devices={devices} (use tp or pp)")
+        path = str(gguf_path or DECODER_MODELS[model]())
+        self.model = model
+        self.parallel = parallel
+        self.tok: GgufBpeTokenizer = gguf_tokenizer(path)
+        g = load_gguf_cached(path)
+        cfg = LlamaConfig.from_gguf_meta(g.meta)
+        self.cfg = cfg
+        if not isinstance(max_len, int) or max_len < 2:
+            raise InvalidParamError(f"max_len must be an integer >= 2, got {max_len!r}")
+        self.max_len = min(max_len, cfg.context)
+        n = len(devs)
+        if parallel == "tp" and (cfg.n_kv_heads % n or cfg.n_heads % n or cfg.d_ff % n):
+            raise InvalidParamError(f"tensor parallel degree {n} must divide the {cfg.n_kv_heads} KV heads "
+                                    f"and the FFN width {cfg.d_ff} (one KV-head group per device)")
+        if parallel == "pp" and n > cfg.n_layers:
+            raise InvalidParamError(f"{n} pipeline stages for {cfg.n_layers} layers")
+        self.devices = devs
+        self.block_dim = block_dim
+        self._closed = False
+        self._comms = []
+        self.ranks: list[LlamaRank] = []
+        self.last_stats = JobStats()
+        host = {"embd": g.tensors["token_embd.weight"],
+                "layers": [llama_layer(g.tensors, i) for i in range(cfg.n_layers)]}
+        host["out_norm"], head = llama_output(g.tensors)
+        if head is not host["embd"]:
+            raise InvalidParamError("only tied LM heads are supported (the GGUF has output.weight)")
+        specs = self._specs(n)
+        comms = None
+        try:
+            if n > 1:
+                hccl = import_hccl()
+                comms = hccl.comm_init_all(devs)
+                self._comms = list(comms)
+            for r, (dev, sp) in enumerate(zip(devs, specs)):
+                self.ranks.append(LlamaRank(dev, cfg, sp, host, comms[r] if comms else None, parallel))
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _specs(self, n: int) -> list[RankSpec]:
+        cfg = self.cfg
+        L, V = cfg.n_layers, cfg.vocab
+        if self.parallel in ("none", "tp"):
+            hq, hkv, ff = cfg.n_heads // n, cfg.n_kv_heads // n, cfg.d_ff // n
+            return [RankSpec(range(L), hq, hkv, ff, r * hq, r * hkv, r * ff, True, True, r * V // n,
+                             (r + 1) * V // n) for r in range(n)]
+        bounds = [round(r * L / n) for r in range(n + 1)]
+        return [RankSpec(range(bounds[r], bounds[r + 1]), cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, 0, 0, 0,
+                         r == 0, r == n - 1, 0, V) for r in range(n)]
+
+    # -------------------------------------------------------------- prompts
+    def encode_prompts(self, prompts: Sequence, raw: bool) -> list[list[int]]:
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+            raise InvalidParamError("prompts must be a list of strings (or of token-id lists)")
+        if not prompts:
+            raise InvalidParamError("no prompts given")
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                if not p.strip():
+                    raise InvalidParamError(f"prompt {i} is empty")
+                ids = self.tok.encode(p) if raw else self.tok.chat_prompt(p)
+            else:
+                try:
+                    ids = [int(x) for x in p]
+                except (TypeError, ValueError):
+                    raise InvalidParamError(f"prompt {i} must be a string or a list of token ids") from None
+                if not ids:
+                    raise InvalidParamError(f"prompt {i} is empty")
+                if min(ids) < 0 or max(ids) >= self.cfg.vocab:
+                    raise InvalidParamError(f"prompt {i} has token ids outside [0, {self.cfg.vocab})")
+            if len(ids) > self.cfg.context:
+                raise InvalidParamError(f"prompt {i} has {len(ids)} tokens, longer than the model's context "
+                                        f"of {self.cfg.context}")
+            out.append(ids)
+        return out
+
+    # -------------------------------------------------------------- generation
+    def _check_sampling(self, max_new_tokens, temperature, top_k, top_p) -> None:
+        if self._closed:
+            raise InvalidParamError("the job is closed")
+        if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+            raise InvalidParamError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+            raise InvalidParamError(f"temperature must be >= 0, got {temperature!r}")
+        if not isinstance(top_k, (int, np.integer)) or top_k < 0:
+            raise InvalidParamError(f"top_k must be an integer >= 0, got {top_k!r}")
+        if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+            raise InvalidParamError(f"top_p must be in (0, 1], got {top_p!r}")
+
+    def score(self, prompts: Sequence, raw: bool = True) -> np.ndarray:
+        """Logits ``[B, vocab]`` at the last position of each prompt (one prefill, nothing generated)."""
+        self._check_sampling(1, 0.0, 0, 1.0)
+        out: dict = {}
+
+        def keep(logits: np.ndarray, t: int) -> None:
+            out["logits"] = logits
+            return None
+
+        self._run(self.encode_prompts(prompts, raw), 1, keep)
+        return out["logits"]
+
+    def generate(self, prompts: Sequence, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, raw: bool = False,
+                 on_token: Callable[[int, int, str], None] | None = None,
+                 stop_at_eos: bool = True) -> list[Generation]:
+        """Generate for each prompt (a string, chat-templated unless ``raw``, or a list of token ids).
+        Greedy when ``temperature == 0``; sampling draws from one generator seeded with ``seed`` per
+        prompt, so a prompt gets the same tokens alone or in a batch.
+        ``on_token(prompt_index, token_id, text_piece)`` is called as tokens come."""
+        self._check_sampling(max_new_tokens, temperature, top_k, top_p)
+        ids = self.encode_prompts(prompts, raw)
+        B = len(ids)
+        rngs = [np.random.default_rng(seed) for _ in range(B)]
+        out: list[list[int]] = [[] for _ in range(B)]
+        done = [False] * B
+        finish = ["length"] * B
+        stops = {self.tok.eos_id}
+        if self.tok.tokens and self.tok.tokens[0] == "<|endoftext|>":
+            stops.add(0)
+        texts = [""] * B
+
+        def step(logits: np.ndarray, t: int):
+            """Sample from the step's logits; the next input tokens, or None to stop."""
+            nxt = np.full(B, self.tok.pad_id, np.int64)
+            for b in range(B):
+                if done[b]:
+                    continue
+                tok = sample_token(logits[b], rngs[b], temperature, top_k, top_p)
+                nxt[b] = tok
+                out[b].append(tok)
+                if on_token is not None:
+                    full = self.tok.decode(out[b])
+                    piece = full[len(texts[b]):] if full.startswith(texts[b]) else full
+                    texts[b] = full
+                    on_token(b, tok, piece)
+                if stop_at_eos and tok in stops:
+                    done[b], finish[b] = True, "eos"
+            if all(done) or t == max_new_tokens - 1:
+                return None
+            return nxt
+
+        lens = self._run(ids, max_new_tokens, step)
+        self.last_stats.items = sum(len(o) for o in out)
+        return [Generation(o, self.tok.decode(o), int(n), f) for o, n, f in zip(out, lens, finish)]
+
+    def _run(self, ids: list[list[int]], max_new_tokens: int, step) -> np.ndarray:
+        """Prefill, then decode while ``step(logits, t)`` returns the next tokens."""
+        B = len(ids)
+        lens = np.array([len(x) for x in ids])
+        P = int(lens.max())
+        if P + max_new_tokens > self.max_len:
+            raise InvalidParamError(f"prompt ({P} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                                    f"job's max length {self.max_len}")
+        cap = P + max_new_tokens - 1 if max_new_tokens > 1 else P
+        pads = (P - lens).astype(np.int64)
+        need_mask = bool(pads.any())
+        stats = JobStats()
+        t_start = now()
+        coll0 = sum(r.lc.collectives for r in self.ranks)
+        for r in self.ranks:
+            r.plan(B, P, cap)
+        timer = None
+        try:
+            for r in self.ranks:
+                r.allocate()
+            timer = DeviceTimer([r.lc for r in self.ranks])
+            timer.start()
+            l0 = sum(r.lc.launches for r in self.ranks)
+            # ---- prefill: slots [0, P) (left-padded, sequence-major)
+            grid = np.zeros((P, B), np.int64)
+            for b, x in enumerate(ids):
+                grid[pads[b]:, b] = x
+            pos = np.maximum(np.arange(P)[:, None] - pads[None, :], 0).reshape(-1)
+            for r in self.ranks:
+                r.set_inputs("p", grid.reshape(-1) if r.spec.embed else None, pos, np.arange(P), P, P, pads,
+                             need_mask)
+            for r in self.ranks:
+                r.lc.block_dim = 0 if self.block_dim is None else self.block_dim
+                r.run("prefill", 0, P, P, need_mask)
+                r.lc.block_dim = 1 if self.block_dim is None else self.block_dim
+            logits = self._logits()
+            stats.prefill_s = now() - t_start
+            stats.prefill_tokens = int(lens.sum())
+            ld0 = [r.lc.launches for r in self.ranks]
+            t_dec = now()
+            steps = 0
+            for t in range(max_new_tokens):
+                nxt = step(logits, t)
+                if nxt is None:
+                    break
+                slot = P + t
+                dpos = (slot - pads).astype(np.int64)
+                skv = min(cap, -(-(slot + 1) // KV_BUCKET) * KV_BUCKET)
+                mask_d = need_mask or skv > slot + 1
+                for r in self.ranks:
+                    r.set_inputs("d", nxt if r.spec.embed else None, dpos, np.array([slot]), skv, slot + 1, pads,
+                                 mask_d)
+                for r in self.ranks:
+                    r.run("decode", slot, 1, skv, mask_d)
+                logits = self._logits()
+                steps += 1
+            stats.decode_s = now() - t_dec
+            stats.decode_steps = steps
+            ld1 = [r.lc.launches for r in self.ranks]
+            stats.decode_launches = sum(ld1) - sum(ld0)
+            stats.device_launches_per_token = [(b - a) / steps if steps else 0.0 for a, b in zip(ld0, ld1)]
+            stats.launches = sum(ld1) - l0
+            stats.devices = timer.stop()
+        finally:
+            if timer is not None:
+                timer.destroy()
+            for r in self.ranks:
+                try:
+                    r.lc.stream.synchronize()       # nothing may still use the buffers (error paths)
+                except AclError:
+                    pass
+                r.release()
+        stats.wall_s = now() - t_start
+        stats.collectives = sum(r.lc.collectives for r in self.ranks) - coll0
+        self.last_stats = stats
+        return lens
+
+    def _logits(self) -> np.ndarray:
+        heads = [r for r in self.ranks if r.spec.head]
+        parts = [r.logits() for r in heads]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+    # -------------------------------------------------------------- teardown
+    def _teardown(self) -> None:
+        c = Closer()
+        for comm in self._comms:
+            c.push(comm.destroy)
+        for r in self.ranks:
+            c.push(r.close)
+        self.ranks = []
+        self._comms = []
+        c.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for r in self.ranks:
+            try:
+                r.lc.stream.synchronize()
+            except AclError:
+                pass
+        self._teardown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

