@@ -388,14 +388,20 @@ class HcclEngine:
         for name, ptr, cnt in (("send", op.send, send_n), ("recv", op.recv, recv_n)):
             if cnt:
                 self.arena.resolve(ptr, cnt * isz, owner)
-        work_ptr = None
+        work_ptr = stage_ptr = None
         pro = prologue(op.op, n, r, op.count, algo, op.root)
         epi = epilogue(op.op, n, r, op.count, algo)
         try:
             if any("work" in (p[0], p[2]) for p in pro + epi):
-                work_ptr = self.arena.malloc(op.count * n * isz, owner="hccl")
+                work_ptr = self.arena.malloc(max(1, op.count * n * isz), owner="hccl")   # count may be 0
                 bufs["work"] = work_ptr
             me = self._mem(c, r)
+            if op.op == "alltoall" and send_n and abs(op.send - op.recv) < send_n * isz:
+                # in place: peers read my send blocks while I overwrite my recv blocks in the same
+                # phase (a write-after-read hazard); they read a private copy instead
+                stage_ptr = self.arena.malloc(send_n * isz, owner="hccl")
+                self._move(me, op.send, 0, me, stage_ptr, 0, send_n, op.dtype, None)
+                bufs["send"] = stage_ptr
             for src, so, dst, do, cnt in pro:
                 if bufs[src] != bufs[dst] or so != do:
                     self._move(me, bufs[src], so, me, bufs[dst], do, cnt, op.dtype, None)
@@ -424,8 +430,9 @@ class HcclEngine:
                 self._move(me, bufs[src], so, me, bufs[dst], do, cnt, op.dtype, None)
             self._barrier(c, seq, "done", deadline)
         finally:
-            if work_ptr is not None:
-                self.arena.free(work_ptr)
+            for ptr in (work_ptr, stage_ptr):
+                if ptr is not None:
+                    self.arena.free(ptr)
 
     def _pull(self, c: Comm, p: Pull, peer_bufs: dict, dtype: str, redop: str) -> None:
         src_mem = self._mem(c, p.peer)

@@ -91,7 +91,8 @@ def _ring_rs(r: int, n: int, ch: list[tuple[int, int]], buf: str, prefix: str) -
         c = (r - k - 2) % n
         off, ln = ch[c]
         waits = ((prev, f"{prefix}{k - 1}"),) if k > 0 else ()
-        steps.append(Step(f"{prefix}{k}", waits, (Pull(prev, buf, off, ln, buf, off, True),), (nxt,)))
+        signals = (nxt,) if k < n - 2 else ()      # nobody waits for the last step
+        steps.append(Step(f"{prefix}{k}", waits, (Pull(prev, buf, off, ln, buf, off, True),), signals))
     return steps
 
 
@@ -103,7 +104,8 @@ def _ring_ag(r: int, n: int, ch: list[tuple[int, int]], buf: str, prefix: str) -
         c = (r - 1 - j) % n
         off, ln = ch[c]
         waits = ((prev, f"{prefix}{j - 1}"),) if j > 0 else ()
-        steps.append(Step(f"{prefix}{j}", waits, (Pull(prev, buf, off, ln, buf, off, False),), (nxt,)))
+        signals = (nxt,) if j < n - 2 else ()      # nobody waits for the last step
+        steps.append(Step(f"{prefix}{j}", waits, (Pull(prev, buf, off, ln, buf, off, False),), signals))
     return steps
 
 

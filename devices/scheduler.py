@@ -81,6 +81,11 @@ def _is_done(e: Event, gen: int) -> bool:
     return gen <= e.done_floor or gen in e.done_above
 
 
+def _copy(e: AclError) -> AclError:
+    """A fresh exception of the same class and code (a stored error is raised once per waiter)."""
+    return error_for_code(e.code, e.detail, type(e).__name__)
+
+
 class Scheduler:
     """Streams, events and a pool of ``cores`` worker threads for one device."""
 
@@ -327,7 +332,7 @@ class Scheduler:
         """Lock held.  Wait for pred() or the deadline."""
         while not pred():
             if self._abort_error is not None:
-                raise error_for_code(self._abort_error.code, self._abort_error.detail)
+                raise _copy(self._abort_error)
             if deadline is None:
                 self._idle.wait(1.0)
             else:
@@ -350,7 +355,7 @@ class Scheduler:
                                      f"stream {sid} did not finish within {timeout} ms")
             err, s.error = s.error, None
         if err is not None and raise_error:
-            raise error_for_code(err.code, err.detail)
+            raise _copy(err)
 
     def stream_idle(self, sid: int, owner: str | None = None) -> bool:
         with self._lock:
@@ -368,7 +373,7 @@ class Scheduler:
                                      f"event {eid} did not complete within {timeout} ms")
             err = e.error
         if err is not None:
-            raise error_for_code(err.code, err.detail)
+            raise _copy(err)
 
     def synchronize_device(self, timeout: float = -1, owner: str | None = None) -> None:
         """Wait for every stream (of ``owner``), then raise the first stream error found."""
@@ -448,7 +453,7 @@ class Scheduler:
         if self._stop:
             raise error_for_code(207004, f"device {self.device_id} is shut down")
         if self._abort_error is not None:
-            raise error_for_code(self._abort_error.code, self._abort_error.detail)
+            raise _copy(self._abort_error)
 
     def close(self) -> None:
         with self._lock:

@@ -25,7 +25,8 @@ from typing import Sequence
 import numpy as np
 
 from devices.errors import (HCCL_E_PARA, HCCL_E_INTERNAL, HCCL_SUCCESS, AclError, HcclError, InvalidParamError)
-from devices.hccl import HCCL_DTYPE_IDS, HCCL_DTYPES, REDOPS, CommConfig, validate_redop
+from devices.hccl import (HCCL_DTYPE_IDS, HCCL_DTYPES, REDOPS, CollectiveOp, CommConfig, HcclEngine, itemsize,
+                          validate_redop)
 from devices.tasks import Collective
 
 from .api import Device, Stream, Tensor, get_runtime
@@ -36,6 +37,7 @@ HCCL_DATA_TYPE_FP32, HCCL_DATA_TYPE_INT64, HCCL_DATA_TYPE_UINT64, HCCL_DATA_TYPE
 HCCL_DATA_TYPE_UINT16, HCCL_DATA_TYPE_UINT32, HCCL_DATA_TYPE_FP64, HCCL_DATA_TYPE_BFP16 = 8, 9, 10, 11
 HCCL_REDUCE_SUM, HCCL_REDUCE_PROD, HCCL_REDUCE_MAX, HCCL_REDUCE_MIN = 0, 1, 2, 3
 HCCL_ROOT_INFO_BYTES = 4108
+_OPERATORS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "send", "recv", "barrier")
 
 
 def _dtype_name(dtype) -> str:
@@ -90,7 +92,29 @@ class Communicator:
                             f"{self.device.index}", HCCL_E_PARA)
         if not isinstance(count, (int, np.integer)) or count < 0:
             raise HcclError(f"bad count {count!r}", HCCL_E_PARA)
-        s._put(Collective(s.sid, self.comm_id, op, int(send), int(recv), int(count), _dtype_name(dtype),
+        # checked here too (not only by the device at submit) so that a bad call fails at the call even
+        # when the launch queue batches submissions (remote backends)
+        if op in ("broadcast", "reduce") and not 0 <= int(root) < self.size:
+            raise HcclError(f"root {root} outside [0, {self.size})", HCCL_E_PARA)
+        if op in ("send", "recv") and not (0 <= int(peer) < self.size and int(peer) != self.rank):
+            raise HcclError(f"peer {peer} invalid for rank {self.rank} of {self.size}", HCCL_E_PARA)
+        dt = _dtype_name(dtype)
+        if op not in _OPERATORS:
+            raise HcclError(f"unknown operator {op!r}", HCCL_E_PARA)
+        isz = itemsize(dt)
+        allocs = getattr(self.device, "allocs", None)       # host mirror of this runtime's allocations
+        for ptr, n in zip((send, recv), HcclEngine._sizes(CollectiveOp(self.comm_id, op, int(send), int(recv),
+                                                                       int(count), dt, "sum", int(root)),
+                                                          self.size, self.rank)):
+            if n:
+                if int(ptr) % isz:
+                    raise HcclError(f"buffer 0x{int(ptr):x} not aligned to {isz} B", HCCL_E_PARA)
+                if allocs is not None:
+                    try:
+                        allocs.check(int(ptr), n * isz)
+                    except AclError as e:
+                        raise HcclError(f"{op}: {e.detail}", HCCL_E_PARA) from None
+        s._put(Collective(s.sid, self.comm_id, op, int(send), int(recv), int(count), dt,
                           validate_redop(redop), int(root), int(peer)))
 
     # ---- tensor-level operators ----
@@ -173,9 +197,11 @@ def comm_init_all(devices: Sequence[Device], options: CommOptions = CommOptions(
 
 def parse_rank_table(table: dict | str) -> list[tuple[int, int, str]]:
     """(rank_id, device_id, server_id) from a rank-table (reference 3.3), sorted by rank; validated."""
-    if isinstance(table, str):
-        table = json.loads(table)
     try:
+        if isinstance(table, str):
+            table = json.loads(table)
+        if not isinstance(table, dict):
+            raise TypeError(f"a rank table is a JSON object, not {type(table).__name__}")
         if table.get("status", "completed") != "completed":
             raise HcclError("rank table status is not 'completed'", HCCL_E_PARA)
         out = []
@@ -199,7 +225,10 @@ def comm_init_cluster_info(rank_table: str | dict, rank: int, options: CommOptio
     if text is None and isinstance(rank_table, str):
         with open(rank_table) as f:
             text = f.read()
-    table = json.loads(text) if text is not None else rank_table
+    try:
+        table = json.loads(text) if text is not None else rank_table
+    except ValueError as e:
+        raise HcclError(f"malformed rank table: {e}", HCCL_E_PARA) from None
     ranks = parse_rank_table(table)
     if not 0 <= rank < len(ranks):
         raise HcclError(f"rank {rank} not in the rank table", HCCL_E_PARA)
