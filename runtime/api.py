@@ -54,9 +54,11 @@ class Runtime:
     def devices(self) -> list["Device"]:
         return [self.device(i) for i in range(self.device_count())]
 
-    def flush_all(self) -> None:
+    def flush_all(self, raise_for: "Device | None" = None) -> None:
+        """Send every device's queued ops (cross-device waits may depend on any of them).  Errors of
+        other devices are kept for their own next flush; ``raise_for``'s are raised now."""
         for d in list(self._devices.values()):
-            d.queue.flush()
+            d.queue.flush(raise_errors=d is raise_for)
 
     def close(self) -> None:
         for d in list(self._devices.values()):
@@ -111,6 +113,7 @@ class LaunchQueue:
         self.batch_size = max(1, batch_size)
         self._ops: list = []
         self._lock = threading.Lock()
+        self._deferred: AclError | None = None    # a failed flush's error, for this device's next flush
         self.batches_sent = 0
         self.ops_sent = 0
 
@@ -129,16 +132,20 @@ class LaunchQueue:
     def flush(self, raise_errors: bool = True) -> None:
         with self._lock:
             ops, self._ops = self._ops, []
-            if not ops:
-                return
-            try:
-                self.handle.submit(ops)
-            except AclError:
-                if raise_errors:
-                    raise
-            finally:
-                self.batches_sent += 1
-                self.ops_sent += len(ops)
+            err, self._deferred = (self._deferred, None) if raise_errors else (None, self._deferred)
+            if ops:
+                try:
+                    self.handle.submit(ops)
+                except AclError as e:
+                    if not raise_errors:
+                        self._deferred = self._deferred or e
+                        return
+                    err = err or e
+                finally:
+                    self.batches_sent += 1
+                    self.ops_sent += len(ops)
+        if err is not None:
+            raise err
 
 
 # ---------------------------------------------------------------------------------------------- memory table
@@ -247,7 +254,7 @@ class Device:
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all this device's streams are done."""
-        self.rt.flush_all()
+        self.rt.flush_all(raise_for=self)
         self.handle.synchronize_device(timeout_ms)
 
     def mem_info(self) -> tuple[int, int]:
@@ -340,7 +347,7 @@ class Stream:
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all work queued on this stream is done; raises its first task error."""
-        self.device.rt.flush_all()
+        self.device.rt.flush_all(raise_for=self.device)
         self.device.handle.synchronize_stream(self.sid, timeout_ms)
 
     def query(self) -> bool:
@@ -382,7 +389,7 @@ class Event:
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until the latest record has completed."""
-        self.device.rt.flush_all()
+        self.device.rt.flush_all(raise_for=self.device)
         self.device.handle.synchronize_event(self.eid, timeout_ms)
 
     def query(self) -> bool:
