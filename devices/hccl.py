@@ -393,7 +393,8 @@ class HcclEngine:
         epi = epilogue(op.op, n, r, op.count, algo)
         try:
             if any("work" in (p[0], p[2]) for p in pro + epi):
-                work_ptr = self.arena.malloc(max(1, op.count * n * isz), owner="hccl")   # count may be 0
+                work_n = op.count if algo == "oneshot" else op.count * n
+                work_ptr = self.arena.malloc(max(1, work_n * isz), owner="hccl")   # count may be 0
                 bufs["work"] = work_ptr
             me = self._mem(c, r)
             if op.op == "alltoall" and send_n and abs(op.send - op.recv) < send_n * isz:

@@ -9,15 +9,17 @@ the phase barriers rule out write-after-read across phases, and each algorithm i
 write-after-read exists inside a phase.
 
 Algorithms (reference 3.4): ``ring``, ``hd`` (recursive halving for reduce-scatter, doubling for
-all-gather; non-power-of-two counts fold the extra ranks into partners first) and ``mesh`` (direct reads,
-HCCL's intra-server default).  Nothing here touches memory: tests check the schedules symbolically.
+all-gather; non-power-of-two counts fold the extra ranks into partners first), ``mesh`` (direct reads,
+HCCL's intra-server default) and, for small AllReduce buffers, ``oneshot`` (one round of direct reads
+of every input; the latency-optimal choice).  Nothing here touches memory: tests check the schedules symbolically.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "barrier")
-ALGOS = ("ring", "hd", "mesh")
+ALGOS = ("ring", "hd", "mesh", "oneshot")
+ONESHOT_MAX_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,11 @@ def choose_algo(op: str, n: int, nbytes: int, override: str | None = None) -> st
             raise ValueError(f"unknown HCCL algorithm {override!r} (ring | H-D_R | mesh)")
     elif nbytes >= (1 << 20):
         algo = "mesh"
+    elif op == "allreduce" and nbytes <= ONESHOT_MAX_BYTES:
+        algo = "oneshot"
     else:
+        algo = "hd"
+    if algo == "oneshot" and op != "allreduce":
         algo = "hd"
     if algo == "hd" and op in ("allgather", "reducescatter") and n & (n - 1):
         algo = "ring"
@@ -209,6 +215,12 @@ def schedule(op: str, algo: str, n: int, r: int, count: int, root: int = 0) -> l
 
 def _allreduce(algo: str, n: int, r: int, count: int) -> list[Phase]:
     ch = chunks(count, n)
+    if algo == "oneshot":
+        # latency-optimal for small buffers: one round; every rank sums all inputs in rank order, so
+        # every rank gets bit-identical results (HCCL_DETERMINISTIC-like)
+        pulls = (Pull(0, "work", 0, count, "recv", 0, False),) + tuple(
+            Pull(q, "work", 0, count, "recv", 0, True) for q in range(1, n))
+        return [Phase((Step("os", (), pulls),))]
     if algo == "ring":
         return [Phase(tuple(_ring_rs(r, n, ch, "recv", "rs"))), Phase(tuple(_ring_ag(r, n, ch, "recv", "ag")))]
     if algo == "mesh":
@@ -246,8 +258,8 @@ def _allreduce(algo: str, n: int, r: int, count: int) -> list[Phase]:
 
 def prologue(op: str, n: int, r: int, count: int, algo: str, root: int = 0) -> list[tuple[str, int, str, int, int]]:
     """Local copies before phase 0, as (src buf, src off, dst buf, dst off, count)."""
-    if op in ("allreduce",):
-        return [("send", 0, "recv", 0, count)]
+    if op == "allreduce":
+        return [("send", 0, "work", 0, count)] if algo == "oneshot" and n > 1 else [("send", 0, "recv", 0, count)]
     if op == "allgather":
         return [("send", 0, "recv", r * count, count)]
     if op == "reducescatter":

@@ -28,7 +28,7 @@ from runtime import hccl
 
 GATE_TIMEOUT_S = 20.0        # a gate nobody releases lets go by itself: a failing test cannot hang
 JOIN_TIMEOUT_S = 30.0
-ALGOS = ("ring", "hd", "mesh")
+ALGOS = ("ring", "hd", "mesh", "oneshot")
 DTYPES = ("float32", "float16", "int8", "int32", "int64", "bfloat16")
 REDOPS = ("sum", "prod", "max", "min")
 _REF = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}

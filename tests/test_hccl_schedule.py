@@ -34,7 +34,7 @@ JUNK = "junk"       # initial content of a non-send buffer element: ("junk", ran
 def buffer_sizes(op: str, n: int, count: int) -> dict[str, int]:
     """Elements of each of one rank's buffers (as the engine allocates / the user passes them)."""
     return {
-        "allreduce": {"send": count, "recv": count},
+        "allreduce": {"send": count, "recv": count, "work": count},
         "allgather": {"send": count, "recv": count * n},
         "reducescatter": {"send": count * n, "recv": count, "work": count * n},
         "broadcast": {"send": count, "recv": count},
@@ -206,7 +206,7 @@ class Sim:
                 self._move(r, r, src, so, dst, do, cnt, False)
         elif kind == "pull":
             p: Pull = act[1]
-            assert 0 <= p.peer < self.n and p.peer != r, f"rank {r} pulls from {p.peer}"
+            assert 0 <= p.peer < self.n, f"rank {r} pulls from {p.peer}"   # its own buffer is allowed
             assert p.count >= 0
             self._move(r, p.peer, p.src, p.src_off, p.dst, p.dst_off, p.count, p.reduce)
         elif kind == "signal":
@@ -428,9 +428,11 @@ def test_choose_algo_hd_falls_back_to_ring_off_powers_of_two(op, n):
 
 
 def test_choose_algo_defaults():
-    assert choose_algo("allreduce", 4, 1024) == "hd"          # small: latency-optimal
+    assert choose_algo("allreduce", 4, 1024) == "oneshot"     # small: one round of direct reads
+    assert choose_algo("allreduce", 4, 256 << 10) == "hd"     # medium: log steps
     assert choose_algo("allreduce", 4, 1 << 20) == "mesh"     # large: bandwidth-optimal direct reads
-    assert choose_algo("allreduce", 3, 1024) == "hd"          # hd allreduce folds the extra rank
+    assert choose_algo("allreduce", 3, 256 << 10) == "hd"     # hd allreduce folds the extra rank
+    assert choose_algo("allgather", 4, 1024, "oneshot") == "hd"   # oneshot is an AllReduce algorithm
     for op in ("broadcast", "reduce", "alltoall", "barrier"):
         for algo in (None, "ring", "H-D_R", "mesh"):
             assert choose_algo(op, 4, 1024, algo) == "mesh"
