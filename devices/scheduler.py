@@ -417,6 +417,11 @@ class Scheduler:
     def set_slow(self, factor: float) -> None:
         self._slow_factor = max(1.0, float(factor))
 
+    @property
+    def hung(self) -> bool:
+        """True while the fault ``hang`` holds the cores."""
+        return not self._hang.is_set()
+
     def set_hang(self, hang: bool) -> None:
         """A hung device stops running blocks (queued work stays queued)."""
         if hang:

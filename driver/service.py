@@ -175,6 +175,9 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
             seq = request.start_seq or 1
             while not wake.is_set() and not self._server.stopping.is_set() and context.is_active():
                 d = self.device
+                if d.sched.hung:
+                    wake.wait(min(interval, 0.02))   # a hung device misses its heartbeats (stream stays open)
+                    continue
                 tele = d.telemetry()
                 yield dms.HealthBeat(seq=seq, status=wire.health_status_to_pb(d.health()),
                                      telemetry=wire.telemetry_to_pb(tele), server_time_s=tele.get("uptime_s", 0.0))

@@ -29,6 +29,10 @@ LOOPBACK = "127.0.0.1"
 # Ray 2.60 protects its GCS with a token (~/.ray/auth_token); a client connecting to an explicit address
 # only sends it when token mode is set explicitly.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+# Ray probes for a real `acl` module when a node declares the NPU resource and logs a traceback when
+# there is none (harmless: the virtual NPUs are ours).
+import logging  # noqa: E402
+logging.getLogger("ray._private.accelerators.npu").setLevel(logging.CRITICAL)
 
 
 @dataclass(frozen=True)
