@@ -296,7 +296,7 @@ class Device:
             "tasks_run": ss["tasks_run"], "queued": ss["queued"], "streams": ss["streams"],
             "events": ss["events"], "modeled_time_s": ss["model_now_s"],
             "power_w": round(power, 1), "temperature_c": round(self._temp_c, 1),
-            "uptime_s": now - self._t0,
+            "uptime_s": now - self._t0, "busy_s": sum(busy),
         }
 
     def health(self) -> tuple[str, list[str]]:

@@ -148,6 +148,28 @@ class LaunchQueue:
             raise err
 
 
+# ---------------------------------------------------------------------------------------------- host stats
+@dataclass
+class HostStats:
+    """Where the host's time went for one device (seconds): queuing launches, uploads, waiting for
+    the device, downloads.  Cheap counters (two clock reads per call) for the overhead breakdowns."""
+    launches: int = 0
+    launch_s: float = 0.0
+    h2d_s: float = 0.0
+    d2h_s: float = 0.0
+    sync_s: float = 0.0
+
+    def snapshot(self) -> "HostStats":
+        return HostStats(self.launches, self.launch_s, self.h2d_s, self.d2h_s, self.sync_s)
+
+    def since(self, before: "HostStats") -> "HostStats":
+        return HostStats(self.launches - before.launches, self.launch_s - before.launch_s,
+                         self.h2d_s - before.h2d_s, self.d2h_s - before.d2h_s, self.sync_s - before.sync_s)
+
+
+_now = __import__("time").perf_counter
+
+
 # ---------------------------------------------------------------------------------------------- memory table
 class AllocTable:
     """Host-side mirror of the allocations made through this runtime, so that a launch whose tensor
@@ -198,6 +220,7 @@ class Device:
         self.queue = LaunchQueue(handle, rt.batch_size)
         self.allocs = AllocTable()
         self.checked: dict = {}               # launches validated here (host side), see Stream.launch
+        self.host_stats = HostStats()
         self.live_streams: set[int] = set()   # handles created through this runtime: batched ops that
         self.live_events: set[int] = set()    # name unknown ones fail at enqueue, not at the next flush
         self._default: Stream | None = None
@@ -254,8 +277,12 @@ class Device:
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all this device's streams are done."""
-        self.rt.flush_all(raise_for=self)
-        self.handle.synchronize_device(timeout_ms)
+        t0 = _now()
+        try:
+            self.rt.flush_all(raise_for=self)
+            self.handle.synchronize_device(timeout_ms)
+        finally:
+            self.host_stats.sync_s += _now() - t0
 
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes of HBM."""
@@ -294,6 +321,7 @@ class Stream:
                block_dim: int = 0) -> None:
         """Queue a kernel launch (returns at once; only orders the device).  Shapes and dtypes of
         built-in kernels are checked here and bad ones raise InvalidParamError."""
+        t0 = _now()
         dev = self.device
         ins = tuple(_desc(x, dev) for x in inputs)
         outs = tuple(_desc(x, dev) for x in outputs)
@@ -315,6 +343,9 @@ class Stream:
                     dev.checked.clear()
                 dev.checked[key] = (dev.allocs.gen, k)
         self._put(Launch(self.sid, kernel, ins, outs, attrs, int(block_dim)))
+        hs = dev.host_stats
+        hs.launches += 1
+        hs.launch_s += _now() - t0
 
     def record(self, event: "Event") -> None:
         event.record(self)
@@ -347,8 +378,12 @@ class Stream:
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all work queued on this stream is done; raises its first task error."""
-        self.device.rt.flush_all(raise_for=self.device)
-        self.device.handle.synchronize_stream(self.sid, timeout_ms)
+        t0 = _now()
+        try:
+            self.device.rt.flush_all(raise_for=self.device)
+            self.device.handle.synchronize_stream(self.sid, timeout_ms)
+        finally:
+            self.device.host_stats.sync_s += _now() - t0
 
     def query(self) -> bool:
         """True when every queued task has completed."""
@@ -389,8 +424,12 @@ class Event:
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until the latest record has completed."""
-        self.device.rt.flush_all(raise_for=self.device)
-        self.device.handle.synchronize_event(self.eid, timeout_ms)
+        t0 = _now()
+        try:
+            self.device.rt.flush_all(raise_for=self.device)
+            self.device.handle.synchronize_event(self.eid, timeout_ms)
+        finally:
+            self.device.host_stats.sync_s += _now() - t0
 
     def query(self) -> bool:
         """True when the latest record has completed (also when never recorded)."""
@@ -446,7 +485,9 @@ class Tensor:
             raise InvalidParamError(f"host array has {arr.nbytes} B, tensor {self.shape} {self.dtype} "
                                     f"has {self.nbytes} B")
         self.device.queue.flush()
+        t0 = _now()
         self.device.handle.memcpy_h2d(self.ptr, arr)
+        self.device.host_stats.h2d_s += _now() - t0
 
     def numpy(self, stream: Stream | None = None) -> np.ndarray:
         """Wait for ``stream`` (default: the whole device), then copy to the host."""
@@ -454,7 +495,9 @@ class Tensor:
             stream.synchronize()
         else:
             self.device.synchronize()
+        t0 = _now()
         raw = self.device.handle.memcpy_d2h(self.ptr, self.nbytes)
+        self.device.host_stats.d2h_s += _now() - t0
         return np.frombuffer(raw, dtype=self.dtype, count=self.numel).reshape(self.shape).copy() \
             if not isinstance(raw, np.ndarray) else raw.view(self.dtype).reshape(self.shape)
 

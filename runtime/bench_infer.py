@@ -1,0 +1,179 @@
+"""``vnpu bench infer``: SmolLM2 decode tokens/s and MiniLM-L6 sentences/s through the emulator, side by
+side with the same forward in plain numpy in this process, in the same run; then multi-device modes.
+
+Decode steps of the emulator and of numpy alternate token by token (both see the same machine load);
+the overhead breakdown per token comes from the runtime's host counters (queuing launches, copies,
+waiting for the device) and the device's own busy time (kernels running on its AI Core threads).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser("infer", help="inference jobs vs plain numpy (decode tokens/s, sentences/s)")
+    p.add_argument("--tokens", type=int, default=24, help="decode steps per round")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--backend", choices=["cluster", "local"], default="cluster",
+                   help="devices as Ray actors over gRPC (default) or in this process")
+    p.add_argument("--no-multi", action="store_true", help="skip the 2+ device runs")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_run)
+
+
+def _runtime(backend: str, devices: int):
+    import contextlib
+
+    from devices.device import DeviceConfig
+    from .api import Runtime
+    from .backend import LocalBackend
+    from .cluster import ClusterSpec, cluster_runtime
+    if backend == "local":
+        @contextlib.contextmanager
+        def local():
+            rt = Runtime(LocalBackend(devices, DeviceConfig(arena_bytes=1 << 30)))
+            try:
+                yield rt
+            finally:
+                rt.close()
+        return local()
+    return cluster_runtime(spec=ClusterSpec(devices=devices, arena_bytes=1 << 30))
+
+
+def _busy(rt, n: int) -> float:
+    return sum(rt.device(i).telemetry().get("busy_s", 0.0) for i in range(n))
+
+
+def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with_numpy: bool) -> dict:
+    from .models.bench import NumpyLlama
+    from .models.llama import GenerateJob
+    from .models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
+    ref = None
+    if with_numpy:
+        g = load_gguf_cached(str(smollm2_gguf()))
+        ref = NumpyLlama(g, LlamaConfig.from_gguf_meta(g.meta))
+    job = GenerateJob(rt, "smollm2", devices=devices, parallel=parallel, max_len=512)
+    prompt = job.tok.chat_prompt("Write a short story about a robot learning to paint.")
+    emu, base = [], []
+    host = {"launch_s": 0.0, "h2d_s": 0.0, "d2h_s": 0.0, "sync_s": 0.0}
+    busy = 0.0
+    steps = 0
+    lpt = 0.0
+    try:
+        job.generate([prompt], max_new_tokens=2, stop_at_eos=False)          # warm up
+        for _ in range(rounds):
+            if ref is not None:
+                ref.forward(prompt, 0)
+            stamps, spent = [], []
+            pos = [len(prompt)]
+            snaps = {}
+
+            def on_token(b, tok, piece):
+                t0 = time.perf_counter()
+                stamps.append(t0)
+                if len(stamps) == 2:               # decode starts after the first (prefill) token
+                    snaps["host"] = [rt.device(i).host_stats.snapshot() for i in range(devices)]
+                    snaps["busy"] = _busy(rt, devices)
+                    snaps["t"] = time.perf_counter()
+                if ref is not None:
+                    ref.forward([tok], pos[0])
+                    pos[0] += 1
+                spent.append(time.perf_counter() - t0)
+
+            job.generate([prompt], max_new_tokens=tokens, stop_at_eos=False, on_token=on_token)
+            lpt = job.last_stats.launches_per_token
+            n = len(stamps) - 1
+            emu += [(stamps[i + 1] - stamps[i] - spent[i]) * 1e3 for i in range(n)]
+            base += [x * 1e3 for x in spent[1:]]
+            if "host" in snaps:
+                for i in range(devices):
+                    d = rt.device(i).host_stats.since(snaps["host"][i])
+                    for k in host:
+                        host[k] += getattr(d, k)
+                busy += _busy(rt, devices) - snaps["busy"]
+                steps += n - 1
+    finally:
+        job.close()
+    e = float(np.median(emu))
+    out = {"devices": devices, "parallel": parallel, "emulator_ms_per_token": round(e, 2),
+           "emulator_tokens_per_s": round(1e3 / e, 2), "launches_per_token": round(lpt, 1)}
+    if steps:
+        per = {k: v * 1e3 / steps for k, v in host.items()}
+        compute = busy * 1e3 / steps
+        out["breakdown_ms_per_token"] = {
+            "host_launch": round(per["launch_s"], 3), "copies": round(per["h2d_s"] + per["d2h_s"], 3),
+            "host_wait_for_device": round(per["sync_s"], 3), "device_compute": round(compute, 3),
+            "device_overhead": round(max(0.0, e - compute - per["launch_s"] - per["h2d_s"] - per["d2h_s"]), 3)}
+    if base:
+        b = float(np.median(base))
+        out.update(numpy_ms_per_token=round(b, 2), numpy_tokens_per_s=round(1e3 / b, 2),
+                   speed_vs_numpy=round(b / e, 3),
+                   overhead_us_per_launch=round((e - b) / lpt * 1e3, 1) if lpt else None)
+    return out
+
+
+def bench_embed(rt, devices: int, parallel: str, rounds: int, n: int = 64, batch: int = 8) -> dict:
+    from .models.bench import numpy_bert
+    from .models.bert import EmbedJob, load_encoder
+    cfg, w = load_encoder("minilm-l6")
+    job = EmbedJob(rt, "minilm-l6", devices=devices, parallel=parallel, batch_size=batch)
+    rng = np.random.default_rng(0)
+    words = "the a npu runs matrix kernels on cube units while vector cores do norms and softmax quickly".split()
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(12, 28)))) for _ in range(n)]
+    emu, base = [], []
+    try:
+        job.embed(texts[:batch])
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            job.embed(texts)
+            emu.append(time.perf_counter() - t0)
+            ids, mask = job.tok.encode_batch(texts)
+            lens = mask.sum(1)
+            order = np.argsort(-lens, kind="stable")
+            t0 = time.perf_counter()
+            for i in range(0, n, batch):
+                idx = order[i:i + batch]
+                s = int(lens[idx].max())
+                numpy_bert(w, cfg.n_layers, ids[idx, :s], mask[idx, :s], cfg.normalize)
+            base.append(time.perf_counter() - t0)
+    finally:
+        job.close()
+    e, b = min(emu), min(base)
+    return {"devices": devices, "parallel": parallel, "emulator_sentences_per_s": round(n / e, 1),
+            "numpy_sentences_per_s": round(n / b, 1), "speed_vs_numpy": round(b / e, 3)}
+
+
+def _run(a) -> int:
+    res: dict = {"backend": a.backend}
+    with _runtime(a.backend, 1) as rt:
+        res["decode_1dev"] = bench_decode(rt, 1, "none", a.tokens, a.rounds, True)
+        res["embed_1dev"] = bench_embed(rt, 1, "dp", a.rounds)
+    if not a.no_multi:
+        with _runtime(a.backend, 3) as rt:
+            res["decode_tp3"] = bench_decode(rt, 3, "tp", max(4, a.tokens // 3), 1, False)
+            res["decode_pp2"] = bench_decode(rt, 2, "pp", max(4, a.tokens // 3), 1, False)
+            res["embed_dp2"] = bench_embed(rt, 2, "dp", a.rounds)
+    if a.json:
+        print(json.dumps(res))
+        return 0
+    d = res["decode_1dev"]
+    print(f"SmolLM2-135M decode, 1 device ({a.backend}): {d['emulator_tokens_per_s']:.1f} tok/s "
+          f"({d['emulator_ms_per_token']:.1f} ms/token) vs numpy {d['numpy_tokens_per_s']:.1f} tok/s "
+          f"-> {d['speed_vs_numpy']:.2f}x numpy; {d['launches_per_token']:.0f} launches/token, "
+          f"{d['overhead_us_per_launch']} us overhead/launch")
+    if "breakdown_ms_per_token" in d:
+        print("  per token (ms): " + ", ".join(f"{k} {v}" for k, v in d["breakdown_ms_per_token"].items()))
+    for key in ("decode_tp3", "decode_pp2"):
+        if key in res:
+            r = res[key]
+            print(f"SmolLM2 decode, {r['devices']} devices {r['parallel']}: {r['emulator_tokens_per_s']:.1f} tok/s "
+                  f"({r['emulator_ms_per_token']:.1f} ms/token)")
+    for key in ("embed_1dev", "embed_dp2"):
+        r = res.get(key, {})
+        if "emulator_sentences_per_s" in r:
+            print(f"MiniLM-L6 embed, {r['devices']} device(s) {r['parallel']}: {r['emulator_sentences_per_s']} "
+                  f"sentences/s vs numpy {r['numpy_sentences_per_s']} -> {r['speed_vs_numpy']:.2f}x")
+    return 0
