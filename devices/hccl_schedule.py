@@ -65,16 +65,18 @@ def _pow2_floor(n: int) -> int:
 
 
 def choose_algo(op: str, n: int, nbytes: int, override: str | None = None) -> str:
-    """Pick an algorithm: ``override`` (HCCL_ALGO-style) wins; otherwise small messages use the
-    latency-optimal one (hd, log steps) and large ones on a single node the bandwidth-optimal direct
-    mesh; ring is used when halving-doubling does not fit (reduce-scatter/all-gather on a
-    non-power-of-two count)."""
+    """Pick an algorithm: ``override`` (HCCL_ALGO-style) wins; otherwise small AllReduces use oneshot
+    (one round), medium ones hd (log steps), large ones hd on power-of-two rank counts (as HCCL does
+    between servers) and the direct mesh otherwise; ring is used when halving-doubling does not fit
+    (reduce-scatter/all-gather on a non-power-of-two count)."""
     if override:
         algo = override.lower().replace("h-d_r", "hd").replace("h-d", "hd")
         if algo not in ALGOS:
             raise ValueError(f"unknown HCCL algorithm {override!r} (ring | H-D_R | mesh)")
     elif nbytes >= (1 << 20):
-        algo = "mesh"
+        # large: bandwidth-bound.  On a power-of-two rank count halving-doubling moves each byte once
+        # per level with every rank busy (measured fastest here); otherwise the direct mesh
+        algo = "hd" if op == "allreduce" and n & (n - 1) == 0 else "mesh"
     elif op == "allreduce" and nbytes <= ONESHOT_MAX_BYTES:
         algo = "oneshot"
     else:

@@ -430,7 +430,8 @@ def test_choose_algo_hd_falls_back_to_ring_off_powers_of_two(op, n):
 def test_choose_algo_defaults():
     assert choose_algo("allreduce", 4, 1024) == "oneshot"     # small: one round of direct reads
     assert choose_algo("allreduce", 4, 256 << 10) == "hd"     # medium: log steps
-    assert choose_algo("allreduce", 4, 1 << 20) == "mesh"     # large: bandwidth-optimal direct reads
+    assert choose_algo("allreduce", 4, 1 << 20) == "hd"       # large, power of two: halving-doubling
+    assert choose_algo("allreduce", 3, 1 << 20) == "mesh"     # large, otherwise: direct reads
     assert choose_algo("allreduce", 3, 256 << 10) == "hd"     # hd allreduce folds the extra rank
     assert choose_algo("allgather", 4, 1024, "oneshot") == "hd"   # oneshot is an AllReduce algorithm
     for op in ("broadcast", "reduce", "alltoall", "barrier"):
