@@ -115,35 +115,9 @@ def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with
     return out
 
 
-def bench_embed(rt, devices: int, parallel: str, rounds: int, n: int = 64, batch: int = 8) -> dict:
-    from .models.bench import numpy_bert
-    from .models.bert import EmbedJob, load_encoder
-    cfg, w = load_encoder("minilm-l6")
-    job = EmbedJob(rt, "minilm-l6", devices=devices, parallel=parallel, batch_size=batch)
-    rng = np.random.default_rng(0)
-    words = "the a npu runs matrix kernels on cube units while vector cores do norms and softmax quickly".split()
-    texts = [" ".join(rng.choice(words, size=int(rng.integers(12, 28)))) for _ in range(n)]
-    emu, base = [], []
-    try:
-        job.embed(texts[:batch])
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            job.embed(texts)
-            emu.append(time.perf_counter() - t0)
-            ids, mask = job.tok.encode_batch(texts)
-            lens = mask.sum(1)
-            order = np.argsort(-lens, kind="stable")
-            t0 = time.perf_counter()
-            for i in range(0, n, batch):
-                idx = order[i:i + batch]
-                s = int(lens[idx].max())
-                numpy_bert(w, cfg.n_layers, ids[idx, :s], mask[idx, :s], cfg.normalize)
-            base.append(time.perf_counter() - t0)
-    finally:
-        job.close()
-    e, b = min(emu), min(base)
-    return {"devices": devices, "parallel": parallel, "emulator_sentences_per_s": round(n / e, 1),
-            "numpy_sentences_per_s": round(n / b, 1), "speed_vs_numpy": round(b / e, 3)}
+def bench_embed(rt, devices: int, parallel: str, rounds: int) -> dict:
+    from .models.bench import bench_embed as run
+    return run("minilm-l6", rounds=rounds, devices=devices, rt=rt, parallel=parallel)
 
 
 def _run(a) -> int:

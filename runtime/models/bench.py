@@ -150,8 +150,9 @@ def numpy_bert(w: dict, n_layers: int, ids: np.ndarray, mask: np.ndarray, normal
 
 
 def bench_embed(model: str = "minilm-l6", n: int = 64, batch: int = 8, rounds: int = 3, devices: int = 1,
-                block_dim: int = 0) -> dict:
-    """Sentences/s of an EmbedJob vs :func:`numpy_bert` (same batches), interleaved in one process."""
+                block_dim: int = 0, rt=None, parallel: str = "dp") -> dict:
+    """Sentences/s of an EmbedJob vs :func:`numpy_bert` (same batches), interleaved in one process.
+    ``rt``: the runtime to use (default: a fresh in-process one, closed afterwards)."""
     from devices.device import DeviceConfig
     from runtime.api import Runtime
     from runtime.backend import LocalBackend
@@ -161,8 +162,10 @@ def bench_embed(model: str = "minilm-l6", n: int = 64, batch: int = 8, rounds: i
     rng = np.random.default_rng(0)
     words = "the a npu runs matrix kernels on cube units while vector cores do norms and softmax quickly".split()
     texts = [" ".join(rng.choice(words, size=int(rng.integers(12, 28)))) for _ in range(n)]
-    rt = Runtime(LocalBackend(devices, DeviceConfig(arena_bytes=512 << 20)))
-    job = EmbedJob(rt, model, devices=devices, parallel="dp", batch_size=batch, block_dim=block_dim)
+    own_rt = rt is None
+    if own_rt:
+        rt = Runtime(LocalBackend(devices, DeviceConfig(arena_bytes=512 << 20)))
+    job = EmbedJob(rt, model, devices=devices, parallel=parallel, batch_size=batch, block_dim=block_dim)
     emu, base = [], []
     try:
         job.embed(texts[:batch])
@@ -181,9 +184,10 @@ def bench_embed(model: str = "minilm-l6", n: int = 64, batch: int = 8, rounds: i
             base.append(time.perf_counter() - t0)
     finally:
         job.close()
-        rt.close()
+        if own_rt:
+            rt.close()
     e, b = float(np.min(emu)), float(np.min(base))
-    return {"model": model, "devices": devices, "emulator_sentences_per_s": round(n / e, 1),
+    return {"model": model, "devices": devices, "parallel": parallel, "emulator_sentences_per_s": round(n / e, 1),
             "numpy_sentences_per_s": round(n / b, 1), "speed_vs_numpy": round(b / e, 3)}
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from devices.errors import AclError, InvalidParamError
 
-from .common import (Block, Closer, DeviceTimer, HostPack, JobStats, Launcher, import_hccl, now, pick_devices,
+from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, import_hccl, now, pick_devices,
                      upload_block)
 from .tokenizer import BertTokenizer, bert_tokenizer
 from .weights import load_onnx_initializers, load_safetensors, minilm_l3_onnx, minilm_l6_dir
@@ -217,7 +217,7 @@ class BertRank:
         c.close()
 
 
-class EmbedJob:
+class EmbedJob(JobBase):
     """Sentence embeddings on ``devices`` virtual NPUs.
 
     ``parallel="dp"``: batches spread over the devices (each holds all weights); ``"tp"``: every batch
@@ -316,19 +316,3 @@ class EmbedJob:
         self.ranks, self._comms = [], []
         c.close()
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for r in self.ranks:
-            try:
-                r.lc.stream.synchronize()
-            except AclError:
-                pass
-        self._teardown()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

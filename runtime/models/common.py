@@ -258,6 +258,34 @@ class DeviceTimer:
         self.ev = []
 
 
+class JobBase:
+    """What every model job shares: ``close`` waits for each rank's stream, then tears down (the job's
+    ``_teardown`` frees its device memory and communicators); usable as a context manager."""
+
+    ranks: list
+    _closed: bool = False
+
+    def _teardown(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for r in self.ranks:
+            try:
+                r.lc.stream.synchronize()
+            except AclError:
+                pass
+        self._teardown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 class Closer:
     """Collects cleanup callbacks; runs them all (last first) even when some fail."""
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from devices.errors import AclError, InvalidParamError
 
-from .common import (Block, Closer, DeviceTimer, HostPack, JobStats, Launcher, import_hccl, now, pick_devices,
+from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, import_hccl, now, pick_devices,
                      td, upload_block)
 from .tokenizer import GgufBpeTokenizer, gguf_tokenizer
 from .weights import LlamaConfig, llama_layer, llama_output, load_gguf_cached, smollm2_gguf
@@ -341,7 +341,7 @@ class Generation:
         return self.as_dict()[k]
 
 
-class GenerateJob:
+class GenerateJob(JobBase):
     """A causal-LM inference job: weights uploaded once, ``generate`` as often as wanted, ``close``.
 
     ``parallel``: ``"none"`` (one device), ``"tp"`` (tensor parallel over ``devices``), ``"pp"``
@@ -599,19 +599,3 @@ class GenerateJob:
         self._comms = []
         c.close()
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for r in self.ranks:
-            try:
-                r.lc.stream.synchronize()
-            except AclError:
-                pass
-        self._teardown()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
