@@ -182,6 +182,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _settle(runner, timeout_s: float = 600.0) -> None:
+    """Wait for every submitted request of the fault-free phase (model workloads take seconds each)."""
+    if not runner.wait(timeout_s):
+        raise TimeoutError(f"the fault-free phase did not finish within {timeout_s:.0f} s")
+    if runner.errors:
+        rid, msg = next(iter(runner.errors.items()))
+        raise RuntimeError(f"the fault-free phase failed {len(runner.errors)} request(s), e.g. #{rid}: {msg}")
+
+
 def run_campaign(cfg: ChaosConfig, out=print) -> dict:
     from .cluster import ClusterSpec, LocalCluster, remove_segments
     rng = random.Random(cfg.seed)
@@ -210,11 +219,11 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
         out(f"chaos: {cfg.workload} on {cfg.devices} devices (+{cfg.spares} spare), seed {cfg.seed}: "
             f"fault-free run {base_s:g} s")
         load.run_for(0.5)                                  # warm-up (weights uploaded, first launches)
-        runner.wait(60)
+        _settle(runner)
         warm_end = load.next_id
         tb0 = time.monotonic()
         lo, hi = load.run_for(base_s)
-        runner.wait(60)
+        _settle(runner)
         tb1 = time.monotonic()
         base_rps = (hi - lo) / (tb1 - tb0)
         reference: dict[int, str] = {}
@@ -231,7 +240,7 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
                 load.next_id += 1
                 load.input_of[rid] = k
                 runner.submit(rid, inputs[k])
-                runner.wait(60)
+                _settle(runner)
                 reference[k] = checksum(runner.results[rid])
                 ref_arrays[k] = runner.results[rid]
         out(f"  fault-free: {hi - lo} requests in {tb1 - tb0:.1f} s = {base_rps:.1f} req/s")

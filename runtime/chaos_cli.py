@@ -47,7 +47,8 @@ def _cmd_chaos(a) -> int:
         opts = FailoverOptions(hang_deadline_s=_seconds(a.hang_deadline), cpu_fallback=not a.no_cpu_fallback)
         cfg = ChaosConfig(workload=a.workload, devices=a.devices, spares=a.spares, duration_s=_seconds(a.duration),
                           every_s=_seconds(a.every), faults=faults, seed=a.seed,
-                          baseline_s=_seconds(a.baseline) if a.baseline else None, options=opts)
+                          baseline_s=_seconds(a.baseline) if a.baseline else None, options=opts,
+                          arena_bytes=(1 << 30) if a.workload == "generate" else 256 << 20)
     except ValueError as e:
         print(f"vnpu chaos: {e}", file=sys.stderr)
         return 2

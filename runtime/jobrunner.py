@@ -131,16 +131,56 @@ class EmbedWorkload:
         return None
 
 
+class GenerateWorkload:
+    """Greedy generation of a few tokens per request with runtime.models' SmolLM2 (each request on one
+    device; replaying a request from its prompt gives the same tokens, so results are comparable with
+    the fault-free run)."""
+    name = "generate"
+
+    def __init__(self, tokens: int = 4, max_len: int = 64):
+        from .models.llama import DECODER_MODELS
+        from .models.weights import load_gguf_cached
+        load_gguf_cached(str(DECODER_MODELS["smollm2"]()))      # dequantise once per process
+        self.tokens, self.max_len = tokens, max_len
+
+    def make_inputs(self, n: int, seed: int = 1) -> list:
+        import random
+        rng = random.Random(seed)
+        topics = ["robots", "rivers", "bread", "chess", "the moon", "trains", "gardens", "clocks", "music"]
+        return [f"Say one sentence about {rng.choice(topics)} and {rng.choice(topics)}." for _ in range(n)]
+
+    def prepare(self, dev):
+        from .models.llama import GenerateJob
+        return GenerateJob(dev.rt, "smollm2", devices=[dev.index], parallel="none", max_len=self.max_len)
+
+    def run(self, job, prompt) -> np.ndarray:
+        g = job.generate([prompt], max_new_tokens=self.tokens, stop_at_eos=False)
+        return np.asarray(g[0].token_ids, dtype=np.int64)
+
+    def release(self, job) -> None:
+        with contextlib.suppress(Exception):
+            job.close()
+
+    def reference(self, inputs):
+        return None
+
+
 def make_workload(name: str, **kw):
-    """``mlp`` | ``embed`` (runtime.models' BERT encoder; falls back to ``mlp`` when its weights are missing)
-    | ``generate`` (decoder steps are not yet request-replayable here: the MLP stands in)."""
+    """``mlp`` | ``embed`` (runtime.models' BERT encoder) | ``generate`` (runtime.models' SmolLM2); the
+    model workloads fall back to ``mlp`` when their weights are missing."""
     if name == "embed":
         try:
             return EmbedWorkload(**kw)
         except Exception as e:  # noqa: BLE001 - no model files in this environment
             log.warning("embed workload unavailable (%s): using the built-in MLP", e)
             return MlpWorkload()
-    if name in ("mlp", "generate"):
+    if name == "generate":
+        try:
+            return GenerateWorkload(**kw)
+        except Exception as e:  # noqa: BLE001 - no model files in this environment
+            log.warning("generate workload unavailable (%s): using the built-in MLP", e)
+            return MlpWorkload()
+    if name == "mlp":
         return MlpWorkload(**kw)
     raise ValueError(f"unknown workload {name!r} (mlp | embed | generate)")
 
