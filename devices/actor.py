@@ -46,6 +46,10 @@ class NpuHost:
         self.device = Device(cfg)
         self._stopped = threading.Event()
         self.server = serve(self.device, host=self.host, token=token, on_kill=self._kill)
+        from driver.hccl_link import GrpcLinks
+        self.links = GrpcLinks(token, client_id=f"hccl-npu{device_id}")
+        self.device.hccl.address = self.server.address       # peers on other nodes reach this device here
+        self.device.hccl.remote = self.links
 
     def _kill(self) -> None:
         """Fault ``kill``: the device process dies at once (as SIGKILL would do)."""
@@ -64,6 +68,7 @@ class NpuHost:
         if not self._stopped.is_set():
             self._stopped.set()
             self.server.stop(0.5)
+            self.links.close()
             self.device.close()
         return True
 

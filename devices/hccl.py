@@ -55,6 +55,7 @@ class PeerInfo:
     arena_bytes: int
     doorbell: str
     node: str = ""
+    address: str = ""        #: the peer device's gRPC endpoint (cross-node transport)
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,11 @@ class HcclEngine:
         self.doorbell = Doorbell(f"vnpu-hccs-{self.arena.name}", self.mailbox, self._known)
         self.aborted = False
         self.stats = {"collectives": 0, "bytes_pulled": 0, "messages": 0}
+        #: cross-node transport (set by the hosting actor): ``read(peer, comm, ptr, nbytes) -> uint8
+        #: array``, ``notify(peer, msg)``, ``alive(peer) -> bool``; failures raise HcclError(E_REMOTE)
+        self.remote = None
+        self.address = ""            #: this device's gRPC endpoint, published in info()
+        self.node = _node_key()
 
     def _known(self, cid: str, tag: str) -> bool:
         """Keep messages of known communicators, and a bounded number for ones not created here yet
@@ -215,19 +221,40 @@ class HcclEngine:
     # ---------------------------------------------------------------- communicators
     def info(self) -> dict:
         return {"device_id": self.device.id, "arena": self.arena.name, "arena_bytes": self.arena.size,
-                "doorbell": self.doorbell.name, "node": _node_key()}
+                "doorbell": self.doorbell.name, "node": self.node, "address": self.address}
+
+    def _is_remote(self, p: PeerInfo) -> bool:
+        return bool(p.node) and p.node != self.node
+
+    def deliver(self, msg) -> bool:
+        """A control message that arrived over the cross-node transport (same format as doorbells)."""
+        try:
+            cid, seq, tag, frm, payload = msg
+        except (TypeError, ValueError):
+            return False
+        if not self._known(cid, tag):
+            return False
+        self.mailbox.put((cid, seq, tag, frm), payload)
+        return True
+
+    def read_for_peer(self, cid: str, ptr: int, nbytes: int) -> np.ndarray:
+        """A peer on another node reads my HBM: only members of a communicator of mine may, and only
+        ranges inside live allocations."""
+        if cid not in self.comms:
+            raise HcclError("unknown communicator", HCCL_E_PARA)
+        return self.arena.view(ptr, nbytes)
 
     def comm_init(self, cid: str, rank: int, peers: list[dict], config: dict | None = None) -> None:
         if not isinstance(cid, str) or len(cid) < 16:
             raise HcclError("communicator id must be a random string of >= 16 characters", HCCL_E_PARA)
         infos = [PeerInfo(rank=i, **{k: p[k] for k in ("device_id", "arena", "arena_bytes", "doorbell")},
-                          node=p.get("node", "")) for i, p in enumerate(peers)]
+                          node=p.get("node", ""), address=p.get("address", "")) for i, p in enumerate(peers)]
         if not 0 <= rank < len(infos) or infos[rank].device_id != self.device.id:
             raise HcclError(f"rank {rank} is not this device ({self.device.id})", HCCL_E_PARA)
         for p in infos:
-            if p.node and p.node != _node_key():
-                raise HcclError(f"rank {p.rank} (device {p.device_id}) is on another node; cross-node "
-                                f"transport is not available in this build", 5)
+            if self._is_remote(p) and (self.remote is None or not p.address):
+                raise HcclError(f"rank {p.rank} (device {p.device_id}) is on another node and this device has "
+                                f"no cross-node transport (device actors have one)", 5)
         cfg = CommConfig(**(config or {}))
         with self._lock:
             self.comms[cid] = Comm(cid, rank, infos, cfg)
@@ -340,7 +367,11 @@ class HcclEngine:
         p = c.peers[peer]
         if p.device_id in self.link_down:
             raise HcclError(f"link to device {p.device_id} is down", HCCL_E_NETWORK)
-        self.doorbell.send(p.doorbell, (c.cid, seq, tag, c.rank, payload))
+        msg = (c.cid, seq, tag, c.rank, payload)
+        if self._is_remote(p):
+            self.remote.notify(p, msg)
+        else:
+            self.doorbell.send(p.doorbell, msg)
         self.stats["messages"] += 1
 
     def _wait(self, c: Comm, waits: list[tuple[int, str]], seq, deadline: float) -> list:
@@ -351,7 +382,8 @@ class HcclEngine:
                 p = c.peers[peer]
                 if p.device_id in self.link_down:
                     raise HcclError(f"link to device {p.device_id} is down", HCCL_E_NETWORK)
-                if not self.doorbell.alive(p.doorbell):
+                alive = self.remote.alive(p) if self._is_remote(p) else self.doorbell.alive(p.doorbell)
+                if not alive:
                     raise HcclError(f"rank {peer} (device {p.device_id}) is gone", HCCL_E_REMOTE)
         return self.mailbox.take(keys, deadline, probe, lambda: self.aborted)
 
@@ -436,16 +468,31 @@ class HcclEngine:
                     self.arena.free(ptr)
 
     def _pull(self, c: Comm, p: Pull, peer_bufs: dict, dtype: str, redop: str) -> None:
-        src_mem = self._mem(c, p.peer)
+        self._read_into(c, p.peer, peer_bufs[p.peer][p.src], p.src_off, peer_bufs[c.rank][p.dst], p.dst_off,
+                        p.count, dtype, redop if p.reduce else None)
+
+    def _read_into(self, c: Comm, peer: int, src_ptr: int, src_off: int, dst_ptr: int, dst_off: int, count: int,
+                   dtype: str, redop: str | None) -> None:
+        """Copy or reduce ``count`` elements of a rank's buffer into mine, segment by segment: straight
+        out of its mapped arena on this node, or fetched over the cross-node transport."""
         dst_mem = self._mem(c, c.rank)
-        seg = max(1, c.config.segment_bytes // itemsize(dtype))
+        isz = itemsize(dtype)
+        seg = max(1, c.config.segment_bytes // isz)
+        p = c.peers[peer]
+        remote = peer != c.rank and self._is_remote(p)
+        src_mem = None if remote else self._mem(c, peer)
         done = 0
-        while done < p.count:
-            k = min(seg, p.count - done)
-            self._move(src_mem, peer_bufs[p.peer][p.src], p.src_off + done, dst_mem, peer_bufs[c.rank][p.dst],
-                       p.dst_off + done, k, dtype, redop if p.reduce else None)
+        while done < count:
+            k = min(seg, count - done)
+            if remote:
+                if p.device_id in self.link_down:
+                    raise HcclError(f"link to device {p.device_id} is down", HCCL_E_NETWORK)
+                data = self.remote.read(p, c.cid, src_ptr + (src_off + done) * isz, k * isz)
+                self._move(data, 0, 0, dst_mem, dst_ptr, dst_off + done, k, dtype, redop)
+            else:
+                self._move(src_mem, src_ptr, src_off + done, dst_mem, dst_ptr, dst_off + done, k, dtype, redop)
             done += k
-        self.stats["bytes_pulled"] += p.count * itemsize(dtype)
+        self.stats["bytes_pulled"] += count * isz
 
     @staticmethod
     def _move(src_mem, src_ptr, src_off, dst_mem, dst_ptr, dst_off, count, dtype, redop) -> None:
@@ -488,9 +535,7 @@ class HcclEngine:
                 self._post(c, op.peer, seq, "done")
                 raise HcclError(f"send of {cnt} x {dt} does not match recv of {op.count} x {op.dtype}",
                                 HCCL_E_PARA)
-            self._move(self._mem(c, op.peer), s_ptr, 0, self._mem(c, c.rank), op.recv, 0, op.count, op.dtype,
-                       None)
-            self.stats["bytes_pulled"] += op.count * isz
+            self._read_into(c, op.peer, s_ptr, 0, op.recv, 0, op.count, op.dtype, None)
             self._post(c, op.peer, seq, "done")
 
     def close(self) -> None:
@@ -516,7 +561,10 @@ def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def _node_key() -> str:
-    """Identity of this machine for same-node checks (boot id, so containers on one host agree)."""
+    """Identity of this machine for same-node checks (boot id, so containers on one host agree).
+    ``VNPU_NODE_ID`` overrides it: tests use it to run "other nodes" on one machine."""
+    if os.environ.get("VNPU_NODE_ID"):
+        return os.environ["VNPU_NODE_ID"]
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()

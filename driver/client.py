@@ -458,6 +458,25 @@ class RemoteDevice:
     def hccl_comm_destroy(self, comm_id: str) -> None:
         self._rpc(self._rms.HcclCommDestroy, _request(rms.HcclCommRequest, comm=comm_id))
 
+    def hccl_read(self, comm_id: str, ptr: int, nbytes: int) -> np.ndarray:
+        """Device-to-device read over gRPC (the cross-node HCCL transport)."""
+        res = np.empty(nbytes, dtype=np.uint8)
+
+        def consume(it):
+            pos = 0
+            for chunk in it:
+                k = len(chunk.data)
+                res[pos:pos + k] = np.frombuffer(chunk.data, dtype=np.uint8)
+                pos += k
+            if pos != nbytes:
+                raise AclError(f"peer sent {pos} of {nbytes} B", code=500000)
+            return res
+        return self._rpc(self._rms.HcclRead, _request(rms.HcclReadRequest, comm=comm_id, ptr=ptr, nbytes=nbytes),
+                         timeout=self.timeout_s + nbytes / COPY_BYTES_PER_S, consume=consume)
+
+    def hccl_notify(self, msg) -> None:
+        self._rpc(self._rms.HcclNotify, _request(rms.HcclNotifyRequest, json=json.dumps(msg)))
+
     def hccl_async_error(self, comm_id: str) -> int:
         return self._rpc(self._rms.HcclAsyncError, _request(rms.HcclCommRequest, comm=comm_id)).value
 

@@ -413,6 +413,15 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
     def HcclAsyncError(self, request, context):
         return rms.IntReply(value=self.device.hccl_async_error(request.comm))
 
+    def HcclRead(self, request, context):
+        view = self.device.hccl.read_for_peer(request.comm, request.ptr, request.nbytes)
+        for i in range(0, view.size, wire.CHUNK_BYTES):
+            yield rms.D2HChunk(data=view[i:i + wire.CHUNK_BYTES].tobytes())
+
+    def HcclNotify(self, request, context):
+        self.device.hccl.deliver(json.loads(request.json))
+        return _EMPTY
+
 
 def _same_code(a, b) -> bool:
     ca, cb = getattr(a, "__code__", None), getattr(b, "__code__", None)

@@ -45,6 +45,9 @@ class ClusterSpec:
     #: where device servers bind: loopback for one machine; "node" = the Ray node's own address
     #: (multi-node clusters: set VNPU_BIND=node)
     bind: str = os.environ.get("VNPU_BIND", LOOPBACK)
+    #: > 1: give device i the node identity ``sim-node-<i % nodes>`` so that collectives between them use
+    #: the cross-node (gRPC) transport although they share this machine (tests, demos)
+    nodes: int = 1
 
 
 def state_dir() -> Path:
@@ -130,8 +133,14 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     if detached:
         opts["lifetime"] = "detached"
     host = None if spec.bind == "node" else spec.bind
-    actors = [cls.options(name=actor_name(i), **opts).remote(i, token, spec.arena_bytes, spec.chip, host,
-                                                              spec.cores)
+
+    def options(i: int) -> dict:
+        if spec.nodes <= 1:
+            return opts
+        env = dict(opts["runtime_env"]["env_vars"], VNPU_NODE_ID=f"sim-node-{i % spec.nodes}")
+        return dict(opts, runtime_env={"env_vars": env})
+    actors = [cls.options(name=actor_name(i), **options(i)).remote(i, token, spec.arena_bytes, spec.chip, host,
+                                                                    spec.cores)
               for i in range(first_id, first_id + spec.devices)]
     return ray.get([a.where.remote() for a in actors], timeout=120), actors
 
