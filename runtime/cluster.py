@@ -228,6 +228,7 @@ class LocalCluster:
         arenas = stop_devices()
         self.actors = []
         remove_segments(arenas + [w["arena"] for w in self.where])
+        remove_segments(None)        # arenas of device processes that were killed and restarted meanwhile
         if os.environ.get("VNPU_TOKEN") == self.token:
             del os.environ["VNPU_TOKEN"]
         if self._owns_ray:
