@@ -103,6 +103,33 @@ def _cmd_embed(a) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- generate
+class Progress:
+    """A one-line progress bar on stderr (tokens done / expected, rate); silent when stderr is not a
+    terminal, except for a final line."""
+
+    def __init__(self, total: int, width: int = 30):
+        import time
+        self._time = time.perf_counter
+        self.total, self.width, self.n, self.t0 = total, width, 0, self._time()
+        self.tty = sys.stderr.isatty()
+
+    def _line(self) -> str:
+        frac = min(1.0, self.n / self.total) if self.total else 1.0
+        fill = int(frac * self.width)
+        rate = self.n / max(1e-9, self._time() - self.t0)
+        return f"[{'#' * fill}{'.' * (self.width - fill)}] {self.n}/{self.total} tokens {rate:.1f} tok/s"
+
+    def step(self) -> None:
+        self.n += 1
+        if self.tty:
+            sys.stderr.write("\r" + self._line())
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        sys.stderr.write(("\r" if self.tty else "") + self._line() + "\n")
+        sys.stderr.flush()
+
+
 def _cmd_generate(a) -> int:
     prompts: list[str] = []
     if a.prompt is not None:
@@ -117,19 +144,26 @@ def _cmd_generate(a) -> int:
     parallel = a.parallel or ("none" if a.devices == 1 else "tp")
     from .models import GenerateJob
     stream = not a.json and len(prompts) == 1
+    total = len(prompts) * a.max_new_tokens
+    bar = Progress(total) if total >= 64 and not stream else None   # long batch runs: a bar on stderr
 
     def on_token(i, tok, piece):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+        if stream:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        if bar is not None:
+            bar.step()
 
     with job_runtime(a.devices) as rt:
         job = GenerateJob(rt, a.model, devices=a.devices, parallel=parallel, max_len=a.max_len)
         try:
             res = job.generate(prompts, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                                top_k=a.top_k, top_p=a.top_p, seed=a.seed, raw=a.raw,
-                               on_token=on_token if stream else None)
+                               on_token=on_token if (stream or bar) else None)
         finally:
             job.close()
+            if bar is not None:
+                bar.done()
         st = job.last_stats
     if a.json:
         print(json.dumps({"model": a.model, "parallel": parallel, "devices": a.devices,
