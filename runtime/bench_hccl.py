@@ -50,7 +50,7 @@ def register(bench_subparsers) -> None:
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--redop", default="sum", choices=REDOPS)
     p.add_argument("--iters", type=int, default=None,
-                   help="timed iterations per size (default 20, fewer for large sizes)")
+                   help="timed iterations per size (default 20, at least 10 for large sizes)")
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations per size (default 5, fewer "
                                                             "for large sizes)")
     p.add_argument("--algo", choices=("ring", "hd", "mesh"), default=None,
@@ -189,7 +189,7 @@ class _Case:
 
 def _auto_iters(size: int, iters: int | None, warmup: int | None) -> tuple[int, int]:
     budget = 2 << 30                                   # bytes moved per size in the timed loop, about
-    it = iters if iters is not None else max(3, min(20, budget // max(size, 1)))
+    it = iters if iters is not None else max(10, min(20, budget // max(size, 1)))
     wu = warmup if warmup is not None else max(1, min(5, (budget // 4) // max(size, 1)))
     return it, wu
 
