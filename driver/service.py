@@ -510,7 +510,7 @@ def serve(device, host: str = "127.0.0.1", token: str | None = None, port: int =
           workers: int = RPC_WORKERS, max_message_bytes: int = wire.MAX_MESSAGE_BYTES) -> DeviceServer:
     """Serve ``device`` (DMS + RMS) on ``host:port`` (port 0 = ephemeral) and return the running server.
 
-    ``host`` is the only interface bound (loopback by default; pass "0.0.0.0" only on purpose).  ``token``
+    ``host`` is the only interface bound (loopback by default; an all-interfaces address only when asked for).  ``token``
     is the bearer token every call must carry; default: ``$VNPU_TOKEN``, else a fresh random token
     (``server.token``) -- a server never runs unauthenticated.  ``on_kill`` runs when the ``kill`` fault is
     injected, after the reply has been sent (a device actor passes one that ends its process); by default
