@@ -72,8 +72,9 @@ def run_demo(rt, out=sys.stdout, max_new_tokens: int = 24) -> bool:
                                 on_token=lambda b, tok, piece: print(piece, end="", flush=True, file=out))
             dt = time.perf_counter() - t0
             st = job.last_stats
-            print(f"\n  [{len(gens[0].token_ids)} tokens in {dt:.2f} s, {st.launches_per_token:.0f} launches/token "
-                  f"per device, {st.collectives} collectives]", file=out)
+            per_dev = "/".join(f"{x:.0f}" for x in st.device_launches_per_token)
+            print(f"\n  [{len(gens[0].token_ids)} tokens in {dt:.2f} s, {per_dev} launches per token on each "
+                  f"device, {st.collectives} collectives]", file=out)
             ok &= len(gens[0].token_ids) > 0
     finally:
         job.close()
