@@ -53,7 +53,7 @@ class NpuHost:
 
     def _kill(self) -> None:
         """Fault ``kill``: the device process dies at once (as SIGKILL would do)."""
-        threading.Timer(0.05, lambda: os._exit(137)).start()
+        threading.Timer(0.01, lambda: os._exit(137)).start()   # just after the reply leaves
 
     def where(self) -> dict:
         info = self.device.info()
