@@ -172,14 +172,14 @@ class Doorbell:
         """Raises HcclError(E_REMOTE) when the peer's doorbell is gone."""
         try:
             self._tx.sendto(json.dumps(msg).encode(), "\0" + doorbell)
-        except (ConnectionRefusedError, FileNotFoundError) as e:
-            raise HcclError(f"peer doorbell {doorbell} unreachable ({e.strerror})", HCCL_E_REMOTE) from None
+        except OSError as e:            # refused, gone, broken pipe while the peer closes, ...
+            raise HcclError(f"peer doorbell {doorbell} unreachable ({e.strerror or e})", HCCL_E_REMOTE) from None
 
     def alive(self, doorbell: str) -> bool:
         try:
             self._tx.sendto(b"", "\0" + doorbell)
             return True
-        except (ConnectionRefusedError, FileNotFoundError):
+        except OSError:
             return False
 
     def close(self) -> None:
