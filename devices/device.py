@@ -20,7 +20,7 @@ from .errors import InvalidParamError, KernelError
 from .kernel import KernelRunner, check_launch, default_block_dim, lookup
 from .scheduler import Scheduler, Task
 from .hccl import CollectiveOp, HcclEngine
-from .tasks import Collective, CopyD2D, Launch, Memset, Record, StreamOp, Wait, WriteH2D
+from .tasks import Collective, CopyD2D, Launch, Memset, Record, StreamOp, Wait, WriteH2D, launch_key
 
 DEFAULT_ARENA = 1 << 30
 
@@ -373,20 +373,9 @@ class LaunchPlan:
             return r
 
 
-def _freeze(v):
-    if isinstance(v, (list, tuple)):
-        return tuple(_freeze(x) for x in v)
-    return v
-
-
 def _plan_key(op: Launch, owner):
-    try:
-        attrs = tuple(sorted((k, _freeze(v)) for k, v in op.attrs.items())) if op.attrs else ()
-        key = (op.kernel, op.inputs, op.outputs, attrs, op.block_dim, owner)
-        hash(key)
-        return key
-    except TypeError:
-        return None
+    key = launch_key(op)
+    return None if key is None else (key, owner)
 
 
 def local_config(device_id: int, **kw) -> DeviceConfig:

@@ -22,6 +22,22 @@ class Launch:
     block_dim: int = 0
 
 
+def launch_key(op: Launch) -> tuple | None:
+    """What makes two launches the same launch (everything but the stream), hashable; None when an
+    attribute value cannot be hashed.  Keys the device's plan cache and the wire's launch templates."""
+    try:
+        attrs = tuple(sorted((k, _freeze(v)) for k, v in op.attrs.items())) if op.attrs else ()
+        key = (op.kernel, op.inputs, op.outputs, attrs, op.block_dim)
+        hash(key)
+        return key
+    except TypeError:
+        return None
+
+
+def _freeze(v):
+    return tuple(_freeze(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
 @dataclass(frozen=True)
 class Record:
     stream: int

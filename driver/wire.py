@@ -27,7 +27,7 @@ from devices.errors import (ACL_ERROR_API_NOT_SUPPORT, ACL_ERROR_INTERNAL_ERROR,
                             ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_NO_PERMISSION, ACL_ERROR_RT_OVER_LIMIT,
                             ACL_ERROR_RT_PARAM_INVALID, ACL_ERROR_RT_TIMEOUT, InvalidParamError)
 from devices.kernel import TensorDesc  # noqa: E402
-from devices.tasks import Collective, CopyD2D, Launch, Memset, Record, Wait, WriteH2D  # noqa: E402
+from devices.tasks import Collective, CopyD2D, Launch, Memset, Record, Wait, WriteH2D, launch_key  # noqa: E402
 
 # ---------------------------------------------------------------- services
 DMS_SERVICE = dms_pb2.DESCRIPTOR.services_by_name["DeviceManagement"]
@@ -302,12 +302,10 @@ class LaunchTemplates:
     def encode(self, op) -> dict:
         if type(op) is not Launch:
             return _op_dict(op)
-        try:
-            attrs = tuple(sorted((k, _freeze(v)) for k, v in op.attrs.items())) if op.attrs else ()
-            key = (op.kernel, op.inputs, op.outputs, attrs, op.block_dim)
-            tid = self._tids.get(key)
-        except TypeError:
+        key = launch_key(op)
+        if key is None:
             return _op_dict(op)
+        tid = self._tids.get(key)
         if tid is not None:
             return {"stream": op.stream, "launch_ref": {"tid": tid}}
         if len(self._tids) >= self.MAX:
@@ -316,10 +314,6 @@ class LaunchTemplates:
         d = _launch_to_pb(op)
         d["launch"]["tid"] = tid
         return d
-
-
-def _freeze(v):
-    return tuple(_freeze(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
 class TemplateTable:

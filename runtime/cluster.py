@@ -26,9 +26,7 @@ from devices.arena import SHM_DIR
 from devices.errors import ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
 
 LOOPBACK = "127.0.0.1"
-# Ray 2.60 protects its GCS with a token (~/.ray/auth_token); a client connecting to an explicit address
-# only sends it when token mode is set explicitly.
-os.environ.setdefault("RAY_AUTH_MODE", "token")
+# (RAY_AUTH_MODE=token is set in runtime/__init__.py, before anything imports ray.)
 # Ray probes for a real `acl` module when a node declares the NPU resource and logs a traceback when
 # there is none (harmless: the virtual NPUs are ours).
 import logging  # noqa: E402
@@ -211,12 +209,17 @@ class LocalCluster:
         self.token = secrets.token_urlsafe(32)
         self.temp_dir = tempfile.mkdtemp(prefix="vnpu-ray-", dir="/tmp")
         self._owns_ray = not ray.is_initialized()
-        if self._owns_ray:
-            ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
-                     resources={"NPU": spec.devices}, _temp_dir=self.temp_dir, logging_level="ERROR",
-                     log_to_driver=False, configure_logging=True,
-                     runtime_env={"env_vars": dict(BLAS_ENV, VNPU_TOKEN=self.token)})
-        self.where, self.actors = start_devices(spec, self.token, detached=False, max_restarts=max_restarts)
+        self.where, self.actors = [], []
+        try:
+            if self._owns_ray:
+                ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
+                         resources={"NPU": spec.devices}, _temp_dir=self.temp_dir, logging_level="ERROR",
+                         log_to_driver=False, configure_logging=True,
+                         runtime_env={"env_vars": dict(BLAS_ENV, VNPU_TOKEN=self.token)})
+            self.where, self.actors = start_devices(spec, self.token, detached=False, max_restarts=max_restarts)
+        except BaseException:
+            self.close()             # a failed start leaves no Ray processes, segments or temp dir
+            raise
         os.environ["VNPU_TOKEN"] = self.token
 
     def backend(self, **kw):
@@ -225,7 +228,7 @@ class LocalCluster:
 
     def close(self) -> None:
         import ray
-        arenas = stop_devices()
+        arenas = stop_devices() if ray.is_initialized() else []
         self.actors = []
         remove_segments(arenas + [w["arena"] for w in self.where])
         remove_segments(None)        # arenas of device processes that were killed and restarted meanwhile

@@ -39,6 +39,19 @@ log = logging.getLogger("vnpu.failover")
 CPU_ID_BASE = 0x7F00          #: physical ids of CPU fallback devices (pointer tags stay distinct)
 
 
+def wait_polled(cv: threading.Condition, pred, timeout: float, poll_s: float = 0.05) -> bool:
+    """Wait on ``cv`` until ``pred()`` holds or ``timeout`` passes; re-checked on every notify and every
+    ``poll_s`` (for state that changes without a notify).  Host-blocking; returns whether it held."""
+    end = time.monotonic() + timeout
+    with cv:
+        while not pred():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            cv.wait(min(left, poll_s))
+        return True
+
+
 @dataclass(frozen=True)
 class FailoverOptions:
     heartbeat_ms: int = 100            #: health-watch interval
@@ -517,14 +530,7 @@ class DevicePool:
 
     def wait_for(self, pred, timeout: float) -> bool:
         """Wait until ``pred(pool)`` holds (re-checked on every binding change and every 50 ms)."""
-        end = time.monotonic() + timeout
-        with self._cv:
-            while not pred(self):
-                left = end - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cv.wait(min(left, 0.05))
-            return True
+        return wait_polled(self._cv, lambda: pred(self), timeout)
 
     def hbm_used(self) -> dict[int, int]:
         out = {}

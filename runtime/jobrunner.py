@@ -26,6 +26,8 @@ import numpy as np
 
 from devices.errors import AclError
 
+from .failover import wait_polled
+
 log = logging.getLogger("vnpu.jobrunner")
 
 
@@ -250,14 +252,7 @@ class JobRunner:
 
     def wait_until(self, pred, timeout: float) -> bool:
         """Wait until ``pred(runner)`` holds (re-checked on every completion and every 50 ms)."""
-        end = time.monotonic() + timeout
-        with self._cv:
-            while not pred(self):
-                left = end - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cv.wait(min(left, 0.05))
-            return True
+        return wait_polled(self._cv, lambda: pred(self), timeout)
 
     # ------------------------------------------------------------------ workers
     def _take(self) -> Request | None:
