@@ -20,7 +20,8 @@ from .errors import InvalidParamError, KernelError
 from .kernel import KernelRunner, check_launch, default_block_dim, lookup
 from .scheduler import Scheduler, Task
 from .hccl import CollectiveOp, HcclEngine
-from .tasks import Collective, CopyD2D, Launch, Memset, Record, StreamOp, Wait, WriteH2D, launch_key
+from .graph import GraphTable
+from .tasks import Collective, CopyD2D, ExecGraph, Launch, Memset, Record, StreamOp, Wait, WriteH2D, launch_key
 
 DEFAULT_ARENA = 1 << 30
 
@@ -77,6 +78,7 @@ class Device:
         self.closed = False
         self.hccl = HcclEngine(self)
         self._plans: dict = {}
+        self.graphs = GraphTable()
         self.default_stream = self.sched.create_stream(0)
 
     # ------------------------------------------------------------------ info
@@ -195,6 +197,9 @@ class Device:
             self.hccl.check(cop, owner)
             return Task("copy", run=lambda b: self._guarded(lambda: self.hccl.run(cop, owner)),
                         duration=self.hccl.modeled_seconds(cop), name=f"hccl_{op.op}")
+        if isinstance(op, ExecGraph):
+            g = self.graphs.get(op.graph, owner)
+            return Task("kernel", run=lambda b: g.run(), duration=g.duration, name="model_ri")
         if isinstance(op, WriteH2D):
             self._check_range(op.dst, len(op.data), owner)
             return Task("copy", run=lambda b: self._guarded(lambda: self.memcpy_h2d(op.dst, op.data, owner)),
@@ -246,6 +251,18 @@ class Device:
         work = k.work(op.inputs, op.outputs, attrs) if k.work else \
             Work(bytes=sum(d.nbytes for d in op.inputs + op.outputs))
         return LaunchPlan(self, k, op, attrs, block_dim, self.cost.kernel(work, block_dim), owner, gen)
+
+    # ------------------------------------------------------------------ captured graphs (aclmdlRI)
+    def graph_create(self, ops, owner: str | None = None) -> int:
+        """Validate and bind a captured op sequence (host-synchronous); returns the graph id.  A bad op
+        raises its launch-time error and nothing is kept."""
+        return self.graphs.create(ops, owner, lambda op: self._task(op, owner), self.arena)
+
+    def graph_destroy(self, gid: int, owner: str | None = None) -> None:
+        self.graphs.destroy(gid, owner)
+
+    def graph_info(self, gid: int, owner: str | None = None) -> dict:
+        return self.graphs.get(gid, owner).info()
 
     # ------------------------------------------------------------------ HCCL communicators
     def hccl_info(self) -> dict:
@@ -325,6 +342,7 @@ class Device:
             self.sched.streams.clear()
             self.sched.events.clear()
         self.arena.reset()
+        self.graphs.clear()
         for cid in list(self.hccl.comms):
             self.hccl.comm_destroy(cid)
         self.faults = Faults()

@@ -44,6 +44,10 @@ ACL_ERROR_RT_WAIT_TIMEOUT = 107019
 ACL_ERROR_RT_TASK_TIMEOUT = 107020
 ACL_ERROR_RT_DEVICE_TASK_ABORT = 107022
 ACL_ERROR_RT_STREAM_ABORT = 107023
+ACL_ERROR_RT_STREAM_CAPTURED = 107027
+ACL_ERROR_RT_STREAM_NOT_CAPTURED = 107029
+ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT = 107030
+ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD = 107038
 ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
 ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
 ACL_ERROR_RT_MEMORY_FREE = 207002
@@ -71,6 +75,7 @@ ACL_ERROR_RT_DEVICE_MEM_ERROR = 507053
 ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR = 507054
 ACL_ERROR_RT_LINK_ERROR = 507056
 ACL_ERROR_RT_SOCKET_CLOSE = 507901
+ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED = 507903
 
 #: code -> (name, one-line meaning).  The single error table of the project.
 ERROR_TABLE: dict[int, tuple[str, str]] = {
@@ -109,6 +114,12 @@ ERROR_TABLE: dict[int, tuple[str, str]] = {
     ACL_ERROR_RT_TASK_TIMEOUT: ("ACL_ERROR_RT_TASK_TIMEOUT", "task timed out"),
     ACL_ERROR_RT_DEVICE_TASK_ABORT: ("ACL_ERROR_RT_DEVICE_TASK_ABORT", "device task abort (device lost)"),
     ACL_ERROR_RT_STREAM_ABORT: ("ACL_ERROR_RT_STREAM_ABORT", "stream is being aborted"),
+    ACL_ERROR_RT_STREAM_CAPTURED: ("ACL_ERROR_RT_STREAM_CAPTURED", "operation not allowed on a capturing stream"),
+    ACL_ERROR_RT_STREAM_NOT_CAPTURED: ("ACL_ERROR_RT_STREAM_NOT_CAPTURED", "stream is not capturing"),
+    ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT: ("ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT",
+                                            "operation not allowed while capturing"),
+    ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD: ("ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD",
+                                               "capture ended from another thread"),
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT: ("ACL_ERROR_RT_FEATURE_NOT_SUPPORT", "feature not supported"),
     ACL_ERROR_RT_MEMORY_ALLOCATION: ("ACL_ERROR_RT_MEMORY_ALLOCATION", "device memory allocation failed"),
     ACL_ERROR_RT_MEMORY_FREE: ("ACL_ERROR_RT_MEMORY_FREE", "device memory free failed"),
@@ -137,6 +148,8 @@ ERROR_TABLE: dict[int, tuple[str, str]] = {
     ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR: ("ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR", "HBM multi-bit ECC error"),
     ACL_ERROR_RT_LINK_ERROR: ("ACL_ERROR_RT_LINK_ERROR", "inter-device link error"),
     ACL_ERROR_RT_SOCKET_CLOSE: ("ACL_ERROR_RT_SOCKET_CLOSE", "device connection closed"),
+    ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED: ("ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED",
+                                              "capture invalidated by a failed call"),
 }
 
 
@@ -204,6 +217,11 @@ class UnsupportedError(AclError):
     default_code = ACL_ERROR_RT_FEATURE_NOT_SUPPORT
 
 
+class CaptureError(AclError):
+    """Stream capture (aclmdlRI) misuse: 107027 / 107029 / 107030 / 107038 / 507903."""
+    default_code = ACL_ERROR_RT_STREAM_CAPTURED
+
+
 _CLASS_BY_CODE: dict[int, type[AclError]] = {
     ACL_ERROR_RT_PARAM_INVALID: InvalidParamError,
     ACL_ERROR_INVALID_PARAM: InvalidParamError,
@@ -233,6 +251,11 @@ _CLASS_BY_CODE: dict[int, type[AclError]] = {
     ACL_ERROR_UNINITIALIZE: UninitializedError,
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT: UnsupportedError,
     ACL_ERROR_FEATURE_UNSUPPORTED: UnsupportedError,
+    ACL_ERROR_RT_STREAM_CAPTURED: CaptureError,
+    ACL_ERROR_RT_STREAM_NOT_CAPTURED: CaptureError,
+    ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT: CaptureError,
+    ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD: CaptureError,
+    ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED: CaptureError,
 }
 
 

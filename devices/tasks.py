@@ -92,4 +92,11 @@ class Collective:
     peer: int = -1
 
 
-StreamOp = Launch | Record | Wait | CopyD2D | Memset | WriteH2D | Collective
+@dataclass(frozen=True)
+class ExecGraph:
+    """Replay captured graph ``graph`` (a model run instance of this owner) as one task of ``stream``."""
+    stream: int
+    graph: int
+
+
+StreamOp = Launch | Record | Wait | CopyD2D | Memset | WriteH2D | Collective | ExecGraph

@@ -412,6 +412,19 @@ class RemoteDevice:
                 self._templates.reset()          # the device forgot them (restarted): send in full
                 self._rpc(self._rms.Submit, wire.submit_request(batch, self._templates))
 
+    # ------------------------------------------------------------------ captured graphs (aclmdlRI)
+    def graph_create(self, ops) -> int:
+        """Send a capture's ops in full; the device validates and binds them (host-synchronous)."""
+        ops = list(ops)
+        self._ship_user_kernels(ops)
+        return self._rpc(self._rms.GraphCreate, wire.submit_request(ops)).value
+
+    def graph_destroy(self, gid: int) -> None:
+        self._rpc(self._rms.GraphDestroy, _request(rms.GraphRequest, graph=gid))
+
+    def graph_info(self, gid: int) -> dict:
+        return json.loads(self._rpc(self._rms.GraphInfo, _request(rms.GraphRequest, graph=gid)).json)
+
     def _ship_user_kernels(self, ops) -> None:
         """User kernels live in this process's registry: send each one (by value) to the device the
         first time a launch names it, or again after it was re-registered."""

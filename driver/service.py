@@ -392,6 +392,18 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
             register_user_kernel(request.name, fn, replace=True)
         return _EMPTY
 
+    # ---- captured graphs (aclmdlRI)
+    def GraphCreate(self, request, context):
+        owner = _owner(context)
+        return rms.IntReply(value=self.device.graph_create(self._templates.decode(request.ops, owner), owner=owner))
+
+    def GraphDestroy(self, request, context):
+        self.device.graph_destroy(request.graph, owner=_owner(context))
+        return _EMPTY
+
+    def GraphInfo(self, request, context):
+        return rms.JsonReply(json=json.dumps(self.device.graph_info(request.graph, owner=_owner(context))))
+
     def HcclInfo(self, request, context):
         return rms.JsonReply(json=json.dumps(self.device.hccl_info()))
 

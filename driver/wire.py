@@ -27,7 +27,8 @@ from devices.errors import (ACL_ERROR_API_NOT_SUPPORT, ACL_ERROR_INTERNAL_ERROR,
                             ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_NO_PERMISSION, ACL_ERROR_RT_OVER_LIMIT,
                             ACL_ERROR_RT_PARAM_INVALID, ACL_ERROR_RT_TIMEOUT, InvalidParamError)
 from devices.kernel import TensorDesc  # noqa: E402
-from devices.tasks import Collective, CopyD2D, Launch, Memset, Record, Wait, WriteH2D, launch_key  # noqa: E402
+from devices.tasks import (Collective, CopyD2D, ExecGraph, Launch, Memset, Record, Wait, WriteH2D,  # noqa: E402
+                           launch_key)
 
 # ---------------------------------------------------------------- services
 DMS_SERVICE = dms_pb2.DESCRIPTOR.services_by_name["DeviceManagement"]
@@ -273,6 +274,7 @@ _ENCODE = {
     CopyD2D: lambda op: {"stream": op.stream, "copy_d2d": {"dst": op.dst, "src": op.src, "nbytes": op.nbytes}},
     Memset: lambda op: {"stream": op.stream, "memset": {"ptr": op.ptr, "value": op.value, "nbytes": op.nbytes}},
     WriteH2D: lambda op: {"stream": op.stream, "write_h2d": {"dst": op.dst, "data": bytes(op.data)}},
+    ExecGraph: lambda op: {"stream": op.stream, "exec_graph": {"graph": op.graph}},
     Collective: lambda op: {"stream": op.stream, "collective": {
         "comm": op.comm, "op": op.op, "send": op.send, "recv": op.recv, "count": op.count, "dtype": op.dtype,
         "redop": op.redop, "root": op.root, "peer": op.peer}},
@@ -399,6 +401,7 @@ _DECODE = {
     "copy_d2d": lambda s, m: CopyD2D(s, m.copy_d2d.dst, m.copy_d2d.src, m.copy_d2d.nbytes),
     "memset": lambda s, m: Memset(s, m.memset.ptr, m.memset.value, m.memset.nbytes),
     "write_h2d": lambda s, m: WriteH2D(s, m.write_h2d.dst, m.write_h2d.data),
+    "exec_graph": lambda s, m: ExecGraph(s, m.exec_graph.graph),
     "collective": lambda s, m: Collective(s, m.collective.comm, m.collective.op, m.collective.send,
                                           m.collective.recv, m.collective.count, m.collective.dtype,
                                           m.collective.redop, m.collective.root, m.collective.peer),

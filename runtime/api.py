@@ -22,6 +22,7 @@ from devices.errors import (ACL_ERROR_RT_STREAM_CONTEXT, AclError, InvalidDevice
 from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
 from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
+from . import graph as _graph
 from .backend import Backend, DeviceHandle, LocalBackend, parse_visible_devices
 
 
@@ -223,6 +224,7 @@ class Device:
         self.host_stats = HostStats()
         self.live_streams: set[int] = set()   # handles created through this runtime: batched ops that
         self.live_events: set[int] = set()    # name unknown ones fail at enqueue, not at the next flush
+        self.captures: dict[int, _graph.Capture] = {}     # open stream captures, by stream handle
         self._default: Stream | None = None
         self._lock = threading.Lock()
 
@@ -277,6 +279,7 @@ class Device:
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all this device's streams are done."""
+        _graph.check_sync(self)
         t0 = _now()
         try:
             self.rt.flush_all(raise_for=self)
@@ -307,15 +310,42 @@ class Stream:
     def __repr__(self) -> str:
         return f"<vnpu Stream {self.sid} on device {self.device.index} prio {self.priority}>"
 
+    def _check_live(self) -> None:
+        if self._destroyed or self.sid not in self.device.live_streams:
+            raise InvalidHandleError(f"unknown stream {self.sid} on device {self.device.index}"
+                                     + (" (destroyed)" if self._destroyed else ""))
+
     def _put(self, op) -> None:
         dev = self.device
-        if self._destroyed or self.sid not in dev.live_streams:
-            raise InvalidHandleError(f"unknown stream {self.sid} on device {dev.index}"
-                                     + (" (destroyed)" if self._destroyed else ""))
+        self._check_live()
         ev = getattr(op, "event", None)
         if ev is not None and ev not in dev.live_events:
             raise InvalidHandleError(f"unknown event {ev} on device {dev.index}")
+        cap = dev.captures.get(self.sid) if dev.captures else None
+        if cap is not None:
+            cap.take(op)
+            return
         dev.queue.put(op)
+
+    def _failed(self, err: AclError) -> None:
+        """A call on this stream failed: an open capture of it is invalidated (end_capture -> 507903)."""
+        cap = self.device.captures.get(self.sid) if self.device.captures else None
+        if cap is not None and cap.error is None:
+            cap.error = err
+
+    # -------------------------------------------------------------- capture (aclmdlRI)
+    def begin_capture(self, mode: int = _graph.CAPTURE_MODE_GLOBAL) -> None:
+        """Start capturing: later ops on this stream are collected into a graph, not run (see
+        :mod:`runtime.graph`)."""
+        _graph.begin(self, mode)
+
+    def end_capture(self) -> "_graph.Graph":
+        """Stop capturing and build the graph on the device (host-synchronous)."""
+        return _graph.end(self)
+
+    def capture_status(self) -> int:
+        """0 none, 1 active, 2 invalidated (aclmdlRICaptureStatus)."""
+        return _graph.status(self)
 
     def launch(self, kernel: str, inputs: Sequence = (), outputs: Sequence = (), attrs: dict | None = None,
                block_dim: int = 0) -> None:
@@ -323,25 +353,29 @@ class Stream:
         built-in kernels are checked here and bad ones raise InvalidParamError."""
         t0 = _now()
         dev = self.device
-        ins = tuple(_desc(x, dev) for x in inputs)
-        outs = tuple(_desc(x, dev) for x in outputs)
-        attrs = dict(attrs) if attrs else {}
-        k = lookup(kernel)
         try:
-            key = (kernel, ins, outs, tuple(sorted(attrs.items())) if attrs else (), block_dim)
-            hit = dev.checked.get(key)
-        except TypeError:                 # unhashable attrs (lists): no caching
-            key = hit = None
-        if hit is None or hit[0] != dev.allocs.gen or hit[1] is not k:
-            check_launch(k, ins, outs, attrs, block_dim or 1)
-            check = dev.allocs.check
-            for d in ins + outs:
-                _own_ptr(d.ptr, dev)
-                check(d.ptr, d.nbytes)
-            if key is not None:
-                if len(dev.checked) > 8192:
-                    dev.checked.clear()
-                dev.checked[key] = (dev.allocs.gen, k)
+            ins = tuple(_desc(x, dev) for x in inputs)
+            outs = tuple(_desc(x, dev) for x in outputs)
+            attrs = dict(attrs) if attrs else {}
+            k = lookup(kernel)
+            try:
+                key = (kernel, ins, outs, tuple(sorted(attrs.items())) if attrs else (), block_dim)
+                hit = dev.checked.get(key)
+            except TypeError:                 # unhashable attrs (lists): no caching
+                key = hit = None
+            if hit is None or hit[0] != dev.allocs.gen or hit[1] is not k:
+                check_launch(k, ins, outs, attrs, block_dim or 1)
+                check = dev.allocs.check
+                for d in ins + outs:
+                    _own_ptr(d.ptr, dev)
+                    check(d.ptr, d.nbytes)
+                if key is not None:
+                    if len(dev.checked) > 8192:
+                        dev.checked.clear()
+                    dev.checked[key] = (dev.allocs.gen, k)
+        except AclError as e:
+            self._failed(e)
+            raise
         self._put(Launch(self.sid, kernel, ins, outs, attrs, int(block_dim)))
         hs = dev.host_stats
         hs.launches += 1
@@ -360,14 +394,22 @@ class Stream:
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         """Stream-ordered device-to-device copy on this device."""
-        for p in (dst, src):
-            _own_ptr(p, self.device)
-            self.device.allocs.check(p, int(nbytes))
+        try:
+            for p in (dst, src):
+                _own_ptr(p, self.device)
+                self.device.allocs.check(p, int(nbytes))
+        except AclError as e:
+            self._failed(e)
+            raise
         self._put(CopyD2D(self.sid, int(dst), int(src), int(nbytes)))
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
-        _own_ptr(ptr, self.device)
-        self.device.allocs.check(ptr, int(nbytes))
+        try:
+            _own_ptr(ptr, self.device)
+            self.device.allocs.check(ptr, int(nbytes))
+        except AclError as e:
+            self._failed(e)
+            raise
         self._put(Memset(self.sid, int(ptr), int(value), int(nbytes)))
 
     def write(self, dst: int, data: bytes) -> None:
@@ -378,6 +420,7 @@ class Stream:
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all work queued on this stream is done; raises its first task error."""
+        _graph.check_sync(self.device, self)
         t0 = _now()
         try:
             self.device.rt.flush_all(raise_for=self.device)
@@ -387,6 +430,7 @@ class Stream:
 
     def query(self) -> bool:
         """True when every queued task has completed."""
+        _graph.check_sync(self.device, self)
         self.device.queue.flush()
         return self.device.handle.query_stream(self.sid)
 
@@ -399,6 +443,7 @@ class Stream:
         if self.is_default or self._destroyed:
             return
         self.device.queue.flush(raise_errors=False)
+        self.device.captures.pop(self.sid, None)
         self.device.handle.destroy_stream(self.sid)
         self._destroyed = True
         self.device.live_streams.discard(self.sid)

@@ -1,0 +1,128 @@
+"""Captured task graphs: CANN's model run instances (``aclmdlRI``, "aclgraph", the CUDA-graph
+equivalent) on the device side.
+
+The runtime captures a stream's ops (``aclmdlRICaptureBegin`` .. ``End``) and hands them to the device
+once; the device validates them once (every tensor inside a live allocation of the owner, shapes and
+dtypes) and keeps the bound kernel runners.  ``aclmdlRIExecuteAsync`` then queues ONE stream task that
+runs the whole sequence on one AI Core thread, back to back: no per-op submission, decoding, validation
+or scheduling.  Values that change between replays (token ids, positions, sequence lengths) must live
+in device memory that the captured kernels read; the pointers and shapes are frozen at capture.
+
+Safety: a replay first compares the arena's generation with the one its steps were bound at; if any
+allocation was freed since, every op is validated again, so a graph that refers to freed memory fails
+its execution with the launch's own error (107000) instead of touching reused memory.
+
+Capturable ops: kernel launches, device-to-device copies, memsets and HCCL operators.  Event records and
+waits and host-to-device writes of pageable data are refused at capture (107030), as are host-side
+synchronizations of a capturing stream (107027) -- the capture-time rules live in ``runtime.graph``.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, CaptureError, InvalidHandleError
+from .tasks import Collective, CopyD2D, Launch, Memset
+
+#: stream op types a graph may hold
+CAPTURABLE = (Launch, CopyD2D, Memset, Collective)
+
+
+@dataclass(frozen=True)
+class GraphStep:
+    """One validated op of a graph: ``run(block)`` for each of its ``blocks``."""
+    name: str
+    blocks: int
+    run: Callable[[int], None]
+    duration: float                 #: modeled seconds
+
+
+class TaskGraph:
+    """A captured op sequence of one owner, validated and bound for replay.
+
+    ``build(op)`` turns an op into a validated :class:`devices.scheduler.Task` (the device's own
+    per-op path, so the checks and the kernels are exactly those of eager execution)."""
+
+    def __init__(self, gid: int, owner: str | None, ops: tuple, build: Callable, arena):
+        for op in ops:
+            if not isinstance(op, CAPTURABLE):
+                raise CaptureError(f"a {type(op).__name__} cannot be part of a captured graph "
+                               "(capturable: kernel launches, D2D copies, memsets, HCCL operators)",
+                               code=ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT)
+        self.gid = gid
+        self.owner = owner
+        self.ops = ops
+        self._build = build
+        self._arena = arena
+        self._lock = threading.Lock()
+        self.replays = 0
+        self.steps, self.gen = self._bind()
+
+    def _bind(self) -> tuple[tuple[GraphStep, ...], int]:
+        gen = self._arena.gen
+        steps = []
+        for op in self.ops:
+            t = self._build(op)
+            steps.append(GraphStep(t.name or t.kind, t.blocks, t.run, t.duration))
+        return tuple(steps), gen
+
+    @property
+    def duration(self) -> float:
+        return sum(s.duration for s in self.steps)
+
+    def run(self) -> None:
+        """Execute every step in order on the calling (AI Core) thread; the first error stops the
+        graph and fails its stream task."""
+        with self._lock:
+            if self.gen != self._arena.gen:             # something was freed: validate everything again
+                self.steps, self.gen = self._bind()
+            steps = self.steps
+            self.replays += 1
+        for s in steps:
+            run = s.run
+            for b in range(s.blocks):
+                run(b)
+
+    def info(self) -> dict:
+        """What aclmdlRIDebugPrint shows: the tasks in order."""
+        return {"graph": self.gid, "tasks": len(self.steps), "replays": self.replays,
+                "modeled_us": round(self.duration * 1e6, 3),
+                "steps": [{"name": s.name, "blocks": s.blocks} for s in self.steps]}
+
+
+class GraphTable:
+    """The device's graphs, by id, per owner."""
+
+    def __init__(self):
+        self._graphs: dict[int, TaskGraph] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def create(self, ops, owner: str | None, build: Callable, arena) -> int:
+        with self._lock:
+            gid = next(self._ids)
+        g = TaskGraph(gid, owner, tuple(ops), build, arena)
+        with self._lock:
+            self._graphs[gid] = g
+        return gid
+
+    def get(self, gid: int, owner: str | None) -> TaskGraph:
+        g = self._graphs.get(gid)
+        if g is None or (owner is not None and g.owner != owner):
+            raise InvalidHandleError(f"unknown graph (model run instance) {gid!r}")
+        return g
+
+    def destroy(self, gid: int, owner: str | None) -> None:
+        """Forget a graph; replays already queued still run (they hold it)."""
+        with self._lock:
+            self.get(gid, owner)
+            del self._graphs[gid]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._graphs.clear()
+
+    def __len__(self) -> int:
+        return len(self._graphs)

@@ -1,0 +1,160 @@
+"""Stream capture and replay: CANN's model run instances (``aclmdlRICaptureBegin`` / ``End`` /
+``ExecuteAsync``, "aclgraph"), the CUDA-graph equivalent.
+
+Between :meth:`Stream.begin_capture` and :meth:`Stream.end_capture` the ops queued on that stream are
+**not executed**: they are validated on the host as usual (a bad launch still raises at once, and
+invalidates the capture) and collected.  ``end_capture`` hands them to the device in one call, which
+validates and binds them once and returns a :class:`Graph`.  ``graph.execute_async(stream)`` queues the
+whole sequence as ONE stream task (only orders the device); ``graph.execute()`` runs it and blocks the
+host until it is done.  Replays read whatever the captured buffers hold at the time, so per-step values
+(token ids, positions, lengths) go into device memory before each replay.
+
+Rules, as CANN states them (reference 1.10): Begin and End on the same stream, from the same thread
+unless the mode is RELAXED; synchronizing or querying a capturing stream fails (107027, and in GLOBAL
+mode any device-wide synchronize while a capture is open); unsafe calls on a capturing stream -- host
+writes of pageable data, and here also event records and waits -- fail with 107030; a call that fails
+while capturing invalidates the capture and ``end_capture`` then raises 507903 and keeps nothing.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from devices.errors import (ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED,
+                            ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD, ACL_ERROR_RT_STREAM_CAPTURED,
+                            ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_RT_STREAM_NOT_CAPTURED, AclError, CaptureError,
+                            InvalidHandleError, InvalidParamError)
+from devices.tasks import Collective, CopyD2D, ExecGraph, Launch, Memset
+
+#: aclmdlRICaptureMode
+CAPTURE_MODE_GLOBAL, CAPTURE_MODE_THREAD_LOCAL, CAPTURE_MODE_RELAXED = 0, 1, 2
+#: aclmdlRICaptureStatus
+CAPTURE_STATUS_NONE, CAPTURE_STATUS_ACTIVE, CAPTURE_STATUS_INVALIDATED = 0, 1, 2
+
+_CAPTURABLE = (Launch, CopyD2D, Memset, Collective)
+
+
+@dataclass
+class Capture:
+    """An open capture of one stream."""
+    sid: int
+    mode: int
+    thread: int
+    ops: list = field(default_factory=list)
+    error: AclError | None = None          #: the call that invalidated it
+
+    @property
+    def status(self) -> int:
+        return CAPTURE_STATUS_INVALIDATED if self.error is not None else CAPTURE_STATUS_ACTIVE
+
+    def take(self, op) -> None:
+        """Collect ``op`` (the stream's _put while capturing)."""
+        if self.error is not None:
+            raise CaptureError("the capture of this stream was invalidated by an earlier failed call: "
+                               f"{self.error}", code=ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED)
+        if not isinstance(op, _CAPTURABLE):
+            err = CaptureError(f"{type(op).__name__} is not allowed on a capturing stream (capturable: "
+                               "kernel launches, D2D copies, memsets, HCCL operators)",
+                               code=ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT)
+            self.error = err
+            raise err
+        self.ops.append(op)
+
+
+def begin(stream, mode: int = CAPTURE_MODE_GLOBAL) -> None:
+    """aclmdlRICaptureBegin: ops later queued on ``stream`` are collected, not run.  Work queued before
+    is sent to the device first (it stays ahead of any replay)."""
+    dev = stream.device
+    if mode not in (CAPTURE_MODE_GLOBAL, CAPTURE_MODE_THREAD_LOCAL, CAPTURE_MODE_RELAXED):
+        raise InvalidParamError(f"capture mode must be 0 (global), 1 (thread local) or 2 (relaxed), got {mode!r}")
+    stream._check_live()
+    with dev._lock:
+        if stream.sid in dev.captures:
+            raise CaptureError(f"stream {stream.sid} is already capturing", code=ACL_ERROR_RT_STREAM_CAPTURED)
+        dev.queue.flush()
+        dev.captures[stream.sid] = Capture(stream.sid, int(mode), threading.get_ident())
+
+
+def status(stream) -> int:
+    """aclmdlRICaptureGetInfo's status: NONE, ACTIVE or INVALIDATED."""
+    cap = stream.device.captures.get(stream.sid)
+    return CAPTURE_STATUS_NONE if cap is None else cap.status
+
+
+def end(stream) -> "Graph":
+    """aclmdlRICaptureEnd: close the capture and build the graph on the device (host-synchronous)."""
+    dev = stream.device
+    with dev._lock:
+        cap = dev.captures.get(stream.sid)
+        if cap is None:
+            raise CaptureError(f"stream {stream.sid} is not capturing", code=ACL_ERROR_RT_STREAM_NOT_CAPTURED)
+        if cap.mode != CAPTURE_MODE_RELAXED and cap.thread != threading.get_ident():
+            raise CaptureError("capture must end on the thread that began it (mode is not relaxed)",
+                               code=ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD)
+        del dev.captures[stream.sid]
+    if cap.error is not None:
+        raise CaptureError(f"capture invalidated: {cap.error}", code=ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED)
+    gid = dev.handle.graph_create(cap.ops)
+    return Graph(dev, gid, len(cap.ops))
+
+
+def check_sync(dev, stream=None) -> None:
+    """Refuse a host synchronization that a capture forbids (107027)."""
+    caps = dev.captures
+    if not caps:
+        return
+    if stream is not None:
+        if stream.sid in caps:
+            raise CaptureError(f"stream {stream.sid} is capturing: it cannot be synchronized or queried",
+                               code=ACL_ERROR_RT_STREAM_CAPTURED)
+        return
+    me = threading.get_ident()
+    for cap in list(caps.values()):
+        if cap.mode == CAPTURE_MODE_GLOBAL or (cap.mode == CAPTURE_MODE_THREAD_LOCAL and cap.thread == me):
+            raise CaptureError(f"stream {cap.sid} of this device is capturing: no device-wide synchronize",
+                               code=ACL_ERROR_RT_STREAM_CAPTURED)
+
+
+class Graph:
+    """A captured model run instance on one device (``aclmdlRI``)."""
+
+    def __init__(self, dev, gid: int, nops: int):
+        self.device = dev
+        self.gid = gid
+        self.num_tasks = nops
+        self._destroyed = False
+
+    def __repr__(self) -> str:
+        return f"<vnpu Graph {self.gid} on device {self.device.index}: {self.num_tasks} tasks>"
+
+    def _live(self) -> None:
+        if self._destroyed:
+            raise InvalidHandleError(f"graph {self.gid} was destroyed")
+
+    def execute_async(self, stream) -> None:
+        """aclmdlRIExecuteAsync: queue one replay on ``stream`` (returns at once; only orders the device).
+        Errors of the replayed ops surface at the stream's next synchronize."""
+        self._live()
+        if stream.device is not self.device:
+            raise AclError("graph and stream belong to different devices", code=ACL_ERROR_RT_STREAM_CONTEXT)
+        stream._put(ExecGraph(stream.sid, self.gid))
+
+    def execute(self, timeout_ms: float = -1) -> None:
+        """aclmdlRIExecute: replay on the device's default stream and block the host until it is done."""
+        s = self.device.default_stream
+        self.execute_async(s)
+        s.synchronize(timeout_ms)
+
+    def info(self) -> dict:
+        """aclmdlRIDebugPrint: the graph's tasks as the device holds them."""
+        self._live()
+        self.device.queue.flush()
+        return self.device.handle.graph_info(self.gid)
+
+    def destroy(self) -> None:
+        """aclmdlRIDestroy (replays already queued still run)."""
+        if self._destroyed:
+            return
+        self.device.queue.flush(raise_errors=False)
+        self._destroyed = True
+        self.device.handle.graph_destroy(self.gid)
