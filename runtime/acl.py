@@ -223,6 +223,7 @@ class _State:
         self.host_allocs: dict[int, np.ndarray] = {}
         self.funcs: dict[int, str] = {}
         self.func_by_name: dict[str, int] = {}
+        self.model_ris: dict[int, Any] = {}          # aclmdlRI handle -> runtime.graph.Graph
 
     def new_handle(self) -> int:
         return next(self.handles)
@@ -1232,8 +1233,61 @@ class _Util:
             t.join()
 
 
+class _Mdl:
+    """acl.mdl: model run instances captured from a stream (aclmdlRI*, "aclgraph"; see runtime.graph)."""
+
+    @_api()
+    def ri_capture_begin(stream, mode=0):
+        """aclmdlRICaptureBegin: later tasks on ``stream`` are recorded, not run."""
+        _stream(stream).stream.begin_capture(_int(mode, "mode"))
+
+    @_api(outs=(0, 0))
+    def ri_capture_get_info(stream):
+        """aclmdlRICaptureGetInfo -> (status, model_ri, ret): status 0 none / 1 active / 2 invalidated;
+        model_ri is 0 until the capture ends."""
+        return _stream(stream).stream.capture_status(), 0
+
+    @_api(outs=(0,))
+    def ri_capture_end(stream):
+        """aclmdlRICaptureEnd -> (model_ri, ret)."""
+        g = _stream(stream).stream.end_capture()
+        h = _S.new_handle()
+        _S.model_ris[h] = g
+        return h
+
+    @_api()
+    def ri_execute_async(model_ri, stream):
+        """aclmdlRIExecuteAsync: queue one replay on ``stream`` (returns at once)."""
+        _model_ri(model_ri).execute_async(_stream(stream).stream)
+
+    @_api()
+    def ri_execute(model_ri, timeout):
+        """aclmdlRIExecute: replay and wait (``timeout`` ms, -1 forever)."""
+        _model_ri(model_ri).execute(_int(timeout, "timeout"))
+
+    @_api()
+    def ri_debug_print(model_ri):
+        """aclmdlRIDebugPrint: log the model's tasks (also returned by runtime.graph.Graph.info)."""
+        log.info("model RI 0x%x: %s", int(model_ri), _model_ri(model_ri).info())
+
+    @_api()
+    def ri_destroy(model_ri):
+        """aclmdlRIDestroy (replays already queued still run)."""
+        g = _model_ri(model_ri)
+        _S.model_ris.pop(int(model_ri), None)
+        g.destroy()
+
+
+def _model_ri(handle):
+    g = _S.model_ris.get(_int(handle, "model_ri"))
+    if g is None:
+        raise InvalidParamError(f"unknown or destroyed model run instance {handle!r}")
+    return g
+
+
 for _f in (init, finalize, finalize_reference, get_recent_err_msg, get_soc_name):
     _f.__qualname__ = f"acl.{_f.__name__}"
 rt = _namespace("rt", _Rt)
 util = _namespace("util", _Util)
-del _Rt, _Util, _f
+mdl = _namespace("mdl", _Mdl)
+del _Rt, _Util, _Mdl, _f

@@ -495,6 +495,43 @@ def test_kernel_lookup_and_launch_errors(dev0):
         assert acl.rt.binary_get_function(0, "no_such_kernel")[1] == acl.ACL_ERROR_RT_KERNEL_LOOKUP
 
 
+def test_model_run_instance_capture_and_replay(dev0):
+    """aclmdlRICaptureBegin / GetInfo / End / ExecuteAsync / Execute / Destroy with their codes."""
+    n = 64
+    x, y, out = np.arange(n, dtype=np.float32), np.ones(n, np.float32), np.zeros(n, np.float32)
+    stream = ok(acl.rt.create_stream())
+    dx, dy, do = (ok(acl.rt.malloc(x.nbytes)) for _ in range(3))
+    ok(acl.rt.memcpy(dy, y.nbytes, acl.util.numpy_to_ptr(y), y.nbytes, acl.ACL_MEMCPY_HOST_TO_DEVICE))
+    fn = ok(acl.rt.binary_get_function(0, "acl_test_axpy"))
+    args = [(p, (n,), acl.ACL_FLOAT) for p in (dx, dy, do)]
+    assert acl.mdl.ri_capture_end(stream)[1] == 107029                         # STREAM_NOT_CAPTURED
+    ok(acl.mdl.ri_capture_begin(stream, 0))
+    assert acl.mdl.ri_capture_get_info(stream)[:2] == (1, 0)                     # ACTIVE
+    ok(acl.rt.launch_kernel(fn, 2, args, stream, attrs={"alpha": 2.0}))
+    assert acl.rt.synchronize_stream(stream) == 107027                           # STREAM_CAPTURED
+    ri = ok(acl.mdl.ri_capture_end(stream))
+    assert acl.mdl.ri_capture_get_info(stream)[0] == 0
+    for k in (1.0, 5.0):
+        xs = x * k
+        ok(acl.rt.memcpy(dx, xs.nbytes, acl.util.numpy_to_ptr(xs), xs.nbytes, acl.ACL_MEMCPY_HOST_TO_DEVICE))
+        ok(acl.mdl.ri_execute_async(ri, stream))
+        ok(acl.rt.synchronize_stream(stream))
+        ok(acl.rt.memcpy(acl.util.numpy_to_ptr(out), out.nbytes, do, out.nbytes, acl.ACL_MEMCPY_DEVICE_TO_HOST))
+        np.testing.assert_allclose(out, 2.0 * xs + y)
+    ok(acl.mdl.ri_execute(ri, -1))
+    ok(acl.mdl.ri_debug_print(ri))
+    ok(acl.mdl.ri_destroy(ri))
+    assert acl.mdl.ri_execute_async(ri, stream) == acl.ACL_ERROR_RT_PARAM_INVALID
+    ok(acl.mdl.ri_capture_begin(stream, 0))                                      # a failed call invalidates
+    assert acl.rt.launch_kernel(fn, 1, [(dx, (4 * n,), acl.ACL_FLOAT)] * 3, stream) != 0   # past the buffer
+    assert acl.mdl.ri_capture_get_info(stream)[0] == 2
+    assert acl.mdl.ri_capture_end(stream)[1] == 507903
+    assert "invalidated" in acl.get_recent_err_msg()
+    for p in (dx, dy, do):
+        ok(acl.rt.free(p))
+    ok(acl.rt.destroy_stream(stream))
+
+
 # ---------------------------------------------------------------------------------------------- visible devices
 def test_visible_devices_renumbering():
     r = make_local_runtime(visible="1,3")
