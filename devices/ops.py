@@ -15,7 +15,10 @@ What blocks split over (``parallel_dim``):
   ``[..., D]``;
 - ``matmul``: the rows M, or the columns N when N > M (decode: M is 1, so N is what can be split);
 - ``batch_matmul``: the flattened batch; ``attention``: ``B * Hq`` (GQA groups stay whole per box);
-- ``rope``: ``B * S`` tokens; ``embedding``: the ids; reductions and ``argmax``: the kept output elements.
+- ``incre_flash_attention``: ``B * num_key_value_heads`` (a block takes whole GQA groups: the query
+  heads of its kv-heads);
+- ``rope``: ``B * S`` tokens; ``embedding``: the ids; ``scatter_update``: the K updates (each block
+  writes the rows of its own ks); reductions and ``argmax``: the kept output elements.
 
 Float16 is computed in float32 where it matters (matmul accumulation, softmax, norms, gelu/silu/swiglu,
 rope, attention, sums) and rounded once into the output.  Floating-point exceptions are silent, as on
@@ -26,6 +29,14 @@ Conventions beyond the obvious: a softmax or attention row whose entries are all
 yields zeros, not NaN, so padding cannot poison later layers; reductions default to all axes
 (``axis=None``), ``argmax`` to ``axis=-1``; ``rope`` takes an optional ``rotary_dim`` (default ``Dh``,
 the rest of each head is passed through).
+
+KV-cached decode: ``scatter_update`` writes rows of its output *in place* (the output view is the live
+memory; rows not indexed keep their contents) at indices read from device memory, and
+``incre_flash_attention`` reads a packed cache ``[S, B, W, D]`` in place up to per-sequence lengths (and
+from per-sequence left paddings) read from device memory, so a decode step's launches are the same from
+step to step and can be captured as a graph.  Indices and lengths are checked when the kernel runs: one
+out of range traps (507043 write / 507042 read overflow, like a user kernel's ``GmTensor``) before any
+block writes anything.
 """
 from __future__ import annotations
 
@@ -36,7 +47,8 @@ import numbers
 import numpy as np
 
 from .chip import Work
-from .errors import InvalidParamError, KernelError
+from .errors import (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW,
+                     InvalidParamError, KernelError)
 from .kernel import builtin
 
 F16, F32, F64 = np.float16, np.float32, np.float64
@@ -936,6 +948,142 @@ def _attention_run(ctx, inputs, outputs, attrs):
 
 
 # ---------------------------------------------------------------------------------------------------
+# incre_flash_attention (cube): one decode step's attention over a packed KV cache, read in place
+# ---------------------------------------------------------------------------------------------------
+
+_IFA = "incre_flash_attention"
+
+
+def _head_range_attr(nm, attrs, key, n, w) -> int:
+    _need(key in attrs, nm, f"attr {key!r} is required")
+    v = _int_attr(nm, attrs, key, None)
+    _need(0 <= v and v + n <= w, nm, f"attr {key!r}={v}: heads [{v}, {v + n}) do not fit in the cache's "
+                                     f"{w} heads per slot")
+    return v
+
+
+def _check_ifa(inputs, outputs, attrs):
+    nm = _IFA
+    _arity(nm, inputs, outputs, (3, 4))
+    q, cache, lens, o = inputs[0], inputs[1], inputs[2], outputs[0]
+    _ndim(nm, q, "query", 3, 3)
+    _ndim(nm, cache, "cache", 4, 4)
+    _dtype_in(nm, q, FLOATS, "query")
+    _same_dtype(nm, ("query", q), ("cache", cache), ("output", o))
+    b, wq, d = q.shape
+    s, bc, w, dc = cache.shape
+    _need(bc == b, nm, f"cache batch {bc} (cache [S, B, W, D] = {tuple(cache.shape)}) differs from query batch {b}")
+    _need(dc == d, nm, f"cache head dim {dc} differs from query head dim {d}")
+    _need(d >= 1, nm, "head dim D must be >= 1")
+    for what, t in (("actual_seq_lengths", lens),) + ((("kv_padding", inputs[3]),) if len(inputs) > 3 else ()):
+        _dtype_in(nm, t, ID_TYPES, what)
+        _need(tuple(t.shape) == (b,), nm, f"{what} shape {tuple(t.shape)} must be [B] = [{b}]")
+    for key in ("num_heads", "num_key_value_heads"):
+        _need(key in attrs, nm, f"attr {key!r} is required")
+    h = _int_attr(nm, attrs, "num_heads", None)
+    _need(1 <= h <= wq, nm, f"attr 'num_heads'={h} must be in [1, {wq}] (query has {wq} heads per row)")
+    hkv = _int_attr(nm, attrs, "num_key_value_heads", None)
+    _need(hkv >= 1 and h % hkv == 0, nm,
+          f"attr 'num_key_value_heads'={hkv} must be >= 1 and divide num_heads={h}")
+    _head_range_attr(nm, attrs, "key_head_offset", hkv, w)
+    _head_range_attr(nm, attrs, "value_head_offset", hkv, w)
+    if attrs.get("scale") is not None:
+        _num_attr(nm, attrs, "scale", None)
+    _shape_is(nm, o, (b, h, d))
+
+
+def _ifa_pd(inputs, outputs, attrs):
+    return inputs[0].shape[0] * int(attrs["num_key_value_heads"])
+
+
+def _ifa_work(inputs, outputs, attrs):
+    q, cache = inputs[0], inputs[1]
+    b, _, d = q.shape
+    s = cache.shape[0]
+    h, hkv = int(attrs["num_heads"]), int(attrs["num_key_value_heads"])
+    item = np.dtype(q.dtype).itemsize
+    nbytes = item * (b * h * d + 2 * s * b * hkv * d) + outputs[0].nbytes + sum(t.nbytes for t in inputs[2:])
+    return Work(flops=4.0 * b * h * s * d, bytes=nbytes, unit="cube", fp16=q.dtype == "float16")
+
+
+@functools.lru_cache(maxsize=1)
+def _f16_table() -> np.ndarray:
+    t = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(F16).astype(F32)
+    t.flags.writeable = False
+    return t
+
+
+def _f16_to_f32(a: np.ndarray) -> np.ndarray:
+    """Exact float16 -> float32 by a 64K-entry table (about twice numpy's astype on strided data)."""
+    return np.take(_f16_table(), a.view(np.uint16))
+
+
+def _ifa_rows(q, cache, out, b, k0, k1, lo, hi, g, ko, vo, scale) -> None:
+    """out heads [k0*g, k1*g) of sequence ``b``: kv-heads [k0, k1) over cache slots [lo, hi).
+
+    Masked slots (``j < pad_b``) are skipped rather than scored ``-inf``: the same softmax (they would
+    get probability exactly 0) without touching their memory."""
+    nk = k1 - k0
+    d = q.shape[2]
+    ob = out[b, k0 * g:k1 * g].reshape((nk, g, d), copy=False)
+    n = hi - lo
+    if n <= 0:                                                         # nothing visible: zeros
+        ob[...] = 0
+        return
+    ct = _compute_dtype(out.dtype)
+    qs = np.multiply(q[b, k0 * g:k1 * g].reshape(nk, g, d), scale, dtype=ct)    # scale folded into q
+    kb = cache[lo:hi, b, ko + k0:ko + k1].transpose(1, 0, 2)         # [nk, n, D] views of the cache
+    vb = cache[lo:hi, b, vo + k0:vo + k1].transpose(1, 0, 2)
+    if kb.dtype == F16:
+        kb, vb = _f16_to_f32(kb), _f16_to_f32(vb)
+    elif kb.dtype != ct:
+        kb, vb = kb.astype(ct), vb.astype(ct)
+    # one gemv per head (matrix @ vector, broadcast over the group): numpy/BLAS run small-M gemms far
+    # slower than gemvs, and every head's result is independent of how heads are split into blocks
+    s = np.matmul(kb[:, None], qs[..., None]).reshape(nk, g, n)        # [nk, g, n] scores
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    z = s.sum(axis=-1, keepdims=True)
+    r = np.matmul(s[:, :, None, :], vb[:, None]).reshape(nk, g, d)     # unnormalized p @ V
+    np.divide(r, z, out=ob)                                            # one rounding into float16
+
+
+@builtin(_IFA, unit="cube", check=_check_ifa, work=_ifa_work, parallel_dim=_ifa_pd)
+@_quiet
+def _ifa_run(ctx, inputs, outputs, attrs):
+    """Decode attention over a packed KV cache read in place (CANN IncreFlashAttention with
+    actual_seq_lengths).  query [B, Wq, D] (heads [0, num_heads) are the queries), cache [S, B, W, D]
+    (keys of kv-head g at head key_head_offset+g, values at value_head_offset+g), actual_seq_lengths [B]
+    (sequence b attends over slots [0, len_b)), optional kv_padding [B] (slots j < pad_b masked);
+    out [B, num_heads, D].  A length outside [0, S] traps (507042) with nothing written."""
+    q, cache, lens = inputs[0], inputs[1], inputs[2]
+    out = outputs[0]
+    s_max = cache.shape[0]
+    ln = lens.tolist()
+    if ln and (min(ln) < 0 or max(ln) > s_max):                      # every block checks all of them
+        bad = [i for i, x in enumerate(ln) if not 0 <= x <= s_max]
+        raise KernelError(f"{_IFA}: actual_seq_lengths[{bad[0]}]={ln[bad[0]]} is outside the cache's "
+                          f"[0, {s_max}] slots ({len(bad)} bad length(s) in block {ctx.block_idx})",
+                          code=ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW)
+    pad = inputs[3].tolist() if len(inputs) > 3 else None
+    hkv = attrs["num_key_value_heads"]
+    g = attrs["num_heads"] // hkv
+    ko, vo = attrs["key_head_offset"], attrs["value_head_offset"]
+    scale = attrs.get("scale")
+    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
+    if ctx.block_dim == 1:
+        for b, hi in enumerate(ln):
+            _ifa_rows(q, cache, out, b, 0, hkv, max(pad[b], 0) if pad else 0, hi, g, ko, vo, scale)
+        return
+    r = ctx.split(len(ln) * hkv)
+    if not r:
+        return
+    for b in range(r.start // hkv, (r.stop + hkv - 1) // hkv):
+        k0, k1 = max(r.start - b * hkv, 0), min(r.stop - b * hkv, hkv)
+        _ifa_rows(q, cache, out, b, k0, k1, max(pad[b], 0) if pad else 0, ln[b], g, ko, vo, scale)
+
+
+# ---------------------------------------------------------------------------------------------------
 # rope
 # ---------------------------------------------------------------------------------------------------
 
@@ -1047,6 +1195,89 @@ def _embedding_run(ctx, inputs, outputs, attrs):
         raise KernelError(f"embedding: id {int(ids.reshape(-1)[first])} at flat index {first} is outside the "
                           f"table's [0, {v}) rows ({bad.size} bad id(s) in block {ctx.block_idx})")
     np.take(table, ids1, axis=0, out=o2, mode="clip")               # range checked above; clip = no buffering
+
+
+# ---------------------------------------------------------------------------------------------------
+# scatter_update (in place)
+# ---------------------------------------------------------------------------------------------------
+
+def _check_scatter_update(inputs, outputs, attrs):
+    nm = "scatter_update"
+    _arity(nm, inputs, outputs, 2)
+    upd, idx, var = inputs[0], inputs[1], outputs[0]
+    _ndim(nm, upd, "updates", 1)
+    _ndim(nm, var, "var", 1)
+    _ndim(nm, idx, "indices", 1, 1)
+    _dtype_in(nm, idx, ID_TYPES, "indices")
+    _dtype_in(nm, var, ANY, "var")
+    _same_dtype(nm, ("var", var), ("updates", upd))
+    _need(idx.shape[0] == upd.shape[0], nm,
+          f"indices length {idx.shape[0]} differs from the updates' rows {upd.shape[0]} (updates [K, ...])")
+    _need(tuple(upd.shape[1:]) == tuple(var.shape[1:]), nm,
+          f"updates row shape {tuple(upd.shape[1:])} differs from var row shape {tuple(var.shape[1:])}")
+
+
+def _scatter_update_work(inputs, outputs, attrs):
+    return Work(flops=0.0, bytes=inputs[1].nbytes + 2 * inputs[0].nbytes, unit="vector")
+
+
+def _scatter_update_pd(inputs, outputs, attrs):
+    return inputs[1].shape[0]
+
+
+def _last_occurrence(idx: np.ndarray) -> np.ndarray | None:
+    """Mask of the positions whose index does not occur again later; None when all are distinct."""
+    order = np.argsort(idx, kind="stable")
+    srt = idx[order]
+    last = np.ones(idx.size, bool)
+    np.not_equal(srt[1:], srt[:-1], out=last[:-1])
+    if last.all():
+        return None
+    keep = np.zeros(idx.size, bool)
+    keep[order[last]] = True
+    return keep
+
+
+@builtin("scatter_update", unit="vector", check=_check_scatter_update, work=_scatter_update_work,
+         parallel_dim=_scatter_update_pd)
+def _scatter_update_run(ctx, inputs, outputs, attrs):
+    """In place: var[indices[k], ...] = updates[k, ...] (inputs updates [K, *R], indices [K]; output var
+    [S, *R], its other rows untouched).  Duplicate indices: the last k wins.  An index outside [0, S)
+    traps (507043) and nothing is written (every block checks all K indices before writing)."""
+    upd, idx = inputs
+    var = outputs[0]
+    k, s = idx.shape[0], var.shape[0]
+    if k == 0:
+        return
+    if k == 1:                                                         # decode: one slot per step
+        i = int(idx[0])
+        if not 0 <= i < s:
+            raise KernelError(f"scatter_update: index {i} at position 0 is outside var's [0, {s}) rows "
+                              f"(1 bad index; nothing written)", code=ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW)
+        if ctx.block_idx == 0:
+            var[i] = upd[0]
+        return
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= s:
+        bad = np.flatnonzero((idx < 0) | (idx >= s))
+        raise KernelError(f"scatter_update: index {int(idx[bad[0]])} at position {int(bad[0])} is outside var's "
+                          f"[0, {s}) rows ({bad.size} bad index(es); nothing written)",
+                          code=ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW)
+    keep = _last_occurrence(idx)
+    if ctx.block_dim == 1:
+        if keep is None:
+            var[idx] = upd                                             # distinct rows: one fancy assignment
+        else:
+            var[idx[keep]] = upd[keep]
+        return
+    r = ctx.split(k)
+    if not r:
+        return
+    ib, ub = idx[r.start:r.stop], upd[r.start:r.stop]
+    if keep is not None:
+        kb = keep[r.start:r.stop]
+        ib, ub = ib[kb], ub[kb]
+    var[ib] = ub
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -47,7 +47,10 @@ def _busy(rt, n: int) -> float:
     return sum(rt.device(i).telemetry().get("busy_s", 0.0) for i in range(n))
 
 
-def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with_numpy: bool) -> dict:
+def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with_numpy: bool,
+                 graphs: bool = True) -> dict:
+    """Decode ms/token (medians), with ``graphs`` (each step one captured-graph replay per device) or
+    launching every kernel of every step."""
     from .models.bench import NumpyLlama
     from .models.llama import GenerateJob
     from .models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
@@ -55,7 +58,7 @@ def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with
     if with_numpy:
         g = load_gguf_cached(str(smollm2_gguf()))
         ref = NumpyLlama(g, LlamaConfig.from_gguf_meta(g.meta))
-    job = GenerateJob(rt, "smollm2", devices=devices, parallel=parallel, max_len=512)
+    job = GenerateJob(rt, "smollm2", devices=devices, parallel=parallel, max_len=512, graphs=graphs)
     prompt = job.tok.chat_prompt("Write a short story about a robot learning to paint.")
     emu, base = [], []
     host = {"launch_s": 0.0, "h2d_s": 0.0, "d2h_s": 0.0, "sync_s": 0.0}
@@ -98,7 +101,7 @@ def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with
     finally:
         job.close()
     e = float(np.median(emu))
-    out = {"devices": devices, "parallel": parallel, "emulator_ms_per_token": round(e, 2),
+    out = {"devices": devices, "parallel": parallel, "graphs": graphs, "emulator_ms_per_token": round(e, 2),
            "emulator_tokens_per_s": round(1e3 / e, 2), "launches_per_token": round(lpt, 1)}
     if steps:
         per = {k: v * 1e3 / steps for k, v in host.items()}
@@ -107,6 +110,7 @@ def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with
             "host_launch": round(per["launch_s"], 3), "copies": round(per["h2d_s"] + per["d2h_s"], 3),
             "host_wait_for_device": round(per["sync_s"], 3), "device_compute": round(compute, 3),
             "device_overhead": round(max(0.0, e - compute - per["launch_s"] - per["h2d_s"] - per["d2h_s"]), 3)}
+        out["overhead_vs_compute"] = round(max(0.0, e - compute) / compute, 3) if compute else None
     if base:
         b = float(np.median(base))
         out.update(numpy_ms_per_token=round(b, 2), numpy_tokens_per_s=round(1e3 / b, 2),
@@ -124,6 +128,7 @@ def _run(a) -> int:
     res: dict = {"backend": a.backend}
     with _runtime(a.backend, 1) as rt:
         res["decode_1dev"] = bench_decode(rt, 1, "none", a.tokens, a.rounds, True)
+        res["decode_1dev_eager"] = bench_decode(rt, 1, "none", a.tokens, a.rounds, True, graphs=False)
         res["embed_1dev"] = bench_embed(rt, 1, "dp", a.rounds)
     if not a.no_multi:
         with _runtime(a.backend, 3) as rt:
@@ -133,13 +138,15 @@ def _run(a) -> int:
     if a.json:
         print(json.dumps(res))
         return 0
-    d = res["decode_1dev"]
-    print(f"SmolLM2-135M decode, 1 device ({a.backend}): {d['emulator_tokens_per_s']:.1f} tok/s "
-          f"({d['emulator_ms_per_token']:.1f} ms/token) vs numpy {d['numpy_tokens_per_s']:.1f} tok/s "
-          f"-> {d['speed_vs_numpy']:.2f}x numpy; {d['launches_per_token']:.0f} launches/token, "
-          f"{d['overhead_us_per_launch']} us overhead/launch")
-    if "breakdown_ms_per_token" in d:
-        print("  per token (ms): " + ", ".join(f"{k} {v}" for k, v in d["breakdown_ms_per_token"].items()))
+    for key, how in (("decode_1dev", "graph replay"), ("decode_1dev_eager", "eager launches")):
+        d = res[key]
+        print(f"SmolLM2-135M decode, 1 device ({a.backend}, {how}): {d['emulator_tokens_per_s']:.1f} tok/s "
+              f"({d['emulator_ms_per_token']:.1f} ms/token) vs numpy {d['numpy_tokens_per_s']:.1f} tok/s "
+              f"-> {d['speed_vs_numpy']:.2f}x numpy; {d['launches_per_token']:.0f} launches/token, "
+              f"{d['overhead_us_per_launch']} us overhead/launch")
+        if "breakdown_ms_per_token" in d:
+            print("  per token (ms): " + ", ".join(f"{k} {v}" for k, v in d["breakdown_ms_per_token"].items())
+                  + f"; overhead {100 * (d['overhead_vs_compute'] or 0):.0f}% of device compute")
     for key in ("decode_tp3", "decode_pp2"):
         if key in res:
             r = res[key]

@@ -179,6 +179,32 @@ def test_launch_count_and_stats(job1, prompts):
     assert st["devices"][0]["modeled_ms"] > 0 and st["devices"][0]["wall_ms"] > 0
 
 
+def test_decode_graph_replay_matches_eager_launches(rt3, job1, prompts, greedy_1dev):
+    """Decode steps are captured once per call and replayed (2 stream ops per step: the inputs write and
+    the replay); launching every kernel instead gives the same tokens at 1 + 303 ops per step."""
+    def ops(job, n):
+        dev = job.devices[0]
+        before = dev.queue.ops_sent
+        res = job.generate([prompts[0]], max_new_tokens=n, stop_at_eos=False)
+        return dev.queue.ops_sent - before, res[0].token_ids
+
+    g4, t4 = ops(job1, 4)
+    g12, t12 = ops(job1, 12)
+    assert g12 - g4 == 8 * 2
+    assert t12[:4] == t4 and t12 == greedy_1dev[0][:12]
+    assert job1.last_stats.launches_per_token == 303                 # kernels inside the replays count
+    assert len(rt3.device(0).handle.graphs) == 0                     # each call's graph is destroyed
+    eager = GenerateJob(rt3, "smollm2", devices=[1], parallel="none", max_len=256, graphs=False)
+    try:
+        e4, _ = ops(eager, 4)
+        e12, te = ops(eager, 12)
+        assert e12 - e4 == 8 * (1 + 303)
+        assert te == t12
+        assert [g.token_ids for g in eager.generate(prompts, max_new_tokens=16)] == greedy_1dev
+    finally:
+        eager.close()
+
+
 def test_sampling_is_seeded(job1, prompts):
     a = job1.generate([prompts[0]], max_new_tokens=6, temperature=0.9, top_k=40, top_p=0.9, seed=7)
     b = job1.generate([prompts[0]], max_new_tokens=6, temperature=0.9, top_k=40, top_p=0.9, seed=7)

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from devices.chip import Work
-from devices.errors import InvalidParamError, KernelError
+from devices.errors import (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW,
+                            InvalidParamError, KernelError)
 from devices.kernel import BlockCtx, TensorDesc, kernel_names, lookup
 
 BLOCK_DIMS = [1, 3, 7]
@@ -117,7 +118,7 @@ def close(got, want, dtype=None):
 EXPECTED = {"matmul", "batch_matmul", "add", "sub", "mul", "div", "add_scalar", "mul_scalar", "gelu", "silu",
             "relu", "exp", "tanh", "sqrt", "rsqrt", "neg", "swiglu", "softmax", "layernorm", "rmsnorm",
             "embedding", "transpose", "cast", "rope", "attention", "reduce_sum", "reduce_mean", "reduce_max",
-            "reduce_min", "argmax", "fill", "copy"}
+            "reduce_min", "argmax", "fill", "copy", "scatter_update", "incre_flash_attention"}
 
 
 def test_all_kernels_registered():
@@ -126,7 +127,7 @@ def test_all_kernels_registered():
     for n in EXPECTED:
         k = lookup(n)
         assert k.check and k.work and k.parallel_dim and not k.user
-        assert k.unit == ("cube" if n in ("matmul", "batch_matmul", "attention") else "vector")
+        assert k.unit == ("cube" if n in ("matmul", "batch_matmul", "attention", "incre_flash_attention") else "vector")
 
 
 # ----------------------------------------------------------------------------------------- matmul
@@ -373,6 +374,97 @@ def test_embedding_out_of_range(bd, bad):
         launch("embedding", [table, ids], [((4, 6), np.float32)], block_dim=bd)
 
 
+# ----------------------------------------------------------------------------------------- scatter_update
+
+def scatter(updates, indices, var, block_dim=1):
+    """Run ``scatter_update`` in place on a copy of ``var``; also return which elements the blocks wrote.
+
+    Each block also runs on two pattern-filled copies: the elements equal in both are the ones it wrote;
+    no two blocks may write the same element."""
+    k = lookup("scatter_update")
+    ins = frozen([updates, indices])
+    in_d, o_d = descs(ins), descs([var])
+    k.check(in_d, o_d, {})
+    w = k.work(in_d, o_d, {})
+    assert w.unit == "vector" and w.bytes == indices.nbytes + 2 * updates.nbytes
+    assert k.parallel_dim(in_d, o_d, {}) == len(indices)
+    out = var.copy()
+    written = np.zeros(var.shape, bool)
+    for b in range(block_dim):
+        runs = []
+        for pattern in (0xA5, 0x5A):
+            o = filled(var.shape, var.dtype, pattern)
+            k.run(BlockCtx(b, block_dim, 0), list(ins), [o], {})
+            runs.append(o)
+        wb = bytes_equal(*runs)
+        assert not (wb & written).any(), f"scatter_update: block {b}/{block_dim} rewrote another block's rows"
+        written |= wb
+        k.run(BlockCtx(b, block_dim, 0), list(ins), [out], {})
+    return out, written
+
+
+def ref_scatter(updates, indices, var):
+    out = var.copy()
+    for k, i in enumerate(indices):                                    # in order: the last duplicate wins
+        out[int(i)] = updates[k]
+    return out
+
+
+def _values(shape, dtype, seed):
+    if np.dtype(dtype) == np.bool_:
+        return rng(seed).random(shape) < 0.5
+    return (randn(shape, np.float64, seed) * 20).astype(dtype)
+
+
+@pytest.mark.parametrize("bd", [1, 3])
+@pytest.mark.parametrize("s,row,k", [(7, (5,), 1), (7, (5,), 4), (9, (2, 3), 3), (6, (), 5), (4, (8,), 4)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.int64, np.bool_])
+@pytest.mark.parametrize("id_dtype", [np.int32, np.int64])
+def test_scatter_update(bd, s, row, k, dtype, id_dtype):
+    var = _values((s,) + row, dtype, 1)
+    updates = _values((k,) + row, dtype, 2)
+    indices = rng(3).permutation(s)[:k].astype(id_dtype)
+    got, written = scatter(updates, indices, var, bd)
+    want = ref_scatter(updates, indices, var)
+    assert bytes_equal(got, want).all()
+    rows = np.isin(np.arange(s), indices)
+    assert written[rows].all() and not written[~rows].any()           # only the indexed rows are written
+    assert bytes_equal(got[~rows], var[~rows]).all()                   # the others stay bit-identical
+
+
+@pytest.mark.parametrize("bd", [1, 3])
+def test_scatter_update_duplicates_last_wins(bd):
+    var, updates = randn((5, 3), seed=1), randn((6, 3), seed=2)
+    indices = np.array([4, 1, 4, 0, 1, 4], np.int64)                 # 4 thrice, 1 twice across blocks
+    got, written = scatter(updates, indices, var, bd)
+    want = var.copy()
+    want[[4, 1, 0]] = updates[[5, 4, 3]]
+    np.testing.assert_array_equal(got, want)
+    assert written[[0, 1, 4]].all() and not written[[2, 3]].any()
+
+
+@pytest.mark.parametrize("bd", [1, 3])
+@pytest.mark.parametrize("bad", [7, -1, 1 << 40])
+@pytest.mark.parametrize("k", [1, 4])
+def test_scatter_update_out_of_range_writes_nothing(bd, bad, k):
+    var, updates = randn((7, 4), seed=1), randn((k, 4), seed=2)
+    indices = np.array([bad, 2, 5, 0][:k] if k == 1 else [1, 2, bad, 0], np.int64)
+    kern = lookup("scatter_update")
+    ins = frozen([updates, indices])
+    out = var.copy()
+    for b in range(bd):                                               # every block traps, none writes
+        with pytest.raises(KernelError, match="outside") as e:
+            kern.run(BlockCtx(b, bd, 0), list(ins), [out], {})
+        assert e.value.code == ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW == 507043
+    assert bytes_equal(out, var).all()
+
+
+def test_scatter_update_empty():
+    var = randn((3, 2), seed=1)
+    got, written = scatter(np.zeros((0, 2), np.float32), np.zeros((0,), np.int32), var, 1)
+    assert bytes_equal(got, var).all() and not written.any()
+
+
 # ----------------------------------------------------------------------------------------- layout
 
 @pytest.mark.parametrize("bd", BLOCK_DIMS)
@@ -525,6 +617,111 @@ def test_attention_scale_and_fully_masked_rows(bd):
     assert (got[:, :, :2] == 0).all()
 
 
+# ----------------------------------------------------------------------------------------- incre_flash_attention
+
+def ref_ifa(q, cache, lens, pad, h, hkv, ko, vo, scale=None):
+    """Decode attention over the packed cache, in float64, head by head, with -inf masking."""
+    q, cache = q.astype(np.float64), cache.astype(np.float64)
+    b, _, d = q.shape
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    out = np.zeros((b, h, d))
+    for bi in range(b):
+        n = int(lens[bi])
+        for hi in range(h):
+            g = hi // (h // hkv)
+            kk, vv = cache[:n, bi, ko + g], cache[:n, bi, vo + g]
+            s = kk @ q[bi, hi] * scale
+            if pad is not None:
+                s = np.where(np.arange(n) < int(pad[bi]), -np.inf, s)
+            if n == 0 or np.isneginf(s).all():
+                continue                                               # nothing visible: zeros
+            p = np.exp(s - s.max())
+            out[bi, hi] = (p / p.sum()) @ vv
+    return out
+
+
+def _ifa_case(b, h, hkv, s, d, dtype, lens, pads, fused=True):
+    """query [B, Wq, D] and cache [S, B, W, D]: fused q|k|v rows (query is the staging row) or a
+    separate query with the value heads before the key heads and a spare head in the cache."""
+    if fused:
+        w, ko, vo = h + 2 * hkv, h, h + hkv
+        q = randn((b, w, d), dtype, 1)
+    else:
+        w, ko, vo = 2 * hkv + 1, hkv + 1, 0
+        q = randn((b, h, d), dtype, 1)
+    cache = randn((s, b, w, d), dtype, 2)
+    ins = [q, cache, np.array(lens, np.int32)] + ([] if pads is None else [np.array(pads, np.int64)])
+    attrs = {"num_heads": h, "num_key_value_heads": hkv, "key_head_offset": ko, "value_head_offset": vo}
+    return ins, attrs
+
+
+IFA_TOL = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float16: F16_TOL}
+
+
+@pytest.mark.parametrize("b,lens,pads", [(1, [1], None), (1, [4], None), (1, [7], None), (1, [7], [3]),
+                                         (1, [5], [1]), (3, [1, 4, 7], None), (3, [1, 4, 7], [0, 2, 3]),
+                                         (3, [7, 7, 7], [4, 0, 6])])
+@pytest.mark.parametrize("h,hkv", [(3, 3), (6, 2), (3, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_incre_flash_attention(b, lens, pads, h, hkv, dtype):
+    s, d = 7, 8
+    ins, attrs = _ifa_case(b, h, hkv, s, d, dtype, lens, pads, fused=(h != 3 or hkv != 1))
+    want = ref_ifa(ins[0], ins[1], lens, pads, h, hkv, attrs["key_head_offset"], attrs["value_head_offset"])
+    got1 = run1("incre_flash_attention", ins, (b, h, d), dtype, attrs, 1)
+    np.testing.assert_allclose(got1.astype(np.float64), want, **IFA_TOL[dtype])
+    got3 = run1("incre_flash_attention", ins, (b, h, d), dtype, attrs, 3)
+    np.testing.assert_array_equal(got3, got1)                          # the block split changes nothing
+
+
+@pytest.mark.parametrize("bd", [1, 2, 5])
+def test_incre_flash_attention_fully_masked_rows_and_scale(bd):
+    ins, attrs = _ifa_case(3, 4, 2, 6, 5, np.float32, [0, 4, 5], [0, 4, 2])
+    attrs["scale"] = 0.7
+    want = ref_ifa(ins[0], ins[1], [0, 4, 5], [0, 4, 2], 4, 2, 4, 6, scale=0.7)
+    got = run1("incre_flash_attention", ins, (3, 4, 5), np.float32, attrs, bd)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert (got[:2] == 0).all() and (got[2] != 0).all()               # len 0 and pad == len: zeros
+
+
+def test_incre_flash_attention_matches_attention_kernel():
+    """Same math as ``attention`` on gathered, head-major k/v (decode: one query per sequence)."""
+    ins, attrs = _ifa_case(2, 6, 2, 9, 8, np.float32, [9, 9], None)
+    q, cache = ins[0], ins[1]
+    qa = np.ascontiguousarray(q[:, :6, None, :])
+    ka = np.ascontiguousarray(cache[:, :, 6:8].transpose(1, 2, 0, 3))
+    va = np.ascontiguousarray(cache[:, :, 8:10].transpose(1, 2, 0, 3))
+    want = run1("attention", [qa, ka, va], (2, 6, 1, 8), np.float32)[:, :, 0]
+    np.testing.assert_allclose(run1("incre_flash_attention", ins, (2, 6, 8), np.float32, attrs), want,
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bd", [1, 3])
+@pytest.mark.parametrize("lens", [[8], [2, 9], [-1, 3]])
+def test_incre_flash_attention_length_out_of_range(bd, lens):
+    ins, attrs = _ifa_case(len(lens), 4, 2, 8, 4, np.float32, lens, None)
+    k = lookup("incre_flash_attention")
+    k.check(descs(ins), out_descs([((len(lens), 4, 4), np.float32)]), attrs)  # values are not checked at launch
+    if lens == [8]:
+        k.run(BlockCtx(0, 1, 0), frozen(ins), [np.zeros((1, 4, 4), np.float32)], attrs)   # len == S is fine
+        ins[2] = np.array([9], np.int32)
+    out = filled((len(lens), 4, 4), np.float32, 0xA5)
+    for b in range(bd):                                               # every block traps, none writes
+        with pytest.raises(KernelError, match="actual_seq_lengths") as e:
+            k.run(BlockCtx(b, bd, 0), frozen(ins), [out], attrs)
+        assert e.value.code == ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW == 507042
+    assert bytes_equal(out, filled(out.shape, np.float32, 0xA5)).all()
+
+
+def test_incre_flash_attention_work():
+    k = lookup("incre_flash_attention")
+    ins = out_descs([((2, 15, 64), H), ((100, 2, 15, 64), H), ((2,), I32)])
+    outs = out_descs([((2, 9, 64), H)])
+    attrs = {"num_heads": 9, "num_key_value_heads": 3, "key_head_offset": 9, "value_head_offset": 12}
+    w = k.work(ins, outs, attrs)
+    assert w.unit == "cube" and w.fp16 and w.flops == 4 * 2 * 9 * 100 * 64
+    assert w.bytes == 2 * (2 * 9 * 64 + 2 * 100 * 2 * 3 * 64) + 2 * 9 * 64 * 2 + 8
+
+
 # ----------------------------------------------------------------------------------------- reductions
 
 REDUCE_REF = {"reduce_sum": np.sum, "reduce_mean": np.mean, "reduce_max": np.max, "reduce_min": np.min}
@@ -615,6 +812,8 @@ def test_output_may_alias_input(bd):
 
 F, H, I32, I64 = "float32", "float16", "int32", "int64"
 
+IFA_ATTRS = {"num_heads": 9, "num_key_value_heads": 3, "key_head_offset": 9, "value_head_offset": 12}
+
 BAD = [
     ("add", [((3, 4), F)], [((3, 4), F)], {}, "input"),                                  # input count
     ("add", [((3, 4), F), ((3, 4), F)], [], {}, "output"),                               # output count
@@ -672,6 +871,44 @@ BAD = [
     ("attention", [((1, 2, 2, 4), F), ((1, 2, 5, 4), H), ((1, 2, 5, 4), F)], [((1, 2, 2, 4), F)], {}, "dtype"),
     ("attention", [((1, 2, 2, 4), F), ((1, 2, 5, 4), F), ((1, 2, 5, 4), F)], [((1, 2, 2, 4), F)],
      {"causal": "yes"}, "causal"),
+    ("scatter_update", [((2, 4), F)], [((5, 4), F)], {}, "input"),
+    ("scatter_update", [((2, 4), F), ((2,), F)], [((5, 4), F)], {}, "indices dtype"),
+    ("scatter_update", [((2, 4), F), ((2, 1), I32)], [((5, 4), F)], {}, "indices must have 1"),
+    ("scatter_update", [((2, 4), F), ((3,), I32)], [((5, 4), F)], {}, "indices length 3"),
+    ("scatter_update", [((2, 4), H), ((2,), I32)], [((5, 4), F)], {}, "dtype"),
+    ("scatter_update", [((2, 4), F), ((2,), I64)], [((5, 3), F)], {}, "row shape"),
+    ("scatter_update", [((2, 4), F), ((2,), I64)], [((5, 2, 2), F)], {}, "row shape"),
+    ("scatter_update", [((), F), ((1,), I64)], [((5,), F)], {}, "updates must have at least 1"),
+] + [("incre_flash_attention", ins, outs, dict(IFA_ATTRS, **a), m) for ins, outs, a, m in [
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F)], [((1, 9, 8), F)], {}, "input"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), F)], [((1, 9, 8), F)], {}, "actual_seq_lengths dtype"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((2,), I32)], [((1, 9, 8), F)], {}, "actual_seq_lengths shape"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32), ((1,), H)], [((1, 9, 8), F)], {}, "kv_padding dtype"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32), ((1, 1), I32)], [((1, 9, 8), F)], {}, "kv_padding shape"),
+    ([((1, 1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)], {}, "query must have 3"),
+    ([((1, 15, 8), F), ((6, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)], {}, "cache must have 4"),
+    ([((1, 15, 8), F), ((6, 2, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)], {}, "batch"),
+    ([((1, 15, 8), F), ((6, 1, 15, 4), F), ((1,), I32)], [((1, 9, 8), F)], {}, "head dim"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), H), ((1,), I32)], [((1, 9, 8), F)], {}, "dtype"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), H)], {}, "dtype"),
+    ([((1, 15, 8), I32), ((6, 1, 15, 8), I32), ((1,), I32)], [((1, 9, 8), I32)], {}, "query dtype"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 4), F)], {}, "output shape"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)], {"num_heads": None}, "num_heads"),
+    ([((1, 8, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)], {}, "num_heads"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)], {"num_key_value_heads": 2},
+     "num_key_value_heads"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)], {"key_head_offset": 13},
+     "key_head_offset"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)], {"value_head_offset": -1},
+     "value_head_offset"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)], {"value_head_offset": 1.0},
+     "value_head_offset"),
+    ([((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)], {"scale": "big"}, "scale"),
+]] + [
+    ("incre_flash_attention", [((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)],
+     {k: v for k, v in IFA_ATTRS.items() if k != "num_heads"}, "'num_heads' is required"),
+    ("incre_flash_attention", [((1, 15, 8), F), ((6, 1, 15, 8), F), ((1,), I32)], [((1, 9, 8), F)],
+     {k: v for k, v in IFA_ATTRS.items() if k != "value_head_offset"}, "'value_head_offset' is required"),
     ("reduce_sum", [((3, 4), F)], [((3,), F)], {"axis": 0}, "shape"),
     ("reduce_sum", [((3, 4), F)], [((4,), F)], {"axis": (0, 0)}, "repeats"),
     ("reduce_max", [((3, 4), F)], [((3,), F)], {"axis": 5}, "axis"),
@@ -702,5 +939,8 @@ def test_parallel_dims():
     assert pd("attention", [((2, 8, 1, 4), F), ((2, 2, 9, 4), F), ((2, 2, 9, 4), F)], [((2, 8, 1, 4), F)]) == 16
     assert pd("rope", [((2, 5, 3, 8), F), ((5,), I64)], [((2, 5, 3, 8), F)]) == 10
     assert pd("embedding", [((10, 4), F), ((2, 3), I32)], [((2, 3, 4), F)]) == 6
+    assert pd("scatter_update", [((3, 8), F), ((3,), I32)], [((50, 8), F)]) == 3              # the updates
+    assert pd("incre_flash_attention", [((2, 15, 8), F), ((50, 2, 15, 8), F), ((2,), I32)], [((2, 9, 8), F)],
+              IFA_ATTRS) == 6                                                             # B * kv heads
     assert pd("reduce_sum", [((4, 5, 6), F)], [((4, 6), F)], {"axis": 1}) == 24
     assert pd("argmax", [((3, 100), F)], [((3,), I64)]) == 3

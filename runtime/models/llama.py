@@ -9,23 +9,24 @@ Layout (chosen so that every launch reads and writes contiguous tensors, the onl
 - The residual stream is kept twice, ``x2 = [2, M, d]`` (both halves equal): RMSNorm of it feeds the
   gate and up projections as ONE ``batch_matmul`` (weights stacked ``[2, ff, d]``) whose two outputs are
   the contiguous inputs of ``swiglu``; half 0 feeds the QKV projection.
-- Per layer, a history buffer ``H = [cap, B, W, Dh]`` (``W = Hq + 2 Hkv`` heads) takes the fused QKV
-  projection of each step straight from the ``matmul`` (slot ``t`` is contiguous).  RoPE runs in place
-  on that slot viewed as ``[B, C, Hkv, Dh]`` chunks (``C = Hq/Hkv + 2``) with positions ``[B, C]``: the
-  q and k chunks get the token position, the v chunk position 0 (an exact identity rotation).
-- One ``embedding`` gather per layer builds the attention operands from ``H`` viewed as rows of
-  ``Dh``: ``q [B, Hq, Sq, Dh]``, ``K`` and ``V [B, Hkv, Skv, Dh]`` (head-major, as ``attention`` wants),
-  with host-computed row ids uploaded once per step for all layers.  That gather is the KV-cache read
-  (the cache itself is ``H``, written by the projection; nothing else is copied).  Decode steps gather
-  ``Skv`` rounded up to :data:`KV_BUCKET` rows (the extra ones masked), so that these launches repeat
-  exactly from step to step.
-- Per step the host writes ONE small buffer (token ids, positions, mask, gather ids) with a
+- Per layer, a history buffer ``H = [cap, B, W, Dh]`` (``W = Hq + 2 Hkv`` heads) is the KV cache: slot
+  ``t`` holds the fused q|k|v projection of position slot ``t``.  RoPE runs in place on ``[B, C, Hkv,
+  Dh]`` chunks (``C = Hq/Hkv + 2``) with positions ``[B, C]``: the q and k chunks get the token
+  position, the v chunk position 0 (an exact identity rotation).
+- Prefill: the projection writes slots ``[0, P)`` of ``H`` directly; one ``embedding`` gather per layer
+  builds the head-major attention operands (row ids computed on the host), then causal ``attention``.
+- Decode: the projection writes a staging row ``qkvd [B, W, Dh]``; ``scatter_update`` puts it into
+  ``H`` at the slot held in device memory, and ``incre_flash_attention`` reads ``H`` in place over the
+  slots ``[pad_b, len_b)`` held in device memory.  Nothing of a decode step's launches changes from
+  step to step (same shapes, same pointers), so the first step of a call is captured as a graph
+  (``aclmdlRI``, :mod:`runtime.graph`) and every step is ONE replay on each device.
+- Per step the host writes ONE small buffer (token ids, positions, slot, lengths, pads) with a
   stream-ordered ``Stream.write``; it reads back only the ``[B, vocab]`` logits.
 - GGUF keeps llama.cpp's permuted q/k rows (rope pairs (2i, 2i+1)): the weights stay as they are and
   RoPE runs with ``style="interleaved"`` (the same math as Hugging Face rotate-half on unpermuted rows).
 
-Decode launches per layer: rmsnorm, matmul(qkv), rope, gather, attention, matmul(o), add, rmsnorm,
-batch_matmul(gate|up), swiglu, matmul(down), add = 12 (+2 all-reduces under tensor parallelism); per
+Decode launches per layer: rmsnorm, matmul(qkv), rope, scatter_update, incre_flash_attention, matmul(o),
+add, rmsnorm, batch_matmul(gate|up), swiglu, matmul(down), add = 12 (+2 all-reduces under tensor parallelism); per
 step also one embedding, a final rmsnorm and the LM-head matmul, and one host write of the step inputs.
 With ONE sequence the residual stream is a single row, which fits the ``bias`` input of ``matmul``
 (``[N]``): the o and down projections add the residual themselves (``out = a @ w^T + x``, ping-pong
@@ -52,10 +53,6 @@ from .weights import LlamaConfig, llama_layer, llama_output, load_gguf_cached, s
 
 DECODER_MODELS: dict[str, Callable] = {"smollm2": smollm2_gguf}
 DEFAULT_MAX_LEN = 2048
-#: decode steps attend over key rows rounded up to a multiple of this (masked past the newest token), so
-#: the gather and attention launches repeat exactly for KV_BUCKET steps (the device caches a launch's
-#: validation and bound views; see devices.device.LaunchPlan)
-KV_BUCKET = 32
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -160,51 +157,74 @@ class LlamaRank:
         Mp = B * P
         for i in sp.layers:
             b.add(f"H{i}", (cap, B, self.W, dh))
-        nq_p = B * sp.hq * P
-        n_p = nq_p + 2 * B * sp.hkv * P
-        n_d = B * sp.hq + 2 * B * sp.hkv * cap
-        for tag, M, n in (("p", Mp, n_p), ("d", B, n_d)):
+        n_p = B * sp.hq * P + 2 * B * sp.hkv * P
+        for tag, M in (("p", Mp), ("d", B)):
             b.add(f"x2{tag}", (2, M, d))
             b.add(f"h2{tag}", (2, M, d))
             b.add(f"tmp{tag}", (M, d))
             b.add(f"gu{tag}", (2, M, sp.ff))
             b.add(f"f{tag}", (M, sp.ff))
-            b.add(f"g{tag}", (n, dh))
+        b.add("gp", (n_p, dh))
+        b.add("qkvd", (B, self.W, dh))                 # a decode step's q|k|v before it joins the cache
         b.add("attp", (B, sp.hq, P, dh))
         b.add("att2p", (Mp, sp.hq * dh))
         b.add("attd", (B, sp.hq, 1, dh))
         if sp.head:
             b.add("hf", (B, d))
             b.add("logits", (B, sp.v1 - sp.v0))
-        # step inputs, per phase: one host write per step of the prefix a step uses
-        for tag, M, n, skv in (("p", Mp, n_p, P), ("d", B, n_d, cap)):
-            b.add(f"ids{tag}", (2, M), "int32")
-            b.add(f"pos{tag}", (M, self.chunk), "int32")
-            b.add(f"mask{tag}", (B, skv))
-            b.add(f"gids{tag}", (n,), "int32")
+        # step inputs: one host write per step (prefill: of the prefix the step uses)
+        b.add("idsp", (2, Mp), "int32")
+        b.add("posp", (Mp, self.chunk), "int32")
+        b.add("maskp", (B, P))
+        b.add("gidsp", (n_p,), "int32")
+        b.add("idsd", (2, B), "int32")
+        b.add("posd", (B, self.chunk), "int32")
+        b.add("slotd", (1,), "int32")                 # the cache slot this step writes
+        b.add("lensd", (B,), "int32")                 # slots attended: [pad_b, slot]
+        b.add("padsd", (B,), "int32")
         self.buf = b
         self.B, self.P, self.cap = B, P, cap
         return b.size
 
     def allocate(self) -> None:
         self.buf.allocate()
-        self.packs = {t: HostPack(self.buf, [f"ids{t}", f"pos{t}", f"mask{t}", f"gids{t}"]) for t in "pd"}
+        self.packs = {"p": HostPack(self.buf, ["idsp", "posp", "maskp", "gidsp"]),
+                      "d": HostPack(self.buf, ["idsd", "posd", "slotd", "lensd", "padsd"])}
+        self.graph = None
         dh = self.cfg.head_dim
         self.hist = {i: self.buf[f"H{i}"].desc for i in self.spec.layers}
         self.table = {i: td(h, (self.cap * self.B * self.W, dh)) for i, h in self.hist.items()}
 
     def release(self) -> None:
+        if getattr(self, "graph", None) is not None:
+            g, self.graph = self.graph, None
+            g.destroy()
         if self.buf is not None:
             self.buf.free()
         self.buf = None
         self.packs = {}
 
     # -------------------------------------------------------------- step inputs
+    def set_decode_inputs(self, ids: np.ndarray | None, positions: np.ndarray, slot: int,
+                          pads: np.ndarray) -> None:
+        """A decode step's inputs, in device memory where the (captured) launches read them: token
+        ``ids [B]``, ``positions [B]``, the cache ``slot`` written, and per sequence the slots attended
+        (``[pads[b], slot]``).  One stream-ordered write."""
+        pk = self.packs["d"]
+        if ids is not None:
+            pk.put("idsd", np.concatenate([ids, ids]))
+        pos = np.zeros((self.B, self.chunk), np.int32)
+        pos[:, :-1] = positions[:, None]
+        pk.put("posd", pos)
+        pk.put("slotd", np.array([slot]))
+        pk.put("lensd", np.full(self.B, slot + 1))
+        pk.put("padsd", pads)
+        self.lc.write(pk)
+
     def set_inputs(self, tag: str, ids: np.ndarray | None, positions: np.ndarray, q_slots: np.ndarray,
                    skv: int, valid: int, pads: np.ndarray, need_mask: bool) -> None:
-        """Step inputs of phase ``tag`` ("p" prefill, "d" decode): token ``ids`` and ``positions [M]``
-        per token row; q rows from slots ``q_slots``; ``skv`` key rows of which slots ``[0, valid)``
-        hold keys.  Rows past ``valid`` (decode buckets) re-read the newest slot, masked out."""
+        """Prefill inputs: token ``ids`` and ``positions [M]`` per token row; q rows from slots
+        ``q_slots``; ``skv`` key rows of which slots ``[0, valid)`` hold keys."""
         B, W, sp = self.B, self.W, self.spec
         pk = self.packs[tag]
         if ids is not None:
@@ -225,31 +245,63 @@ class LlamaRank:
         self.lc.write(pk, f"gids{tag}", gids.size)
 
     # -------------------------------------------------------------- launches
-    def run(self, phase: str, slot0: int, sq: int, skv: int, need_mask: bool) -> None:
-        """Issue this device's part of one forward pass: ``sq`` new tokens per sequence written at slots
-        ``[slot0, slot0 + sq)``, attending over slots ``[0, skv)``."""
+    def prefill(self, P: int, need_mask: bool) -> None:
+        """Issue this device's part of the prefill: ``P`` slots per sequence."""
+        self._forward("p", P, need_mask)
+
+    def decode(self, need_pads: bool, use_graph: bool) -> None:
+        """Issue one decode step.  Its launches are the same every step (the step's values are in
+        device memory), so with ``use_graph`` the first step is captured (aclmdlRI) and every step is
+        one replay: one stream op instead of ~300 launches."""
+        lc = self.lc
+        if use_graph and self.graph is None:
+            l0, c0 = lc.launches, lc.collectives
+            lc.stream.begin_capture()
+            try:
+                self._forward("d", 1, need_pads)
+            finally:
+                g = lc.stream.end_capture()
+            self.graph, self.graph_counts = g, (lc.launches - l0, lc.collectives - c0)
+            lc.launches, lc.collectives = l0, c0
+        if self.graph is None:
+            self._forward("d", 1, need_pads)
+            return
+        self.graph.execute_async(lc.stream)
+        lc.launches += self.graph_counts[0]
+        lc.collectives += self.graph_counts[1]
+
+    def _forward(self, tag: str, sq: int, need_mask: bool) -> None:
+        """One forward pass of ``sq`` new tokens per sequence: prefill (``tag == "p"``, slots
+        ``[0, sq)``, gather + causal attention) or one decode step (``"d"``: the step's q|k|v goes to a
+        staging row, joins the cache at the slot held in device memory, and attention reads the cache
+        in place up to the lengths held in device memory)."""
         cfg, sp, lc, bf, w = self.cfg, self.spec, self.lc, self.buf, self.wd
         B, W, dh, d, ff = self.B, self.W, cfg.head_dim, cfg.d_model, sp.ff
-        tag = "p" if phase == "prefill" else "d"
         M = B * sq
         single = tag == "d" and B == 1          # one sequence: residual adds fused into the matmuls
         x2, h2, tmp = bf[f"x2{tag}"], bf[f"h2{tag}"], td(bf[f"tmp{tag}"])
-        gu, f, g = bf[f"gu{tag}"], td(bf[f"f{tag}"]), bf[f"g{tag}"]
+        gu, f = bf[f"gu{tag}"], td(bf[f"f{tag}"])
         h0 = td(h2, (M, d))
-        nq, nk = B * sp.hq * sq, B * sp.hkv * skv
-        gids = td(bf[f"gids{tag}"], (nq + 2 * nk,))
-        gv = td(g, (nq + 2 * nk, dh))
-        q = td(g, (B, sp.hq, sq, dh))
-        k = td(g, (B, sp.hkv, skv, dh), nq * dh * 4)
-        v = td(g, (B, sp.hkv, skv, dh), (nq + nk) * dh * 4)
-        qkv = [q, k, v] + ([td(bf[f"mask{tag}"], (B, 1, 1, skv))] if need_mask else [])
         pos = td(bf[f"pos{tag}"], (M, self.chunk))
         att = td(bf["attp"] if tag == "p" else bf["attd"])
         att2 = td(bf["att2p"]) if tag == "p" else td(att, (M, sp.hq * dh))
-        att2t = td(att2, (sq, B, sp.hq, dh))
         eps = float(cfg.eps)
         rope_attrs = {"base": float(cfg.rope_base), "style": "interleaved"}
-        row_bytes = B * W * dh * 4
+        if tag == "p":
+            g = bf["gp"]
+            nq, nk = B * sp.hq * sq, B * sp.hkv * sq
+            gids = td(bf["gidsp"], (nq + 2 * nk,))
+            gv = td(g, (nq + 2 * nk, dh))
+            qkv = [td(g, (B, sp.hq, sq, dh)), td(g, (B, sp.hkv, sq, dh), nq * dh * 4),
+                   td(g, (B, sp.hkv, sq, dh), (nq + nk) * dh * 4)]
+            qkv += [td(bf["maskp"], (B, 1, 1, sq))] if need_mask else []
+            att2t = td(att2, (sq, B, sp.hq, dh))
+        else:
+            st = td(bf["qkvd"])
+            lens = [td(bf["lensd"])] + ([td(bf["padsd"])] if need_mask else [])
+            ifa = {"num_heads": sp.hq, "num_key_value_heads": sp.hkv, "key_head_offset": sp.hq,
+                   "value_head_offset": sp.hq + sp.hkv}
+            att3 = td(att, (B, sp.hq, dh))
         gate, up = td(gu, (M, ff)), td(gu, (M, ff), M * ff * 4)
         gu1 = td(gu, (1, 2 * ff))
         # the residual stream: x2 [2, M, d] (both halves equal), or for one sequence two [1, d]
@@ -264,17 +316,21 @@ class LlamaRank:
         x2d, h2d = td(x2), td(h2)
         for i in sp.layers:
             H = self.hist[i]
-            slot = td(H, (M, W * dh), slot0 * row_bytes)
-            rv = td(slot, (M, self.chunk, sp.hkv, dh))
             lc("rmsnorm", [td(x), w[f"{i}.an"]], [h0 if single else h2d], eps=eps)
-            lc("matmul", [h0, w[f"{i}.wqkv"]], [slot], transpose_b=True)
-            lc("rope", [rv, pos], [rv], **rope_attrs)
-            lc("embedding", [self.table[i], gids], [gv])
             if tag == "p":
-                lc("attention", qkv, [att], causal=True, q_offset=slot0)
+                slot = td(H, (M, W * dh))
+                rv = td(slot, (M, self.chunk, sp.hkv, dh))
+                lc("matmul", [h0, w[f"{i}.wqkv"]], [slot], transpose_b=True)
+                lc("rope", [rv, pos], [rv], **rope_attrs)
+                lc("embedding", [self.table[i], gids], [gv])
+                lc("attention", qkv, [att], causal=True, q_offset=0)
                 lc("transpose", [att], [att2t], perm=(2, 0, 1, 3))
             else:
-                lc("attention", qkv, [att])
+                rv = td(st, (M, self.chunk, sp.hkv, dh))
+                lc("matmul", [h0, w[f"{i}.wqkv"]], [td(st, (M, W * dh))], transpose_b=True)
+                lc("rope", [rv, pos], [rv], **rope_attrs)
+                lc("scatter_update", [td(st, (1, B * W * dh)), td(bf["slotd"])], [td(H, (self.cap, B * W * dh))])
+                lc("incre_flash_attention", [st, H] + lens, [att3], **ifa)
             if single:
                 x = self._proj_residual(att2, w[f"{i}.wo"], x, xb if x is xa else xa)
                 lc("rmsnorm", [td(x), w[f"{i}.fn"]], [h0], eps=eps)
@@ -348,10 +404,13 @@ class GenerateJob(JobBase):
     (pipeline stages over ``devices``).  ``devices``: a count (the first ones) or a list of device
     ids.  ``max_len`` bounds prompt + new tokens (the KV history is allocated per call for exactly what
     the call needs, up to this).  ``block_dim``: blocks per launch (None: the device's helper for
-    prefill, one block for decode steps, whose kernels are too small to gain from splitting)."""
+    prefill, one block for decode steps, whose kernels are too small to gain from splitting).
+    ``graphs``: capture the first decode step of a call on each device and replay it for the others
+    (False: launch every kernel of every step)."""
 
     def __init__(self, rt, model: str = "smollm2", devices: int | Sequence[int] = 1, parallel: str = "none",
-                 max_len: int = DEFAULT_MAX_LEN, gguf_path: str | None = None, block_dim: int | None = None):
+                 max_len: int = DEFAULT_MAX_LEN, gguf_path: str | None = None, block_dim: int | None = None,
+                 graphs: bool = True):
         if model not in DECODER_MODELS:
             raise InvalidParamError(f"unknown decoder model {model!r} (known: {', '.join(DECODER_MODELS)})")
         if parallel not in ("none", "tp", "pp"):
@@ -377,6 +436,7 @@ class GenerateJob(JobBase):
             raise InvalidParamError(f"{n} pipeline stages for {cfg.n_layers} layers")
         self.devices = devs
         self.block_dim = block_dim
+        self.graphs = bool(graphs)
         self._closed = False
         self._comms = []
         self.ranks: list[LlamaRank] = []
@@ -539,7 +599,7 @@ class GenerateJob(JobBase):
                              need_mask)
             for r in self.ranks:
                 r.lc.block_dim = 0 if self.block_dim is None else self.block_dim
-                r.run("prefill", 0, P, P, need_mask)
+                r.prefill(P, need_mask)
                 r.lc.block_dim = 1 if self.block_dim is None else self.block_dim
             logits = self._logits()
             stats.prefill_s = now() - t_start
@@ -553,13 +613,10 @@ class GenerateJob(JobBase):
                     break
                 slot = P + t
                 dpos = (slot - pads).astype(np.int64)
-                skv = min(cap, -(-(slot + 1) // KV_BUCKET) * KV_BUCKET)
-                mask_d = need_mask or skv > slot + 1
                 for r in self.ranks:
-                    r.set_inputs("d", nxt if r.spec.embed else None, dpos, np.array([slot]), skv, slot + 1, pads,
-                                 mask_d)
+                    r.set_decode_inputs(nxt if r.spec.embed else None, dpos, slot, pads)
                 for r in self.ranks:
-                    r.run("decode", slot, 1, skv, mask_d)
+                    r.decode(need_mask, self.graphs)
                 logits = self._logits()
                 steps += 1
             stats.decode_s = now() - t_dec
