@@ -133,7 +133,10 @@ class Device:
     def destroy_event(self, eid: int, owner: str | None = None) -> None:
         self.sched.destroy_event(eid, owner)
 
-    def synchronize_stream(self, sid: int, timeout_ms: float = -1, owner: str | None = None) -> None:
+    def synchronize_stream(self, sid: int, timeout_ms: float = -1, owner: str | None = None, ops=()) -> None:
+        """Block until the stream is idle; ``ops`` are submitted first (a flush riding on the wait)."""
+        if ops:
+            self.submit(ops, owner)
         self.sched.synchronize_stream(sid, timeout_ms, owner)
 
     def synchronize_event(self, eid: int, timeout_ms: float = -1, owner: str | None = None) -> None:

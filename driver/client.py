@@ -118,7 +118,7 @@ class RemoteDevice:
         self.lost_reason = ""
         self.rpc_count = 0                  #: RPCs issued (streams count once)
         self._lock = threading.Lock()
-        self._waiters: set[threading.Event] = set()
+        self._waiters: set = set()          # in-flight interruptible calls (futures), cancelled on loss
         self._info: RemoteDeviceInfo | None = None
         self._shm = None                    # (mmap, uint8 array) of the device arena, same node only
         self._shm_checked = False
@@ -154,23 +154,20 @@ class RemoteDevice:
             raise
 
     def _interruptible(self, method, request, t: float):
+        """A call that device loss cancels (the caller waits on the call itself: no extra thread hop)."""
         fut = method.future(request, timeout=t, metadata=self._md)
-        wake = threading.Event()
         with self._lock:
             if self.lost.is_set():
                 fut.cancel()
                 raise self._lost_error()
-            self._waiters.add(wake)
+            self._waiters.add(fut)
         try:
-            fut.add_done_callback(lambda _f: wake.set())
-            wake.wait()
-            if not fut.done():               # woken by device loss
-                fut.cancel()
-                raise self._lost_error()
             return fut.result()
+        except grpc.FutureCancelledError:
+            raise self._lost_error() from None
         finally:
             with self._lock:
-                self._waiters.discard(wake)
+                self._waiters.discard(fut)
 
     def _error(self, e: grpc.RpcError) -> AclError:
         status = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
@@ -206,8 +203,8 @@ class RemoteDevice:
             self.lost_reason = reason
             self.lost.set()
             waiters = list(self._waiters)
-        for w in waiters:
-            w.set()
+        for fut in waiters:
+            fut.cancel()
         log.warning("device %d at %s lost: %s", self.id, self.address, reason)
         return True
 
@@ -493,9 +490,10 @@ class RemoteDevice:
     def hccl_async_error(self, comm_id: str) -> int:
         return self._rpc(self._rms.HcclAsyncError, _request(rms.HcclCommRequest, comm=comm_id)).value
 
-    def _synchronize(self, method, handle: int, timeout_ms: float) -> None:
+    def _synchronize(self, method, handle: int, timeout_ms: float, ops=()) -> None:
         """A blocking wait as a loop of bounded waits: each RPC has a deadline, device loss interrupts it,
-        and -1 (forever) never turns into a spurious timeout."""
+        and -1 (forever) never turns into a spurious timeout.  ``ops`` ride on the first wait (queued by
+        the device before it waits)."""
         try:
             timeout_ms = float(timeout_ms)
         except (TypeError, ValueError):
@@ -510,15 +508,31 @@ class RemoteDevice:
                 slice_ms = min(left, wire.CLIENT_WAIT_SLICE_MS)
                 last = slice_ms >= left
             req = _request(rms.SynchronizeRequest, handle=handle, timeout_ms=slice_ms)
+            if ops:
+                req.ops.extend(wire.submit_request(ops, self._templates).ops)
             try:
                 self._rpc(method, req, timeout=slice_ms / 1000.0 + self.timeout_s, interruptible=True)
                 return
+            except InvalidHandleError as e:
+                if not ops or "launch template" not in str(e):
+                    raise
+                self._templates.reset()          # the device forgot them (restarted): send in full
+                self.submit(ops)
             except AclError as e:
                 if e.code not in _SYNC_TIMEOUT_CODES or last:
                     raise
+            ops = ()
 
-    def synchronize_stream(self, sid: int, timeout_ms: float = -1) -> None:
-        self._synchronize(self._rms.SynchronizeStream, sid, timeout_ms)
+    def synchronize_stream(self, sid: int, timeout_ms: float = -1, ops=()) -> None:
+        """Wait for the stream; queued ``ops`` travel with the wait (one RPC) unless they are too large
+        for one message (inline H2D data), then they go first as Submits."""
+        ops = list(ops)
+        if ops:
+            self._ship_user_kernels(ops)
+            if len(_split(ops)) > 1:
+                self.submit(ops)
+                ops = []
+        self._synchronize(self._rms.SynchronizeStream, sid, timeout_ms, ops)
 
     def synchronize_event(self, eid: int, timeout_ms: float = -1) -> None:
         self._synchronize(self._rms.SynchronizeEvent, eid, timeout_ms)

@@ -348,7 +348,10 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         return rms.SubmitReply(queued=len(ops))
 
     def SynchronizeStream(self, request, context):
-        self.device.synchronize_stream(request.handle, _wait_ms(request.timeout_ms), owner=_owner(context))
+        owner = _owner(context)
+        if request.ops:
+            self.device.submit(self._templates.decode(request.ops, owner), owner=owner)
+        self.device.synchronize_stream(request.handle, _wait_ms(request.timeout_ms), owner=owner)
         return _EMPTY
 
     def SynchronizeEvent(self, request, context):

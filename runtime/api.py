@@ -55,11 +55,13 @@ class Runtime:
     def devices(self) -> list["Device"]:
         return [self.device(i) for i in range(self.device_count())]
 
-    def flush_all(self, raise_for: "Device | None" = None) -> None:
-        """Send every device's queued ops (cross-device waits may depend on any of them).  Errors of
-        other devices are kept for their own next flush; ``raise_for``'s are raised now."""
+    def flush_all(self, raise_for: "Device | None" = None, skip: "Device | None" = None) -> None:
+        """Send every device's queued ops (cross-device waits may depend on any of them), but
+        ``skip``'s.  Errors of other devices are kept for their own next flush; ``raise_for``'s are
+        raised now."""
         for d in list(self._devices.values()):
-            d.queue.flush(raise_errors=d is raise_for)
+            if d is not skip:
+                d.queue.flush(raise_errors=d is raise_for)
 
     def close(self) -> None:
         for d in list(self._devices.values()):
@@ -129,6 +131,19 @@ class LaunchQueue:
             full = len(self._ops) >= self.batch_size
         if full:
             self.flush()
+
+    def take(self) -> list:
+        """The queued ops, handed over for the caller to send (counted as one batch); a deferred
+        error of an earlier flush is raised instead (after sending them)."""
+        with self._lock:
+            if self._deferred is None:
+                ops, self._ops = self._ops, []
+                if ops:
+                    self.batches_sent += 1
+                    self.ops_sent += len(ops)
+                return ops
+        self.flush()
+        return []
 
     def flush(self, raise_errors: bool = True) -> None:
         with self._lock:
@@ -422,9 +437,14 @@ class Stream:
         """Block the host until all work queued on this stream is done; raises its first task error."""
         _graph.check_sync(self.device, self)
         t0 = _now()
+        dev = self.device
         try:
-            self.device.rt.flush_all(raise_for=self.device)
-            self.device.handle.synchronize_stream(self.sid, timeout_ms)
+            dev.rt.flush_all(skip=dev)
+            ops = dev.queue.take()
+            if ops:
+                dev.handle.synchronize_stream(self.sid, timeout_ms, ops=ops)    # one round trip
+            else:
+                dev.handle.synchronize_stream(self.sid, timeout_ms)
         finally:
             self.device.host_stats.sync_s += _now() - t0
 

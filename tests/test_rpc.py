@@ -441,6 +441,10 @@ def test_batched_submit_is_one_rpc(node):
     assert c.rpc_count - before <= 4
     assert c.rpc_count - before == 2                     # exactly: Submit + SynchronizeStream
     assert c.memcpy_d2h(x, 4).view(np.float32)[0] == 1000.0
+    before = c.rpc_count
+    c.synchronize_stream(s, ops=ops[1:-1])               # the batch riding on the wait: ONE round trip
+    assert c.rpc_count - before == 1
+    assert c.memcpy_d2h(x, 4).view(np.float32)[0] == 2000.0
     wall_ms, model_ms = c.event_elapsed(e0, e1)
     assert wall_ms >= 0 and model_ms > 0
     assert c.query_stream(s) and c.query_event(e1)
