@@ -43,6 +43,8 @@ from devices.tasks import WriteH2D  # noqa: E402
 log = logging.getLogger("vnpu.driver.client")
 
 _SYNC_TIMEOUT_CODES = (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT)
+#: the first slice of a synchronize is a blocking call of at most this (see RemoteDevice._synchronize)
+SHORT_WAIT_MS = 50.0
 #: statuses with which a live device refuses a watch (bad token, wrong device ...): not a device loss
 _REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED,
              grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
@@ -493,25 +495,30 @@ class RemoteDevice:
     def _synchronize(self, method, handle: int, timeout_ms: float, ops=()) -> None:
         """A blocking wait as a loop of bounded waits: each RPC has a deadline, device loss interrupts it,
         and -1 (forever) never turns into a spurious timeout.  ``ops`` ride on the first wait (queued by
-        the device before it waits)."""
+        the device before it waits).  The first wait is a plain blocking call of at most
+        :data:`SHORT_WAIT_MS` (most waits end within it, and a blocking call is cheaper than a
+        cancellable one, which costs gRPC a polling thread); longer waits continue as calls that
+        device loss cancels."""
         try:
             timeout_ms = float(timeout_ms)
         except (TypeError, ValueError):
             raise InvalidParamError(f"timeout_ms must be a number, got {timeout_ms!r}") from None
         forever = timeout_ms < 0
         end = None if forever else time.monotonic() + timeout_ms / 1000.0
+        short = True
         while True:
+            cap = SHORT_WAIT_MS if short else wire.CLIENT_WAIT_SLICE_MS
             if forever:
-                slice_ms, last = wire.CLIENT_WAIT_SLICE_MS, False
+                slice_ms, last = cap, False
             else:
                 left = max(0.0, (end - time.monotonic()) * 1000.0)
-                slice_ms = min(left, wire.CLIENT_WAIT_SLICE_MS)
+                slice_ms = min(left, cap)
                 last = slice_ms >= left
             req = _request(rms.SynchronizeRequest, handle=handle, timeout_ms=slice_ms)
             if ops:
                 req.ops.extend(wire.submit_request(ops, self._templates).ops)
             try:
-                self._rpc(method, req, timeout=slice_ms / 1000.0 + self.timeout_s, interruptible=True)
+                self._rpc(method, req, timeout=slice_ms / 1000.0 + self.timeout_s, interruptible=not short)
                 return
             except InvalidHandleError as e:
                 if not ops or "launch template" not in str(e):
@@ -519,9 +526,12 @@ class RemoteDevice:
                 self._templates.reset()          # the device forgot them (restarted): send in full
                 self.submit(ops)
             except AclError as e:
+                if self.lost.is_set():
+                    raise self._lost_error() from None
                 if e.code not in _SYNC_TIMEOUT_CODES or last:
                     raise
             ops = ()
+            short = False
 
     def synchronize_stream(self, sid: int, timeout_ms: float = -1, ops=()) -> None:
         """Wait for the stream; queued ``ops`` travel with the wait (one RPC) unless they are too large
