@@ -41,6 +41,11 @@ _ITEM = {"bfloat16": 2}
 DEFAULT_EXEC_TIMEOUT_S = float(os.environ.get("HCCL_EXEC_TIMEOUT", 1836))
 DEFAULT_CONNECT_TIMEOUT_S = float(os.environ.get("HCCL_CONNECT_TIMEOUT", 120))
 _PROBE_S = 0.05
+#: work buffers up to this size are kept per communicator (HCCL's CCL buffer) instead of allocated per
+#: operator: a free bumps the arena generation, which would invalidate every cached launch plan,
+#: captured graph binding and client range check of the device after each small collective
+CCL_CACHE_MAX = 4 << 20
+_CCL_MIN = 64 << 10
 
 
 def itemsize(dtype: str) -> int:
@@ -74,6 +79,10 @@ class Comm:
     seq: int = 0
     p2p_seq: dict = field(default_factory=dict)
     async_error: int = 0
+    ccl: list = field(default_factory=list)     #: two persistent work buffers (by operator parity)
+    ccl_bytes: int = 0
+    busy: int = 0                               #: operators running (a destroyed comm frees its
+    closed: bool = False                        #: buffers once the last one is done)
 
     @property
     def size(self) -> int:
@@ -290,8 +299,33 @@ class HcclEngine:
 
     def comm_destroy(self, cid: str) -> None:
         with self._lock:
-            self.comms.pop(cid, None)
+            c = self.comms.pop(cid, None)
+            if c is not None:
+                c.closed = True
+                idle = c.busy == 0
         self.mailbox.drop_comm(cid)
+        if c is not None and idle:
+            self._free_ccl(c)
+
+    def _free_ccl(self, c: Comm) -> None:
+        bufs, c.ccl, c.ccl_bytes = c.ccl, [], 0
+        for ptr in bufs:
+            self.arena.free(ptr)
+
+    def _work_buffer(self, c: Comm, nbytes: int) -> tuple[int, bool]:
+        """(pointer, persistent): this operator's work buffer; small ones are the communicator's CCL
+        buffers, used alternately (operator k reuses operator k-2's, which every peer finished
+        reading before it could start operator k-1)."""
+        if nbytes > CCL_CACHE_MAX:
+            return self.arena.malloc(nbytes, owner="hccl"), False
+        if c.ccl_bytes < nbytes:
+            self._free_ccl(c)
+            size = _CCL_MIN
+            while size < nbytes:
+                size *= 2
+            c.ccl = [self.arena.malloc(size, owner="hccl") for _ in range(2)]
+            c.ccl_bytes = size
+        return c.ccl[c.seq % 2], True
 
     def async_error(self, cid: str) -> int:
         c = self.comms.get(cid)
@@ -346,7 +380,9 @@ class HcclEngine:
 
     # ---------------------------------------------------------------- execution (on a core thread)
     def run(self, op: CollectiveOp, owner: str | None) -> None:
-        c = self._comm(op.comm)
+        with self._lock:
+            c = self._comm(op.comm)
+            c.busy += 1
         try:
             if op.op in ("send", "recv"):
                 self._p2p(c, op)
@@ -359,6 +395,12 @@ class HcclEngine:
         except AclError as e:
             c.async_error = HCCL_E_PARA if e.code in (107000, 100000) else 15
             raise
+        finally:
+            with self._lock:
+                c.busy -= 1
+                free = c.closed and c.busy == 0
+            if free:
+                self._free_ccl(c)
 
     def _deadline(self, c: Comm) -> float:
         return time.monotonic() + c.config.exec_timeout_s
@@ -421,12 +463,13 @@ class HcclEngine:
             if cnt:
                 self.arena.resolve(ptr, cnt * isz, owner)
         work_ptr = stage_ptr = None
+        persistent = False
         pro = prologue(op.op, n, r, op.count, algo, op.root)
         epi = epilogue(op.op, n, r, op.count, algo)
         try:
             if any("work" in (p[0], p[2]) for p in pro + epi):
                 work_n = op.count if algo == "oneshot" else op.count * n
-                work_ptr = self.arena.malloc(max(1, work_n * isz), owner="hccl")   # count may be 0
+                work_ptr, persistent = self._work_buffer(c, max(1, work_n * isz))   # count may be 0
                 bufs["work"] = work_ptr
             me = self._mem(c, r)
             if op.op == "alltoall" and send_n and abs(op.send - op.recv) < send_n * isz:
@@ -461,9 +504,12 @@ class HcclEngine:
                         self._post(c, q, seq, step.tag)
             for src, so, dst, do, cnt in epi:
                 self._move(me, bufs[src], so, me, bufs[dst], do, cnt, op.dtype, None)
-            self._barrier(c, seq, "done", deadline)
+            if not (algo == "oneshot" and persistent):
+                # peers may still read my buffers; oneshot reads only the alternating CCL buffers,
+                # which the next operator's "ready" round already protects
+                self._barrier(c, seq, "done", deadline)
         finally:
-            for ptr in (work_ptr, stage_ptr):
+            for ptr in (stage_ptr,) if persistent else (work_ptr, stage_ptr):
                 if ptr is not None:
                     self.arena.free(ptr)
 

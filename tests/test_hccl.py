@@ -411,6 +411,36 @@ def test_no_messages_left_behind(rt, pool):
                 assert not left, f"{algo}: device {d.index} still holds {left[:4]}"
 
 
+def test_small_collectives_reuse_the_communicators_buffers(rt, pool):
+    """Small operators work in the communicator's two CCL buffers (no allocation or free per operator,
+    so the device's cached launch plans and graph bindings stay valid), and a oneshot AllReduce is one
+    round of doorbells: n - 1 messages per rank.  The buffers go with the communicator."""
+    if rt.backend.name != "local":
+        pytest.skip("inspects the in-process engine")
+    devs = rt.devices()
+    n = len(devs)
+    engines = [rt.backend.device(d.physical_id) for d in devs]
+    used0 = [d.mem_info() for d in devs]
+    x = np.arange(n * 300, dtype=np.float32).reshape(n, 300)
+    ts = [pool.put(d, x[r]) for r, d in enumerate(devs)]
+    with communicators(devs) as comms:
+        for c, t in zip(comms, ts):
+            c.all_reduce(t, t)
+        sync_all(devs)
+        gens = [e.arena.gen for e in engines]
+        msgs = [e.hccl.stats["messages"] for e in engines]
+        for k in range(2, 12):
+            for c, t in zip(comms, ts):
+                c.all_reduce(t, t)
+            sync_all(devs)
+            for t in ts:
+                np.testing.assert_array_equal(t.numpy(), x.sum(0) * n ** (k - 1))
+        assert [e.arena.gen for e in engines] == gens                     # nothing freed
+        assert [e.hccl.stats["messages"] - m for e, m in zip(engines, msgs)] == [10 * (n - 1)] * n
+    pool.free()
+    assert [d.mem_info() for d in devs] == used0                          # destroy returned them
+
+
 # ------------------------------------------------------------------------------------------ overlap
 def test_all_reduce_overlapped_with_compute(rt, pool):
     """Stream A computes (held by a gate first), records an event; stream B waits on it and all-reduces
