@@ -379,6 +379,20 @@ def advise_huge_pages(mm: mmap.mmap) -> None:
             pass
 
 
+def shm_huge_pages() -> str:
+    """The ``huge=`` policy of the tmpfs that holds the arenas (``never`` when not set)."""
+    policy = "unknown"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:                     # the last mount of the directory is the visible one
+                parts = line.split()
+                if len(parts) > 3 and parts[1] == SHM_DIR:
+                    policy = next((o[5:] for o in parts[3].split(",") if o.startswith("huge=")), "never")
+    except OSError:
+        pass
+    return policy
+
+
 def attach(name: str, size: int) -> tuple[mmap.mmap, np.ndarray]:
     """Map another process's arena segment (same node); the caller owns only the mapping."""
     fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)

@@ -13,6 +13,10 @@ import time
 import numpy as np
 
 
+SHM_DIR_NOTE = ("/dev/shm is mounted huge=never; numpy's heap gets 2 MiB pages. With "
+                "`mount -o remount,huge=advise /dev/shm` a decode step's kernels match numpy's time")
+
+
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("infer", help="inference jobs vs plain numpy (decode tokens/s, sentences/s)")
     p.add_argument("--tokens", type=int, default=24, help="decode steps per round")
@@ -125,7 +129,8 @@ def bench_embed(rt, devices: int, parallel: str, rounds: int) -> dict:
 
 
 def _run(a) -> int:
-    res: dict = {"backend": a.backend}
+    from devices.arena import shm_huge_pages
+    res: dict = {"backend": a.backend, "shm_huge_pages": shm_huge_pages()}
     with _runtime(a.backend, 1) as rt:
         res["decode_1dev"] = bench_decode(rt, 1, "none", a.tokens, a.rounds, True)
         res["decode_1dev_eager"] = bench_decode(rt, 1, "none", a.tokens, a.rounds, True, graphs=False)
@@ -138,6 +143,8 @@ def _run(a) -> int:
     if a.json:
         print(json.dumps(res))
         return 0
+    if res["shm_huge_pages"] in ("never", "deny"):
+        print(f"(device HBM arenas use 4 KiB pages: {SHM_DIR_NOTE})")
     for key, how in (("decode_1dev", "graph replay"), ("decode_1dev_eager", "eager launches")):
         d = res[key]
         print(f"SmolLM2-135M decode, 1 device ({a.backend}, {how}): {d['emulator_tokens_per_s']:.1f} tok/s "

@@ -514,3 +514,8 @@ def test_closed_arena_rejects_every_call():
             call()
         assert ei.value.code == 207004
         assert type(ei.value) is type(error_for_code(207004))
+
+
+def test_shm_huge_page_policy_is_read_from_the_mount_table():
+    from devices.arena import shm_huge_pages
+    assert shm_huge_pages() in ("never", "always", "within_size", "advise", "deny", "force")
