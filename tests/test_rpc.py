@@ -20,7 +20,7 @@ from devices.device import Device, DeviceConfig
 from devices.errors import (AclError, DeviceLostError, InvalidHandleError, InvalidParamError, KernelError,
                             MemoryAllocationError)
 from devices.kernel import TensorDesc, register_user_kernel
-from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
+from devices.tasks import CopyD2D, ExecGraph, Launch, Memset, Record, Wait, WriteH2D
 from driver import wire
 from driver.client import HealthEvent, RemoteDevice, RemoteDeviceInfo
 from driver.service import serve
@@ -141,7 +141,7 @@ def test_codec_round_trip_every_op_and_attr_kind():
              "bools": (True, False), "strs": ("a", "b"), "empty": (), "big": (1 << 64) - 1,
              "np_int": np.int32(4), "np_float": np.float32(0.25), "np_list": np.array([1, 2], dtype=np.int64)}
     ops = [Launch(1, "k", (d, d), (d,), attrs, 4), Launch(2, "k2"), Record(1, 9), Wait(2, 9, 3),
-           CopyD2D(1, P + 128, P, 64), Memset(1, P, 255, 10), WriteH2D(1, P, b"\x00\x01xyz")]
+           CopyD2D(1, P + 128, P, 64), Memset(1, P, 255, 10), WriteH2D(1, P, b"\x00\x01xyz"), ExecGraph(3, 17)]
     back = wire.ops_from_pb(wire.rms.SubmitRequest.FromString(wire.submit_request(ops).SerializeToString()).ops)
     assert back[1:] == ops[1:]
     got = back[0]
@@ -412,6 +412,16 @@ def test_tenants_are_isolated(node):
         bs = b.create_stream()
         with pytest.raises(AclError):
             b.submit([Memset(bs, p, 0, 16)])
+    g = alice.graph_create([Memset(s, p, 7, 16)])            # a captured graph is its owner's too
+    for b in (bob, bob_fast):
+        with pytest.raises(InvalidHandleError):
+            b.graph_destroy(g)
+        with pytest.raises(InvalidHandleError):
+            b.graph_info(g)
+        with pytest.raises(InvalidHandleError):
+            b.submit([ExecGraph(b.create_stream(), g)])
+    assert alice.graph_info(g)["tasks"] == 1
+    alice.graph_destroy(g)
     assert alice.memcpy_d2h(p, 8).tolist() == list(range(8))
     alice.submit([Record(s, e)])
     alice.synchronize_event(e)
