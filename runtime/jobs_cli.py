@@ -155,7 +155,7 @@ def _cmd_generate(a) -> int:
             bar.step()
 
     with job_runtime(a.devices) as rt:
-        job = GenerateJob(rt, a.model, devices=a.devices, parallel=parallel, max_len=a.max_len)
+        job = GenerateJob(rt, a.model, devices=a.devices, parallel=parallel, max_len=a.max_len, graphs=not a.eager)
         try:
             res = job.generate(prompts, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                                top_k=a.top_k, top_p=a.top_p, seed=a.seed, raw=a.raw,
@@ -224,5 +224,8 @@ def register(sub) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--raw", action="store_true", help="no chat template: the prompt is plain text")
     g.add_argument("--max-len", type=int, default=2048, help="prompt + new tokens limit (KV cache size)")
+    g.add_argument("--eager", action="store_true",
+                   help="launch every kernel of every decode step (default: capture the first step as a "
+                        "graph and replay it)")
     g.add_argument("--json", action="store_true")
     g.set_defaults(fn=_guard(_cmd_generate))

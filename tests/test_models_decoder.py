@@ -332,6 +332,9 @@ def test_cli_generate(monkeypatch, capsys, greedy_1dev):
     assert doc["results"][0]["token_ids"] == greedy_1dev[1][:6]
     assert doc["results"][0]["text"].startswith("The capital of France")
     assert doc["stats"]["launches_per_token"] == 303
+    assert main(["run", "generate", "--prompt", "What is the capital of France?", "--max-new-tokens", "6",
+                 "--json", "--eager"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["token_ids"] == greedy_1dev[1][:6]
     assert main(["run", "generate", "--prompt", "hi", "--devices", "2", "--parallel", "none"]) == 2
     assert "107001" in capsys.readouterr().err                 # only 1 device exists
     assert main(["run", "generate", "--prompt", "", "--max-new-tokens", "2"]) == 2
