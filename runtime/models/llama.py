@@ -25,12 +25,14 @@ Layout (chosen so that every launch reads and writes contiguous tensors, the onl
 - GGUF keeps llama.cpp's permuted q/k rows (rope pairs (2i, 2i+1)): the weights stay as they are and
   RoPE runs with ``style="interleaved"`` (the same math as Hugging Face rotate-half on unpermuted rows).
 
-Decode launches per layer: rmsnorm, matmul(qkv), rope, scatter_update, incre_flash_attention, matmul(o),
-add, rmsnorm, batch_matmul(gate|up), swiglu, matmul(down), add = 12 (+2 all-reduces under tensor parallelism); per
-step also one embedding, a final rmsnorm and the LM-head matmul, and one host write of the step inputs.
-With ONE sequence the residual stream is a single row, which fits the ``bias`` input of ``matmul``
-(``[N]``): the o and down projections add the residual themselves (``out = a @ w^T + x``, ping-pong
-buffers), and gate|up is one plain matmul (its two halves are contiguous rows): 10 launches per layer.
+Decode launches per layer: rmsnorm, matmul(qkv), rope, scatter_update, incre_flash_attention,
+matmul(o), add, rmsnorm, batch_matmul(gate|up), swiglu, matmul(down), add = 12 (+2 all-reduces under
+tensor parallelism); per step also one embedding, a final rmsnorm and the LM-head matmul, and one host
+write of the step inputs.  With ONE sequence the residual stream is a single row, which fits the
+``bias`` input of ``matmul`` (``[N]``): the o and down projections add the residual themselves
+(``out = a @ w^T + x``, ping-pong buffers), and gate|up is one plain matmul (its two halves are
+contiguous rows): 10 launches per layer.  With graphs (the default) all of a step's launches on a device
+are ONE replay: 2 stream ops per step (the input write and the replay), carried by one RPC.
 
 Parallel modes: ``none`` (one device), ``tp`` (heads, FFN columns and vocabulary split; partial sums of
 the o and down projections all-reduced; one KV-head group per device, so the degree must divide the KV
@@ -112,6 +114,8 @@ class LlamaRank:
         self.w: Block | None = None
         self.buf: Block | None = None
         self.packs: dict[str, HostPack] = {}
+        self.graph = None                                    # this call's captured decode step
+        self.graph_counts = (0, 0)                           # (launches, collectives) inside it
         try:
             self.w = upload_block(dev, self._host_weights(host))
         except BaseException:
@@ -196,7 +200,7 @@ class LlamaRank:
         self.table = {i: td(h, (self.cap * self.B * self.W, dh)) for i, h in self.hist.items()}
 
     def release(self) -> None:
-        if getattr(self, "graph", None) is not None:
+        if self.graph is not None:
             g, self.graph = self.graph, None
             g.destroy()
         if self.buf is not None:
@@ -259,9 +263,13 @@ class LlamaRank:
             lc.stream.begin_capture()
             try:
                 self._forward("d", 1, need_pads)
-            finally:
-                g = lc.stream.end_capture()
-            self.graph, self.graph_counts = g, (lc.launches - l0, lc.collectives - c0)
+            except BaseException:
+                try:                             # close the capture; the original error is what counts
+                    lc.stream.end_capture().destroy()
+                except AclError:
+                    pass
+                raise
+            self.graph, self.graph_counts = lc.stream.end_capture(), (lc.launches - l0, lc.collectives - c0)
             lc.launches, lc.collectives = l0, c0
         if self.graph is None:
             self._forward("d", 1, need_pads)
