@@ -255,6 +255,15 @@ class Device:
             Work(bytes=sum(d.nbytes for d in op.inputs + op.outputs))
         return LaunchPlan(self, k, op, attrs, block_dim, self.cost.kernel(work, block_dim), owner, gen)
 
+    def release_owner(self, owner: str, timeout_s: float = 30.0) -> dict:
+        """Release everything a departed client holds: graphs, streams (queued work dropped, running
+        work waited for, host-blocking up to ``timeout_s``), events, then its memory.  Memory stays
+        allocated if its work does not finish in time (a hung device)."""
+        graphs = self.graphs.drop_owner(owner)
+        quiet = self.sched.drop_owner(owner, timeout_s)
+        freed = self.arena.free_owner(owner) if quiet else 0
+        return {"graphs": graphs, "allocations": freed, "quiesced": quiet}
+
     # ------------------------------------------------------------------ captured graphs (aclmdlRI)
     def graph_create(self, ops, owner: str | None = None) -> int:
         """Validate and bind a captured op sequence (host-synchronous); returns the graph id.  A bad op

@@ -124,5 +124,13 @@ class GraphTable:
         with self._lock:
             self._graphs.clear()
 
+    def drop_owner(self, owner: str) -> int:
+        """Forget every graph of one owner (a departed client); returns how many."""
+        with self._lock:
+            gids = [gid for gid, g in self._graphs.items() if g.owner == owner]
+            for gid in gids:
+                del self._graphs[gid]
+        return len(gids)
+
     def __len__(self) -> int:
         return len(self._graphs)

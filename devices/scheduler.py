@@ -139,6 +139,30 @@ class Scheduler:
         with self._lock:
             self.streams.pop(s.sid, None)
 
+    def drop_owner(self, owner: str, timeout_s: float) -> bool:
+        """Forget a departed client's streams and events: its queued work is dropped and its running
+        work waited for (host-blocking, up to ``timeout_s``).  True when none of its work runs any more."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            mine = [s for s in self.streams.values() if s.owner == owner]
+            for s in mine:
+                s.queue.clear()
+                e = s.parked_on
+                if e is not None:
+                    e.waiters = [(st, g) for st, g in e.waiters if st is not s]
+                    s.parked_on = None
+            while any(s.running is not None for s in mine):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+            for s in mine:
+                self.streams.pop(s.sid, None)
+            for eid in [e.eid for e in self.events.values() if e.owner == owner]:
+                self.events.pop(eid, None)
+            self._idle.notify_all()
+        return True
+
     def create_event(self, flags: int = 0, owner: str = "") -> int:
         with self._lock:
             self._check_alive()

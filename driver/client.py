@@ -239,12 +239,15 @@ class RemoteDevice:
         factor, count, offset, length, peer, duration_ms, celsius (see dms.proto)."""
         self._rpc(self._dms.InjectFault, _request(dms.InjectFaultRequest, kind=kind, **params))
 
-    def watch_health(self, interval_ms: int, callback=None, *, stale_after_s: float | None = None) -> "HealthWatch":
+    def watch_health(self, interval_ms: int, callback=None, *, stale_after_s: float | None = None,
+                     lease: bool = False) -> "HealthWatch":
         """Start a background heartbeat watch; ``callback(HealthEvent)`` runs for every beat and once with
         ``lost=True`` if the stream breaks.  The returned :class:`HealthWatch` also works as the loss
-        event (``watch.wait(timeout)``, ``watch.is_set()``).  ``stale_after_s`` (default max(10 s, 10 intervals); 0 = off)
-        also declares the device lost when beats stop arriving on a stream that stays open."""
-        w = HealthWatch(self, int(interval_ms), callback, stale_after_s)
+        event (``watch.wait(timeout)``, ``watch.is_set()``).  ``stale_after_s`` (default max(10 s, 10
+        intervals); 0 = off) also declares the device lost when beats stop arriving on a stream that stays
+        open.  With ``lease`` the watch is this client's lease (:mod:`driver.lease`): once it ends for
+        good, the device releases what this client still holds."""
+        w = HealthWatch(self, int(interval_ms), callback, stale_after_s, lease)
         with self._lock:
             self._watches.append(w)
         w.start()
@@ -598,8 +601,10 @@ def _split(ops):
 class HealthWatch:
     """A background WatchHealth stream of one :class:`RemoteDevice` (see :meth:`RemoteDevice.watch_health`)."""
 
-    def __init__(self, dev: RemoteDevice, interval_ms: int, callback, stale_after_s: float | None):
+    def __init__(self, dev: RemoteDevice, interval_ms: int, callback, stale_after_s: float | None,
+                 lease: bool = False):
         self.dev = dev
+        self.lease = lease           #: the watch is the client's lease (see driver.lease)
         self.interval_ms = max(10, interval_ms or 1000)
         self.callback = callback
         self.stale_after_s = (max(10.0, 10 * self.interval_ms / 1000.0) if stale_after_s is None
@@ -644,7 +649,7 @@ class HealthWatch:
         dev = self.dev
         error: AclError | None = None
         while not self.stopped.is_set():
-            req = dms.WatchHealthRequest(interval_ms=self.interval_ms, start_seq=self.seq + 1)
+            req = dms.WatchHealthRequest(interval_ms=self.interval_ms, start_seq=self.seq + 1, lease=self.lease)
             try:
                 dev._rpc(dev._dms.WatchHealth, req, timeout=WATCH_RENEW_S, consume=self._consume)
                 reason = "health stream ended by the device"

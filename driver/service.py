@@ -26,6 +26,7 @@ from concurrent import futures
 from itertools import chain
 
 from . import wire  # first: it sets gRPC's log verbosity before gRPC loads
+from .lease import DEFAULT_GRACE_S, Leases
 from .wire import dms, rms
 
 import grpc  # noqa: E402,I100
@@ -35,7 +36,9 @@ from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_INVALID_DEVIC
 
 log = logging.getLogger("vnpu.driver.service")
 
-RPC_WORKERS = 32
+#: server threads per device endpoint; every open health watch (each runtime client's lease, each
+#: failover pool's watch) holds one for its lifetime, so this bounds the concurrent clients of a device
+RPC_WORKERS = 64
 FAULT_KINDS = ("kill", "hang", "slow", "ecc", "link-down", "task-fail", "overheat", "clear")
 
 
@@ -171,6 +174,9 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
         wake = threading.Event()
         context.add_callback(wake.set)               # the client cancelled / went away
         self._server._watchers.add(wake)
+        owner = _owner(context) if request.lease else None
+        if owner is not None:
+            self._server.leases.opened(owner)
         try:
             seq = request.start_seq or 1
             while not wake.is_set() and not self._server.stopping.is_set() and context.is_active():
@@ -185,6 +191,8 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
                 wake.wait(interval)
         finally:
             self._server._watchers.discard(wake)
+            if owner is not None:
+                self._server.leases.closed(owner)
 
     def Reset(self, request, context):
         self.device.reset()
@@ -395,6 +403,10 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
             register_user_kernel(request.name, fn, replace=True)
         return _EMPTY
 
+    def drop_client(self, owner: str) -> None:
+        """Forget a departed client's launch templates."""
+        self._templates.drop(owner)
+
     # ---- captured graphs (aclmdlRI)
     def GraphCreate(self, request, context):
         owner = _owner(context)
@@ -448,7 +460,8 @@ def _same_code(a, b) -> bool:
 class DeviceServer:
     """A running DMS+RMS endpoint for one device.  ``stop()`` does not close the device."""
 
-    def __init__(self, device, host: str, token: str, port: int, on_kill, workers: int, max_message_bytes: int):
+    def __init__(self, device, host: str, token: str, port: int, on_kill, workers: int, max_message_bytes: int,
+                 lease_grace_s: float = DEFAULT_GRACE_S):
         self.device = device
         self.host = host
         self.token = token
@@ -463,6 +476,7 @@ class DeviceServer:
                                    options=wire.server_options(max_message_bytes))
         self.dms = DeviceManagementServicer(device, self)
         self.rms = ResourceManagementServicer(device)
+        self.leases = Leases(self._release_client, lease_grace_s)
         wire.add_DeviceManagementServicer_to_server(self.dms, self._server)
         wire.add_ResourceManagementServicer_to_server(self.rms, self._server)
         bind = f"[{host}]" if ":" in host and not host.startswith("[") else host
@@ -471,6 +485,12 @@ class DeviceServer:
             raise OSError(f"cannot bind the device {device.id} services to {bind}:{port}")
         self.address = f"{bind}:{self.port}"
         self._server.start()
+
+    def _release_client(self, owner: str) -> None:
+        """A client's lease ran out: free what it left behind (host-blocking, on the lease timer)."""
+        res = self.device.release_owner(owner)
+        self.rms.drop_client(owner)
+        log.info("device %d released departed client %s: %s", self.device.id, owner, res)
 
     # ---- faults with a duration
     def _after(self, seconds: float, fn) -> None:
@@ -502,6 +522,7 @@ class DeviceServer:
         if self.stopping.is_set():
             return
         self.stopping.set()
+        self.leases.close()
         for w in list(self._watchers):
             w.set()
         self._cancel_fault_timers()
@@ -522,7 +543,8 @@ class DeviceServer:
 
 
 def serve(device, host: str = "127.0.0.1", token: str | None = None, port: int = 0, on_kill=None, *,
-          workers: int = RPC_WORKERS, max_message_bytes: int = wire.MAX_MESSAGE_BYTES) -> DeviceServer:
+          workers: int = RPC_WORKERS, max_message_bytes: int = wire.MAX_MESSAGE_BYTES,
+          lease_grace_s: float = DEFAULT_GRACE_S) -> DeviceServer:
     """Serve ``device`` (DMS + RMS) on ``host:port`` (port 0 = ephemeral) and return the running server.
 
     ``host`` is the only interface bound (loopback by default; an all-interfaces address only when asked for).  ``token``
@@ -534,7 +556,7 @@ def serve(device, host: str = "127.0.0.1", token: str | None = None, port: int =
     if not host:
         raise InvalidParamError("serve() needs an explicit host to bind")
     token = token or os.environ.get("VNPU_TOKEN") or secrets.token_urlsafe(32)
-    return DeviceServer(device, host, token, port, on_kill, workers, max_message_bytes)
+    return DeviceServer(device, host, token, port, on_kill, workers, max_message_bytes, lease_grace_s)
 
 
 __all__ = ["serve", "DeviceServer", "DeviceManagementServicer", "ResourceManagementServicer", "FAULT_KINDS"]

@@ -13,6 +13,10 @@ from devices.errors import InvalidDeviceError, error_for_code
 from driver.client import RemoteDevice
 
 
+#: heartbeat period of the runtime's lease watches (beats only keep the stream observably alive)
+LEASE_BEAT_MS = 2000
+
+
 class RemoteBackend:
     name = "cluster"
 
@@ -25,9 +29,12 @@ class RemoteBackend:
         self._devices: dict[int, RemoteDevice] = {}
         for dev_id in sorted(self.where):
             w = self.where[dev_id]
-            self._devices[dev_id] = RemoteDevice(w["address"], token, dev_id, client_id=self.client_id,
-                                                 timeout_s=timeout_s,
-                                                 same_node=_same_node(w) if same_node is None else same_node)
+            d = self._devices[dev_id] = RemoteDevice(w["address"], token, dev_id, client_id=self.client_id,
+                                                     timeout_s=timeout_s,
+                                                     same_node=_same_node(w) if same_node is None else same_node)
+            # this client's lease on the device (what it leaves behind is released if it dies), and a
+            # broken stream tells blocked calls at once that the device is gone
+            d.watch_health(LEASE_BEAT_MS, None, stale_after_s=0, lease=True)
 
     @classmethod
     def connect(cls, **kw) -> "RemoteBackend":

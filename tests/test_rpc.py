@@ -649,3 +649,76 @@ def test_close_is_idempotent_and_final(node):
         c.mem_info()
     assert e.value.code == 207004
     assert not c.lost.is_set()
+
+
+# ---------------------------------------------------------------- client leases
+_DOOMED_CLIENT = """
+import sys, threading
+sys.path.insert(0, sys.argv[1])
+from devices.tasks import Memset
+from runtime.api import Runtime
+from runtime.remote import RemoteBackend
+rt = Runtime(RemoteBackend([{"device_id": int(sys.argv[4]), "address": sys.argv[2]}], sys.argv[3],
+                           client_id="doomed"))
+d = rt.device(0)
+t = d.empty((1 << 18,))
+s = d.stream()
+e = d.event()
+e.record(s)
+s.begin_capture()
+s.memset(t.ptr, 1, 64)
+g = s.end_capture()
+s.synchronize()
+print("ready", flush=True)
+sys.stdin.read()                  # until killed
+"""
+
+
+def test_a_client_that_dies_is_released_after_its_lease(fresh):
+    """A runtime client holds a lease on each device; SIGKILLed, it leaves memory, a stream, an event
+    and a graph behind, which the device releases once the lease's grace period is over.  A client
+    without a lease keeps its allocation, and the device keeps serving."""
+    import os
+    import subprocess
+    import sys
+    srv = fresh(6, lease_grace_s=0.2)
+    keeper = srv.client(client_id="keeper")
+    kp = keeper.malloc(4096)
+    keeper.memcpy_h2d(kp, bytes(range(256)) * 16)
+    dev = srv.device
+    used0, streams0, events0 = dev.arena.stats().used, len(dev.sched.streams), len(dev.sched.events)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", _DOOMED_CLIENT, repo, srv.server.address, TOKEN, str(dev.id)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert srv.server.leases.holds("doomed")
+        assert dev.arena.stats().used >= used0 + (1 << 20)
+        assert len(dev.sched.streams) > streams0 and len(dev.sched.events) > events0 and len(dev.graphs) == 1
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.stdin.close()
+        proc.stdout.close()
+    assert srv.server.leases.wait_released("doomed", 30.0)
+    assert dev.arena.stats().used == used0
+    assert (len(dev.sched.streams), len(dev.sched.events), len(dev.graphs)) == (streams0, events0, 0)
+    assert keeper.memcpy_d2h(kp, 8).tolist() == list(range(8))          # no lease: untouched
+    assert "keeper" not in srv.server.leases.released
+    keeper.free(kp)
+
+
+def test_a_renewed_lease_cancels_the_release(fresh):
+    from driver.lease import Leases
+    released = []
+    leases = Leases(released.append, grace_s=30.0)
+    leases.opened("a")
+    leases.closed("a")                 # armed ...
+    leases.opened("a")                 # ... and renewed before the grace period ended
+    assert leases.holds("a") and not leases._timers
+    leases.closed("a")
+    leases._expire("a", leases._armed["a"] - 1)        # a stale timer does nothing
+    assert not released
+    leases._expire("a", leases._armed["a"])            # the armed one releases
+    assert released == ["a"] and leases.released == ["a"]
+    leases.close()

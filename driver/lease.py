@@ -1,0 +1,95 @@
+"""Client leases: what a device does for a client that goes away without cleaning up.
+
+A runtime client holds a *lease watch* (``WatchHealth`` with ``lease=true``) on every device it uses,
+for as long as it lives; gRPC ends the call when the client's process dies or its channel closes.
+When a client's last lease watch has ended and no new one arrived within ``grace_s``, the device
+releases everything the client still holds -- memory, streams, events, graphs, launch templates -- as
+CANN's driver does for a process that exits.  Clients that never took a lease are never released this
+way (their resources live until they free them or the device is reset).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable
+
+log = logging.getLogger("vnpu.lease")
+
+#: seconds between a client's last lease ending and its release (a renewed watch arrives well within)
+DEFAULT_GRACE_S = float(os.environ.get("VNPU_LEASE_GRACE_S", 5.0))
+
+
+class Leases:
+    """Lease watches per client (owner) of one device server."""
+
+    def __init__(self, release: Callable[[str], None], grace_s: float = DEFAULT_GRACE_S):
+        self._release = release
+        self.grace_s = grace_s
+        self._open: dict[str, int] = {}
+        self._timers: dict[str, threading.Timer] = {}
+        self._gen = 0                          # each armed timer's number: only the newest one releases
+        self._armed: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self.released: list[str] = []          #: owners released so far (newest last)
+        self._closed = False
+
+    def opened(self, owner: str) -> None:
+        with self._lock:
+            self._open[owner] = self._open.get(owner, 0) + 1
+            self._armed.pop(owner, None)
+            t = self._timers.pop(owner, None)
+        if t is not None:
+            t.cancel()
+
+    def closed(self, owner: str) -> None:
+        with self._lock:
+            n = self._open.get(owner, 0) - 1
+            if n > 0:
+                self._open[owner] = n
+                return
+            self._open.pop(owner, None)
+            if self._closed:
+                return
+            self._gen += 1
+            self._armed[owner] = self._gen
+            t = threading.Timer(self.grace_s, self._expire, (owner, self._gen))
+            t.daemon = True
+            old = self._timers.pop(owner, None)
+            self._timers[owner] = t
+        if old is not None:
+            old.cancel()
+        t.start()
+
+    def holds(self, owner: str) -> bool:
+        with self._lock:
+            return self._open.get(owner, 0) > 0
+
+    def _expire(self, owner: str, gen: int) -> None:
+        with self._lock:
+            if self._closed or self._open.get(owner, 0) > 0 or self._armed.get(owner) != gen:
+                return
+            del self._armed[owner]
+            self._timers.pop(owner, None)
+        try:
+            self._release(owner)
+        except Exception:  # noqa: BLE001 - a failed release is logged; the device keeps serving
+            log.exception("releasing client %s failed", owner)
+            return
+        with self._lock:
+            self.released.append(owner)
+            self._cv.notify_all()
+
+    def wait_released(self, owner: str, timeout: float) -> bool:
+        """Block until ``owner`` has been released (True) or ``timeout`` seconds pass (False)."""
+        with self._cv:
+            return self._cv.wait_for(lambda: owner in self.released, timeout)
+
+    def close(self) -> None:
+        """Stop: pending releases are cancelled (the device is going away)."""
+        with self._lock:
+            self._closed = True
+            timers, self._timers = list(self._timers.values()), {}
+        for t in timers:
+            t.cancel()
