@@ -358,6 +358,11 @@ class Stream:
         """Stop capturing and build the graph on the device (host-synchronous)."""
         return _graph.end(self)
 
+    def capture(self, mode: int = _graph.CAPTURE_MODE_GLOBAL):
+        """``with stream.capture() as cap: ...`` -- begin/end around a block; ``cap.graph`` afterwards
+        (a block that raises leaves no capture and no graph behind)."""
+        return _graph.capture(self, mode)
+
     def capture_status(self) -> int:
         """0 none, 1 active, 2 invalidated (aclmdlRICaptureStatus)."""
         return _graph.status(self)

@@ -17,6 +17,7 @@ while capturing invalidates the capture and ``end_capture`` then raises 507903 a
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass, field
 
@@ -98,6 +99,29 @@ def end(stream) -> "Graph":
     return Graph(dev, gid, len(cap.ops))
 
 
+@dataclass
+class CaptureScope:
+    """What ``with stream.capture() as cap:`` yields; ``cap.graph`` is set when the block ends."""
+    graph: "Graph | None" = None
+
+
+@contextlib.contextmanager
+def capture(stream, mode: int = CAPTURE_MODE_GLOBAL):
+    """Capture the block's ops on ``stream`` into ``cap.graph``.  If the block raises, the capture is
+    closed and discarded and the block's own exception propagates."""
+    scope = CaptureScope()
+    begin(stream, mode)
+    try:
+        yield scope
+    except BaseException:
+        try:
+            end(stream).destroy()
+        except AclError:
+            pass                          # invalidated by the failure: nothing was kept
+        raise
+    scope.graph = end(stream)
+
+
 def check_sync(dev, stream=None) -> None:
     """Refuse a host synchronization that a capture forbids (107027)."""
     caps = dev.captures
@@ -150,6 +174,12 @@ class Graph:
         self._live()
         self.device.queue.flush()
         return self.device.handle.graph_info(self.gid)
+
+    def __enter__(self) -> "Graph":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
 
     def destroy(self) -> None:
         """aclmdlRIDestroy (replays already queued still run)."""

@@ -141,6 +141,31 @@ def test_failed_call_invalidates_capture(dev):
         s.destroy()
 
 
+def test_capture_block_and_a_block_that_raises(dev):
+    s = dev.stream()
+    x = dev.from_numpy(np.ones(4, np.float32))
+    try:
+        with s.capture() as cap:
+            s.launch("add", [x, x], [x])
+        with cap.graph as g:
+            g.execute_async(s)
+            g.execute_async(s)
+            s.synchronize(SYNC_MS)
+        np.testing.assert_array_equal(x.numpy(), np.full(4, 4.0, np.float32))
+        with pytest.raises(InvalidHandleError):
+            g.execute_async(s)                       # the with block destroyed it
+        with pytest.raises(ZeroDivisionError):
+            with s.capture():
+                s.launch("add", [x, x], [x])
+                1 / 0
+        assert s.capture_status() == CAPTURE_STATUS_NONE   # closed, nothing kept
+        s.synchronize(SYNC_MS)
+        np.testing.assert_array_equal(x.numpy(), np.full(4, 4.0, np.float32))
+    finally:
+        x.free()
+        s.destroy()
+
+
 def test_thread_rules(dev):
     s = dev.stream()
     x = dev.from_numpy(np.ones(4, np.float32))

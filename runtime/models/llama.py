@@ -260,16 +260,9 @@ class LlamaRank:
         lc = self.lc
         if use_graph and self.graph is None:
             l0, c0 = lc.launches, lc.collectives
-            lc.stream.begin_capture()
-            try:
+            with lc.stream.capture() as cap:
                 self._forward("d", 1, need_pads)
-            except BaseException:
-                try:                             # close the capture; the original error is what counts
-                    lc.stream.end_capture().destroy()
-                except AclError:
-                    pass
-                raise
-            self.graph, self.graph_counts = lc.stream.end_capture(), (lc.launches - l0, lc.collectives - c0)
+            self.graph, self.graph_counts = cap.graph, (lc.launches - l0, lc.collectives - c0)
             lc.launches, lc.collectives = l0, c0
         if self.graph is None:
             self._forward("d", 1, need_pads)
