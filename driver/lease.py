@@ -27,9 +27,7 @@ class Leases:
         self._release = release
         self.grace_s = grace_s
         self._open: dict[str, int] = {}
-        self._timers: dict[str, threading.Timer] = {}
-        self._gen = 0                          # each armed timer's number: only the newest one releases
-        self._armed: dict[str, int] = {}
+        self._armed: dict[str, threading.Timer] = {}   # owner -> its pending release (only that one fires)
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self.released: list[str] = []          #: owners released so far (newest last)
@@ -38,8 +36,7 @@ class Leases:
     def opened(self, owner: str) -> None:
         with self._lock:
             self._open[owner] = self._open.get(owner, 0) + 1
-            self._armed.pop(owner, None)
-            t = self._timers.pop(owner, None)
+            t = self._armed.pop(owner, None)
         if t is not None:
             t.cancel()
 
@@ -52,12 +49,10 @@ class Leases:
             self._open.pop(owner, None)
             if self._closed:
                 return
-            self._gen += 1
-            self._armed[owner] = self._gen
-            t = threading.Timer(self.grace_s, self._expire, (owner, self._gen))
+            t = threading.Timer(self.grace_s, self._expire)
+            t.args = (owner, t)
             t.daemon = True
-            old = self._timers.pop(owner, None)
-            self._timers[owner] = t
+            old, self._armed[owner] = self._armed.get(owner), t
         if old is not None:
             old.cancel()
         t.start()
@@ -66,12 +61,11 @@ class Leases:
         with self._lock:
             return self._open.get(owner, 0) > 0
 
-    def _expire(self, owner: str, gen: int) -> None:
+    def _expire(self, owner: str, timer: threading.Timer) -> None:
         with self._lock:
-            if self._closed or self._open.get(owner, 0) > 0 or self._armed.get(owner) != gen:
-                return
+            if self._closed or self._open.get(owner, 0) > 0 or self._armed.get(owner) is not timer:
+                return                         # renewed, re-armed or closing meanwhile
             del self._armed[owner]
-            self._timers.pop(owner, None)
         try:
             self._release(owner)
         except Exception:  # noqa: BLE001 - a failed release is logged; the device keeps serving
@@ -90,6 +84,6 @@ class Leases:
         """Stop: pending releases are cancelled (the device is going away)."""
         with self._lock:
             self._closed = True
-            timers, self._timers = list(self._timers.values()), {}
+            timers, self._armed = list(self._armed.values()), {}
         for t in timers:
             t.cancel()

@@ -714,11 +714,14 @@ def test_a_renewed_lease_cancels_the_release(fresh):
     leases = Leases(released.append, grace_s=30.0)
     leases.opened("a")
     leases.closed("a")                 # armed ...
+    stale = leases._armed["a"]
     leases.opened("a")                 # ... and renewed before the grace period ended
-    assert leases.holds("a") and not leases._timers
+    assert leases.holds("a") and not leases._armed
     leases.closed("a")
-    leases._expire("a", leases._armed["a"] - 1)        # a stale timer does nothing
+    leases._expire("a", stale)                         # a stale timer does nothing
     assert not released
-    leases._expire("a", leases._armed["a"])            # the armed one releases
+    armed = leases._armed["a"]
+    armed.cancel()                                     # (fired by hand below, not by its thread)
+    leases._expire("a", armed)                         # the armed one releases
     assert released == ["a"] and leases.released == ["a"]
     leases.close()
