@@ -59,6 +59,7 @@ class TaskGraph:
         self._lock = threading.Lock()
         self.replays = 0
         self.steps, self.gen = self._bind()
+        self.duration = sum(s.duration for s in self.steps)      #: modeled seconds of one replay
 
     def _bind(self) -> tuple[tuple[GraphStep, ...], int]:
         gen = self._arena.gen
@@ -67,10 +68,6 @@ class TaskGraph:
             t = self._build(op)
             steps.append(GraphStep(t.name or t.kind, t.blocks, t.run, t.duration))
         return tuple(steps), gen
-
-    @property
-    def duration(self) -> float:
-        return sum(s.duration for s in self.steps)
 
     def run(self) -> None:
         """Execute every step in order on the calling (AI Core) thread; the first error stops the
