@@ -9,6 +9,7 @@ Errors are typed exceptions from :mod:`devices.errors` that carry the CANN code 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -97,6 +98,17 @@ def set_runtime(rt: Runtime | None) -> Runtime | None:
     with _runtime_lock:
         old, _runtime = _runtime, rt
         return old
+
+
+@contextlib.contextmanager
+def runtime_scope(rt: Runtime):
+    """``rt`` is the current runtime inside the block and is closed after it (also on errors)."""
+    old = set_runtime(rt)
+    try:
+        yield rt
+    finally:
+        set_runtime(old)
+        rt.close()
 
 
 def device_count() -> int:

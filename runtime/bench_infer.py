@@ -29,21 +29,12 @@ def register(bench_sub) -> None:
 
 
 def _runtime(backend: str, devices: int):
-    import contextlib
-
     from devices.device import DeviceConfig
-    from .api import Runtime
+    from .api import Runtime, runtime_scope
     from .backend import LocalBackend
     from .cluster import ClusterSpec, cluster_runtime
     if backend == "local":
-        @contextlib.contextmanager
-        def local():
-            rt = Runtime(LocalBackend(devices, DeviceConfig(arena_bytes=1 << 30)))
-            try:
-                yield rt
-            finally:
-                rt.close()
-        return local()
+        return runtime_scope(Runtime(LocalBackend(devices, DeviceConfig(arena_bytes=1 << 30))))
     return cluster_runtime(spec=ClusterSpec(devices=devices, arena_bytes=1 << 30))
 
 

@@ -350,7 +350,7 @@ def _ray_bin() -> str:
 @contextlib.contextmanager
 def cluster_runtime(devices: int | None = None, spec: ClusterSpec | None = None):
     """A runtime over the running cluster, or over an embedded one started (and stopped) for this run."""
-    from .api import Runtime, set_runtime
+    from .api import Runtime, runtime_scope
     from .remote import RemoteBackend
     emb = None
     if read_state() is not None and _ray_alive(read_state()):
@@ -359,13 +359,10 @@ def cluster_runtime(devices: int | None = None, spec: ClusterSpec | None = None)
         spec = spec or ClusterSpec(devices=devices or 4)
         emb = LocalCluster(spec)
         backend = emb.backend()
-    rt = Runtime(backend)
-    old = set_runtime(rt)
     try:
-        yield rt
+        with runtime_scope(Runtime(backend)) as rt:
+            yield rt
     finally:
-        set_runtime(old)
-        rt.close()
         if emb is not None:
             emb.close()
         else:

@@ -170,21 +170,16 @@ class GenerateWorkload:
 def make_workload(name: str, **kw):
     """``mlp`` | ``embed`` (runtime.models' BERT encoder) | ``generate`` (runtime.models' SmolLM2); the
     model workloads fall back to ``mlp`` when their weights are missing."""
-    if name == "embed":
-        try:
-            return EmbedWorkload(**kw)
-        except Exception as e:  # noqa: BLE001 - no model files in this environment
-            log.warning("embed workload unavailable (%s): using the built-in MLP", e)
-            return MlpWorkload()
-    if name == "generate":
-        try:
-            return GenerateWorkload(**kw)
-        except Exception as e:  # noqa: BLE001 - no model files in this environment
-            log.warning("generate workload unavailable (%s): using the built-in MLP", e)
-            return MlpWorkload()
     if name == "mlp":
         return MlpWorkload(**kw)
-    raise ValueError(f"unknown workload {name!r} (mlp | embed | generate)")
+    model = {"embed": EmbedWorkload, "generate": GenerateWorkload}.get(name)
+    if model is None:
+        raise ValueError(f"unknown workload {name!r} (mlp | embed | generate)")
+    try:
+        return model(**kw)
+    except Exception as e:  # noqa: BLE001 - no model files in this environment
+        log.warning("%s workload unavailable (%s): using the built-in MLP", name, e)
+        return MlpWorkload()
 
 
 # ---------------------------------------------------------------------------------------------- runner

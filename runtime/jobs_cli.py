@@ -23,15 +23,10 @@ def job_runtime(devices: int):
     """The runtime a job runs on: the cluster backend, or in-process devices with VNPU_BACKEND=local
     (``VNPU_DEVICES`` of them, default 4: asking for more is an error, as on a cluster)."""
     if os.environ.get("VNPU_BACKEND", "") == "local":
-        from .api import Runtime, set_runtime
+        from .api import Runtime, runtime_scope
         from .backend import LocalBackend
-        rt = Runtime(LocalBackend())              # VNPU_DEVICES devices (default 4), VNPU_HBM_BYTES each
-        old = set_runtime(rt)
-        try:
+        with runtime_scope(Runtime(LocalBackend())) as rt:   # VNPU_DEVICES devices (default 4)
             yield rt
-        finally:
-            set_runtime(old)
-            rt.close()
     else:
         from .cluster import cluster_runtime
         with cluster_runtime(devices=devices) as rt:

@@ -17,17 +17,6 @@ from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
 ARENA = 1 << 30
 
 
-def _has_hccl() -> bool:
-    try:
-        from runtime import hccl  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-needs_hccl = pytest.mark.skipif(not _has_hccl(), reason="runtime.hccl (collectives) not available")
-
-
 # ---------------------------------------------------------------------------------------------- reference
 class RefLlama:
     """Plain numpy llama forward (float32), weights in Hugging Face layout."""
@@ -223,7 +212,6 @@ def test_sample_token_filters():
 
 
 # ---------------------------------------------------------------------------------------------- parallel
-@needs_hccl
 @pytest.mark.parametrize("parallel,n", [("tp", 3), ("pp", 2)])
 def test_parallel_modes_give_identical_tokens(rt3, prompts, greedy_1dev, parallel, n):
     devs = rt3.devices()
@@ -291,8 +279,6 @@ def test_out_of_memory_is_clean():
         devs = small.devices()
         before = hbm_used(devs)
         for parallel, n in (("none", 1), ("pp", 2)):
-            if parallel == "pp" and not _has_hccl():
-                continue
             with pytest.raises(MemoryAllocationError) as e:
                 GenerateJob(small, "smollm2", devices=n, parallel=parallel)
             assert e.value.code == 207001

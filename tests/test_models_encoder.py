@@ -32,17 +32,6 @@ TEXTS = [
 ]
 
 
-def _has_hccl() -> bool:
-    try:
-        from runtime import hccl  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-needs_hccl = pytest.mark.skipif(not _has_hccl(), reason="runtime.hccl (collectives) not available")
-
-
 @pytest.fixture(scope="module")
 def rt():
     r = make_local_runtime(2, arena=ARENA)
@@ -123,7 +112,7 @@ def l6_single(rt):
 
 
 # ---------------------------------------------------------------------------------------------- L3 vs onnxruntime
-@pytest.mark.parametrize("parallel,n", [("dp", 1), ("dp", 2), pytest.param("tp", 2, marks=needs_hccl)])
+@pytest.mark.parametrize("parallel,n", [("dp", 1), ("dp", 2), ("tp", 2)])
 def test_l3_matches_onnxruntime(rt, ort_l3, parallel, n):
     devs = rt.devices()
     before = hbm_used(devs)
@@ -154,7 +143,6 @@ def test_l6_data_parallel_matches_single(rt, l6_single):
     assert float(np.abs(got - l6_single).max()) <= 1e-5
 
 
-@needs_hccl
 def test_l6_tensor_parallel_matches_single(rt, l6_single):
     with EmbedJob(rt, "minilm-l6", devices=2, parallel="tp", batch_size=4) as job:
         got = job.embed(TEXTS)

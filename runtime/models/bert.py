@@ -307,12 +307,3 @@ class EmbedJob(JobBase):
         self.last_stats = st
         return out
 
-    def _teardown(self) -> None:
-        c = Closer()
-        for comm in self._comms:
-            c.push(comm.destroy)
-        for r in self.ranks:
-            c.push(r.close)
-        self.ranks, self._comms = [], []
-        c.close()
-

@@ -263,10 +263,18 @@ class JobBase:
     ``_teardown`` frees its device memory and communicators); usable as a context manager."""
 
     ranks: list
+    _comms: list
     _closed: bool = False
 
     def _teardown(self) -> None:
-        raise NotImplementedError
+        """Destroy the job's communicators, then close its ranks (all of them, even when some fail)."""
+        c = Closer()
+        for comm in self._comms:
+            c.push(comm.destroy)
+        for r in self.ranks:
+            c.push(r.close)
+        self.ranks, self._comms = [], []
+        c.close()
 
     def close(self) -> None:
         if self._closed:

@@ -646,14 +646,3 @@ class GenerateJob(JobBase):
         parts = [r.logits() for r in heads]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
-    # -------------------------------------------------------------- teardown
-    def _teardown(self) -> None:
-        c = Closer()
-        for comm in self._comms:
-            c.push(comm.destroy)
-        for r in self.ranks:
-            c.push(r.close)
-        self.ranks = []
-        self._comms = []
-        c.close()
-
