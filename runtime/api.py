@@ -24,7 +24,7 @@ from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
 from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
 from . import graph as _graph
-from .backend import Backend, DeviceHandle, LocalBackend, parse_visible_devices
+from .backend import Backend, DeviceHandle, create_backend, parse_visible_devices
 
 
 # ---------------------------------------------------------------------------------------------- runtime
@@ -75,20 +75,12 @@ _runtime_lock = threading.Lock()
 
 
 def get_runtime() -> Runtime:
-    """The process-wide runtime, created on first use: the in-process backend unless ``VNPU_BACKEND``
-    says ``cluster`` (then the devices of the running vnpu cluster)."""
+    """The process-wide runtime, created on first use over the backend that ``VNPU_BACKEND`` names
+    (default ``local``: in-process devices; ``cluster``: the devices of the running vnpu cluster)."""
     global _runtime
     with _runtime_lock:
         if _runtime is None:
-            kind = os.environ.get("VNPU_BACKEND", "local")
-            if kind == "local":
-                backend: Backend = LocalBackend()
-            elif kind in ("cluster", "ray", "remote"):
-                from .remote import RemoteBackend
-                backend = RemoteBackend.connect()
-            else:
-                raise InvalidParamError(f"unknown VNPU_BACKEND {kind!r} (local | cluster)")
-            _runtime = Runtime(backend)
+            _runtime = Runtime(create_backend(os.environ.get("VNPU_BACKEND", "local")))
         return _runtime
 
 

@@ -1,18 +1,24 @@
 """Backends: where the runtime's devices live.
 
 A backend hands out :class:`DeviceHandle` objects, one per physical device.  The in-process backend's
-handles are :class:`devices.device.Device` objects themselves; the remote backend (``runtime.remote``)
-returns driver clients with the same methods that reach device actors over gRPC.  The runtime programs
-only against :class:`DeviceHandle`, so the same runtime code and tests run on both.
+handles are :class:`devices.device.Device` objects themselves; the cluster backend
+(:mod:`runtime.cluster.remote`) returns driver clients with the same methods that reach device actors
+over gRPC.  The runtime programs only against :class:`DeviceHandle`, so the same runtime code and tests
+run on both.
+
+Backends are looked up by name in :data:`BACKENDS` (``VNPU_BACKEND`` picks one for
+:func:`runtime.api.get_runtime`): each entry names the factory as ``"module:attribute"``, imported only
+when that backend is asked for, so this module depends on none of them.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from typing import Protocol, runtime_checkable
 
 from devices.device import Device, DeviceConfig
-from devices.errors import InvalidDeviceError
+from devices.errors import InvalidDeviceError, InvalidParamError
 
 
 @runtime_checkable
@@ -103,3 +109,32 @@ def parse_visible_devices(value: str | None, available: list[int]) -> list[int]:
             break
         out.append(i)
     return [available[i] for i in out]
+
+
+#: backend name -> "module:factory"; the factory takes no arguments and returns a connected Backend
+BACKENDS: dict[str, str] = {
+    "local": "runtime.backend:LocalBackend",
+    "cluster": "runtime.cluster.remote:RemoteBackend.connect",
+}
+#: other names users write for the same backends
+ALIASES = {"ray": "cluster", "remote": "cluster", "inprocess": "local"}
+
+
+def register_backend(name: str, factory: str) -> None:
+    """Add (or replace) a backend: ``factory`` is ``"module:attribute[.attribute]"``."""
+    if ":" not in factory:
+        raise InvalidParamError(f"backend factory {factory!r} is not 'module:attribute'")
+    BACKENDS[name] = factory
+
+
+def create_backend(name: str) -> Backend:
+    """Build the backend registered as ``name`` (or one of its aliases)."""
+    key = ALIASES.get(name, name)
+    target = BACKENDS.get(key)
+    if target is None:
+        raise InvalidParamError(f"unknown backend {name!r} (known: {', '.join(sorted(BACKENDS))})")
+    mod, _, attr = target.partition(":")
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj()

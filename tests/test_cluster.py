@@ -80,7 +80,7 @@ def test_npu_resource_task_sees_exactly_its_devices(cluster):
     @ray.remote(resources={"NPU": 2}, num_cpus=0)
     def visible():
         from runtime.api import Runtime
-        from runtime.remote import RemoteBackend
+        from runtime.cluster.remote import RemoteBackend
         rt = Runtime(RemoteBackend.connect())
         try:
             ids = [d.physical_id for d in rt.devices()]

@@ -18,8 +18,8 @@ import pytest
 
 from devices.errors import AclError, DeviceLostError, HcclError
 from runtime.cluster import ClusterSpec, LocalCluster, discover
-from runtime.failover import DevicePool, FailoverOptions, flush_all
-from runtime.jobrunner import JobRunner, MlpWorkload
+from runtime.cluster.failover import DevicePool, FailoverOptions, flush_all
+from runtime.cluster.jobrunner import JobRunner, MlpWorkload
 
 pytestmark = pytest.mark.cluster
 

@@ -657,7 +657,7 @@ import sys, threading
 sys.path.insert(0, sys.argv[1])
 from devices.tasks import Memset
 from runtime.api import Runtime
-from runtime.remote import RemoteBackend
+from runtime.cluster.remote import RemoteBackend
 rt = Runtime(RemoteBackend([{"device_id": int(sys.argv[4]), "address": sys.argv[2]}], sys.argv[3],
                            client_id="doomed"))
 d = rt.device(0)

@@ -1,8 +1,7 @@
 """Cluster lifecycle: the detached local cluster of ``vnpu up``/``down`` and the embedded one that other
-commands and tests start for their own run.
+commands and tests start for their own run (state and discovery: :mod:`runtime.cluster.discovery`).
 
-State lives in ``$VNPU_HOME`` (default ``~/.vnpu``): ``cluster.json`` (Ray address, devices, temp dir) and
-``token`` (the cluster token, mode 0600).  Ray runs with its temp dir under ``/tmp/vnpu-ray-*`` and binds
+Ray runs with its temp dir under ``/tmp/vnpu-ray-*`` and binds
 to 127.0.0.1, so ``down`` can remove everything it started.
 """
 from __future__ import annotations
@@ -21,11 +20,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from devices.actor import ACTOR_PREFIX, BLAS_ENV, NAMESPACE, actor_name, remote_class
+from driver.host import ACTOR_PREFIX, BLAS_ENV, NAMESPACE, actor_name, remote_class
 from devices.arena import SHM_DIR
 from devices.errors import ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
 
-LOOPBACK = "127.0.0.1"
+from .discovery import (LOOPBACK, attach_ray, discover, load_token, new_token, read_state,  # noqa: F401
+                        state_dir, state_file, token_file)
+from .remote import RemoteBackend
+
 # (RAY_AUTH_MODE=token is set in runtime/__init__.py, before anything imports ray.)
 # Ray probes for a real `acl` module when a node declares the NPU resource and logs a traceback when
 # there is none (harmless: the virtual NPUs are ours).
@@ -48,46 +50,6 @@ class ClusterSpec:
     nodes: int = 1
 
 
-def state_dir() -> Path:
-    return Path(os.environ.get("VNPU_HOME", "~/.vnpu")).expanduser()
-
-
-def _state_file() -> Path:
-    return state_dir() / "cluster.json"
-
-
-def _token_file() -> Path:
-    return state_dir() / "token"
-
-
-def new_token() -> str:
-    d = state_dir()
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tok = secrets.token_urlsafe(32)
-    fd = os.open(_token_file(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(tok)
-    os.chmod(_token_file(), 0o600)
-    return tok
-
-
-def load_token() -> str:
-    tok = os.environ.get("VNPU_TOKEN")
-    if tok:
-        return tok
-    try:
-        return _token_file().read_text().strip()
-    except FileNotFoundError:
-        raise AclError("no cluster token: is a vnpu cluster up? (vnpu up)", code=ACL_ERROR_RT_NO_DEVICE) from None
-
-
-def read_state() -> dict | None:
-    try:
-        return json.loads(_state_file().read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
 def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -108,19 +70,6 @@ def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
 
 
 # ------------------------------------------------------------------------------------------ Ray plumbing
-def attach_ray() -> None:
-    """Connect this process to the vnpu cluster's Ray (no-op inside a Ray worker)."""
-    import ray
-    if ray.is_initialized():
-        return
-    st = read_state()
-    if st is None:
-        raise AclError("no vnpu cluster is up: run `vnpu up` (or use the embedded default)",
-                       code=ACL_ERROR_RT_NO_DEVICE)
-    ray.init(address=st["ray_address"], namespace=NAMESPACE, logging_level="ERROR",
-             log_to_driver=False, _node_ip_address=LOOPBACK)
-
-
 def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: int = 0,
                   max_restarts: int = 0) -> tuple[list[dict], list]:
     """Start one device actor per virtual NPU and wait until each serves gRPC.  Returns where they are
@@ -141,18 +90,6 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
                                                                     spec.cores)
               for i in range(first_id, first_id + spec.devices)]
     return ray.get([a.where.remote() for a in actors], timeout=120), actors
-
-
-def discover() -> list[dict]:
-    """Where every device actor of the cluster is (sorted by physical id)."""
-    import ray
-    names = [a["name"] if isinstance(a, dict) else a
-             for a in ray.util.list_named_actors(all_namespaces=True)
-             if not isinstance(a, dict) or a.get("namespace") == NAMESPACE]
-    names = sorted(n for n in names if n.startswith(ACTOR_PREFIX) and n[len(ACTOR_PREFIX):].isdigit())
-    handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
-    where = ray.get([h.where.remote() for h in handles], timeout=60)
-    return sorted(where, key=lambda w: w["device_id"])
 
 
 def stop_devices(timeout: float = 30.0) -> list[str]:
@@ -223,7 +160,6 @@ class LocalCluster:
         os.environ["VNPU_TOKEN"] = self.token
 
     def backend(self, **kw):
-        from .remote import RemoteBackend
         return RemoteBackend(self.where, self.token, **kw)
 
     def close(self) -> None:
@@ -274,7 +210,7 @@ def cluster_up(spec: ClusterSpec) -> tuple[dict, bool]:
         st["where"], _ = start_devices(spec, token, detached=True)
     finally:
         ray.shutdown()
-    _state_file().write_text(json.dumps(st, indent=1))
+    state_file().write_text(json.dumps(st, indent=1))
     return st, True
 
 
@@ -295,7 +231,7 @@ def cluster_down(quiet: bool = False) -> bool:
     remove_segments(arenas)
     remove_segments(None)
     shutil.rmtree(st.get("temp_dir", "/nonexistent-vnpu"), ignore_errors=True)
-    for f in (_state_file(), _token_file()):
+    for f in (state_file(), token_file()):
         with contextlib.suppress(FileNotFoundError):
             f.unlink()
     return True
@@ -350,8 +286,7 @@ def _ray_bin() -> str:
 @contextlib.contextmanager
 def cluster_runtime(devices: int | None = None, spec: ClusterSpec | None = None):
     """A runtime over the running cluster, or over an embedded one started (and stopped) for this run."""
-    from .api import Runtime, runtime_scope
-    from .remote import RemoteBackend
+    from runtime.api import Runtime, runtime_scope
     emb = None
     if read_state() is not None and _ray_alive(read_state()):
         backend = RemoteBackend.connect()

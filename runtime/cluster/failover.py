@@ -121,7 +121,7 @@ class _OneBackend:
 
 def wrap_handle(handle, kind: str = "npu"):
     """A ``runtime.api.Device`` over a bare device handle."""
-    from .api import Runtime
+    from runtime.api import Runtime
     rt = Runtime(_OneBackend(handle, "local" if kind == "cpu" else "cluster"), visible="0")
     return rt.device(0)
 
@@ -569,7 +569,7 @@ class DevicePool:
 def _ray_where(pid: int, timeout: float) -> dict:
     """Where device actor ``npu<pid>`` is now (blocks while Ray restarts it)."""
     import ray
-    from devices.actor import NAMESPACE, actor_name
+    from driver.host import NAMESPACE, actor_name
     h = ray.get_actor(actor_name(pid), namespace=NAMESPACE)
     return ray.get(h.where.remote(), timeout=timeout)
 

@@ -1,4 +1,4 @@
-"""A request-level job runner over a :class:`runtime.failover.DevicePool`.
+"""A request-level job runner over a :class:`runtime.cluster.failover.DevicePool`.
 
 Requests ``(id, inputs)`` go into one queue; a worker thread per logical device takes them, runs them on
 the device its logical id is bound to *now*, and delivers the result.  When a request fails with a
@@ -99,7 +99,7 @@ class EmbedWorkload:
     name = "embed"
 
     def __init__(self, model: str = "minilm-l6", batch: int = 8):
-        from .models.bert import bert_tokenizer, load_encoder
+        from runtime.models.bert import bert_tokenizer, load_encoder
         self.model = model
         self.cfg, self.w = load_encoder(model)
         self.tok = bert_tokenizer(self.cfg.max_len)
@@ -117,7 +117,7 @@ class EmbedWorkload:
         return out
 
     def prepare(self, dev):
-        from .models.bert import BertRank
+        from runtime.models.bert import BertRank
         return BertRank(dev, self.cfg, self.w)
 
     def run(self, rank, inputs) -> np.ndarray:
@@ -140,8 +140,8 @@ class GenerateWorkload:
     name = "generate"
 
     def __init__(self, tokens: int = 4, max_len: int = 64):
-        from .models.llama import DECODER_MODELS
-        from .models.weights import load_gguf_cached
+        from runtime.models.llama import DECODER_MODELS
+        from runtime.models.weights import load_gguf_cached
         load_gguf_cached(str(DECODER_MODELS["smollm2"]()))      # dequantise once per process
         self.tokens, self.max_len = tokens, max_len
 
@@ -152,7 +152,7 @@ class GenerateWorkload:
         return [f"Say one sentence about {rng.choice(topics)} and {rng.choice(topics)}." for _ in range(n)]
 
     def prepare(self, dev):
-        from .models.llama import GenerateJob
+        from runtime.models.llama import GenerateJob
         return GenerateJob(dev.rt, "smollm2", devices=[dev.index], parallel="none", max_len=self.max_len)
 
     def run(self, job, prompt) -> np.ndarray:

@@ -159,7 +159,7 @@ def _leaks(where_seen: set[str], pids_seen: set[int]) -> dict:
 
 def _named_actors() -> list[str]:
     import ray
-    from devices.actor import ACTOR_PREFIX, NAMESPACE
+    from driver.host import ACTOR_PREFIX, NAMESPACE
     if not ray.is_initialized():
         return []
     with contextlib.suppress(Exception):
@@ -192,7 +192,7 @@ def _settle(runner, timeout_s: float = 600.0) -> None:
 
 
 def run_campaign(cfg: ChaosConfig, out=print) -> dict:
-    from .cluster import ClusterSpec, LocalCluster, remove_segments
+    from .local import ClusterSpec, LocalCluster, remove_segments
     rng = random.Random(cfg.seed)
     wl = make_workload(cfg.workload)
     inputs = wl.make_inputs(cfg.distinct_inputs, seed=cfg.seed + 1)
@@ -373,7 +373,7 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
         if pool is not None:
             pool.close()
         arenas |= {w["arena"] for w in cluster.where}
-        from .cluster import stop_devices
+        from .local import stop_devices
         with contextlib.suppress(Exception):
             arenas |= set(stop_devices())
         end = time.monotonic() + 10.0

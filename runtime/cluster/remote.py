@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import uuid
 
-from devices.actor import ACTOR_PREFIX, NAMESPACE
+from driver.host import ACTOR_PREFIX, NAMESPACE
 from devices.errors import InvalidDeviceError, error_for_code
 from driver.client import RemoteDevice
+
+from .discovery import attach_ray, discover, load_token
 
 
 #: heartbeat period of the runtime's lease watches (beats only keep the stream observably alive)
@@ -40,7 +42,6 @@ class RemoteBackend:
     def connect(cls, **kw) -> "RemoteBackend":
         """Attach to the running vnpu cluster (``vnpu up``), or to the devices of the Ray cluster this
         process already belongs to (inside a Ray task or actor)."""
-        from .cluster import attach_ray, discover, load_token
         attach_ray()
         return cls(discover(), load_token(), **kw)
 

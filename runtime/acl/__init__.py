@@ -66,7 +66,7 @@ from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_INVALID_PARAM, A
                             InvalidHandleError, InvalidParamError)
 from devices.kernel import ACL_DTYPE, DTYPES, TensorDesc, lookup, register_user_kernel
 
-from . import api as _api_mod
+from runtime import api as _api_mod
 
 log = logging.getLogger("vnpu.acl")
 

@@ -15,7 +15,7 @@ def _seconds(s: str) -> float:
 
 
 def register(sub) -> None:
-    from .chaos import FAULT_KINDS
+    from runtime.cluster.chaos import FAULT_KINDS
     c = sub.add_parser("chaos", help="kill, hang and break devices while a job runs; report what was lost")
     c.add_argument("--workload", default="mlp", choices=("mlp", "embed", "generate"))
     c.add_argument("--devices", type=int, default=4, help="logical devices the job runs on")
@@ -33,8 +33,8 @@ def register(sub) -> None:
 
 
 def _cmd_chaos(a) -> int:
-    from .chaos import FAULT_KINDS, ChaosConfig, run_campaign, summary_lines
-    from .failover import FailoverOptions
+    from runtime.cluster.chaos import FAULT_KINDS, ChaosConfig, run_campaign, summary_lines
+    from runtime.cluster.failover import FailoverOptions
     faults = tuple(f.strip() for f in a.faults.split(",") if f.strip())
     bad = [f for f in faults if f not in FAULT_KINDS]
     if bad or not faults:

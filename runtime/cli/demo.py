@@ -55,8 +55,8 @@ def run_mlp_check(rt, batch: int = 64, d_in: int = 256, d_hidden: int = 512, d_o
 
 
 def run_demo(rt, out=sys.stdout, max_new_tokens: int = 24) -> bool:
-    from .models.bert import EmbedJob
-    from .models.llama import GenerateJob
+    from runtime.models.bert import EmbedJob
+    from runtime.models.llama import GenerateJob
     from .smi import collect, render
     n = rt.device_count()
     ok = True
@@ -97,3 +97,18 @@ def run_demo(rt, out=sys.stdout, max_new_tokens: int = 24) -> bool:
         ok &= r["ok"]
     print(render(collect(rt)), file=out)
     return ok
+
+
+def register(sub) -> None:
+    demo = sub.add_parser("demo", help="the main job: multi-device inference on a local cluster, then smi")
+    demo.add_argument("--devices", type=int, default=4)
+    demo.add_argument("--max-new-tokens", type=int, default=24)
+    demo.set_defaults(fn=_cmd_demo)
+
+
+def _cmd_demo(a) -> int:
+    from runtime.cluster import cluster_runtime
+    with cluster_runtime(devices=a.devices) as rt:
+        print(f"vnpu: {rt.device_count()} virtual NPUs up ({rt.backend.name} backend)")
+        ok = run_demo(rt, max_new_tokens=a.max_new_tokens)
+    return 0 if ok else 1

@@ -3,7 +3,22 @@ from __future__ import annotations
 
 import json
 
-from .api import Runtime
+from runtime.api import Runtime
+
+
+def register(sub) -> None:
+    smi = sub.add_parser("smi", help="npu-smi-like device table")
+    smi.add_argument("--json", action="store_true")
+    smi.add_argument("--devices", type=int, default=4, help="devices of the embedded cluster (when none is up)")
+    smi.set_defaults(fn=_cmd_smi)
+
+
+def _cmd_smi(a) -> int:
+    from runtime.cluster import cluster_runtime
+    with cluster_runtime(devices=a.devices) as rt:
+        rows = collect(rt)
+    print(to_json(rows) if a.json else render(rows))
+    return 0
 
 _W = (27, 15, 52)
 

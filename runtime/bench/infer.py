@@ -30,9 +30,9 @@ def register(bench_sub) -> None:
 
 def _runtime(backend: str, devices: int):
     from devices.device import DeviceConfig
-    from .api import Runtime, runtime_scope
-    from .backend import LocalBackend
-    from .cluster import ClusterSpec, cluster_runtime
+    from runtime.api import Runtime, runtime_scope
+    from runtime.backend import LocalBackend
+    from runtime.cluster import ClusterSpec, cluster_runtime
     if backend == "local":
         return runtime_scope(Runtime(LocalBackend(devices, DeviceConfig(arena_bytes=1 << 30))))
     return cluster_runtime(spec=ClusterSpec(devices=devices, arena_bytes=1 << 30))
@@ -46,9 +46,9 @@ def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with
                  graphs: bool = True) -> dict:
     """Decode ms/token (medians), with ``graphs`` (each step one captured-graph replay per device) or
     launching every kernel of every step."""
-    from .models.bench import NumpyLlama
-    from .models.llama import GenerateJob
-    from .models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
+    from runtime.models.bench import NumpyLlama
+    from runtime.models.llama import GenerateJob
+    from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
     ref = None
     if with_numpy:
         g = load_gguf_cached(str(smollm2_gguf()))
@@ -115,7 +115,7 @@ def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with
 
 
 def bench_embed(rt, devices: int, parallel: str, rounds: int) -> dict:
-    from .models.bench import bench_embed as run
+    from runtime.models.bench import bench_embed as run
     return run("minilm-l6", rounds=rounds, devices=devices, rt=rt, parallel=parallel)
 
 

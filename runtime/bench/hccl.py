@@ -62,7 +62,7 @@ def register(bench_subparsers) -> None:
 
 # ------------------------------------------------------------------------------------------ helpers
 def _parse_size(s) -> int:
-    from .bench_cli import parse_size
+    from .common import parse_size
     return parse_size(s)
 
 
@@ -234,8 +234,8 @@ def _runtime(devices: int, arena: int):
     kind = os.environ.get("VNPU_BACKEND", "cluster")
     if kind == "local":
         from devices.device import DeviceConfig
-        from .api import Runtime, set_runtime
-        from .backend import LocalBackend
+        from runtime.api import Runtime, set_runtime
+        from runtime.backend import LocalBackend
         rt = Runtime(LocalBackend(devices, DeviceConfig(arena_bytes=arena)))
         old = set_runtime(rt)
         try:
@@ -244,7 +244,7 @@ def _runtime(devices: int, arena: int):
             set_runtime(old)
             rt.close()
     else:
-        from .cluster import ClusterSpec, cluster_runtime
+        from runtime.cluster import ClusterSpec, cluster_runtime
         with cluster_runtime(devices=devices, spec=ClusterSpec(devices=devices, arena_bytes=arena)) as rt:
             yield rt, rt.backend.name
 
@@ -377,7 +377,7 @@ def _torch_gloo(n: int, nbytes: int, iters: int = 5) -> dict:
 
 # ------------------------------------------------------------------------------------------ command
 def _bench_hccl(a) -> int:
-    from . import hccl
+    from runtime import hccl
     ops = _ops(a.op)
     lo, hi = _parse_size(a.min_bytes), _parse_size(a.max_bytes)
     if a.devices < 1 or lo < 1 or hi < lo:

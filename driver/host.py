@@ -1,12 +1,12 @@
-"""The Ray actor that hosts one virtual NPU and serves its DMS/RMS gRPC services.
+"""The device host: the Ray actor that hosts one virtual NPU and serves its DMS/RMS gRPC services.
 
 The actor is a thin shell: it pins itself to one BLAS thread, builds a :class:`devices.device.Device`,
 and starts the driver's device-side gRPC endpoint (``driver.service``, the emulated firmware end of the
 driver) on an ephemeral port of the node's own address.  The driver finds it by name in the ``vnpu``
 Ray namespace (``npu<physical id>``) and from then on talks to it over gRPC only.
 
-This is the one place where ``devices`` reaches into ``driver``: the device process must serve the
-driver's wire protocol, and the protocol's generated code may only be imported by the driver's edge.
+It lives at the driver's edge: ``devices`` is the device model as plain Python (no Ray, gRPC or driver
+imports); this module builds one, serves it, and wires HCCL's cross-node transport.
 """
 from __future__ import annotations
 
@@ -36,17 +36,17 @@ class NpuHost:
             pass
         from dataclasses import replace
 
-        from driver.service import serve
+        from .service import serve
 
-        from .chip import chip_by_name
-        from .device import Device, DeviceConfig
+        from devices.chip import chip_by_name
+        from devices.device import Device, DeviceConfig
         self.host = host or _node_ip()
         cfg = replace(DeviceConfig(), device_id=device_id, arena_bytes=arena_bytes, spec=chip_by_name(chip),
                       cores=cores)
         self.device = Device(cfg)
         self._stopped = threading.Event()
         self.server = serve(self.device, host=self.host, token=token, on_kill=self._kill)
-        from driver.hccl_link import GrpcLinks
+        from .hccl_link import GrpcLinks
         self.links = GrpcLinks(token, client_id=f"hccl-npu{device_id}")
         self.device.hccl.address = self.server.address       # peers on other nodes reach this device here
         self.device.hccl.remote = self.links

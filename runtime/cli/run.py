@@ -23,12 +23,12 @@ def job_runtime(devices: int):
     """The runtime a job runs on: the cluster backend, or in-process devices with VNPU_BACKEND=local
     (``VNPU_DEVICES`` of them, default 4: asking for more is an error, as on a cluster)."""
     if os.environ.get("VNPU_BACKEND", "") == "local":
-        from .api import Runtime, runtime_scope
-        from .backend import LocalBackend
+        from runtime.api import Runtime, runtime_scope
+        from runtime.backend import LocalBackend
         with runtime_scope(Runtime(LocalBackend())) as rt:   # VNPU_DEVICES devices (default 4)
             yield rt
     else:
-        from .cluster import cluster_runtime
+        from runtime.cluster import cluster_runtime
         with cluster_runtime(devices=devices) as rt:
             yield rt
 
@@ -62,7 +62,7 @@ def _cmd_embed(a) -> int:
             texts = _read_lines("-")
     except OSError as e:
         return _fail(f"cannot read {a.input}: {e.strerror or e}")
-    from .models import EmbedJob
+    from runtime.models import EmbedJob
     with job_runtime(a.devices) as rt:
         job = EmbedJob(rt, a.model, devices=a.devices, parallel=a.parallel, batch_size=a.batch_size)
         try:
@@ -137,7 +137,7 @@ def _cmd_generate(a) -> int:
     if not prompts:
         return _fail("give --prompt TEXT or --prompts FILE")
     parallel = a.parallel or ("none" if a.devices == 1 else "tp")
-    from .models import GenerateJob
+    from runtime.models import GenerateJob
     stream = not a.json and len(prompts) == 1
     total = len(prompts) * a.max_new_tokens
     bar = Progress(total) if total >= 64 and not stream else None   # long batch runs: a bar on stderr

@@ -1,0 +1,38 @@
+"""``vnpu up`` / ``vnpu down``: the detached local cluster."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+
+def register(sub) -> None:
+    up = sub.add_parser("up", help="start a local cluster of virtual NPUs (detached)")
+    up.add_argument("--devices", type=int, default=0)
+    up.add_argument("--config", help="cluster.yaml: the head node type's NPU resource and labels")
+    up.add_argument("--hbm-mb", type=int, default=0, help="emulated HBM per device (MiB)")
+    up.set_defaults(fn=_cmd_up)
+    down = sub.add_parser("down", help="stop the local cluster and remove everything it created")
+    down.set_defaults(fn=_cmd_down)
+
+
+def _cmd_up(a) -> int:
+    from runtime.cluster import ClusterSpec, cluster_up, spec_from_yaml
+    spec = spec_from_yaml(a.config) if a.config else ClusterSpec()
+    if a.devices:
+        spec = replace(spec, devices=a.devices)
+    if a.hbm_mb:
+        spec = replace(spec, arena_bytes=a.hbm_mb << 20)
+    st, started = cluster_up(spec)
+    if not started:
+        print(f"vnpu cluster is already up at {st['ray_address']} ({st['devices']} devices)")
+        return 0
+    print(f"vnpu cluster up: Ray at {st['ray_address']}, {st['devices']} x {st['chip']}")
+    for w in st["where"]:
+        print(f"  npu{w['device_id']}: {w['address']}  pid {w['pid']}  arena /dev/shm/{w['arena']} "
+              f"({w['arena_bytes'] >> 20} MiB)")
+    return 0
+
+
+def _cmd_down(a) -> int:
+    from runtime.cluster import cluster_down
+    print("vnpu cluster stopped" if cluster_down() else "no vnpu cluster is up")
+    return 0

@@ -1,0 +1,82 @@
+"""Where the vnpu cluster is: its state directory, token, Ray address and device actors.
+
+State lives in ``$VNPU_HOME`` (default ``~/.vnpu``): ``cluster.json`` (Ray address, devices, temp dir) and
+``token`` (the cluster token, mode 0600).  Discovery goes through Ray (named actors ``npu<id>`` in the
+``vnpu`` namespace); after that every call is gRPC straight to the device actors.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+from devices.errors import ACL_ERROR_RT_NO_DEVICE, AclError
+from driver.host import ACTOR_PREFIX, NAMESPACE
+
+LOOPBACK = "127.0.0.1"
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("VNPU_HOME", "~/.vnpu")).expanduser()
+
+
+def state_file() -> Path:
+    return state_dir() / "cluster.json"
+
+
+def token_file() -> Path:
+    return state_dir() / "token"
+
+
+def new_token() -> str:
+    d = state_dir()
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tok = secrets.token_urlsafe(32)
+    fd = os.open(token_file(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(tok)
+    os.chmod(token_file(), 0o600)
+    return tok
+
+
+def load_token() -> str:
+    tok = os.environ.get("VNPU_TOKEN")
+    if tok:
+        return tok
+    try:
+        return token_file().read_text().strip()
+    except FileNotFoundError:
+        raise AclError("no cluster token: is a vnpu cluster up? (vnpu up)", code=ACL_ERROR_RT_NO_DEVICE) from None
+
+
+def read_state() -> dict | None:
+    try:
+        return json.loads(state_file().read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def attach_ray() -> None:
+    """Connect this process to the vnpu cluster's Ray (no-op inside a Ray worker)."""
+    import ray
+    if ray.is_initialized():
+        return
+    st = read_state()
+    if st is None:
+        raise AclError("no vnpu cluster is up: run `vnpu up` (or use the embedded default)",
+                       code=ACL_ERROR_RT_NO_DEVICE)
+    ray.init(address=st["ray_address"], namespace=NAMESPACE, logging_level="ERROR",
+             log_to_driver=False, _node_ip_address=LOOPBACK)
+
+
+def discover() -> list[dict]:
+    """Where every device actor of the cluster is (sorted by physical id)."""
+    import ray
+    names = [a["name"] if isinstance(a, dict) else a
+             for a in ray.util.list_named_actors(all_namespaces=True)
+             if not isinstance(a, dict) or a.get("namespace") == NAMESPACE]
+    names = sorted(n for n in names if n.startswith(ACTOR_PREFIX) and n[len(ACTOR_PREFIX):].isdigit())
+    handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+    where = ray.get([h.where.remote() for h in handles], timeout=60)
+    return sorted(where, key=lambda w: w["device_id"])
