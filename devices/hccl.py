@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .arena import _OFF_MASK, attach
+from .arena import attach, ptr_offset
 from .errors import (HCCL_E_NETWORK, HCCL_E_PARA, HCCL_E_REMOTE, HCCL_E_TIMEOUT, AclError, HcclError,
                      InvalidParamError)
 from .hccl_schedule import Pull, choose_algo, epilogue, prologue, schedule
@@ -352,7 +352,7 @@ class HcclEngine:
             raise HcclError(f"root {op.root} outside [0, {c.size})", HCCL_E_PARA)
         if op.op in ("send", "recv") and not (0 <= op.peer < c.size and op.peer != c.rank):
             raise HcclError(f"peer {op.peer} invalid for rank {c.rank} of {c.size}", HCCL_E_PARA)
-        send_n, recv_n = self._sizes(op, c.size, c.rank)
+        send_n, recv_n = self.buffer_counts(op, c.size, c.rank)
         isz = itemsize(op.dtype)
         for ptr, n in ((op.send, send_n), (op.recv, recv_n)):
             if n:
@@ -361,7 +361,7 @@ class HcclEngine:
                 self.arena.resolve(ptr, n * isz, owner)
 
     @staticmethod
-    def _sizes(op: CollectiveOp, n: int, r: int) -> tuple[int, int]:
+    def buffer_counts(op: CollectiveOp, n: int, r: int) -> tuple[int, int]:
         """Elements of the send and recv buffers this rank touches."""
         k = op.count
         return {
@@ -457,7 +457,7 @@ class HcclEngine:
         isz = itemsize(op.dtype)
         total_bytes = op.count * isz * (n if op.op == "allgather" else 1)
         algo = choose_algo(op.op, n, total_bytes, c.config.algo)
-        send_n, recv_n = self._sizes(op, n, r)
+        send_n, recv_n = self.buffer_counts(op, n, r)
         bufs = {"send": op.send, "recv": op.recv}
         for name, ptr, cnt in (("send", op.send, send_n), ("recv", op.recv, recv_n)):
             if cnt:
@@ -545,8 +545,8 @@ class HcclEngine:
         if count <= 0:
             return
         isz = itemsize(dtype)
-        so = (src_ptr & _OFF_MASK) + src_off * isz
-        do = (dst_ptr & _OFF_MASK) + dst_off * isz
+        so = ptr_offset(src_ptr) + src_off * isz
+        do = ptr_offset(dst_ptr) + dst_off * isz
         nb = count * isz
         if dtype == "bfloat16":
             s = src_mem[so:so + nb].view(np.uint16)

@@ -197,7 +197,7 @@ class RemoteDevice:
         return error_for_code(ACL_ERROR_RT_DEVICE_TASK_ABORT,
                               f"device {self.id} at {self.address} is lost: {self.lost_reason}")
 
-    def _mark_lost(self, reason: str) -> bool:
+    def mark_lost(self, reason: str) -> bool:
         """Flag the device lost (once); wakes every blocked synchronize.  True if this call flagged it."""
         with self._lock:
             if self.lost.is_set():
@@ -669,7 +669,7 @@ class HealthWatch:
                 return
             if self._stale:
                 reason = f"no heartbeat for {self.stale_after_s:g} s"
-            dev._mark_lost(reason)
+            dev.mark_lost(reason)
             lost = error_for_code(ACL_ERROR_RT_DEVICE_TASK_ABORT, f"device {dev.id} at {dev.address} is lost: "
                                                                   f"{dev.lost_reason or reason}")
             self._notify(HealthEvent(dev.id, self.seq, "Unknown", (reason,), {}, lost=True, error=lost))

@@ -193,9 +193,9 @@ class DevicePool:
     # ------------------------------------------------------------------ physical devices
     def _connect(self, p: _Phys) -> None:
         from driver.client import RemoteDevice
-        from .remote import _same_node
+        from .remote import is_same_node
         h = RemoteDevice(p.where["address"], self.token, p.pid, client_id=self.client_id,
-                         timeout_s=self.opts.rpc_timeout_s, same_node=_same_node(p.where))
+                         timeout_s=self.opts.rpc_timeout_s, same_node=is_same_node(p.where))
         p.handle = h
         p.lat, p.nlat = 0.0, 0
         p.lats.clear()
@@ -238,7 +238,7 @@ class DevicePool:
             p.state = "recovering"
             p.lost_at = time.monotonic()
         with contextlib.suppress(Exception):
-            h._mark_lost(reason)                  # wakes blocked synchronizes: they raise 107022
+            h.mark_lost(reason)                  # wakes blocked synchronizes: they raise 107022
         code = ACL_ERROR_RT_LOST_HEARTBEAT if cause == "heartbeat" else ACL_ERROR_RT_DEVICE_TASK_ABORT
         self._record("detected", physical=p.pid, cause=cause, reason=reason, code=code, state_was=was)
         self._replace(p)

@@ -33,7 +33,7 @@ class RemoteBackend:
             w = self.where[dev_id]
             d = self._devices[dev_id] = RemoteDevice(w["address"], token, dev_id, client_id=self.client_id,
                                                      timeout_s=timeout_s,
-                                                     same_node=_same_node(w) if same_node is None else same_node)
+                                                     same_node=is_same_node(w) if same_node is None else same_node)
             # this client's lease on the device (what it leaves behind is released if it dies), and a
             # broken stream tells blocked calls at once that the device is gone
             d.watch_health(LEASE_BEAT_MS, None, stale_after_s=0, lease=True)
@@ -64,7 +64,8 @@ class RemoteBackend:
             self._on_close()
 
 
-def _same_node(w: dict) -> bool:
+def is_same_node(w: dict) -> bool:
+    """Whether the device actor ``w`` (a discovery record) runs on this node (its arena segment is here)."""
     return os.path.exists(os.path.join("/dev/shm", w.get("arena", ""))) if w.get("arena") else False
 
 
