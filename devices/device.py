@@ -360,6 +360,11 @@ class Device:
         self.faults = Faults()
         self.default_stream = self.sched.create_stream(0)
 
+    @property
+    def is_lost(self) -> bool:
+        """True once the device can serve no more calls (closed)."""
+        return self.closed
+
     def close(self) -> None:
         if self.closed:
             return
