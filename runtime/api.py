@@ -468,6 +468,7 @@ class Stream:
             outs = tuple(_desc(x, dev) for x in outputs)
             attrs = dict(attrs) if attrs else {}
             k = lookup(kernel)
+            key: tuple | None
             try:
                 key = (kernel, ins, outs, tuple(sorted(attrs.items())) if attrs else (), block_dim)
                 hit = dev.checked.get(key)

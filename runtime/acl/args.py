@@ -29,4 +29,4 @@ def host_ptr(ptr, what: str) -> int:
 
 def host_view(ptr: int, nbytes: int) -> np.ndarray:
     """A writable uint8 numpy view of ``nbytes`` of host memory at ``ptr`` (no copy)."""
-    return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), dtype=np.uint8)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))

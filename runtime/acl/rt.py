@@ -155,7 +155,7 @@ def get_context():
 
 @acl_call(outs=(0,))
 def ctx_get_current_default_stream():
-    return current_context().stream.handle
+    return stream_record(0).handle
 
 
 # ---------------------------------------------------------------- memory

@@ -222,9 +222,9 @@ def release_context(c: Context, timeout_ms: float = -1) -> None:
             rec.stream.destroy()
         except AclError:
             pass
-    for rec in erecs:
+    for erec in erecs:
         try:
-            rec.event.destroy()
+            erec.event.destroy()
         except AclError:
             pass
 

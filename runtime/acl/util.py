@@ -13,13 +13,13 @@ import numpy as np
 
 from devices.errors import InvalidParamError
 
-from .args import as_int, host_ptr
+from .args import as_int, host_ptr, host_view
 from .calls import acl_call
 from .state import STATE
 
 _NP_TYPES = (np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.intc, np.uintc, np.int_, np.uint,
              np.longlong, np.ulonglong, np.float16, np.float32, np.float64, np.complex64, np.complex128)
-_DTYPE_BY_NPY_NUM = {np.dtype(t).num: np.dtype(t) for t in _NP_TYPES}
+_DTYPE_BY_NPY_NUM: dict[int, np.dtype] = {np.dtype(t).num: np.dtype(t) for t in _NP_TYPES}
 _threads: dict[int, threading.Thread] = {}        # start_thread's threads, by id
 
 
@@ -48,7 +48,7 @@ def ptr_to_numpy(ptr, shape, np_type):
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     p = host_ptr(ptr, "pointer")
-    return np.frombuffer((ctypes.c_uint8 * (n * dt.itemsize)).from_address(p), dtype=dt, count=n).reshape(shape)
+    return host_view(p, n * dt.itemsize).view(dt).reshape(shape)
 
 
 def bytes_to_ptr(data):
@@ -56,7 +56,7 @@ def bytes_to_ptr(data):
     device-to-host copy into it changes the bytes object; bytearray/writable buffers: their memory).
     The object is kept alive for a while (bounded), but the caller should hold it too."""
     if isinstance(data, bytes):
-        ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0      # never NULL for bytes
         n = len(data)
     else:
         mv = memoryview(data)
@@ -84,8 +84,9 @@ def start_thread(func, args):
         raise InvalidParamError("thread function is not callable")
     t = threading.Thread(target=func, args=(args,), daemon=True, name="acl-util-thread")
     t.start()
-    _threads[t.ident] = t
-    return t.ident
+    tid = threading.get_ident() if t.ident is None else t.ident       # set once started
+    _threads[tid] = t
+    return tid
 
 
 @acl_call(init=False)
