@@ -19,7 +19,9 @@ A pyACL runtime program works after changing only its import line (``import acl`
 The package, one module per namespace: :mod:`.rt`, :mod:`.util`, :mod:`.mdl` (this ``__init__`` holds
 ``acl.*``), beside :mod:`.constants` (every ``ACL_*`` value), :mod:`.calls` (the calling convention),
 :mod:`.args` (argument checks) and :mod:`.state` (process state: init count, contexts, streams, events,
-allocations; the current context is per thread, as in CANN).  The devices are those of
+allocations; the current context is per thread, as in CANN).  A new namespace (``acl.prof``) is one more
+module of :func:`~runtime.acl.calls.acl_call` functions imported here; ``aclmdl*`` model functions join
+:mod:`.mdl`.  The devices are those of
 :func:`runtime.api.get_runtime` at the first ``acl.init()`` (so ``ASCEND_RT_VISIBLE_DEVICES`` applies).
 
 vnpu behaviour choices (where CANN leaves room):
