@@ -378,8 +378,8 @@ class Device:
 
     @property
     def is_lost(self) -> bool:
-        """True once the device can no longer serve calls (lost, killed or closed); every later call
-        fails with the device-lost code."""
+        """True once the device is known to be gone (lost or killed; an in-process device also once
+        closed): it serves no more calls."""
         return self.handle.is_lost
 
     def abort_captures(self) -> int:

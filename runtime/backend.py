@@ -45,7 +45,8 @@ class DeviceHandle(Protocol):
 
     @property
     def is_lost(self) -> bool:
-        """True once the device can serve no more calls (killed, lost or closed)."""
+        """True once the device is known to be gone (lost or killed; an in-process device also once
+        closed): it serves no more calls."""
         ...
 
     # ---- info, health, lifecycle
