@@ -39,6 +39,10 @@ class EngineConfig:
         if o is not None and (not isinstance(o, int) or isinstance(o, bool) or o < 2):
             raise InvalidParamError(f"num_gpu_blocks_override must be an integer >= 2 (block 0 is the null "
                                     f"block), got {o!r}")
+        from .scheduler import POLICIES
+        if self.scheduling_policy not in POLICIES:
+            raise InvalidParamError(f"scheduling_policy {self.scheduling_policy!r} is unknown (known: "
+                                    f"{', '.join(POLICIES)})")
         u = self.gpu_memory_utilization
         if not isinstance(u, (int, float)) or isinstance(u, bool) or not 0 < u <= 1:
             raise InvalidParamError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")
