@@ -222,6 +222,8 @@ class GenerateEngine:
             if o is not None:
                 outputs.append(o)
         self._sync_queued()
+        with self._lock:
+            self._lock.notify_all()                      # wait_until() watchers see every step
         stats.num_running, stats.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         stats.kv_usage = self.blocks.pool.usage
         for lg in self.stat_loggers:
@@ -366,6 +368,11 @@ class GenerateEngine:
                 with self._lock:
                     self._lock.wait_for(lambda: self._stopping)
                 return
+
+    def wait_until(self, pred: Callable[[EngineSnapshot], bool], timeout: float | None = None) -> bool:
+        """Block until ``pred(snapshot())`` holds (checked after every step and request change)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: pred(self.snapshot()), timeout)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until no request is left (True), or ``timeout`` passes (False)."""
