@@ -262,3 +262,25 @@ def test_embeddings_dynamic_batching_equal_embed_job(rt):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
     with pytest.raises(InvalidRequest):
         e.check(["ok", ""])
+
+
+def test_tensor_parallel_engine_equals_one_device(engine):
+    """--tp 3: heads, FFN and vocabulary over 3 devices (HCCL all-reduces inside the captured decode graphs),
+    each device holding the KV cache of its KV head; greedy tokens equal the one-device engine's."""
+    rt3 = Runtime(LocalBackend(3, DeviceConfig(arena_bytes=512 << 20)))
+    try:
+        base = [d.mem_info() for d in rt3.devices()]
+        e = GenerateEngine(rt3, "smollm2", [0, 1, 2], EngineConfig(max_num_seqs=2, max_num_batched_tokens=32,
+                                                                    max_model_len=64, num_gpu_blocks_override=16))
+        try:
+            reqs = [(e.encode(prompt(i, 4 + 5 * i)), SamplingParams(max_tokens=5, temperature=0, logprobs=2,
+                                                                    ignore_eos=True)) for i in range(2)]
+            tp = [h.result(0) for h in run_until_done(e, {0: reqs})]
+            assert e.snapshot().graphs == 3 * len(e.config.decode_buckets)
+        finally:
+            e.shutdown()
+        assert [d.mem_info() for d in rt3.devices()] == base
+    finally:
+        rt3.close()
+    one = [solo(engine, ids, sp) for ids, sp in reqs]
+    assert sum(compare(a, b, tolerance(engine, one)) for a, b in zip(one, tp)) <= 1
