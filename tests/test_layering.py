@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime core", ("runtime", "runtime.api", "runtime.backend", "runtime.graph", "runtime.hccl",
                       "runtime.acl", "runtime.models")),
     ("runtime cluster", ("runtime.cluster",)),
+    ("serving", ("runtime.serve",)),
     ("benchmarks", ("runtime.bench",)),
     ("command line", ("runtime.cli",)),
 )

@@ -127,7 +127,7 @@ def close(got, want, dtype=None, bound=None):
 EXPECTED = {"matmul", "batch_matmul", "add", "sub", "mul", "div", "add_scalar", "mul_scalar", "gelu", "silu",
             "relu", "exp", "tanh", "sqrt", "rsqrt", "neg", "swiglu", "softmax", "layernorm", "rmsnorm",
             "embedding", "transpose", "cast", "rope", "attention", "reduce_sum", "reduce_mean", "reduce_max",
-            "reduce_min", "argmax", "fill", "copy", "scatter_update", "incre_flash_attention"}
+            "reduce_min", "argmax", "fill", "copy", "scatter_update", "incre_flash_attention", "paged_attention"}
 
 
 def test_all_kernels_registered():
@@ -136,7 +136,7 @@ def test_all_kernels_registered():
     for n in EXPECTED:
         k = lookup(n)
         assert k.check and k.work and k.parallel_dim and not k.user
-        assert k.unit == ("cube" if n in ("matmul", "batch_matmul", "attention", "incre_flash_attention") else "vector")
+        assert k.unit == ("cube" if n in ("matmul", "batch_matmul", "attention", "incre_flash_attention", "paged_attention") else "vector")
 
 
 # ----------------------------------------------------------------------------------------- matmul
@@ -679,6 +679,9 @@ def ifa_bound(ins, attrs, lens, pads, scale=None):
     return attention_bound(top, q.shape[-1], cache.shape[0], ref_ifa(q, abs_v, lens, pads, h, hkv, ko, vo, scale))
 
 
+F, H, I32, I64 = "float32", "float16", "int32", "int64"
+
+
 @pytest.mark.parametrize("b,lens,pads", [(1, [1], None), (1, [4], None), (1, [7], None), (1, [7], [3]),
                                          (1, [5], [1]), (3, [1, 4, 7], None), (3, [1, 4, 7], [0, 2, 3]),
                                          (3, [7, 7, 7], [4, 0, 6])])
@@ -742,6 +745,149 @@ def test_incre_flash_attention_work():
     w = k.work(ins, outs, attrs)
     assert w.unit == "cube" and w.fp16 and w.flops == 4 * 2 * 9 * 100 * 64
     assert w.bytes == 2 * (2 * 9 * 64 + 2 * 100 * 2 * 3 * 64) + 2 * 9 * 64 * 2 + 8
+
+
+# ----------------------------------------------------------------------------------------- paged_attention
+
+def ref_paged(q, kc, vc, bt, lens, h, hkv, scale=None):
+    """Row by row in float64: gather the row's sequence position by position through its block table."""
+    q, kc, vc = q.astype(np.float64), kc.astype(np.float64), vc.astype(np.float64)
+    n, _, d = q.shape
+    bs = kc.shape[1]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    out = np.zeros((n, h, d))
+    for r in range(n):
+        L = int(lens[r])
+        if L == 0:
+            continue
+        keys = np.stack([kc[bt[r, j // bs], j % bs] for j in range(L)])      # [L, Hkv, D]
+        vals = np.stack([vc[bt[r, j // bs], j % bs] for j in range(L)])
+        for hi in range(h):
+            g = hi // (h // hkv)
+            s = keys[:, g] @ q[r, hi] * scale
+            p = np.exp(s - s.max())
+            out[r, hi] = (p / p.sum()) @ vals[:, g]
+    return out
+
+
+def _paged_case(rows, h=6, hkv=2, nb=9, bs=4, mb=5, d=8, dtype=np.float32, wq=None, seed=0):
+    """``rows``: (sequence, length) per token row; sequences get distinct random blocks (block 0 unused)."""
+    r = rng(seed)
+    seqs = sorted({s for s, _ in rows})
+    perm = r.permutation(np.arange(1, nb))
+    tables = {s: np.concatenate([perm[i * 2:i * 2 + 2], r.integers(0, nb, mb - 2)]) for i, s in enumerate(seqs)}
+    bt = np.stack([tables[s] for s, _ in rows]).astype(np.int32)
+    lens = np.array([n for _, n in rows], np.int32)
+    q = randn((len(rows), wq or h, d), dtype, seed + 1)
+    kc, vc = randn((nb, bs, hkv, d), dtype, seed + 2), randn((nb, bs, hkv, d), dtype, seed + 3)
+    return [q, kc, vc, bt, lens], {"num_heads": h, "num_key_value_heads": hkv}
+
+
+PAGED_ROWS = [
+    [(0, 1)],                                                    # one decode row
+    [(0, 5), (1, 8), (2, 0), (3, 3)],                            # decode rows of 4 sequences (one empty)
+    [(0, 3), (0, 4), (0, 5), (0, 6)],                            # a prefill chunk: causal by the lengths
+    [(1, 7), (0, 2), (0, 3), (0, 4), (2, 1), (3, 6), (3, 7)],    # decodes and two chunks mixed
+    [(0, 1), (1, 20), (2, 2), (3, 19)],                          # lengths far apart (several groups)
+]
+
+
+@pytest.mark.parametrize("rows", PAGED_ROWS, ids=range(len(PAGED_ROWS)))
+@pytest.mark.parametrize("h,hkv,wq", [(6, 2, None), (3, 3, None), (4, 1, 9)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_paged_attention(rows, h, hkv, wq, dtype):
+    ins, attrs = _paged_case(rows, h, hkv, wq=wq, dtype=dtype)
+    want = ref_paged(*ins, h, hkv)
+    q, kc, vc = ins[0], ins[1], ins[2]
+    bound = attention_bound(scores_abs_max(q[:, :h], kc), q.shape[-1], int(max(n for _, n in rows)) or 1,
+                            ref_paged(q, kc, np.abs(vc.astype(np.float64)), *ins[3:], h, hkv))
+    for bd in (1, 3):
+        got = run1("paged_attention", ins, (len(rows), h, 8), dtype, attrs, bd)
+        if dtype == np.float32:
+            assert_within(got, want, bound, f"paged_attention block_dim {bd}")
+        else:
+            np.testing.assert_allclose(got.astype(np.float64), want, **F16_TOL)
+    assert (got[np.array([n for _, n in rows]) == 0] == 0).all()
+
+
+def test_paged_attention_matches_contiguous_attention():
+    """A sequence spread over scattered blocks gives the attention of its contiguous keys (causal)."""
+    ins, attrs = _paged_case([(0, k) for k in range(1, 8)], h=4, hkv=2, bs=2, mb=4)
+    q, kc, vc, bt = ins[:4]
+    keys = np.stack([kc[bt[0, j // 2], j % 2] for j in range(7)])           # [7, Hkv, D]
+    vals = np.stack([vc[bt[0, j // 2], j % 2] for j in range(7)])
+    qa = np.ascontiguousarray(q.transpose(1, 0, 2)[None])                  # [1, H, 7, D]
+    ka = np.ascontiguousarray(keys.transpose(1, 0, 2)[None])
+    va = np.ascontiguousarray(vals.transpose(1, 0, 2)[None])
+    want = run1("attention", [qa, ka, va], (1, 4, 7, 8), np.float32, {"causal": True})[0].transpose(1, 0, 2)
+    np.testing.assert_allclose(run1("paged_attention", ins, (7, 4, 8), np.float32, attrs), want,
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bd", [1, 3])
+@pytest.mark.parametrize("bad", ["len", "neg", "block"])
+def test_paged_attention_out_of_range_traps(bd, bad):
+    ins, attrs = _paged_case([(0, 3), (1, 6), (2, 2)], bs=4, mb=2, nb=7)
+    if bad == "len":
+        ins[4][1] = 9                                                # > MB * BS = 8
+    elif bad == "neg":
+        ins[4][2] = -1
+    else:
+        ins[3][1, 1] = 7                                             # second block of row 1 (len 6) is used
+    k = lookup("paged_attention")
+    out = filled((3, 6, 8), np.float32, 0xA5)
+    for b in range(bd):
+        with pytest.raises(KernelError, match="context_lens" if bad != "block" else "block_tables") as e:
+            k.run(BlockCtx(b, bd, 0), frozen(ins), [out], attrs)
+        assert e.value.code == ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW
+    assert bytes_equal(out, filled(out.shape, np.float32, 0xA5)).all()
+    if bad == "block":                                               # an unused entry may hold anything
+        ins[3][1, 1] = 0
+        ins[3][0, 1] = -7                                            # row 0 (len 3) uses one block only
+        k.run(BlockCtx(0, 1, 0), frozen(ins), [out], attrs)
+
+
+def test_paged_attention_work_and_parallel_dim():
+    k = lookup("paged_attention")
+    ins = out_descs([((5, 15, 64), F), ((10, 16, 3, 64), F), ((10, 16, 3, 64), F), ((5, 8), I32), ((5,), I32)])
+    outs = out_descs([((5, 9, 64), F)])
+    attrs = {"num_heads": 9, "num_key_value_heads": 3}
+    k.check(ins, outs, attrs)
+    w = k.work(ins, outs, attrs)
+    assert w.unit == "cube" and not w.fp16 and w.flops == 4 * 5 * 9 * 128 * 64
+    assert k.parallel_dim(ins, outs, attrs) == 5
+
+
+PA_OK = [((2, 15, 8), F), ((6, 4, 3, 8), F), ((6, 4, 3, 8), F), ((2, 3), I32), ((2,), I32)]
+PA_ATTRS = {"num_heads": 9, "num_key_value_heads": 3}
+
+
+@pytest.mark.parametrize("i,spec,attrs,match", [
+    (None, None, {}, None),
+    (0, ((2, 15, 4), F), {}, "head dim"),
+    (0, ((2, 1, 15, 8), F), {}, "query must have 3"),
+    (2, ((6, 4, 2, 8), F), {}, "value_cache shape"),
+    (1, ((6, 4, 3, 8), H), {}, "dtype"),
+    (3, ((3, 3), I32), {}, "block_tables shape"),
+    (3, ((2, 3), F), {}, "block_tables dtype"),
+    (4, ((3,), I32), {}, "context_lens shape"),
+    (4, ((2,), F), {}, "context_lens dtype"),
+    (None, None, {"num_key_value_heads": 2}, "differs from the caches"),
+    (None, None, {"num_heads": 16}, "num_heads"),
+    (None, None, {"num_heads": 8}, "multiple"),
+    (None, None, {"scale": "x"}, "scale"),
+])
+def test_paged_attention_check(i, spec, attrs, match):
+    ins = list(PA_OK)
+    if i is not None:
+        ins[i] = spec
+    a = dict(PA_ATTRS, **attrs)
+    if match is None:
+        lookup("paged_attention").check(out_descs(ins), out_descs([((2, 9, 8), F)]), a)
+        check_fails("paged_attention", ins, [((2, 9, 8), F)], {"num_heads": 9}, "'num_key_value_heads' is required")
+        check_fails("paged_attention", ins[:4], [((2, 9, 8), F)], a, "input")
+        return
+    check_fails("paged_attention", ins, [((2, 9, 8), F)], a, match)
 
 
 # ----------------------------------------------------------------------------------------- reductions
@@ -852,7 +998,6 @@ def test_output_may_alias_input(bd):
 
 # ----------------------------------------------------------------------------------------- check rejects
 
-F, H, I32, I64 = "float32", "float16", "int32", "int64"
 
 IFA_ATTRS = {"num_heads": 9, "num_key_value_heads": 3, "key_head_offset": 9, "value_head_offset": 12}
 
