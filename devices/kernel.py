@@ -22,8 +22,8 @@ import numpy as np
 
 from .chip import Work
 from .errors import (ACL_ERROR_KERNEL_ALREADY_REGISTERED, ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW,
-                     ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW, ACL_ERROR_RT_KERNEL_LOOKUP, AclError,
-                     InvalidParamError, KernelError)
+                     ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW, ACL_ERROR_RT_KERNEL_LOOKUP,
+                     ACL_ERROR_UNSUPPORTED_DATA_TYPE, AclError, InvalidParamError, KernelError)
 
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 
@@ -126,7 +126,7 @@ def validate_descs(descs: tuple) -> None:
         if not isinstance(d, TensorDesc):
             raise InvalidParamError(f"kernel tensor argument must be a TensorDesc, got {type(d).__name__}")
         if d.dtype not in DTYPES:
-            raise InvalidParamError(f"unsupported dtype {d.dtype!r}", code=100026)
+            raise InvalidParamError(f"unsupported dtype {d.dtype!r}", code=ACL_ERROR_UNSUPPORTED_DATA_TYPE)
         if any((not isinstance(x, (int, np.integer))) or x < 0 for x in d.shape):
             raise InvalidParamError(f"bad shape {d.shape!r}")
 
