@@ -10,7 +10,7 @@ Faults (:meth:`Device.inject_fault` / :meth:`Device.clear_fault`, kinds in :data
 live in the device's own :class:`~devices.faults.FaultState`, which its scheduler, arena and HCCL engine
 read.  Health (:meth:`Device.health_report`) is data: the active conditions and the worst level.
 A device that is lost (fault ``kill`` in-process, or :meth:`Device.mark_lost`) fails every later call with
-ACL_ERROR_RT_DEVICE_TASK_ABORT (107022) -- as a driver client does for a device whose process died -- and
+ACL_ERROR_RT_DEVICE_TASK_ABORT -- as a driver client does for a device whose process died -- and
 :attr:`Device.lost` is set; only :meth:`Device.close` still works.
 """
 from __future__ import annotations
@@ -377,9 +377,9 @@ class Device:
         """Chaos: apply fault ``kind`` (see :data:`devices.faults.FAULT_KINDS` for the kinds and their
         parameters; ``duration_ms`` makes a timed fault clear itself).  Host-synchronous; the effect on work
         already queued follows (a hang holds it, a slow fault stretches it ...).  ``kill``: the device is
-        lost -- every later call fails with 107022 -- unless a host installed ``on_kill`` (a device actor's
-        process then dies).  ``"clear"`` is :meth:`clear_fault`.  InvalidParamError for an unknown kind or
-        a bad parameter."""
+        lost -- every later call fails with ACL_ERROR_RT_DEVICE_TASK_ABORT -- unless a host installed
+        ``on_kill`` (a device actor's process then dies).  ``"clear"`` is :meth:`clear_fault`.
+        InvalidParamError for an unknown kind or a bad parameter."""
         if kind == CLEAR:
             if params:
                 raise InvalidParamError(f"clear takes no parameters; not {', '.join(sorted(params))}")

@@ -118,7 +118,7 @@ def _check_peer(p: dict, st: "FaultState") -> None:
 
 
 FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
-    FaultKind("kill", "the device is lost: every later call fails with the device-lost code (107022); a "
+    FaultKind("kill", "the device is lost: every later call fails with ACL_ERROR_RT_DEVICE_TASK_ABORT; a "
                       "device actor's host process dies after replying", held=False),
     FaultKind("hang", "the cores stop running blocks (queued work stays queued, heartbeats stop)", timed=True,
               condition=lambda p: HealthCondition(Condition.HANG, "Critical",
@@ -129,7 +129,7 @@ FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
                                                   f"tasks run {p['factor']:g}x slower (fault slow)",
                                                   value=p["factor"])),
     FaultKind("ecc", "arena bytes [offset, offset+length) hold an uncorrectable ECC error: any access of the "
-                     "range fails with 507054 until cleared or reset",
+                     "range fails with ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR until cleared or reset",
               (Param("offset", int, 0, 0, "device-relative arena offset"), Param("length", int, 1, 1, "bytes")),
               key=lambda p: (p["offset"], p["length"]), check=_check_ecc,
               condition=lambda p: HealthCondition(Condition.ECC, "Alarm",
@@ -141,7 +141,7 @@ FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in (
               check=_check_peer,
               condition=lambda p: HealthCondition(Condition.LINK_DOWN, "Warning", f"link to device {p['peer']} down",
                                                   peer=p["peer"])),
-    FaultKind("task-fail", "the next `count` tasks fail with 507015 (AI Core exception)",
+    FaultKind("task-fail", "the next `count` tasks fail with ACL_ERROR_RT_AICORE_EXCEPTION",
               (Param("count", int, 1, 1, "tasks to fail"),),
               merge=lambda old, new: {"count": old["count"] + new["count"]},
               condition=lambda p: HealthCondition(Condition.TASK_FAILURES, "Warning",

@@ -20,12 +20,12 @@ _LEVEL = {name: i for i, name in enumerate(HEALTH)}
 
 class Condition(str, enum.Enum):
     """What can be wrong with a device (the ``kind`` of a :class:`HealthCondition`)."""
-    ECC = "ecc"                        #: uncorrectable HBM ECC error in a range (507054 on access)
+    ECC = "ecc"                        #: uncorrectable HBM ECC error in a range (accesses fail: HBM_MULTI_BIT_ECC)
     LINK_DOWN = "link-down"            #: the link to device ``peer`` is down (collectives: HCCL_E_NETWORK)
     OVERHEAT = "overheat"              #: die temperature at or above an alarm threshold (``value`` = C)
     HANG = "hang"                      #: the cores run nothing and heartbeats stop
     SLOW = "slow"                      #: tasks take ``value`` x their time
-    TASK_FAILURES = "task-failures"    #: the next ``value`` tasks fail (507015)
+    TASK_FAILURES = "task-failures"    #: the next ``value`` tasks fail (AICORE_EXCEPTION)
     CANARY = "canary"                  #: HBM guard bytes overwritten (an out-of-bounds write happened)
 
 

@@ -9,7 +9,7 @@ Two kinds:
   dtypes at launch (host-synchronous, raises :class:`InvalidParamError`); ``work`` feeds the cost model.
 - user kernels (:func:`register_user_kernel`): ``fn(ctx, *tensors, **attrs)`` where each tensor is a
   :class:`GmTensor` whose indexing is bounds-checked: an index outside the tensor raises the AI Core trap
-  codes (507042 read / 507043 write overflow) instead of touching a neighbour's memory.
+  codes (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW / _WRITE_OVERFLOW) instead of touching a neighbour's memory.
 """
 from __future__ import annotations
 

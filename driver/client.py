@@ -93,7 +93,8 @@ def _host_bytes(data) -> np.ndarray:
 
 
 def _request(cls, **kw):
-    """Build a request; wrong argument types / out-of-range integers are parameter errors (107000)."""
+    """Build a request; wrong argument types / out-of-range integers are parameter errors
+    (ACL_ERROR_RT_PARAM_INVALID)."""
     try:
         return cls(**kw)
     except (TypeError, ValueError, OverflowError) as e:

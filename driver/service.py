@@ -5,7 +5,8 @@ its node's address) and serves both services from a thread pool.  One intercepto
 front of every method and is the only place that
   * authenticates: metadata ``authorization: Bearer <token>`` compared in constant time; anything else is
     refused with UNAUTHENTICATED before the method runs;
-  * refuses calls addressed to another device (``vnpu-device`` metadata, FAILED_PRECONDITION / 107001);
+  * refuses calls addressed to another device (``vnpu-device`` metadata, FAILED_PRECONDITION /
+    ACL_ERROR_RT_INVALID_DEVICEID);
   * maps errors: an :class:`~devices.errors.AclError` becomes the gRPC status of its code
     (:func:`driver.wire.status_for_code`) with the structured error detail in trailing metadata (code,
     class, HcclResult: :func:`driver.wire.error_trailers`); any other exception becomes INTERNAL with

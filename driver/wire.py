@@ -412,7 +412,7 @@ class TemplateTable:
 
     def decode(self, ms, owner: str) -> list:
         """Decode a batch, resolving references; an unknown reference fails the whole batch before
-        anything is queued (107017)."""
+        anything is queued (ACL_ERROR_RT_INVALID_DEVICE_FUNCTION: the client resends in full)."""
         table = self._by_owner.setdefault(owner, {})
         out = []
         for m in ms:
@@ -444,7 +444,7 @@ def is_unknown_template(e: AclError) -> bool:
 
 def submit_request(ops, templates: LaunchTemplates | None = None) -> "rms_pb2.SubmitRequest":
     """A batch of :mod:`devices.tasks` ops -> ``SubmitRequest`` (the one encoder of stream ops).
-    Malformed ops (wrong types, out-of-range integers) raise InvalidParamError (107000)."""
+    Malformed ops (wrong types, out-of-range integers) raise InvalidParamError."""
     enc = templates.encode if templates is not None else _op_dict
     try:
         return rms_pb2.SubmitRequest(ops=[enc(op) for op in ops])

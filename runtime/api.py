@@ -18,8 +18,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from devices.errors import (ACL_ERROR_RT_STREAM_CONTEXT, AclError, InvalidDeviceError, InvalidHandleError,
-                            InvalidParamError, UnsupportedError)
+from devices.errors import (ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_UNSUPPORTED_DATA_TYPE, AclError,
+                            InvalidDeviceError, InvalidHandleError, InvalidParamError, UnsupportedError)
 from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
 from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
@@ -698,9 +698,9 @@ def _dtype(dtype) -> str:
     try:
         name = np.dtype(dtype).name
     except TypeError:
-        raise InvalidParamError(f"unknown dtype {dtype!r}", code=100026) from None
+        raise InvalidParamError(f"unknown dtype {dtype!r}", code=ACL_ERROR_UNSUPPORTED_DATA_TYPE) from None
     if name not in DTYPES:
-        raise InvalidParamError(f"unsupported dtype {name!r}", code=100026)
+        raise InvalidParamError(f"unsupported dtype {name!r}", code=ACL_ERROR_UNSUPPORTED_DATA_TYPE)
     return name
 
 

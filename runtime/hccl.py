@@ -24,7 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from devices.errors import (HCCL_E_PARA, HCCL_E_INTERNAL, HCCL_SUCCESS, AclError, HcclError, InvalidParamError)
+from devices.errors import (HCCL_E_INTERNAL, HCCL_E_NOT_SUPPORT, HCCL_E_PARA, HCCL_SUCCESS, AclError, HcclError,
+                            InvalidParamError)
 from devices.hccl import (HCCL_DTYPE_IDS, HCCL_DTYPES, REDOPS, CollectiveOp, CommConfig, HcclEngine, itemsize,
                           validate_redop)
 from devices.tasks import Collective
@@ -47,7 +48,7 @@ def _dtype_name(dtype) -> str:
         return HCCL_DTYPES[int(dtype)]
     name = str(dtype)
     if name not in HCCL_DTYPE_IDS:
-        raise HcclError(f"unsupported data type {name!r}", 5)
+        raise HcclError(f"unsupported data type {name!r}", HCCL_E_NOT_SUPPORT)
     return name
 
 
@@ -232,7 +233,6 @@ def comm_init_cluster_info(rank_table: str | dict, rank: int, options: CommOptio
     ranks = parse_rank_table(table)
     if not 0 <= rank < len(ranks):
         raise HcclError(f"rank {rank} not in the rank table", HCCL_E_PARA)
-    by_phys = {rt.backend.device(dev_id).id: dev_id for _, dev_id, _ in ranks}
     peers = [rt.backend.device(dev_id).hccl_info() for _, dev_id, _ in ranks]
     import hashlib
     cid = hashlib.sha256(json.dumps(table, sort_keys=True).encode() + b"vnpu-ranktable").hexdigest()[:32]
@@ -240,7 +240,6 @@ def comm_init_cluster_info(rank_table: str | dict, rank: int, options: CommOptio
     dev = next((d for d in rt.devices() if d.physical_id == my_phys), None)
     if dev is None:
         raise HcclError(f"device {my_phys} of rank {rank} is not visible to this process", HCCL_E_PARA)
-    del by_phys
     dev.handle.hccl_comm_init(cid, rank, peers, options.device_config())
     return Communicator(dev, cid, rank, len(ranks), peers)
 

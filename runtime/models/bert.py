@@ -26,7 +26,7 @@ import numpy as np
 
 from devices.errors import AclError, InvalidParamError
 
-from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, import_hccl, now, pick_devices,
+from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
                      upload_block)
 from .tokenizer import BertTokenizer, bert_tokenizer
 from .weights import load_onnx_initializers, load_safetensors, minilm_l3_onnx, minilm_l6_dir
@@ -247,7 +247,7 @@ class EmbedJob(JobBase):
         try:
             comms = None
             if parallel == "tp" and n > 1:
-                hccl = import_hccl()
+                from runtime import hccl
                 comms = hccl.comm_init_all(devs)
                 self._comms = list(comms)
             for r, d in enumerate(devs):

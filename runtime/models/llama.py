@@ -48,8 +48,8 @@ import numpy as np
 
 from devices.errors import AclError, InvalidParamError
 
-from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, import_hccl, now, pick_devices,
-                     td, upload_block)
+from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices, td,
+                     upload_block)
 from .tokenizer import GgufBpeTokenizer, gguf_tokenizer
 from .weights import LlamaConfig, llama_layer, llama_output, load_gguf_cached, smollm2_gguf
 
@@ -451,7 +451,7 @@ class GenerateJob(JobBase):
         comms = None
         try:
             if n > 1:
-                hccl = import_hccl()
+                from runtime import hccl
                 comms = hccl.comm_init_all(devs)
                 self._comms = list(comms)
             for r, (dev, sp) in enumerate(zip(devs, specs)):
