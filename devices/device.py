@@ -95,7 +95,9 @@ class Device:
         self._lock = threading.Lock()
         self._t0 = time.perf_counter()
         self._tele_last = (self._t0, [0.0] * cores)
-        self._temp_c = config.spec.ambient_c + config.spec.c_per_w * config.spec.idle_w
+        self._power = config.spec.idle_w
+        self._temp_c = config.spec.ambient_c + config.spec.c_per_w * self._power
+        self._overheat_seen = 0.0
         self._util = 0.0
         self.closed = False
         self.hccl = HcclEngine(self)
@@ -441,10 +443,7 @@ class Device:
             util = self._util
         s = self.spec
         power = s.idle_w + (s.tdp_w - s.idle_w) * min(1.0, util * 4)
-        overheat = self.faults.overheat_c()
-        target = s.ambient_c + s.c_per_w * power + overheat
-        alpha = min(1.0, dt / 5.0)
-        self._temp_c += (target - self._temp_c) * alpha if overheat == 0 else (target - self._temp_c)
+        self._thermal(power, dt)
         st = self.arena.stats()
         ss = self.sched.stats()
         report = self.health_report()
@@ -461,6 +460,19 @@ class Device:
             "uptime_s": now - self._t0, "busy_s": sum(busy),
         }
 
+    def _thermal(self, power: float, dt: float) -> None:
+        """The die temperature follows the power draw with a 5 s time constant; an ``overheat`` fault moves
+        it at once, and so does the fault's end (cleared or expired)."""
+        s = self.spec
+        overheat = self.faults.overheat_c()
+        target = s.ambient_c + s.c_per_w * power + overheat
+        if overheat or overheat != self._overheat_seen:
+            self._temp_c = target
+        else:
+            self._temp_c += (target - self._temp_c) * min(1.0, dt / 5.0)
+        self._overheat_seen = overheat
+        self._power = power
+
     @_live
     def health(self) -> tuple[str, list[str]]:
         """(OK | Warning | Alarm | Critical, reasons): :meth:`health_report` as npu-smi shows it."""
@@ -469,8 +481,9 @@ class Device:
     @_live
     def health_report(self) -> HealthReport:
         """The active conditions (faults, the thermal model's alarms, overwritten guard bytes) and the
-        worst level among them (host-synchronous; temperatures as of the last :meth:`telemetry`)."""
+        worst level among them (host-synchronous; the power draw as of the last :meth:`telemetry`)."""
         conds = self.faults.conditions()
+        self._thermal(self._power, 0.0)
         temp = self._temp_c
         if temp >= TEMP_ALARM_C:
             level = "Critical" if temp >= TEMP_CRITICAL_C else "Alarm"

@@ -82,7 +82,7 @@ def _link_peer(pool: DevicePool, rng: random.Random, victim: int) -> int:
 
 
 #: fault kind -> the campaign's parameters for one injection (kinds: devices.faults.FAULT_KINDS)
-_CAMPAIGN_PARAMS = {
+CAMPAIGN_PARAMS = {
     "kill": lambda rng, cfg, pool, victim: {},
     "hang": lambda rng, cfg, pool, victim: {"duration_ms": rng.randint(*cfg.hang_ms)},
     "slow": lambda rng, cfg, pool, victim: {"factor": 5.0, "duration_ms": rng.randint(*cfg.fault_ms)},
@@ -97,7 +97,7 @@ _CAMPAIGN_PARAMS = {
 
 def _inject(pool: DevicePool, rng: random.Random, cfg: ChaosConfig, kind: str, victim: int) -> dict:
     h = pool.handle(victim)
-    params = _CAMPAIGN_PARAMS[kind](rng, cfg, pool, victim)
+    params = CAMPAIGN_PARAMS[kind](rng, cfg, pool, victim)
     pid = pool.phys[victim].where.get("pid", 0)
     if kind == "kill" and pid and _alive(pid) and _is_actor_process(pid):
         # the device process dies for real (SIGKILL), not through the device's own kill switch
