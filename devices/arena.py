@@ -66,6 +66,11 @@ def is_device_ptr(ptr: int) -> bool:
     return isinstance(ptr, int) and (ptr >> 56) == (PTR_TAG >> 56)
 
 
+def ptr_offset(ptr: int) -> int:
+    """The arena offset a device pointer names (no check that it is one; see :func:`ptr_device`)."""
+    return ptr & _OFF_MASK
+
+
 def ptr_device(ptr: int) -> int:
     """The device id a pointer names; raises for something that is not a device pointer."""
     if not is_device_ptr(ptr):

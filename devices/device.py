@@ -402,7 +402,8 @@ class Device:
 
     @property
     def is_lost(self) -> bool:
-        return self.lost.is_set()
+        """True once the device can serve no more calls: lost (fault ``kill``, :meth:`mark_lost`) or closed."""
+        return self.closed or self.lost.is_set()
 
     def mark_lost(self, reason: str) -> bool:
         """The device is lost: queued and running work fails with ACL_ERROR_RT_DEVICE_TASK_ABORT, blocked

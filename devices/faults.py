@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Hashable, Iterable, Mapping
 
 from .errors import InvalidParamError
@@ -172,25 +172,30 @@ class _Entry:
 _INF = float("inf")
 
 
-@dataclass
 class FaultState:
-    """The faults active on one device.  Listeners (``listen``) hear the kind of every applied or cleared
-    fault, called outside the lock."""
-    arena_bytes: int
-    device_id: int = 0
-    clock: Callable[[], float] = time.monotonic
-    _cv: threading.Condition = field(default_factory=threading.Condition, repr=False)
-    _active: dict = field(default_factory=dict, repr=False)        # (kind, key) -> _Entry
-    _listeners: list = field(default_factory=list, repr=False)
-    _closed: bool = False
-    # snapshots for hot-path readers, published under the lock
-    _next_expiry: float = _INF
-    _hung: bool = False
-    _slow: float = 1.0
-    _overheat: float = 0.0
-    _links: frozenset = frozenset()
-    _task_fail: int = 0
-    ecc: tuple = ()                     #: poisoned arena ranges ((start, end), ...), read by the arena
+    """The faults active on one device (``arena_bytes`` and ``device_id`` bound their parameters; ``clock``
+    times their durations).  Listeners (``listen``) hear the kind of every fault applied, cleared or
+    expired, called outside the lock."""
+
+    def __init__(self, arena_bytes: int, device_id: int = 0, clock: Callable[[], float] = time.monotonic):
+        self.arena_bytes = arena_bytes
+        self.device_id = device_id
+        self.clock = clock
+        self._cv = threading.Condition()
+        self._active: dict[tuple, _Entry] = {}       # (kind, key) -> entry
+        self._listeners: list[Callable[[str], None]] = []
+        self._closed = False
+        # snapshots for hot-path readers, published under the lock
+        self._next_expiry = _INF
+        self._hung = False
+        self._slow = 1.0
+        self._overheat = 0.0
+        self._links: frozenset = frozenset()
+        self._task_fail = 0
+        self.ecc: tuple = ()            #: poisoned arena ranges ((start, end), ...), read by the arena
+
+    def __repr__(self) -> str:
+        return f"FaultState(device={self.device_id}, active={self.active()})"
 
     # ---------------------------------------------------------------- edits (all under the lock)
     def listen(self, fn: Callable[[str], None]) -> None:

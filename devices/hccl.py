@@ -351,7 +351,7 @@ class HcclEngine:
             raise HcclError(f"root {op.root} outside [0, {c.size})", HCCL_E_PARA)
         if op.op in ("send", "recv") and not (0 <= op.peer < c.size and op.peer != c.rank):
             raise HcclError(f"peer {op.peer} invalid for rank {c.rank} of {c.size}", HCCL_E_PARA)
-        send_n, recv_n = self._sizes(op, c.size, c.rank)
+        send_n, recv_n = self.buffer_counts(op, c.size, c.rank)
         isz = itemsize(op.dtype)
         for ptr, n in ((op.send, send_n), (op.recv, recv_n)):
             if n:
@@ -360,7 +360,7 @@ class HcclEngine:
                 self.arena.resolve(ptr, n * isz, owner)
 
     @staticmethod
-    def _sizes(op: CollectiveOp, n: int, r: int) -> tuple[int, int]:
+    def buffer_counts(op: CollectiveOp, n: int, r: int) -> tuple[int, int]:
         """Elements of the send and recv buffers this rank touches."""
         k = op.count
         return {
@@ -449,7 +449,7 @@ class HcclEngine:
         isz = itemsize(op.dtype)
         total_bytes = op.count * isz * (n if op.op == "allgather" else 1)
         algo = choose_algo(op.op, n, total_bytes, c.config.algo)
-        send_n, recv_n = self._sizes(op, n, r)
+        send_n, recv_n = self.buffer_counts(op, n, r)
         bufs = {"send": op.send, "recv": op.recv}
         for name, ptr, cnt in (("send", op.send, send_n), ("recv", op.recv, recv_n)):
             if cnt:

@@ -49,7 +49,7 @@ import numpy as np
 from .chip import Work
 from .errors import (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW,
                      InvalidParamError, KernelError)
-from .kernel import builtin
+from .registry import builtin
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 
@@ -390,7 +390,8 @@ _ERFC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.2788680
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
-def _gelu_erf(x, out):
+def gelu_erf(x, out):
+    """out = gelu(x) with erf (Abramowitz-Stegun 7.1.26 erfc, |err| < 1.2e-7), elementwise in numpy."""
     a = np.abs(x)
     t = np.multiply(a, 0.5 * _INV_SQRT2)
     t += 1.0
@@ -442,7 +443,7 @@ def _relu(x, out):
     np.maximum(x, 0, out=out)
 
 
-_GELU = {"none": _upcast(_gelu_erf), "tanh": _upcast(_gelu_tanh)}
+_GELU = {"none": _upcast(gelu_erf), "tanh": _upcast(_gelu_tanh)}
 _SILU = _upcast(_silu)
 
 

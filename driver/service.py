@@ -334,12 +334,12 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
     def RegisterKernel(self, request, context):
         import pickle
 
-        from devices.kernel import _REGISTRY, register_user_kernel
+        from devices.registry import register_user_kernel, registered
         try:
             fn = pickle.loads(request.code)     # authenticated clients only (the gate ran first)
         except Exception as e:  # noqa: BLE001 - a bad payload is a parameter error
             raise InvalidParamError(f"cannot load kernel {request.name!r}: {type(e).__name__}: {e}") from None
-        old = _REGISTRY.get(request.name)
+        old = registered(request.name)
         same = old is not None and old.user and _same_code(old.run, fn)
         if not same:        # an identical kernel (e.g. this very process's own) stays as it is
             register_user_kernel(request.name, fn, replace=True)

@@ -62,10 +62,8 @@ class _Load:
         first = self.next_id
         r = self.runner
         while time.monotonic() < end and not self.stop.is_set():
-            with r._cv:
-                while len(r.requests) - len(r.results) - len(r.errors) >= self.window \
-                        and time.monotonic() < end:
-                    r._cv.wait(min(0.05, max(0.0, end - time.monotonic())))
+            r.wait_until(lambda r: len(r.requests) - len(r.results) - len(r.errors) < self.window,
+                         max(0.0, end - time.monotonic()))
             if time.monotonic() >= end:
                 break
             rid = self.next_id

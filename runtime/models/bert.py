@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from devices.errors import AclError, InvalidParamError
+from runtime import hccl
 
 from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
                      upload_block)
@@ -247,7 +248,6 @@ class EmbedJob(JobBase):
         try:
             comms = None
             if parallel == "tp" and n > 1:
-                from runtime import hccl
                 comms = hccl.comm_init_all(devs)
                 self._comms = list(comms)
             for r, d in enumerate(devs):

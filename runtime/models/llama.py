@@ -47,9 +47,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from devices.errors import AclError, InvalidParamError
+from runtime import hccl
 
-from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices, td,
-                     upload_block)
+from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
+                     td, upload_block)
 from .tokenizer import GgufBpeTokenizer, gguf_tokenizer
 from .weights import LlamaConfig, llama_layer, llama_output, load_gguf_cached, smollm2_gguf
 
@@ -451,7 +452,6 @@ class GenerateJob(JobBase):
         comms = None
         try:
             if n > 1:
-                from runtime import hccl
                 comms = hccl.comm_init_all(devs)
                 self._comms = list(comms)
             for r, (dev, sp) in enumerate(zip(devs, specs)):
