@@ -57,11 +57,6 @@ def make_ptr(device_id: int, offset: int) -> int:
     return PTR_TAG | (device_id & _DEV_MASK) << _DEV_SHIFT | offset
 
 
-def ptr_offset(ptr: int) -> int:
-    """The arena offset a device pointer names (no check: see :meth:`HbmArena.resolve`)."""
-    return ptr & _OFF_MASK
-
-
 def is_device_ptr(ptr: int) -> bool:
     return isinstance(ptr, int) and (ptr >> 56) == (PTR_TAG >> 56)
 
