@@ -9,7 +9,7 @@ Two kinds:
   dtypes at launch (host-synchronous, raises :class:`InvalidParamError`); ``work`` feeds the cost model.
 - user kernels (:func:`register_user_kernel`): ``fn(ctx, *tensors, **attrs)`` where each tensor is a
   :class:`GmTensor` whose indexing is bounds-checked: an index outside the tensor raises the AI Core trap
-  codes (507042 read / 507043 write overflow) instead of touching a neighbour's memory.
+  codes (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW / _WRITE_OVERFLOW) instead of touching a neighbour's memory.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import numpy as np
 
 from .chip import Work
 from .errors import (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW,
-                     ACL_ERROR_RT_KERNEL_LOOKUP, AclError, InvalidParamError, KernelError)
+                     ACL_ERROR_RT_KERNEL_LOOKUP, ACL_ERROR_UNSUPPORTED_DATA_TYPE, AclError, InvalidParamError,
+                     KernelError)
 from .registry import KernelDef, builtin, register_user_kernel, registered, registered_names  # noqa: F401
 
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
@@ -90,7 +91,7 @@ def validate_descs(descs: tuple) -> None:
         if not isinstance(d, TensorDesc):
             raise InvalidParamError(f"kernel tensor argument must be a TensorDesc, got {type(d).__name__}")
         if d.dtype not in DTYPES:
-            raise InvalidParamError(f"unsupported dtype {d.dtype!r}", code=100026)
+            raise InvalidParamError(f"unsupported dtype {d.dtype!r}", code=ACL_ERROR_UNSUPPORTED_DATA_TYPE)
         if any((not isinstance(x, (int, np.integer))) or x < 0 for x in d.shape):
             raise InvalidParamError(f"bad shape {d.shape!r}")
 

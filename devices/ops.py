@@ -36,8 +36,8 @@ memory; rows not indexed keep their contents) at indices read from device memory
 ``incre_flash_attention`` reads a packed cache ``[S, B, W, D]`` in place up to per-sequence lengths (and
 from per-sequence left paddings) read from device memory, so a decode step's launches are the same from
 step to step and can be captured as a graph.  Indices and lengths are checked when the kernel runs: one
-out of range traps (507043 write / 507042 read overflow, like a user kernel's ``GmTensor``) before any
-block writes anything.
+out of range traps (ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW / _READ_OVERFLOW, like a user kernel's
+``GmTensor``) before any block writes anything.
 
 Paged KV cache (serving): ``paged_attention`` reads key/value caches of fixed-size blocks ``[NB, BS,
 Hkv, D]`` in place through per-row block tables and context lengths held in device memory (CANN/ATB
@@ -1063,7 +1063,7 @@ def _ifa_run(ctx, inputs, outputs, attrs):
     actual_seq_lengths).  query [B, Wq, D] (heads [0, num_heads) are the queries), cache [S, B, W, D]
     (keys of kv-head g at head key_head_offset+g, values at value_head_offset+g), actual_seq_lengths [B]
     (sequence b attends over slots [0, len_b)), optional kv_padding [B] (slots j < pad_b masked);
-    out [B, num_heads, D].  A length outside [0, S] traps (507042) with nothing written."""
+    out [B, num_heads, D].  A length outside [0, S] traps (TRAP_READ_OVERFLOW) with nothing written."""
     q, cache, lens = inputs[0], inputs[1], inputs[2]
     out = outputs[0]
     s_max = cache.shape[0]
@@ -1419,7 +1419,7 @@ def _last_occurrence(idx: np.ndarray) -> np.ndarray | None:
 def _scatter_update_run(ctx, inputs, outputs, attrs):
     """In place: var[indices[k], ...] = updates[k, ...] (inputs updates [K, *R], indices [K]; output var
     [S, *R], its other rows untouched).  Duplicate indices: the last k wins.  An index outside [0, S)
-    traps (507043) and nothing is written (every block checks all K indices before writing)."""
+    traps (TRAP_WRITE_OVERFLOW) and nothing is written (every block checks all K indices before writing)."""
     upd, idx = inputs
     var = outputs[0]
     k, s = idx.shape[0], var.shape[0]
