@@ -433,6 +433,8 @@ ATC_MESSAGES: dict[str, str] = {
               "profiles.",
     "E10041": "Failed to load the model from {parameter}.",
     "E10055": "The operation is not supported. Reason: {reason}.",
+    "EZ0007": "Input parameter {param_name} of operator {op_name} has incorrect dtype {data_dtype}. The correct "
+              "one should be {expected_dtype_list}.",
     "EZ0009": "Parameter {param_name} of operator {op_name} has incorrect shape [{incorrect_shape}]. "
               "Reason: {reason}.",
     "EZ9010": "No parser is registered for Op [{opname}, optype [{optype}]].",

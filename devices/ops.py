@@ -1767,7 +1767,7 @@ def _pads_attr(nm, attrs):
     return tuple(int(i) for i in v)
 
 
-def _window_out(n, k, stride, dil, pad_lo, pad_hi, ceil=False) -> int:
+def window_out(n, k, stride, dil, pad_lo, pad_hi, ceil=False) -> int:
     """Output length of a sliding window (ONNX/PyTorch rules; with ceil the last window must start
     inside the input or its leading pad)."""
     span = dil * (k - 1) + 1
@@ -1801,7 +1801,7 @@ def _check_conv2d(inputs, outputs, attrs):
     dh, dw = _pair_attr(nm, attrs, "dilations", (1, 1))
     pt, pl, pb, pr = _pads_attr(nm, attrs)
     _choice_attr(nm, attrs, "act", "none", tuple(ACTIVATIONS))
-    ho, wo = _window_out(h, kh, sh, dh, pt, pb), _window_out(wd, kw, sw, dw, pl, pr)
+    ho, wo = window_out(h, kh, sh, dh, pt, pb), window_out(wd, kw, sw, dw, pl, pr)
     _need(ho >= 1 and wo >= 1, nm, f"kernel {kh}x{kw} (dilation {dh}x{dw}) does not fit the padded input "
                                    f"{h + pt + pb}x{wd + pl + pr}")
     _shape_is(nm, o, (n, m, ho, wo))
@@ -1889,7 +1889,7 @@ def _check_pool(nm, avg):
         if avg:
             _bool_attr(nm, attrs, "count_include_pad")
         n, c, h, w = x.shape
-        ho, wo = _window_out(h, kh, sh, dh, pt, pb, ceil), _window_out(w, kw, sw, dw, pl, pr, ceil)
+        ho, wo = window_out(h, kh, sh, dh, pt, pb, ceil), window_out(w, kw, sw, dw, pl, pr, ceil)
         _need(ho >= 1 and wo >= 1, nm, f"window {kh}x{kw} does not fit the padded input {h + pt + pb}x{w + pl + pr}")
         _shape_is(nm, o, (n, c, ho, wo))
     return check
