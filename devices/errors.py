@@ -414,8 +414,10 @@ ATC_MESSAGES: dict[str, str] = {
     "E10001": "Value {value} for parameter {parameter} is invalid. Reason: {reason}",
     "E10002": "Value {shape} for parameter --input_shape is invalid. Reason: {reason}. The value must be "
               "formatted as {sample}.",
+    "E10003": "Value {value} for parameter --{parameter} is invalid. Reason: {reason}",
     "E10004": "Value for --{parameter} is empty.",
     "E10007": "--{parameter} is required. The value must be {support}.",
+    "E10010": "Value {loglevel} for parameter --log is invalid.",
     "E10011": "Value {shape} for parameter --input_shape is invalid. Shape values must be positive integers. "
               "The error value in the shape is {result}.",
     "E10016": "Opname {opname} specified in --{parameter} is not found in the model. Confirm whether this node "

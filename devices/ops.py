@@ -1720,33 +1720,47 @@ def _fused_matmul_work(inputs, outputs, attrs):
                 unit="cube", fp16=w.fp16)
 
 
+#: rows of a fused_matmul output computed (GEMM, bias, activation) per chunk: the activation's many
+#: elementwise passes then run on data still in cache instead of streaming the whole output each time
+_EPILOGUE_BYTES = 256 << 10
+
+
+def _mm_act(a, bt, bias, out, act) -> None:
+    if act == "none":
+        _mm(a, bt, bias, out)
+        return
+    rows = max(1, _EPILOGUE_BYTES // max(1, out.shape[1] * out.itemsize))
+    for r in range(0, out.shape[0], rows):
+        s = slice(r, r + rows)
+        _mm(a[s], bt, bias, out[s])
+        _act(out[s], act)
+
+
 @builtin("fused_matmul", unit="cube", check=_check_fused_matmul, work=_fused_matmul_work, parallel_dim=_matmul_pd)
 @_quiet
 def _fused_matmul_run(ctx, inputs, outputs, attrs):
     """out[M,N] = act(a[M,K] @ b[K,N] (b[N,K] with transpose_b) (+ bias[N])); attr act: none, relu, gelu
-    (erf), gelu_tanh, tanh, sigmoid"""
+    (erf), gelu_tanh, tanh, sigmoid.  The activation is applied chunk by chunk of output rows, right
+    after each chunk's GEMM (a fused epilogue)."""
     a, b = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     out = outputs[0]
     act = attrs.get("act", "none")
     bt = b.T if attrs.get("transpose_b", False) else b
     if ctx.block_dim == 1:
-        _mm(a, bt, bias, out)
-        _act(out, act)
+        _mm_act(a, bt, bias, out, act)
         return
     m, n = out.shape
     if _mm_split_n(m, n):
         r = ctx.split(n)
         if r:
             s = slice(r.start, r.stop)
-            _mm(a, bt[:, s], None if bias is None else bias[s], out[:, s])
-            _act(out[:, s], act)
+            _mm_act(a, bt[:, s], None if bias is None else bias[s], out[:, s], act)
     else:
         r = ctx.split(m)
         if r:
             s = slice(r.start, r.stop)
-            _mm(a[s], bt, bias, out[s])
-            _act(out[s], act)
+            _mm_act(a[s], bt, bias, out[s], act)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ The manifest (JSON, see :mod:`.om` for the container) holds::
             outputs [[region, offset, shape, dtype]]      where each output is after the steps
             buffers [[offset, nbytes, first, last]]       the memory plan (step lifetimes)
             steps   [{kernel, inputs, outputs, attrs, block_dim, node, modeled_us}],
+                     (block_dim: the tiling for the SoC's cores that modeled_us is priced with)
             stats {...}}]
     report {...}
 
@@ -121,8 +122,17 @@ class _WeightPack:
         self.size = 0
         self.index: dict[tuple, int] = {}
         self.tensors: list[dict] = []
+        self._by_id: dict[int, tuple[np.ndarray, int]] = {}     # arrays shared by the gears: hashed once
 
     def add(self, arr: np.ndarray, name: str) -> int:
+        seen = self._by_id.get(id(arr))
+        if seen is not None and seen[0] is arr:
+            return seen[1]
+        off = self._add(arr, name)
+        self._by_id[id(arr)] = (arr, off)
+        return off
+
+    def _add(self, arr: np.ndarray, name: str) -> int:
         a = np.asarray(arr, order="C")
         key = (a.dtype.name, a.shape, hashlib.blake2b(a.tobytes(), digest_size=16).digest())
         off = self.index.get(key)

@@ -5,7 +5,10 @@ What a load does (host-synchronous): the weights go to the device once (one allo
 that the compiler's memory plan sized is allocated once (one allocation, shared by all gears: only one
 gear runs at a time), and each gear's kernel sequence is captured ONCE on a private stream as a graph
 (``Stream.capture``; the device validates and binds every launch at capture).  Nothing is launched per
-kernel afterwards.
+kernel afterwards.  The launches let the device choose their block_dim (as the runtime's own jobs do):
+a replay runs each step's blocks one after another on one AI Core thread, so splitting a kernel into
+the SoC's 20 blocks would only cost host time; the compiler's per-SoC tiling (``block_dim`` in the
+manifest) is what its report's modeled device time is priced with.
 
 What an execution does (only orders the device, :meth:`OfflineModel.execute_async`): D2D copies of the
 caller's input buffers into the gear's staging slots, one graph replay, D2D copies of the outputs into
@@ -129,7 +132,7 @@ class OfflineModel:
             with self._stream.capture() as cap:
                 for s in gear["steps"]:
                     self._stream.launch(s["kernel"], [self._desc(v) for v in s["inputs"]],
-                                        [self._desc(v) for v in s["outputs"]], _tuples(s["attrs"]), s["block_dim"])
+                                        [self._desc(v) for v in s["outputs"]], _tuples(s["attrs"]), 0)
             self.graphs[gear["batch"]] = cap.graph
         self._io = {g["batch"]: ([self._ptr(v) for v in g["inputs"]], [self._ptr(v) for v in g["outputs"]])
                     for g in self.manifest["gears"]}
