@@ -18,7 +18,12 @@ What blocks split over (``parallel_dim``):
 - ``incre_flash_attention``: ``B * num_key_value_heads`` (a block takes whole GQA groups: the query
   heads of its kv-heads);
 - ``rope``: ``B * S`` tokens; ``embedding``: the ids; ``scatter_update``: the K updates (each block
-  writes the rows of its own ks); reductions and ``argmax``: the kept output elements.
+  writes the rows of its own ks); reductions and ``argmax``: the kept output elements;
+- the kernels compiled offline models lower to (second part of this file): ``erf``, ``sigmoid``,
+  ``clip``, ``pow``, ``equal``, ``where``, ``expand``, ``strided_slice``, ``batch_norm``: the output's
+  elements; ``gather``: the (outer, index) pairs; ``concat``: the rows before the axis;
+  ``fused_matmul``: as ``matmul``; ``conv2d``: the output rows ``N * Ho``; ``max_pool2d`` /
+  ``avg_pool2d``: the ``N * C`` planes.
 
 Float16 is computed in float32 where it matters (matmul accumulation, softmax, norms, gelu/silu/swiglu,
 rope, attention, sums) and rounded once into the output.  Floating-point exceptions are silent, as on

@@ -186,3 +186,72 @@ def ort_run(model, feeds: dict) -> list[np.ndarray]:
     so.inter_op_num_threads = 1
     blob = model if isinstance(model, (bytes, str)) else model.SerializeToString()
     return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def misc_ops(seed: int = 7):
+    """Many lowering paths in one graph: x [2, 3, 4, 5] float and idx [2] int64 (run-time indices).
+
+    Slices as a view and as strided_slice, Concat, Transpose, Softmax over axis 1, ReduceMean/ReduceSum
+    over inner axes, Clip, Sigmoid, Tanh, Equal + Where (a leaky relu), Gather with run-time indices,
+    Pow 3, Sqrt, LayerNormalization over the last 2 axes, Squeeze/Unsqueeze, a 1-D conv and max pool,
+    Gemm with transA, alpha, beta and a [M, N] C, then Relu; Gemm with a run-time B and transB."""
+    r = np.random.default_rng(seed)
+
+    def c(name, arr):
+        return _init(name, np.asarray(arr))
+    inits = [c("s_a", [1]), c("e_a", [3]), c("ax1", [1]), c("s_b", [0]), c("e_b", [1]), c("ax0", [0]),
+             c("lo", np.float32(-0.5)), c("hi", np.float32(0.7)), c("tenth", np.float32(0.1)),
+             c("three", np.float32(3.0)), c("one", np.float32(1.0)), c("axes12", [1, 2]),
+             c("ln_g", (1 + 0.1 * r.standard_normal((4, 5))).astype(np.float32)),
+             c("ln_b", (0.1 * r.standard_normal((4, 5))).astype(np.float32)),
+             c("w1d", (0.4 * r.standard_normal((6, 4, 3))).astype(np.float32)),
+             c("gA", (0.2 * r.standard_normal((60, 6))).astype(np.float32)),
+             c("gC", (0.3 * r.standard_normal((6, 2))).astype(np.float32)),
+             c("sq_ax", [0]), c("shape_2_60", np.array([2, 60], np.int64)), c("shape_3_4_5", [3, 4, 5])]
+    n = helper.make_node
+    nodes = [
+        n("Slice", ["x", "s_a", "e_a", "ax1"], ["sl_mid"], name="slice_strided"),          # [2, 2, 4, 5]
+        n("Slice", ["x", "s_b", "e_b", "ax0"], ["sl_first"], name="slice_view"),            # [1, 3, 4, 5]
+        n("Transpose", ["sl_first"], ["tr"], name="transpose", perm=[1, 0, 2, 3]),          # [3, 1, 4, 5]
+        n("Concat", ["sl_mid", "x"], ["cat"], name="concat", axis=1),                       # [2, 5, 4, 5]
+        n("Softmax", ["cat"], ["sm"], name="softmax_axis1", axis=1),
+        n("ReduceSum", ["sm", "axes12"], ["rs"], name="reduce_sum", keepdims=0),            # [2, 5]
+        n("ReduceMean", ["x"], ["rm"], name="reduce_mean", axes=[2, 3], keepdims=1),        # [2, 3, 1, 1]
+        n("Clip", ["x", "lo", "hi"], ["cl"], name="clip"),
+        n("Sigmoid", ["cl"], ["sg"], name="sigmoid"),
+        n("Tanh", ["sg"], ["th"], name="tanh"),
+        n("Relu", ["x"], ["rl"], name="relu"),
+        n("Equal", ["rl", "x"], ["pos"], name="equal"),
+        n("Mul", ["x", "tenth"], ["neg"], name="scale_neg"),
+        n("Where", ["pos", "x", "neg"], ["leaky"], name="where"),
+        n("Gather", ["leaky", "idx"], ["gat"], name="gather_rt", axis=3),                   # [2, 3, 4, 2]
+        n("Pow", ["th", "three"], ["p3"], name="pow3"),
+        n("Add", ["rl", "one"], ["rl1"], name="add_one"),
+        n("Sqrt", ["rl1"], ["sq"], name="sqrt"),
+        n("LayerNormalization", ["sq", "ln_g", "ln_b"], ["ln"], name="ln_2axes", axis=-2, epsilon=1e-4),
+        n("Add", ["ln", "p3"], ["mix"], name="mix"),
+        n("Add", ["mix", "rm"], ["mix2"], name="mix2"),
+        n("Unsqueeze", ["tr", "sq_ax"], ["tr5"], name="unsqueeze"),                        # [1, 3, 1, 4, 5]
+        n("Squeeze", ["tr5"], ["tr3"], name="squeeze"),                                     # [3, 4, 5]
+        n("Reshape", ["tr3", "shape_3_4_5"], ["c_in"], name="to_1d", allowzero=0),
+        n("Conv", ["c_in", "w1d"], ["c1d"], name="conv1d", pads=[1, 1]),                    # [3, 6, 5]
+        n("MaxPool", ["c1d"], ["mp1d"], name="maxpool1d", kernel_shape=[2], strides=[2]),   # [3, 6, 2]
+        n("Reshape", ["mix2", "shape_2_60"], ["m2"], name="flat_2_60"),                     # [2, 60]
+        n("Gemm", ["gA", "m2", "gC"], ["g1"], name="gemm_transA", transA=1, transB=1, alpha=0.5, beta=2.0),
+        n("Relu", ["g1"], ["g1r"], name="gemm_relu"),                                       # [6, 2]
+        n("Gemm", ["m2", "m2"], ["g2"], name="gemm_rt_b", transB=1),                        # [2, 2]
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])
+    idx = helper.make_tensor_value_info("idx", TensorProto.INT64, [2])
+    outs = [helper.make_tensor_value_info(nm, TensorProto.FLOAT, shape)
+            for nm, shape in (("rs", [2, 5]), ("gat", [2, 3, 4, 2]), ("mp1d", [3, 6, 2]), ("g1r", [6, 2]),
+                              ("g2", [2, 2]), ("mix2", [2, 3, 4, 5]))]
+    return make_model(nodes, [x, idx], outs, inits, name="misc")
+
+
+def softmax_opset11():
+    """Softmax of opset 11 over axis 1 of a 3-D input: it flattens [N, C*L] (the pre-13 meaning)."""
+    n = helper.make_node("Softmax", ["x"], ["y"], name="sm11", axis=1)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])
+    return make_model([n], [x], [y], [], opset=11, name="sm11")

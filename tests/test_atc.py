@@ -20,8 +20,8 @@ import pytest
 from devices.errors import (ACL_ERROR_DESERIALIZE_MODEL, ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID,
                             ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, ACL_ERROR_GE_PARAM_INVALID, ACL_ERROR_GE_SHAPE_INVALID,
                             ACL_ERROR_OP_NOT_FOUND, ACL_ERROR_PARSE_MODEL, AtcError, ModelError)
-from onnx_models import (assert_close, bad_matmul, cnn, gelu_mlp, layernorm_decomposed, ort_run, shape_arith,
-                         single_op)
+from onnx_models import (assert_close, bad_matmul, cnn, gelu_mlp, layernorm_decomposed, misc_ops, ort_run,
+                         shape_arith, single_op, softmax_opset11)
 from runtime.atc import compile_model, make_options, read_om, write_om
 from runtime.atc.hostrun import HostRun
 from runtime.atc.om import HEADER_SIZE
@@ -185,6 +185,30 @@ def test_cnn_fusion_and_numbers():
         x = np.random.default_rng(b).standard_normal((b, 3, 16, 16)).astype(np.float32)
         got = HostRun(cm.manifest, cm.weights, b).run([x])[0]
         assert_close(got, ort_run(m, {"x": x})[0], k=72, depth=4, what=f"batch {b}")
+
+
+def test_many_lowering_paths_match_onnxruntime():
+    """Slices (a view and a strided_slice), Concat, a Transpose that only moves a size-1 axis (a view),
+    Softmax over axis 1, inner-axis reductions, Clip/Sigmoid/Tanh/Pow/Sqrt, Equal+Where, Gather with
+    run-time indices (negative ones too), LayerNormalization over 2 axes, Squeeze/Unsqueeze, a 1-D conv
+    and pool, Gemm with transA/alpha/beta/[M, N] C + Relu, Gemm with a run-time B."""
+    m = misc_ops()
+    cm = compile_model(m)
+    kc = cm.gears[0].program.kernel_counts()
+    assert kc["strided_slice"] == 1 and "transpose" not in kc and kc["conv2d"] == 1 and kc["max_pool2d"] == 1
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    idx = np.array([4, -2], np.int64)
+    ref = ort_run(m, {"x": x, "idx": idx})
+    got = HostRun(cm.manifest, cm.weights).run([x, idx])
+    for name, g, r in zip([o.name for o in m.graph.output], got, ref):
+        assert_close(g, r, k=60, depth=3, what=name)
+    m = softmax_opset11()
+    x = np.random.default_rng(1).standard_normal((2, 3, 4)).astype(np.float32)
+    assert_close(HostRun(*_mw(compile_model(m))).run([x])[0], ort_run(m, {"x": x})[0], k=12)
+
+
+def _mw(cm):
+    return cm.manifest, cm.weights
 
 
 def test_fusion_can_be_turned_off():

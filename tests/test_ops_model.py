@@ -232,6 +232,15 @@ def test_fused_matmul(bd, act, m, k, n):
     np.testing.assert_allclose(got, want, **acc_tol(np.float32, k, 3.0))
 
 
+@pytest.mark.parametrize("bd", [1, 2])
+def test_fused_matmul_epilogue_in_row_chunks(bd):
+    """An output wide enough that the activation runs chunk by chunk of rows (256 KiB of output each)."""
+    a, b, bias = randn((150, 8), seed=4), randn((8, 1024), seed=5), randn((1024,), seed=6)
+    want = act64("gelu", a.astype(np.float64) @ b.astype(np.float64) + bias)
+    got = run1("fused_matmul", [a, b, bias], (150, 1024), np.float32, {"act": "gelu"}, bd)
+    np.testing.assert_allclose(got, want, **acc_tol(np.float32, 8, 3.0))
+
+
 def test_fused_matmul_float16_and_bad_act():
     a, b = randn((6, 8), np.float16, 1), randn((8, 4), np.float16, 2)
     want = np.maximum(a.astype(np.float64) @ b.astype(np.float64), 0)

@@ -40,7 +40,7 @@ from devices.errors import ACL_ERROR_GE_PARAM_INVALID, AtcError
 from . import fold, fuse, lower, memplan, om
 from .onnx_import import OnnxSource, instantiate, load_onnx, resolve_shapes
 from .options import DYNAMIC_INPUT_NAME, CompileOptions
-from .program import ACT, WEIGHT, Program
+from .program import WEIGHT, Program
 
 PRODUCER = "vnpu atc 0.1"
 FRAMEWORK_ONNX = 5

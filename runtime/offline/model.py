@@ -178,8 +178,9 @@ class OfflineModel:
                              code=ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID)
         n = 8 if buf.size >= 8 else 4
         self.device.queue.flush()
-        raw = np.asarray(self.device.handle.memcpy_d2h(buf.ptr, n), np.uint8)
-        return int(raw.view("<u8" if n == 8 else "<u4")[0])
+        raw = self.device.handle.memcpy_d2h(buf.ptr, n)
+        raw = np.frombuffer(raw, np.uint8) if not isinstance(raw, np.ndarray) else raw.view(np.uint8).reshape(-1)
+        return int(raw[:n].view("<u8" if n == 8 else "<u4")[0])
 
     def _gear(self, batch: int) -> None:
         if batch not in self.desc.dynamic_batch:
@@ -251,10 +252,13 @@ class OfflineModel:
 
     def run(self, arrays: list, batch: int | None = None, stream=None) -> list[np.ndarray]:
         """Convenience for scripts and tests: host arrays in, host arrays out (allocates device buffers for
-        one call, uploads, executes, downloads, frees).  Host-synchronous."""
+        one call, uploads, executes, downloads, frees); ``batch`` defaults to the first array's length on a
+        dynamic-batch model.  Host-synchronous."""
         from runtime.api import Tensor
         self._live()
         d = self.desc
+        if d.dynamic_batch and batch is None:
+            batch = int(np.shape(arrays[0])[0])
         dev = self.device
         made: list[Tensor] = []
         try:
@@ -313,6 +317,8 @@ class OfflineModel:
                 _MODELS.pop(self.id, None)
             try:
                 self._done.synchronize()
+            except AclError:
+                pass                              # a failed execution: its stream's synchronize reports it
             finally:
                 self._release()
 

@@ -136,67 +136,67 @@ def _gemm_fold(node, ins):
     return [y.astype(ins[0].dtype)]
 
 
-def gemm_operands(ctx_or_none, node, ins):
-    """(b as [K, N] constant or None, bias as [N] constant or None, add_after) of a Gemm whose B is a
-    constant: alpha and transB fold into B, beta into C; C folds into a bias when it is [N]-like."""
-    m, k, n = _gemm_dims(node, ins)
-    b = ins[1].const
-    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
-    bk = None
-    if b is not None:
-        bk = (b.T if int(node.attrs.get("transB", 0)) else b) * np.asarray(alpha, b.dtype) if alpha != 1.0 else \
-            (b.T if int(node.attrs.get("transB", 0)) else b)
-        bk = np.asarray(bk, order="C")
-    c = ins[2] if len(ins) > 2 else None
-    bias, add_after = None, False
-    if c is not None and beta != 0.0:
-        if c.const is not None and (c.const.size == 1 or (c.const.size == n and c.shape[-1] == n)):
-            bias = np.asarray(np.broadcast_to(c.const.reshape(-1) * np.asarray(beta, c.dtype), (n,)), order="C")
-        else:
-            add_after = True
-    return bk, bias, add_after
-
-
 def _gemm_lower(ctx, node):
+    """Y = act(alpha * A' @ B' + beta * C): alpha folds into a constant B (or A), transB into a constant
+    B's layout (a run-time B is read with transpose_b), transA into a constant A (a run-time A gets a
+    transpose), and beta * C into the kernel's bias when C is a [N]-like constant; otherwise alpha is a
+    ``mul_scalar`` and C an ``add`` after the product."""
     ins = [ctx.val(n) if n else None for n in node.inputs]
     a, b = ins[0], ins[1]
+    c = ins[2] if len(ins) > 2 else None
     m, k, n = _gemm_dims(node, ins)
-    bk, bias, add_after = gemm_operands(ctx, node, ins)
+    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+    ta, tb = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
     act = node.attrs.get("act", "none")
-    av = ctx.ref(a.name)
-    if int(node.attrs.get("transA", 0)):
-        if a.const is not None:
-            av = ctx.weight(np.asarray(a.const.T, order="C"), a.name)
-        else:
-            t = ctx.temp((m, k), a.dtype, "transA")
-            ctx.emit("transpose", [av], [t], {"perm": (1, 0)})
-            av = t
-    attrs = {}
-    if bk is not None:
-        bv = ctx.weight(bk, b.name)
+    scale_a = alpha != 1.0 and b.const is None and a.const is not None
+    post_alpha = alpha != 1.0 and b.const is None and a.const is None
+    if a.const is not None and (ta or scale_a):
+        arr = a.const.T if ta else a.const
+        av = ctx.weight(np.asarray(arr * np.asarray(alpha, arr.dtype) if scale_a else arr, order="C"), a.name)
+    elif ta:
+        av = ctx.temp((m, k), a.dtype, "transA")
+        ctx.emit("transpose", [ctx.ref(a.name)], [av], {"perm": (1, 0)})
     else:
-        if float(node.attrs.get("alpha", 1.0)) != 1.0:
-            raise unsupported(node, "alpha != 1 with a run-time B")
+        av = ctx.ref(a.name)
+    attrs = {}
+    if b.const is not None:
+        arr = b.const.T if tb else b.const
+        if alpha != 1.0:
+            arr = arr * np.asarray(alpha, arr.dtype)
+        bv = ctx.weight(np.asarray(arr, order="C"), b.name)
+    else:
         bv = ctx.ref(b.name)
-        if int(node.attrs.get("transB", 0)):
+        if tb:
             attrs["transpose_b"] = True
-    ins_v = [av, bv] + ([ctx.weight(bias, f"{node.name}.bias")] if bias is not None else [])
-    fused_act = act if not add_after else "none"
+    bias, add_c = None, False
+    if c is not None and beta != 0.0:
+        if c.const is not None and not post_alpha and (c.const.size == 1 or (c.const.size == n and c.shape[-1] == n)):
+            bias = ctx.weight(np.asarray(np.broadcast_to(c.const.reshape(-1) * np.asarray(beta, c.dtype), (n,)),
+                                         order="C"), f"{node.name}.bias")
+        else:
+            add_c = True
     out = ctx.out(node)
+    fused_act = act if not (add_c or post_alpha) else "none"
     if fused_act != "none":
         attrs["act"] = fused_act
-    mm_out = ctx.temp((m, n), a.dtype, "gemm") if add_after else out
-    ctx.emit("fused_matmul" if fused_act != "none" else "matmul", ins_v, [mm_out], attrs)
-    if add_after:
-        c = ins[2]
-        beta = float(node.attrs.get("beta", 1.0))
-        cv = ctx.weight(np.asarray(c.const * np.asarray(beta, c.dtype), order="C"), c.name) \
-            if c.const is not None else ctx.ref(c.name)
-        if c.const is None and beta != 1.0:
-            raise unsupported(node, "beta != 1 with a run-time C")
+    mm_out = ctx.temp((m, n), a.dtype, "gemm") if (add_c or post_alpha) else out
+    ctx.emit("fused_matmul" if fused_act != "none" else "matmul", [av, bv] + ([bias] if bias is not None else []),
+             [mm_out], attrs)
+    if post_alpha:
+        ctx.emit("mul_scalar", [mm_out], [out if not add_c else mm_out], {"value": alpha})
+        mm_out = out if not add_c else mm_out
+    if add_c:
+        if c.const is not None:
+            cv = ctx.weight(np.asarray(c.const * np.asarray(beta, c.dtype), order="C"), c.name)
+        else:
+            cv = ctx.ref(c.name)
+            if beta != 1.0:
+                scaled = ctx.temp(c.shape, c.dtype, "beta_c")
+                ctx.emit("mul_scalar", [cv], [scaled], {"value": beta})
+                cv = scaled
         ctx.emit("add", [mm_out, cv], [out])
-        if act != "none":
-            ctx.emit(ACT_KERNEL[act], [out], [out])
+    if act != "none" and fused_act == "none":
+        ctx.emit(ACT_KERNEL[act], [out], [out])
 
 
 register("Gemm", _gemm_infer, _gemm_fold, _gemm_lower)
