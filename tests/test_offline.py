@@ -334,3 +334,16 @@ def test_offline_model_on_a_device_actor(cnn_om):
     finally:
         r.close()
         cluster.close()
+
+
+def test_bench_mdl_measures_all_three_in_one_run():
+    """``vnpu bench mdl`` at a tiny size: every path timed, outputs checked, HBM back to baseline."""
+    from runtime.bench.mdl import bench
+    res = bench("minilm-l3", 2, 8, 1, "Ascend910B3", "local")
+    assert set(res["latency_ms"]) == {"vnpu", "vnpu_e2e", "ort", "numpy"}
+    assert all(v > 0 for v in res["latency_ms"].values())
+    r = res["report"]
+    assert res["hbm_back_to_baseline"] and r["launches_after_fusion"] < r["launches_before_fusion"]
+    assert max(res["max_abs_diff_vs_onnxruntime"].values()) < 1e-4
+    assert max(res["max_abs_diff_vs_numpy_bound"].values()) < 1e-5
+    assert res["report"]["plan_peak_bytes"] < res["report"]["intermediate_bytes_after_fusion"]
