@@ -435,6 +435,7 @@ ATC_MESSAGES: dict[str, str] = {
               "profiles.",
     "E10041": "Failed to load the model from {parameter}.",
     "E10055": "The operation is not supported. Reason: {reason}.",
+    "E19999": "Inner Error! {reason}",
     "EZ0007": "Input parameter {param_name} of operator {op_name} has incorrect dtype {data_dtype}. The correct "
               "one should be {expected_dtype_list}.",
     "EZ0009": "Parameter {param_name} of operator {op_name} has incorrect shape [{incorrect_shape}]. "

@@ -113,6 +113,27 @@ def test_unsupported_shape_names_the_node():
     assert "mm_bad(MatMul)" in e.line and "(2, 3)" in e.line and "(4, 5)" in e.line
 
 
+def test_malformed_attribute_is_an_error_naming_the_node():
+    import onnx
+    from onnx import TensorProto, helper
+    node = helper.make_node("Transpose", ["x"], ["y"], name="tp_bad", perm=[0, 0])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(AtcError, match=r"tp_bad\(Transpose\)") as ei:
+        compile_model(m)
+    assert ei.value.ecode == "EZ0009"
+    node.ClearField("attribute")
+    node.attribute.append(helper.make_attribute("perm", "zz"))           # a string where ints belong
+    with pytest.raises(AtcError, match="tp_bad") as ei:
+        compile_model(onnx.ModelProto.FromString(m.SerializeToString()))
+    assert ei.value.ecode == "EZ0009"
+    fake = single_op("Attention", "not_ours")                             # our internal op names are not ONNX's
+    with pytest.raises(AtcError) as ei:
+        compile_model(fake)
+    assert ei.value.ecode == "EZ9010" and "not_ours" in ei.value.line
+
+
 def test_bad_model_files():
     with pytest.raises(AtcError) as ei:
         compile_model("/nonexistent/m.onnx")

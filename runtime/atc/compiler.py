@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from devices.errors import ACL_ERROR_GE_PARAM_INVALID, AtcError
+from devices.errors import ACL_ERROR_GE_INTERNAL_ERROR, ACL_ERROR_GE_PARAM_INVALID, AclError, AtcError
 
 from . import fold, fuse, lower, memplan, om
 from .onnx_import import OnnxSource, instantiate, load_onnx, resolve_shapes
@@ -196,8 +196,17 @@ def _io_dims(per_gear: list[tuple], dynamic: bool) -> list[int]:
 
 # ---------------------------------------------------------------------------------------------- entry point
 def compile_model(source, options: CompileOptions | None = None) -> CompiledModel:
-    """Convert an ONNX model (path, bytes or ModelProto) with ``options``; raises :class:`AtcError`."""
-    opts = options or CompileOptions()
+    """Convert an ONNX model (path, bytes or ModelProto) with ``options``; raises :class:`AtcError`
+    (an unexpected failure inside the compiler is E19999 / 545000, never a bare exception)."""
+    try:
+        return _compile(source, options or CompileOptions())
+    except AclError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise AtcError("E19999", ACL_ERROR_GE_INTERNAL_ERROR, reason=f"{type(e).__name__}: {e}") from None
+
+
+def _compile(source, opts: CompileOptions) -> CompiledModel:
     src = load_onnx(source)
     shapes, dyn = _gear_shapes(src, opts)
     batches = list(opts.dynamic_batch) or [None]

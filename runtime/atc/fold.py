@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from devices.errors import ACL_ERROR_GE_INTERNAL_ERROR, AclError, AtcError
+from devices.errors import ACL_ERROR_GE_INTERNAL_ERROR, ACL_ERROR_PARSE_MODEL, AclError, AtcError
 
 from .ir import Graph, Value
-from .ops import OPS, unsupported_op, where
-
-DEFAULT_DOMAINS = ("", "ai.onnx", "vnpu")
+from .ops import lookup_op, where
 
 
 def propagate(g: Graph, fold_limit: int = 64 << 10) -> dict:
     """Infer shapes, fold constants, prune; returns counts ``{"folded": n, "pruned": m}``."""
     kept, folded = [], 0
     for node in g.nodes:
-        od = OPS.get(node.op) if node.domain in DEFAULT_DOMAINS else None
-        if od is None:
-            raise unsupported_op(node, g.opset)
+        od = lookup_op(node, g.opset)
         ins = []
         for name in node.inputs:
             if not name:
@@ -39,15 +35,21 @@ def propagate(g: Graph, fold_limit: int = 64 << 10) -> dict:
             outs = od.infer(node, ins)
         except AtcError:
             raise
-        except (ValueError, TypeError, IndexError, KeyError) as e:     # a malformed attribute or input list
-            raise AtcError("EZ0009", code=None, param_name="attributes", op_name=where(node), incorrect_shape="",
-                           reason=f"{type(e).__name__}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a malformed attribute or input list: name the node
+            raise AtcError("EZ0009", ACL_ERROR_PARSE_MODEL, param_name="attributes/inputs", op_name=where(node),
+                           incorrect_shape="", reason=f"{type(e).__name__}: {e}") from None
         for name, (shape, dtype) in zip(node.outputs, outs):
             if name:
                 g.values[name] = Value(name, tuple(int(d) for d in shape), dtype)
         if od.fold is not None and _foldable(od, ins, outs, fold_limit):
-            with np.errstate(all="ignore"):
-                arrays = od.fold(node, ins)
+            try:
+                with np.errstate(all="ignore"):
+                    arrays = od.fold(node, ins)
+            except AtcError:
+                raise
+            except Exception as e:  # noqa: BLE001 - numpy refusing a malformed constant: name the node
+                raise AtcError("E19999", ACL_ERROR_GE_INTERNAL_ERROR,
+                               reason=f"folding {where(node)} failed: {type(e).__name__}: {e}") from None
             for name, arr, (shape, dtype) in zip(node.outputs, arrays, outs):
                 if not name:
                     continue

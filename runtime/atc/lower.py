@@ -134,20 +134,24 @@ class LowerCtx:
 
 def lower_graph(g: Graph, soc: str) -> Program:
     """Lower every node of ``g`` (after folding and fusion) to kernel launches."""
-    from .ops import OPS, unsupported_op
+    from .ops import lookup_op
     ctx = LowerCtx(g, soc)
     for name in g.inputs:
         ctx.prog.inputs.append(ctx.input(name))
     for node in g.nodes:
         ctx.node = node
-        od = OPS.get(node.op) if node.domain in ("", "ai.onnx", "vnpu") else None
-        if od is None:
-            raise unsupported_op(node, g.opset)
+        od = lookup_op(node, g.opset)
         if od.lower is None:
             raise AtcError("E10055", ACL_ERROR_FEATURE_UNSUPPORTED,
                            reason=f"{node.op} node {node.name} computes a runtime value but vnpu only folds it "
                                   "at compile time (its inputs must be constants)")
-        od.lower(ctx, node)
+        try:
+            od.lower(ctx, node)
+        except AclError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a malformed attribute: name the node, never a traceback
+            raise AtcError("E19999", ACL_ERROR_GE_INTERNAL_ERROR,
+                           reason=f"lowering {ctx._where()} failed: {type(e).__name__}: {e}") from None
     ctx.node = None
     for name in g.outputs:
         ctx.prog.outputs.append(ctx.ref(name))

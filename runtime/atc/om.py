@@ -38,7 +38,7 @@ import struct
 import numpy as np
 
 from devices.errors import (ACL_ERROR_DESERIALIZE_MODEL, ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID,
-                            ACL_ERROR_PARSE_MODEL, ModelError)
+                            ACL_ERROR_INVALID_PARAM, ACL_ERROR_PARSE_MODEL, ModelError)
 from devices.kernel import DTYPES, lookup
 
 MAGIC = b"\x93VNPU-OM"
@@ -85,7 +85,10 @@ def describe_atc_header(data: bytes) -> str:
 
 def read_om(data) -> tuple[dict, memoryview]:
     """Parse and check a container: ``(manifest, weights)``; raises :class:`ModelError`."""
-    mv = memoryview(data).cast("B")
+    try:
+        mv = memoryview(data).cast("B")
+    except TypeError:
+        raise ModelError(f"a model is bytes, not {type(data).__name__}", code=ACL_ERROR_INVALID_PARAM) from None
     n = len(mv)
     if n >= 4 and bytes(mv[:4]) == ATC_MAGIC:
         info = describe_atc_header(bytes(mv[:ATC_HEADER_SIZE]))

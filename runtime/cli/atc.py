@@ -74,6 +74,8 @@ def _run(a) -> int:
     except AclError as e:                    # a model file refused on read (mode 1/6): GE's E10003
         return _fail(atc_message("E10003", value=a.om or a.model, parameter="om" if a.om else "model",
                                  reason=f"{e.name} ({e.code}): {e.detail}"))
+    except Exception as e:  # noqa: BLE001 - a compiler bug: one line, never a traceback
+        return _fail(atc_message("E19999", reason=f"{type(e).__name__}: {e}"))
     print(SUCCESS, flush=True)
     return 0
 

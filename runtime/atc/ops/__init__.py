@@ -36,6 +36,19 @@ class OpDef:
 
 
 OPS: dict[str, OpDef] = {}
+#: ops only the compiler's own passes create (domain "vnpu"); an ONNX node of that name is not one of them
+INTERNAL = ("FusedMatMul", "FusedConv", "Attention")
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def lookup_op(node, opset: int) -> OpDef:
+    """The definition of ``node``'s op, or ATC's EZ9010 naming the node and its op type."""
+    od = None
+    if node.domain == "vnpu" or (node.domain in DEFAULT_DOMAINS and node.op not in INTERNAL):
+        od = OPS.get(node.op)
+    if od is None:
+        raise unsupported_op(node, opset)
+    return od
 
 
 def register(names, infer, fold=None, lower=None, shape_only: bool = False) -> None:
