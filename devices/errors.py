@@ -416,6 +416,7 @@ ATC_MESSAGES: dict[str, str] = {
               "formatted as {sample}.",
     "E10003": "Value {value} for parameter --{parameter} is invalid. Reason: {reason}",
     "E10004": "Value for --{parameter} is empty.",
+    "E10006": "Value {value} for parameter --{parameter} is invalid. The value must be either 1 or 0.",
     "E10007": "--{parameter} is required. The value must be {support}.",
     "E10010": "Value {loglevel} for parameter --log is invalid.",
     "E10011": "Value {shape} for parameter --input_shape is invalid. Shape values must be positive integers. "

@@ -433,6 +433,12 @@ def test_atc_cli_failures_print_one_e_code_line(capsys, tmp_path):
         (("--mode", "9"), "E10001: Value 9 for parameter --mode"),
         (("--mode", "6", "--om", str(onnx_path)), "E10003"),
         (("--log", "loud"), "E10010"),
+        (("--model", str(onnx_path), "--framework", "5", "--output", str(tmp_path / "m"),
+          "--dynamic_image_size", "224,224;448,448"), "does not support dynamic image size"),
+        (("--model", str(onnx_path), "--framework", "5", "--output", str(tmp_path / "m"),
+          "--precision_mode", "force_fp16"), "--precision_mode"),
+        (("--model", str(onnx_path), "--framework", "5", "--output", str(tmp_path / "m"),
+          "--disable_reuse_memory", "2"), "E10006"),
     ]
     for args, want in cases:
         rc, out, err = run_cli(capsys, *args)
@@ -462,6 +468,20 @@ def test_atc_cli_converts_and_reports(capsys, tmp_path):
     assert rc == 0 and json.loads((tmp_path / "m.json").read_text())["gears"][0]["batch"] == 1
     rc, out, _ = run_cli(capsys, "--mode", "6", "--om", str(tmp_path / "cnn.om"))
     assert rc == 0 and "gears [1, 2]" in out
+
+
+def test_disable_reuse_memory_gives_every_buffer_its_own_bytes(capsys, tmp_path):
+    onnx_path = tmp_path / "cnn.onnx"
+    onnx_path.write_bytes(cnn().SerializeToString())
+    sizes = {}
+    for flag in ("0", "1"):
+        rc, _, err = run_cli(capsys, "--model", str(onnx_path), "--framework", "5", "--output", str(tmp_path / flag),
+                             "--input_shape", "x:2,3,16,16", "--disable_reuse_memory", flag,
+                             "--precision_mode", "must_keep_origin_dtype")
+        assert rc == 0, err
+        man, _ = read_om((tmp_path / f"{flag}.om").read_bytes())
+        sizes[flag] = man["gears"][0]["stats"]
+    assert sizes["0"]["plan_peak_bytes"] < sizes["1"]["plan_peak_bytes"] == sizes["1"]["plan_no_reuse_bytes"]
 
 
 def test_soc_version_selects_the_cost_model():

@@ -110,7 +110,8 @@ def _build_gear(src: OnnxSource, shapes: dict, batch: int | None, opts: CompileO
         prog = lower.lower_graph(g, opts.soc_version)
     before = {"launches": unfused.launches, "intermediate_bytes": unfused.intermediate_bytes,
               "modeled_us": round(unfused.modeled_s * 1e6, 3)}
-    return GearBuild(batch, prog, memplan.plan_memory(prog), before, counts["folded"], counts["pruned"], fused)
+    return GearBuild(batch, prog, memplan.plan_memory(prog, opts.reuse_memory), before, counts["folded"],
+                     counts["pruned"], fused)
 
 
 # ---------------------------------------------------------------------------------------------- weights

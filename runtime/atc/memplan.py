@@ -60,8 +60,12 @@ def lifetimes(prog: Program) -> dict[int, tuple[int, int]]:
     return {k: (a, b) for k, (a, b) in spans.items()}
 
 
-def plan_memory(prog: Program) -> MemoryPlan:
+def plan_memory(prog: Program, reuse: bool = True) -> MemoryPlan:
+    """Place the workspace buffers; ``reuse=False`` (ATC's --disable_reuse_memory 1) gives every buffer
+    its own bytes."""
     spans = lifetimes(prog)
+    if not reuse:
+        spans = {b: (-1, len(prog.steps)) for b in spans}
     items = sorted(spans, key=lambda b: (-prog.buffers[b].nbytes, spans[b][0], b))
     placed: list[Placement] = []
     out: dict[int, Placement] = {}

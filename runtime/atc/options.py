@@ -27,6 +27,7 @@ class CompileOptions:
     soc_version: str = DEFAULT_SOC
     fuse: bool = True
     fold_limit: int = 64 << 10
+    reuse_memory: bool = True            #: False: ATC's --disable_reuse_memory 1
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return dict(self.input_shape)
@@ -94,10 +95,11 @@ def check_soc(name: str | None) -> str:
                        reason=f"unknown SoC; vnpu models {', '.join(sorted(CHIPS))}") from None
 
 
-def make_options(input_shape=None, dynamic_batch_size=None, soc_version=None, fuse: bool = True) -> CompileOptions:
+def make_options(input_shape=None, dynamic_batch_size=None, soc_version=None, fuse: bool = True,
+                 reuse_memory: bool = True) -> CompileOptions:
     """Options from ATC-style strings (or already parsed values)."""
     shapes = parse_input_shape(input_shape) if isinstance(input_shape, (str, type(None))) else \
         tuple((str(k), tuple(int(d) for d in v)) for k, v in dict(input_shape).items())
     gears = parse_dynamic_batch(dynamic_batch_size) if isinstance(dynamic_batch_size, (str, type(None))) else \
         check_gears(dynamic_batch_size)
-    return CompileOptions(shapes, gears, check_soc(soc_version), fuse)
+    return CompileOptions(shapes, gears, check_soc(soc_version), fuse, reuse_memory=reuse_memory)

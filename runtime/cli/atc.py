@@ -14,6 +14,7 @@ stderr, and exit status 255 (ATC's ``main`` returns -1).  ``--output`` gets ".om
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -28,6 +29,15 @@ FAILED_EXIT = 255
 LOG_LEVELS = ("null", "debug", "info", "warning", "error")
 FRAMEWORKS = "0(Caffe) or 1(MindSpore) or 3(TensorFlow) or 5(Onnx)"
 MODES = {0: "generate an offline model", 1: "convert an .om to JSON", 6: "display model info"}
+#: ATC flags vnpu atc knows but does not implement: given, they fail with E10001 instead of being ignored
+UNSUPPORTED = {
+    "weight": "Caffe weights (vnpu atc converts ONNX models)", "dynamic_image_size": "dynamic image size gears",
+    "dynamic_dims": "dynamic dims gears", "input_shape_range": "shape ranges", "out_nodes": "choosing output nodes",
+    "output_type": "changing output dtypes", "insert_op_conf": "AIPP", "input_fp16_nodes": "fp16 input nodes",
+    "keep_dtype": "per-op precision files",
+}
+#: --precision_mode values that mean what vnpu does (it keeps every op in the model's own dtype)
+PRECISIONS = ("must_keep_origin_dtype", "force_fp32")
 
 
 def register(sub) -> None:
@@ -42,6 +52,11 @@ def register(sub) -> None:
     p.add_argument("--soc_version", default=None, help="chip to compile for (default Ascend910B3)")
     p.add_argument("--input_format", default=None, help="NCHW (default) or ND")
     p.add_argument("--log", default="null", help="debug|info|warning|error|null: info prints the compile report")
+    p.add_argument("--disable_reuse_memory", default="0", help="1: give every intermediate its own memory")
+    p.add_argument("--precision_mode", default=None,
+                   help=f"{' or '.join(PRECISIONS)} (vnpu keeps the model's dtypes; ATC's default is force_fp16)")
+    for flag in UNSUPPORTED:
+        p.add_argument(f"--{flag}", default=None, help=argparse.SUPPRESS)
     p.add_argument("--om", default="", help="--mode 1/6: the .om to read")
     p.add_argument("--json", default="", help="--mode 1: the JSON file to write")
     p.set_defaults(fn=_run)
@@ -95,6 +110,16 @@ def _convert(a) -> None:
     if a.input_format not in (None, "NCHW", "ND"):
         raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.input_format, parameter="--input_format",
                        reason="ONNX models support NCHW or ND")
+    for flag, what in UNSUPPORTED.items():
+        if getattr(a, flag) is not None:
+            raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=getattr(a, flag), parameter=f"--{flag}",
+                           reason=f"vnpu atc does not support {what}")
+    if a.precision_mode is not None and a.precision_mode not in PRECISIONS:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.precision_mode, parameter="--precision_mode",
+                       reason=f"vnpu keeps each op in the model's dtype: use {' or '.join(PRECISIONS)}")
+    if a.disable_reuse_memory not in ("0", "1"):
+        raise AtcError("E10006", ACL_ERROR_GE_PARAM_INVALID, value=a.disable_reuse_memory,
+                       parameter="disable_reuse_memory")
     out = Path(a.output + ".om")
     if out.name == ".om" or a.output.endswith(("/", "\\")):
         raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.output, parameter="--output",
@@ -105,7 +130,8 @@ def _convert(a) -> None:
     if not Path(a.model).is_file():
         raise AtcError("E10001", ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, value=a.model, parameter="--model",
                        reason="the file does not exist or is not a regular file")
-    opts = make_options(a.input_shape, a.dynamic_batch_size, a.soc_version)
+    opts = make_options(a.input_shape, a.dynamic_batch_size, a.soc_version,
+                        reuse_memory=a.disable_reuse_memory == "0")
     cm = compile_model(a.model, opts)
     try:
         cm.save(out)
