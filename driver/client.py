@@ -326,7 +326,7 @@ class RemoteDevice:
             try:
                 if not info.arena_name or os.stat(path).st_size != info.arena_size + ARENA_HEADER:
                     return None
-                self._shm = attach(info.arena_name, info.arena_size)
+                self._shm = attach(info.arena_name, info.arena_size, info.device_id)
             except (OSError, ValueError):
                 return None
             return self._shm[1]
