@@ -21,8 +21,10 @@ front of every method and is the only place that
 Tenancy: every device call is made for the caller's :class:`devices.tenancy.Owner` (tenant from the
 credential, client from ``vnpu-client``): what one tenant holds is invisible to the others, quotas are per
 tenant, and what a client creates is released when its lease ends (:mod:`driver.lease`).  A call that would
-create something (:data:`LEASED`) is refused with ACL_ERROR_RT_CONTEXT_NULL unless the client holds a lease
-on this device -- so nothing a client leaves behind outlives it.  Open watches count against the tenant's
+create something (Malloc, CreateStream, CreateEvent, Submit, SynchronizeStream with ops, GraphCreate,
+RegisterKernel, HcclCommInit, HcclCommJoin: the handlers that ask for ``_leased``) is refused with
+ACL_ERROR_RT_CONTEXT_NULL unless the client holds a lease on this device -- so nothing a client leaves
+behind outlives it.  Open watches count against the tenant's
 quota and the endpoint's threads (each holds one).
 
 Trust boundary: ``RegisterKernel`` unpickles the client's payload and later runs it on the device's core
@@ -77,11 +79,6 @@ _DMS, _RMS = wire.DMS_NAME, wire.RMS_NAME
 ADMIN_ONLY = frozenset(f"/{svc}/{m}" for svc, m in (
     (_DMS, "Reset"), (_DMS, "InjectFault"), (_DMS, "ClearFault"), (_DMS, "Revoke"),
     (_RMS, "HcclRead"), (_RMS, "HcclNotify")))
-#: methods that create something on the device: the caller must hold a lease (SynchronizeStream too when
-#: it carries ops; see ResourceManagementServicer)
-LEASED = frozenset(f"/{_RMS}/{m}" for m in (
-    "Malloc", "CreateStream", "CreateEvent", "Submit", "GraphCreate", "RegisterKernel", "HcclCommInit",
-    "HcclCommJoin"))
 
 
 # ---------------------------------------------------------------- the gate: auth + error mapping
