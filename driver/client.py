@@ -290,12 +290,12 @@ class RemoteDevice:
 
     def revoke(self, tokens=(), tenants: dict | list = ()) -> None:
         """Admin: revoke tenant credentials (``tokens``) and every credential issued so far to ``tenants``
-        (names, or name -> issued-up-to time in ms) on this device."""
+        (names, or name -> the time in ms before which their credentials were issued) on this device."""
         t_now = int(time.time() * 1000)
         tenants = tenants if isinstance(tenants, dict) else {t: t_now for t in tenants}
         req = dms.RevokeRequest(credentials=[{"id": c.token_id, "expires_s": c.expires_s}
                                              for c in map(claims_of, tokens)],
-                                tenants=[{"tenant": k, "issued_up_to_ms": int(v)} for k, v in tenants.items()])
+                                tenants=[{"tenant": k, "issued_before_ms": int(v)} for k, v in tenants.items()])
         self._rpc(self._dms.Revoke, req)
 
     # ------------------------------------------------------------------ memory (RMS)

@@ -8,7 +8,7 @@ never from what the caller claims.  The cluster token itself authenticates the a
 :data:`ADMIN_TENANT`, which no credential can name).
 
 Revocation (:class:`Revocations`): a credential by its id (kept until it would have expired anyway), or a
-whole tenant from a point in time (every credential issued up to then; later ones are valid again).  The
+whole tenant from a point in time (every credential issued before it; later ones are valid).  The
 list travels to running devices over DMS ``Revoke`` (admin only) and lives in the cluster's state
 directory (``revoked.json``) for devices that start later.  Time is the machines' wall clock: credentials
 carry expiry times, so clock skew between machines shortens or stretches them by that much.
@@ -121,15 +121,15 @@ def verify(secret: str, token: str, *, now: float | None = None, check: bool = T
 
 @dataclass
 class Revocations:
-    """Revoked credentials (id -> its expiry, after which it is dropped) and tenants (name -> revoked up to
-    this issue time, ms).  Thread-safe; merging is monotonic (a revocation is never undone)."""
+    """Revoked credentials (id -> its expiry, after which it is dropped) and tenants (name -> credentials
+    issued before this time, ms, are revoked).  Thread-safe; merging is monotonic (a revocation is never undone)."""
     tokens: dict[str, int] = field(default_factory=dict)
     tenants: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def refuses(self, claims: Claims) -> bool:
         with self._lock:
-            return claims.token_id in self.tokens or claims.issued_ms <= self.tenants.get(claims.tenant, -1)
+            return claims.token_id in self.tokens or claims.issued_ms < self.tenants.get(claims.tenant, -1)
 
     def revoke_tokens(self, tokens: list[str], secret: str) -> "Revocations":
         """Revoke credentials (each must be one of this cluster: CredentialError otherwise)."""

@@ -287,7 +287,7 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
 
     def Revoke(self, request, context):
         self._server.verifier.revoke({c.id: c.expires_s for c in request.credentials},
-                                     {t.tenant: t.issued_up_to_ms for t in request.tenants})
+                                     {t.tenant: t.issued_before_ms for t in request.tenants})
         return dms.RevokeReply()
 
 

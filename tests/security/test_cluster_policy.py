@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import secrets
+import time
 from dataclasses import replace
 
 import grpc
@@ -93,7 +94,7 @@ def test_revocations_reach_started_and_running_actors(strict, capsys):
         with pytest.raises(AclError) as e:                              # the new device loaded the list
             client(late[0], early).mem_info()
         assert e.value.grpc_status == grpc.StatusCode.UNAUTHENTICATED
-        bob_tok = credentials.mint(c.token, "bob")
+        bob_tok = credentials.mint(c.token, "bob", now=time.time() - 5)     # issued before the revocation
         bobs = [client(w, bob_tok) for w in c.where]
         assert all(b.mem_info()[1] == 8 << 20 for b in bobs)
         assert main(["token", "revoke", "--tenant", "bob"]) == 0       # found through Ray, pushed to all
