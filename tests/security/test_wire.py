@@ -89,6 +89,9 @@ def test_an_absurd_d2h_size_is_a_code_not_a_memory_error(site, nbytes):
     with pytest.raises(AclError) as e:
         c.memcpy_d2h(p, nbytes)
     assert e.value.code == 107000
+    with pytest.raises(AclError) as e:                   # the device-to-device read allocates late as well
+        c.hccl_read("c" * 32, p, nbytes)
+    assert e.value.code == 107000
     assert c.memcpy_d2h(p, 8).size == 8
 
 
