@@ -65,6 +65,7 @@ class State:
         self.cv = threading.Condition(self.lock)     # subscriptions changed / finalize
         self.handles = itertools.count(0x1000)
         self.ever_init = False
+        self.owns_rt = False               #: acl.init created STATE.rt: teardown closes it
         self.clear()
 
     def clear(self) -> None:
@@ -200,11 +201,14 @@ def release_context(c: Context, timeout_ms: float = -1) -> None:
 
 def teardown() -> None:
     """Release every context, stream, event and allocation made through acl and forget all handles
-    (aclFinalize); host-blocking, each context's streams for up to FINALIZE_SYNC_TIMEOUT_MS."""
+    (aclFinalize), and close the runtime if acl.init created it; host-blocking, each context's streams
+    for up to FINALIZE_SYNC_TIMEOUT_MS."""
     with STATE.lock:
         ctxs = list(STATE.contexts.values())
         allocs = list(STATE.dev_allocs.items())
+        rt, owned = STATE.rt, STATE.owns_rt
         STATE.clear()
+        STATE.owns_rt = False
         STATE.cv.notify_all()
     for c in ctxs:
         release_context(c, FINALIZE_SYNC_TIMEOUT_MS)
@@ -214,3 +218,10 @@ def teardown() -> None:
         except AclError:
             pass
     hostmem.TABLE.clear(kind="malloc_host")      # acl's host allocations go with it
+    if owned and rt is not None:
+        if api.current_runtime() is rt:
+            api.set_runtime(None)
+        try:
+            rt.close()
+        except AclError:
+            log.warning("closing the runtime at finalize failed", exc_info=True)

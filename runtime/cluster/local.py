@@ -7,7 +7,6 @@ to 127.0.0.1, so ``down`` can remove everything it started.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import secrets
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from driver.host import ACTOR_PREFIX, BLAS_ENV, NAMESPACE, actor_name, remote_class
-from devices.arena import SHM_DIR
+from devices import segments
 from devices.errors import ACL_ERROR_RT_DEV_SETUP_ERROR, ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
 
 from .discovery import (LOOPBACK, attach_ray, discover, load_token, new_token, read_state,  # noqa: F401
@@ -111,29 +110,9 @@ def stop_devices(timeout: float = 30.0) -> list[str]:
 
 
 def remove_segments(names: list[str] | None = None) -> int:
-    """Unlink arena segments (given names, or every ``vnpu_*`` segment of dead processes)."""
-    n = 0
-    paths = [os.path.join(SHM_DIR, x) for x in names] if names is not None else glob.glob(
-        os.path.join(SHM_DIR, "vnpu_*"))
-    for p in paths:
-        if names is None:
-            pid = os.path.basename(p).split("_")[1]
-            if pid.isdigit() and _alive(int(pid)):
-                continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(p)
-            n += 1
-    return n
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """Unlink arena segments: the given names, or (None) this user's segments whose owner process is gone
+    (:func:`devices.segments.sweep`: never a live process's, never another user's)."""
+    return len(segments.unlink(names) if names is not None else segments.sweep())
 
 
 # ------------------------------------------------------------------------------------------ embedded
