@@ -1,6 +1,7 @@
 """``vnpu up`` / ``vnpu down``: the detached local cluster."""
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 
@@ -23,6 +24,13 @@ def _cmd_up(a) -> int:
         spec = replace(spec, arena_bytes=a.hbm_mb << 20)
     st, started = cluster_up(spec)
     if not started:
+        asked = {"devices": spec.devices if (a.devices or a.config) else None,            # what the flags asked
+                 "arena_bytes": spec.arena_bytes if (a.hbm_mb or a.config) else None,
+                 "chip": spec.chip if a.config else None}
+        if any(v is not None and st.get(k) != v for k, v in asked.items()):
+            print(f"vnpu up: error: a cluster of {st['devices']} devices ({st['arena_bytes'] >> 20} MiB HBM each, "
+                  f"{st['chip']}) is already up at {st['ray_address']}; run `vnpu down` first", file=sys.stderr)
+            return 2
         print(f"vnpu cluster is already up at {st['ray_address']} ({st['devices']} devices)")
         return 0
     print(f"vnpu cluster up: Ray at {st['ray_address']}, {st['devices']} x {st['chip']}")
@@ -33,6 +41,10 @@ def _cmd_up(a) -> int:
 
 
 def _cmd_down(a) -> int:
+    import time
+
     from runtime.cluster import cluster_down
-    print("vnpu cluster stopped" if cluster_down() else "no vnpu cluster is up")
+    t0 = time.perf_counter()
+    stopped = cluster_down()
+    print(f"vnpu cluster stopped in {time.perf_counter() - t0:.2f} s" if stopped else "no vnpu cluster is up")
     return 0

@@ -1,8 +1,10 @@
 """Cluster lifecycle: the detached local cluster of ``vnpu up``/``down`` and the embedded one that other
 commands and tests start for their own run (state and discovery: :mod:`runtime.cluster.discovery`).
 
-Ray runs with its temp dir under ``/tmp/vnpu-ray-*`` and binds
-to 127.0.0.1, so ``down`` can remove everything it started.
+Ray runs with its temp dir under ``/tmp/vnpu-ray-*`` and binds to 127.0.0.1 (every Ray process, not only
+the device servers: see :mod:`runtime.cluster.head`), starts no Ray client server and no dashboard UI;
+``down`` / ``close`` stop every process that names the temp dir (:mod:`runtime.cluster.procs`) and remove
+the segments, so nothing the cluster started is left.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -21,8 +24,9 @@ from pathlib import Path
 
 from driver.host import ACTOR_PREFIX, BLAS_ENV, NAMESPACE, actor_name, remote_class
 from devices import segments
-from devices.errors import ACL_ERROR_RT_DEV_SETUP_ERROR, ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
+from devices.errors import ACL_ERROR_RT_DEV_SETUP_ERROR, AclError, InvalidParamError
 
+from . import procs
 from .discovery import (LOOPBACK, attach_ray, discover, load_token, new_token, read_state,  # noqa: F401
                         state_dir, state_file, token_file)
 from .remote import RemoteBackend
@@ -151,6 +155,7 @@ class LocalCluster:
             del os.environ["VNPU_TOKEN"]
         if self._owns_ray:
             ray.shutdown()
+            procs.stop(procs.cluster_processes(self.temp_dir), grace_s=0.5)   # agents Ray leaves running
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self):
@@ -161,93 +166,94 @@ class LocalCluster:
 
 
 # ------------------------------------------------------------------------------------------ detached
+#: how long `vnpu up` waits for the head to report its devices serving
+UP_TIMEOUT_S = 240.0
+
+
 def cluster_up(spec: ClusterSpec) -> tuple[dict, bool]:
-    """Start the detached local cluster; returns (state, started_now)."""
+    """Start the detached local cluster (a head process of its own, :mod:`runtime.cluster.head`); returns
+    (state, started_now).  A cluster that is already up is returned as it is (started_now False)."""
     st = read_state()
     if st is not None and _ray_alive(st):
         return st, False
     if st is not None:
         cluster_down(quiet=True)
     temp_dir = tempfile.mkdtemp(prefix="vnpu-ray-", dir="/tmp")
-    port = free_port()
-    labels = json.dumps({"vnpu.chip": spec.chip, "vnpu.hbm-bytes": str(spec.arena_bytes)})
-    cmd = [_ray_bin(), "start", "--head", f"--node-ip-address={LOOPBACK}", f"--port={port}",
-           "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
-           f"--resources={json.dumps({'NPU': spec.devices})}", f"--labels={labels}"]
+    new_token()
+    rfd, wfd = os.pipe()
+    cmd = [sys.executable, "-m", "runtime.cluster.head", f"--temp-dir={temp_dir}", f"--devices={spec.devices}",
+           f"--chip={spec.chip}", f"--arena-bytes={spec.arena_bytes}", f"--ready-fd={wfd}"]
+    if spec.cores:
+        cmd.append(f"--cores={spec.cores}")
     env = dict(os.environ, **BLAS_ENV)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise AclError(f"ray start failed: {r.stderr.strip()[-2000:]}", code=ACL_ERROR_RT_DEV_SETUP_ERROR)
-    token = new_token()
-    address = f"{LOOPBACK}:{port}"
-    st = {"ray_address": address, "temp_dir": temp_dir, "devices": spec.devices, "chip": spec.chip,
-          "arena_bytes": spec.arena_bytes, "started": time.time()}
-    import ray
-    ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
-             _node_ip_address=LOOPBACK)
+    env.pop("RAY_ADDRESS", None)
+    log_path = os.path.join(temp_dir, "vnpu-head.log")
     try:
-        st["where"], _ = start_devices(spec, token, detached=True)
+        with open(log_path, "ab") as log:
+            head = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(wfd,),
+                                    env=env, start_new_session=True, cwd="/")
     finally:
-        ray.shutdown()
+        os.close(wfd)
+    try:
+        line = _read_line(rfd, UP_TIMEOUT_S)
+    finally:
+        os.close(rfd)
+    if not line:
+        procs.stop([head.pid] + procs.cluster_processes(temp_dir))
+        head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            token_file().unlink()
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = Path(log_path).read_text(errors="replace").strip()[-2000:]
+        raise AclError(f"the cluster did not start: {tail or 'no output'}", code=ACL_ERROR_RT_DEV_SETUP_ERROR)
+    ready = json.loads(line)
+    st = {"ray_address": ready["ray_address"], "temp_dir": temp_dir, "devices": spec.devices, "chip": spec.chip,
+          "arena_bytes": spec.arena_bytes, "started": time.time(), "head_pid": ready["head_pid"],
+          "head_start": ready["head_start"], "where": ready["where"]}
     state_file().write_text(json.dumps(st, indent=1))
     return st, True
 
 
+def _read_line(fd: int, timeout_s: float) -> str:
+    """One line from pipe ``fd`` within ``timeout_s`` ("" on EOF or timeout)."""
+    import select
+    buf = b""
+    end = time.monotonic() + timeout_s
+    while not buf.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        if not ready:
+            return ""
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return ""
+        buf += chunk
+    return buf.decode()
+
+
 def cluster_down(quiet: bool = False) -> bool:
-    """Stop devices and the cluster; remove segments, state, token and Ray's temp dir."""
+    """Stop the detached cluster: its head (which shuts the devices and Ray down), then anything of the
+    cluster still running; remove its segments, state, token and Ray's temp dir."""
     st = read_state()
     if st is None:
         return False
-    import ray
+    temp_dir = st.get("temp_dir", "")
     arenas = [w["arena"] for w in st.get("where", [])]
-    if _ray_alive(st):
-        with contextlib.suppress(Exception):
-            ray.init(address=st["ray_address"], namespace=NAMESPACE, logging_level="ERROR",
-                     log_to_driver=False, _node_ip_address=LOOPBACK)
-            arenas += stop_devices()
-            ray.shutdown()
-    _stop_ray_processes(st.get("temp_dir", ""))
+    head = st.get("head_pid")
+    if head and segments.owner_alive(head, st.get("head_start")):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(head, signal.SIGTERM)             # the head stops the devices, then Ray
+        procs.wait_gone([head], 30.0)
+    procs.stop(procs.cluster_processes(temp_dir), grace_s=0.5)   # workers and agents (they ignore SIGTERM)
     remove_segments(arenas)
     remove_segments(None)
-    shutil.rmtree(st.get("temp_dir", "/nonexistent-vnpu"), ignore_errors=True)
+    if temp_dir.startswith("/tmp/vnpu-ray-"):
+        shutil.rmtree(temp_dir, ignore_errors=True)
     for f in (state_file(), token_file()):
         with contextlib.suppress(FileNotFoundError):
             f.unlink()
     return True
-
-
-def _stop_ray_processes(temp_dir: str, timeout_s: float = 15.0) -> None:
-    """Stop the Ray processes of *this* cluster only (they all carry its temp dir on their command
-    line); `ray stop` would kill every Ray cluster on the machine."""
-    import signal
-    if not temp_dir or not temp_dir.startswith("/tmp/vnpu-ray-"):
-        return
-
-    def pids() -> list[int]:
-        out = []
-        for d in os.listdir("/proc"):
-            if d.isdigit() and int(d) != os.getpid():
-                try:
-                    with open(f"/proc/{d}/cmdline", "rb") as f:
-                        if temp_dir.encode() in f.read():
-                            out.append(int(d))
-                except OSError:
-                    pass
-        return out
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, sig)
-        deadline = time.monotonic() + timeout_s
-        while pids() and time.monotonic() < deadline:
-            _wait_s(0.1)
-        if not pids():
-            return
-
-
-def _wait_s(seconds: float) -> None:
-    import threading
-    threading.Event().wait(seconds)
 
 
 def _ray_alive(st: dict) -> bool:
@@ -255,11 +261,6 @@ def _ray_alive(st: dict) -> bool:
     with socket.socket() as s:
         s.settimeout(1.0)
         return s.connect_ex((host, int(port))) == 0
-
-
-def _ray_bin() -> str:
-    cand = os.path.join(os.path.dirname(sys.executable), "ray")
-    return cand if os.path.exists(cand) else "ray"
 
 
 @contextlib.contextmanager
