@@ -4,20 +4,26 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
+from runtime.cliargs import fail, positive_int, text_file
+
 
 def register(sub) -> None:
     up = sub.add_parser("up", help="start a local cluster of virtual NPUs (detached)")
-    up.add_argument("--devices", type=int, default=0)
-    up.add_argument("--config", help="cluster.yaml: the head node type's NPU resource and labels")
-    up.add_argument("--hbm-mb", type=int, default=0, help="emulated HBM per device (MiB)")
+    up.add_argument("--devices", type=positive_int, default=None, help="virtual NPUs (default 4, or the config's)")
+    up.add_argument("--config", type=text_file, help="cluster.yaml: the head node type's NPU resource and labels")
+    up.add_argument("--hbm-mb", type=positive_int, default=None, help="emulated HBM per device (MiB)")
     up.set_defaults(fn=_cmd_up)
     down = sub.add_parser("down", help="stop the local cluster and remove everything it created")
     down.set_defaults(fn=_cmd_down)
 
 
 def _cmd_up(a) -> int:
+    from devices.errors import AclError
     from runtime.cluster import ClusterSpec, cluster_up, spec_from_yaml
-    spec = spec_from_yaml(a.config) if a.config else ClusterSpec()
+    try:
+        spec = spec_from_yaml(a.config) if a.config else ClusterSpec()
+    except AclError as e:
+        fail(f"argument --config: {e.detail}", "vnpu up")
     if a.devices:
         spec = replace(spec, devices=a.devices)
     if a.hbm_mb:

@@ -62,14 +62,23 @@ def free_port(host: str = LOOPBACK) -> int:
 def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
     """Read the head node type's virtual NPUs (``resources.NPU``) and labels from a cluster.yaml."""
     import yaml
-    cfg = yaml.safe_load(Path(path).read_text())
-    head = cfg["available_node_types"][cfg["head_node_type"]]
-    labels = head.get("labels", {}) or {}
-    n = int(head.get("resources", {}).get("NPU", 0))
+    try:
+        cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        head = cfg["available_node_types"][cfg["head_node_type"]]
+        labels = head.get("labels", {}) or {}
+        n = int(head.get("resources", {}).get("NPU", 0))
+        arena = int(labels.get("vnpu.hbm-bytes", 1 << 30))
+        chip = str(labels.get("vnpu.chip", "Ascend910B3"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise InvalidParamError(f"{path}: cannot read a cluster.yaml: {' '.join(str(e).split())}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InvalidParamError(f"{path}: not a Ray cluster.yaml with a head node type "
+                                f"(available_node_types / head_node_type): {type(e).__name__} {e}") from None
     if n <= 0:
         raise InvalidParamError(f"{path}: head node type declares no NPU resource")
-    return ClusterSpec(devices=n, chip=labels.get("vnpu.chip", "Ascend910B3"),
-                       arena_bytes=int(labels.get("vnpu.hbm-bytes", 1 << 30)))
+    if arena <= 0:
+        raise InvalidParamError(f"{path}: vnpu.hbm-bytes must be positive, got {arena}")
+    return ClusterSpec(devices=n, chip=chip, arena_bytes=arena)
 
 
 # ------------------------------------------------------------------------------------------ Ray plumbing
@@ -113,6 +122,12 @@ def stop_devices(timeout: float = 30.0) -> list[str]:
     return arenas
 
 
+def _owned_by(pids) -> list[str]:
+    """This user's segments whose owner is one of ``pids``."""
+    pids = set(pids)
+    return [n for n in segments.list_segments(os.getuid()) if (segments.owner(n) or (0, None))[0] in pids]
+
+
 def remove_segments(names: list[str] | None = None) -> int:
     """Unlink arena segments: the given names, or (None) this user's segments whose owner process is gone
     (:func:`devices.segments.sweep`: never a live process's, never another user's)."""
@@ -130,6 +145,9 @@ class LocalCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="vnpu-ray-", dir="/tmp")
         self._owns_ray = not ray.is_initialized()
         self.where, self.actors = [], []
+        #: device processes of this cluster (restarted ones added by whoever meets them): close removes
+        #: the segments they own, and no other
+        self.device_pids: set[int] = set()
         try:
             if self._owns_ray:
                 ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
@@ -137,6 +155,7 @@ class LocalCluster:
                          log_to_driver=False, configure_logging=True,
                          runtime_env={"env_vars": dict(BLAS_ENV, VNPU_TOKEN=self.token)})
             self.where, self.actors = start_devices(spec, self.token, detached=False, max_restarts=max_restarts)
+            self.device_pids = {w["pid"] for w in self.where}
         except BaseException:
             self.close()             # a failed start leaves no Ray processes, segments or temp dir
             raise
@@ -148,9 +167,10 @@ class LocalCluster:
     def close(self) -> None:
         import ray
         arenas = stop_devices() if ray.is_initialized() else []
+        self.device_pids |= {(segments.owner(a) or (0, None))[0] for a in arenas} - {0}   # restarted ones too
         self.actors = []
         remove_segments(arenas + [w["arena"] for w in self.where])
-        remove_segments(None)        # arenas of device processes that were killed and restarted meanwhile
+        remove_segments(_owned_by(self.device_pids))     # of device processes killed meanwhile: this cluster's only
         if os.environ.get("VNPU_TOKEN") == self.token:
             del os.environ["VNPU_TOKEN"]
         if self._owns_ray:
@@ -247,7 +267,7 @@ def cluster_down(quiet: bool = False) -> bool:
         procs.wait_gone([head], 30.0)
     procs.stop(procs.cluster_processes(temp_dir), grace_s=0.5)   # workers and agents (they ignore SIGTERM)
     remove_segments(arenas)
-    remove_segments(None)
+    remove_segments(_owned_by(w["pid"] for w in st.get("where", [])))   # this cluster's only
     if temp_dir.startswith("/tmp/vnpu-ray-"):
         shutil.rmtree(temp_dir, ignore_errors=True)
     for f in (state_file(), token_file()):
