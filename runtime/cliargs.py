@@ -176,6 +176,23 @@ def choices_list(known, what: str = "value"):
     return parse
 
 
+def bind_host(s: str) -> str:
+    """``type=``: an address this machine can bind: an IP literal or a name that resolves to one of this
+    machine's addresses (checked by binding a throw-away socket to port 0)."""
+    import socket
+    try:
+        infos = socket.getaddrinfo(s, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise argparse.ArgumentTypeError(f"cannot resolve {s!r}: {e}") from None
+    family, _, _, _, addr = infos[0]
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind(addr)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot bind {s!r}: {e.strerror or e}") from None
+    return s
+
+
 # ---------------------------------------------------------------------------------------------- files
 def writable_file(s: str) -> str:
     """``type=``: a path a command will write at the end of its run: its directory must exist and be
@@ -234,4 +251,4 @@ def text_lines(s: str) -> list[str]:
 
 __all__ = ["Parser", "UsageError", "fail", "report", "int_at_least", "positive_int", "nonneg_int", "int_in",
            "float_in", "nonneg_float", "probability", "int_list", "parse_duration", "duration", "parse_size", "size",
-           "choices_list", "writable_file", "read_text", "text_file", "text_lines"]
+           "choices_list", "bind_host", "writable_file", "read_text", "text_file", "text_lines"]

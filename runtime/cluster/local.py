@@ -199,13 +199,13 @@ def cluster_up(spec: ClusterSpec) -> tuple[dict, bool]:
     if st is not None:
         cluster_down(quiet=True)
     temp_dir = tempfile.mkdtemp(prefix="vnpu-ray-", dir="/tmp")
-    new_token()
+    token = new_token()
     rfd, wfd = os.pipe()
     cmd = [sys.executable, "-m", "runtime.cluster.head", f"--temp-dir={temp_dir}", f"--devices={spec.devices}",
            f"--chip={spec.chip}", f"--arena-bytes={spec.arena_bytes}", f"--ready-fd={wfd}"]
     if spec.cores:
         cmd.append(f"--cores={spec.cores}")
-    env = dict(os.environ, **BLAS_ENV)
+    env = dict(os.environ, **BLAS_ENV, VNPU_TOKEN=token)     # the head's devices take this cluster's token
     env.pop("RAY_ADDRESS", None)
     log_path = os.path.join(temp_dir, "vnpu-head.log")
     try:
