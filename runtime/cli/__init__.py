@@ -26,7 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    a = build_parser().parse_args(argv)
+    try:
+        a = build_parser().parse_args(argv)
+    except SystemExit as e:              # --help (0) or a bad argument (2, its one line already printed)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return a.fn(a) or 0
     except UsageError as e:
