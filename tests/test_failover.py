@@ -116,11 +116,15 @@ def _report(name, pool, pid, t0, runner=None):
     ("hang", {"duration_ms": 2500}, True),
     ("slow", {"factor": 4.0, "duration_ms": 800}, False),
     ("ecc", {"offset": 0, "length": 16 << 20}, True),
-    ("link-down", {"peer": 5, "duration_ms": 800}, True),
+    ("link-down", {"peer": 5}, True),
     ("task-fail", {"count": 2}, False),
-    ("overheat", {"celsius": 120.0, "duration_ms": 800}, True),
+    ("overheat", {"celsius": 120.0}, True),
 ])
 def test_fault_during_job(pool, kind, params, expect_detect):
+    # start from a settled pool: no device of an earlier case still recovering (a victim re-bound while
+    # the job runs would never see the fault)
+    assert pool.wait_for(lambda p: all(x.state in ("spare", "bound") for x in p.phys.values())
+                         and not any(b.is_cpu for b in p.bindings.values()), 30), pool.state()
     victim = _bound_npu(pool)
 
     def fault(p, r):
@@ -129,7 +133,11 @@ def test_fault_during_job(pool, kind, params, expect_detect):
     r, c, t0, _ = _run(pool, 20, 300, fault)
     d = _report(kind, pool, victim, t0, r)
     if expect_detect:
+        # conditions without a duration last until detected (a loaded machine may delay a health beat past
+        # any fixed duration); then they are cleared so that the device can come back
         assert pool.wait_for(lambda p: _detected(p, victim, t0) is not None, 10), f"{kind} not detected"
+        if kind in ("link-down", "overheat"):
+            pool.handle(victim).clear_fault(kind)
     if kind == "task-fail":
         assert c["attempt_failures"] >= 1                   # the failed tasks were replayed
     if kind in ("kill", "hang", "ecc"):
