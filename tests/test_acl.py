@@ -268,6 +268,22 @@ def test_calls_before_init_and_init_refcount(fresh):
     assert acl.rt.get_device_count()[1] == acl.ACL_ERROR_UNINITIALIZE
 
 
+def test_finalize_destroys_what_acl_made_on_a_callers_runtime(fresh):
+    """acl.finalize on a runtime acl did not create (it stays open): the contexts' streams and events are
+    destroyed (they were left behind when finalize forgot its tables before releasing the contexts)."""
+    dev = fresh.device(0)
+    streams, events = set(dev.live_streams), set(dev.live_events)
+    ok(acl.init())
+    ok(acl.rt.set_device(0))
+    ok(acl.rt.create_stream())
+    ok(acl.rt.create_event())
+    ok(acl.rt.create_context(0))
+    ok(acl.rt.create_stream())
+    assert len(dev.live_streams) == len(streams) + 4 and len(dev.live_events) == len(events) + 1
+    ok(acl.finalize())
+    assert dev.live_streams == streams and dev.live_events == events
+
+
 def test_init_config_file(fresh, tmp_path):
     cfg = tmp_path / "acl.json"
     cfg.write_text('{"dump": {"dump_mode": "output"}}')

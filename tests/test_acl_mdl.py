@@ -190,8 +190,10 @@ def test_model_description(ctx, cnn_om):
     assert ok(acl.mdl.get_output_dims(desc, 0)) == {"name": "probs", "dimCount": 2, "dims": [4, 10]}
     assert acl.mdl.get_input_size_by_index(desc, 0) == 4 * 3 * 16 * 16 * 4
     assert acl.mdl.get_input_size_by_index(desc, 1) == 8 and acl.mdl.get_output_size_by_index(desc, 0) == 4 * 10 * 4
-    assert acl.mdl.get_input_data_type(desc, 0) == acl.ACL_FLOAT and acl.mdl.get_input_data_type(desc, 1) == acl.ACL_UINT64
-    assert acl.mdl.get_input_format(desc, 0) == acl.ACL_FORMAT_NCHW and acl.mdl.get_output_format(desc, 0) == acl.ACL_FORMAT_ND
+    assert acl.mdl.get_input_data_type(desc, 0) == acl.ACL_FLOAT
+    assert acl.mdl.get_input_data_type(desc, 1) == acl.ACL_UINT64
+    assert acl.mdl.get_input_format(desc, 0) == acl.ACL_FORMAT_NCHW
+    assert acl.mdl.get_output_format(desc, 0) == acl.ACL_FORMAT_ND
     assert acl.mdl.get_input_name_by_index(desc, 0) == "x" and acl.mdl.get_output_name_by_index(desc, 0) == "probs"
     assert acl.mdl.get_input_index_by_name(desc, DYNAMIC_INPUT_NAME) == (1, 0)
     assert acl.mdl.get_output_index_by_name(desc, "probs") == (0, 0)
@@ -467,7 +469,8 @@ def test_tensor_descs_and_type_sizes(ctx):
     assert (acl.get_tensor_desc_type(d), acl.get_tensor_desc_format(d), acl.get_tensor_desc_num_dims(d)) == \
         (acl.ACL_FLOAT16, acl.ACL_FORMAT_NCL, 3)
     assert [acl.get_tensor_desc_dim(d, i) for i in range(3)] == [2, 3, 5]
-    assert acl.get_tensor_desc_dim_v2(d, 2) == (5, 0) and acl.get_tensor_desc_dim_v2(d, 3)[1] == acl.ACL_ERROR_INVALID_PARAM
+    assert acl.get_tensor_desc_dim_v2(d, 2) == (5, 0)
+    assert acl.get_tensor_desc_dim_v2(d, 3)[1] == acl.ACL_ERROR_INVALID_PARAM
     assert acl.get_tensor_desc_element_count(d) == 30 and acl.get_tensor_desc_size(d) == 60
     acl.set_tensor_desc_name(d, "logits")
     assert acl.get_tensor_desc_name(d) == "logits"

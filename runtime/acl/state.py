@@ -287,8 +287,9 @@ def release_context(c: Context, timeout_ms: float = -1, tables: tuple[dict, dict
 
 def teardown() -> None:
     """Release every context (its models, streams and events) and allocation made through acl and forget
-    all handles -- model descriptions, datasets, data buffers and tensor descriptions too (aclFinalize), and close the runtime if acl.init created it; host-blocking, each context's streams
-    for up to FINALIZE_SYNC_TIMEOUT_MS."""
+    all handles -- model descriptions, datasets, data buffers and tensor descriptions too (aclFinalize),
+    and close the runtime if acl.init created it; host-blocking, each context's streams for up to
+    FINALIZE_SYNC_TIMEOUT_MS."""
     with STATE.lock:
         ctxs = list(STATE.contexts.values())
         tables = (dict(STATE.models), dict(STATE.streams), dict(STATE.events))
