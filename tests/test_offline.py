@@ -349,7 +349,8 @@ def test_bench_mdl_measures_all_three_in_one_run():
     """``vnpu bench mdl`` at a tiny size: every path timed, outputs checked, HBM back to baseline."""
     from runtime.bench.mdl import bench
     res = bench("minilm-l3", 2, 8, 1, "Ascend910B3", "local")
-    assert set(res["latency_ms"]) == {"vnpu", "vnpu_e2e", "ort", "numpy"}
+    assert set(res["latency_ms"]) == {"acl", "vnpu", "vnpu_e2e", "ort", "numpy"}
+    assert res["acl_equals_offline"]                 # acl.mdl.execute computed the same outputs
     assert all(v > 0 for v in res["latency_ms"].values())
     r = res["report"]
     assert res["hbm_back_to_baseline"] and r["launches_after_fusion"] < r["launches_before_fusion"]
