@@ -20,7 +20,7 @@ from devices import errors
 from devices.arena import is_device_ptr, ptr_device
 from devices.errors import AclError, InvalidHandleError, InvalidParamError
 from devices.kernel import ACL_DTYPE, DTYPES, TensorDesc, lookup, register_user_kernel
-from runtime import api
+from runtime import api, sanitize
 
 from .args import as_int, host_ptr, host_view
 from .calls import acl_call
@@ -199,6 +199,9 @@ def malloc_host(size):
     buf = raw[start:start + size]
     with STATE.lock:
         STATE.host_allocs[buf.ctypes.data] = buf
+    san = sanitize.current()
+    if san is not None:                                  # host buffer history (memcheck, leakcheck)
+        san.host_allocated(buf.ctypes.data, size)
     return buf.ctypes.data
 
 
@@ -207,6 +210,9 @@ def free_host(host_ptr):
     with STATE.lock:
         if STATE.host_allocs.pop(as_int(host_ptr, "host pointer"), None) is None:
             raise InvalidParamError(f"0x{int(host_ptr):x} was not allocated by malloc_host")
+    san = sanitize.current()
+    if san is not None:
+        san.host_freed(int(host_ptr))
 
 
 @acl_call()

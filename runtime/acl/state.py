@@ -19,7 +19,7 @@ import numpy as np
 
 from devices.errors import (ACL_ERROR_RT_CONTEXT_NULL, ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
                             ACL_ERROR_UNINITIALIZE, AclError, InvalidHandleError)
-from runtime import api
+from runtime import api, sanitize
 
 from .args import as_int
 
@@ -235,6 +235,7 @@ def teardown() -> None:
     with STATE.lock:
         ctxs = list(STATE.contexts.values())
         allocs = list(STATE.dev_allocs.items())
+        hosts = list(STATE.host_allocs)
         STATE.clear()
         STATE.cv.notify_all()
     for c in ctxs:
@@ -245,3 +246,7 @@ def teardown() -> None:
         except AclError:
             pass
     STATE.kept.clear()
+    san = sanitize.current()
+    if san is not None:                                  # finalize released the malloc_host buffers too
+        for ptr in hosts:
+            san.host_freed(ptr)

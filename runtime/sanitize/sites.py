@@ -24,6 +24,9 @@ INTERNAL = tuple(str(p) for p in (
     _RUNTIME / "sanitize", _RUNTIME / "acl", _RUNTIME / "offline", _RUNTIME / "api.py", _RUNTIME / "graph.py",
     _RUNTIME / "hccl.py", _RUNTIME / "backend.py", _RUNTIME / "cluster" / "remote.py",
     _RUNTIME / "cluster" / "failover.py", _ROOT / "devices", _ROOT / "driver"))
+#: internal frames that never name the API entry (the acl calling convention's wrapper: the acl function
+#: it wraps is the entry)
+TRANSPARENT = (str(_RUNTIME / "acl" / "calls.py"),)
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,12 @@ class SiteTable:
         self._internal: dict = {}            # code object -> is it the runtime's own?
         self._lock = threading.Lock()
 
-    def _is_internal(self, code) -> bool:
+    def _is_internal(self, code) -> int:
+        """0: the program's frame; 1: the runtime's; 2: the runtime's, but never the API entry."""
         v = self._internal.get(code)
         if v is None:
-            v = self._internal[code] = os.path.abspath(code.co_filename).startswith(INTERNAL)
+            path = os.path.abspath(code.co_filename)
+            v = self._internal[code] = (2 if path.startswith(TRANSPARENT) else 1) if path.startswith(INTERNAL) else 0
         return v
 
     def capture(self, skip: int = 1) -> int:
@@ -103,7 +108,8 @@ class SiteTable:
                 v = self._is_internal(code)
             if not v:
                 break
-            entry = code
+            if v == 1:
+                entry = code
             f = f.f_back
         key: list = [entry]
         n = self.depth
