@@ -441,12 +441,12 @@ class Stream:
             return
         dev.queue.put(op)
 
-    def _failed(self, err: AclError) -> None:
+    def _failed(self, err: AclError, ranges: tuple = ()) -> None:
         """A call on this stream failed: an open capture of it is invalidated (end_capture -> 507903), and
-        a sanitizer reports a refused bad access."""
+        a sanitizer reports a refused bad access (``ranges``: the ``(ptr, nbytes)`` the call named)."""
         self.device._captures.invalidate(self.sid, err)
         if self.device.sanitizer is not None:
-            self.device.sanitizer.api_error(err, self.device.handle)
+            self.device.sanitizer.api_error(err, self.device.handle, ranges=ranges)
 
     # -------------------------------------------------------------- capture (aclmdlRI)
     def begin_capture(self, mode: int = _graph.CAPTURE_MODE_GLOBAL) -> None:
@@ -504,7 +504,7 @@ class Stream:
                         dev.checked.clear()
                     dev.checked[key] = (dev.allocs.gen, k)
         except AclError as e:
-            self._failed(e)
+            self._failed(e, _ranges(inputs, outputs))
             raise
         self.enqueue(Launch(self.sid, kernel, ins, outs, attrs, int(block_dim)))
         hs = dev.host_stats
@@ -529,7 +529,7 @@ class Stream:
                 _own_ptr(p, self.device)
                 self.device.check_range(p, nbytes)
         except AclError as e:
-            self._failed(e)
+            self._failed(e, ((dst, nbytes), (src, nbytes)))
             raise
         self.enqueue(CopyD2D(self.sid, int(dst), int(src), int(nbytes)))
 
@@ -539,7 +539,7 @@ class Stream:
             _own_ptr(ptr, self.device)
             self.device.check_range(ptr, nbytes)
         except AclError as e:
-            self._failed(e)
+            self._failed(e, ((ptr, nbytes),))
             raise
         self.enqueue(Memset(self.sid, int(ptr), int(value), int(nbytes)))
 
@@ -549,7 +549,7 @@ class Stream:
             _own_ptr(dst, self.device)
             self.device.check_range(dst, len(data))
         except AclError as e:
-            self._failed(e)
+            self._failed(e, ((dst, len(data)),))
             raise
         self.enqueue(WriteH2D(self.sid, int(dst), bytes(data)))
 
@@ -809,6 +809,11 @@ def _dtype(dtype) -> str:
     if name not in DTYPES:
         raise InvalidParamError(f"unsupported dtype {name!r}", code=ACL_ERROR_UNSUPPORTED_DATA_TYPE)
     return name
+
+
+def _ranges(*groups) -> tuple:
+    """``(ptr, nbytes)`` of the tensors among ``groups`` (what a failed launch named; others skipped)."""
+    return tuple((x.ptr, x.nbytes) for g in groups for x in g if isinstance(x, (Tensor, TensorDesc)))
 
 
 def _own_ptr(ptr: int, dev: Device) -> None:

@@ -183,6 +183,8 @@ def context_record(handle) -> Context:
 # ---------------------------------------------------------------------------------------------- lifecycle
 def new_stream(c: Context, priority: int, flags: int, default: bool = False) -> StreamRecord:
     s = c.dev.stream(priority)
+    if default and c.dev.sanitizer is not None:        # a context's default stream is acl's own, not a leak
+        c.dev.sanitizer.internal_stream(c.dev.handle, s.sid)
     with STATE.lock:
         rec = StreamRecord(STATE.new_handle(), c, s, priority, flags, default)
         STATE.streams[rec.handle] = rec

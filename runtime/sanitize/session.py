@@ -23,6 +23,7 @@ import re
 import sys
 import threading
 from collections import OrderedDict
+from typing import TextIO
 
 from devices.arena import is_device_ptr, ptr_device
 from devices.errors import (ACL_ERROR_RT_ADDR_UNALIGNED, ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW,
@@ -31,7 +32,7 @@ from devices.errors import (ACL_ERROR_RT_ADDR_UNALIGNED, ACL_ERROR_RT_AICORE_TRA
 
 from .clocks import Clocks
 from .findings import FORMAT, PREFIX, Finding, site_block, summary_lines
-from .memory import AllocTable, describe
+from .memory import Allocation, AllocTable, describe
 from .options import SanitizeOptions
 from .shadow import Hits, actor_key
 from .sites import Site, SiteTable
@@ -41,6 +42,7 @@ from .tracker import DeviceTracker
 MEMORY_CODES = frozenset((ACL_ERROR_RT_ADDR_UNALIGNED, ACL_ERROR_RT_MEMORY_FREE,
                           ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW))
 _PTR = re.compile(r"0x([0-9a-fA-F]+)")
+_SIZED_PTR = re.compile(r"(\d+) B at 0x([0-9a-fA-F]+)")
 #: ops whose sites were taken at enqueue and not yet handed to a device (bounded)
 PENDING_SITES = 1 << 16
 
@@ -57,9 +59,10 @@ class Session:
         self._keys: dict[tuple, Finding] = {}
         self._pending: OrderedDict[int, tuple] = OrderedDict()
         self._out = out
-        self._own_out = None
+        self._own_out: TextIO | None = None
         self.printed = 0
         self.finished = False
+        self._counts = {"tasks": 0, "replays": 0, "host_accesses": 0}     # of trackers no longer watched
 
     # ------------------------------------------------------------------ plumbing
     def wrap(self, handle):
@@ -119,11 +122,12 @@ class Session:
         return f
 
     # ------------------------------------------------------------------ what the runtime tells it
-    def api_error(self, err: AclError, handle=None, api: str | None = None) -> None:
+    def api_error(self, err: AclError, handle=None, api: str | None = None, ranges: tuple = ()) -> None:
         """A runtime call was refused before reaching a device (``runtime.api``'s host-side checks, an
-        acl call): report it to memcheck from the caller's stack (``api`` names the entry point)."""
+        acl call): report it to memcheck from the caller's stack (``api`` names the entry point,
+        ``ranges`` the ``(ptr, nbytes)`` the call named when known)."""
         if self.options.on("memcheck") and not getattr(err, "_vnpu_sanitized", False):
-            self.refused(err, self.sites.capture(2), getattr(handle, "tracker", None), api=api)
+            self.refused(err, self.sites.capture(2), getattr(handle, "tracker", None), tuple(ranges), api=api)
 
     def internal_stream(self, handle, sid: int) -> None:
         """Stream ``sid`` of ``handle`` is the runtime's own (a default stream): not a leak."""
@@ -220,11 +224,12 @@ class Session:
                 return
             self._add(("mem", site, err.code), lambda: self._memcheck(err, site, bad, api))
 
-    def _bad_ranges(self, tracker, ranges, err) -> list[tuple[str, int, int, object]]:
+    def _bad_ranges(self, tracker, ranges, err) -> list[tuple[str, int, int, Allocation | None]]:
         """``(what, ptr, nbytes, allocation)`` for the named ranges that are not live memory."""
-        out = []
+        out: list[tuple[str, int, int, Allocation | None]] = []
         if not ranges:
-            ranges = tuple((int(m, 16), 1) for m in _PTR.findall(err.detail))
+            sized = {int(p, 16): int(n) for n, p in _SIZED_PTR.findall(err.detail)}
+            ranges = tuple((p, sized.get(p, 1)) for p in (int(m, 16) for m in _PTR.findall(err.detail)))
         for ptr, n in ranges:
             table = self._table_for(tracker, ptr)
             if table is None:
@@ -268,6 +273,9 @@ class Session:
             if tracker.closed:
                 return
             tracker.closed = True
+            self.trackers = [t for t in self.trackers if t is not tracker]
+            for k, v in tracker.counts.items():
+                self._counts[k] += v
             if not self.options.on("leakcheck"):
                 return
             for kind, items in tracker.alive().items():
@@ -277,7 +285,6 @@ class Session:
                 for site, its in groups.items():
                     self._add(("leak", kind, tracker.device, site, id(tracker)),
                               lambda: self._leak(kind, tracker.device, site, its))
-            self.trackers = [t for t in self.trackers if t is not tracker]
 
     def _leak(self, kind: str, device: int | None, site: int, items: list) -> Finding:
         n = len(items)
@@ -314,12 +321,21 @@ class Session:
     def errors(self) -> int:
         return len(self.findings)
 
+    def counts(self) -> dict[str, int]:
+        """What was checked so far: device tasks (graph replays among them) and host accesses."""
+        with self.lock:
+            out = dict(self._counts)
+            for t in self.trackers:
+                for k, v in t.counts.items():
+                    out[k] += v
+            return out
+
     def report(self) -> dict:
         """The JSON form of everything found so far."""
         with self.lock:
             fs = [f.as_dict() for f in self.findings]
         return {"format": FORMAT, "tool": "vnpu-sanitize", "pid": os.getpid(), "argv": list(sys.argv),
-                "tools": list(self.options.tools), "errors": len(fs), "findings": fs,
+                "tools": list(self.options.tools), "errors": len(fs), "checked": self.counts(), "findings": fs,
                 "summary": [ln[len(PREFIX):] for ln in summary_lines(fs, self.options.tools)]}
 
     def finish(self) -> int:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 _RUNTIME = Path(__file__).resolve().parent.parent
 _ROOT = _RUNTIME.parent
@@ -24,9 +26,10 @@ INTERNAL = tuple(str(p) for p in (
     _RUNTIME / "sanitize", _RUNTIME / "acl", _RUNTIME / "offline", _RUNTIME / "api.py", _RUNTIME / "graph.py",
     _RUNTIME / "hccl.py", _RUNTIME / "backend.py", _RUNTIME / "cluster" / "remote.py",
     _RUNTIME / "cluster" / "failover.py", _ROOT / "devices", _ROOT / "driver"))
-#: internal frames that never name the API entry (the acl calling convention's wrapper: the acl function
-#: it wraps is the entry)
-TRANSPARENT = (str(_RUNTIME / "acl" / "calls.py"),)
+#: frames skipped on the way out that never name the API entry: the acl calling convention's wrapper (the
+#: acl function it wraps is the entry) and the standard library (``with stream.capture():`` ends the
+#: capture from contextlib's ``__exit__``; the caller is the program's ``with`` line)
+TRANSPARENT = (str(_RUNTIME / "acl" / "calls.py"), sysconfig.get_paths()["stdlib"] + os.sep)
 
 
 @dataclass(frozen=True)
@@ -93,12 +96,16 @@ class SiteTable:
         v = self._internal.get(code)
         if v is None:
             path = os.path.abspath(code.co_filename)
-            v = self._internal[code] = (2 if path.startswith(TRANSPARENT) else 1) if path.startswith(INTERNAL) else 0
+            if path.startswith(TRANSPARENT) and "site-packages" not in path:
+                v = 2
+            else:
+                v = 1 if path.startswith(INTERNAL) else 0
+            self._internal[code] = v
         return v
 
     def capture(self, skip: int = 1) -> int:
         """The site id of the stack that called the caller of this function (``skip`` more frames up)."""
-        f = sys._getframe(skip + 1)
+        f: FrameType | None = sys._getframe(skip + 1)
         internal = self._internal
         entry = None
         while f is not None:

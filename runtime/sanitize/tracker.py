@@ -34,7 +34,7 @@ class StreamState:
 
     def __init__(self, sid: int, agent: int, site: int, internal: bool = False):
         self.sid, self.agent, self.site, self.internal = sid, agent, site, internal
-        self.gate = None                    # (EventState, gen) this stream's next task waits for
+        self.gate: tuple | None = None      # (EventState, gen) this stream's next task waits for
         self.backlog: deque = deque()       # (item, host clock at issue) held behind the gate
 
 
@@ -80,6 +80,8 @@ class DeviceTracker:
         self.graphs: dict[int, GraphState] = {}
         self.comms: dict[str, tuple[int, int]] = {}
         self.closed = False
+        #: what was checked: device tasks (graph replays among them) and host accesses
+        self.counts = {"tasks": 0, "replays": 0, "host_accesses": 0}
 
     # ------------------------------------------------------------------ memory
     def malloc(self, ptr: int, size: int, site: int) -> None:
@@ -100,6 +102,7 @@ class DeviceTracker:
                     init: bool = True) -> None:
         """A host-synchronous access (it runs now, ordered only by what the host knows)."""
         c = self.clocks
+        self.counts["host_accesses"] += 1
         task = Task(HOST, c.host[HOST], label, None, self.device, site)
         access(self.shadow, ptr, ptr + nbytes, (task, None, "dst" if write else "src"), c.host, write, False, hits,
                self.races, self.init and init)
@@ -192,9 +195,11 @@ class DeviceTracker:
             return
         task = Task(st.agent, clock, op_label(op), st.sid, self.device, site)
         vc = c.vc[st.agent]
+        self.counts["tasks"] += 1
         if isinstance(op, ExecGraph):
             g = self.graphs.get(op.graph)
             if g is not None:
+                self.counts["replays"] += 1
                 replay(self.shadow, g.footprint, task, vc, hits, self.races, self.init)
             return
         for a in op_accesses(op, self._comm(op)):
