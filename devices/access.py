@@ -15,7 +15,7 @@ nor require that every byte of the range was written (:attr:`Access.partial`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .hccl import CollectiveOp, HcclEngine, itemsize
 from .kernel import lookup
@@ -23,8 +23,7 @@ from .errors import AclError
 from .tasks import Collective, CopyD2D, ExecGraph, Launch, Memset, StreamOp, WriteH2D
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(NamedTuple):
     """``nbytes`` at ``ptr``, read or written (``write``) by one task; ``what`` names the argument
     ("input 0", "dst", "send" ...); ``partial``: only data-dependent parts of the range are touched."""
     ptr: int
@@ -34,17 +33,37 @@ class Access:
     partial: bool = False
 
 
+#: argument names, made once
+_IN = tuple(f"input {i}" for i in range(64))
+_OUT = tuple(f"output {i}" for i in range(64))
+#: kernel name -> (gathers, scatters) of the kernels seen so far (built-ins are immutable; a user kernel
+#: declares none)
+_DECLS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+
+def _decl(name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    d = _DECLS.get(name)
+    if d is None:
+        try:
+            k = lookup(name)
+        except AclError:
+            return (), ()
+        d = (k.gathers, k.scatters)
+        if not k.user:
+            _DECLS[name] = d
+    return d
+
+
 def kernel_accesses(op: Launch) -> tuple[Access, ...]:
     """Inputs read, then outputs written, with the kernel's ``gathers``/``scatters`` marked partial (a
     kernel this process does not know -- another tenant's, registered on a remote device -- declares
     none)."""
-    try:
-        k = lookup(op.kernel)
-        gathers, scatters = k.gathers, k.scatters
-    except AclError:
-        gathers = scatters = ()
-    out = [Access(d.ptr, d.nbytes, False, f"input {i}", i in gathers) for i, d in enumerate(op.inputs)]
-    out += [Access(d.ptr, d.nbytes, True, f"output {i}", i in scatters) for i, d in enumerate(op.outputs)]
+    gathers, scatters = _decl(op.kernel)
+    ins, outs = op.inputs, op.outputs
+    out = [Access(d.ptr, d.nbytes, False, _IN[i] if i < 64 else f"input {i}", i in gathers)
+           for i, d in enumerate(ins)]
+    out += [Access(d.ptr, d.nbytes, True, _OUT[i] if i < 64 else f"output {i}", i in scatters)
+            for i, d in enumerate(outs)]
     return tuple(out)
 
 

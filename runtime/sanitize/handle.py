@@ -200,14 +200,14 @@ class SanitizedHandle:
 
     def _issued(self, ops, sites) -> None:
         s = self.session
-        hits = Hits()
         with s.lock:
             t = self.tracker
-            for op, site in zip(ops, sites):
+            for op, site in zip(ops, sites):            # one collection per op: counts do not depend on
+                hits = Hits()                            # how the runtime batched the ops
                 t.issue(op, site, hits)
+                if hits:
+                    s.collect(t, hits)
             s.clocks.host_released()
-            if hits:
-                s.collect(t, hits)
 
     def _refused_batch(self, err: AclError, ops, sites) -> None:
         """Report a refused batch at the op whose ranges are bad (the first op when none is)."""
