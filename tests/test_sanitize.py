@@ -249,6 +249,29 @@ def test_allreduce_overlapped_with_compute_is_clean():
 
 
 # ---------------------------------------------------------------------------------------------- initcheck
+def test_free_while_a_stream_still_reads(backend):
+    """The host frees a buffer that a kernel queued on a stream still reads (only another stream was
+    synchronized): a race between the free and the read."""
+    with sanitized(backend) as (rt, s):
+        d = rt.device(0)
+        x = d.from_numpy(np.ones(512, np.float32))
+        y = d.empty((512,))
+        a, b = d.stream(), d.stream()
+        a.launch("exp", [x], [y]); r = here()
+        b.synchronize()                                               # the wrong stream
+        d.flush()
+        d.handle.inner.synchronize_stream(a.sid)    # (the test makes sure the read is over, unseen by the
+        x.free(); fr = here()                       # sanitizer: the race must be found however it goes)
+        a.synchronize()
+        y.free()                                                      # after its writer: fine
+        a.destroy(), b.destroy()
+    f = only(s, "racecheck")
+    first, second = f["accesses"]
+    assert (first["access"], second["access"]) == ("read", "free") and f["kind"] == "WAR"
+    assert lines_of(first) == (THIS, r) and lines_of(second) == (THIS, fr)
+    assert "Free of the allocation by the host" in s.text and tools(s) == ["racecheck"]
+
+
 def test_read_of_uninitialised_memory(backend):
     with sanitized(backend) as (rt, s):
         d = rt.device(0)
@@ -378,6 +401,7 @@ def test_acl_program_host_and_device_pointers():
         assert acl.rt.synchronize_stream(stream) == 0
         assert acl.rt.free_host(host) == 0; hf = here()
         assert acl.rt.free_host(host) != 0; bad = here()                # a double free: refused
+        assert acl.rt.synchronize_stream(0x5EED) != 0                   # a bad handle is no memory error
         leak, _ = acl.rt.malloc(64, 0); lk = here()
         assert acl.rt.destroy_stream(stream) == 0
         acl.rt.free(dev)

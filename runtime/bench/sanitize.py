@@ -62,14 +62,13 @@ class _Mode:
 
     def decode(self, prompt: str, tokens: int, graphs: bool) -> None:
         self.gen.graphs = graphs
-        stamps: list[float] = []
-        cpu = time.thread_time()
+        stamps: list[tuple[float, float]] = []
         self.gen.generate([prompt], max_new_tokens=tokens, stop_at_eos=False,
-                          on_token=lambda b, t, p: stamps.append(time.perf_counter()))
-        cpu = time.thread_time() - cpu
+                          on_token=lambda b, t, p: stamps.append((time.perf_counter(), time.thread_time())))
         key = "decode_graph" if graphs else "decode_eager"
-        self.samples[key + "_ms"] += [(b - a) * 1e3 for a, b in zip(stamps[1:], stamps[2:])]   # steps after prefill
-        self.samples[key + "_cpu_ms"].append(cpu * 1e3 / tokens)
+        steps = list(zip(stamps[1:], stamps[2:]))                     # decode steps (the first token is prefill's)
+        self.samples[key + "_ms"] += [(b[0] - a[0]) * 1e3 for a, b in steps]
+        self.samples[key + "_cpu_ms"] += [(b[1] - a[1]) * 1e3 for a, b in steps]
 
     def embed(self, texts: list[str]) -> None:
         t0, cpu = time.perf_counter(), time.thread_time()

@@ -176,12 +176,15 @@ class Session:
     def _race(self, tracker, prior, actor, kind, lo, hi, alloc) -> Finding:
         first_verb = "Read" if kind == "WAR" else "Write"
         second_verb = "Read" if kind == "RAW" else "Write"
-        if actor[0].label == "free":
-            second_verb = "Free"
         a_txt, a_data = self._who(prior)
         b_txt, b_data = self._who(actor)
         a_data["access"], b_data["access"] = first_verb.lower(), second_verb.lower()
-        details = [f"and {second_verb} access by {b_txt} [{kind} hazard]",
+        second = f"and {second_verb} access by {b_txt}"
+        if actor[0].label == "free":                     # the host freed memory a task still uses
+            second_verb = "Free"
+            b_data["access"] = "free"
+            second = "and Free of the allocation by the host"
+        details = [f"{second} [{kind} hazard]",
                    f"Overlapping range: 0x{lo:x} .. 0x{hi:x} ({hi - lo} bytes; offset {lo - alloc.ptr} of the "
                    f"{alloc.size}-byte allocation at 0x{alloc.ptr:x})"]
         details += self._sites_of(prior, first_verb) + self._sites_of(actor, second_verb) + self._alloc_lines(alloc)
@@ -235,6 +238,8 @@ class Session:
             if table is None:
                 continue
             what, a = table.explain(ptr, n)
+            if table is self.host and what not in ("freed", "overrun"):
+                continue                 # any integer in a message may be a host address: only clear evidence
             if what != "inside":
                 out.append((what, ptr, n, a))
         return out

@@ -104,7 +104,8 @@ class DeviceTracker:
         c = self.clocks
         self.counts["host_accesses"] += 1
         task = Task(HOST, c.host[HOST], label, None, self.device, site)
-        access(self.shadow, ptr, ptr + nbytes, (task, None, "dst" if write else "src"), c.host, write, False, hits,
+        what = "allocation" if label == "free" else "dst" if write else "src"
+        access(self.shadow, ptr, ptr + nbytes, (task, None, what), c.host, write, False, hits,
                self.races, self.init and init)
 
     # ------------------------------------------------------------------ handles
