@@ -235,17 +235,17 @@ def test_jobs_on_3_devices_over_grpc_report_nothing(backend, request):
     assert toks == want_toks
 
 
-def test_allreduce_overlapped_with_compute_is_clean():
-    """The HCCL tests' overlap program (events order the producer, the all-reduce and the reader) under
-    the sanitizer: nothing to report."""
+def test_allreduce_overlapped_with_compute_is_clean(backend):
+    """The HCCL tests' overlap program (a held producer stream, an event ordering the all-reduce after it,
+    an independent compute stream; host-signalled gates) under the sanitizer: nothing to report."""
     import test_hccl
-    with sanitized(local) as (rt, s):
+    with sanitized(backend) as (rt, s):
         pool = test_hccl.Pool()
         try:
             test_hccl.test_all_reduce_overlapped_with_compute(rt, pool)
         finally:
             pool.free()
-    assert s.findings == [] and s.counts()["tasks"] >= 2 * 12
+    assert s.findings == [] and s.counts()["tasks"] >= 3 * 12
 
 
 # ---------------------------------------------------------------------------------------------- initcheck
@@ -451,12 +451,12 @@ def test_graph_replays_are_checked_as_their_captured_ops():
     assert s.counts()["replays"] == 5 and tools(s) == ["racecheck"]
 
 
-def test_graph_capture_replay_tests_are_clean():
+def test_graph_capture_replay_tests_are_clean(backend):
     """The graph module's capture/replay programs under the sanitizer report nothing (the first captures
     a read of a buffer that is written only before each replay)."""
     import test_graph
     for name in ("test_capture_does_not_run_and_replays_read_current_inputs", "test_one_replay_is_one_stream_op"):
-        with sanitized(local) as (rt, s):
+        with sanitized(backend) as (rt, s):
             getattr(test_graph, name)(rt.device(0))
         assert s.findings == [], [f.message for f in s.findings]
         assert s.counts()["replays"] >= 1
