@@ -29,6 +29,8 @@ from typing import Callable
 from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_INVALID_PARAM, ACL_ERROR_UNINITIALIZE, ACL_SUCCESS,
                             AclError)
 
+from runtime import sanitize
+
 from .state import STATE
 
 log = logging.getLogger("vnpu.acl")
@@ -62,6 +64,9 @@ def acl_call(outs: tuple = (), init: bool = True) -> Callable[[Callable], Callab
                     raise AclError("acl.init() has not been called", code=ACL_ERROR_UNINITIALIZE)
                 res = fn(*args, **kwargs)
             except AclError as e:
+                san = sanitize.current()
+                if san is not None:                # memcheck: a refused bad access, from the caller's stack
+                    san.api_error(e, api=name)
                 return _failed(name, e.code, str(e), outs)
             except (TypeError, ValueError, OverflowError) as e:
                 if e.__traceback__ is not None and e.__traceback__.tb_next is None:

@@ -20,7 +20,7 @@ from devices import errors
 from devices.arena import is_device_ptr, ptr_device
 from devices.errors import AclError, InvalidHandleError, InvalidParamError
 from devices.kernel import ACL_DTYPE, DTYPES, TensorDesc, lookup, register_user_kernel
-from runtime import api
+from runtime import api, sanitize
 
 from . import hostmem
 from .args import as_int, host_range, host_view, invalid
@@ -202,6 +202,9 @@ def malloc_host(size):
     start = (-raw.ctypes.data) % 64
     buf = raw[start:start + size]
     hostmem.register(buf.ctypes.data, size, buf, "malloc_host")
+    san = sanitize.current()
+    if san is not None:                                  # host buffer history (memcheck, leakcheck)
+        san.host_allocated(buf.ctypes.data, size)
     return buf.ctypes.data
 
 
@@ -215,6 +218,9 @@ def free_host(host_ptr):
         hostmem.release(ptr, kind="malloc_host")
     except AclError as e:
         raise InvalidParamError(e.detail) from None
+    san = sanitize.current()
+    if san is not None:
+        san.host_freed(ptr)
 
 
 @acl_call()

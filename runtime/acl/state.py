@@ -20,7 +20,7 @@ from typing import Any
 from devices.errors import (ACL_ERROR_GE_EXEC_MODEL_ID_INVALID, ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_CONTEXT_NULL,
                             ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_UNINITIALIZE,
                             AclError, InvalidHandleError, ModelError)
-from runtime import api
+from runtime import api, sanitize
 
 from . import hostmem
 from .args import as_int
@@ -223,6 +223,8 @@ def context_record(handle) -> Context:
 # ---------------------------------------------------------------------------------------------- lifecycle
 def new_stream(c: Context, priority: int, flags: int, default: bool = False) -> StreamRecord:
     s = c.dev.stream(priority)
+    if default and c.dev.sanitizer is not None:        # a context's default stream is acl's own, not a leak
+        c.dev.sanitizer.internal_stream(c.dev.handle, s.sid)
     with STATE.lock:
         rec = StreamRecord(STATE.new_handle(), c, s, priority, flags, default)
         STATE.streams[rec.handle] = rec
@@ -295,6 +297,7 @@ def teardown() -> None:
         tables = (dict(STATE.models), dict(STATE.streams), dict(STATE.events))
         allocs = list(STATE.dev_allocs.items())
         rt, owned = STATE.rt, STATE.owns_rt
+        hosts = [r.start for r in hostmem.TABLE.live() if r.kind == "malloc_host"]
         STATE.clear()                      # calls from now on see acl uninitialized
         STATE.owns_rt = False
         STATE.cv.notify_all()
@@ -307,6 +310,10 @@ def teardown() -> None:
         except AclError:
             pass
     hostmem.TABLE.clear(kind="malloc_host")      # acl's host allocations go with it
+    san = sanitize.current()
+    if san is not None:                                  # finalize released the malloc_host buffers too
+        for ptr in hosts:
+            san.host_freed(ptr)
     if owned and rt is not None:
         if api.current_runtime() is rt:
             api.set_runtime(None)
