@@ -28,6 +28,7 @@ is left (or the timeout); ``shutdown`` waits for the engine thread, then frees a
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -47,7 +48,7 @@ from runtime.models.weights import LlamaConfig, load_gguf_cached
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .errors import InvalidRequest, QueueFull, Unavailable
-from .modes import MODES, LoadTracker, StepLimits
+from .modes import MODES, LoadTracker, ModeConfig, StepLimits
 from .placement import DeviceBinder, Placement
 from .request import Request, RequestHandle, RequestOutput, SamplingParams, Status, TokenLogprob
 from .runner import ModelRunner, StepInputs
@@ -72,6 +73,7 @@ class EngineSnapshot:
     placement: int = 0                   #: index of the chain entry the engine runs on
     limits: StepLimits | None = None     #: the limits of the last scheduled step (the mode's choice)
     rebinds: int = 0
+    batch: int = 0                       #: requests in the last step's batch
 
 
 def check_fits(n: int, max_tokens: int, max_model_len: int, block_size: int, num_blocks: int,
@@ -137,6 +139,7 @@ class GenerateEngine:
         self.mode = MODES[config.mode.mode]
         self.load = LoadTracker()
         self.limits: StepLimits | None = None
+        self.last_batch = 0
         self.events: list[dict] = []
         self.rebinds = 0
         self.index = 0
@@ -269,6 +272,7 @@ class GenerateEngine:
         self.limits = self.current_limits(now)
         out = self.scheduler.schedule(self.limits, now)
         self._sync_queued()
+        self.last_batch = len(out.scheduled)
         if not out.scheduled:
             return []
         stats = StepStats(num_preemptions=len(out.preempted), batch_tokens=out.num_tokens)
@@ -322,6 +326,17 @@ class GenerateEngine:
         for lg in self.stat_loggers:
             lg.record(self.model, stats)
         return outputs
+
+    def set_mode(self, mode: ModeConfig) -> None:
+        """Switch the scheduler mode of a running engine (from the next step; nothing is dropped -- a
+        narrower batch limit only holds new requests back)."""
+        if not isinstance(mode, ModeConfig):
+            raise InvalidParamError(f"mode must be a ModeConfig, got {mode!r}")
+        fn = MODES[mode.mode]
+        with self._lock:
+            self.config = dataclasses.replace(self.config, mode=mode)
+            self.mode = fn
+            self._lock.notify_all()
 
     def current_limits(self, now: float | None = None) -> StepLimits:
         """The scheduler mode's limits for a step taken now (from the load seen so far)."""
@@ -581,7 +596,7 @@ class GenerateEngine:
         r = self.runner
         return EngineSnapshot(len(self.scheduler.running), self._queued, pool.usage, pool.num_blocks, pool.num_free,
                               self.scheduler.num_preemptions, r.num_graphs if r else 0, r.captures if r else 0,
-                              self.steps, self.index, self.limits, self.rebinds)
+                              self.steps, self.index, self.limits, self.rebinds, self.last_batch)
 
     def has_unfinished(self) -> bool:
         with self._lock:

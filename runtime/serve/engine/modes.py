@@ -11,7 +11,8 @@ chosen per step from the load the engine has seen (a registry, :data:`MODES`, na
   batch ``B`` as ``(tokens + 1) * step(B)`` (``tokens``: the mean output length of recent requests).  The
   batch cap is the largest ``B`` whose prediction stays within ``margin * target`` (the *latency cap*);
   the batch actually allowed is the demand (running + waiting) clamped to
-  ``[low_latency_batch, latency cap]``: light load runs like ``ultra_low_latency``, heavy load batches as
+  ``[low_latency_batch, latency cap]`` (before any step is timed the cap is the low-latency batch): light
+load runs like ``ultra_low_latency``, heavy load batches as
   much as the target allows -- the queue drains instead of growing, which is what keeps p99 within the
   target where a small fixed batch lets it explode.  When requests arrive faster than one per
   ``max_wait_ms`` and the predicted latency leaves slack, it holds a step that would admit new requests for
@@ -116,13 +117,15 @@ def predicted_latency_s(obs: Observation, b: int) -> float | None:
 
 
 def latency_cap(obs: Observation, max_num_seqs: int, cfg: ModeConfig) -> int:
-    """The largest batch whose predicted latency stays within ``margin * target`` (>= 1; the whole range
-    while no step has been timed)."""
+    """The largest batch whose predicted latency stays within ``margin * target`` (>= 1).  Before any
+    decode step has been timed: the low-latency batch (measure before growing)."""
+    if obs.step_a is None:
+        return min(cfg.low_latency_batch, max_num_seqs)
     budget = cfg.margin * (cfg.target_p99_ms or math.inf) / 1e3
     best = 1
     for b in range(1, max_num_seqs + 1):
         p = predicted_latency_s(obs, b)
-        if p is None or p <= budget:
+        if p is not None and p <= budget:
             best = b
         else:
             break
