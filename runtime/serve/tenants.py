@@ -231,7 +231,7 @@ class Quotas:
     def __init__(self, clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S):
         self.clock = clock
         self.window_s = window_s
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._ledgers: dict[str, _Ledger] = {}
 
     def _ledger(self, name: str) -> _Ledger:
@@ -253,6 +253,7 @@ class Quotas:
             self._trim(led, now)
             if q.concurrent_requests is not None and led.in_flight >= q.concurrent_requests:
                 led.rate_limited += 1
+                self._lock.notify_all()
                 raise RateLimited(f"Rate limit reached for tenant {tenant.name} on concurrent requests: Limit "
                                   f"{q.concurrent_requests}, In flight {led.in_flight}. Please try again in "
                                   f"{q.retry_after_s:g}s.", q.retry_after_s, "requests",
@@ -266,11 +267,13 @@ class Quotas:
                        "x-ratelimit-remaining-tokens": str(max(0, limit - used))}
                 if tokens > limit:
                     led.rate_limited += 1
+                    self._lock.notify_all()
                     raise RateLimited(f"Request too large for tenant {tenant.name} on tokens per min (TPM): Limit "
                                       f"{limit}, Requested {tokens}. Reduce the prompt or max_tokens.", None,
                                       "tokens", hdr)
                 if used + tokens > limit:
                     led.rate_limited += 1
+                    self._lock.notify_all()
                     wait = self._wait_for(led, used + tokens - limit, now)
                     raise RateLimited(f"Rate limit reached for tenant {tenant.name} on tokens per min (TPM): Limit "
                                       f"{limit}, Used {used}, Requested {tokens}. Please try again in "
@@ -279,6 +282,7 @@ class Quotas:
                 led.window.append(charge)
             led.in_flight += 1
             led.requests += 1
+            self._lock.notify_all()
         return Ticket(self, tenant, charge)
 
     def _wait_for(self, led: _Ledger, excess: int, now: float) -> float:
@@ -301,6 +305,7 @@ class Quotas:
             led.completion_tokens += completion
             if ticket._charge is not None:
                 ticket._charge.tokens = prompt + completion
+            self._lock.notify_all()
 
     def usage(self, tenant: Tenant) -> dict:
         """What ``tenant`` has used (its own numbers only)."""
@@ -319,6 +324,15 @@ class Quotas:
     def in_flight(self, name: str) -> int:
         with self._lock:
             return self._ledger(name).in_flight
+
+    def wait_until(self, name: str, pred: Callable[[dict], bool], timeout: float | None = None) -> bool:
+        """Block until ``pred`` holds for tenant ``name``'s counters (``in_flight``, ``requests``,
+        ``rate_limited``; re-checked on every admission, refusal and settlement)."""
+        def view():
+            led = self._ledger(name)
+            return {"in_flight": led.in_flight, "requests": led.requests, "rate_limited": led.rate_limited}
+        with self._lock:
+            return self._lock.wait_for(lambda: pred(view()), timeout)
 
 
 def retry_headers(e: RateLimited) -> dict:
