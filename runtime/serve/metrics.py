@@ -110,7 +110,7 @@ class EngineCollector:
         seqs = GaugeMetricFamily(P + "scheduler_max_num_seqs", "Batch limit the scheduler mode chose for the last "
                                  "step.", labels=LABELS + ("mode",))
         for name, e in list(self.engines.items()):
-            if e.kind != "generate":
+            if e.kind != "generate" or not hasattr(e, "snapshot"):     # Ray Serve replicas report their own
                 continue
             s = e.snapshot()
             run.add_metric([name, "0"], s.running)

@@ -63,6 +63,9 @@ class RateLimited(ServeError):
         self.limit = limit
         self.headers = dict(headers or {})
 
+    def __reduce__(self):
+        return (type(self), (self.message, self.retry_after_s, self.limit, self.headers))
+
 
 def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import uuid
 from typing import Any, AsyncIterator
@@ -89,13 +90,17 @@ class _Submitted:
         self.handles: list = []
         self.open: set[str] = set()
 
-    def add(self, index: int, prompt_ids: list[int], params: SamplingParams, prompt_param: str,
-            priority: int = 0) -> None:
+    async def add(self, index: int, prompt_ids: list[int], params: SamplingParams, prompt_param: str,
+                  priority: int = 0) -> None:
+        """Queue one request (an engine in another process -- a Ray Serve replica -- answers with an
+        awaitable that resolves once the request is accepted or raises its refusal)."""
         def on_output(out: RequestOutput, i=index):
             with contextlib.suppress(RuntimeError):       # the loop is gone (server stopping)
                 self.loop.call_soon_threadsafe(self.queue.put_nowait, (i, out))
         h = self.engine.add_request(prompt_ids, params, on_output=on_output, prompt_param=prompt_param,
                                     priority=priority)
+        if inspect.isawaitable(h):
+            h = await h
         self.handles.append(h)
         self.open.add(h.request_id)
 
@@ -306,7 +311,7 @@ def build_app(service) -> FastAPI:
         sub = _Submitted(eng, asyncio.get_running_loop())
         try:
             for i, x in enumerate(ids):
-                sub.add(i, x, params, prompt_param, priority)
+                await sub.add(i, x, params, prompt_param, priority)
         except Exception:
             sub.abort()
             _settle(ticket, tenant, body.model, 0, 0)

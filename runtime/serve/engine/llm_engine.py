@@ -76,6 +76,21 @@ class EngineSnapshot:
     batch: int = 0                       #: requests in the last step's batch
 
 
+def encode_prompt(tok, vocab: int, prompt) -> list[int]:
+    """A prompt as token ids: raw text (no template) or a list of token ids in ``[0, vocab)``."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequest("the prompt is empty", "prompt")
+        return tok.encode(prompt)
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                              for t in prompt):
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
+        return list(prompt)
+    raise InvalidRequest("prompt must be a non-empty string or a non-empty list of token ids", "prompt")
+
+
 def check_fits(n: int, max_tokens: int, max_model_len: int, block_size: int, num_blocks: int,
                prompt_param: str = "prompt") -> None:
     """Refuse what could never run: a prompt beyond the context, prompt + max_tokens beyond it, or more KV
@@ -170,18 +185,7 @@ class GenerateEngine:
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt) -> list[int]:
         """A prompt as token ids: raw text (no template) or a list of token ids."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequest("the prompt is empty", "prompt")
-            return self.tok.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                                  for t in prompt):
-            bad = [t for t in prompt if not 0 <= t < self.model_config.vocab]
-            if bad:
-                raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {self.model_config.vocab})",
-                                     "prompt")
-            return list(prompt)
-        raise InvalidRequest("prompt must be a non-empty string or a non-empty list of token ids", "prompt")
+        return encode_prompt(self.tok, self.model_config.vocab, prompt)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Messages rendered with the model's chat template (from its GGUF), then tokenized."""
