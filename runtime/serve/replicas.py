@@ -167,6 +167,9 @@ class ReplicaBody:
     def state(self) -> dict:
         return self.svc.state_dict()
 
+    def set_mode(self, model: str, mode) -> None:
+        self.svc.set_mode(model, mode)
+
     def fallback(self, model: str):
         return self.svc.fallback(model, "requested through the front")
 
@@ -571,6 +574,14 @@ class ReplicaService(Frontend):
         for name, e in self.engines.items():
             out["models"][name] = {"kind": e.kind, "replicas": len(out["replicas"])}
         return out
+
+    def set_mode(self, model: str, mode) -> None:
+        """Switch ``model``'s scheduler mode on every replica."""
+        self.engine(model, "generate")
+        with self._cv:
+            reps = list(self.replicas.values())
+        for r in reps:
+            r.handle.set_mode.remote(model, mode).result(timeout_s=60)
 
     def fallback(self, model: str, reason: str = "requested", timeout: float | None = None):
         raise InvalidParamError("with replicas, fall back per replica (each has its own chain)")

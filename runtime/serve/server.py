@@ -17,14 +17,13 @@ until a drain completes; :meth:`Server.stop` drains, stops uvicorn, then frees e
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
 from typing import Callable
 
 from .api import build_app
-from .config import BatchingConfig, ModelSpec, ServeConfig, place
+from .config import BatchingConfig, ModelSpec, place
 from .engine import EmbedEngine, GenerateEngine
 from .engine.errors import ModelNotFound, Unavailable
 from .engine.placement import DeviceBinder
@@ -180,6 +179,11 @@ class Frontend:
     def restore(self, model: str, timeout: float | None = None):
         """Move ``model``'s engine back to its first placement when healthy (blocks until re-bound)."""
         return self.engine(model, "generate").restore(timeout)
+
+    def set_mode(self, model: str, mode) -> None:
+        """Switch ``model``'s scheduler mode (a :class:`runtime.serve.engine.modes.ModeConfig`) from its next
+        step on, without dropping anything."""
+        self.engine(model, "generate").set_mode(mode)
 
     def state_dict(self) -> dict:
         """The server's state for operators: lifecycle, engines (placement, chain, limits), tenants' usage."""

@@ -18,7 +18,7 @@ import contextlib
 import inspect
 import json
 import uuid
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from dataclasses import asdict
 
