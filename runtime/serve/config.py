@@ -329,13 +329,9 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
             raise ConfigError(f"{where}line {_line(v)}: tenants: {getattr(e, 'detail', e)}") from None
         classes = {t.priority for t in tenants}
         fcfs = [m.name for m in models if m.kind == "generate" and m.engine.scheduling_policy == "fcfs"]
-        if len(classes) > 1 and fcfs:
-            raise ConfigError(f"{where}line {_line(v)}: tenants have priority classes {sorted(classes)} but model "
-                              f"{fcfs[0]} schedules fcfs (which refuses priorities); set its "
-                              f"engine.scheduling_policy: priority")
-        if classes - {0} and fcfs:
-            raise ConfigError(f"{where}line {_line(v)}: tenants have priority class {max(classes)} but model "
-                              f"{fcfs[0]} schedules fcfs (which refuses priorities); set its "
+        if fcfs and (len(classes) > 1 or classes != {0}):
+            raise ConfigError(f"{where}line {_line(v)}: tenants: tenants have priority classes {sorted(classes)} but "
+                              f"model {fcfs[0]} schedules fcfs (which refuses priorities); set its "
                               f"engine.scheduling_policy: priority")
     return dataclasses.replace(cfg, models=tuple(models), tenants=tuple(tenants))
 
