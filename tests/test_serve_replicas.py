@@ -31,7 +31,7 @@ from runtime.serve.tenants import Tenant, key_digest
 pytestmark = [pytest.mark.serve, pytest.mark.cluster]
 
 ADMIN = "sk-ops-0123456789"
-MAX_TOKENS = 16
+MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def post(srv, path, body):
 def test_replicas_behind_the_routes_scale_out_and_drain_on_scale_in(cluster):
     import ray
     _, rt = cluster
-    spec = model_spec("smollm2", (0,), 1, EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64,
+    spec = model_spec("smollm2", (0,), 1, EngineConfig(max_num_seqs=2, max_num_batched_tokens=32, max_model_len=48,
                                                        num_gpu_blocks_override=16))
     svc = ReplicaService((spec,), 1, (Tenant("ops", (key_digest(ADMIN),), admin=True),),
                          options=ReplicaOptions(stream_interval_ms=20))
