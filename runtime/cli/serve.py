@@ -82,6 +82,9 @@ def _cmd_serve(a) -> int:
     except (AclError, ValueError) as e:
         return _fail(getattr(e, "detail", str(e)))
     from runtime.serve.config import devices_needed
+    import os
+    if cfg.replicas > 1 and os.environ.get("VNPU_BACKEND", "") == "local":
+        return _fail("--replicas > 1 runs Ray Serve replicas on the cluster; unset VNPU_BACKEND=local")
     need = a.devices or devices_needed(cfg.models) * cfg.replicas
     from runtime.cli.run import job_runtime
     from runtime.serve.server import Server, Service
@@ -89,7 +92,7 @@ def _cmd_serve(a) -> int:
         with job_runtime(need) as rt:
             if cfg.replicas > 1:
                 from runtime.serve.replicas import ReplicaService
-                svc = ReplicaService(cfg.models, cfg.replicas, cfg.tenants, device_count=rt.device_count())
+                svc = ReplicaService(cfg.models, cfg.replicas, cfg.tenants)
             else:
                 svc = Service(rt, cfg.models, cfg.tenants)
             srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated)

@@ -355,8 +355,7 @@ class ReplicaService(Frontend):
     cluster's Ray).  ``models``' devices are relative to one replica's device group."""
 
     def __init__(self, models: tuple[ModelSpec, ...], replicas: int = 2, tenants: tuple[Tenant, ...] = (),
-                 clock: Callable[[], float] = time.monotonic, options: ReplicaOptions = ReplicaOptions(),
-                 device_count: int | None = None):
+                 clock: Callable[[], float] = time.monotonic, options: ReplicaOptions = ReplicaOptions()):
         if not isinstance(replicas, int) or replicas < 1:
             raise InvalidParamError(f"replicas must be >= 1, got {replicas!r}")
         k = devices_needed(models)
