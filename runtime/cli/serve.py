@@ -125,7 +125,8 @@ def _load(svc, srv) -> None:
     for spec in svc.specs:
         chain = "".join(f" -> {p}" for p in spec.fallback)
         where = f"device(s) {','.join(map(str, spec.devices))}{chain}"
-        if getattr(svc, "replicas", 1) > 1:
-            where = f"{svc.replicas} Ray Serve replicas, each on {where}"
+        n = getattr(svc, "replica_count", 1)
+        if n > 1:
+            where = f"{n} Ray Serve replicas, each on {where}"
         print(f"vnpu serve: {spec.name} on {where}", flush=True)
     print("vnpu serve: ready", flush=True)
