@@ -20,7 +20,7 @@ from runtime.backend import LocalBackend
 from runtime.serve.engine import EngineConfig, GenerateEngine, InvalidRequest, SamplingParams
 from runtime.serve.engine.block_manager import BlockManager
 from runtime.serve.engine.modes import (MODES, LoadTracker, ModeConfig, Observation, StepLimits, adaptive,
-                                        latency_cap, predicted_latency_s)
+                                        latency_cap, predicted_latency_s, throttled)
 from runtime.serve.engine.policies import FcfsPolicy, PriorityPolicy
 from runtime.serve.engine.request import Request
 from runtime.serve.engine.scheduler import Scheduler
@@ -163,6 +163,16 @@ def test_adaptive_stays_within_the_target_and_grows_with_demand(seed):
     assert adaptive(_obs(0, 30), 16, 256, cfg).max_num_seqs == 2
 
 
+def test_throttle_scales_any_mode_s_limits():
+    for seqs in range(1, 33):
+        for tokens in (seqs, 64, 256):
+            for f in (0.01, 0.2, 0.5, 0.8, 1.0):
+                t = throttled(StepLimits(seqs, tokens, 0.01), f)
+                assert t.max_num_seqs == max(1, math.floor(seqs * f)) and t.max_num_batched_tokens >= t.max_num_seqs
+                assert t.max_num_batched_tokens <= max(tokens, 1) and t.max_wait_s == 0.01
+    assert throttled(StepLimits(16, 256), 1.0) == StepLimits(16, 256)
+
+
 def test_load_tracker_fits_step_times():
     lt = LoadTracker(window_s=100)
     for i, bsz in enumerate([1, 2, 4, 8, 16, 3]):
@@ -267,10 +277,12 @@ def test_engine_aging_lets_a_long_wait_run_first(eng):
         eng.set_mode(ModeConfig())
 
 
-@pytest.mark.parametrize("mode,target,expect", [("ultra_low_latency", None, 2), ("conservative", None, 4),
-                                                ("adaptive", 60_000.0, 4), ("adaptive", 0.001, 2)])
-def test_engine_honours_each_mode_s_limits(eng, mode, target, expect):
+@pytest.mark.parametrize("mode,target,throttle,expect", [
+    ("ultra_low_latency", None, 1.0, 2), ("conservative", None, 1.0, 4), ("adaptive", 60_000.0, 1.0, 4),
+    ("adaptive", 0.001, 1.0, 2), ("conservative", None, 0.5, 2)])
+def test_engine_honours_each_mode_s_limits(eng, mode, target, throttle, expect):
     eng.set_mode(ModeConfig(mode, low_latency_batch=2, target_p99_ms=target))
+    eng.set_throttle(throttle)                                     # self-healing's throttle narrows any mode
     eng.load = type(eng.load)()                                    # no timing carried over from other modes
     try:
         ids = eng.encode("one two three")
@@ -281,3 +293,4 @@ def test_engine_honours_each_mode_s_limits(eng, mode, target, expect):
         assert all(h.result(0).completion_tokens == 4 for h in hs)
     finally:
         eng.set_mode(ModeConfig())
+        eng.set_throttle(1.0)

@@ -221,6 +221,30 @@ def test_priority_classes_under_contention(served):
     assert Tenant("x", (), 10).effective_priority(-5) == 10 and Tenant("x", (), 0).effective_priority(20) == 20
 
 
+def test_throttle_scales_quotas_and_engine_admission(served):
+    """The admin throttle (self-healing's action) halves every tenant's quotas and the engines' limits;
+    1 restores them.  The tokens-per-minute quota of "batch" is 64: throttled to 32, a request of 3 + 40
+    tokens is over it."""
+    srv, clock = served
+    clock.t += 61
+    st, _, b = raw(srv, "/admin/throttle", {"factor": 0.5}, key=KEYS["premium"])
+    assert st == 403
+    st, _, b = raw(srv, "/admin/throttle", {"factor": 0.5}, key=KEYS["ops"])
+    assert st == 200 and json.loads(raw(srv, "/admin/state", key=KEYS["ops"])[2])["throttle"] == 0.5
+    eng = srv.service.engines["smollm2"]
+    try:
+        assert eng.throttle == 0.5 and eng.current_limits().max_num_seqs == 2
+        st, h, b = raw(srv, "/v1/completions", {"model": "smollm2", "prompt": "one two three", "max_tokens": 40},
+                       key=KEYS["batch"])
+        assert st == 429 and h["x-ratelimit-limit-tokens"] == "32"
+    finally:
+        assert raw(srv, "/admin/throttle", {"factor": 1}, key=KEYS["ops"])[0] == 200
+    assert eng.throttle == 1.0
+    assert raw(srv, "/v1/completions", {"model": "smollm2", "prompt": "one two three", "max_tokens": 40},
+               key=KEYS["batch"])[0] == 200
+    assert raw(srv, "/admin/throttle", {"factor": 0}, key=KEYS["ops"])[0] == 400
+
+
 def test_open_server_refuses_non_loopback_without_keys(served):
     rt = Runtime(LocalBackend(1, DeviceConfig(arena_bytes=64 << 20)))
     try:

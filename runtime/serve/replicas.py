@@ -170,6 +170,9 @@ class ReplicaBody:
     def set_mode(self, model: str, mode) -> None:
         self.svc.set_mode(model, mode)
 
+    def throttle(self, factor: float) -> dict:
+        return self.svc.throttle(factor)
+
     def fallback(self, model: str):
         return self.svc.fallback(model, "requested through the front")
 
@@ -581,6 +584,15 @@ class ReplicaService(Frontend):
             reps = list(self.replicas.values())
         for r in reps:
             r.handle.set_mode.remote(model, mode).result(timeout_s=60)
+
+    def throttle(self, factor: float) -> dict:
+        """Admit less on every replica and at the front (tenants' quotas)."""
+        out = super().throttle(factor)
+        with self._cv:
+            reps = list(self.replicas.values())
+        for r in reps:
+            r.handle.throttle.remote(factor).result(timeout_s=60)
+        return out
 
     def fallback(self, model: str, reason: str = "requested", timeout: float | None = None):
         raise InvalidParamError("with replicas, fall back per replica (each has its own chain)")

@@ -180,6 +180,16 @@ class Frontend:
         """Move ``model``'s engine back to its first placement when healthy (blocks until re-bound)."""
         return self.engine(model, "generate").restore(timeout)
 
+    def throttle(self, factor: float) -> dict:
+        """Admit less by ``factor`` (0 < factor <= 1; 1 restores): every generation engine's batch, step
+        budget and queue bound, and every tenant's quotas.  Running requests are not dropped."""
+        self.quotas.set_admission(factor)
+        for e in list(self.engines.values()):
+            if hasattr(e, "set_throttle"):
+                e.set_throttle(factor)
+        self._event({"kind": "throttle", "factor": factor, "t": time.monotonic()})
+        return {"throttle": factor}
+
     def set_mode(self, model: str, mode) -> None:
         """Switch ``model``'s scheduler mode (a :class:`runtime.serve.engine.modes.ModeConfig`) from its next
         step on, without dropping anything."""
@@ -187,8 +197,8 @@ class Frontend:
 
     def state_dict(self) -> dict:
         """The server's state for operators: lifecycle, engines (placement, chain, limits), tenants' usage."""
-        out = {"state": self.state, "models": {}, "tenants": [self.quotas.usage(t) for t in self.tenants.tenants],
-               "events": list(self.events[-50:])}
+        out = {"state": self.state, "throttle": self.quotas.admission, "models": {},
+               "tenants": [self.quotas.usage(t) for t in self.tenants.tenants], "events": list(self.events[-50:])}
         for n, e in list(self.engines.items()):
             d = {"kind": e.kind}
             if e.kind == "generate" and hasattr(e, "chain"):

@@ -234,6 +234,7 @@ class Quotas:
     def __init__(self, clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S):
         self.clock = clock
         self.window_s = window_s
+        self.admission = 1.0                 #: every quota scaled by this (throttle); 1 = as configured
         self._lock = threading.Condition()
         self._ledgers: dict[str, _Ledger] = {}
 
@@ -247,9 +248,24 @@ class Quotas:
         while led.window and now - led.window[0].t >= self.window_s:
             led.window.popleft()
 
+    def set_admission(self, factor: float) -> None:
+        """Scale every tenant's quotas by ``factor`` (0 < factor <= 1; rounded up, at least 1) until set
+        back to 1 -- the HTTP side of a throttle."""
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+            raise InvalidParamError(f"admission factor must be in (0, 1], got {factor!r}")
+        with self._lock:
+            self.admission = float(factor)
+            self._lock.notify_all()
+
+    def _scaled(self, q: Quota) -> Quota:
+        if self.admission >= 1.0:
+            return q
+        f = lambda v: None if v is None else max(1, math.ceil(v * self.admission))     # noqa: E731
+        return Quota(f(q.concurrent_requests), f(q.tokens_per_minute), q.retry_after_s)
+
     def admit(self, tenant: Tenant, tokens: int) -> Ticket:
         """Admit a request that may use ``tokens`` (prompt + max_tokens), or raise :class:`RateLimited`."""
-        q = tenant.quota
+        q = self._scaled(tenant.quota)
         now = self.clock()
         with self._lock:
             led = self._ledger(tenant.name)

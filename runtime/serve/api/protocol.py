@@ -71,6 +71,11 @@ class EmbeddingRequest(_Req):
     priority: int | None = None
 
 
+class ThrottleRequest(_Req):
+    """``POST /admin/throttle``: admit this fraction of the normal load (1 restores)."""
+    factor: float
+
+
 class ScaleRequest(_Req):
     """``POST /admin/replicas``: the number of Ray Serve replicas wanted."""
     replicas: int

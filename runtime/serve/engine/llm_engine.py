@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -48,7 +49,7 @@ from runtime.models.weights import LlamaConfig, load_gguf_cached
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .errors import InvalidRequest, QueueFull, Unavailable
-from .modes import MODES, LoadTracker, ModeConfig, StepLimits
+from .modes import MODES, LoadTracker, ModeConfig, StepLimits, throttled
 from .placement import DeviceBinder, Placement
 from .request import Request, RequestHandle, RequestOutput, SamplingParams, Status, TokenLogprob
 from .runner import ModelRunner, StepInputs
@@ -154,6 +155,7 @@ class GenerateEngine:
         self.mode = MODES[config.mode.mode]
         self.load = LoadTracker()
         self.limits: StepLimits | None = None
+        self.throttle = 1.0                  #: admission factor (set_throttle): batch, step tokens, queue
         self.last_batch = 0
         self.events: list[dict] = []
         self.rebinds = 0
@@ -225,9 +227,11 @@ class GenerateEngine:
                 raise Unavailable(f"the {self.model} engine failed: {self.error}")
             if not self._accepting:
                 raise Unavailable(f"the {self.model} engine is draining")
-            if self._queued >= self.config.max_queued_requests:
+            limit = max(1, math.ceil(self.config.max_queued_requests * self.throttle))
+            if self._queued >= limit:
                 raise QueueFull(f"the {self.model} engine has {self._queued} requests waiting "
-                                f"(max_queued_requests={self.config.max_queued_requests})")
+                                f"(max_queued_requests={self.config.max_queued_requests}"
+                                f"{f', throttled to {limit}' if limit < self.config.max_queued_requests else ''})")
             if req.request_id in self._handles:
                 raise InvalidRequest(f"request id {req.request_id!r} is already in use", "request_id")
             self._handles[req.request_id] = h
@@ -342,12 +346,23 @@ class GenerateEngine:
             self.mode = fn
             self._lock.notify_all()
 
+    def set_throttle(self, factor: float) -> None:
+        """Admit less: from the next step the batch and the step's token budget are scaled by ``factor``
+        (0 < factor <= 1; 1 = not throttled), and so is the waiting queue's bound (beyond it: QueueFull).
+        Running requests are not dropped.  (Self-healing's ``throttle`` action: an overheating device
+        does less work per step.)"""
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+            raise InvalidParamError(f"throttle factor must be in (0, 1], got {factor!r}")
+        with self._lock:
+            self.throttle = float(factor)
+            self._lock.notify_all()
+
     def current_limits(self, now: float | None = None) -> StepLimits:
-        """The scheduler mode's limits for a step taken now (from the load seen so far)."""
+        """The scheduler mode's limits for a step taken now (from the load seen so far), throttled."""
         c = self.config
         now = self.clock() if now is None else now
         obs = self.load.observe(now, len(self.scheduler.running), len(self.scheduler.waiting))
-        return self.mode(obs, c.max_num_seqs, c.max_num_batched_tokens, c.mode)
+        return throttled(self.mode(obs, c.max_num_seqs, c.max_num_batched_tokens, c.mode), self.throttle)
 
     def _sync_queued(self) -> None:
         with self._lock:

@@ -146,6 +146,15 @@ def adaptive(obs: Observation, max_num_seqs: int, max_num_batched_tokens: int, c
     return StepLimits(b, max(b, max_num_batched_tokens), wait)
 
 
+def throttled(lim: StepLimits, factor: float) -> StepLimits:
+    """``lim`` with the batch and the token budget scaled by ``factor`` (0 < factor <= 1; at least one
+    sequence, and at least as many tokens as sequences): what a throttled engine may do per step."""
+    if factor >= 1.0:
+        return lim
+    seqs = max(1, math.floor(lim.max_num_seqs * factor))
+    return StepLimits(seqs, max(seqs, math.floor(lim.max_num_batched_tokens * factor)), lim.max_wait_s)
+
+
 #: scheduler mode name -> limits of the next step (a registry: ``scheduler.mode`` names one)
 MODES: dict[str, Callable[..., StepLimits]] = {
     "ultra_low_latency": ultra_low_latency,
