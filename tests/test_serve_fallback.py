@@ -170,19 +170,36 @@ def test_device_killed_mid_stream_continues_on_the_spare(served, client, referen
     assert st == 503 and "last entry" in body["error"]["message"]
 
 
-def test_nothing_left_in_dev_shm_after_shutdown():
-    """A server with a CPU fallback in use, stopped: every arena segment of this process is gone."""
+def test_replica_health_follows_the_chain_and_nothing_is_left_in_dev_shm():
+    """A replica's body in-process (what Ray Serve health-checks): healthy on its device, still healthy
+    once a kill moved it to the CPU fallback, unhealthy (check_health raises) when the CPU device is lost
+    too; closed, it leaves no arena segment of this process behind."""
+    from runtime.serve.engine import SamplingParams, Unavailable
+    from runtime.serve.replicas import ReplicaBody
     mine = lambda: set(glob.glob(f"/dev/shm/vnpu_{os.getpid()}_*"))       # noqa: E731
     before = mine()
-    rt = Runtime(LocalBackend(1, DeviceConfig(arena_bytes=1 << 30)))
     spec = model_spec("smollm2", (0,), 1, EngineConfig(max_num_seqs=1, max_num_batched_tokens=16, max_model_len=32,
                                                        num_gpu_blocks_override=4), fallback=(Placement(cpu=True),))
-    svc = Service(rt, (spec,))
+    body = ReplicaBody((spec,), runtime_factory=lambda: Runtime(LocalBackend(1, DeviceConfig(arena_bytes=1 << 30))))
     try:
-        svc.load()
-        assert svc.fallback("smollm2").placement == "cpu"
-        assert len(mine() - before) == 2                          # device 0 and the CPU fallback device
+        eng = body.svc.engines["smollm2"]
+        body.check_health()
+        assert body.info()["devices"] == [0]
+        ask = lambda: eng.add_request(eng.encode("hello"), SamplingParams(max_tokens=3, temperature=0)).result(120)  # noqa: E731
+        try:
+            body.rt.device(0).handle.inject_fault("kill")
+        except Exception as e:  # noqa: BLE001 - the call itself may report the loss
+            assert "lost" in str(e)
+        assert ask().finish_reason == "length" and eng.placement == Placement(cpu=True)
+        body.check_health()                                        # degraded, still serving
+        assert len(mine() - before) == 2                           # device 0 and the CPU fallback device
+        try:
+            eng.devices[0].handle.inject_fault("kill")             # the last entry goes too
+        except Exception as e:  # noqa: BLE001
+            assert "lost" in str(e)
+        assert ask().finish_reason == "error"
+        with pytest.raises(Unavailable, match="replica unhealthy"):
+            body.check_health()                                    # Ray Serve replaces such a replica
     finally:
-        svc.close()
-        rt.close()
+        body.close()
     assert mine() == before

@@ -116,11 +116,9 @@ class ReplicaBody:
             else:
                 models[name] = {"kind": "embed", "max_len": e.max_len, "dim": e.dim}
         node = ""
-        try:
-            import ray
+        import ray
+        if ray.is_initialized():                        # (never start or join a Ray cluster from here)
             node = ray.get_runtime_context().get_node_id()
-        except Exception:  # noqa: BLE001 - in-process
-            pass
         return {"pid": os.getpid(), "node": node, "devices": [d.physical_id for d in self.rt.devices()],
                 "models": models}
 

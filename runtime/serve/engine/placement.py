@@ -116,7 +116,7 @@ class DeviceBinder:
     def lost(self, p: Placement) -> str | None:
         """Why ``p`` cannot run (a device is lost), from local state only; None when it can."""
         if p.cpu:
-            return None
+            return "the CPU fallback device is lost" if self._cpu is not None and self._cpu[1].is_lost else None
         for i in p.devices:
             if 0 <= i < self.rt.device_count() and self.rt.device(i).is_lost:
                 return f"device {i} is lost"
