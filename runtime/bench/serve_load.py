@@ -33,17 +33,33 @@ import numpy as np
 from .serve_workload import NumpyDecode, pct as _pct, prompt as _prompt
 
 
+def mode_list(s: str) -> list[str]:
+    """``type=``: comma-separated scheduler mode names."""
+    import argparse
+
+    from runtime.serve.engine.modes import MODES
+    vals = [m.strip() for m in s.split(",") if m.strip()]
+    bad = [m for m in vals if m not in MODES]
+    if not vals or bad:
+        raise argparse.ArgumentTypeError(f"takes modes among {', '.join(MODES)}; got {s!r}")
+    return vals
+
+
 def register_flags(p) -> None:
+    from runtime.cliargs import float_in, int_list, nonneg_int
+    pos = float_in(0.0, lo_open=True)
     p.add_argument("--load-step", action="store_true", help="modes and replicas under a light-to-heavy load step")
-    p.add_argument("--mode", default="ultra_low_latency,adaptive", help="scheduler modes to compare (--load-step)")
-    p.add_argument("--replicas", default="1,2", help="replica counts (1 = in-process; --load-step)")
-    p.add_argument("--light-s", type=float, default=8.0, help="seconds of light load")
-    p.add_argument("--heavy-s", type=float, default=12.0, help="seconds of heavy load")
-    p.add_argument("--light-rate", type=float, default=None, help="requests/s of the light phase (default: calibrated)")
-    p.add_argument("--heavy-rate", type=float, default=None, help="requests/s of the heavy phase (default: calibrated)")
-    p.add_argument("--slo-p99-ms", type=float, default=None, help="the adaptive mode's target (default: calibrated)")
-    p.add_argument("--stream-interval-ms", type=float, default=20.0, help="replicas batch streamed tokens this long")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", type=mode_list, default="ultra_low_latency,adaptive",
+                   help="scheduler modes to compare (--load-step)")
+    p.add_argument("--replicas", type=int_list, default="1,2", help="replica counts (1 = in-process; --load-step)")
+    p.add_argument("--light-s", type=pos, default=8.0, help="seconds of light load")
+    p.add_argument("--heavy-s", type=pos, default=12.0, help="seconds of heavy load")
+    p.add_argument("--light-rate", type=pos, default=None, help="requests/s of the light phase (default: calibrated)")
+    p.add_argument("--heavy-rate", type=pos, default=None, help="requests/s of the heavy phase (default: calibrated)")
+    p.add_argument("--slo-p99-ms", type=pos, default=None, help="the adaptive mode's target (default: calibrated)")
+    p.add_argument("--stream-interval-ms", type=float_in(0.0, 1000.0), default=20.0,
+                   help="replicas batch streamed tokens this long")
+    p.add_argument("--seed", type=nonneg_int, default=0)
 
 
 # ---------------------------------------------------------------------------------------------- clients
@@ -157,21 +173,11 @@ def run(a) -> int:
     from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
     from runtime.serve.config import model_spec
     from runtime.serve.engine import EngineConfig
-    from runtime.serve.engine.modes import MODES, ModeConfig
+    from runtime.serve.engine.modes import ModeConfig
     from runtime.serve.replicas import ReplicaOptions, ReplicaService
     from runtime.serve.server import Server, Service
 
-    modes = [m.strip() for m in a.mode.split(",") if m.strip()]
-    try:
-        reps = sorted({int(x) for x in a.replicas.split(",") if x.strip()})
-        if not reps or min(reps) < 1 or any(m not in MODES for m in modes) or not modes or a.max_tokens < 1:
-            raise ValueError
-        if min(a.light_s, a.heavy_s) <= 0:
-            raise ValueError
-    except ValueError:
-        print(f"vnpu bench serve: error: --mode takes {', '.join(MODES)}; --replicas positive integers; "
-              f"--light-s/--heavy-s > 0", file=sys.stderr)
-        return 2
+    modes, reps = list(a.mode), sorted(set(a.replicas))           # checked by argparse
     if a.backend == "local":
         print("vnpu bench serve: error: --load-step compares Ray Serve replicas: it needs --backend cluster",
               file=sys.stderr)

@@ -4,16 +4,19 @@ A server is ONE tenant of the devices: every device call it (or one of its Ray S
 carries this credential; its own HTTP clients are told apart by the server itself
 (:mod:`runtime.serve.tenants`), never by the devices.
 
-Today the credential is the cluster token (``VNPU_TOKEN``, or the token file of ``vnpu up`` -- what
-:func:`runtime.cluster.discovery.load_token` reads).  When per-tenant device credentials land (issue 11:
-tenant credentials for device clients in ``driver/`` and ``runtime/cluster/remote.py``), this module is
-what changes: :func:`device_credential` returns the server's own tenant credential and
-:func:`replica_env` hands it to replicas; nothing else in ``runtime/serve`` reads a token.
+The credential is a tenant credential (:mod:`driver.credentials`; ``vnpu token create --tenant serve``)
+given to the server as ``VNPU_TENANT_TOKEN`` -- the devices then account everything the server allocates
+to that tenant, check its quotas and release what it holds if it dies -- or, when none is given, the
+cluster token (the admin's: fine on a developer's own cluster, not what a shared one should run with).
+It is what :func:`runtime.cluster.discovery.load_token` returns, i.e. the same credential the server's own
+runtime presents; :func:`replica_env` hands it to Ray Serve replicas (in the replicas' ``runtime_env``, as
+the embedded cluster hands the cluster token to its workers).  Nothing else in ``runtime/serve`` reads a
+credential.
 """
 from __future__ import annotations
 
-#: the environment variable a replica process reads its device credential from
-CREDENTIAL_ENV = "VNPU_TOKEN"
+#: the environment variables a process reads its device credential from (tenant credential / cluster token)
+TENANT_ENV, CLUSTER_ENV = "VNPU_TENANT_TOKEN", "VNPU_TOKEN"
 
 
 def device_credential() -> str:
@@ -23,6 +26,12 @@ def device_credential() -> str:
     return load_token()
 
 
+def is_tenant_credential(cred: str) -> bool:
+    from driver.credentials import is_credential
+    return is_credential(cred)
+
+
 def replica_env() -> dict[str, str]:
     """Environment variables that give a Ray Serve replica the server's device credential."""
-    return {CREDENTIAL_ENV: device_credential()}
+    cred = device_credential()
+    return {TENANT_ENV: cred} if is_tenant_credential(cred) else {CLUSTER_ENV: cred}
