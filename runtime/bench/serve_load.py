@@ -4,7 +4,7 @@ load, and what the Ray Serve path adds, all in one run.
 - **Load step** (open loop: arrivals follow a Poisson schedule fixed by ``--seed``, whatever the server
   does; latency counts from the *intended* arrival, so a slow server cannot hide its queue): ``--light-s``
   seconds at the light rate, then ``--heavy-s`` at the heavy rate.  Rates and the SLO come from a
-  calibration in the same run unless given: light = 0.5x and heavy = 3x the requests/s that
+  calibration in the same run unless given: light = 0.5x and heavy = 2x the requests/s that
   ``ultra_low_latency`` sustains (a closed loop at its batch size), target p99 = 4x a solo request's
   latency.  Per mode and replica count: per phase, offered and achieved requests/s, output tokens/s,
   end-to-end p50/p99 against the target, TTFT p99, refusals.
@@ -150,19 +150,32 @@ def load_step(url: str, model: str, phases, max_tokens: int, seed: int) -> dict:
     return out
 
 
-def probe(url: str, model: str, n: int = 12, stream_tokens: int = 32) -> dict:
-    """Sequential requests: one-token latency (median) and per streamed token ((last - first) / (n - 1))."""
-    _stream(url, model, _prompt(0), 2)                                          # warm up
-    one = [(lambda r: r["end"] - r["t0"])(_stream(url, model, _prompt(i), 1, stream=False)) for i in range(n)]
-    per_tok, ttft = [], []
-    for i in range(4):
-        r = _stream(url, model, _prompt(i), stream_tokens)
-        s = r["stamps"]
-        ttft.append(s[0] - r["t0"])
-        per_tok.append((s[-1] - s[0]) / max(1, stream_tokens - 1))
-    return {"request_ms_p50": round(1e3 * statistics.median(one), 2),
-            "ttft_ms_p50": round(1e3 * statistics.median(ttft), 2),
-            "per_token_ms": round(1e3 * statistics.median(per_tok), 3)}
+def probe(urls: dict[str, str], model: str, n: int = 16, streams: int = 6, stream_tokens: int = 32) -> dict:
+    """The servers of ``urls`` (name -> URL) side by side, requests alternating between them (one at a time,
+    so that each sees the same machine): one-token request latency, and per streamed token
+    ((last - first) / (tokens - 1)); medians per server and of the paired differences against the first."""
+    names = list(urls)
+    for u in urls.values():
+        _stream(u, model, _prompt(0), 2)                                        # warm up
+    one: dict[str, list[float]] = {k: [] for k in names}
+    tok: dict[str, list[float]] = {k: [] for k in names}
+    for i in range(n):
+        for k in (names if i % 2 == 0 else names[::-1]):
+            r = _stream(urls[k], model, _prompt(i), 1, stream=False)
+            one[k].append(r["end"] - r["t0"])
+    for i in range(streams):
+        for k in (names if i % 2 == 0 else names[::-1]):
+            s = _stream(urls[k], model, _prompt(i), stream_tokens)["stamps"]
+            tok[k].append((s[-1] - s[0]) / max(1, len(s) - 1))
+    base = names[0]
+    out = {k: {"request_ms_p50": round(1e3 * statistics.median(one[k]), 2),
+               "per_token_ms_p50": round(1e3 * statistics.median(tok[k]), 3)} for k in names}
+    for k in names[1:]:
+        out[k]["added_ms_per_request"] = round(1e3 * statistics.median(
+            [b - a for a, b in zip(one[base], one[k])]), 2)
+        out[k]["added_ms_per_token"] = round(1e3 * statistics.median(
+            [b - a for a, b in zip(tok[base], tok[k])]), 3)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -183,10 +196,13 @@ def run(a) -> int:
               file=sys.stderr)
         return 2
     T = a.max_tokens
-    ecfg = EngineConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=64 + T, max_queued_requests=1024)
+    # a fixed KV cache (not "all the HBM left"): the Ray Serve replica that the probe runs next to the
+    # in-process engine may land on the same device
+    ecfg = EngineConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=64 + T, max_queued_requests=1024,
+                        num_gpu_blocks_override=16 * -(-(64 + T) // 16) + 1)
     spec = model_spec(a.model, (0,), 1, ecfg)
     doc: dict = {"model": a.model, "max_tokens": T, "engine": {"max_num_seqs": 16}, "runs": []}
-    with cluster_runtime(spec=ClusterSpec(devices=max(reps), arena_bytes=1 << 30)) as rt:
+    with cluster_runtime(spec=ClusterSpec(devices=max(reps), arena_bytes=2 << 30)) as rt:
         svc = Service(rt, (spec,))
         srv = Server(svc).start()
         try:
@@ -205,7 +221,7 @@ def run(a) -> int:
                 t.join()
             cap = n / (time.perf_counter() - t0)
             target = a.slo_p99_ms or round(4e3 * solo)
-            light, heavy = a.light_rate or round(0.5 * cap, 2), a.heavy_rate or round(3.0 * cap, 2)
+            light, heavy = a.light_rate or round(0.5 * cap, 2), a.heavy_rate or round(2.0 * cap, 2)
             doc.update(solo_ms=round(1e3 * solo, 1), ull_capacity_rps=round(cap, 2), target_p99_ms=target,
                        light_rps=light, heavy_rps=heavy)
             phases = [("light", light, a.light_s), ("heavy", heavy, a.heavy_s)]
@@ -218,18 +234,23 @@ def run(a) -> int:
                     doc["runs"].append({"replicas": 1, "mode": m, "phases": load_step(srv.url, a.model, phases, T,
                                                                                      a.seed)})
                     _print_run(doc["runs"][-1], target)
-            inproc = probe(srv.url, a.model)
+            svc.set_mode(a.model, ModeConfig())
+            opts = ReplicaOptions(stream_interval_ms=a.stream_interval_ms)
+            one = ReplicaService((spec,), 1, options=opts)            # the Ray Serve path, next to the in-process one
+            osrv = Server(one).start()
+            try:
+                one.load()
+                one.set_mode(a.model, ModeConfig())
+                paths = probe({"in_process": srv.url, "one_replica": osrv.url}, a.model)
+            finally:
+                osrv.stop()
         finally:
             srv.stop()
-        opts = ReplicaOptions(stream_interval_ms=a.stream_interval_ms)
-        for r in [1] + [r for r in reps if r > 1]:
+        for r in [r for r in reps if r > 1]:
             rsvc = ReplicaService((spec,), r, options=opts)
             rsrv = Server(rsvc).start()
             try:
                 rsvc.load()
-                if r == 1:
-                    serve1 = probe(rsrv.url, a.model)
-                    continue
                 for m in modes:
                     rsvc.set_mode(a.model, ModeConfig(m, target_p99_ms=target))
                     doc["runs"].append({"replicas": r, "mode": m, "phases": load_step(rsrv.url, a.model, phases, T,
@@ -237,10 +258,7 @@ def run(a) -> int:
                     _print_run(doc["runs"][-1], target)
             finally:
                 rsrv.stop()
-    doc["ray_serve_path"] = {"in_process": inproc, "one_replica": serve1,
-                             "added_ms_per_request": round(serve1["request_ms_p50"] - inproc["request_ms_p50"], 2),
-                             "added_ms_per_token": round(serve1["per_token_ms"] - inproc["per_token_ms"], 3),
-                             "stream_interval_ms": a.stream_interval_ms}
+    doc["ray_serve_path"] = dict(paths, stream_interval_ms=a.stream_interval_ms)
     g = load_gguf_cached(str(smollm2_gguf()))
     ref = NumpyDecode(g, LlamaConfig.from_gguf_meta(g.meta))
     doc["numpy_bound_tokens_per_s"] = {b: round(ref.tokens_per_s(b, 16 + T // 2), 1) for b in (2, 16)}
@@ -248,11 +266,12 @@ def run(a) -> int:
     if a.json:
         print(json.dumps(doc))
         return 0
-    sp = doc["ray_serve_path"]
-    print(f"Ray Serve path (1 replica vs in-process, same engine): +{sp['added_ms_per_request']:.1f} ms per request "
-          f"({inproc['request_ms_p50']:.1f} -> {serve1['request_ms_p50']:.1f} ms for one token), "
-          f"{sp['added_ms_per_token']:+.2f} ms per streamed token ({inproc['per_token_ms']:.2f} -> "
-          f"{serve1['per_token_ms']:.2f}; tokens batched up to {a.stream_interval_ms:g} ms)")
+    ip, sv = paths["in_process"], paths["one_replica"]
+    print(f"Ray Serve path (1 replica vs in-process, same engine, requests alternating): "
+          f"{sv['added_ms_per_request']:+.1f} ms per request ({ip['request_ms_p50']:.1f} -> "
+          f"{sv['request_ms_p50']:.1f} ms for one token), {sv['added_ms_per_token']:+.2f} ms per streamed token "
+          f"({ip['per_token_ms_p50']:.2f} -> {sv['per_token_ms_p50']:.2f}; tokens batched up to "
+          f"{a.stream_interval_ms:g} ms)")
     print(f"bound: numpy decode {doc['numpy_bound_tokens_per_s'][2]} tok/s at batch 2, "
           f"{doc['numpy_bound_tokens_per_s'][16]} tok/s at batch 16")
     for line in doc["verdict"]:
