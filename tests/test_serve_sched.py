@@ -20,7 +20,7 @@ from runtime.backend import LocalBackend
 from runtime.serve.engine import EngineConfig, GenerateEngine, InvalidRequest, SamplingParams
 from runtime.serve.engine.block_manager import BlockManager
 from runtime.serve.engine.modes import (MODES, LoadTracker, ModeConfig, Observation, StepLimits, adaptive,
-                                        latency_cap, predicted_latency_s, throttled)
+                                        predicted_latency_s, throttled)
 from runtime.serve.engine.policies import FcfsPolicy, PriorityPolicy
 from runtime.serve.engine.request import Request
 from runtime.serve.engine.scheduler import Scheduler
@@ -136,31 +136,37 @@ def test_modes_match_their_definitions():
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_adaptive_stays_within_the_target_and_grows_with_demand(seed):
+def test_adaptive_meets_the_target_with_the_smallest_batch_or_drains_fastest(seed):
     rng = random.Random(seed)
     a, b = rng.uniform(0.005, 0.05), rng.uniform(0.0, 0.02)
-    target = rng.uniform(100, 3000)
+    target = rng.uniform(100, 5000)
     cfg = ModeConfig("adaptive", low_latency_batch=2, max_wait_ms=20, target_p99_ms=target)
+    budget = cfg.margin * target / 1e3
     tokens = rng.uniform(4, 64)
-    prev = 0
-    for demand in range(0, 40):
+    prev, feasible_before = 0, True
+    for demand in range(0, 60):
         o = _obs(0, demand, rng.uniform(0, 200), a, b, tokens)
         lim = adaptive(o, 16, 256, cfg)
-        cap = latency_cap(o, 16, cfg)
-        assert 2 <= lim.max_num_seqs <= 16 and lim.max_num_batched_tokens >= lim.max_num_seqs
-        assert lim.max_num_seqs == max(2, min(max(demand, 1), cap))
-        if lim.max_num_seqs > 2:                                   # above the floor: within the planned share
-            assert predicted_latency_s(o, lim.max_num_seqs) <= cfg.margin * target / 1e3 + 1e-12
-        if cap < 16:                                               # the cap is the largest such batch
-            assert predicted_latency_s(o, cap + 1) > cfg.margin * target / 1e3
-        assert lim.max_num_seqs >= prev                            # monotone in demand
-        prev = lim.max_num_seqs
+        bsz = lim.max_num_seqs
+        pred = {k: predicted_latency_s(o, k) for k in range(2, 17)}
+        assert 2 <= bsz <= 16 and lim.max_num_batched_tokens >= bsz
+        assert bsz <= max(2, demand)                               # never more than the demand needs
+        fits = [k for k, p in pred.items() if p <= budget]
+        if fits:                                                   # the smallest batch within the target
+            assert bsz == min(fits) and pred[bsz] <= budget + 1e-12
+            if feasible_before:
+                assert bsz >= prev                                 # grows with the demand
+        else:                                                      # overloaded: drain the demand soonest
+            assert pred[bsz] == min(pred.values())
+        feasible_before = bool(fits)
+        prev = bsz
         assert 0 <= lim.max_wait_s <= 0.02
         if lim.max_wait_s:
-            slack = cfg.margin * target / 1e3 - predicted_latency_s(o, lim.max_num_seqs)
+            slack = budget - pred[bsz]
             assert lim.max_wait_s <= slack / 4 + 1e-12 and lim.max_wait_s <= 1 / o.arrival_rate + 1e-12
-    # nothing timed yet: start at the floor (measure before growing)
-    assert adaptive(_obs(0, 30), 16, 256, cfg).max_num_seqs == 2
+    light = _obs(0, 1, 0.0, a, b, tokens)                          # one request: the low-latency batch
+    assert adaptive(light, 16, 256, cfg).max_num_seqs == 2
+    assert adaptive(_obs(0, 30), 16, 256, cfg).max_num_seqs == 2   # nothing timed yet: measure before growing
 
 
 def test_throttle_scales_any_mode_s_limits():
@@ -278,19 +284,21 @@ def test_engine_aging_lets_a_long_wait_run_first(eng):
 
 
 @pytest.mark.parametrize("mode,target,throttle,expect", [
-    ("ultra_low_latency", None, 1.0, 2), ("conservative", None, 1.0, 4), ("adaptive", 60_000.0, 1.0, 4),
-    ("adaptive", 0.001, 1.0, 2), ("conservative", None, 0.5, 2)])
+    ("ultra_low_latency", None, 1.0, 2), ("conservative", None, 1.0, 4),
+    ("adaptive", 60_000.0, 1.0, 2),                  # a loose target: the smallest batch meets it
+    ("adaptive", 0.001, 1.0, 4),                     # an impossible one: drain the 8 soonest (2 rounds of 4)
+    ("conservative", None, 0.5, 2)])
 def test_engine_honours_each_mode_s_limits(eng, mode, target, throttle, expect):
     eng.set_mode(ModeConfig(mode, low_latency_batch=2, target_p99_ms=target))
     eng.set_throttle(throttle)                                     # self-healing's throttle narrows any mode
     eng.load = type(eng.load)()                                    # no timing carried over from other modes
     try:
         ids = eng.encode("one two three")
-        hs = [eng.add_request(ids, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)) for _ in range(5)]
+        hs = [eng.add_request(ids, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)) for _ in range(8)]
         seen = _drive(eng)
         assert all(batch <= lim.max_num_seqs for batch, lim in seen)         # every step within its limits
         assert max(r for r, _ in seen) == expect                              # and the limit is what the mode says
-        assert all(h.result(0).completion_tokens == 4 for h in hs)
+        assert all(h.result(0).completion_tokens == 3 for h in hs)
     finally:
         eng.set_mode(ModeConfig())
         eng.set_throttle(1.0)

@@ -7,13 +7,14 @@ chosen per step from the load the engine has seen (a registry, :data:`MODES`, na
 - ``conservative``: the configured limits (``max_num_seqs``, ``max_num_batched_tokens``), never waits: what
   the engine does without a mode.
 - ``adaptive``: sized against ``slo.target_p99_ms`` (the end-to-end request latency target).  From the
-  decode step times it has observed it fits ``step(B) = a + b*B`` and predicts a request's latency at
-  batch ``B`` as ``(tokens + 1) * step(B)`` (``tokens``: the mean output length of recent requests).  The
-  batch cap is the largest ``B`` whose prediction stays within ``margin * target`` (the *latency cap*);
-  the batch actually allowed is the demand (running + waiting) clamped to
-  ``[low_latency_batch, latency cap]`` (before any step is timed the cap is the low-latency batch): light
-load runs like ``ultra_low_latency``, heavy load batches as
-  much as the target allows -- the queue drains instead of growing, which is what keeps p99 within the
+  decode step times it has observed it fits ``step(B) = a + b*B``; the demand D (running + waiting
+  requests) drains at batch ``B`` in ``ceil(D / B)`` rounds of ``tokens + 1`` steps (``tokens``: the mean
+  output length of recent requests), so the last of them finishes after about
+  ``ceil(D / B) * (tokens + 1) * step(B)``.  Adaptive runs the smallest batch (at least
+  ``low_latency_batch``) for which that stays within ``margin * target`` -- the fastest steps the target
+  allows -- and, when no batch can, the one that drains the demand soonest.  Light load runs like
+  ``ultra_low_latency``; as a queue builds up the batch grows just enough to keep its tail within the
+  target -- the queue drains instead of growing, which is what keeps p99 within the
   target where a small fixed batch lets it explode.  When requests arrive faster than one per
   ``max_wait_ms`` and the predicted latency leaves slack, it holds a step that would admit new requests for
   up to one mean inter-arrival gap (never more than ``max_wait_ms``, never more than a quarter of the slack)
@@ -111,31 +112,33 @@ def conservative(obs: Observation, max_num_seqs: int, max_num_batched_tokens: in
 
 
 def predicted_latency_s(obs: Observation, b: int) -> float | None:
-    """A request's predicted end-to-end time at batch ``b``: its output tokens plus its prefill, one step each."""
+    """The predicted end-to-end time of the last request of the current demand at batch ``b``: the demand
+    drains in ``ceil(demand / b)`` rounds of ``tokens + 1`` steps (output tokens plus the prefill) of
+    ``step(b)`` each."""
     t = obs.step_time(b)
-    return None if t is None else (obs.mean_tokens + 1.0) * t
+    if t is None:
+        return None
+    rounds = -(-max(obs.demand, 1) // b)
+    return rounds * (obs.mean_tokens + 1.0) * t
 
 
-def latency_cap(obs: Observation, max_num_seqs: int, cfg: ModeConfig) -> int:
-    """The largest batch whose predicted latency stays within ``margin * target`` (>= 1).  Before any
-    decode step has been timed: the low-latency batch (measure before growing)."""
+def adaptive_batch(obs: Observation, max_num_seqs: int, cfg: ModeConfig) -> int:
+    """The batch adaptive runs: the smallest one (at least the low-latency batch) whose predicted latency
+    for the whole demand stays within ``margin * target``; when none does, the one that drains the demand
+    soonest (the smallest of equals).  Before any decode step has been timed: the low-latency batch."""
+    floor = min(cfg.low_latency_batch, max_num_seqs)
     if obs.step_a is None:
-        return min(cfg.low_latency_batch, max_num_seqs)
+        return floor
     budget = cfg.margin * (cfg.target_p99_ms or math.inf) / 1e3
-    best = 1
-    for b in range(1, max_num_seqs + 1):
-        p = predicted_latency_s(obs, b)
-        if p is not None and p <= budget:
-            best = b
-        else:
-            break
-    return best
+    preds = {b: predicted_latency_s(obs, b) for b in range(floor, max_num_seqs + 1)}
+    ok = [b for b, p in preds.items() if p is not None and p <= budget]
+    if ok:
+        return min(ok)
+    return min(preds, key=lambda b: (preds[b], b))
 
 
 def adaptive(obs: Observation, max_num_seqs: int, max_num_batched_tokens: int, cfg: ModeConfig) -> StepLimits:
-    cap = latency_cap(obs, max_num_seqs, cfg)
-    floor = min(cfg.low_latency_batch, max_num_seqs)
-    b = max(floor, min(max(obs.demand, 1), cap))
+    b = adaptive_batch(obs, max_num_seqs, cfg)
     wait = 0.0
     p = predicted_latency_s(obs, b)
     if obs.arrival_rate > 0 and p is not None and obs.demand < b:
