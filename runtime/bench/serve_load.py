@@ -1,17 +1,19 @@
 """``vnpu bench serve --load-step``: scheduler modes and Ray Serve replicas under a step from light to heavy
 load, and what the Ray Serve path adds, all in one run.
 
-- **Load step** (open loop: arrivals follow a Poisson schedule fixed by ``--seed``, whatever the server
-  does; latency counts from the *intended* arrival, so a slow server cannot hide its queue): ``--light-s``
+- **Load step** (open loop: arrivals follow a schedule fixed in advance -- evenly spaced at the phase's
+  rate, jittered by ``--seed`` -- whatever the server does; latency counts from the *intended* arrival, so
+  a slow server cannot hide its queue): ``--light-s``
   seconds at the light rate, then ``--heavy-s`` at the heavy rate.  Rates and the SLO come from a
   calibration in the same run unless given: light = 0.5x and heavy = 2x the requests/s that
   ``ultra_low_latency`` sustains (a closed loop at its batch size), target p99 = 4x a solo request's
   latency.  Per mode and replica count: per phase, offered and achieved requests/s, output tokens/s,
   end-to-end p50/p99 against the target, TTFT p99, refusals.
-- **Ray Serve path**: the same engine served in-process and by one Ray Serve replica: the added
-  latency per request (sequential one-token requests) and per streamed token ((last - first token) /
-  (tokens - 1) of sequential streams; the replica sends tokens in batches of up to
-  ``--stream-interval-ms``).
+- **Ray Serve path**: the same engine served in-process and by one Ray Serve replica, side by side with
+  requests alternating between them: the added latency per request (one-token requests; the median of
+  the paired differences) and per streamed token ((last - first token) / (tokens - 1); the replica sends
+  tokens in batches of up to ``--stream-interval-ms``), and the bare Serve round trip (a no-op call on
+  the replica's handle).
 - **Bound**: the same decode forward in numpy at the largest batch (this machine's math alone).
 
 ``--replicas 1`` is the in-process server (no Serve hop); R > 1 runs R replicas, one device each.  On a
@@ -95,16 +97,15 @@ def _stream(url: str, model: str, prompt: str, max_tokens: int, stream: bool = T
 
 
 def _schedule(phases: list[tuple[str, float, float]], seed: int) -> list[tuple[float, str]]:
-    """Poisson arrival times (s from the start) of each phase ``(name, rate, seconds)``."""
+    """Arrival times (s from the start) of each phase ``(name, rate, seconds)``: evenly spaced at the rate,
+    each shifted by up to a quarter gap (seeded), so that every mode sees the same arrivals and rounds
+    differ only by the machine (Poisson counts over a few seconds vary too much to compare modes)."""
     rng = np.random.default_rng(seed)
     out, t0 = [], 0.0
     for name, rate, dur in phases:
-        t = t0
-        while True:
-            t += rng.exponential(1.0 / rate)
-            if t >= t0 + dur:
-                break
-            out.append((t, name))
+        gap = 1.0 / rate
+        n = int(dur * rate)
+        out += [(t0 + (i + 0.5) * gap + rng.uniform(-0.25, 0.25) * gap, name) for i in range(n)]
         t0 += dur
     return out
 
@@ -152,7 +153,7 @@ def load_step(url: str, model: str, phases, max_tokens: int, seed: int) -> dict:
     return out
 
 
-def probe(urls: dict[str, str], model: str, n: int = 16, streams: int = 6, stream_tokens: int = 32) -> dict:
+def probe(urls: dict[str, str], model: str, n: int = 40, streams: int = 8, stream_tokens: int = 32) -> dict:
     """The servers of ``urls`` (name -> URL) side by side, requests alternating between them (one at a time,
     so that each sees the same machine): one-token request latency, and per streamed token
     ((last - first) / (tokens - 1)); medians per server and of the paired differences against the first."""
@@ -246,6 +247,7 @@ def run(a) -> int:
                 one.load()
                 one.set_mode(a.model, ModeConfig())
                 paths = probe({"in_process": srv.url, "one_replica": osrv.url}, a.model)
+                paths["serve_round_trip_ms_p50"] = round(1e3 * one.ping(30), 2)
             finally:
                 osrv.stop()
         finally:
@@ -276,7 +278,7 @@ def run(a) -> int:
           f"{sv['added_ms_per_request']:+.1f} ms per request ({ip['request_ms_p50']:.1f} -> "
           f"{sv['request_ms_p50']:.1f} ms for one token), {sv['added_ms_per_token']:+.2f} ms per streamed token "
           f"({ip['per_token_ms_p50']:.2f} -> {sv['per_token_ms_p50']:.2f}; tokens batched up to "
-          f"{a.stream_interval_ms:g} ms)")
+          f"{a.stream_interval_ms:g} ms); a bare Serve call: {paths['serve_round_trip_ms_p50']:.1f} ms")
     print(f"bound: numpy decode {doc['numpy_bound_tokens_per_s'][2]} tok/s at batch 2, "
           f"{doc['numpy_bound_tokens_per_s'][16]} tok/s at batch 16")
     for line in doc["verdict"]:

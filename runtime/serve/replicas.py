@@ -157,6 +157,10 @@ class ReplicaBody:
         eng = self.svc.engine(model, "embed")
         return await asyncio.wrap_future(eng.submit(texts, tokens))
 
+    def ping(self) -> int:
+        """A no-op (what a Serve round trip costs by itself)."""
+        return 0
+
     def check_health(self) -> None:
         failed = {n: e.error for n, e in self.svc.engines.items() if getattr(e, "error", None)}
         if failed or self.svc.state != "ready":
@@ -509,6 +513,17 @@ class ReplicaService(Frontend):
     def replica_views(self) -> list[dict]:
         with self._cv:
             return [r.view() for r in self.replicas.values()]
+
+    def ping(self, n: int = 20) -> float:
+        """Median seconds of a no-op call on a replica's handle (the bare Ray Serve round trip)."""
+        import statistics
+        rep = self.pick()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            rep.handle.ping.remote().result(timeout_s=60)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
 
     def wait_replicas(self, pred: Callable[[list[dict]], bool], timeout: float | None = None) -> bool:
         """Block until ``pred(replica_views())`` holds (re-checked on every replica change and request end)."""
