@@ -88,8 +88,10 @@ class Device:
                           self.arena.name)
 
     # ------------------------------------------------------------------ memory (host-synchronous)
-    def malloc(self, size: int, policy: int = 0, owner: str = "") -> int:
-        return self.arena.malloc(size, policy, owner)
+    def malloc(self, size: int, policy: int = 0, owner: str = "", placement: int = 0) -> int:
+        """``placement``: where in the arena (:data:`devices.arena.PLACEMENT_BEST_FIT` / ``_LOW`` /
+        ``_HIGH``), a hint the caching pool passes for short- and long-lived segments."""
+        return self.arena.malloc(size, policy, owner, placement)
 
     def free(self, ptr: int, owner: str | None = None) -> None:
         self.arena.free(ptr, owner)
@@ -272,6 +274,13 @@ class Device:
 
     def graph_destroy(self, gid: int, owner: str | None = None) -> None:
         self.graphs.destroy(gid, owner)
+
+    def graph_rebind(self, gid: int, moves, owner: str | None = None) -> int:
+        """Re-point a graph's captured ops after memory moved (live defragmentation): every pointer
+        inside an ``(old, new, nbytes)`` range is remapped to the same offset from ``new``, and the ops
+        are validated and bound again (host-synchronous).  Returns how many pointers changed; a remap
+        that leaves an op invalid raises its launch-time error and keeps the graph as it was."""
+        return self.graphs.rebind(gid, owner, moves)
 
     def graph_info(self, gid: int, owner: str | None = None) -> dict:
         return self.graphs.get(gid, owner).info()
