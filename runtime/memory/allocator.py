@@ -157,10 +157,9 @@ class CachingAllocator:
         with self._lock:
             self._tick += 1
             fence = None
-            b = self._find(pool, stream, size)
-            if b is None and self._pending:
+            if self._pending:
                 self._process_events()
-                b = self._find(pool, stream, size)
+            b = self._find(pool, stream, size)
             if b is None:
                 b, fence = self._claim(pool, stream, size)
             if b is None:
@@ -427,18 +426,19 @@ class CachingAllocator:
             st.update("requested_bytes", seg.kind, -b.requested)
             if self._oversize(b.size):
                 st.oversize["oversize_allocations"].update(-1)
-            if seg.stream != NO_STREAM and seg.stream not in self._dead and not self._quiet(seg.stream):
-                b.fence_stream = seg.stream
+            quiet = seg.stream == NO_STREAM or seg.stream in self._dead or self._quiet(seg.stream)
+            b.fence_stream = None if quiet else seg.stream
             uses = sorted(s for s in b.stream_uses if s != seg.stream and s not in self._dead)
             b.stream_uses = set()
             if uses:
                 b.pending = True
                 self._pending.append((b, [self.order.record(s) for s in uses]))
             else:
-                self._free_block(b)
+                self._free_block(b, clear_fences=quiet)
 
-    def _free_block(self, b: Block) -> None:
-        """``b`` is free now: merge it with free neighbours and put it in its pool."""
+    def _free_block(self, b: Block, clear_fences: bool = False) -> None:
+        """``b`` is free now: merge it with free neighbours and put it in its pool.  ``clear_fences``: the
+        stream is quiet, so nothing freed on it earlier needs a fence any more."""
         seg = b.segment
         pool = self._pools[(seg.kind, seg.lifetime)]
         self.stats.update("active", seg.kind, -1)
@@ -467,6 +467,8 @@ class CachingAllocator:
             b.freed_at = max(b.freed_at, nb.freed_at)
             if b.fence_stream is None:
                 b.fence_stream = nb.fence_stream
+        if clear_fences:
+            b.fence_stream = None
         if b.is_split:
             d_n += 1
             d_b += b.size

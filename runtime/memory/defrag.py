@@ -5,8 +5,9 @@ raw ``acl.rt.malloc`` memory share it), so compaction works by asking the driver
 keeping it only when it lands where it helps:
 
 * Short-lived segments slide DOWN: a group's live blocks are packed into one new, tight segment placed
-  at the lowest free range that fits (``PLACEMENT_LOW``); it is kept if it starts below the highest
-  segment it replaces.  Long-lived segments slide UP the same way (``PLACEMENT_HIGH``).
+  at the lowest free range that fits (``PLACEMENT_LOW``); one segment's replacement is kept if it
+  starts lower, several segments' always (the next pass slides it into the space they leave).
+  Long-lived segments slide UP the same way (``PLACEMENT_HIGH``).
 * Groups: sparse small-pool segments of one (stream, lifetime) are packed together up to one small
   segment (2 MiB); large-pool segments move one by one.  Groups are tried from the low end up (short)
   or the high end down (long), so every move fills the hole nearest the arena's end, and the old
@@ -82,7 +83,10 @@ def _group(segs: list[SegmentInfo]) -> Group:
 
 
 def better(group: Group, new_ptr: int) -> bool:
-    """Whether a replacement at ``new_ptr`` moves the group toward its end of the arena."""
+    """Whether a replacement at ``new_ptr`` helps: several segments become one (wherever it lands: the
+    next pass slides it into the space they leave), or one segment moves toward its end of the arena."""
+    if len(group.sources) > 1:
+        return True
     if group.lifetime == LONG:
         return new_ptr > min(group.sources)
     return new_ptr < max(group.sources)
