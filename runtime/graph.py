@@ -25,6 +25,7 @@ from devices.errors import (ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, ACL_ERROR_RT_
                             ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD, ACL_ERROR_RT_STREAM_CAPTURED,
                             ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_RT_STREAM_NOT_CAPTURED, AclError, CaptureError,
                             InvalidHandleError, InvalidParamError)
+from devices.graph import PointerMap, remap_ops
 from devices.tasks import Collective, CopyD2D, ExecGraph, Launch, Memset
 
 #: aclmdlRICaptureMode
@@ -96,7 +97,7 @@ def end(stream) -> "Graph":
     if cap.error is not None:
         raise CaptureError(f"capture invalidated: {cap.error}", code=ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED)
     gid = dev.handle.graph_create(cap.ops)
-    return Graph(dev, gid, len(cap.ops))
+    return Graph(dev, gid, tuple(cap.ops))
 
 
 @dataclass
@@ -140,13 +141,50 @@ def check_sync(dev, stream=None) -> None:
 
 
 class Graph:
-    """A captured model run instance on one device (``aclmdlRI``)."""
+    """A captured model run instance on one device (``aclmdlRI``).  It keeps its ops so that live
+    defragmentation can re-point them (:meth:`rebind`); the device registers it in ``dev.graphs``."""
 
-    def __init__(self, dev, gid: int, nops: int):
+    def __init__(self, dev, gid: int, ops: tuple):
         self.device = dev
         self.gid = gid
-        self.num_tasks = nops
+        self.ops = tuple(ops)
+        self.num_tasks = len(self.ops)
+        self.rebinds = 0
         self._destroyed = False
+        self._checked_gen = -1
+        dev.graphs.add(self)
+
+    def _ranges(self):
+        """The device memory the captured ops touch: (ptr, nbytes) pairs (collectives: their buffers'
+        starts only; the device checks their extents)."""
+        for op in self.ops:
+            if isinstance(op, Launch):
+                for d in op.inputs + op.outputs:
+                    yield d.ptr, d.nbytes
+            elif isinstance(op, CopyD2D):
+                yield op.dst, op.nbytes
+                yield op.src, op.nbytes
+            elif isinstance(op, Memset):
+                yield op.ptr, op.nbytes
+            elif isinstance(op, Collective):
+                for p in (op.send, op.recv):
+                    if p:
+                        yield p, 0
+
+    def _stale(self) -> AclError | None:
+        """A replay must not touch pool memory freed since the capture (the device cannot tell: the pool
+        keeps the segment).  Checked on the host while the pool changed since the last check."""
+        allocs = self.device.allocs
+        gen = allocs.gen
+        if gen == self._checked_gen:
+            return None
+        for ptr, n in self._ranges():
+            try:
+                allocs.check(ptr, n)
+            except AclError as e:
+                return e
+        self._checked_gen = gen
+        return None
 
     def __repr__(self) -> str:
         return f"<vnpu Graph {self.gid} on device {self.device.index}: {self.num_tasks} tasks>"
@@ -161,6 +199,10 @@ class Graph:
         self._live()
         if stream.device is not self.device:
             raise AclError("graph and stream belong to different devices", code=ACL_ERROR_RT_STREAM_CONTEXT)
+        err = self._stale()
+        if err is not None:         # fails like the device's own check: at the stream's next synchronize
+            self.device.queue.defer(type(err)(f"graph {self.gid} replay: {err.detail}", code=err.code))
+            return
         stream._put(ExecGraph(stream.sid, self.gid))
 
     def execute(self, timeout_ms: float = -1) -> None:
@@ -168,6 +210,22 @@ class Graph:
         s = self.device.default_stream
         self.execute_async(s)
         s.synchronize(timeout_ms)
+
+    def rebind(self, moves) -> int:
+        """Memory moved (``(old, new, nbytes)`` ranges, from :meth:`Device.defragment`): re-point the
+        captured ops that use it, here and on the device, in place -- the graph object and its id stay,
+        replays queued later use the new addresses.  Host-synchronous; returns 1 if the graph changed."""
+        if self._destroyed:
+            return 0
+        pm = PointerMap(moves)
+        ops, changed = remap_ops(self.ops, pm)
+        if not changed:
+            return 0
+        self.device.queue.flush()
+        self.device.handle.graph_rebind(self.gid, list(moves))
+        self.ops = ops
+        self.rebinds += 1
+        return 1
 
     def info(self) -> dict:
         """aclmdlRIDebugPrint: the graph's tasks as the device holds them."""
@@ -187,4 +245,5 @@ class Graph:
             return
         self.device.queue.flush(raise_errors=False)
         self._destroyed = True
+        self.device.graphs.discard(self)
         self.device.handle.graph_destroy(self.gid)
