@@ -332,6 +332,13 @@ class Device:
                 pool = self._pool
         return pool
 
+    @property
+    def relocations(self) -> int:
+        """How many defragmentations moved this device's pool memory (cached descriptors are stale when it
+        changes; tensors themselves always know where they are)."""
+        pool = self._pool
+        return pool.relocations if pool is not None else 0
+
     def _stream_quiet(self, sid: int) -> bool:
         """Nothing was queued on ``sid`` since the host last saw it idle (a stream or device synchronize)."""
         return sid not in self.busy_streams

@@ -97,6 +97,8 @@ class CachingAllocator:
         #: bumped whenever a range of the pool stops being valid (a free, a move): host-side caches of
         #: launch checks are good while it is unchanged
         self.gen = 0
+        #: defragmentations that moved something: descriptors cached from handles are stale once it changes
+        self.relocations = 0
 
     # ------------------------------------------------------------------------------------------ sizes
     def round_size(self, nbytes: int) -> int:
@@ -664,6 +666,7 @@ class CachingAllocator:
                 if not progress:
                     break
             if moves:
+                self.relocations += 1
                 self.stats.count("num_defragmentations")
                 self.stats.count("defrag_bytes_moved", copied)
                 self.stats.count("defrag_blocks_moved", blocks)
