@@ -27,6 +27,8 @@ from devices.errors import (ACL_ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_STREAM_CO
                             InvalidDeviceError, InvalidHandleError, InvalidParamError, MemoryAccessError,
                             UnsupportedError)
 from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
+
+DTYPES_ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
 from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
 from . import graph as _graph
@@ -356,18 +358,20 @@ class Device:
         ``lifetime``: "short" (activations) or "long" (weights, KV caches: packed at the top of HBM);
         ``pinned``: never moved by :meth:`defragment`.  Returns at once unless the pool must call the
         driver (an RPC on the cluster backend)."""
-        s = stream if stream is not None else self.default_stream
-        if not isinstance(s, Stream) or s.device is not self:
+        s = stream if stream is not None else (self._default or self.default_stream)
+        if s.__class__ is not Stream or s.device is not self:
             raise InvalidParamError(f"{s!r} is not a stream of {self!r}")
-        return self.pool.malloc(nbytes, s.sid, lifetime, pinned)
+        return (self._pool or self.pool).malloc(nbytes, s.sid, lifetime, pinned)
 
     def empty(self, shape: Sequence[int], dtype="float32", *, stream: "Stream | None" = None,
               lifetime: str = SHORT, pinned: bool = False) -> "Tensor":
         """An uninitialised tensor from the caching pool (see :meth:`alloc`)."""
         shape = _shape(shape)
         dt = _dtype(dtype)
-        nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize)
-        return Tensor(self, None, shape, dt, owned=True, handle=self.alloc(nbytes, stream, lifetime, pinned))
+        n = DTYPES_ITEMSIZE[dt]
+        for x in shape:
+            n *= x
+        return Tensor(self, None, shape, dt, owned=True, handle=self.alloc(max(1, n), stream, lifetime, pinned))
 
     def from_numpy(self, arr: np.ndarray, *, stream: "Stream | None" = None, lifetime: str = SHORT) -> "Tensor":
         """Allocate from the pool and upload (host-synchronous)."""
@@ -910,7 +914,26 @@ def _shape(shape) -> tuple[int, ...]:
     return out
 
 
+_DTYPE_NAMES: dict = {}     # dtype argument (hashable) -> checked name: the tensor hot path skips numpy
+
+
 def _dtype(dtype) -> str:
+    try:
+        hit = _DTYPE_NAMES.get(dtype)
+    except TypeError:
+        hit = None
+    if hit is not None:
+        return hit
+    name = _dtype_name(dtype)
+    try:
+        if len(_DTYPE_NAMES) < 256:
+            _DTYPE_NAMES[dtype] = name
+    except TypeError:
+        pass
+    return name
+
+
+def _dtype_name(dtype) -> str:
     try:
         name = np.dtype(dtype).name
     except TypeError:

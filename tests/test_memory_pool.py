@@ -643,3 +643,36 @@ def test_placement_hints_reach_the_arena(dev):
         dev.malloc(4096, 0, placement=7)
     dev.free(lo)
     dev.free(hi)
+
+
+# ---------------------------------------------------------------------------------------------- graph re-binding
+def test_graph_rebind_on_the_device(dev):
+    from devices.kernel import TensorDesc
+    from devices.tasks import ExecGraph, Launch
+    s = dev.default_stream
+    a, b, c = (dev.malloc(256) for _ in range(3))
+    dev.memcpy_h2d(a, np.ones(64, np.float32))
+    dev.memcpy_h2d(b, np.full(64, 2.0, np.float32))
+    da, dc = TensorDesc(a, (64,), "float32"), TensorDesc(c, (64,), "float32")
+    gid = dev.graph_create([Launch(s, "add", (da, da), (dc,))])
+    dev.submit([ExecGraph(s, gid)])
+    dev.synchronize_stream(s, SYNC_MS)
+    np.testing.assert_array_equal(dev.memcpy_d2h(c, 256).view(np.float32), np.full(64, 2.0))
+    assert dev.graph_rebind(gid, [(a, b, 256)]) == 2                  # both inputs now read b
+    assert dev.graph_rebind(gid, [(a + 4096, b, 256)]) == 0           # nothing of the graph there
+    dev.submit([ExecGraph(s, gid)])
+    dev.synchronize_stream(s, SYNC_MS)
+    np.testing.assert_array_equal(dev.memcpy_d2h(c, 256).view(np.float32), np.full(64, 4.0))
+    nowhere = make_ptr(dev.id, dev.arena.size - 4096)
+    with pytest.raises(MemoryAccessError):
+        dev.graph_rebind(gid, [(b, nowhere, 256)])                    # refused: the graph stays as it was
+    with pytest.raises(InvalidParamError, match="overlap"):
+        dev.graph_rebind(gid, [(b, a, 256), (b + 128, c, 256)])
+    dev.memcpy_h2d(b, np.full(64, 3.0, np.float32))
+    dev.submit([ExecGraph(s, gid)])
+    dev.synchronize_stream(s, SYNC_MS)
+    np.testing.assert_array_equal(dev.memcpy_d2h(c, 256).view(np.float32), np.full(64, 6.0))
+    assert dev.graph_info(gid)["replays"] == 3
+    dev.graph_destroy(gid)
+    for p in (a, b, c):
+        dev.free(p)

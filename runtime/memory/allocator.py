@@ -79,6 +79,8 @@ class CachingAllocator:
         self.driver = driver
         self.order = order
         self.config = config if config is not None else AllocConfig.from_env()
+        self._max_split = self.config.max_split_size
+        self._rounding = bool(self.config.roundup_power2_divisions)
         self.device = device
         #: ``quiet(stream)``: True only when nothing was queued on the stream since the host last saw it
         #: idle (memory freed then needs no fence before a host-synchronous write); default: never
@@ -104,6 +106,8 @@ class CachingAllocator:
     def round_size(self, nbytes: int) -> int:
         if nbytes < MIN_BLOCK_SIZE:
             return MIN_BLOCK_SIZE
+        if not self._rounding:
+            return -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
         div = self.config.divisions(nbytes)
         if div > 1 and nbytes > MIN_BLOCK_SIZE * div:
             return roundup_power2_next_division(nbytes, div)
@@ -118,7 +122,7 @@ class CachingAllocator:
         return -(-size // ROUND_LARGE) * ROUND_LARGE
 
     def _oversize(self, size: int) -> bool:
-        ms = self.config.max_split_size
+        ms = self._max_split
         return ms is not None and size >= ms
 
     def _should_split(self, b: Block, size: int) -> bool:
@@ -130,7 +134,7 @@ class CachingAllocator:
     def _acceptable(self, b: Block, size: int) -> bool:
         """PyTorch's max_split_size rules: small requests never take an oversize block; oversize requests
         take an unsplit block at most max_non_split_rounding larger."""
-        ms = self.config.max_split_size
+        ms = self._max_split
         if ms is None:
             return True
         if size < ms:
@@ -141,7 +145,7 @@ class CachingAllocator:
     def malloc(self, nbytes: int, stream: int, lifetime: str = SHORT, pinned: bool = False) -> Handle:
         """A block of at least ``nbytes`` for work on ``stream``; ``lifetime`` is "short" (activations,
         the default) or "long" (weights, KV caches); a ``pinned`` block is never moved."""
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+        if nbytes.__class__ is not int or nbytes <= 0:
             try:
                 ok = int(nbytes) == nbytes and nbytes > 0 and not isinstance(nbytes, bool)
             except (TypeError, ValueError):
@@ -151,7 +155,7 @@ class CachingAllocator:
             nbytes = int(nbytes)
         if lifetime not in LIFETIMES:
             raise InvalidParamError(f"lifetime must be one of {LIFETIMES}, got {lifetime!r}")
-        if not isinstance(stream, int) or isinstance(stream, bool):
+        if stream.__class__ is not int:
             raise InvalidParamError(f"stream must be a stream id, got {stream!r}")
         size = self.round_size(nbytes)
         kind = SMALL if size <= SMALL_SIZE else LARGE
@@ -215,13 +219,10 @@ class CachingAllocator:
         self._inactive(seg.kind, d_n, d_b)
         b.allocated = True
         b.requested = nbytes
-        b.stream_uses = set()
+        if b.stream_uses:
+            b.stream_uses = set()
         st = self.stats
-        st.update("allocation", seg.kind, 1)
-        st.update("allocated_bytes", seg.kind, b.size)
-        st.update("requested_bytes", seg.kind, nbytes)
-        st.update("active", seg.kind, 1)
-        st.update("active_bytes", seg.kind, b.size)
+        st.on_alloc(seg.kind, b.size, nbytes)
         if self._oversize(b.size):
             st.oversize["oversize_allocations"].update(1)
         if fence is None and b.fence_stream is not None:
@@ -233,8 +234,10 @@ class CachingAllocator:
         return h
 
     def _inactive(self, kind: str, d_n: int, d_b: int) -> None:
-        self.stats.update("inactive_split", kind, d_n)
-        self.stats.update("inactive_split_bytes", kind, d_b)
+        if d_n:
+            self.stats.update("inactive_split", kind, d_n)
+        if d_b:
+            self.stats.update("inactive_split_bytes", kind, d_b)
 
     # ------------------------------------------------------------------------------------------ growing
     def _grow(self, pool: FreeBlocks, stream: int, size: int, nbytes: int) -> Block:
@@ -423,16 +426,15 @@ class CachingAllocator:
             self.gen += 1
             self._unindex_live(b)
             st = self.stats
-            st.update("allocation", seg.kind, -1)
-            st.update("allocated_bytes", seg.kind, -b.size)
-            st.update("requested_bytes", seg.kind, -b.requested)
+            st.on_release(seg.kind, b.size, b.requested)
             if self._oversize(b.size):
                 st.oversize["oversize_allocations"].update(-1)
             quiet = seg.stream == NO_STREAM or seg.stream in self._dead or self._quiet(seg.stream)
             b.fence_stream = None if quiet else seg.stream
-            uses = sorted(s for s in b.stream_uses if s != seg.stream and s not in self._dead)
-            b.stream_uses = set()
+            uses = sorted(s for s in b.stream_uses if s != seg.stream and s not in self._dead) \
+                if b.stream_uses else ()
             if uses:
+                b.stream_uses = set()
                 b.pending = True
                 self._pending.append((b, [self.order.record(s) for s in uses]))
             else:
@@ -443,8 +445,7 @@ class CachingAllocator:
         stream is quiet, so nothing freed on it earlier needs a fence any more."""
         seg = b.segment
         pool = self._pools[(seg.kind, seg.lifetime)]
-        self.stats.update("active", seg.kind, -1)
-        self.stats.update("active_bytes", seg.kind, -b.size)
+        self.stats.on_inactive(seg.kind, b.size)
         b.pending = False
         b.freed_at = self._tick
         d_n = d_b = 0
@@ -635,6 +636,7 @@ class CachingAllocator:
     def defragment(self, rebind: Callable[[list[tuple[int, int, int]]], int] | None = None,
                    max_passes: int = 4) -> _plan.DefragReport:
         """Move live blocks so the arena's free space becomes contiguous (see :mod:`runtime.memory.defrag`).
+        Cached segments go back to the driver first; the report's "before" figures are taken then.
 
         Host-blocking, and a pause for the caller's work on this device: every block's copy is ordered
         after the work queued on the streams that use it (events), runs device-to-device on the pool's
@@ -643,13 +645,13 @@ class CachingAllocator:
         runtime re-binds its captured graphs there) and returns how many graphs it changed.  The caller
         must not enqueue work on the pool's memory from other threads meanwhile."""
         t0 = _now()
-        arena0 = self.driver.arena()
-        pool0 = self.fragmentation()
         moves: list[tuple[int, int, int]] = []
         copied = blocks = segs_moved = released = passes = 0
         copy_s = 0.0
         with self._lock:
             released = self._release_cached()
+            arena0 = self.driver.arena()            # "before": with the pool's cache given back
+            pool0 = self.fragmentation()
             for passes in range(1, max_passes + 1):
                 progress = 0
                 for g in _plan.plan(self._segment_infos()):
@@ -717,9 +719,7 @@ class CachingAllocator:
         cs = self.order.copy_stream()
         streams = ({s.stream for s in srcs} | {u for b in live for u in b.stream_uses}) - self._dead - {NO_STREAM}
         for s in sorted(streams):
-            ev = self.order.record(s)
-            self.order.wait(cs, ev)
-            self.order.release(ev)
+            self.order.link(s, cs)
         plan, off = [], 0
         for b in live:
             self.order.copy(cs, new_ptr + off, b.ptr, b.requested)

@@ -31,6 +31,9 @@ class StreamOrder(Protocol):
     def wait(self, stream: int, event: int) -> None:
         """Later work on ``stream`` waits for ``event`` (device-side; the host does not wait)."""
 
+    def link(self, src: int, dst: int) -> None:
+        """Later work on ``dst`` waits for the work queued on ``src`` so far (device-side only)."""
+
     def query(self, event: int) -> bool:
         """Whether ``event`` has completed (host-synchronous, does not wait)."""
 
@@ -65,6 +68,7 @@ class HandleStreamOrder:
         self._retired: list[int] = []       # released, maybe still pending
         self._all: set[int] = set()
         self._copy_stream: int | None = None
+        self._links: dict[int, int] = {}    # source stream -> its ordering event (re-recorded at will)
         self.events_created = 0
 
     def _acquire(self) -> int:
@@ -90,6 +94,21 @@ class HandleStreamOrder:
 
     def wait(self, stream: int, event: int) -> None:
         self._put(Wait(stream, event, 0))
+
+    def link(self, src: int, dst: int) -> None:
+        """One event per source stream, recorded again for every link: a wait binds to the record it
+        follows in the queue (the device resolves "latest record" when the wait is queued), so no host
+        query is ever needed to reuse it."""
+        with self._lock:
+            eid = self._links.get(src)
+        if eid is None:
+            eid = self.handle.create_event(0)
+            with self._lock:
+                self._links[src] = eid
+                self._all.add(eid)
+                self.events_created += 1
+        self._put(Record(src, eid))
+        self._put(Wait(dst, eid, 0))
 
     def query(self, event: int) -> bool:
         self._flush()
@@ -125,7 +144,7 @@ class HandleStreamOrder:
     def close(self) -> None:
         with self._lock:
             events, self._all = list(self._all), set()
-            self._idle, self._retired = [], []
+            self._idle, self._retired, self._links = [], [], {}
             sid, self._copy_stream = self._copy_stream, None
         self._flush()
         for eid in events:

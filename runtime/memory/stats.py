@@ -37,7 +37,8 @@ class Stat:
         self.current += amount
         if amount > 0:
             self.allocated += amount
-            self.peak = max(self.peak, self.current)
+            if self.current > self.peak:
+                self.peak = self.current
         else:
             self.freed -= amount
 
@@ -49,18 +50,47 @@ class Stat:
 
 
 class MemoryStats:
-    """All the pool's counters.  Not thread-safe by itself (the allocator's lock covers it)."""
+    """All the pool's counters.  Not thread-safe by itself (the allocator's lock covers it).  The hot
+    paths (:meth:`on_alloc`, :meth:`on_free`) update everything an allocation changes in one call."""
 
     def __init__(self):
         self.stats = {name: {pool: Stat() for pool in POOLS} for name in STATS}
         self.oversize = {name: Stat() for name in OVERSIZE}
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self._hot = {pool: tuple(self.stats[n][p] for p in ("all", pool) for n in
+                                 ("allocation", "active", "allocated_bytes", "active_bytes", "requested_bytes"))
+                     for pool in POOLS[1:]}
 
     def update(self, name: str, pool: str, amount: int) -> None:
         """Change ``name`` by ``amount`` in ``pool`` and in ``all``."""
-        row = self.stats[name]
-        row["all"].update(amount)
-        row[pool].update(amount)
+        if amount:
+            row = self.stats[name]
+            row["all"].update(amount)
+            row[pool].update(amount)
+
+    def on_alloc(self, pool: str, size: int, requested: int) -> None:
+        """A block of ``size`` bytes (``requested`` asked for) was handed out."""
+        for s, amount in zip(self._hot[pool], (1, 1, size, size, requested, 1, 1, size, size, requested)):
+            s.current += amount
+            s.allocated += amount
+            if s.current > s.peak:
+                s.peak = s.current
+
+    def on_release(self, pool: str, size: int, requested: int) -> None:
+        """A block was freed by its owner (it stays active while pending)."""
+        h = self._hot[pool]
+        for i, amount in ((0, 1), (2, size), (4, requested), (5, 1), (7, size), (9, requested)):
+            s = h[i]
+            s.current -= amount
+            s.freed += amount
+
+    def on_inactive(self, pool: str, size: int) -> None:
+        """A freed block is free now (no longer active)."""
+        h = self._hot[pool]
+        for i, amount in ((1, 1), (3, size), (6, 1), (8, size)):
+            s = h[i]
+            s.current -= amount
+            s.freed += amount
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
