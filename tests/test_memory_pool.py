@@ -676,3 +676,17 @@ def test_graph_rebind_on_the_device(dev):
     dev.graph_destroy(gid)
     for p in (a, b, c):
         dev.free(p)
+
+
+# ---------------------------------------------------------------------------------------------- the benchmark's workload
+def test_decode_service_workload_is_deterministic_and_the_hint_helps():
+    """The figures `vnpu bench memory` reports for the fragmenting workload are reproducible, and on
+    the one-step-buffer service the lifetime hint fails fewer steps than the plain allocator."""
+    from runtime.bench.memory import SERVICES, decode_service
+    spec = SERVICES["one step buffer"]
+    plain = decode_service("lifetime_pools:False", spec, 300, 0)
+    assert decode_service("lifetime_pools:False", spec, 300, 0) == plain
+    hint = decode_service("", spec, 300, 0)
+    assert hint["steps"] == plain["steps"] and hint["requests"] == plain["requests"]
+    assert hint["failed_steps"] < plain["failed_steps"]
+    assert hint["peak_allocated"] <= spec.arena and plain["num_ooms"] == plain["failed_steps"] + plain["failed_requests"]

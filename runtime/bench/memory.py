@@ -61,6 +61,11 @@ def alloc_rows(dev, backend: str, pairs: int, raw_pairs: int, holes: int = 0) ->
         kept = ptrs[1::2]
 
     def pool_loop(n, size):
+        pool, alloc = dev.pool, dev.alloc
+        for _ in range(n):
+            pool.free(alloc(size))
+
+    def tensor_loop(n, size):
         for _ in range(n):
             dev.empty((size,), "uint8").free()
 
@@ -71,7 +76,8 @@ def alloc_rows(dev, backend: str, pairs: int, raw_pairs: int, holes: int = 0) ->
     try:
         for size in ALLOC_SIZES:
             row = {"backend": backend, "bytes": size, "arena_holes": holes}
-            for name, loop, n in (("pool", pool_loop, pairs), ("driver", raw_loop, raw_pairs)):
+            for name, loop, n in (("pool", pool_loop, pairs), ("tensor", tensor_loop, pairs),
+                                  ("driver", raw_loop, raw_pairs)):
                 r0 = dev.handle.rpc_count if counter else 0
                 row[f"{name}_us"] = _pairs_per_s(lambda k: loop(k, size), n) * 1e6
                 if counter:
@@ -114,19 +120,30 @@ def decode_service(conf: str, spec: ServiceSpec, steps: int, seed: int, defrag_o
     s = dev.default_stream
     rng = np.random.default_rng(seed)
     out = {"requests": 0, "failed_requests": 0, "steps": 0, "failed_steps": 0, "defragmentations": 0,
-           "bytes_moved": 0}
+           "bytes_moved": 0, "fragmentation_failures": 0}
     frag_max = 0.0
+
+    def classify(n) -> None:
+        # memory not in use (free in the arena, or free inside the pool's segments) covered the request:
+        # the failure is fragmentation, not capacity ("the dashboard shows headroom")
+        if dev.arena.stats().free + pool.memory_stats()["inactive_bytes"] >= pool.round_size(n):
+            out["fragmentation_failures"] += 1
 
     def alloc(n, lifetime):
         try:
             return pool.malloc(n, s, lifetime)
         except MemoryAllocationError:
             if not defrag_on_failure:
+                classify(n)
                 raise
-            rep = pool.defragment()
-            out["defragmentations"] += 1
-            out["bytes_moved"] += rep.bytes_moved
+        rep = pool.defragment()
+        out["defragmentations"] += 1
+        out["bytes_moved"] += rep.bytes_moved
+        try:
             return pool.malloc(n, s, lifetime)
+        except MemoryAllocationError:
+            classify(n)
+            raise
 
     try:
         for w in spec.weights:
@@ -189,7 +206,7 @@ def workload_rows(steps: int, seeds: tuple[int, ...]) -> list[dict]:
             for seed in seeds:
                 r = decode_service(conf, spec, steps, seed, dfr)
                 for k in ("requests", "failed_requests", "steps", "failed_steps", "defragmentations", "bytes_moved",
-                          "num_alloc_retries", "num_ooms", "num_device_alloc"):
+                          "fragmentation_failures", "num_alloc_retries", "num_ooms", "num_device_alloc"):
                     agg[k] = agg.get(k, 0) + r[k]
                 for k in ("peak_reserved", "peak_allocated", "max_arena_fragmentation"):
                     agg[k] = max(agg.get(k, 0), r[k])
@@ -228,10 +245,17 @@ def fragment_and_defragment(dev, n: int) -> dict:
             "arena_fragmentation_after": rep.arena_fragmentation_after, "verified": ok}
 
 
-def memcpy_bound(size: int = 12 * MiB) -> float:
+def memcpy_bound(size: int = 12 * MiB, reps: int = 15) -> float:
+    """The machine's copy bound for one block: the best of ``reps`` ``np.copyto`` (warm buffers)."""
     a = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
     b = np.empty_like(a)
-    return size / median_time(lambda: np.copyto(b, a), 7) / 1e9
+    np.copyto(b, a)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return size / best / 1e9
 
 
 # ---------------------------------------------------------------------------------------------- the command
@@ -267,26 +291,29 @@ def run(a) -> int:
 
 
 def render(res: dict) -> str:
-    out = [f"allocate+free pairs (pool: Device.empty/Tensor.free; driver: Device.malloc/free)"]
-    out.append(f"{'backend':<16} {'holes':>6} {'size':>8} {'pool us':>9} {'driver us':>10} {'speedup':>8} "
-               f"{'pool RPC/1k':>12} {'driver RPC/1k':>14}")
+    out = ["allocate+free pairs (pool: Device.alloc + pool.free; tensor: Device.empty + Tensor.free; driver: "
+           "Device.malloc + free, as acl.rt.malloc)"]
+    out.append(f"{'backend':<16} {'holes':>6} {'size':>8} {'pool us':>9} {'tensor us':>10} {'driver us':>10} "
+               f"{'speedup':>8} {'pool RPC/1k':>12} {'driver RPC/1k':>14}")
     for r in res["alloc"]:
         out.append(f"{r['backend']:<16} {r['arena_holes']:6d} {fmt_size(r['bytes']):>8} {r['pool_us']:9.2f} "
-                   f"{r['driver_us']:10.2f} "
+                   f"{r['tensor_us']:10.2f} {r['driver_us']:10.2f} "
                    f"{r['speedup']:7.1f}x {r.get('pool_rpcs_per_1000', float('nan')):12.2f} "
                    f"{r.get('driver_rpcs_per_1000', float('nan')):14.1f}")
     out.append("")
     out.append("decode service (long-lived weights + growing KV pool, short-lived activations, varying batches); "
                "failures summed over the seeds")
-    out.append(f"{'service':<17} {'variant':<38} {'failed req':>10} {'failed steps':>14} {'peak reserved':>14} "
-               f"{'max frag':>9} {'defrags':>8}")
+    out.append(f"{'service':<17} {'variant':<38} {'failed req':>10} {'failed steps':>14} {'of which frag.':>14} "
+               f"{'peak reserved':>14} {'peak alloc':>11} {'defrags':>8}")
     for r in res["workload"]:
         out.append(f"{r['service']:<17} {r['variant']:<38} {r['failed_requests']:4d}/{r['requests']:<5d} "
-                   f"{r['failed_steps']:6d}/{r['steps']:<7d} {fmt_size(r['peak_reserved']):>14} "
-                   f"{r['max_arena_fragmentation']:9.3f} {r['defragmentations']:8d}")
+                   f"{r['failed_steps']:6d}/{r['steps']:<7d} {r['fragmentation_failures']:14d} "
+                   f"{r['peak_reserved'] / MiB:10.1f} MiB {r['peak_allocated'] / MiB:7.1f} MiB {r['defragmentations']:8d}")
+    out.append("  (of which frag.: failures although the memory not in use -- free in the arena or inside the pool's "
+               "segments -- covered the request)")
     out.append("")
     out.append(f"defragmentation (12 MiB tensors, every other freed; median of 3 runs); np.copyto of 12 MiB "
-               f"(the memcpy bound) {res['memcpy_gbs']:.2f} GB/s")
+               f"(the memcpy bound, best of 15) {res['memcpy_gbs']:.2f} GB/s")
     for k, label in (("defrag_in_process", "in-process"), ("defrag_cluster", "cluster (gRPC)")):
         d = res[k]
         out.append(f"  {label:<15} moved {fmt_size(d['bytes_moved'])} in {d['blocks_moved']} blocks: copies "
