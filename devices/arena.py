@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import (ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR, ACL_ERROR_RT_MEMORY_FREE, ACL_ERROR_RT_NO_PERMISSION,
-                     AclError, InvalidParamError, MemoryAccessError, MemoryAllocationError, error_for_code)
+from .errors import (ACL_ERROR_RT_ADDR_UNALIGNED, ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
+                     ACL_ERROR_RT_INVALID_MALLOC_TYPE, ACL_ERROR_RT_MEMORY_FREE, ACL_ERROR_RT_NO_DEVICE,
+                     ACL_ERROR_RT_NO_PERMISSION, AclError, InvalidParamError, MemoryAccessError,
+                     MemoryAllocationError, error_for_code)
 
 PTR_TAG = 0xAC << 56
 _DEV_SHIFT = 40
@@ -67,6 +69,11 @@ def make_ptr(device_id: int, offset: int) -> int:
 
 def is_device_ptr(ptr: int) -> bool:
     return isinstance(ptr, int) and (ptr >> 56) == (PTR_TAG >> 56)
+
+
+def ptr_offset(ptr: int) -> int:
+    """The arena offset a device pointer names (no check that it is one; see :func:`ptr_device`)."""
+    return ptr & _OFF_MASK
 
 
 def ptr_device(ptr: int) -> int:
@@ -186,9 +193,10 @@ class Allocator:
 
 
 class HbmArena:
-    """One device's HBM: a mapped shared-memory file plus the allocation table."""
+    """One device's HBM: a mapped shared-memory file plus the allocation table.  ``faults`` (the device's
+    :class:`~devices.faults.FaultState`) supplies the ranges that hold an ECC error."""
 
-    def __init__(self, device_id: int, size: int, *, name: str | None = None):
+    def __init__(self, device_id: int, size: int, *, name: str | None = None, faults=None):
         if size <= 0 or size > _OFF_MASK:
             raise InvalidParamError(f"arena size {size} out of range")
         self.device_id = device_id
@@ -209,7 +217,7 @@ class HbmArena:
         self._starts: list[int] = []
         self._live: dict[int, Allocation] = {}
         self._freed: OrderedDict[int, int] = OrderedDict()    # recently freed start -> size, for messages
-        self._poison: list[tuple[int, int]] = []               # ECC-faulted ranges (offset, end)
+        self._faults = faults
         self._canary_violations = 0
         self._closed = False
         #: bumped whenever a range stops being valid (free, reset, ECC poison): cached validations of
@@ -223,7 +231,7 @@ class HbmArena:
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
             raise InvalidParamError(f"malloc size must be a positive integer, got {size!r}")
         if not isinstance(policy, (int, np.integer)) or policy < 0:
-            raise AclError(f"invalid malloc policy {policy!r}", code=107018)
+            raise AclError(f"invalid malloc policy {policy!r}", code=ACL_ERROR_RT_INVALID_MALLOC_TYPE)
         if isinstance(placement, bool) or placement not in PLACEMENTS:
             raise InvalidParamError(f"unknown placement hint {placement!r} (known: "
                                     + ", ".join(f"{k} = {v}" for k, v in PLACEMENTS.items()) + ")")
@@ -282,7 +290,11 @@ class HbmArena:
             self._starts.clear()
             self._live.clear()
             self._freed.clear()
-            self._poison.clear()
+
+    def invalidate(self) -> None:
+        """Ranges may have stopped being valid (an ECC fault): drop every cached validation."""
+        with self._lock:
+            self._bump()
 
     def _bump(self) -> None:
         """A range stopped being valid: bump the generation (also published in the segment's header,
@@ -319,8 +331,9 @@ class HbmArena:
                     f"({a.size} B at 0x{make_ptr(self.device_id, a.offset):x}, {a.offset + a.size - off} B left)")
             if owner is not None and a.owner != owner:
                 raise AclError(f"0x{ptr:x} belongs to another tenant", code=ACL_ERROR_RT_NO_PERMISSION)
-            if self._poison:
-                for s, e in self._poison:
+            poison = self._faults.ecc if self._faults is not None else ()
+            if poison:
+                for s, e in poison:
                     if s < off + max(nbytes, 1) and off < e:
                         raise error_for_code(ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
                                              f"uncorrectable HBM ECC error at device {self.device_id} "
@@ -338,7 +351,7 @@ class HbmArena:
         off = self.resolve(ptr, n * dt.itemsize, owner)
         if off % dt.itemsize:
             # numpy needs no alignment, but CANN kernels do: report it like the runtime
-            raise error_for_code(107008, f"0x{ptr:x} is not aligned to {dt.itemsize} B for {dt}")
+            raise error_for_code(ACL_ERROR_RT_ADDR_UNALIGNED, f"0x{ptr:x} is not aligned to {dt.itemsize} B for {dt}")
         return np.frombuffer(self._mm, dtype=dt, count=n, offset=off).reshape(shape)
 
     def allocation_of(self, ptr: int) -> Allocation:
@@ -347,17 +360,6 @@ class HbmArena:
             self._check_open()
             i = bisect.bisect_right(self._starts, off) - 1
             return self._live[self._starts[i]]
-
-    # ---- faults ----
-    def poison(self, offset: int, length: int) -> None:
-        """Mark an HBM range as having an uncorrectable ECC error (chaos)."""
-        with self._lock:
-            self._bump()
-            self._poison.append((offset, offset + length))
-
-    def clear_poison(self) -> None:
-        with self._lock:
-            self._poison.clear()
 
     # ---- stats ----
     def stats(self) -> MemStats:
@@ -375,7 +377,7 @@ class HbmArena:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise error_for_code(207004, f"device {self.device_id} arena is closed")
+            raise error_for_code(ACL_ERROR_RT_NO_DEVICE, f"device {self.device_id} arena is closed")
 
     def close(self) -> None:
         """Unmap and unlink the segment (idempotent)."""

@@ -1,29 +1,42 @@
-"""One virtual NPU: HBM arena + scheduler + kernels + cost model + telemetry + fault switches.
+"""One virtual NPU: HBM arena + scheduler + kernels + cost model + telemetry + fault state.
 
 This is the device-side interface that the runtime's backends drive: in-process directly (local backend)
 or through the gRPC services of a device actor.  Methods named ``memcpy_*``/``malloc``/``free``/``memset``
 are host-synchronous; :meth:`submit` only orders the device (it returns once the ops are queued);
 ``synchronize_*`` block the host with a deadline.  ``owner`` names the tenant (client) on whose behalf a
 call is made: memory, streams and events of one owner are invisible to others.
+
+Faults (:meth:`Device.inject_fault` / :meth:`Device.clear_fault`, kinds in :data:`devices.faults.FAULT_KINDS`)
+live in the device's own :class:`~devices.faults.FaultState`, which its scheduler, arena and HCCL engine
+read.  Health (:meth:`Device.health_report`) is data: the active conditions and the worst level.
+A device that is lost (fault ``kill`` in-process, or :meth:`Device.mark_lost`) fails every later call with
+ACL_ERROR_RT_DEVICE_TASK_ABORT -- as a driver client does for a device whose process died -- and
+:attr:`Device.lost` is set; only :meth:`Device.close` still works.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .arena import HbmArena
 from .chip import ASCEND_910B3, ChipSpec, CostModel, Work
-from .errors import InvalidParamError, KernelError
+from .errors import ACL_ERROR_RT_DEVICE_TASK_ABORT, InvalidParamError, error_for_code
+from .faults import CLEAR, FaultState
+from .health import Condition, HealthCondition, HealthReport
 from .kernel import KernelRunner, check_launch, default_block_dim, lookup
+from .node import node_id
 from .scheduler import Scheduler, Task
 from .hccl import CollectiveOp, HcclEngine
 from .graph import GraphTable
 from .tasks import Collective, CopyD2D, ExecGraph, Launch, Memset, Record, StreamOp, Wait, WriteH2D, launch_key
 
 DEFAULT_ARENA = 1 << 30
+#: die temperature (C) at which health goes to Alarm / Critical
+TEMP_ALARM_C, TEMP_CRITICAL_C = 95.0, 105.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,7 @@ class DeviceConfig:
     arena_bytes: int = DEFAULT_ARENA
     host_threads: int = 2               #: blocks that can really run at once (caps the block-dim helper)
     cores: int | None = None            #: worker threads; default spec.ai_cores
+    node: str = ""                      #: node identity (devices.node); "" = this process's own
 
 
 @dataclass(frozen=True)
@@ -45,18 +59,17 @@ class DeviceInfo:
     hbm_total: int
     bus_id: str
     arena_name: str
+    node: str = ""                      #: node identity (devices.node)
 
 
-HEALTH = ("OK", "Warning", "Alarm", "Critical")
-
-
-@dataclass
-class Faults:
-    """Fault switches (chaos).  Mutated under the device's lock."""
-    task_fail: int = 0                  #: fail the next N tasks
-    overheat_c: float = 0.0
-    link_down: set = field(default_factory=set)
-    reasons: list = field(default_factory=list)
+def _live(fn):
+    """A device call: refused with the device-lost code once the device is lost."""
+    @functools.wraps(fn)
+    def call(self, *args, **kw):
+        if self.lost.is_set():
+            raise self._lost_error()
+        return fn(self, *args, **kw)
+    return call
 
 
 class Device:
@@ -64,16 +77,27 @@ class Device:
         self.config = config
         self.id = config.device_id
         self.spec = config.spec
+        self.node = config.node or node_id()
         self.cost = CostModel(config.spec)
-        self.arena = HbmArena(config.device_id, config.arena_bytes)
+        #: the device's fault state: the scheduler, the arena and the HCCL engine read it
+        self.faults = FaultState(config.arena_bytes, config.device_id)
+        self.arena = HbmArena(config.device_id, config.arena_bytes, faults=self.faults)
         cores = config.cores or config.spec.ai_cores
         self.sched = Scheduler(config.device_id, cores, max_streams=config.spec.max_streams,
-                               max_events=config.spec.max_events)
-        self.faults = Faults()
+                               max_events=config.spec.max_events, faults=self.faults)
+        self.lost = threading.Event()       #: set once the device is lost (every later call fails)
+        self.lost_reason = ""
+        #: what the ``kill`` fault does: None = the device marks itself lost (the process lives); a device
+        #: host installs one that ends its process instead (see driver.service)
+        self.on_kill = None
+        self._on_fault = {"ecc": self.arena.invalidate, "kill": self._killed}
+        self.faults.listen(lambda kind: self._on_fault.get(kind, _nothing)())
         self._lock = threading.Lock()
         self._t0 = time.perf_counter()
         self._tele_last = (self._t0, [0.0] * cores)
-        self._temp_c = config.spec.ambient_c + config.spec.c_per_w * config.spec.idle_w
+        self._power = config.spec.idle_w
+        self._temp_c = config.spec.ambient_c + config.spec.c_per_w * self._power
+        self._overheat_seen = 0.0
         self._util = 0.0
         self.closed = False
         self.hccl = HcclEngine(self)
@@ -82,26 +106,31 @@ class Device:
         self.default_stream = self.sched.create_stream(0)
 
     # ------------------------------------------------------------------ info
+    @_live
     def info(self) -> DeviceInfo:
         return DeviceInfo(self.id, self.spec.name, self.spec.short_name, self.spec.ai_cores,
                           self.spec.vector_cores, self.arena.size, f"0000:{0xC1 + self.id:02X}:00.0",
-                          self.arena.name)
+                          self.arena.name, self.node)
 
     # ------------------------------------------------------------------ memory (host-synchronous)
+    @_live
     def malloc(self, size: int, policy: int = 0, owner: str = "", placement: int = 0) -> int:
         """``placement``: where in the arena (:data:`devices.arena.PLACEMENT_BEST_FIT` / ``_LOW`` /
         ``_HIGH``), a hint the caching pool passes for short- and long-lived segments."""
         return self.arena.malloc(size, policy, owner, placement)
 
+    @_live
     def free(self, ptr: int, owner: str | None = None) -> None:
         self.arena.free(ptr, owner)
 
+    @_live
     def memcpy_h2d(self, dst: int, data, owner: str | None = None) -> None:
         """Copy host bytes (bytes, memoryview or a uint8-viewable array) into device memory now."""
         src = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).ravel()
         view = self.arena.view(dst, src.size, owner)
         np.copyto(view, src)
 
+    @_live
     def memcpy_d2h(self, src: int, nbytes: int, owner: str | None = None, out=None) -> np.ndarray:
         """Copy device bytes to the host now; returns a uint8 array (or fills ``out``)."""
         view = self.arena.view(src, nbytes, owner)
@@ -110,61 +139,90 @@ class Device:
         np.copyto(out, view)
         return out
 
+    @_live
     def memcpy_d2d(self, dst: int, src: int, nbytes: int, owner: str | None = None) -> None:
         d = self.arena.view(dst, nbytes, owner)
         s = self.arena.view(src, nbytes, owner)
         np.copyto(d, s)
 
+    @_live
     def memset(self, ptr: int, value: int, nbytes: int, owner: str | None = None) -> None:
         self.arena.view(ptr, nbytes, owner)[:] = value & 0xFF
 
+    @_live
     def mem_info(self) -> tuple[int, int]:
         st = self.arena.stats()
         return st.free, st.total
 
+    @_live
+    def check_range(self, ptr: int, nbytes: int, owner: str | None = None, write: bool = False) -> int:
+        """Validate ``[ptr, ptr + nbytes)`` (bounds, tenant, ECC) and return its arena offset (the driver's
+        same-node fast path copies through the mapped arena at that offset)."""
+        self._check_range(ptr, nbytes, owner)
+        return self.arena.resolve(ptr, nbytes, owner, write)
+
+    @_live
+    def mem_view(self, ptr: int, nbytes: int, owner: str | None = None) -> np.ndarray:
+        """A checked zero-copy uint8 view of device memory (the driver streams device-to-host copies
+        from it)."""
+        return self.arena.view(ptr, nbytes, owner)
+
     # ------------------------------------------------------------------ streams / events
+    @_live
     def create_stream(self, priority: int = 0, owner: str = "") -> int:
         return self.sched.create_stream(priority, owner)
 
+    @_live
     def destroy_stream(self, sid: int, owner: str | None = None) -> None:
         self.sched.destroy_stream(sid, owner)
 
+    @_live
     def create_event(self, flags: int = 0, owner: str = "") -> int:
         return self.sched.create_event(flags, owner)
 
+    @_live
     def destroy_event(self, eid: int, owner: str | None = None) -> None:
         self.sched.destroy_event(eid, owner)
 
+    @_live
     def synchronize_stream(self, sid: int, timeout_ms: float = -1, owner: str | None = None, ops=()) -> None:
         """Block until the stream is idle; ``ops`` are submitted first (a flush riding on the wait)."""
         if ops:
             self.submit(ops, owner)
         self.sched.synchronize_stream(sid, timeout_ms, owner)
 
+    @_live
     def synchronize_event(self, eid: int, timeout_ms: float = -1, owner: str | None = None) -> None:
         self.sched.synchronize_event(eid, timeout_ms, owner)
 
+    @_live
     def synchronize_device(self, timeout_ms: float = -1, owner: str | None = None) -> None:
         self.sched.synchronize_device(timeout_ms, owner)
 
+    @_live
     def query_event(self, eid: int, owner: str | None = None) -> bool:
         return self.sched.query_event(eid, owner)
 
+    @_live
     def query_stream(self, sid: int, owner: str | None = None) -> bool:
         return self.sched.stream_idle(sid, owner)
 
+    @_live
     def event_elapsed(self, start: int, end: int, owner: str | None = None) -> tuple[float, float]:
         return self.sched.elapsed(start, end, owner)
 
+    @_live
     def event_timestamp(self, eid: int, owner: str | None = None) -> tuple[float, float]:
         """(wall seconds since device start, modeled seconds) of the event's last completed record."""
         w, m = self.sched.event_times(eid, owner)
         return w - self._t0, m
 
+    @_live
     def signal_event(self, eid: int, gen: int, owner: str | None = None) -> None:
         self.sched.signal(eid, gen, owner)
 
     # ------------------------------------------------------------------ task submission
+    @_live
     def submit(self, ops: list[StreamOp] | tuple, owner: str | None = None) -> None:
         """Queue a batch of stream ops, in order.  Validation errors raise here (host-synchronous) and
         nothing of the batch from the failing op on is queued; execution errors surface at the next
@@ -190,24 +248,23 @@ class Device:
         if isinstance(op, CopyD2D):
             self._check_range(op.dst, op.nbytes, owner)
             self._check_range(op.src, op.nbytes, owner)
-            return Task("copy", run=lambda b: self._guarded(lambda: self.memcpy_d2d(op.dst, op.src, op.nbytes,
-                                                                                      owner)),
+            return Task("copy", run=lambda b: self._copy_d2d(op.dst, op.src, op.nbytes, owner),
                         duration=self.cost.device_copy(op.nbytes), name="memcpy_d2d")
         if isinstance(op, Memset):
             self._check_range(op.ptr, op.nbytes, owner)
-            return Task("copy", run=lambda b: self._guarded(lambda: self.memset(op.ptr, op.value, op.nbytes, owner)),
+            return Task("copy", run=lambda b: self._fill(op.ptr, op.value, op.nbytes, owner),
                         duration=self.cost.device_copy(op.nbytes) / 2, name="memset")
         if isinstance(op, Collective):
             cop = CollectiveOp(op.comm, op.op, op.send, op.recv, op.count, op.dtype, op.redop, op.root, op.peer)
             self.hccl.check(cop, owner)
-            return Task("copy", run=lambda b: self._guarded(lambda: self.hccl.run(cop, owner)),
+            return Task("copy", run=lambda b: self.hccl.run(cop, owner),
                         duration=self.hccl.modeled_seconds(cop), name=f"hccl_{op.op}")
         if isinstance(op, ExecGraph):
             g = self.graphs.get(op.graph, owner)
             return Task("kernel", run=lambda b: g.run(), duration=g.duration, name="model_ri")
         if isinstance(op, WriteH2D):
             self._check_range(op.dst, len(op.data), owner)
-            return Task("copy", run=lambda b: self._guarded(lambda: self.memcpy_h2d(op.dst, op.data, owner)),
+            return Task("copy", run=lambda b: self._write(op.dst, op.data, owner),
                         duration=self.cost.host_copy(len(op.data)), name="memcpy_h2d")
         raise InvalidParamError(f"unknown stream op {type(op).__name__}")
 
@@ -216,12 +273,17 @@ class Device:
             raise InvalidParamError(f"bad byte count {nbytes!r}")
         self.arena.resolve(ptr, nbytes, owner)
 
-    def _guarded(self, fn) -> None:
-        with self._lock:
-            if self.faults.task_fail > 0:
-                self.faults.task_fail -= 1
-                raise KernelError("injected task failure (fault task-fail)")
-        fn()
+    # the bodies of copy tasks (on a core thread; the memory was checked when the task was made and is
+    # checked again here: it may have been freed or poisoned since)
+    def _copy_d2d(self, dst: int, src: int, nbytes: int, owner: str | None) -> None:
+        np.copyto(self.arena.view(dst, nbytes, owner), self.arena.view(src, nbytes, owner))
+
+    def _fill(self, ptr: int, value: int, nbytes: int, owner: str | None) -> None:
+        self.arena.view(ptr, nbytes, owner)[:] = value & 0xFF
+
+    def _write(self, dst: int, data, owner: str | None) -> None:
+        src = np.frombuffer(data, dtype=np.uint8)
+        np.copyto(self.arena.view(dst, src.size, owner), src)
 
     def _launch_task(self, op: Launch, owner: str | None) -> Task:
         key = _plan_key(op, owner)
@@ -233,12 +295,8 @@ class Device:
                     self._plans.clear()
                 self._plans[key] = plan
 
-        def run(b: int) -> None:
-            if self.faults.task_fail:
-                self._guarded(lambda: None)
-            plan.runner().run_block(b)
-
-        return Task("kernel", blocks=plan.block_dim, run=run, duration=plan.duration, name=op.kernel)
+        return Task("kernel", blocks=plan.block_dim, run=lambda b: plan.runner().run_block(b),
+                    duration=plan.duration, name=op.kernel)
 
     def _plan(self, op: Launch, owner: str | None) -> "LaunchPlan":
         """Validate a launch (shapes, dtypes, every tensor inside a live allocation of ``owner``) and
@@ -257,6 +315,7 @@ class Device:
             Work(bytes=sum(d.nbytes for d in op.inputs + op.outputs))
         return LaunchPlan(self, k, op, attrs, block_dim, self.cost.kernel(work, block_dim), owner, gen)
 
+    @_live
     def release_owner(self, owner: str, timeout_s: float = 30.0) -> dict:
         """Release everything a departed client holds: graphs, streams (queued work dropped, running
         work waited for, host-blocking up to ``timeout_s``), events, then its memory.  Memory stays
@@ -267,14 +326,17 @@ class Device:
         return {"graphs": graphs, "allocations": freed, "quiesced": quiet}
 
     # ------------------------------------------------------------------ captured graphs (aclmdlRI)
+    @_live
     def graph_create(self, ops, owner: str | None = None) -> int:
         """Validate and bind a captured op sequence (host-synchronous); returns the graph id.  A bad op
         raises its launch-time error and nothing is kept."""
         return self.graphs.create(ops, owner, lambda op: self._task(op, owner), self.arena)
 
+    @_live
     def graph_destroy(self, gid: int, owner: str | None = None) -> None:
         self.graphs.destroy(gid, owner)
 
+    @_live
     def graph_rebind(self, gid: int, moves, owner: str | None = None) -> int:
         """Re-point a graph's captured ops after memory moved (live defragmentation): every pointer
         inside an ``(old, new, nbytes)`` range is remapped to the same offset from ``new``, and the ops
@@ -282,29 +344,102 @@ class Device:
         that leaves an op invalid raises its launch-time error and keeps the graph as it was."""
         return self.graphs.rebind(gid, owner, moves)
 
+    @_live
     def graph_info(self, gid: int, owner: str | None = None) -> dict:
         return self.graphs.get(gid, owner).info()
 
     # ------------------------------------------------------------------ HCCL communicators
+    @_live
     def hccl_info(self) -> dict:
-        """What peers need to reach this device (arena segment, doorbell, node)."""
+        """What peers need to reach this device (node, and each transport's endpoint)."""
         return self.hccl.info()
 
+    @_live
     def hccl_comm_init(self, comm_id: str, rank: int, peers: list[dict], config: dict | None = None) -> None:
         self.hccl.comm_init(comm_id, rank, peers, config)
 
+    @_live
     def hccl_comm_join(self, comm_id: str, rank: int, nranks: int, root: dict, config: dict | None = None,
                        timeout_s: float = 120.0) -> list[dict]:
         """Root-info rendezvous (host-blocking up to ``timeout_s``)."""
         return self.hccl.comm_join(comm_id, rank, nranks, root, config, timeout_s)
 
+    @_live
     def hccl_comm_destroy(self, comm_id: str) -> None:
         self.hccl.comm_destroy(comm_id)
 
+    @_live
     def hccl_async_error(self, comm_id: str) -> int:
         return self.hccl.async_error(comm_id)
 
+    @_live
+    def hccl_read(self, comm_id: str, ptr: int, nbytes: int) -> np.ndarray:
+        """A peer device on another node reads this device's HBM (the cross-node transport's serving end;
+        host-synchronous).  Only members of one of this device's communicators may, and only live ranges."""
+        return self.hccl.read_for_peer(comm_id, ptr, nbytes)
+
+    @_live
+    def hccl_deliver(self, msg) -> bool:
+        """A control message from a peer on another node (the cross-node transport's serving end)."""
+        return self.hccl.deliver(msg)
+
+    # ------------------------------------------------------------------ faults
+    @_live
+    def inject_fault(self, kind: str, **params) -> None:
+        """Chaos: apply fault ``kind`` (see :data:`devices.faults.FAULT_KINDS` for the kinds and their
+        parameters; ``duration_ms`` makes a timed fault clear itself).  Host-synchronous; the effect on work
+        already queued follows (a hang holds it, a slow fault stretches it ...).  ``kill``: the device is
+        lost -- every later call fails with ACL_ERROR_RT_DEVICE_TASK_ABORT -- unless a host installed
+        ``on_kill`` (a device actor's process then dies).  ``"clear"`` is :meth:`clear_fault`.
+        InvalidParamError for an unknown kind or a bad parameter."""
+        if kind == CLEAR:
+            if params:
+                raise InvalidParamError(f"clear takes no parameters; not {', '.join(sorted(params))}")
+            self.clear_fault()
+            return
+        self.faults.apply(kind, params)
+
+    @_live
+    def clear_fault(self, kind: str | None = None) -> None:
+        """Undo the faults of ``kind`` (every fault when None); normal operation resumes (hung cores run
+        again, poisoned ranges are readable again).  Host-synchronous."""
+        self.faults.clear(kind)
+
+    @property
+    def hung(self) -> bool:
+        """Whether a ``hang`` fault holds the cores (a hung device misses its heartbeats)."""
+        return self.faults.hung()
+
+    @property
+    def is_lost(self) -> bool:
+        """True once the device can serve no more calls: lost (fault ``kill``, :meth:`mark_lost`) or closed."""
+        return self.closed or self.lost.is_set()
+
+    def mark_lost(self, reason: str) -> bool:
+        """The device is lost: queued and running work fails with ACL_ERROR_RT_DEVICE_TASK_ABORT, blocked
+        synchronizes wake with it, HCCL peers see this rank gone, and every later call is refused with it.
+        Only :meth:`close` works afterwards.  True if this call marked it (once)."""
+        with self._lock:
+            if self.lost.is_set():
+                return False
+            self.lost_reason = reason
+            self.lost.set()
+        self.sched.abort(ACL_ERROR_RT_DEVICE_TASK_ABORT, f"device {self.id} is lost: {reason}")
+        self.hccl.abort()
+        self.faults.close()
+        return True
+
+    def _killed(self) -> None:
+        if self.on_kill is not None:
+            self.on_kill()
+        else:
+            self.mark_lost("fault kill")
+
+    def _lost_error(self):
+        return error_for_code(ACL_ERROR_RT_DEVICE_TASK_ABORT, f"device {self.id} is lost: {self.lost_reason}")
+
     # ------------------------------------------------------------------ telemetry
+    @_live
     def telemetry(self) -> dict:
         now = time.perf_counter()
         busy = list(self.sched.busy_s)
@@ -319,14 +454,13 @@ class Device:
             util = self._util
         s = self.spec
         power = s.idle_w + (s.tdp_w - s.idle_w) * min(1.0, util * 4)
-        target = s.ambient_c + s.c_per_w * power + self.faults.overheat_c
-        alpha = min(1.0, dt / 5.0)
-        self._temp_c += (target - self._temp_c) * alpha if self.faults.overheat_c == 0 else (target - self._temp_c)
+        self._thermal(power, dt)
         st = self.arena.stats()
         ss = self.sched.stats()
+        report = self.health_report()
         return {
             "device_id": self.id, "chip": s.name, "name": s.short_name,
-            "health": self.health()[0],
+            "health": report.level, "conditions": list(report.conditions),
             "hbm_total": st.total, "hbm_used": st.used, "hbm_free": st.free, "hbm_peak": st.peak,
             "hbm_largest_free": st.largest_free, "allocations": st.allocations,
             "fragmentation": st.fragmentation, "canary_violations": st.canary_violations,
@@ -337,26 +471,47 @@ class Device:
             "uptime_s": now - self._t0, "busy_s": sum(busy),
         }
 
+    def _thermal(self, power: float, dt: float) -> None:
+        """The die temperature follows the power draw with a 5 s time constant; an ``overheat`` fault moves
+        it at once, and so does the fault's end (cleared or expired)."""
+        s = self.spec
+        overheat = self.faults.overheat_c()
+        target = s.ambient_c + s.c_per_w * power + overheat
+        if overheat or overheat != self._overheat_seen:
+            self._temp_c = target
+        else:
+            self._temp_c += (target - self._temp_c) * min(1.0, dt / 5.0)
+        self._overheat_seen = overheat
+        self._power = power
+
+    @_live
     def health(self) -> tuple[str, list[str]]:
-        """(OK | Warning | Alarm | Critical, reasons)."""
-        reasons = list(self.faults.reasons)
-        level = 0
+        """(OK | Warning | Alarm | Critical, reasons): :meth:`health_report` as npu-smi shows it."""
+        return self.health_report().as_tuple()
+
+    @_live
+    def health_report(self) -> HealthReport:
+        """The active conditions (faults, the thermal model's alarms, overwritten guard bytes) and the
+        worst level among them (host-synchronous; the power draw as of the last :meth:`telemetry`)."""
+        conds = self.faults.conditions()
+        self._thermal(self._power, 0.0)
         temp = self._temp_c
-        if temp >= 105:
-            level, reasons = 3, reasons + [f"temperature {temp:.0f} C >= 105 C"]
-        elif temp >= 95:
-            level, reasons = max(level, 2), reasons + [f"temperature {temp:.0f} C >= 95 C"]
-        if self.arena.stats().canary_violations:
-            level = max(level, 1)
-            reasons.append("HBM guard bytes overwritten")
-        if self.arena._poison:
-            level = max(level, 2)
-            reasons.append("uncorrectable HBM ECC error")
-        return HEALTH[level], reasons
+        if temp >= TEMP_ALARM_C:
+            level = "Critical" if temp >= TEMP_CRITICAL_C else "Alarm"
+            limit = TEMP_CRITICAL_C if temp >= TEMP_CRITICAL_C else TEMP_ALARM_C
+            conds.append(HealthCondition(Condition.OVERHEAT, level, f"temperature {temp:.0f} C >= {limit:.0f} C",
+                                         value=round(temp, 1)))
+        canaries = self.arena.stats().canary_violations
+        if canaries:
+            conds.append(HealthCondition(Condition.CANARY, "Warning", "HBM guard bytes overwritten",
+                                         value=canaries))
+        return HealthReport.of(conds)
 
     # ------------------------------------------------------------------ lifecycle
+    @_live
     def reset(self) -> None:
-        """Abort all work and drop every allocation, stream and event (HBM starts empty)."""
+        """Abort all work and drop every allocation, stream and event (HBM starts empty); the chip restarts,
+        so every fault is cleared too.  Host-blocking until the abort is done."""
         self.sched.abort(message=f"device {self.id} reset")
         self.sched.clear_abort()
         with self.sched._lock:
@@ -366,13 +521,14 @@ class Device:
         self.graphs.clear()
         for cid in list(self.hccl.comms):
             self.hccl.comm_destroy(cid)
-        self.faults = Faults()
+        self.faults.clear()
         self.default_stream = self.sched.create_stream(0)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
+        self.faults.close()
         self.hccl.close()
         self.sched.close()
         self.arena.close()
@@ -410,6 +566,10 @@ class LaunchPlan:
             r = KernelRunner(self.kernel, ins, outs, self.attrs, self.block_dim, self.dev.id)
             self._runner = (gen, r)
             return r
+
+
+def _nothing() -> None:
+    pass
 
 
 def _plan_key(op: Launch, owner):

@@ -48,6 +48,8 @@ ACL_ERROR_RT_STREAM_CAPTURED = 107027
 ACL_ERROR_RT_STREAM_NOT_CAPTURED = 107029
 ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT = 107030
 ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD = 107038
+#: a launch that names a function (here: a launch template) the device does not hold (any more)
+ACL_ERROR_RT_INVALID_DEVICE_FUNCTION = 107044
 ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
 ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
 ACL_ERROR_RT_MEMORY_FREE = 207002
@@ -74,6 +76,7 @@ ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047
 ACL_ERROR_RT_DEVICE_MEM_ERROR = 507053
 ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR = 507054
 ACL_ERROR_RT_LINK_ERROR = 507056
+ACL_ERROR_RT_SUSPECT_REMOTE_ERROR = 507057
 ACL_ERROR_RT_SOCKET_CLOSE = 507901
 ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED = 507903
 
@@ -120,6 +123,8 @@ ERROR_TABLE: dict[int, tuple[str, str]] = {
                                             "operation not allowed while capturing"),
     ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD: ("ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD",
                                                "capture ended from another thread"),
+    ACL_ERROR_RT_INVALID_DEVICE_FUNCTION: ("ACL_ERROR_RT_INVALID_DEVICE_FUNCTION",
+                                           "unknown launch template (the device dropped it): send the launch in full"),
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT: ("ACL_ERROR_RT_FEATURE_NOT_SUPPORT", "feature not supported"),
     ACL_ERROR_RT_MEMORY_ALLOCATION: ("ACL_ERROR_RT_MEMORY_ALLOCATION", "device memory allocation failed"),
     ACL_ERROR_RT_MEMORY_FREE: ("ACL_ERROR_RT_MEMORY_FREE", "device memory free failed"),
@@ -147,10 +152,17 @@ ERROR_TABLE: dict[int, tuple[str, str]] = {
     ACL_ERROR_RT_DEVICE_MEM_ERROR: ("ACL_ERROR_RT_DEVICE_MEM_ERROR", "device memory UCE error"),
     ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR: ("ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR", "HBM multi-bit ECC error"),
     ACL_ERROR_RT_LINK_ERROR: ("ACL_ERROR_RT_LINK_ERROR", "inter-device link error"),
+    ACL_ERROR_RT_SUSPECT_REMOTE_ERROR: ("ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", "suspected remote (peer) error"),
     ACL_ERROR_RT_SOCKET_CLOSE: ("ACL_ERROR_RT_SOCKET_CLOSE", "device connection closed"),
     ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED: ("ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED",
                                               "capture invalidated by a failed call"),
 }
+
+
+def code_band(code: int) -> int:
+    """The numbering band of a code (reference 2): 1 = user environment or logic error, 2 = resources
+    exhausted or API/hardware mismatch, 3 = business state, 5 = internal software/hardware fault."""
+    return int(code) // ACL_ERROR_INVALID_PARAM
 
 
 def error_name(code: int) -> str:
@@ -172,6 +184,10 @@ class AclError(Exception):
 
     def __reduce__(self):
         return (error_for_code, (self.code, self.detail, type(self).__name__))
+
+    def copy(self) -> "AclError":
+        """A fresh exception of the same class, code and detail (a stored error is raised once per waiter)."""
+        return error_for_code(self.code, self.detail, type(self).__name__)
 
 
 class InvalidParamError(AclError):
@@ -230,6 +246,7 @@ _CLASS_BY_CODE: dict[int, type[AclError]] = {
     ACL_ERROR_RT_INVALID_DEVICEID: InvalidDeviceError,
     ACL_ERROR_RT_INVALID_HANDLE: InvalidHandleError,
     ACL_ERROR_INVALID_RESOURCE_HANDLE: InvalidHandleError,
+    ACL_ERROR_RT_INVALID_DEVICE_FUNCTION: InvalidHandleError,
     ACL_ERROR_RT_MEMORY_ALLOCATION: MemoryAllocationError,
     ACL_ERROR_RT_DEVICE_OOM: MemoryAllocationError,
     ACL_ERROR_RT_MEMORY_FREE: MemoryAccessError,
@@ -266,14 +283,15 @@ def _subclasses(cls) -> dict[str, type]:
     return out
 
 
-def error_for_code(code: int, message: str = "", class_name: str | None = None) -> AclError:
+def error_for_code(code: int, message: str = "", class_name: str | None = None, *,
+                   hccl_code: int | None = None) -> AclError:
     """Rebuild the typed exception for a code (used across the wire and when unpickling).
-    ``class_name`` (sent beside the code) restores a subclass that shares its code with another."""
+    ``class_name`` (sent beside the code) restores a subclass that shares its code with another;
+    ``hccl_code`` (the HcclResult of a failed collective, sent as a field) restores an :class:`HcclError`
+    whose ``detail`` is ``message`` as it was."""
     cls = _CLASS_BY_CODE.get(int(code), AclError)
-    if class_name == "HcclError":
-        name, _, rest = message.partition(": ")
-        by_name = {v: k for k, v in HCCL_RESULT_NAMES.items()}
-        return HcclError(rest if name in by_name else message, by_name.get(name, HCCL_E_INTERNAL), int(code))
+    if hccl_code is not None or class_name == "HcclError":
+        return _rebuild_hccl(message, HCCL_E_INTERNAL if hccl_code is None else hccl_code, int(code))
     if class_name:
         named = _subclasses(AclError).get(class_name)
         if named is not None and issubclass(named, AclError):
@@ -306,10 +324,9 @@ HCCL_RESULT_NAMES: dict[int, str] = {
 
 #: HcclResult -> the aclError a stream synchronize reports for a failed collective task
 _HCCL_TO_ACL = {HCCL_E_PARA: ACL_ERROR_RT_PARAM_INVALID, HCCL_E_PTR: ACL_ERROR_RT_PARAM_INVALID,
-                HCCL_E_TIMEOUT: ACL_ERROR_RT_TASK_TIMEOUT, HCCL_E_REMOTE: 507057,
+                HCCL_E_TIMEOUT: ACL_ERROR_RT_TASK_TIMEOUT, HCCL_E_REMOTE: ACL_ERROR_RT_SUSPECT_REMOTE_ERROR,
                 HCCL_E_NETWORK: ACL_ERROR_RT_LINK_ERROR, HCCL_E_MEMORY: ACL_ERROR_RT_MEMORY_ALLOCATION,
                 HCCL_E_NOT_SUPPORT: ACL_ERROR_RT_FEATURE_NOT_SUPPORT}
-ERROR_TABLE[507057] = ("ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", "suspected remote (peer) error")
 
 
 def hccl_result_name(code: int) -> str:
@@ -322,10 +339,14 @@ class HcclError(AclError):
     def __init__(self, message: str = "", hccl_code: int = HCCL_E_INTERNAL, code: int | None = None):
         self.hccl_code = int(hccl_code)
         super().__init__(f"{hccl_result_name(self.hccl_code)}: {message}",
-                         code=code if code is not None else _HCCL_TO_ACL.get(self.hccl_code, 507000))
+                         code=code if code is not None else _HCCL_TO_ACL.get(self.hccl_code,
+                                                                             ACL_ERROR_RT_INTERNAL_ERROR))
 
     def __reduce__(self):
         return (_rebuild_hccl, (self.detail, self.hccl_code, self.code))
+
+    def copy(self) -> "HcclError":
+        return _rebuild_hccl(self.detail, self.hccl_code, self.code)
 
 
 def _rebuild_hccl(detail: str, hccl_code: int, code: int) -> "HcclError":

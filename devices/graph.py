@@ -10,11 +10,12 @@ in device memory that the captured kernels read; the pointers and shapes are fro
 
 Safety: a replay first compares the arena's generation with the one its steps were bound at; if any
 allocation was freed since, every op is validated again, so a graph that refers to freed memory fails
-its execution with the launch's own error (107000) instead of touching reused memory.
+its execution with the launch's own error (ACL_ERROR_RT_PARAM_INVALID) instead of touching reused memory.
 
 Capturable ops: kernel launches, device-to-device copies, memsets and HCCL operators.  Event records and
-waits and host-to-device writes of pageable data are refused at capture (107030), as are host-side
-synchronizations of a capturing stream (107027) -- the capture-time rules live in ``runtime.graph``.
+waits and host-to-device writes of pageable data are refused at capture
+(ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT), as are host-side synchronizations of a capturing stream
+(ACL_ERROR_RT_STREAM_CAPTURED) -- the capture-time rules live in ``runtime.graph``.
 """
 from __future__ import annotations
 

@@ -1,35 +1,35 @@
-"""The device side of HCCL: communicators, the emulated HCCS link, and the executor that runs a
-collective's schedule (:mod:`devices.hccl_schedule`) as one stream task on this device.
+"""The device side of HCCL: communicators and the executor that runs a collective's schedule
+(:mod:`devices.hccl_schedule`) as one stream task on this device.
 
-Transport on one node (the emulated HCCS/RDMA fabric):
-- data: a rank *pulls* ranges straight out of a peer's HBM arena, which it maps from ``/dev/shm``
-  (the same segment the peer device owns), reducing or copying into its own arena: device to device,
-  never through the user's process;
-- control: a *doorbell* per device, an abstract-namespace Unix datagram socket (no file, gone when the
-  process dies).  Messages are small JSON tuples ``(comm, seq, tag, from_rank, payload)``; the
-  communicator id is a 128-bit random capability known only to its members, and messages for unknown
-  communicators are dropped.
+Peers are reached through transports (:mod:`devices.hccl_transport`), one link per peer chosen when the
+communicator is built: shared memory on one node (a rank *pulls* ranges straight out of a peer's HBM arena,
+mapped from ``/dev/shm``, and rings its doorbell), gRPC between device actors across nodes.  Either way the
+data moves device to device, never through the user's process.  Control messages are small tuples
+``(comm, seq, tag, from_rank, payload)``; the communicator id is a 128-bit random capability known only to
+its members, and messages for unknown communicators are dropped.
 
 A collective runs on a core thread and blocks it while it waits for peers, always with a deadline
-(``exec_timeout_s``, HCCL_EXEC_TIMEOUT-style).  While waiting it probes the peers it waits for: a peer
-whose doorbell is gone (its process died or its device closed) fails the collective at once with
-HCCL_E_REMOTE instead of waiting for the timeout.
+(``exec_timeout_s``, HCCL_EXEC_TIMEOUT-style); it only orders the device for the host that enqueued it.
+While waiting it probes the peers it waits for: a peer that is gone (its process died or its device
+closed) fails the collective at once with HCCL_E_REMOTE instead of waiting for the timeout; a link that is
+down (fault ``link-down``) fails it with HCCL_E_NETWORK.
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .arena import _OFF_MASK, attach
-from .errors import (HCCL_E_NETWORK, HCCL_E_PARA, HCCL_E_REMOTE, HCCL_E_TIMEOUT, AclError, HcclError,
-                     InvalidParamError)
+from .arena import ptr_offset
+from .errors import (ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_PARAM_INVALID, HCCL_E_NETWORK, HCCL_E_NOT_FOUND,
+                     HCCL_E_NOT_SUPPORT, HCCL_E_PARA, HCCL_E_REMOTE, HCCL_E_RUNTIME, HCCL_E_TIMEOUT, AclError,
+                     HcclError, InvalidParamError)
+from .hccl_transport import CROSS_NODE, SAME_NODE, ShmTransport
 from .hccl_schedule import Pull, choose_algo, epilogue, prologue, schedule
+from .node import same_node
 
 #: HcclDataType (hccl_types.h) -> numpy dtype name ("bfloat16" is carried as uint16 bit patterns)
 HCCL_DTYPES = {0: "int8", 1: "int16", 2: "int32", 3: "float16", 4: "float32", 5: "int64", 6: "uint64",
@@ -62,6 +62,15 @@ class PeerInfo:
     node: str = ""
     address: str = ""        #: the peer device's gRPC endpoint (cross-node transport)
 
+    @classmethod
+    def of(cls, rank: int, info: dict) -> "PeerInfo":
+        """From a device's ``HcclEngine.info()`` (HCCL_E_PARA when it lacks what a peer needs)."""
+        try:
+            return cls(rank, int(info["device_id"]), str(info["arena"]), int(info["arena_bytes"]),
+                       str(info["doorbell"]), str(info.get("node", "")), str(info.get("address", "")))
+        except (KeyError, TypeError, ValueError) as e:
+            raise HcclError(f"bad peer info for rank {rank}: {e!r}", HCCL_E_PARA) from None
+
 
 @dataclass(frozen=True)
 class CommConfig:
@@ -76,6 +85,7 @@ class Comm:
     rank: int
     peers: list[PeerInfo]
     config: CommConfig
+    links: list = field(default_factory=list)   #: one PeerLink per rank (None for this rank)
     seq: int = 0
     p2p_seq: dict = field(default_factory=dict)
     async_error: int = 0
@@ -103,20 +113,34 @@ class CollectiveOp:
     peer: int = -1
 
 
+#: control-message tag of an operator that a rank had to give up (payload: [HcclResult, reason])
+ABORT_TAG = "abort"
+
+
 class Mailbox:
-    """Received doorbell messages, waited on by key."""
+    """Received control messages (from every transport), waited on by key ``(comm, seq, tag, from)``.
+    An ``abort`` message for ``(comm, seq)`` fails every wait of that operator with its code."""
 
     def __init__(self):
         self._cv = threading.Condition()
         self._msgs: dict[tuple, object] = {}
+        self._aborts: dict[tuple, tuple[int, str]] = {}
 
     def put(self, key: tuple, payload) -> None:
         with self._cv:
-            self._msgs[key] = payload
+            if key[2] == ABORT_TAG:
+                try:
+                    code, reason = int(payload[0]), str(payload[1])
+                except (TypeError, ValueError, IndexError):
+                    return                     # malformed: drop
+                self._aborts[key[:2]] = (code, f"rank {key[3]}: {reason}")
+            else:
+                self._msgs[key] = payload
             self._cv.notify_all()
 
     def take(self, keys: list[tuple], deadline: float, probe, cancelled) -> list:
-        """Wait for every key; ``probe()`` runs every few ms while waiting and may raise."""
+        """Wait for every key (all of one operator); ``probe(missing)`` runs every few ms while waiting and
+        may raise.  Host-blocking (a core thread) up to ``deadline``."""
         out = {}
         with self._cv:
             while True:
@@ -125,6 +149,9 @@ class Mailbox:
                         out[k] = self._msgs.pop(k)
                 if len(out) == len(keys):
                     return [out[k] for k in keys]
+                abort = self._aborts.get(keys[0][:2])
+                if abort is not None:
+                    raise HcclError(abort[1], abort[0])
                 now = time.monotonic()
                 if now >= deadline:
                     missing = [k for k in keys if k not in out]
@@ -145,82 +172,42 @@ class Mailbox:
         with self._cv:
             for k in [k for k in self._msgs if k[0] == cid]:
                 del self._msgs[k]
-
-
-class Doorbell:
-    """This device's control endpoint: an abstract Unix datagram socket plus a receiver thread."""
-
-    def __init__(self, name: str, mailbox: Mailbox, known):
-        self.name = name
-        self._addr = "\0" + name
-        self._mailbox = mailbox
-        self._known = known
-        self._rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._rx.bind(self._addr)
-        self._tx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"doorbell-{name}")
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._closed:
-            try:
-                data = self._rx.recv(1 << 16)
-            except OSError:
-                return
-            if not data:
-                continue
-            try:
-                cid, seq, tag, frm, payload = json.loads(data)
-            except (ValueError, TypeError):
-                continue                       # malformed: drop
-            if self._known(cid, tag):
-                self._mailbox.put((cid, seq, tag, frm), payload)
-
-    def send(self, doorbell: str, msg: tuple) -> None:
-        """Raises HcclError(E_REMOTE) when the peer's doorbell is gone."""
-        try:
-            self._tx.sendto(json.dumps(msg).encode(), "\0" + doorbell)
-        except OSError as e:            # refused, gone, broken pipe while the peer closes, ...
-            raise HcclError(f"peer doorbell {doorbell} unreachable ({e.strerror or e})", HCCL_E_REMOTE) from None
-
-    def alive(self, doorbell: str) -> bool:
-        try:
-            self._tx.sendto(b"", "\0" + doorbell)
-            return True
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        self._closed = True
-        try:
-            self._rx.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._rx.close()
-        self._tx.close()
+            for k in [k for k in self._aborts if k[0] == cid]:
+                del self._aborts[k]
 
 
 class HcclEngine:
-    """Communicators of one device and the collective executor."""
+    """Communicators of one device and the collective executor.
+
+    Peers are reached through :class:`~devices.hccl_transport.PeerLink` objects, one per peer, built when a
+    communicator is built by the transport of the peer's scope (same node / cross node).  The same-node
+    transport is built in; a device host installs a cross-node one with :meth:`set_transport`.  The
+    device's fault state is read for ``link-down``: an operator that needs a peer whose link is down fails
+    with HCCL_E_NETWORK, and tells the operator's other ranks so (the far end of a broken link notices the
+    loss of carrier too), which fail with HCCL_E_NETWORK as well."""
 
     def __init__(self, device):
         self.device = device
         self.arena = device.arena
+        self.faults = device.faults
+        self.node = device.node
         self.mailbox = Mailbox()
         self.comms: dict[str, Comm] = {}
         self._pending_joins: set[str] = set()
-        self._maps: dict[str, tuple] = {}
         self._lock = threading.Lock()
-        self.link_down: set[int] = set()          # peer device ids whose link is down (chaos)
-        self.doorbell = Doorbell(f"vnpu-hccs-{self.arena.name}", self.mailbox, self._known)
         self.aborted = False
         self.stats = {"collectives": 0, "bytes_pulled": 0, "messages": 0}
-        #: cross-node transport (set by the hosting actor): ``read(peer, comm, ptr, nbytes) -> uint8
-        #: array``, ``notify(peer, msg)``, ``alive(peer) -> bool``; failures raise HcclError(E_REMOTE)
-        self.remote = None
-        self.address = ""            #: this device's gRPC endpoint, published in info()
-        self.node = _node_key()
+        self._transports: dict[str, object] = {SAME_NODE: ShmTransport(self.arena, self.deliver)}
+
+    def set_transport(self, scope: str, transport) -> None:
+        """Install the transport for peers of ``scope`` (:data:`CROSS_NODE`: set by the device host).  The
+        engine owns it from then on (closes it with the device)."""
+        if scope not in (SAME_NODE, CROSS_NODE):
+            raise InvalidParamError(f"unknown transport scope {scope!r}")
+        with self._lock:
+            old, self._transports[scope] = self._transports.get(scope), transport
+        if old is not None and old is not transport:
+            old.close()
 
     def _known(self, cid: str, tag: str) -> bool:
         """Keep messages of known communicators, and a bounded number for ones not created here yet
@@ -229,21 +216,23 @@ class HcclEngine:
 
     # ---------------------------------------------------------------- communicators
     def info(self) -> dict:
-        return {"device_id": self.device.id, "arena": self.arena.name, "arena_bytes": self.arena.size,
-                "doorbell": self.doorbell.name, "node": self.node, "address": self.address}
-
-    def _is_remote(self, p: PeerInfo) -> bool:
-        return bool(p.node) and p.node != self.node
+        """What peers need to reach this device: its id and node, and every transport's endpoint."""
+        out = {"device_id": self.device.id, "node": self.node, "address": ""}
+        for t in list(self._transports.values()):
+            out.update(t.endpoint())
+        return out
 
     def deliver(self, msg) -> bool:
-        """A control message that arrived over the cross-node transport (same format as doorbells)."""
+        """A control message that arrived over a transport (any of them).  False when dropped."""
         try:
             cid, seq, tag, frm, payload = msg
+            key = (cid, seq, tag, frm)
+            hash(key)
         except (TypeError, ValueError):
             return False
-        if not self._known(cid, tag):
+        if not isinstance(cid, str) or not self._known(cid, tag):
             return False
-        self.mailbox.put((cid, seq, tag, frm), payload)
+        self.mailbox.put(key, payload)
         return True
 
     def read_for_peer(self, cid: str, ptr: int, nbytes: int) -> np.ndarray:
@@ -253,41 +242,51 @@ class HcclEngine:
             raise HcclError("unknown communicator", HCCL_E_PARA)
         return self.arena.view(ptr, nbytes)
 
+    def _link(self, p: PeerInfo):
+        """The link to peer ``p``: made by the transport of its scope (HCCL_E_NOT_SUPPORT without one)."""
+        scope = SAME_NODE if same_node(p.node, self.node) else CROSS_NODE
+        t = self._transports.get(scope)
+        if t is None:
+            raise HcclError(f"rank {p.rank} (device {p.device_id}) is on another node ({p.node or '?'}) and this "
+                            f"device has no cross-node transport (device actors have one)", HCCL_E_NOT_SUPPORT)
+        return t.link(p)
+
     def comm_init(self, cid: str, rank: int, peers: list[dict], config: dict | None = None) -> None:
         if not isinstance(cid, str) or len(cid) < 16:
             raise HcclError("communicator id must be a random string of >= 16 characters", HCCL_E_PARA)
-        infos = [PeerInfo(rank=i, **{k: p[k] for k in ("device_id", "arena", "arena_bytes", "doorbell")},
-                          node=p.get("node", ""), address=p.get("address", "")) for i, p in enumerate(peers)]
-        if not 0 <= rank < len(infos) or infos[rank].device_id != self.device.id:
+        if not isinstance(peers, list):
+            raise HcclError("peers must be a list of peer infos", HCCL_E_PARA)
+        infos = [PeerInfo.of(i, p) for i, p in enumerate(peers)]
+        if not isinstance(rank, int) or not 0 <= rank < len(infos) or infos[rank].device_id != self.device.id:
             raise HcclError(f"rank {rank} is not this device ({self.device.id})", HCCL_E_PARA)
-        for p in infos:
-            if self._is_remote(p) and (self.remote is None or not p.address):
-                raise HcclError(f"rank {p.rank} (device {p.device_id}) is on another node and this device has "
-                                f"no cross-node transport (device actors have one)", 5)
-        cfg = CommConfig(**(config or {}))
+        links = [None if p.rank == rank else self._link(p) for p in infos]
+        try:
+            cfg = CommConfig(**(config or {}))
+        except TypeError as e:
+            raise HcclError(f"bad communicator config: {e}", HCCL_E_PARA) from None
         with self._lock:
-            self.comms[cid] = Comm(cid, rank, infos, cfg)
+            self.comms[cid] = Comm(cid, rank, infos, cfg, links)
             self._pending_joins.discard(cid)
 
     def comm_join(self, cid: str, rank: int, nranks: int, root: dict, config: dict | None = None,
                   timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[dict]:
-        """Root-info rendezvous: every rank sends its info to the root device's doorbell; the root
-        answers everyone with the table.  Host-blocking, with ``timeout_s``."""
+        """Root-info rendezvous: every rank sends its info to the root device; the root answers everyone
+        with the table.  Host-blocking, with ``timeout_s``."""
         with self._lock:
             self._pending_joins.add(cid)
         deadline = time.monotonic() + timeout_s
         me = self.info()
         try:
             if rank == 0:
-                if root["doorbell"] != self.doorbell.name:
+                if root.get("arena") != self.arena.name:
                     raise HcclError("rank 0 must run on the root device", HCCL_E_PARA)
                 keys = [(cid, 0, "join", r) for r in range(1, nranks)]
                 joins = self.mailbox.take(keys, deadline, lambda missing: None, lambda: self.aborted)
                 table = [me] + joins
                 for r, info in enumerate(table[1:], start=1):
-                    self.doorbell.send(info["doorbell"], (cid, 0, "table", 0, table))
+                    self._link(PeerInfo.of(r, info)).notify((cid, 0, "table", 0, table))
             else:
-                self.doorbell.send(root["doorbell"], (cid, 0, "join", rank, me))
+                self._link(PeerInfo.of(0, root)).notify((cid, 0, "join", rank, me))
                 (table,) = self.mailbox.take([(cid, 0, "table", 0)], deadline, lambda m: None,
                                              lambda: self.aborted)
         except HcclError:
@@ -330,7 +329,7 @@ class HcclEngine:
     def async_error(self, cid: str) -> int:
         c = self.comms.get(cid)
         if c is None:
-            raise HcclError(f"unknown communicator {cid!r}", 6)
+            raise HcclError(f"unknown communicator {cid!r}", HCCL_E_NOT_FOUND)
         return c.async_error
 
     def _comm(self, cid: str) -> Comm:
@@ -343,7 +342,7 @@ class HcclEngine:
     def check(self, op: CollectiveOp, owner: str | None) -> None:
         c = self._comm(op.comm)
         if op.dtype not in HCCL_DTYPE_IDS:
-            raise HcclError(f"unsupported data type {op.dtype!r}", 5)
+            raise HcclError(f"unsupported data type {op.dtype!r}", HCCL_E_NOT_SUPPORT)
         if op.redop not in _UFUNC:
             raise HcclError(f"unsupported reduce op {op.redop!r}", HCCL_E_PARA)
         if not isinstance(op.count, int) or op.count < 0:
@@ -352,7 +351,7 @@ class HcclEngine:
             raise HcclError(f"root {op.root} outside [0, {c.size})", HCCL_E_PARA)
         if op.op in ("send", "recv") and not (0 <= op.peer < c.size and op.peer != c.rank):
             raise HcclError(f"peer {op.peer} invalid for rank {c.rank} of {c.size}", HCCL_E_PARA)
-        send_n, recv_n = self._sizes(op, c.size, c.rank)
+        send_n, recv_n = self.buffer_counts(op, c.size, c.rank)
         isz = itemsize(op.dtype)
         for ptr, n in ((op.send, send_n), (op.recv, recv_n)):
             if n:
@@ -361,7 +360,7 @@ class HcclEngine:
                 self.arena.resolve(ptr, n * isz, owner)
 
     @staticmethod
-    def _sizes(op: CollectiveOp, n: int, r: int) -> tuple[int, int]:
+    def buffer_counts(op: CollectiveOp, n: int, r: int) -> tuple[int, int]:
         """Elements of the send and recv buffers this rank touches."""
         k = op.count
         return {
@@ -393,7 +392,8 @@ class HcclEngine:
             c.async_error = e.hccl_code
             raise
         except AclError as e:
-            c.async_error = HCCL_E_PARA if e.code in (107000, 100000) else 15
+            c.async_error = HCCL_E_PARA if e.code in (ACL_ERROR_RT_PARAM_INVALID, ACL_ERROR_INVALID_PARAM) \
+                else HCCL_E_RUNTIME
             raise
         finally:
             with self._lock:
@@ -405,28 +405,34 @@ class HcclEngine:
     def _deadline(self, c: Comm) -> float:
         return time.monotonic() + c.config.exec_timeout_s
 
-    def _post(self, c: Comm, peer: int, seq, tag: str, payload=None) -> None:
+    def _check_link(self, c: Comm, peer: int, seq, ranks) -> None:
+        """Fault ``link-down``: the link to ``peer``'s device is down.  The other ranks of the operator
+        (``ranks``) are told, best effort, then it fails with HCCL_E_NETWORK."""
         p = c.peers[peer]
-        if p.device_id in self.link_down:
-            raise HcclError(f"link to device {p.device_id} is down", HCCL_E_NETWORK)
-        msg = (c.cid, seq, tag, c.rank, payload)
-        if self._is_remote(p):
-            self.remote.notify(p, msg)
-        else:
-            self.doorbell.send(p.doorbell, msg)
+        if not self.faults.link_down(p.device_id):
+            return
+        reason = f"link from device {self.device.id} to device {p.device_id} (rank {peer}) is down"
+        for q in ranks:
+            if q != c.rank:
+                try:
+                    c.links[q].notify((c.cid, seq, ABORT_TAG, c.rank, [HCCL_E_NETWORK, reason]))
+                except HcclError:
+                    pass
+        raise HcclError(reason, HCCL_E_NETWORK)
+
+    def _post(self, c: Comm, peer: int, seq, tag: str, payload=None, ranks=None) -> None:
+        self._check_link(c, peer, seq, range(c.size) if ranks is None else ranks)
+        c.links[peer].notify((c.cid, seq, tag, c.rank, payload))
         self.stats["messages"] += 1
 
-    def _wait(self, c: Comm, waits: list[tuple[int, str]], seq, deadline: float) -> list:
+    def _wait(self, c: Comm, waits: list[tuple[int, str]], seq, deadline: float, ranks=None) -> list:
         keys = [(c.cid, seq, tag, peer) for peer, tag in waits]
+        ranks = range(c.size) if ranks is None else ranks
 
         def probe(missing):
             for (_, _, _, peer) in missing:
-                p = c.peers[peer]
-                if p.device_id in self.link_down:
-                    raise HcclError(f"link to device {p.device_id} is down", HCCL_E_NETWORK)
-                alive = self.remote.alive(p) if self._is_remote(p) else self.doorbell.alive(p.doorbell)
-                if not alive:
-                    raise HcclError(f"rank {peer} (device {p.device_id}) is gone", HCCL_E_REMOTE)
+                self._check_link(c, peer, seq, ranks)
+                c.links[peer].probe()
         return self.mailbox.take(keys, deadline, probe, lambda: self.aborted)
 
     def _barrier(self, c: Comm, seq, tag: str, deadline: float, payload=None) -> list:
@@ -434,20 +440,6 @@ class HcclEngine:
         for q in others:
             self._post(c, q, seq, tag, payload)
         return self._wait(c, [(q, tag) for q in others], seq, deadline)
-
-    def _mem(self, c: Comm, rank: int) -> np.ndarray:
-        """uint8 view of a rank's whole arena (mine, or a peer's mapped segment)."""
-        if rank == c.rank:
-            return self.arena.buf
-        p = c.peers[rank]
-        with self._lock:
-            m = self._maps.get(p.arena)
-            if m is None:
-                try:
-                    m = self._maps[p.arena] = attach(p.arena, p.arena_bytes)
-                except FileNotFoundError:
-                    raise HcclError(f"rank {rank}'s HBM (device {p.device_id}) is gone", HCCL_E_REMOTE) from None
-            return m[1]
 
     def _collective(self, c: Comm, op: CollectiveOp, owner: str | None) -> None:
         n, r = c.size, c.rank
@@ -457,7 +449,7 @@ class HcclEngine:
         isz = itemsize(op.dtype)
         total_bytes = op.count * isz * (n if op.op == "allgather" else 1)
         algo = choose_algo(op.op, n, total_bytes, c.config.algo)
-        send_n, recv_n = self._sizes(op, n, r)
+        send_n, recv_n = self.buffer_counts(op, n, r)
         bufs = {"send": op.send, "recv": op.recv}
         for name, ptr, cnt in (("send", op.send, send_n), ("recv", op.recv, recv_n)):
             if cnt:
@@ -471,7 +463,7 @@ class HcclEngine:
                 work_n = op.count if algo == "oneshot" else op.count * n
                 work_ptr, persistent = self._work_buffer(c, max(1, work_n * isz))   # count may be 0
                 bufs["work"] = work_ptr
-            me = self._mem(c, r)
+            me = self.arena.buf
             if op.op == "alltoall" and send_n and abs(op.send - op.recv) < send_n * isz:
                 # in place: peers read my send blocks while I overwrite my recv blocks in the same
                 # phase (a write-after-read hazard); they read a private copy instead
@@ -515,28 +507,25 @@ class HcclEngine:
 
     def _pull(self, c: Comm, p: Pull, peer_bufs: dict, dtype: str, redop: str) -> None:
         self._read_into(c, p.peer, peer_bufs[p.peer][p.src], p.src_off, peer_bufs[c.rank][p.dst], p.dst_off,
-                        p.count, dtype, redop if p.reduce else None)
+                        p.count, dtype, redop if p.reduce else None, c.seq, range(c.size))
 
     def _read_into(self, c: Comm, peer: int, src_ptr: int, src_off: int, dst_ptr: int, dst_off: int, count: int,
-                   dtype: str, redop: str | None) -> None:
-        """Copy or reduce ``count`` elements of a rank's buffer into mine, segment by segment: straight
-        out of its mapped arena on this node, or fetched over the cross-node transport."""
-        dst_mem = self._mem(c, c.rank)
+                   dtype: str, redop: str | None, seq, ranks) -> None:
+        """Copy or reduce ``count`` elements of a rank's buffer into mine, segment by segment, read through
+        the link to that rank (or out of my own arena).  ``seq``/``ranks``: the operator and its ranks."""
+        dst_mem = self.arena.buf
         isz = itemsize(dtype)
+        if peer == c.rank:
+            self._move(dst_mem, src_ptr, src_off, dst_mem, dst_ptr, dst_off, count, dtype, redop)
+            return
         seg = max(1, c.config.segment_bytes // isz)
-        p = c.peers[peer]
-        remote = peer != c.rank and self._is_remote(p)
-        src_mem = None if remote else self._mem(c, peer)
+        link = c.links[peer]
         done = 0
         while done < count:
             k = min(seg, count - done)
-            if remote:
-                if p.device_id in self.link_down:
-                    raise HcclError(f"link to device {p.device_id} is down", HCCL_E_NETWORK)
-                data = self.remote.read(p, c.cid, src_ptr + (src_off + done) * isz, k * isz)
-                self._move(data, 0, 0, dst_mem, dst_ptr, dst_off + done, k, dtype, redop)
-            else:
-                self._move(src_mem, src_ptr, src_off + done, dst_mem, dst_ptr, dst_off + done, k, dtype, redop)
+            self._check_link(c, peer, seq, ranks)
+            data = link.read(c.cid, src_ptr + (src_off + done) * isz, k * isz)
+            self._move(data, 0, 0, dst_mem, dst_ptr, dst_off + done, k, dtype, redop)
             done += k
         self.stats["bytes_pulled"] += count * isz
 
@@ -545,8 +534,8 @@ class HcclEngine:
         if count <= 0:
             return
         isz = itemsize(dtype)
-        so = (src_ptr & _OFF_MASK) + src_off * isz
-        do = (dst_ptr & _OFF_MASK) + dst_off * isz
+        so = ptr_offset(src_ptr) + src_off * isz
+        do = ptr_offset(dst_ptr) + dst_off * isz
         nb = count * isz
         if dtype == "bfloat16":
             s = src_mem[so:so + nb].view(np.uint16)
@@ -570,30 +559,31 @@ class HcclEngine:
         c.p2p_seq[key] = c.p2p_seq.get(key, 0) + 1
         seq = f"p{lo}-{hi}-{c.p2p_seq[key]}"
         deadline = self._deadline(c)
-        isz = itemsize(op.dtype)
+        pair = (lo, hi)
         if op.op == "send":
-            self._post(c, op.peer, seq, "ready", [op.send, op.count, op.dtype])
-            self._wait(c, [(op.peer, "done")], seq, deadline)
+            self._post(c, op.peer, seq, "ready", [op.send, op.count, op.dtype], ranks=pair)
+            self._wait(c, [(op.peer, "done")], seq, deadline, ranks=pair)
         else:
-            (payload,) = self._wait(c, [(op.peer, "ready")], seq, deadline)
+            (payload,) = self._wait(c, [(op.peer, "ready")], seq, deadline, ranks=pair)
             s_ptr, cnt, dt = payload
             if cnt != op.count or dt != op.dtype:
-                self._post(c, op.peer, seq, "done")
+                self._post(c, op.peer, seq, "done", ranks=pair)
                 raise HcclError(f"send of {cnt} x {dt} does not match recv of {op.count} x {op.dtype}",
                                 HCCL_E_PARA)
-            self._read_into(c, op.peer, s_ptr, 0, op.recv, 0, op.count, op.dtype, None)
-            self._post(c, op.peer, seq, "done")
+            self._read_into(c, op.peer, s_ptr, 0, op.recv, 0, op.count, op.dtype, None, seq, pair)
+            self._post(c, op.peer, seq, "done", ranks=pair)
+
+    def abort(self) -> None:
+        """The device is lost: operators waiting for peers give up (HCCL_E_REMOTE), peers see this rank's
+        transports gone.  Idempotent."""
+        self.close()
 
     def close(self) -> None:
         self.aborted = True
-        self.doorbell.close()
         with self._lock:
-            maps, self._maps = self._maps, {}
-        for mm, _ in maps.values():
-            try:
-                mm.close()
-            except BufferError:
-                pass
+            transports, self._transports = list(self._transports.values()), {}
+        for t in transports:
+            t.close()
 
 
 def _bf16_to_f32(x: np.ndarray) -> np.ndarray:
@@ -604,18 +594,6 @@ def _f32_to_bf16(x: np.ndarray) -> np.ndarray:
     u = x.astype(np.float32).view(np.uint32)
     rounded = u + (0x7FFF + ((u >> 16) & 1))     # round to nearest even
     return (rounded >> 16).astype(np.uint16)
-
-
-def _node_key() -> str:
-    """Identity of this machine for same-node checks (boot id, so containers on one host agree).
-    ``VNPU_NODE_ID`` overrides it: tests use it to run "other nodes" on one machine."""
-    if os.environ.get("VNPU_NODE_ID"):
-        return os.environ["VNPU_NODE_ID"]
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return socket.gethostname()
 
 
 def validate_redop(redop) -> str:

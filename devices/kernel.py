@@ -1,4 +1,4 @@
-"""Kernel definitions, the kernel registry, and what a block sees when it runs.
+"""Kernel lookup (over the table of :mod:`devices.registry`) and what a block sees when it runs.
 
 A kernel runs as ``block_dim`` blocks, SPMD like an Ascend C kernel: every block gets the same arguments
 and its own ``ctx.block_idx`` (``GetBlockIdx()``) and ``ctx.block_dim`` and works on its share.
@@ -9,21 +9,21 @@ Two kinds:
   dtypes at launch (host-synchronous, raises :class:`InvalidParamError`); ``work`` feeds the cost model.
 - user kernels (:func:`register_user_kernel`): ``fn(ctx, *tensors, **attrs)`` where each tensor is a
   :class:`GmTensor` whose indexing is bounds-checked: an index outside the tensor raises the AI Core trap
-  codes (507042 read / 507043 write overflow) instead of touching a neighbour's memory.
+  codes (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW / _WRITE_OVERFLOW) instead of touching a neighbour's memory.
 """
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from .chip import Work
-from .errors import (ACL_ERROR_KERNEL_ALREADY_REGISTERED, ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW,
-                     ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW, ACL_ERROR_RT_KERNEL_LOOKUP, AclError,
-                     InvalidParamError, KernelError)
+from .errors import (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW,
+                     ACL_ERROR_RT_KERNEL_LOOKUP, ACL_ERROR_UNSUPPORTED_DATA_TYPE, AclError, InvalidParamError,
+                     KernelError)
+from .registry import KernelDef, builtin, register_user_kernel, registered, registered_names  # noqa: F401
 
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 
@@ -67,46 +67,11 @@ class BlockCtx:
         return range(start, start + q + (1 if self.block_idx < r else 0))
 
 
-@dataclass(frozen=True)
-class KernelDef:
-    name: str
-    unit: str                                               #: "cube" or "vector"
-    run: Callable[..., None]
-    check: Callable[[tuple, tuple, dict], None] | None = None
-    work: Callable[[tuple, tuple, dict], Work] | None = None
-    parallel_dim: Callable[[tuple, tuple, dict], int] | None = None   #: units of work blocks may split
-    user: bool = False
-    doc: str = ""
-
-
-_REGISTRY: dict[str, KernelDef] = {}
-_LOCK = threading.Lock()
-
-
-def builtin(name: str, unit: str = "vector", check=None, work=None, parallel_dim=None):
-    """Decorator registering a built-in kernel ``run(ctx, inputs, outputs, attrs)``."""
-    def deco(fn):
-        _REGISTRY[name] = KernelDef(name, unit, fn, check, work, parallel_dim, False, fn.__doc__ or "")
-        return fn
-    return deco
-
-
-def register_user_kernel(name: str, fn: Callable[..., None], *, replace: bool = False) -> None:
-    """Register ``fn(ctx, *tensors, **attrs)`` as kernel ``name`` (per-block SPMD)."""
-    if not name or not callable(fn):
-        raise InvalidParamError("a user kernel needs a name and a callable")
-    with _LOCK:
-        old = _REGISTRY.get(name)
-        if old is not None and not replace and (not old.user or old.run is not fn):
-            raise AclError(f"kernel {name!r} is already registered", code=ACL_ERROR_KERNEL_ALREADY_REGISTERED)
-        _REGISTRY[name] = KernelDef(name, "vector", fn, None, None, None, True, fn.__doc__ or "")
-
-
 def lookup(name: str) -> KernelDef:
-    k = _REGISTRY.get(name)
+    k = registered(name)
     if k is None:
         _load_builtins()
-        k = _REGISTRY.get(name)
+        k = registered(name)
     if k is None:
         raise KernelError(f"no kernel named {name!r}", code=ACL_ERROR_RT_KERNEL_LOOKUP)
     return k
@@ -114,7 +79,7 @@ def lookup(name: str) -> KernelDef:
 
 def kernel_names() -> list[str]:
     _load_builtins()
-    return sorted(_REGISTRY)
+    return registered_names()
 
 
 def _load_builtins() -> None:
@@ -126,7 +91,7 @@ def validate_descs(descs: tuple) -> None:
         if not isinstance(d, TensorDesc):
             raise InvalidParamError(f"kernel tensor argument must be a TensorDesc, got {type(d).__name__}")
         if d.dtype not in DTYPES:
-            raise InvalidParamError(f"unsupported dtype {d.dtype!r}", code=100026)
+            raise InvalidParamError(f"unsupported dtype {d.dtype!r}", code=ACL_ERROR_UNSUPPORTED_DATA_TYPE)
         if any((not isinstance(x, (int, np.integer))) or x < 0 for x in d.shape):
             raise InvalidParamError(f"bad shape {d.shape!r}")
 

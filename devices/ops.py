@@ -17,6 +17,7 @@ What blocks split over (``parallel_dim``):
 - ``batch_matmul``: the flattened batch; ``attention``: ``B * Hq`` (GQA groups stay whole per box);
 - ``incre_flash_attention``: ``B * num_key_value_heads`` (a block takes whole GQA groups: the query
   heads of its kv-heads);
+- ``paged_attention``: the token rows ``N`` (rows sharing a block table stay one gather per block);
 - ``rope``: ``B * S`` tokens; ``embedding``: the ids; ``scatter_update``: the K updates (each block
   writes the rows of its own ks); reductions and ``argmax``: the kept output elements.
 
@@ -35,8 +36,14 @@ memory; rows not indexed keep their contents) at indices read from device memory
 ``incre_flash_attention`` reads a packed cache ``[S, B, W, D]`` in place up to per-sequence lengths (and
 from per-sequence left paddings) read from device memory, so a decode step's launches are the same from
 step to step and can be captured as a graph.  Indices and lengths are checked when the kernel runs: one
-out of range traps (507043 write / 507042 read overflow, like a user kernel's ``GmTensor``) before any
-block writes anything.
+out of range traps (ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW / _READ_OVERFLOW, like a user kernel's
+``GmTensor``) before any block writes anything.
+
+Paged KV cache (serving): ``paged_attention`` reads key/value caches of fixed-size blocks ``[NB, BS,
+Hkv, D]`` in place through per-row block tables and context lengths held in device memory (CANN/ATB
+PagedAttention); rows are flat tokens of any mix of sequences, a prefill chunk being rows whose lengths
+grow by one.  New keys and values reach the cache with ``scatter_update`` at slot indices computed on
+the host (the serving engine's slot mapping).
 """
 from __future__ import annotations
 
@@ -49,7 +56,7 @@ import numpy as np
 from .chip import Work
 from .errors import (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW,
                      InvalidParamError, KernelError)
-from .kernel import builtin
+from .registry import builtin
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 
@@ -390,7 +397,8 @@ _ERFC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.2788680
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
-def _gelu_erf(x, out):
+def gelu_erf(x, out):
+    """out = gelu(x) with erf (Abramowitz-Stegun 7.1.26 erfc, |err| < 1.2e-7), elementwise in numpy."""
     a = np.abs(x)
     t = np.multiply(a, 0.5 * _INV_SQRT2)
     t += 1.0
@@ -442,7 +450,7 @@ def _relu(x, out):
     np.maximum(x, 0, out=out)
 
 
-_GELU = {"none": _upcast(_gelu_erf), "tanh": _upcast(_gelu_tanh)}
+_GELU = {"none": _upcast(gelu_erf), "tanh": _upcast(_gelu_tanh)}
 _SILU = _upcast(_silu)
 
 
@@ -1055,7 +1063,7 @@ def _ifa_run(ctx, inputs, outputs, attrs):
     actual_seq_lengths).  query [B, Wq, D] (heads [0, num_heads) are the queries), cache [S, B, W, D]
     (keys of kv-head g at head key_head_offset+g, values at value_head_offset+g), actual_seq_lengths [B]
     (sequence b attends over slots [0, len_b)), optional kv_padding [B] (slots j < pad_b masked);
-    out [B, num_heads, D].  A length outside [0, S] traps (507042) with nothing written."""
+    out [B, num_heads, D].  A length outside [0, S] traps (TRAP_READ_OVERFLOW) with nothing written."""
     q, cache, lens = inputs[0], inputs[1], inputs[2]
     out = outputs[0]
     s_max = cache.shape[0]
@@ -1081,6 +1089,174 @@ def _ifa_run(ctx, inputs, outputs, attrs):
     for b in range(r.start // hkv, (r.stop + hkv - 1) // hkv):
         k0, k1 = max(r.start - b * hkv, 0), min(r.stop - b * hkv, hkv)
         _ifa_rows(q, cache, out, b, k0, k1, max(pad[b], 0) if pad else 0, ln[b], g, ko, vo, scale)
+
+
+# ---------------------------------------------------------------------------------------------------
+# paged_attention (cube): attention of token rows over a paged KV cache, read in place via block tables
+# ---------------------------------------------------------------------------------------------------
+
+_PA = "paged_attention"
+
+
+def _check_pa(inputs, outputs, attrs):
+    nm = _PA
+    _arity(nm, inputs, outputs, 5)
+    q, kc, vc, bt, lens, o = inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], outputs[0]
+    _ndim(nm, q, "query", 3, 3)
+    _ndim(nm, kc, "key_cache", 4, 4)
+    _dtype_in(nm, q, FLOATS, "query")
+    _same_dtype(nm, ("query", q), ("key_cache", kc), ("value_cache", vc), ("output", o))
+    n, wq, d = q.shape
+    nb, bs, hkv_c, dc = kc.shape
+    _need(tuple(vc.shape) == tuple(kc.shape), nm,
+          f"value_cache shape {tuple(vc.shape)} differs from key_cache {tuple(kc.shape)}")
+    _need(dc == d, nm, f"cache head dim {dc} differs from query head dim {d}")
+    _need(d >= 1 and bs >= 1 and nb >= 1, nm, "caches need >= 1 block, block size and head dim")
+    _dtype_in(nm, bt, ID_TYPES, "block_tables")
+    _ndim(nm, bt, "block_tables", 2, 2)
+    _need(bt.shape[0] == n and bt.shape[1] >= 1, nm,
+          f"block_tables shape {tuple(bt.shape)} must be [N, max_blocks] = [{n}, >= 1]")
+    _dtype_in(nm, lens, ID_TYPES, "context_lens")
+    _need(tuple(lens.shape) == (n,), nm, f"context_lens shape {tuple(lens.shape)} must be [N] = [{n}]")
+    for key in ("num_heads", "num_key_value_heads"):
+        _need(key in attrs, nm, f"attr {key!r} is required")
+    h = _int_attr(nm, attrs, "num_heads", None)
+    _need(1 <= h <= wq, nm, f"attr 'num_heads'={h} must be in [1, {wq}] (query has {wq} heads per row)")
+    hkv = _int_attr(nm, attrs, "num_key_value_heads", None)
+    _need(hkv == hkv_c, nm, f"attr 'num_key_value_heads'={hkv} differs from the caches' {hkv_c} heads")
+    _need(h % hkv == 0, nm, f"num_heads={h} must be a multiple of num_key_value_heads={hkv}")
+    if attrs.get("scale") is not None:
+        _num_attr(nm, attrs, "scale", None)
+    _shape_is(nm, o, (n, h, d))
+
+
+def _pa_pd(inputs, outputs, attrs):
+    return inputs[0].shape[0]
+
+
+def _pa_work(inputs, outputs, attrs):
+    """Upper bound: every row attends over its whole block table (the lengths are in device memory)."""
+    q, kc, bt = inputs[0], inputs[1], inputs[3]
+    n, _, d = q.shape
+    span = bt.shape[1] * kc.shape[1]
+    h, hkv = int(attrs["num_heads"]), int(attrs["num_key_value_heads"])
+    item = np.dtype(q.dtype).itemsize
+    nbytes = item * (n * h * d + 2 * n * span * hkv * d) + outputs[0].nbytes + bt.nbytes + inputs[4].nbytes
+    return Work(flops=4.0 * n * h * span * d, bytes=nbytes, unit="cube", fp16=q.dtype == "float16")
+
+
+def _pa_softmax_v(s, vb, out_rows, ct) -> None:
+    """s [..., L] scores (masked already), vb values; writes softmax(s) @ v into out_rows; a row with
+    no visible key (length 0) gets zeros."""
+    m = s.max(axis=-1, keepdims=True)
+    np.maximum(m, np.finfo(ct).min, out=m)                         # all -inf: exp(-inf - min) = 0
+    s -= m
+    np.exp(s, out=s)
+    z = s.sum(axis=-1, keepdims=True)
+    r = np.matmul(s, vb)
+    z[z == 0] = 1                                                  # no visible key: zeros, not NaN
+    np.copyto(out_rows, r / z, casting="same_kind")
+
+
+def _pa_gather(cache, blocks, ct):
+    """cache [NB, BS, Hkv, D] rows of ``blocks [..., nb]`` -> [..., Hkv, nb*BS, D] in the compute dtype."""
+    g = cache[blocks]                                              # [..., nb, BS, Hkv, D] (a copy)
+    g = g.reshape(blocks.shape[:-1] + (-1,) + cache.shape[2:])     # [..., L, Hkv, D]
+    g = np.moveaxis(g, -2, -3)                                     # [..., Hkv, L, D]
+    return g if g.dtype == ct else g.astype(ct)
+
+
+def _pa_segment(q, kc, vc, bt, ln, out, a, b, h, hkv, scale, ct) -> None:
+    """Rows [a, b) sharing one block table (a prefill chunk): one gather of their sequence's keys."""
+    g, d, bs = h // hkv, q.shape[2], kc.shape[1]
+    L = int(ln[a:b].max())
+    nr = b - a
+    if L == 0:
+        out[a:b] = 0
+        return
+    blocks = bt[a, :(L + bs - 1) // bs]
+    kb, vb = _pa_gather(kc, blocks, ct), _pa_gather(vc, blocks, ct)      # [Hkv, L', D]
+    qs = np.multiply(q[a:b, :h], scale, dtype=ct).reshape(nr, hkv, g, d).transpose(1, 0, 2, 3).reshape(hkv, nr * g, d)
+    s = np.matmul(qs, kb.swapaxes(-1, -2))                          # [Hkv, nr*g, L']
+    vis = np.arange(s.shape[-1])[None, :] < ln[a:b, None]           # [nr, L']: causal via the lengths
+    s4 = s.reshape(hkv, nr, g, -1)
+    s4[np.broadcast_to(~vis[None, :, None, :], s4.shape)] = -np.inf
+    o = np.empty((hkv, nr * g, d), ct)
+    _pa_softmax_v(s, vb, o, ct)
+    np.copyto(out[a:b], o.reshape(hkv, nr, g, d).transpose(1, 0, 2, 3).reshape(nr, h, d), casting="same_kind")
+
+
+def _pa_singles(q, kc, vc, bt, ln, out, rows, h, hkv, scale, ct) -> None:
+    """Rows each with its own block table (decode): one batched gather, padded to the group's longest."""
+    g, d, bs = h // hkv, q.shape[2], kc.shape[1]
+    order = rows[np.argsort(ln[rows], kind="stable")]
+    i = 0
+    while i < order.size:                                          # groups of similar length
+        j = i + 1
+        while j < order.size and ln[order[j]] <= 2 * ln[order[i]] + bs:
+            j += 1
+        grp = order[i:j]
+        i = j
+        L = int(ln[grp].max())
+        if L == 0:
+            out[grp] = 0
+            continue
+        blocks = bt[grp, :(L + bs - 1) // bs]                      # [n, nb]
+        kb, vb = _pa_gather(kc, blocks, ct), _pa_gather(vc, blocks, ct)  # [n, Hkv, L', D]
+        qs = np.multiply(q[grp, :h], scale, dtype=ct).reshape(grp.size, hkv, g, d)
+        s = np.matmul(qs, kb.swapaxes(-1, -2))                      # [n, Hkv, g, L']
+        vis = np.arange(s.shape[-1])[None, :] < ln[grp, None]
+        s[~np.broadcast_to(vis[:, None, None, :], s.shape)] = -np.inf
+        o = np.empty((grp.size, hkv, g, d), ct)
+        _pa_softmax_v(s, vb, o, ct)
+        out[grp] = o.reshape(grp.size, h, d)                       # fancy index: an assignment, not a view
+
+
+@builtin(_PA, unit="cube", check=_check_pa, work=_pa_work, parallel_dim=_pa_pd)
+@_quiet
+def _pa_run(ctx, inputs, outputs, attrs):
+    """Attention of token rows over a paged KV cache read in place (CANN/ATB PagedAttention with block
+    tables).  query [N, Wq, D] (heads [0, num_heads) are the queries), key_cache / value_cache
+    [NB, BS, Hkv, D], block_tables [N, MB], context_lens [N]; row n attends over positions
+    [0, context_lens[n]) of its sequence, position j living in block block_tables[n, j // BS] at offset
+    j % BS (so a prefill chunk is rows whose lengths grow by one: causal).  out [N, num_heads, D]; a
+    row with length 0 gets zeros.  A length outside [0, MB * BS] or a used block id outside [0, NB)
+    traps (507042) with nothing written."""
+    q, kc, vc, bt, lens = inputs
+    out = outputs[0]
+    nb, bs = kc.shape[0], kc.shape[1]
+    ln = lens.astype(np.int64)
+    n, mb = bt.shape
+    if n and (ln.min() < 0 or ln.max() > mb * bs):                   # every block checks every row
+        bad = np.flatnonzero((ln < 0) | (ln > mb * bs))
+        raise KernelError(f"{_PA}: context_lens[{bad[0]}]={ln[bad[0]]} is outside [0, {mb * bs}] "
+                          f"(block table of {mb} blocks of {bs}; {bad.size} bad length(s) in block {ctx.block_idx})",
+                          code=ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW)
+    used = np.arange(mb)[None, :] < ((ln + bs - 1) // bs)[:, None]
+    badb = used & ((bt < 0) | (bt >= nb))
+    if badb.any():
+        r, c = (int(x[0]) for x in np.nonzero(badb))
+        raise KernelError(f"{_PA}: block_tables[{r}, {c}]={int(bt[r, c])} is outside the caches' [0, {nb}) blocks "
+                          f"({int(badb.sum())} bad block id(s) in use, block {ctx.block_idx})",
+                          code=ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW)
+    h, hkv = int(attrs["num_heads"]), int(attrs["num_key_value_heads"])
+    scale = attrs.get("scale")
+    scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
+    ct = _compute_dtype(out.dtype)
+    r = range(n) if ctx.block_dim == 1 else ctx.split(n)
+    if not r:
+        return
+    a0, a1 = r.start, r.stop
+    sub = bt[a0:a1]
+    starts = np.concatenate([[0], np.flatnonzero(np.any(sub[1:] != sub[:-1], axis=1)) + 1, [a1 - a0]]) + a0
+    singles = []
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        if b - a == 1:
+            singles.append(a)
+        else:
+            _pa_segment(q, kc, vc, bt, ln, out, a, b, h, hkv, scale, ct)
+    if singles:
+        _pa_singles(q, kc, vc, bt, ln, out, np.array(singles, np.int64), h, hkv, scale, ct)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1243,7 +1419,7 @@ def _last_occurrence(idx: np.ndarray) -> np.ndarray | None:
 def _scatter_update_run(ctx, inputs, outputs, attrs):
     """In place: var[indices[k], ...] = updates[k, ...] (inputs updates [K, *R], indices [K]; output var
     [S, *R], its other rows untouched).  Duplicate indices: the last k wins.  An index outside [0, S)
-    traps (507043) and nothing is written (every block checks all K indices before writing)."""
+    traps (TRAP_WRITE_OVERFLOW) and nothing is written (every block checks all K indices before writing)."""
     upd, idx = inputs
     var = outputs[0]
     k, s = idx.shape[0], var.shape[0]

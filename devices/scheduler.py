@@ -9,6 +9,10 @@ block is never preempted.
 
 Host-side calls (:meth:`Scheduler.enqueue`, ``synchronize_*``) take the lock briefly; only the
 ``synchronize_*`` calls block the host, and they always take a deadline.
+
+Faults are read from the device's :class:`~devices.faults.FaultState`: a core waits while a ``hang``
+holds the cores, a ``slow`` fault stretches each block's wall time and each task's modeled time by its
+factor, and ``task-fail`` fails whole tasks (one count per task, whatever its block count).
 """
 from __future__ import annotations
 
@@ -22,10 +26,13 @@ from typing import Any, Callable
 
 from .errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_EVENT_NOT_COMPLETE, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,
                      ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID, ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL,
-                     ACL_ERROR_RT_NO_EVENT_RESOURCE, ACL_ERROR_RT_NO_STREAM_RESOURCE,
+                     ACL_ERROR_RT_NO_DEVICE, ACL_ERROR_RT_NO_EVENT_RESOURCE, ACL_ERROR_RT_NO_STREAM_RESOURCE,
                      ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, AclError, InvalidHandleError, InvalidParamError,
                      KernelError, error_for_code)
+from .faults import FaultState
 
+#: task kinds that run on a core (records and waits resolve inline and are not "tasks" to a fault)
+_CORE_TASKS = ("kernel", "copy")
 
 
 @dataclass
@@ -83,14 +90,16 @@ def _is_done(e: Event, gen: int) -> bool:
 
 def _copy(e: AclError) -> AclError:
     """A fresh exception of the same class and code (a stored error is raised once per waiter)."""
-    return error_for_code(e.code, e.detail, type(e).__name__)
+    return e.copy()
 
 
 class Scheduler:
-    """Streams, events and a pool of ``cores`` worker threads for one device."""
+    """Streams, events and a pool of ``cores`` worker threads for one device.  ``faults`` is the device's
+    fault state (a private one when not given)."""
 
     def __init__(self, device_id: int, cores: int, *, max_streams: int = 1984, max_events: int = 65536,
-                 on_task_done: Callable[[Task, float], None] | None = None, name: str = "npu"):
+                 on_task_done: Callable[[Task, float], None] | None = None, name: str = "npu",
+                 faults: FaultState | None = None):
         self.device_id = device_id
         self.cores = cores
         self.max_streams = max_streams
@@ -110,9 +119,7 @@ class Scheduler:
         self.busy_s = [0.0] * cores                      # wall seconds each core spent running blocks
         self.tasks_run = 0
         self.model_now = 0.0
-        self._slow_factor = 1.0
-        self._hang = threading.Event()
-        self._hang.set()
+        self._faults = faults if faults is not None else FaultState(0, device_id)
         self._threads = [threading.Thread(target=self._worker, args=(i,), name=f"{name}{device_id}-core{i}",
                                           daemon=True) for i in range(cores)]
         for t in self._threads:
@@ -310,7 +317,9 @@ class Scheduler:
                 t.next_block += 1
                 if t.next_block >= t.blocks:
                     heapq.heappop(self._ready)
-            self._hang.wait()
+                if b == 0 and t.kind in _CORE_TASKS and self._faults.take_task_failure():
+                    t.error = KernelError(f"{t.name or t.kind}: injected task failure (fault task-fail)")
+            self._faults.wait_running()
             t0 = time.perf_counter()
             err = None
             try:
@@ -321,8 +330,9 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - any failure is a task failure, never a dead core
                 err = KernelError(f"{t.name or t.kind} failed: {type(e).__name__}: {e}")
             dt = time.perf_counter() - t0
-            if self._slow_factor > 1.0:
-                deadline = t0 + dt * self._slow_factor
+            slow = self._faults.slow_factor()
+            if slow > 1.0:
+                deadline = t0 + dt * slow
                 while time.perf_counter() < deadline:   # emulated slowness burns the core's time
                     threading.Event().wait(max(0.0, deadline - time.perf_counter()))
                 dt = time.perf_counter() - t0
@@ -339,7 +349,7 @@ class Scheduler:
         s.running = None
         s.tasks_done += 1
         self.tasks_run += 1
-        s.model_time += t.duration * self._slow_factor
+        s.model_time += t.duration * self._faults.slow_factor()
         self.model_now = max(self.model_now, s.model_time)
         if t.error is not None and s.error is None:
             s.error = t.error
@@ -437,22 +447,7 @@ class Scheduler:
             raise AclError("end event completed before start event", code=ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL)
         return (w1 - w0) * 1e3, max(0.0, m1 - m0) * 1e3
 
-    # ------------------------------------------------------------------ faults and shutdown
-    def set_slow(self, factor: float) -> None:
-        self._slow_factor = max(1.0, float(factor))
-
-    @property
-    def hung(self) -> bool:
-        """True while the fault ``hang`` holds the cores."""
-        return not self._hang.is_set()
-
-    def set_hang(self, hang: bool) -> None:
-        """A hung device stops running blocks (queued work stays queued)."""
-        if hang:
-            self._hang.clear()
-        else:
-            self._hang.set()
-
+    # ------------------------------------------------------------------ abort and shutdown
     def abort(self, code: int = ACL_ERROR_RT_DEVICE_TASK_ABORT, message: str = "device task abort") -> None:
         """Fail every queued task and every waiter with ``code`` (aclrtDeviceTaskAbort / device loss)."""
         err = error_for_code(code, message)
@@ -480,7 +475,7 @@ class Scheduler:
 
     def _check_alive(self) -> None:
         if self._stop:
-            raise error_for_code(207004, f"device {self.device_id} is shut down")
+            raise error_for_code(ACL_ERROR_RT_NO_DEVICE, f"device {self.device_id} is shut down")
         if self._abort_error is not None:
             raise _copy(self._abort_error)
 
@@ -489,7 +484,7 @@ class Scheduler:
             self._stop = True
             self._work.notify_all()
             self._idle.notify_all()
-        self._hang.set()
+        self._faults.close()                 # cores held by a hang are let go
         for t in self._threads:
             t.join(timeout=5)
 

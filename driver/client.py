@@ -2,19 +2,21 @@
 
 One channel per device.  Every RPC goes through :meth:`RemoteDevice._rpc`, which adds the metadata
 (bearer token, client id = tenant, device id) and a deadline, counts the call (:attr:`rpc_count`), and
-turns a gRPC failure back into the typed CANN exception: the server's ``vnpu-acl-code`` when present,
-else a code for the status (UNAVAILABLE / CANCELLED -> :class:`DeviceLostError` 107022, DEADLINE_EXCEEDED
--> 207020, ...; see :func:`driver.wire.code_for_status`).
+turns a gRPC failure back into the typed CANN exception: the server's structured error detail when present
+(code, class, and the HcclResult of a failed collective), else a code for the status (UNAVAILABLE /
+CANCELLED -> :class:`DeviceLostError` ACL_ERROR_RT_DEVICE_TASK_ABORT, DEADLINE_EXCEEDED ->
+ACL_ERROR_RT_TIMEOUT, ...; see :func:`driver.wire.code_for_status`).
 
 Device loss: :meth:`watch_health` keeps a server-streaming heartbeat open.  When that stream breaks (or
-goes silent for ``stale_after_s``) the device is marked lost at once (:attr:`lost`), the callback hears
-about it, blocked ``synchronize_*`` calls are woken, and every later call raises DeviceLostError (107022)
-without touching the network.
+goes silent for ``stale_after_s``) the device is marked lost at once (:attr:`lost`, :meth:`mark_lost`),
+the callback hears about it, blocked ``synchronize_*`` calls are woken, and every later call raises
+DeviceLostError (ACL_ERROR_RT_DEVICE_TASK_ABORT) without touching the network -- the same contract as an
+in-process :class:`devices.device.Device` that is lost.
 
-Same-node fast path: when the device's HBM arena segment (named in GetDeviceInfo) is visible under
-``/dev/shm`` here, a host copy is one small ``CheckRange`` RPC (the device checks bounds, tenant and ECC
-poison and returns the arena offset) plus one numpy memcpy into/out of the mapped segment.  Otherwise (or
-with ``same_node=False``) copies stream in 1 MiB chunks over gRPC.
+Same-node fast path: when the device is on this node (its published node identity equals this process's,
+:mod:`driver.node`) and its HBM arena segment can be mapped here, a host copy is one small ``CheckRange``
+RPC (the device checks bounds, tenant and ECC poison and returns the arena offset) plus one numpy memcpy
+into/out of the mapped segment.  Otherwise (or with ``same_node=False``) copies stream in chunks over gRPC.
 """
 from __future__ import annotations
 
@@ -35,10 +37,14 @@ import numpy as np  # noqa: E402
 
 from devices.arena import ARENA_HEADER, SHM_DIR, attach, header_gen  # noqa: E402
 from devices.device import DeviceInfo  # noqa: E402
-from devices.errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,  # noqa: E402
-                            ACL_ERROR_RT_NO_DEVICE, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_TIMEOUT, AclError,
-                            InvalidDeviceError, InvalidHandleError, InvalidParamError, error_for_code)
+from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_DEVICE_TASK_ABORT,  # noqa: E402
+                            ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_NO_DEVICE, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
+                            ACL_ERROR_RT_TIMEOUT, AclError, InvalidDeviceError, InvalidParamError, error_for_code)
+from devices.faults import CLEAR  # noqa: E402
+from devices.health import HealthReport  # noqa: E402
 from devices.tasks import WriteH2D  # noqa: E402
+
+from .node import same_node as nodes_match, this_node  # noqa: E402
 
 log = logging.getLogger("vnpu.driver.client")
 
@@ -72,14 +78,7 @@ class HealthEvent:
     telemetry: dict = field(default_factory=dict, compare=False)
     lost: bool = False
     error: AclError | None = None
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+    conditions: tuple = ()          #: the beat's HealthCondition objects (what failover reads)
 
 
 def _host_bytes(data) -> np.ndarray:
@@ -94,7 +93,8 @@ def _host_bytes(data) -> np.ndarray:
 
 
 def _request(cls, **kw):
-    """Build a request; wrong argument types / out-of-range integers are parameter errors (107000)."""
+    """Build a request; wrong argument types / out-of-range integers are parameter errors
+    (ACL_ERROR_RT_PARAM_INVALID)."""
     try:
         return cls(**kw)
     except (TypeError, ValueError, OverflowError) as e:
@@ -102,15 +102,18 @@ def _request(cls, **kw):
 
 
 class RemoteDevice:
-    """A device reached over gRPC (same surface as :class:`devices.device.Device`, minus ``owner``)."""
+    """A device reached over gRPC (same surface as :class:`devices.device.Device`, minus ``owner``).
+
+    ``same_node``: None (default) decides by node identity (:mod:`driver.node`); True maps the device's
+    arena for host copies whenever it can be mapped here; False never does."""
 
     def __init__(self, address: str, token: str, device_id: int, *, client_id: str | None = None,
-                 timeout_s: float = 30.0, same_node: bool = True):
+                 timeout_s: float = 30.0, same_node: bool | None = None):
         self.id = int(device_id)
         self.address = address
         self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.timeout_s = float(timeout_s)
-        self.same_node = bool(same_node)
+        self.same_node = same_node
         self._md = ((wire.AUTH_KEY, f"Bearer {token}"), (wire.CLIENT_KEY, self.client_id),
                     (wire.DEVICE_KEY, str(self.id)))
         self._channel = grpc.insecure_channel(address, options=wire.channel_options())
@@ -174,22 +177,20 @@ class RemoteDevice:
     def _error(self, e: grpc.RpcError) -> AclError:
         status = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
         details = (e.details() if hasattr(e, "details") else "") or ""
-        code, cls = None, None
+        code = cls = hccl = None
         try:
-            for k, v in e.trailing_metadata() or ():
-                if k == wire.ACL_CODE_KEY:
-                    code = int(v)
-                elif k == wire.ACL_CLASS_KEY:
-                    cls = v
-        except Exception:  # noqa: BLE001 - no metadata on this kind of failure
-            pass
+            found = wire.error_from_trailers(e.trailing_metadata())
+        except Exception:  # noqa: BLE001 - no (readable) metadata on this kind of failure
+            found = None
+        if found is not None:
+            code, cls, hccl = found
         if code is None:
             if self._closed:
                 code, details = ACL_ERROR_RT_NO_DEVICE, f"client of device {self.id} was closed during the call"
             else:
                 code = wire.code_for_status(status)
                 details = f"device {self.id} at {self.address}: {status.name}: {details}"
-        err = error_for_code(code, details, cls)
+        err = error_for_code(code, details, cls, hccl_code=hccl)
         err.grpc_status = status
         return err
 
@@ -197,8 +198,9 @@ class RemoteDevice:
         return error_for_code(ACL_ERROR_RT_DEVICE_TASK_ABORT,
                               f"device {self.id} at {self.address} is lost: {self.lost_reason}")
 
-    def _mark_lost(self, reason: str) -> bool:
-        """Flag the device lost (once); wakes every blocked synchronize.  True if this call flagged it."""
+    def mark_lost(self, reason: str) -> bool:
+        """Flag the device lost (once): every blocked synchronize wakes with, and every later call fails
+        with, DeviceLostError (no network round trip).  True if this call flagged it."""
         with self._lock:
             if self.lost.is_set():
                 return False
@@ -225,7 +227,12 @@ class RemoteDevice:
         return self._info
 
     def health(self) -> tuple[str, list[str]]:
+        """``(level, reasons)`` as npu-smi shows them."""
         return wire.health_status_from_pb(self._rpc(self._dms.GetHealth, dms.GetHealthRequest()))
+
+    def health_report(self) -> HealthReport:
+        """The device's conditions (structured) and level."""
+        return wire.health_report_from_pb(self._rpc(self._dms.GetHealth, dms.GetHealthRequest()))
 
     def telemetry(self) -> dict:
         return wire.telemetry_from_pb(self._rpc(self._dms.GetTelemetry, dms.GetTelemetryRequest()))
@@ -235,9 +242,15 @@ class RemoteDevice:
         self._rpc(self._dms.Reset, dms.ResetRequest())
 
     def inject_fault(self, kind: str, **params) -> None:
-        """Chaos: ``kind`` in kill | hang | slow | ecc | link-down | task-fail | overheat | clear; params
-        factor, count, offset, length, peer, duration_ms, celsius (see dms.proto)."""
-        self._rpc(self._dms.InjectFault, _request(dms.InjectFaultRequest, kind=kind, **params))
+        """Chaos, as :meth:`devices.device.Device.inject_fault` (kinds and parameters:
+        :data:`devices.faults.FAULT_KINDS`); ``kill`` ends the device's host process after the reply."""
+        self._rpc(self._dms.InjectFault, wire.fault_request(kind, params))
+
+    def clear_fault(self, kind: str | None = None) -> None:
+        """Undo the faults of ``kind`` (every fault when None), as :meth:`devices.device.Device.clear_fault`."""
+        if kind == CLEAR:
+            raise InvalidParamError(f"{CLEAR!r} is not a fault kind: clear_fault() clears every kind")
+        self._rpc(self._dms.ClearFault, _request(dms.ClearFaultRequest, kind=kind or ""))
 
     def watch_health(self, interval_ms: int, callback=None, *, stale_after_s: float | None = None,
                      lease: bool = False) -> "HealthWatch":
@@ -270,16 +283,15 @@ class RemoteDevice:
         """The device arena mapped here (same node), or None.  Decided once per client."""
         if self._shm is not None:
             return self._shm[1]
-        if not self.same_node or self._shm_checked:
+        if self.same_node is False or self._shm_checked:
             return None
         info = self.info()
         with self._lock:
             if self._shm_checked or self._closed:
                 return self._shm[1] if self._shm else None
             self._shm_checked = True
-            mine = _boot_id()
-            if info.boot_id and mine and info.boot_id != mine:
-                return None                                  # another machine (or VM)
+            if self.same_node is None and not nodes_match(info.node, this_node()):
+                return None                                  # another node (or a simulated one)
             path = os.path.join(SHM_DIR, info.arena_name)
             try:
                 if not info.arena_name or os.stat(path).st_size != info.arena_size + ARENA_HEADER:
@@ -349,11 +361,11 @@ class RemoteDevice:
             for chunk in it:
                 k = len(chunk.data)
                 if pos + k > res.size:
-                    raise AclError(f"device sent more than the {nbytes} B asked for", code=500000)
+                    raise AclError(f"device sent more than the {nbytes} B asked for", code=ACL_ERROR_INTERNAL_ERROR)
                 res[pos:pos + k] = np.frombuffer(chunk.data, dtype=np.uint8)
                 pos += k
             if pos != res.size:
-                raise AclError(f"device-to-host stream ended after {pos} of {nbytes} B", code=500000)
+                raise AclError(f"device-to-host stream ended after {pos} of {nbytes} B", code=ACL_ERROR_INTERNAL_ERROR)
             return res
 
         res = self._rpc(self._rms.MemcpyD2H, req, timeout=self.timeout_s + max(0, nbytes) / COPY_BYTES_PER_S,
@@ -410,8 +422,8 @@ class RemoteDevice:
         for batch in _split(ops):
             try:
                 self._rpc(self._rms.Submit, wire.submit_request(batch, self._templates))
-            except InvalidHandleError as e:
-                if "launch template" not in str(e):
+            except AclError as e:
+                if not wire.is_unknown_template(e):
                     raise
                 self._templates.reset()          # the device forgot them (restarted): send in full
                 self._rpc(self._rms.Submit, wire.submit_request(batch, self._templates))
@@ -490,7 +502,7 @@ class RemoteDevice:
                 res[pos:pos + k] = np.frombuffer(chunk.data, dtype=np.uint8)
                 pos += k
             if pos != nbytes:
-                raise AclError(f"peer sent {pos} of {nbytes} B", code=500000)
+                raise AclError(f"peer sent {pos} of {nbytes} B", code=ACL_ERROR_INTERNAL_ERROR)
             return res
         return self._rpc(self._rms.HcclRead, _request(rms.HcclReadRequest, comm=comm_id, ptr=ptr, nbytes=nbytes),
                          timeout=self.timeout_s + nbytes / COPY_BYTES_PER_S, consume=consume)
@@ -529,15 +541,13 @@ class RemoteDevice:
             try:
                 self._rpc(method, req, timeout=slice_ms / 1000.0 + self.timeout_s, interruptible=not short)
                 return
-            except InvalidHandleError as e:
-                if not ops or "launch template" not in str(e):
-                    raise
-                self._templates.reset()          # the device forgot them (restarted): send in full
-                self.submit(ops)
             except AclError as e:
-                if self.lost.is_set():
+                if ops and wire.is_unknown_template(e):
+                    self._templates.reset()          # the device forgot them (restarted): send in full
+                    self.submit(ops)
+                elif self.lost.is_set():
                     raise self._lost_error() from None
-                if e.code not in _SYNC_TIMEOUT_CODES or last:
+                elif e.code not in _SYNC_TIMEOUT_CODES or last:
                     raise
             ops = ()
             short = False
@@ -649,7 +659,8 @@ class HealthWatch:
             self.seq = m.seq
             self.beats += 1
             health, reasons = wire.health_status_from_pb(m.status)
-            self._notify(HealthEvent(self.dev.id, m.seq, health, tuple(reasons), wire.telemetry_from_pb(m.telemetry)))
+            self._notify(HealthEvent(self.dev.id, m.seq, health, tuple(reasons), wire.telemetry_from_pb(m.telemetry),
+                                     conditions=tuple(wire.conditions_from_pb(m.status.conditions))))
 
     def _run(self) -> None:
         dev = self.dev
@@ -675,7 +686,7 @@ class HealthWatch:
                 return
             if self._stale:
                 reason = f"no heartbeat for {self.stale_after_s:g} s"
-            dev._mark_lost(reason)
+            dev.mark_lost(reason)
             lost = error_for_code(ACL_ERROR_RT_DEVICE_TASK_ABORT, f"device {dev.id} at {dev.address} is lost: "
                                                                   f"{dev.lost_reason or reason}")
             self._notify(HealthEvent(dev.id, self.seq, "Unknown", (reason,), {}, lost=True, error=lost))

@@ -6,7 +6,8 @@ driver) on an ephemeral port of the node's own address.  The driver finds it by 
 Ray namespace (``npu<physical id>``) and from then on talks to it over gRPC only.
 
 It lives at the driver's edge: ``devices`` is the device model as plain Python (no Ray, gRPC or driver
-imports); this module builds one, serves it, and wires HCCL's cross-node transport.
+imports); this module builds one with this node's identity (:mod:`driver.node`), serves it, and installs
+HCCL's cross-node transport (:mod:`driver.hccl_grpc`) next to the engine's built-in same-node one.
 """
 from __future__ import annotations
 
@@ -36,20 +37,22 @@ class NpuHost:
             pass
         from dataclasses import replace
 
+        from .hccl_grpc import GrpcTransport
+        from .node import this_node
         from .service import serve
 
         from devices.chip import chip_by_name
         from devices.device import Device, DeviceConfig
+        from devices.hccl_transport import CROSS_NODE
         self.host = host or _node_ip()
         cfg = replace(DeviceConfig(), device_id=device_id, arena_bytes=arena_bytes, spec=chip_by_name(chip),
-                      cores=cores)
+                      cores=cores, node=this_node())
         self.device = Device(cfg)
         self._stopped = threading.Event()
         self.server = serve(self.device, host=self.host, token=token, on_kill=self._kill)
-        from .hccl_link import GrpcLinks
-        self.links = GrpcLinks(token, client_id=f"hccl-npu{device_id}")
-        self.device.hccl.address = self.server.address       # peers on other nodes reach this device here
-        self.device.hccl.remote = self.links
+        # peers on other nodes reach this device at its gRPC endpoint
+        self.device.hccl.set_transport(CROSS_NODE, GrpcTransport(self.server.address, token,
+                                                                 client_id=f"hccl-npu{device_id}"))
 
     def _kill(self) -> None:
         """Fault ``kill``: the device process dies at once (as SIGKILL would do)."""
@@ -59,7 +62,7 @@ class NpuHost:
         info = self.device.info()
         return {"device_id": info.device_id, "address": self.server.address, "arena": info.arena_name,
                 "arena_bytes": info.hbm_total, "chip": info.chip, "pid": os.getpid(), "host": self.host,
-                "node_id": _node_id()}
+                "node": info.node}
 
     def ping(self) -> int:
         return os.getpid()
@@ -68,8 +71,7 @@ class NpuHost:
         if not self._stopped.is_set():
             self._stopped.set()
             self.server.stop(0.5)
-            self.links.close()
-            self.device.close()
+            self.device.close()                  # closes HCCL's transports too
         return True
 
 
@@ -81,14 +83,6 @@ def _node_ip() -> str:
     except Exception:  # noqa: BLE001 - outside Ray: loopback
         pass
     return "127.0.0.1"
-
-
-def _node_id() -> str:
-    try:
-        import ray
-        return ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001
-        return ""
 
 
 def remote_class(max_restarts: int = 0):

@@ -1,7 +1,9 @@
 """Generate Python code from ``proto/*.proto`` into ``driver/_gen`` (never committed).
 
-Run by ``scripts/setup.sh`` and on first import of :mod:`driver.wire` when the output is missing or older
-than the ``.proto`` files.  Only :mod:`driver.wire` imports the generated modules.
+Run at set-up only: ``scripts/setup.sh`` runs ``python -m driver.protogen`` (``--force`` regenerates even
+when the output looks current).  Nothing generates code at import time: :mod:`driver.wire`, the only
+importer of the generated modules, calls :func:`check` and refuses to load -- with an error that says to
+run ``scripts/setup.sh`` -- when the output is missing or older than the ``.proto`` files.
 
 protoc writes imports relative to the proto root (``from vnpu.v1 import dms_pb2``); they are rewritten to
 ``from driver._gen.vnpu.v1 import dms_pb2`` so the generated package needs no ``sys.path`` entry.
@@ -83,6 +85,20 @@ def generate() -> None:
 def ensure() -> None:
     if stale():
         generate()
+
+
+class GeneratedCodeError(ImportError):
+    """The generated protobuf code is missing or older than ``proto/``: run ``scripts/setup.sh``."""
+
+
+def check() -> None:
+    """Raise :class:`GeneratedCodeError` unless the generated code is present and current."""
+    if not (OUT_DIR / "vnpu" / "v1").is_dir():
+        raise GeneratedCodeError(f"the generated protobuf code ({OUT_DIR}) is missing: run scripts/setup.sh "
+                                 f"(or `python -m driver.protogen`)")
+    if stale():
+        raise GeneratedCodeError(f"the generated protobuf code ({OUT_DIR}) is older than {PROTO_DIR}: run "
+                                 f"scripts/setup.sh (or `python -m driver.protogen`)")
 
 
 if __name__ == "__main__":

@@ -5,16 +5,24 @@ its node's address) and serves both services from a thread pool.  One intercepto
 front of every method and is the only place that
   * authenticates: metadata ``authorization: Bearer <token>`` compared in constant time; anything else is
     refused with UNAUTHENTICATED before the method runs;
-  * refuses calls addressed to another device (``vnpu-device`` metadata, FAILED_PRECONDITION / 107001);
+  * refuses calls addressed to another device (``vnpu-device`` metadata, FAILED_PRECONDITION /
+    ACL_ERROR_RT_INVALID_DEVICEID);
   * maps errors: an :class:`~devices.errors.AclError` becomes the gRPC status of its code
-    (:func:`driver.wire.status_for_code`) with trailing metadata ``vnpu-acl-code``; any other exception
-    becomes INTERNAL / 500000.  Servicer methods just call the device and let errors fly.
+    (:func:`driver.wire.status_for_code`) with the structured error detail in trailing metadata (code,
+    class, HcclResult: :func:`driver.wire.error_trailers`); any other exception becomes INTERNAL with
+    ACL_ERROR_INTERNAL_ERROR.  Servicer methods just call the device and let errors fly.
+
+Faults: ``InjectFault`` / ``ClearFault`` just call the device's ``inject_fault`` / ``clear_fault``.  The
+server installs the device's ``on_kill`` hook, so that the ``kill`` fault ends the hosting process (the
+``on_kill`` given to :func:`serve`) after its reply has gone out, instead of marking an in-process device
+lost.
 
 Tenancy: the ``vnpu-client`` metadata names the owner on whose behalf the device acts, so allocations,
 streams and events of one client are invisible to another.
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -31,23 +39,15 @@ from .wire import dms, rms
 
 import grpc  # noqa: E402,I100
 
-from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_INVALID_DEVICEID,  # noqa: E402
-                            ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError)
+from devices.errors import ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_INVALID_DEVICEID, AclError  # noqa: E402
+from devices.errors import InvalidParamError  # noqa: E402
+from devices.node import boot_id  # noqa: E402
 
 log = logging.getLogger("vnpu.driver.service")
 
 #: server threads per device endpoint; every open health watch (each runtime client's lease, each
 #: failover pool's watch) holds one for its lifetime, so this bounds the concurrent clients of a device
 RPC_WORKERS = 64
-FAULT_KINDS = ("kill", "hang", "slow", "ecc", "link-down", "task-fail", "overheat", "clear")
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def _owner(context) -> str:
@@ -58,17 +58,13 @@ def _owner(context) -> str:
 
 
 # ---------------------------------------------------------------- the gate: auth + error mapping
-def _abort(context, code: int, message: str, cls: str = ""):
-    md = ((wire.ACL_CODE_KEY, str(code)),) + (((wire.ACL_CLASS_KEY, cls),) if cls else ())
-    context.set_trailing_metadata(md)
-    context.abort(wire.status_for_code(code), message)
-
-
 def _map_errors(context, e: Exception):
     if isinstance(e, AclError):
-        _abort(context, e.code, e.detail, type(e).__name__)
+        context.set_trailing_metadata(wire.error_trailers_of(e))
+        context.abort(wire.status_for_code(e.code), e.detail)
     log.exception("unexpected error in an RPC handler")
-    _abort(context, ACL_ERROR_INTERNAL_ERROR, f"{type(e).__name__}: {e}")
+    context.set_trailing_metadata(wire.error_trailers(ACL_ERROR_INTERNAL_ERROR))
+    context.abort(wire.status_for_code(ACL_ERROR_INTERNAL_ERROR), f"{type(e).__name__}: {e}")
 
 
 def _guard_unary(fn):
@@ -103,7 +99,7 @@ def _refusal(h: grpc.RpcMethodHandler, status: grpc.StatusCode, message: str, co
     """A handler of ``h``'s shape that refuses the call (the request is not even parsed)."""
     def refuse(request, context):
         if code is not None:
-            context.set_trailing_metadata(((wire.ACL_CODE_KEY, str(code)),))
+            context.set_trailing_metadata(wire.error_trailers(code))
         context.abort(status, message)
 
     if h.unary_unary is not None:
@@ -159,12 +155,12 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
         self._server = server
 
     def GetDeviceInfo(self, request, context):
-        d = self.device
-        return wire.info_to_pb(d.info(), arena_size=d.arena.size, node_address=self._server.address,
-                               host_pid=os.getpid(), hostname=socket.gethostname(), boot_id=_boot_id())
+        info = self.device.info()
+        return wire.info_to_pb(info, arena_size=info.hbm_total, node_address=self._server.address,
+                               host_pid=os.getpid(), hostname=socket.gethostname(), boot_id=boot_id())
 
     def GetHealth(self, request, context):
-        return wire.health_status_to_pb(self.device.health())
+        return wire.health_status_to_pb(self.device.health_report())
 
     def GetTelemetry(self, request, context):
         return wire.telemetry_to_pb(self.device.telemetry())
@@ -181,11 +177,11 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
             seq = request.start_seq or 1
             while not wake.is_set() and not self._server.stopping.is_set() and context.is_active():
                 d = self.device
-                if d.sched.hung:
+                if d.hung:
                     wake.wait(min(interval, 0.02))   # a hung device misses its heartbeats (stream stays open)
                     continue
                 tele = d.telemetry()
-                yield dms.HealthBeat(seq=seq, status=wire.health_status_to_pb(d.health()),
+                yield dms.HealthBeat(seq=seq, status=wire.health_status_to_pb(d.health_report()),
                                      telemetry=wire.telemetry_to_pb(tele), server_time_s=tele.get("uptime_s", 0.0))
                 seq += 1
                 wake.wait(interval)
@@ -199,61 +195,13 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
         return dms.ResetReply()
 
     def InjectFault(self, request, context):
-        kind = request.kind
-        if kind not in FAULT_KINDS:
-            raise InvalidParamError(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
-        if kind == "kill":
-            # the process hosting the device dies: after this reply has gone out
-            context.add_callback(lambda: threading.Thread(target=self._server._kill, name="vnpu-kill",
-                                                          daemon=True).start())
-            return dms.InjectFaultReply()
-        d = self.device
-        undo = None
-        if kind == "hang":
-            d.sched.set_hang(True)
-            undo = lambda: d.sched.set_hang(False)  # noqa: E731
-        elif kind == "slow":
-            factor = request.factor or 10.0
-            if factor < 1.0:
-                raise InvalidParamError(f"slow factor must be >= 1, got {factor}")
-            d.sched.set_slow(factor)
-            undo = lambda: d.sched.set_slow(1.0)  # noqa: E731
-        elif kind == "task-fail":
-            with d._lock:
-                d.faults.task_fail += request.count or 1
-        elif kind == "ecc":
-            length = request.length or 1
-            if request.offset + length > d.arena.size:
-                raise InvalidParamError(f"ECC range [{request.offset}, {request.offset + length}) outside the "
-                                        f"{d.arena.size} B arena")
-            d.arena.poison(request.offset, length)
-        elif kind == "overheat":
-            c = request.celsius or request.factor or 70.0
-            d.faults.overheat_c = c
-            undo = lambda: setattr(d.faults, "overheat_c", 0.0)  # noqa: E731
-        elif kind == "link-down":
-            peer = request.peer
-            reason = f"link to device {peer} down"
-            d.faults.link_down.add(peer)
-            d.faults.reasons.append(reason)
-
-            def undo():
-                d.faults.link_down.discard(peer)
-                if reason in d.faults.reasons:
-                    d.faults.reasons.remove(reason)
-        elif kind == "clear":
-            self._server._cancel_fault_timers()
-            d.sched.set_hang(False)
-            d.sched.set_slow(1.0)
-            d.arena.clear_poison()
-            with d._lock:
-                d.faults.task_fail = 0
-                d.faults.overheat_c = 0.0
-                d.faults.link_down.clear()
-                d.faults.reasons.clear()
-        if undo is not None and request.duration_ms:
-            self._server._after(request.duration_ms / 1000.0, undo)
+        with self._server.replying(context):        # a kill ends the process after this reply
+            self.device.inject_fault(request.kind, **wire.fault_params(request))
         return dms.InjectFaultReply()
+
+    def ClearFault(self, request, context):
+        self.device.clear_fault(request.kind or None)
+        return dms.ClearFaultReply()
 
 
 # ---------------------------------------------------------------- RMS
@@ -304,10 +252,7 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         return _EMPTY
 
     def MemcpyD2H(self, request, context):
-        d = self.device
-        if d.closed:
-            raise AclError(f"device {d.id} is shut down", code=ACL_ERROR_RT_NO_DEVICE)
-        view = d.arena.view(request.src, request.nbytes, _owner(context))     # checked; copied chunk by chunk
+        view = self.device.mem_view(request.src, request.nbytes, _owner(context))   # checked; sent chunk by chunk
         step = min(wire.CHUNK_BYTES, max(4096, request.chunk_bytes or wire.CHUNK_BYTES))
         for i in range(0, view.size, step):
             yield rms.D2HChunk(data=view[i:i + step].tobytes())
@@ -321,10 +266,7 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         return _EMPTY
 
     def _check(self, ptr: int, nbytes: int, owner: str, write: bool) -> int:
-        d = self.device
-        if d.closed:
-            raise AclError(f"device {d.id} is shut down", code=ACL_ERROR_RT_NO_DEVICE)
-        return d.arena.resolve(ptr, nbytes, owner, write)
+        return self.device.check_range(ptr, nbytes, owner, write)
 
     def CheckRange(self, request, context):
         return rms.CheckRangeReply(offset=self._check(request.ptr, request.nbytes, _owner(context),
@@ -393,12 +335,12 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
     def RegisterKernel(self, request, context):
         import pickle
 
-        from devices.kernel import _REGISTRY, register_user_kernel
+        from devices.registry import register_user_kernel, registered
         try:
             fn = pickle.loads(request.code)     # authenticated clients only (the gate ran first)
         except Exception as e:  # noqa: BLE001 - a bad payload is a parameter error
             raise InvalidParamError(f"cannot load kernel {request.name!r}: {type(e).__name__}: {e}") from None
-        old = _REGISTRY.get(request.name)
+        old = registered(request.name)
         same = old is not None and old.user and _same_code(old.run, fn)
         if not same:        # an identical kernel (e.g. this very process's own) stays as it is
             register_user_kernel(request.name, fn, replace=True)
@@ -446,12 +388,16 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         return rms.IntReply(value=self.device.hccl_async_error(request.comm))
 
     def HcclRead(self, request, context):
-        view = self.device.hccl.read_for_peer(request.comm, request.ptr, request.nbytes)
+        view = self.device.hccl_read(request.comm, request.ptr, request.nbytes)
         for i in range(0, view.size, wire.CHUNK_BYTES):
             yield rms.D2HChunk(data=view[i:i + wire.CHUNK_BYTES].tobytes())
 
     def HcclNotify(self, request, context):
-        self.device.hccl.deliver(json.loads(request.json))
+        try:
+            msg = json.loads(request.json)
+        except ValueError:
+            raise InvalidParamError("HcclNotify: the message is not JSON") from None
+        self.device.hccl_deliver(msg)
         return _EMPTY
 
 
@@ -472,9 +418,9 @@ class DeviceServer:
         self.token = token
         self.stopping = threading.Event()
         self._watchers: set[threading.Event] = set()
-        self._timers: set[threading.Timer] = set()
         self._lock = threading.Lock()
         self._on_kill = on_kill
+        self._reply = threading.local()          # the RPC context a fault is injected in (see replying)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
                                                               thread_name_prefix=f"npu{device.id}-rpc"),
                                    interceptors=(_Gate(token, device.id),),
@@ -489,6 +435,7 @@ class DeviceServer:
         if not self.port:
             raise OSError(f"cannot bind the device {device.id} services to {bind}:{port}")
         self.address = f"{bind}:{self.port}"
+        device.on_kill = self._kill_after_reply      # the kill fault ends the host, not just the device
         self._server.start()
 
     def _release_client(self, owner: str) -> None:
@@ -497,23 +444,24 @@ class DeviceServer:
         self.rms.drop_client(owner)
         log.info("device %d released departed client %s: %s", self.device.id, owner, res)
 
-    # ---- faults with a duration
-    def _after(self, seconds: float, fn) -> None:
-        def fire():
-            with self._lock:
-                self._timers.discard(t)
-            fn()
-        t = threading.Timer(seconds, fire)
-        t.daemon = True
-        with self._lock:
-            self._timers.add(t)
-        t.start()
+    # ---- the kill fault
+    @contextlib.contextmanager
+    def replying(self, context):
+        """Within: a kill fault raised by this RPC takes effect once its reply has gone out."""
+        self._reply.context = context
+        try:
+            yield
+        finally:
+            self._reply.context = None
 
-    def _cancel_fault_timers(self) -> None:
-        with self._lock:
-            timers, self._timers = list(self._timers), set()
-        for t in timers:
-            t.cancel()
+    def _kill_after_reply(self) -> None:
+        """The device's ``on_kill`` hook (runs in the RPC that injected the fault)."""
+        run = lambda: threading.Thread(target=self._kill, name="vnpu-kill", daemon=True).start()  # noqa: E731
+        context = getattr(self._reply, "context", None)
+        if context is not None:
+            context.add_callback(run)
+        else:
+            run()
 
     def _kill(self) -> None:
         if self._on_kill is not None:
@@ -530,7 +478,8 @@ class DeviceServer:
         self.leases.close()
         for w in list(self._watchers):
             w.set()
-        self._cancel_fault_timers()
+        if self.device.on_kill == self._kill_after_reply:
+            self.device.on_kill = None
         done = self._server.stop(grace)
         done.wait((grace or 0) + 5.0)
 
@@ -556,7 +505,8 @@ def serve(device, host: str = "127.0.0.1", token: str | None = None, port: int =
     is the bearer token every call must carry; default: ``$VNPU_TOKEN``, else a fresh random token
     (``server.token``) -- a server never runs unauthenticated.  ``on_kill`` runs when the ``kill`` fault is
     injected, after the reply has been sent (a device actor passes one that ends its process); by default
-    the endpoint just stops at once, which looks the same to clients.
+    the endpoint just stops at once, which looks the same to clients.  Either way the device itself is not
+    marked lost: its host decides what a kill means.
     """
     if not host:
         raise InvalidParamError("serve() needs an explicit host to bind")
@@ -564,4 +514,4 @@ def serve(device, host: str = "127.0.0.1", token: str | None = None, port: int =
     return DeviceServer(device, host, token, port, on_kill, workers, max_message_bytes, lease_grace_s)
 
 
-__all__ = ["serve", "DeviceServer", "DeviceManagementServicer", "ResourceManagementServicer", "FAULT_KINDS"]
+__all__ = ["serve", "DeviceServer", "DeviceManagementServicer", "ResourceManagementServicer"]

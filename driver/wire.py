@@ -2,9 +2,13 @@
 
 Everything that crosses the network goes through here: the stubs, servicer bases and ``add_*_to_server``
 functions of the two services (``vnpu.v1.DeviceManagement`` = DMS, ``vnpu.v1.ResourceManagement`` = RMS),
-the conversions between :mod:`devices.tasks` ops / :class:`~devices.kernel.TensorDesc` / telemetry dicts
-and protobuf messages, the metadata keys, the message-size limits and the mapping between CANN error codes
-and gRPC status codes (used in both directions).
+the conversions between :mod:`devices.tasks` ops / :class:`~devices.kernel.TensorDesc` / telemetry dicts /
+health reports / fault parameters and protobuf messages, the structured error detail every failed call
+carries, the metadata keys, the message-size limits and the mapping between CANN error codes and gRPC
+status codes (used in both directions).  Every mapping is a table.
+
+The generated code is made at set-up (``scripts/setup.sh``), never here: importing this module without it
+(or with code older than ``proto/``) raises :class:`driver.protogen.GeneratedCodeError`.
 
 Nothing here opens a socket; :mod:`driver.service` and :mod:`driver.client` do.
 """
@@ -19,13 +23,17 @@ import numpy as np  # noqa: E402
 
 from driver import protogen  # noqa: E402
 
-protogen.ensure()
+protogen.check()
 
-from driver._gen.vnpu.v1 import dms_pb2, dms_pb2_grpc, rms_pb2, rms_pb2_grpc  # noqa: E402
+from driver._gen.vnpu.v1 import dms_pb2, dms_pb2_grpc, rms_pb2, rms_pb2_grpc, status_pb2  # noqa: E402
 
+from devices import errors  # noqa: E402
 from devices.errors import (ACL_ERROR_API_NOT_SUPPORT, ACL_ERROR_INTERNAL_ERROR,  # noqa: E402
-                            ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_NO_PERMISSION, ACL_ERROR_RT_OVER_LIMIT,
-                            ACL_ERROR_RT_PARAM_INVALID, ACL_ERROR_RT_TIMEOUT, InvalidParamError)
+                            ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_INVALID_DEVICE_FUNCTION,
+                            ACL_ERROR_RT_NO_PERMISSION, ACL_ERROR_RT_OVER_LIMIT, ACL_ERROR_RT_PARAM_INVALID,
+                            ACL_ERROR_RT_TIMEOUT, AclError, InvalidHandleError, InvalidParamError, code_band)
+from devices.faults import FAULT_KINDS  # noqa: E402
+from devices.health import Condition, HealthCondition, HealthReport  # noqa: E402
 from devices.kernel import TensorDesc  # noqa: E402
 from devices.tasks import (Collective, CopyD2D, ExecGraph, Launch, Memset, Record, Wait, WriteH2D,  # noqa: E402
                            launch_key)
@@ -50,8 +58,8 @@ rms = rms_pb2      #: message classes of the RMS
 AUTH_KEY = "authorization"          #: metadata: "Bearer <token>"
 CLIENT_KEY = "vnpu-client"          #: metadata: the tenant (client identity) a call acts for
 DEVICE_KEY = "vnpu-device"          #: metadata (optional): the device id the caller means to reach
-ACL_CODE_KEY = "vnpu-acl-code"      #: trailing metadata of a failed call: the CANN aclError code
-ACL_CLASS_KEY = "vnpu-acl-class"    #: ... and the exception class (codes shared by several classes)
+ERROR_KEY = "vnpu-error-bin"       #: trailing metadata of a failed call: a serialized ErrorDetail
+ACL_CODE_KEY = "vnpu-acl-code"      #: ... and its aclError code as text (for tools that do not decode it)
 ANONYMOUS = "anonymous"             #: tenant of calls that carry no client id
 
 CHUNK_BYTES = 2 << 20               #: copy chunk size (H2D client stream, D2H server stream)
@@ -81,32 +89,34 @@ def server_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str
 
 # ---------------------------------------------------------------- errors <-> status
 _S = grpc.StatusCode
-_STATUS_BY_CODE: dict[int, grpc.StatusCode] = {
-    107017: _S.NOT_FOUND, 200005: _S.NOT_FOUND,                      # invalid handle
-    100024: _S.NOT_FOUND, 100029: _S.NOT_FOUND, 507027: _S.NOT_FOUND,  # op / kernel not found
-    107019: _S.DEADLINE_EXCEEDED, 107020: _S.DEADLINE_EXCEEDED, 207020: _S.DEADLINE_EXCEEDED,
-    507046: _S.DEADLINE_EXCEEDED, 507047: _S.DEADLINE_EXCEEDED, 507014: _S.DEADLINE_EXCEEDED,
-    107022: _S.ABORTED, 107023: _S.ABORTED,
-    207004: _S.UNAVAILABLE, 507010: _S.UNAVAILABLE, 507901: _S.UNAVAILABLE,
-    207006: _S.PERMISSION_DENIED,
-    207000: _S.UNIMPLEMENTED, 200001: _S.UNIMPLEMENTED, 200006: _S.UNIMPLEMENTED,
-    100001: _S.FAILED_PRECONDITION, 107002: _S.FAILED_PRECONDITION, 107006: _S.FAILED_PRECONDITION,
-    107007: _S.FAILED_PRECONDITION, 507006: _S.FAILED_PRECONDITION,
-    507053: _S.DATA_LOSS, 507054: _S.DATA_LOSS,
+#: status -> the CANN codes that travel under it
+_CODES_BY_STATUS: dict[grpc.StatusCode, tuple[str, ...]] = {
+    _S.NOT_FOUND: ("ACL_ERROR_RT_INVALID_HANDLE", "ACL_ERROR_INVALID_RESOURCE_HANDLE",
+                   "ACL_ERROR_RT_INVALID_DEVICE_FUNCTION", "ACL_ERROR_OP_NOT_FOUND", "ACL_ERROR_KERNEL_NOT_FOUND",
+                   "ACL_ERROR_RT_KERNEL_LOOKUP"),
+    _S.DEADLINE_EXCEEDED: ("ACL_ERROR_RT_WAIT_TIMEOUT", "ACL_ERROR_RT_TASK_TIMEOUT", "ACL_ERROR_RT_TIMEOUT",
+                           "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT", "ACL_ERROR_RT_EVENT_SYNC_TIMEOUT",
+                           "ACL_ERROR_RT_AICORE_TIMEOUT"),
+    _S.ABORTED: ("ACL_ERROR_RT_DEVICE_TASK_ABORT", "ACL_ERROR_RT_STREAM_ABORT"),
+    _S.UNAVAILABLE: ("ACL_ERROR_RT_NO_DEVICE", "ACL_ERROR_RT_LOST_HEARTBEAT", "ACL_ERROR_RT_SOCKET_CLOSE"),
+    _S.PERMISSION_DENIED: ("ACL_ERROR_RT_NO_PERMISSION",),
+    _S.UNIMPLEMENTED: ("ACL_ERROR_RT_FEATURE_NOT_SUPPORT", "ACL_ERROR_API_NOT_SUPPORT",
+                       "ACL_ERROR_FEATURE_UNSUPPORTED"),
+    _S.FAILED_PRECONDITION: ("ACL_ERROR_UNINITIALIZE", "ACL_ERROR_RT_CONTEXT_NULL",
+                             "ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID", "ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL",
+                             "ACL_ERROR_RT_EVENT_NOT_COMPLETE"),
+    _S.DATA_LOSS: ("ACL_ERROR_RT_DEVICE_MEM_ERROR", "ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR"),
 }
+_STATUS_BY_CODE: dict[int, grpc.StatusCode] = {getattr(errors, name): status
+                                               for status, names in _CODES_BY_STATUS.items() for name in names}
+#: numbering band (devices.errors.code_band) -> status, for codes the table above does not name
+_STATUS_BY_BAND = {1: _S.INVALID_ARGUMENT, 2: _S.RESOURCE_EXHAUSTED, 3: _S.RESOURCE_EXHAUSTED}
 
 
 def status_for_code(code: int) -> grpc.StatusCode:
-    """The gRPC status a CANN code travels under (the code itself rides in ``vnpu-acl-code``)."""
+    """The gRPC status a CANN code travels under (the code itself rides in the error detail)."""
     st = _STATUS_BY_CODE.get(code)
-    if st is not None:
-        return st
-    band = code // 100000
-    if band == 1:
-        return _S.INVALID_ARGUMENT
-    if band in (2, 3):
-        return _S.RESOURCE_EXHAUSTED
-    return _S.INTERNAL
+    return st if st is not None else _STATUS_BY_BAND.get(code_band(code), _S.INTERNAL)
 
 
 #: CANN code for a failure that arrived without ``vnpu-acl-code`` (raised by gRPC itself).
@@ -126,6 +136,31 @@ def code_for_status(status: grpc.StatusCode) -> int:
     return _CODE_BY_STATUS.get(status, ACL_ERROR_INTERNAL_ERROR)
 
 
+def error_trailers(code: int, error_class: str = "", hccl_code: int | None = None) -> tuple:
+    """The trailing metadata of a failed call: the structured detail and the code as text."""
+    detail = status_pb2.ErrorDetail(acl_code=int(code), error_class=error_class)
+    if hccl_code is not None:
+        detail.hccl_code = int(hccl_code)
+    return ((ERROR_KEY, detail.SerializeToString()), (ACL_CODE_KEY, str(int(code))))
+
+
+def error_trailers_of(e: AclError) -> tuple:
+    return error_trailers(e.code, type(e).__name__, getattr(e, "hccl_code", None))
+
+
+def error_from_trailers(metadata) -> tuple[int, str | None, int | None] | None:
+    """``(acl code, exception class, HcclResult or None)`` from a failed call's trailing metadata; None
+    when the call failed without them (gRPC itself failed it)."""
+    code = None
+    for k, v in metadata or ():
+        if k == ERROR_KEY:
+            d = status_pb2.ErrorDetail.FromString(v)
+            return d.acl_code, d.error_class or None, d.hccl_code if d.HasField("hccl_code") else None
+        if k == ACL_CODE_KEY:
+            code = int(v)
+    return None if code is None else (code, None, None)
+
+
 # ---------------------------------------------------------------- health / info / telemetry
 HEALTH_NAMES = ("OK", "Warning", "Alarm", "Critical", "Unknown")
 _HEALTH_BY_NAME = {n: i for i, n in enumerate(HEALTH_NAMES)}
@@ -139,12 +174,37 @@ def health_name(value: int) -> str:
     return HEALTH_NAMES[value] if 0 <= value < len(HEALTH_NAMES) else "Unknown"
 
 
-def health_status_to_pb(health: tuple[str, list[str]]) -> "dms_pb2.HealthStatus":
-    name, reasons = health
-    return dms_pb2.HealthStatus(health=health_to_pb(name), reasons=list(reasons))
+_CONDITION_PB = {
+    Condition.ECC: dms_pb2.CONDITION_ECC, Condition.LINK_DOWN: dms_pb2.CONDITION_LINK_DOWN,
+    Condition.OVERHEAT: dms_pb2.CONDITION_OVERHEAT, Condition.HANG: dms_pb2.CONDITION_HANG,
+    Condition.SLOW: dms_pb2.CONDITION_SLOW, Condition.TASK_FAILURES: dms_pb2.CONDITION_TASK_FAILURES,
+    Condition.CANARY: dms_pb2.CONDITION_CANARY,
+}
+_CONDITION_BY_PB = {v: k for k, v in _CONDITION_PB.items()}
+
+
+def condition_to_pb(c: HealthCondition) -> dict:
+    return {"kind": _CONDITION_PB[c.kind], "level": health_to_pb(c.level), "detail": c.detail, "peer": c.peer,
+            "value": float(c.value)}
+
+
+def conditions_from_pb(ms) -> list[HealthCondition]:
+    """Conditions of a kind this side does not know (a newer device) are left out."""
+    return [HealthCondition(_CONDITION_BY_PB[m.kind], health_name(m.level), m.detail, m.peer, m.value)
+            for m in ms if m.kind in _CONDITION_BY_PB]
+
+
+def health_status_to_pb(report: HealthReport) -> "dms_pb2.HealthStatus":
+    return dms_pb2.HealthStatus(health=health_to_pb(report.level), reasons=report.reasons,
+                                conditions=[condition_to_pb(c) for c in report.conditions])
+
+
+def health_report_from_pb(m) -> HealthReport:
+    return HealthReport(health_name(m.health), tuple(conditions_from_pb(m.conditions)))
 
 
 def health_status_from_pb(m) -> tuple[str, list[str]]:
+    """``(level, reasons)`` as ``Device.health()`` returns them."""
     return health_name(m.health), list(m.reasons)
 
 
@@ -152,22 +212,23 @@ def info_to_pb(info, **extra) -> "dms_pb2.DeviceInfo":
     """``devices.device.DeviceInfo`` (+ arena_size, node_address, host_pid, hostname, boot_id)."""
     return dms_pb2.DeviceInfo(device_id=info.device_id, chip=info.chip, short_name=info.short_name,
                               ai_cores=info.ai_cores, vector_cores=info.vector_cores, hbm_total=info.hbm_total,
-                              bus_id=info.bus_id, arena_name=info.arena_name, **extra)
+                              bus_id=info.bus_id, arena_name=info.arena_name, node=info.node, **extra)
 
 
 def info_from_pb(m) -> dict:
     return {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields}
 
 
-_TELE_FIELDS = [f.name for f in dms_pb2.Telemetry.DESCRIPTOR.fields if f.name not in ("health", "extra")]
+_TELE_FIELDS = [f.name for f in dms_pb2.Telemetry.DESCRIPTOR.fields
+                if f.name not in ("health", "extra", "conditions")]
 _TELE_SCALARS = [n for n in _TELE_FIELDS if n != "aicore_util"]
-_TELE_KNOWN = frozenset(_TELE_FIELDS) | {"health"}
+_TELE_KNOWN = frozenset(_TELE_FIELDS) | {"health", "conditions"}
 
 
 def telemetry_to_pb(t: dict) -> "dms_pb2.Telemetry":
     """A ``Device.telemetry()`` dict -> message.  Numeric keys the schema lacks go to ``extra``."""
     kw = {n: t[n] for n in _TELE_FIELDS if n in t}
-    m = dms_pb2.Telemetry(**kw)
+    m = dms_pb2.Telemetry(**kw, conditions=[condition_to_pb(c) for c in t.get("conditions", ())])
     if "health" in t:
         m.health = health_to_pb(t["health"])
     for k, v in t.items():
@@ -181,9 +242,34 @@ def telemetry_from_pb(m) -> dict:
     """Message -> the same dict ``Device.telemetry()`` returns (same keys, same types)."""
     d = {n: getattr(m, n) for n in _TELE_SCALARS}
     d["health"] = health_name(m.health)
+    d["conditions"] = conditions_from_pb(m.conditions)
     d["aicore_util"] = list(m.aicore_util)
     d.update(m.extra)
     return d
+
+
+# ---------------------------------------------------------------- faults
+#: InjectFaultRequest fields that carry fault parameters (every one of them is `optional`: presence = given)
+FAULT_FIELDS = tuple(f.name for f in dms_pb2.InjectFaultRequest.DESCRIPTOR.fields if f.name != "kind")
+
+
+def fault_request(kind: str, params: dict) -> "dms_pb2.InjectFaultRequest":
+    """``inject_fault(kind, **params)`` -> request (InvalidParamError for a parameter or value the message
+    cannot carry; the device checks the rest against devices.faults.FAULT_KINDS)."""
+    unknown = sorted(set(params) - set(FAULT_FIELDS))
+    if unknown:
+        k = FAULT_KINDS.get(kind)
+        takes = ", ".join(k.accepts) if k is not None else "its parameters"
+        raise InvalidParamError(f"fault {kind!r} takes {takes or 'no parameters'}; not {', '.join(unknown)}")
+    try:
+        return dms_pb2.InjectFaultRequest(kind=kind, **params)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InvalidParamError(f"fault {kind!r}: {e}") from None
+
+
+def fault_params(m) -> dict:
+    """Request -> the parameters that were given (presence, not value, tells)."""
+    return {n: getattr(m, n) for n in FAULT_FIELDS if m.HasField(n)}
 
 
 # ---------------------------------------------------------------- attrs
@@ -326,7 +412,7 @@ class TemplateTable:
 
     def decode(self, ms, owner: str) -> list:
         """Decode a batch, resolving references; an unknown reference fails the whole batch before
-        anything is queued (107017)."""
+        anything is queued (ACL_ERROR_RT_INVALID_DEVICE_FUNCTION: the client resends in full)."""
         table = self._by_owner.setdefault(owner, {})
         out = []
         for m in ms:
@@ -334,8 +420,8 @@ class TemplateTable:
             if which == "launch_ref":
                 t = table.get(m.launch_ref.tid)
                 if t is None:
-                    from devices.errors import InvalidHandleError
-                    raise InvalidHandleError(f"unknown launch template {m.launch_ref.tid}")
+                    raise InvalidHandleError(f"unknown launch template {m.launch_ref.tid}",
+                                             code=ACL_ERROR_RT_INVALID_DEVICE_FUNCTION)
                 out.append(Launch(m.stream, t.kernel, t.inputs, t.outputs, t.attrs, t.block_dim))
                 continue
             op = op_from_pb(m)
@@ -350,9 +436,15 @@ class TemplateTable:
         self._by_owner.pop(owner, None)
 
 
+def is_unknown_template(e: AclError) -> bool:
+    """Whether a submit failed because the device does not hold a launch template this client used (it
+    restarted or dropped the client's templates): the client then resends the launches in full."""
+    return e.code == ACL_ERROR_RT_INVALID_DEVICE_FUNCTION
+
+
 def submit_request(ops, templates: LaunchTemplates | None = None) -> "rms_pb2.SubmitRequest":
     """A batch of :mod:`devices.tasks` ops -> ``SubmitRequest`` (the one encoder of stream ops).
-    Malformed ops (wrong types, out-of-range integers) raise InvalidParamError (107000)."""
+    Malformed ops (wrong types, out-of-range integers) raise InvalidParamError."""
     enc = templates.encode if templates is not None else _op_dict
     try:
         return rms_pb2.SubmitRequest(ops=[enc(op) for op in ops])

@@ -23,18 +23,19 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from devices.errors import (ACL_ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_STREAM_CONTEXT, AclError, CaptureError,
-                            InvalidDeviceError, InvalidHandleError, InvalidParamError, MemoryAccessError,
-                            UnsupportedError)
+from devices.arena import is_device_ptr, ptr_device
+from devices.errors import (ACL_ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_UNSUPPORTED_DATA_TYPE,
+                            AclError, CaptureError, InvalidDeviceError, InvalidHandleError, InvalidParamError,
+                            MemoryAccessError, UnsupportedError)
 from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
-
-DTYPES_ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
 from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
 from . import graph as _graph
 from .backend import Backend, DeviceHandle, create_backend, parse_visible_devices
 from .memory import (SHORT, AllocConfig, CachingAllocator, DefragReport, Handle, HandleAllocator, HandleStreamOrder,
                      render_summary)
+
+DTYPES_ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
 
 
 # ---------------------------------------------------------------------------------------------- runtime
@@ -252,14 +253,19 @@ class AllocTable:
             start = self._starts[i]
             size = self._sizes[start]
         if ptr < start + size and ptr + nbytes > start + size:
-            from devices.errors import MemoryAccessError
             raise MemoryAccessError(f"access of {nbytes} B at 0x{ptr:x} overruns its allocation ({size} B at "
                                     f"0x{start:x}, {start + size - ptr} B left)")
 
 
 # ---------------------------------------------------------------------------------------------- device
 class Device:
-    """One visible device.  Use :func:`device` to get it."""
+    """One visible device.  Use :func:`device` to get it.
+
+    Its public surface is what the runtime's siblings (graph capture, HCCL, the acl layer, models,
+    tools) build on: streams, events, memory (``malloc``/``free``, host-synchronous ``memcpy_*`` and
+    ``memset`` by pointer, :meth:`check_range`), :meth:`flush`, :meth:`synchronize`, health and
+    :attr:`handle` -- the backend's :class:`~runtime.backend.DeviceHandle` (HCCL communicators, graphs).
+    """
 
     def __init__(self, rt: Runtime, index: int, handle: DeviceHandle):
         self.rt = rt
@@ -272,7 +278,7 @@ class Device:
         self.host_stats = HostStats()
         self.live_streams: set[int] = set()   # handles created through this runtime: batched ops that
         self.live_events: set[int] = set()    # name unknown ones fail at enqueue, not at the next flush
-        self.captures: dict[int, _graph.Capture] = {}     # open stream captures, by stream handle
+        self._captures = _graph.CaptureTable()            # open stream captures (aclmdlRI)
         #: streams with work queued since the host last saw them idle (the pool's fence hint)
         self.busy_streams: set[int] = set()
         #: captured graphs of this device (re-bound when defragmentation moves memory they use)
@@ -309,7 +315,8 @@ class Device:
         return ptr
 
     def free(self, ptr: int) -> None:
-        """Free a raw allocation of :meth:`malloc` (pool memory is freed through its Tensor)."""
+        """Free a raw allocation of :meth:`malloc` (after sending queued ops; does not wait for them to
+        run).  Pool memory is freed through its Tensor."""
         pool = self._pool
         if pool is not None and isinstance(ptr, int) and pool.owns(ptr):
             raise InvalidParamError(f"0x{ptr:x} is memory of the caching pool (a Tensor's), not a raw allocation: "
@@ -317,6 +324,59 @@ class Device:
         self.queue.flush()
         self.handle.free(ptr)
         self.allocs.remove(ptr)
+
+    # -------------------------------------------------------------- pointer-level memory (host-synchronous)
+    # Like aclrtMemcpy / aclrtMemset: the ops queued so far are sent first, but the streams are NOT
+    # waited for -- synchronize the stream that produces (or still reads) the memory.
+    def memcpy_h2d(self, dst: int, data) -> None:
+        """Copy host bytes (bytes, memoryview or an array, all of it) to device memory at ``dst``; blocks
+        the host until the bytes are on the device."""
+        self.queue.flush()
+        t0 = _now()
+        self.handle.memcpy_h2d(int(dst), data)
+        self.host_stats.h2d_s += _now() - t0
+
+    def memcpy_d2h(self, src: int, nbytes: int, out: np.ndarray | None = None) -> np.ndarray:
+        """``nbytes`` of device memory at ``src`` as a new uint8 array, or copied into ``out`` (a
+        writable C-contiguous array of exactly ``nbytes`` bytes, returned).  Blocks the host."""
+        nbytes = int(nbytes)
+        if out is not None and not (isinstance(out, np.ndarray) and out.flags.c_contiguous
+                                    and out.flags.writeable and out.nbytes == nbytes):
+            raise InvalidParamError(f"memcpy_d2h: out must be a writable C-contiguous array of {nbytes} B")
+        self.queue.flush()
+        t0 = _now()
+        res = self.handle.memcpy_d2h(int(src), nbytes, out=None if out is None else out.reshape(-1).view(np.uint8))
+        self.host_stats.d2h_s += _now() - t0
+        return res if out is None else out
+
+    def memcpy_d2d(self, dst: int, src: int, nbytes: int) -> None:
+        """Copy ``nbytes`` within this device's memory now (the stream-ordered form is
+        :meth:`Stream.copy`)."""
+        self.queue.flush()
+        self.handle.memcpy_d2d(int(dst), int(src), int(nbytes))
+
+    def memset(self, ptr: int, value: int, nbytes: int) -> None:
+        """Set ``nbytes`` at ``ptr`` to ``value & 0xFF`` now (the stream-ordered form is
+        :meth:`Stream.memset`)."""
+        self.queue.flush()
+        self.handle.memset(int(ptr), int(value), int(nbytes))
+
+    def check_range(self, ptr: int, nbytes: int) -> None:
+        """Raise the CANN error (MemoryAccessError, 107000) when ``[ptr, ptr + nbytes)`` runs past the end
+        of an allocation made through this runtime; pointers it did not allocate are left to the device
+        (which checks everything again when the op arrives).  Host-only, never blocks."""
+        self.allocs.check(int(ptr), int(nbytes))
+
+    def flush(self, raise_errors: bool = True) -> None:
+        """Send this device's queued ops now (only orders the device; the host waits only for the
+        hand-over).  A send that fails raises its error here, or with ``raise_errors=False`` keeps it
+        for this device's next flush or synchronize."""
+        self.queue.flush(raise_errors=raise_errors)
+
+    def defer_error(self, err: AclError) -> None:
+        """Raise ``err`` at this device's next flush or synchronize (an asynchronous error the host
+        found itself, e.g. a graph replay over freed pool memory that it did not send)."""
+        self.queue.defer(err)
 
     # -------------------------------------------------------------- the caching pool
     @property
@@ -419,8 +479,9 @@ class Device:
         graphs that use moved memory are re-bound in place.  Pinned tensors, raw ``malloc`` memory
         (``acl.rt.malloc``) and other clients' memory never move.  Refused (107027) while a capture is
         open on the device; other threads must not enqueue work on this device meanwhile."""
-        if self.captures:
-            raise CaptureError(f"cannot defragment {self!r} while stream(s) {sorted(self.captures)} capture",
+        open_caps = self._captures.open_streams()
+        if open_caps:
+            raise CaptureError(f"cannot defragment {self!r} while stream(s) {open_caps} capture",
                                code=ACL_ERROR_RT_STREAM_CAPTURED)
         return self.pool.defragment(rebind=self._rebind_graphs)
 
@@ -444,7 +505,7 @@ class Device:
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all this device's streams are done."""
-        _graph.check_sync(self)
+        self._captures.check_sync()
         t0 = _now()
         self.busy_streams.clear()
         try:
@@ -462,6 +523,21 @@ class Device:
 
     def info(self):
         return self.handle.info()
+
+    def health(self) -> tuple[str, list[str]]:
+        """(OK | Warning | Alarm | Critical, reasons) as the device reports it."""
+        return self.handle.health()
+
+    @property
+    def is_lost(self) -> bool:
+        """True once the device is known to be gone (lost or killed; an in-process device also once
+        closed): it serves no more calls."""
+        return self.handle.is_lost
+
+    def abort_captures(self) -> int:
+        """End every open stream capture of this device, dropping what they collected (recovery after a
+        thread died mid-capture); returns how many there were."""
+        return self._captures.discard_all()
 
 
 # ---------------------------------------------------------------------------------------------- stream
@@ -481,13 +557,21 @@ class Stream:
             raise InvalidHandleError(f"unknown stream {self.sid} on device {self.device.index}"
                                      + (" (destroyed)" if self._destroyed else ""))
 
-    def _put(self, op) -> None:
+    def enqueue(self, op) -> None:
+        """Queue one stream op (a :mod:`devices.tasks` dataclass whose ``stream`` is this stream): an
+        open capture of the stream collects it, else the device's launch queue sends it (batched).
+        Only orders the device; the host waits only when a full batch is handed over.  Raises
+        InvalidHandleError for a destroyed stream or an event this runtime does not know, CaptureError
+        when a capture refuses the op.  The typed methods (:meth:`launch`, :meth:`copy`, ...) validate
+        their arguments first and then come here; siblings (graphs, HCCL) enqueue their own ops."""
         dev = self.device
         self._check_live()
+        if op.stream != self.sid:
+            raise InvalidParamError(f"{type(op).__name__} for stream {op.stream} enqueued on stream {self.sid}")
         ev = getattr(op, "event", None)
         if ev is not None and ev not in dev.live_events:
             raise InvalidHandleError(f"unknown event {ev} on device {dev.index}")
-        cap = dev.captures.get(self.sid) if dev.captures else None
+        cap = dev._captures.get(self.sid)
         if cap is not None:
             cap.take(op)
             return
@@ -496,19 +580,26 @@ class Stream:
 
     def _failed(self, err: AclError) -> None:
         """A call on this stream failed: an open capture of it is invalidated (end_capture -> 507903)."""
-        cap = self.device.captures.get(self.sid) if self.device.captures else None
-        if cap is not None and cap.error is None:
-            cap.error = err
+        self.device._captures.invalidate(self.sid, err)
 
     # -------------------------------------------------------------- capture (aclmdlRI)
     def begin_capture(self, mode: int = _graph.CAPTURE_MODE_GLOBAL) -> None:
-        """Start capturing: later ops on this stream are collected into a graph, not run (see
-        :mod:`runtime.graph`)."""
-        _graph.begin(self, mode)
+        """aclmdlRICaptureBegin: later ops on this stream are collected into a graph, not run (see
+        :mod:`runtime.graph`).  Work queued before is sent to the device first (it stays ahead of any
+        replay)."""
+        self._check_live()
+        caps = self.device._captures
+        caps.begin(self.sid, mode)
+        try:
+            self.device.flush()
+        except BaseException:
+            caps.discard(self.sid)
+            raise
 
     def end_capture(self) -> "_graph.Graph":
-        """Stop capturing and build the graph on the device (host-synchronous)."""
-        return _graph.end(self)
+        """aclmdlRICaptureEnd: stop capturing and build the graph on the device (host-synchronous)."""
+        cap = self.device._captures.end(self.sid)
+        return _graph.Graph(self.device, self.device.handle.graph_create(cap.ops), tuple(cap.ops))
 
     def capture(self, mode: int = _graph.CAPTURE_MODE_GLOBAL):
         """``with stream.capture() as cap: ...`` -- begin/end around a block; ``cap.graph`` afterwards
@@ -517,7 +608,7 @@ class Stream:
 
     def capture_status(self) -> int:
         """0 none, 1 active, 2 invalidated (aclmdlRICaptureStatus)."""
-        return _graph.status(self)
+        return self.device._captures.status(self.sid)
 
     def launch(self, kernel: str, inputs: Sequence = (), outputs: Sequence = (), attrs: dict | None = None,
                block_dim: int = 0) -> None:
@@ -530,6 +621,7 @@ class Stream:
             outs = tuple(_desc(x, dev) for x in outputs)
             attrs = dict(attrs) if attrs else {}
             k = lookup(kernel)
+            key: tuple | None
             try:
                 key = (kernel, ins, outs, tuple(sorted(attrs.items())) if attrs else (), block_dim)
                 hit = dev.checked.get(key)
@@ -548,7 +640,7 @@ class Stream:
         except AclError as e:
             self._failed(e)
             raise
-        self._put(Launch(self.sid, kernel, ins, outs, attrs, int(block_dim)))
+        self.enqueue(Launch(self.sid, kernel, ins, outs, attrs, int(block_dim)))
         hs = dev.host_stats
         hs.launches += 1
         hs.launch_s += _now() - t0
@@ -562,37 +654,38 @@ class Stream:
         if event.device is not self.device:
             raise UnsupportedError("a stream can only wait on events of its own device "
                                    "(cross-device ordering goes through HCCL)")
-        self._put(Wait(self.sid, event.eid, 0))
+        self.enqueue(Wait(self.sid, event.eid, 0))
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         """Stream-ordered device-to-device copy on this device."""
         try:
             for p in (dst, src):
                 _own_ptr(p, self.device)
-                self.device.allocs.check(p, int(nbytes))
+                self.device.check_range(p, nbytes)
         except AclError as e:
             self._failed(e)
             raise
-        self._put(CopyD2D(self.sid, int(dst), int(src), int(nbytes)))
+        self.enqueue(CopyD2D(self.sid, int(dst), int(src), int(nbytes)))
 
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
+        """Stream-ordered memset of this device's memory (only orders the device)."""
         try:
             _own_ptr(ptr, self.device)
-            self.device.allocs.check(ptr, int(nbytes))
+            self.device.check_range(ptr, nbytes)
         except AclError as e:
             self._failed(e)
             raise
-        self._put(Memset(self.sid, int(ptr), int(value), int(nbytes)))
+        self.enqueue(Memset(self.sid, int(ptr), int(value), int(nbytes)))
 
     def write(self, dst: int, data: bytes) -> None:
         """Stream-ordered host-to-device copy; ``data`` is captured now."""
         _own_ptr(dst, self.device)
-        self.device.allocs.check(dst, len(data))
-        self._put(WriteH2D(self.sid, int(dst), bytes(data)))
+        self.device.check_range(dst, len(data))
+        self.enqueue(WriteH2D(self.sid, int(dst), bytes(data)))
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all work queued on this stream is done; raises its first task error."""
-        _graph.check_sync(self.device, self)
+        self.device._captures.check_sync(self.sid)
         t0 = _now()
         dev = self.device
         dev.busy_streams.discard(self.sid)
@@ -608,7 +701,7 @@ class Stream:
 
     def query(self) -> bool:
         """True when every queued task has completed."""
-        _graph.check_sync(self.device, self)
+        self.device._captures.check_sync(self.sid)
         self.device.queue.flush()
         return self.device.handle.query_stream(self.sid)
 
@@ -621,7 +714,7 @@ class Stream:
         if self.is_default or self._destroyed:
             return
         self.device.queue.flush(raise_errors=False)
-        self.device.captures.pop(self.sid, None)
+        self.device._captures.discard(self.sid)
         self.device.handle.destroy_stream(self.sid)
         self._destroyed = True
         self.device.stream_destroyed(self.sid)
@@ -643,7 +736,7 @@ class Event:
     def record(self, stream: Stream) -> None:
         if stream.device is not self.device:
             raise AclError("event and stream belong to different devices", code=ACL_ERROR_RT_STREAM_CONTEXT)
-        stream._put(Record(stream.sid, self.eid))
+        stream.enqueue(Record(stream.sid, self.eid))
 
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until the latest record has completed."""
@@ -660,7 +753,9 @@ class Event:
         return self.device.handle.query_event(self.eid)
 
     def elapsed(self, end: "Event") -> Elapsed:
-        """Time from this event to ``end`` (both completed), in wall and modeled milliseconds."""
+        """Time from this event to ``end`` (both completed), in wall and modeled milliseconds.  Queued
+        records are sent first (host-synchronous; does not wait for them)."""
+        self.device.queue.flush()
         w, m = self.device.handle.event_elapsed(self.eid, end.eid)
         return Elapsed(w, m)
 
@@ -688,7 +783,7 @@ class Tensor:
         if handle is None and not isinstance(ptr, (int, np.integer)):
             raise InvalidParamError(f"a tensor needs a device pointer or a pool handle, got {ptr!r}")
         self.device = dev
-        self._raw = None if handle is not None else int(ptr)
+        self._raw = int(ptr) if handle is None and ptr is not None else 0     # a raw tensor's address
         self._handle = handle
         self._offset = int(offset)
         self.shape = tuple(shape)
@@ -769,12 +864,11 @@ class Tensor:
                                     f"has {self.nbytes} B")
         self.check_access(arr.nbytes)
         dev = self.device
-        dev.queue.flush()
         if self._handle is not None:
+            dev.flush()
             dev.pool.host_fence(self._handle)
-        t0 = _now()
-        dev.handle.memcpy_h2d(self.ptr, arr)
-        dev.host_stats.h2d_s += _now() - t0
+            dev.check_range(self.ptr, arr.nbytes)
+        dev.memcpy_h2d(self.ptr, arr)
 
     def numpy(self, stream: Stream | None = None) -> np.ndarray:
         """Wait for ``stream`` (default: the whole device), then copy to the host."""
@@ -784,12 +878,9 @@ class Tensor:
         else:
             self.device.synchronize()
         if self._handle is not None:
-            self.device.allocs.check(self.ptr, self.nbytes)
-        t0 = _now()
-        raw = self.device.handle.memcpy_d2h(self.ptr, self.nbytes)
-        self.device.host_stats.d2h_s += _now() - t0
-        return np.frombuffer(raw, dtype=self.dtype, count=self.numel).reshape(self.shape).copy() \
-            if not isinstance(raw, np.ndarray) else raw.view(self.dtype).reshape(self.shape)
+            self.device.check_range(self.ptr, self.nbytes)
+        raw = self.device.memcpy_d2h(self.ptr, self.nbytes)
+        return raw.view(self.dtype).reshape(self.shape)
 
     def free(self) -> None:
         """Give the memory back (to the pool: reused at once on its stream; a raw pointer: to the driver)."""
@@ -821,12 +912,12 @@ class HostCallbacks:
         h = self.dev.handle
         done = h.create_event(0)
         self.dev.live_events.add(done)
-        stream._put(Record(stream.sid, done))
+        stream.enqueue(Record(stream.sid, done))
         gate = None
         if blocking:
             gate = h.create_event(0)
             self.dev.live_events.add(gate)
-            stream._put(Wait(stream.sid, gate, 1))
+            stream.enqueue(Wait(stream.sid, gate, 1))
         self.dev.queue.flush()
         with self._cv:
             self._pending.append((stream, done, gate, fn, user_data, direct))
@@ -937,17 +1028,15 @@ def _dtype_name(dtype) -> str:
     try:
         name = np.dtype(dtype).name
     except TypeError:
-        raise InvalidParamError(f"unknown dtype {dtype!r}", code=100026) from None
+        raise InvalidParamError(f"unknown dtype {dtype!r}", code=ACL_ERROR_UNSUPPORTED_DATA_TYPE) from None
     if name not in DTYPES:
-        raise InvalidParamError(f"unsupported dtype {name!r}", code=100026)
+        raise InvalidParamError(f"unsupported dtype {name!r}", code=ACL_ERROR_UNSUPPORTED_DATA_TYPE)
     return name
 
 
 def _own_ptr(ptr: int, dev: Device) -> None:
     """A pointer of another device fails at enqueue (the device would refuse the whole batch)."""
-    from devices.arena import is_device_ptr, ptr_device
     if is_device_ptr(ptr) and ptr_device(ptr) != dev.physical_id:
-        from devices.errors import MemoryAccessError
         raise MemoryAccessError(f"pointer 0x{ptr:x} belongs to device {ptr_device(ptr)}, not device "
                                 f"{dev.physical_id}")
 

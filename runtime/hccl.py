@@ -17,6 +17,7 @@ return HcclResult codes as the C API does.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from dataclasses import asdict, dataclass
@@ -24,7 +25,8 @@ from typing import Sequence
 
 import numpy as np
 
-from devices.errors import (HCCL_E_PARA, HCCL_E_INTERNAL, HCCL_SUCCESS, AclError, HcclError, InvalidParamError)
+from devices.errors import (HCCL_E_INTERNAL, HCCL_E_NOT_SUPPORT, HCCL_E_PARA, HCCL_SUCCESS, AclError, HcclError,
+                            InvalidParamError)
 from devices.hccl import (HCCL_DTYPE_IDS, HCCL_DTYPES, REDOPS, CollectiveOp, CommConfig, HcclEngine, itemsize,
                           validate_redop)
 from devices.tasks import Collective
@@ -47,7 +49,7 @@ def _dtype_name(dtype) -> str:
         return HCCL_DTYPES[int(dtype)]
     name = str(dtype)
     if name not in HCCL_DTYPE_IDS:
-        raise HcclError(f"unsupported data type {name!r}", 5)
+        raise HcclError(f"unsupported data type {name!r}", HCCL_E_NOT_SUPPORT)
     return name
 
 
@@ -102,20 +104,18 @@ class Communicator:
         if op not in _OPERATORS:
             raise HcclError(f"unknown operator {op!r}", HCCL_E_PARA)
         isz = itemsize(dt)
-        allocs = getattr(self.device, "allocs", None)       # host mirror of this runtime's allocations
-        for ptr, n in zip((send, recv), HcclEngine._sizes(CollectiveOp(self.comm_id, op, int(send), int(recv),
-                                                                       int(count), dt, "sum", int(root)),
-                                                          self.size, self.rank)):
+        counts = HcclEngine.buffer_counts(CollectiveOp(self.comm_id, op, int(send), int(recv), int(count), dt, "sum",
+                                                       int(root)), self.size, self.rank)
+        for ptr, n in zip((send, recv), counts):
             if n:
                 if int(ptr) % isz:
                     raise HcclError(f"buffer 0x{int(ptr):x} not aligned to {isz} B", HCCL_E_PARA)
-                if allocs is not None:
-                    try:
-                        allocs.check(int(ptr), n * isz)
-                    except AclError as e:
-                        raise HcclError(f"{op}: {e.detail}", HCCL_E_PARA) from None
-        s._put(Collective(s.sid, self.comm_id, op, int(send), int(recv), int(count), dt,
-                          validate_redop(redop), int(root), int(peer)))
+                try:
+                    self.device.check_range(int(ptr), n * isz)
+                except AclError as e:
+                    raise HcclError(f"{op}: {e.detail}", HCCL_E_PARA) from None
+        s.enqueue(Collective(s.sid, self.comm_id, op, int(send), int(recv), int(count), dt,
+                             validate_redop(redop), int(root), int(peer)))
 
     # ---- tensor-level operators ----
     def all_reduce(self, send: Tensor, recv: Tensor | None = None, op="sum", stream: Stream | None = None) -> None:
@@ -167,7 +167,7 @@ class Communicator:
         if not self._destroyed:
             self._destroyed = True
             try:
-                self.device.queue.flush(raise_errors=False)
+                self.device.flush(raise_errors=False)
                 self.device.handle.hccl_comm_destroy(self.comm_id)
             except AclError:
                 pass   # a dead device has nothing left to free
@@ -232,15 +232,12 @@ def comm_init_cluster_info(rank_table: str | dict, rank: int, options: CommOptio
     ranks = parse_rank_table(table)
     if not 0 <= rank < len(ranks):
         raise HcclError(f"rank {rank} not in the rank table", HCCL_E_PARA)
-    by_phys = {rt.backend.device(dev_id).id: dev_id for _, dev_id, _ in ranks}
     peers = [rt.backend.device(dev_id).hccl_info() for _, dev_id, _ in ranks]
-    import hashlib
     cid = hashlib.sha256(json.dumps(table, sort_keys=True).encode() + b"vnpu-ranktable").hexdigest()[:32]
     my_phys = ranks[rank][1]
     dev = next((d for d in rt.devices() if d.physical_id == my_phys), None)
     if dev is None:
         raise HcclError(f"device {my_phys} of rank {rank} is not visible to this process", HCCL_E_PARA)
-    del by_phys
     dev.handle.hccl_comm_init(cid, rank, peers, options.device_config())
     return Communicator(dev, cid, rank, len(ranks), peers)
 

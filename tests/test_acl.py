@@ -201,6 +201,45 @@ def test_d2d_across_devices_and_host_memory(fresh):
     assert acl.rt.free_host(host) == acl.ACL_ERROR_RT_PARAM_INVALID
 
 
+# ---------------------------------------------------------------------------------------------- the package
+def test_namespaces_are_real_modules_and_constants_are_complete():
+    """acl.rt / acl.util / acl.mdl are the modules runtime.acl.rt ... (plain functions, their own names,
+    nothing renamed at import), and acl exposes every ACL_* code of the one error table."""
+    import sys
+
+    import devices.errors as errors
+    from runtime.acl import constants
+
+    for ns in ("rt", "util", "mdl"):
+        mod = getattr(acl, ns)
+        assert sys.modules[f"runtime.acl.{ns}"] is mod
+    for fn, mod in ((acl.rt.malloc, "runtime.acl.rt"), (acl.util.numpy_to_ptr, "runtime.acl.util"),
+                    (acl.mdl.ri_capture_begin, "runtime.acl.mdl"), (acl.init, "runtime.acl")):
+        assert fn.__module__ == mod and fn.__qualname__ == fn.__name__
+    codes = {k: v for k, v in vars(errors).items() if k.startswith("ACL_")}
+    assert len(codes) > 50
+    missing = sorted(k for k in codes if getattr(acl, k, None) != codes[k])
+    assert not missing, f"ACL_* codes of devices.errors missing from acl: {missing}"
+    consts = [k for k in vars(constants) if k.isupper() and k != "ACL_DTYPE"]
+    assert [k for k in consts if getattr(acl, k, None) is not getattr(constants, k)] == []
+
+
+def test_error_text_names_the_call(fresh):
+    """get_recent_err_msg() starts with the name of the failing call, in each namespace."""
+    assert acl.rt.malloc(16)[1] == acl.ACL_ERROR_UNINITIALIZE
+    assert acl.get_recent_err_msg().startswith("acl.rt.malloc: ")
+    assert acl.util.start_thread(None, None)[1] == acl.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.get_recent_err_msg().startswith("acl.util.start_thread: ")
+    assert acl.init("/no/such/acl.json") == acl.ACL_ERROR_INVALID_PARAM
+    assert acl.get_recent_err_msg().startswith("acl.init: ")
+    ok(acl.init())
+    ok(acl.rt.set_device(0))
+    assert acl.mdl.ri_destroy(12345) == acl.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.get_recent_err_msg().startswith("acl.mdl.ri_destroy: ")
+    assert acl.rt.destroy_stream_force(0) == acl.ACL_ERROR_RT_PARAM_INVALID     # an alias keeps its first name
+    assert acl.get_recent_err_msg().startswith("acl.rt.destroy_stream: ")
+
+
 # ---------------------------------------------------------------------------------------------- return codes
 def test_calls_before_init_and_init_refcount(fresh):
     assert acl.rt.set_device(0) == acl.ACL_ERROR_UNINITIALIZE

@@ -355,3 +355,71 @@ def test_bad_stream_priority_and_destroyed_stream(dev, canary):
     assert np.all(t.numpy() == 1)
     canary.check(mem_unchanged=False)
     t.free()
+
+
+# ------------------------------------------------------------------------------------------ public entry points
+def test_pointer_level_copies_and_memset(dev, canary):
+    """Device.memcpy_h2d/d2h/d2d and memset by pointer (what the acl layer uses): data round-trips, ``out``
+    is filled in place, and an overrun, a bad ``out`` or another device's pointer is refused untouched."""
+    data = np.arange(64, dtype=np.uint8)
+    p, q = dev.malloc(64), dev.malloc(64)
+    try:
+        dev.memcpy_h2d(p, data)
+        assert np.array_equal(dev.memcpy_d2h(p, 64), data)
+        out = np.zeros((4, 16), np.uint8)
+        assert dev.memcpy_d2h(p, 64, out=out) is out and np.array_equal(out.ravel(), data)
+        dev.memcpy_d2d(q, p, 64)
+        dev.memset(q + 32, 0xAB, 32)
+        want = np.concatenate([data[:32], np.full(32, 0xAB, np.uint8)])
+        assert np.array_equal(dev.memcpy_d2h(q, 64), want)
+        expect(107000, dev.memcpy_h2d, p + 32, data, exc=MemoryAccessError)
+        expect(107000, dev.memcpy_d2h, p, 65, exc=MemoryAccessError)
+        expect(107000, dev.memcpy_d2d, q, p, 65, exc=MemoryAccessError)
+        expect(107000, dev.memset, q + 64, 0, 1, exc=MemoryAccessError)
+        expect(107000, dev.memcpy_d2h, p, 64, out=np.zeros(63, np.uint8))                  # wrong size
+        expect(107000, dev.memcpy_d2h, p, 64, out=np.zeros((16, 8), np.uint8)[:, ::2])     # not contiguous
+        expect(107000, dev.memcpy_h2d, make_ptr(dev.physical_id + 1, 0x10000), data, exc=MemoryAccessError)
+        expect(107000, dev.check_range, p + 48, 32, exc=MemoryAccessError)
+        dev.check_range(p + 48, 16)
+        assert np.array_equal(dev.memcpy_d2h(q, 64), want), "a refused call changed memory"
+    finally:
+        dev.free(p)
+        dev.free(q)
+    canary.check()
+
+
+def test_stream_enqueue_checks_its_ops(dev, canary):
+    """Stream.enqueue (the one path graphs and HCCL queue their ops through) takes an op of its own
+    stream and refuses another stream's op, an unknown event and a destroyed stream."""
+    from devices.errors import InvalidHandleError, InvalidParamError
+    from devices.tasks import Memset, Record
+
+    s, other = dev.stream(), dev.stream()
+    t = dev.from_numpy(np.zeros(16, np.int32))
+    try:
+        s.enqueue(Memset(s.sid, t.ptr, 0x01, 64))
+        assert np.all(t.numpy(stream=s) == 0x01010101)
+        expect(107000, s.enqueue, Memset(other.sid, t.ptr, 0, 64), exc=InvalidParamError)
+        expect(107017, s.enqueue, Record(s.sid, 987654), exc=InvalidHandleError)
+        other.destroy()
+        expect(107017, other.enqueue, Memset(other.sid, t.ptr, 0, 64), exc=InvalidHandleError)
+        s.synchronize(SYNC_MS)
+        assert np.all(t.numpy() == 0x01010101), "a refused op ran"
+        assert not dev.is_lost and dev.health()[0] == "OK"
+    finally:
+        t.free()
+        s.destroy()
+    canary.check()
+
+
+def test_closed_local_device_is_lost():
+    """is_lost (the DeviceHandle protocol's lost state) as runtime.api shows it: a closed device is lost."""
+    from conftest import make_local_runtime
+    r = make_local_runtime(1, 16 << 20)
+    try:
+        d = r.device(0)
+        assert d.is_lost is False
+        r.backend.device(d.physical_id).close()
+        assert d.is_lost is True
+    finally:
+        r.close()

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import make_local_runtime
 from devices.errors import InvalidDeviceError, InvalidParamError, MemoryAllocationError
+from fp32 import assert_within, gamma
 from runtime.models import EmbedJob
 from runtime.models.common import hbm_used
 
@@ -140,7 +141,8 @@ def test_l3_matches_onnxruntime(rt, ort_l3, parallel, n):
 # ---------------------------------------------------------------------------------------------- L6 vs numpy
 def test_l6_matches_numpy(l6_single, ref_l6):
     assert float(np.abs(l6_single - ref_l6).max()) <= 1e-4
-    assert np.allclose(np.linalg.norm(l6_single, axis=1), 1.0, atol=1e-5)
+    # unit length up to the float32 rounding of the device's normalisation (a 384-term sum of squares)
+    assert_within(np.linalg.norm(l6_single.astype(np.float64), axis=1), 1.0, gamma(384 + 6))
     sims = l6_single @ l6_single.T
     assert sims[0, 1] < sims[0, 0]
 

@@ -43,13 +43,13 @@ def run(a) -> int:
             try:
                 reps = 3 if size >= 64 << 20 else 5
                 t_copy = _median_time(lambda: np.copyto(back, host), reps)
-                t_h2d = _median_time(lambda: dev.handle.memcpy_h2d(ptr, host), reps)
-                t_d2h = _median_time(lambda: dev.handle.memcpy_d2h(ptr, size, out=back), reps)
+                t_h2d = _median_time(lambda: dev.memcpy_h2d(ptr, host), reps)
+                t_d2h = _median_time(lambda: dev.memcpy_d2h(ptr, size, out=back), reps)
                 ok = bool(np.array_equal(back, host))
                 row = {"bytes": size, "copyto_gbs": size / t_copy / 1e9, "h2d_gbs": size / t_h2d / 1e9,
                        "d2h_gbs": size / t_d2h / 1e9, "verified": ok}
                 if slow is not None and size <= ghi:
-                    sd = slow.device(0).handle
+                    sd = slow.device(0)
                     g_h2d = _median_time(lambda: sd.memcpy_h2d(ptr, host), 3)
                     g_d2h = _median_time(lambda: sd.memcpy_d2h(ptr, size), 3)
                     row.update(grpc_h2d_gbs=size / g_h2d / 1e9, grpc_d2h_gbs=size / g_d2h / 1e9)

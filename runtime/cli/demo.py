@@ -95,7 +95,85 @@ def run_demo(rt, out=sys.stdout, max_new_tokens: int = 24) -> bool:
         print(f"  npu{r['device']}: {r['rows']} rows, max |err| {r['max_abs_err']:.1e} {'OK' if r['ok'] else 'WRONG'}",
               file=out)
         ok &= r["ok"]
+    ok &= run_service_demo(rt, out)
     print(render(collect(rt)), file=out)
+    return ok
+
+
+def _post(url: str, body: dict, stream: bool = False):
+    import json
+    import urllib.request
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        if not stream:
+            return json.loads(r.read())
+        return [json.loads(ln[6:]) for ln in r.read().decode().split("\n\n")
+                if ln.startswith("data: ") and ln != "data: [DONE]"]
+
+
+def run_service_demo(rt, out=sys.stdout, clients: int = 6, max_tokens: int = 16) -> bool:
+    """``vnpu serve`` on this cluster: SmolLM2 (continuous batching, paged KV cache) and MiniLM (dynamic
+    batching) behind the OpenAI routes on loopback; concurrent chat, a streamed chat and embeddings over
+    HTTP; throughput and a few /metrics lines; then a clean shutdown."""
+    import threading
+    import urllib.request
+
+    from runtime.serve.config import model_spec
+    from runtime.serve.engine import EngineConfig
+    from runtime.serve.server import Server, Service
+    n = rt.device_count()
+    specs = [model_spec("smollm2", (0,), None, EngineConfig(max_num_seqs=8, max_model_len=256))]
+    if n > 1:
+        specs.append(model_spec("minilm-l6", (1,), None))
+    svc = Service(rt, tuple(specs))
+    srv = Server(svc).start()
+    ok = True
+    try:
+        svc.load()
+        url = srv.url
+        print(f"\n== vnpu serve on {url} (OpenAI routes; SmolLM2 on npu0" +
+              (", MiniLM-L6 on npu1)" if n > 1 else ")"), file=out)
+        questions = ["What is a neural processing unit?", "Name three colors.", "What is 7 times 8?",
+                     "Say hello in French.", "What is the capital of Japan?", "Give me a fruit."]
+        res: list = [None] * clients
+        t0 = time.perf_counter()
+
+        def chat(i):
+            res[i] = _post(url + "/v1/chat/completions", {"model": "smollm2", "max_tokens": max_tokens,
+                                                           "temperature": 0, "messages": [
+                                                               {"role": "user", "content": questions[i % 6]}]})
+        th = [threading.Thread(target=chat, args=(i,)) for i in range(clients)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        dt = time.perf_counter() - t0
+        toks = sum(r["usage"]["completion_tokens"] for r in res if r)
+        for i, r in enumerate(res[:3]):
+            print(f"  > {questions[i]}\n    {r['choices'][0]['message']['content'].strip()[:90]!r}", file=out)
+        print(f"  [{clients} concurrent chats: {toks} tokens in {dt:.2f} s = {toks / dt:.1f} tokens/s]", file=out)
+        ok &= toks > 0
+        chunks = _post(url + "/v1/chat/completions", {"model": "smollm2", "max_tokens": max_tokens, "temperature": 0,
+                                                      "stream": True, "stream_options": {"include_usage": True},
+                                                      "messages": [{"role": "user", "content": "Count to five."}]},
+                       stream=True)
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+        print(f"  streamed: {len(chunks)} chunks, {text.strip()[:80]!r}, usage {chunks[-1]['usage']}", file=out)
+        ok &= bool(text)
+        if n > 1:
+            e = _post(url + "/v1/embeddings", {"model": "minilm-l6", "input": SENTENCES[:3]})
+            print(f"  embeddings: {len(e['data'])} x {len(e['data'][0]['embedding'])}, usage {e['usage']}", file=out)
+            ok &= len(e["data"]) == 3
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=60).read().decode().splitlines()
+        keep = ("vnpu:generation_tokens_total{", "vnpu:request_success_total{", "vnpu:kv_cache_usage_perc{",
+                "vnpu:time_to_first_token_seconds_count{", "npu_chip_info_hbm_used_memory{")
+        print("  /metrics:", file=out)
+        for ln in metrics:
+            if ln.startswith(keep):
+                print(f"    {ln}", file=out)
+    finally:
+        srv.stop()
+    print("  server drained and stopped", file=out)
     return ok
 
 

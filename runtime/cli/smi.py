@@ -33,7 +33,7 @@ def collect(rt: Runtime) -> list[dict]:
     for i, dev in enumerate(rt.devices()):
         t = dev.telemetry()
         info = dev.info()
-        health, reasons = dev.handle.health()
+        health, reasons = dev.health()
         addr = getattr(dev.handle, "address", "in-process")
         rows.append({
             "npu": i, "physical_id": dev.physical_id, "name": info.short_name, "chip": info.chip,

@@ -22,11 +22,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from devices.errors import AclError
+from devices.faults import FAULT_KINDS
 
 from .failover import DevicePool, FailoverOptions, percentiles
 from .jobrunner import JobRunner, checksum, make_workload
-
-FAULT_KINDS = ("kill", "hang", "slow", "ecc", "link-down", "task-fail", "overheat")
 
 
 @dataclass(frozen=True)
@@ -63,10 +62,8 @@ class _Load:
         first = self.next_id
         r = self.runner
         while time.monotonic() < end and not self.stop.is_set():
-            with r._cv:
-                while len(r.requests) - len(r.results) - len(r.errors) >= self.window \
-                        and time.monotonic() < end:
-                    r._cv.wait(min(0.05, max(0.0, end - time.monotonic())))
+            r.wait_until(lambda r: len(r.requests) - len(r.results) - len(r.errors) < self.window,
+                         max(0.0, end - time.monotonic()))
             if time.monotonic() >= end:
                 break
             rid = self.next_id
@@ -77,23 +74,28 @@ class _Load:
         return first, self.next_id
 
 
+def _link_peer(pool: DevicePool, rng: random.Random, victim: int) -> int:
+    peers = sorted(p for p in pool.phys if p != victim)
+    return rng.choice(peers) if peers else victim + 1
+
+
+#: fault kind -> the campaign's parameters for one injection (kinds: devices.faults.FAULT_KINDS)
+CAMPAIGN_PARAMS = {
+    "kill": lambda rng, cfg, pool, victim: {},
+    "hang": lambda rng, cfg, pool, victim: {"duration_ms": rng.randint(*cfg.hang_ms)},
+    "slow": lambda rng, cfg, pool, victim: {"factor": 5.0, "duration_ms": rng.randint(*cfg.fault_ms)},
+    # the allocations live at the low end of the arena
+    "ecc": lambda rng, cfg, pool, victim: {"offset": 0, "length": cfg.arena_bytes // 2},
+    "link-down": lambda rng, cfg, pool, victim: {"peer": _link_peer(pool, rng, victim),
+                                                 "duration_ms": rng.randint(*cfg.fault_ms)},
+    "task-fail": lambda rng, cfg, pool, victim: {"count": 2},
+    "overheat": lambda rng, cfg, pool, victim: {"celsius": 120.0, "duration_ms": rng.randint(*cfg.fault_ms)},
+}
+
+
 def _inject(pool: DevicePool, rng: random.Random, cfg: ChaosConfig, kind: str, victim: int) -> dict:
     h = pool.handle(victim)
-    params: dict = {}
-    if kind == "hang":
-        params = {"duration_ms": rng.randint(*cfg.hang_ms)}
-    elif kind == "slow":
-        params = {"factor": 5.0, "duration_ms": rng.randint(*cfg.fault_ms)}
-    elif kind == "ecc":
-        size = cfg.arena_bytes
-        params = {"offset": 0, "length": size // 2}        # the allocations live at the low end
-    elif kind == "link-down":
-        peers = [p for p in pool.phys if p != victim]
-        params = {"peer": rng.choice(peers) if peers else 0, "duration_ms": rng.randint(*cfg.fault_ms)}
-    elif kind == "task-fail":
-        params = {"count": 2}
-    elif kind == "overheat":
-        params = {"celsius": 120.0, "duration_ms": rng.randint(*cfg.fault_ms)}
+    params = CAMPAIGN_PARAMS[kind](rng, cfg, pool, victim)
     pid = pool.phys[victim].where.get("pid", 0)
     if kind == "kill" and pid and _alive(pid) and _is_actor_process(pid):
         # the device process dies for real (SIGKILL), not through the device's own kill switch

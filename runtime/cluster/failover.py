@@ -4,17 +4,18 @@ A :class:`DevicePool` owns a set of physical devices (the device actors of a clu
 ``where`` dicts).  The first ``logical`` of them are bound to logical ids 0..n-1; the rest are spares.
 Every live physical device has a health watch (``RemoteDevice.watch_health``): a broken stream (the
 process died) marks it lost in milliseconds; missed heartbeats beyond ``hang_deadline_s`` (checked by the
-pool's own monitor thread every ``monitor_period_s``) mark a hung one lost; telemetry (Alarm/Critical
-health, a down link) marks a device unhealthy.  A lost or unhealthy device's logical id is re-bound at
-once: to a healthy spare if there is one, else to an in-process CPU fallback device (the same kernels,
-``devices.device.Device``).  The lost device itself is recovered in the background: the pool waits
-(bounded) for Ray to restart the actor (it comes back with a new gRPC address and an empty HBM) or for a
-hung/unhealthy one to come back, resets it, probes it with a tiny task, and returns it to the spares;
-a logical id running on the CPU fallback moves back to a device as soon as one is free.
+pool's own monitor thread every ``monitor_period_s``) mark a hung one lost; health conditions carried by the
+heartbeats (an Alarm/Critical level, or a condition in ``unhealthy_conditions`` such as a down link) mark a
+device unhealthy -- the pool reads the structured conditions, never the human text.  A lost or unhealthy
+device's logical id is re-bound at once: to a healthy spare if there is one, else to an in-process CPU
+fallback device (the same kernels, ``devices.device.Device``).  The lost device itself is recovered in the
+background: the pool waits (bounded) for Ray to restart the actor (it comes back with a new gRPC address and
+an empty HBM) or for a hung/unhealthy one to come back, resets it, probes it with a tiny task, and returns it
+to the spares; a logical id running on the CPU fallback moves back to a device as soon as one is free.
 
 Errors that the job layer sees (``report_error``) feed a per-device circuit breaker: more than
 ``max_errors`` failures within ``error_window_s`` quarantine the device for ``quarantine_s``; an HBM ECC
-error (507054) takes the device out at once (it is reset before it serves again).
+error (ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR) takes the device out at once (it is reset before it serves again).
 
 Bindings carry a generation; the job layer asks :meth:`DevicePool.binding` for the current one and,
 after a failure, reports it with the generation it used, so that one failure is never handled twice.
@@ -33,6 +34,7 @@ import numpy as np
 
 from devices.errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
                             ACL_ERROR_RT_LOST_HEARTBEAT, AclError, HcclError)
+from devices.health import Condition
 
 log = logging.getLogger("vnpu.failover")
 
@@ -66,6 +68,8 @@ class FailoverOptions:
     cpu_arena_bytes: int = 256 << 20   #: sparse shm: costs only what is used
     rpc_timeout_s: float = 30.0
     unhealthy_levels: tuple = ("Alarm", "Critical")
+    #: conditions that take a bound device out of service whatever their level
+    unhealthy_conditions: tuple = (Condition.LINK_DOWN,)
     slow_factor: float = 2.0           #: a device whose request latency is this many times its peers' is slow
     slow_min_samples: int = 8
 
@@ -95,6 +99,7 @@ class _Phys:
     last_beat: float = 0.0
     health: str = "OK"
     reasons: tuple = ()
+    conditions: tuple = ()
     errors: collections.deque = field(default_factory=collections.deque)
     lost_at: float | None = None
     recovering: bool = False
@@ -193,14 +198,13 @@ class DevicePool:
     # ------------------------------------------------------------------ physical devices
     def _connect(self, p: _Phys) -> None:
         from driver.client import RemoteDevice
-        from .remote import _same_node
         h = RemoteDevice(p.where["address"], self.token, p.pid, client_id=self.client_id,
-                         timeout_s=self.opts.rpc_timeout_s, same_node=_same_node(p.where))
+                         timeout_s=self.opts.rpc_timeout_s)
         p.handle = h
         p.lat, p.nlat = 0.0, 0
         p.lats.clear()
         p.last_beat = time.monotonic()
-        p.health, p.reasons = "OK", ()
+        p.health, p.reasons, p.conditions = "OK", (), ()
         p.watch = h.watch_health(self.opts.heartbeat_ms, lambda ev, p=p, h=h: self._beat(p, h, ev),
                                  stale_after_s=max(2 * self.opts.hang_deadline_s, 1.0))
 
@@ -213,10 +217,14 @@ class DevicePool:
         if ev.error is not None:
             return
         p.last_beat = time.monotonic()
-        p.health, p.reasons = ev.health, tuple(ev.reasons)
-        if p.state == "bound" and (ev.health in self.opts.unhealthy_levels
-                                   or any("link" in r for r in ev.reasons)):
-            self._unhealthy(p, h, f"telemetry: {ev.health} {'; '.join(ev.reasons)}")
+        p.health, p.reasons, p.conditions = ev.health, tuple(ev.reasons), tuple(ev.conditions)
+        if p.state == "bound" and self._is_unhealthy(ev.health, ev.conditions):
+            self._unhealthy(p, h, f"telemetry: {ev.health} {'; '.join(ev.reasons)}",
+                            ecc=any(c.kind is Condition.ECC for c in ev.conditions))
+
+    def _is_unhealthy(self, level: str, conditions) -> bool:
+        return level in self.opts.unhealthy_levels or any(c.kind in self.opts.unhealthy_conditions
+                                                          for c in conditions)
 
     def _monitor_loop(self) -> None:
         while not self._closed.wait(self.opts.monitor_period_s):
@@ -238,20 +246,19 @@ class DevicePool:
             p.state = "recovering"
             p.lost_at = time.monotonic()
         with contextlib.suppress(Exception):
-            h._mark_lost(reason)                  # wakes blocked synchronizes: they raise 107022
+            h.mark_lost(reason)                   # wakes blocked synchronizes: they raise the device-lost code
         code = ACL_ERROR_RT_LOST_HEARTBEAT if cause == "heartbeat" else ACL_ERROR_RT_DEVICE_TASK_ABORT
         self._record("detected", physical=p.pid, cause=cause, reason=reason, code=code, state_was=was)
         self._replace(p)
         self._start_recovery(p, reset=False)
 
-    def _unhealthy(self, p: _Phys, h, reason: str) -> None:
+    def _unhealthy(self, p: _Phys, h, reason: str, ecc: bool) -> None:
         """Telemetry says the device is unwell: take it out of service (work in flight may finish)."""
         with self._lock:
             if p.handle is not h or p.state != "bound":
                 return
             p.state = "recovering"
             p.lost_at = time.monotonic()
-        ecc = "ECC" in reason
         self._record("detected", physical=p.pid, cause="ecc" if ecc else "telemetry", reason=reason,
                      code=ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR if ecc else 0, state_was="bound")
         self._replace(p)
@@ -309,11 +316,12 @@ class DevicePool:
                 restarted = w.get("pid") != old_pid or w.get("address") != p.where.get("address")
                 if wait_healthy and not restarted and old is not None and not old.lost.is_set():
                     try:
-                        health, reasons = old.health()
+                        report = old.health_report()
+                        health, conds = report.level, report.conditions
                     except AclError:
-                        health, reasons = "Unknown", ()
-                    ecc = any("ECC" in r for r in reasons)     # poison stays until a reset: reset now
-                    if not ecc and (health in self.opts.unhealthy_levels or any("link" in r for r in reasons)):
+                        health, conds = "Unknown", ()
+                    ecc = any(c.kind is Condition.ECC for c in conds)     # poison stays until a reset: reset now
+                    if not ecc and self._is_unhealthy(health, conds):
                         if self._closed.wait(0.05):
                             return
                         continue
@@ -381,8 +389,6 @@ class DevicePool:
             b = Binding(lid, p.pid, self._gen, p.handle, wrap_handle(p.handle), "npu")
             self.bindings[lid] = b
             self._cv.notify_all()
-        if old is not None and old.is_cpu:
-            self._release_cpu(lid)
         self._record("bound", logical=lid, physical=p.pid, gen=b.gen, reason=reason,
                      previous=None if old is None else old.physical)
         return b
@@ -412,9 +418,6 @@ class DevicePool:
         with self._lock:
             self.bindings.pop(lid, None)
             self._cv.notify_all()
-
-    def _release_cpu(self, lid: int) -> None:
-        pass                                       # kept for reuse; closed with the pool
 
     def _rebalance(self) -> None:
         """Move logical ids off the CPU fallback (or unbound) onto free devices."""

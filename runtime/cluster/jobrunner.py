@@ -2,7 +2,7 @@
 
 Requests ``(id, inputs)`` go into one queue; a worker thread per logical device takes them, runs them on
 the device its logical id is bound to *now*, and delivers the result.  When a request fails with a
-device error (loss 107022, HCCL error, ECC 507054, task failure ...) the failure is reported to the pool
+device error (loss, HCCL error, HBM ECC, task failure ...) the failure is reported to the pool
 (which re-binds the logical id if the device is gone or due for quarantine) and the request goes back
 into the queue: it is replayed from its inputs, on whatever device takes it next.  After a re-binding the
 workload is prepared again on the new device (its HBM is empty: weights are re-uploaded).

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from driver.host import ACTOR_PREFIX, BLAS_ENV, NAMESPACE, actor_name, remote_class
 from devices.arena import SHM_DIR
-from devices.errors import ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
+from devices.errors import ACL_ERROR_RT_DEV_SETUP_ERROR, ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
 
 from .discovery import (LOOPBACK, attach_ray, discover, load_token, new_token, read_state,  # noqa: F401
                         state_dir, state_file, token_file)
@@ -198,7 +198,7 @@ def cluster_up(spec: ClusterSpec) -> tuple[dict, bool]:
     env = dict(os.environ, **BLAS_ENV)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
-        raise AclError(f"ray start failed: {r.stderr.strip()[-2000:]}", code=507033)
+        raise AclError(f"ray start failed: {r.stderr.strip()[-2000:]}", code=ACL_ERROR_RT_DEV_SETUP_ERROR)
     token = new_token()
     address = f"{LOOPBACK}:{port}"
     st = {"ray_address": address, "temp_dir": temp_dir, "devices": spec.devices, "chip": spec.chip,

@@ -24,6 +24,8 @@ class RemoteBackend:
 
     def __init__(self, where: list[dict], token: str, *, client_id: str | None = None,
                  on_close=None, timeout_s: float = 30.0, same_node: bool | None = None):
+        """``same_node``: None = each client decides by node identity (the same-node fast path for host
+        copies, see driver.client); True / False force it."""
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.token = token
         self.where = {w["device_id"]: w for w in where}
@@ -32,8 +34,7 @@ class RemoteBackend:
         for dev_id in sorted(self.where):
             w = self.where[dev_id]
             d = self._devices[dev_id] = RemoteDevice(w["address"], token, dev_id, client_id=self.client_id,
-                                                     timeout_s=timeout_s,
-                                                     same_node=_same_node(w) if same_node is None else same_node)
+                                                     timeout_s=timeout_s, same_node=same_node)
             # this client's lease on the device (what it leaves behind is released if it dies), and a
             # broken stream tells blocked calls at once that the device is gone
             d.watch_health(LEASE_BEAT_MS, None, stale_after_s=0, lease=True)
@@ -62,10 +63,6 @@ class RemoteBackend:
                 pass
         if self._on_close is not None:
             self._on_close()
-
-
-def _same_node(w: dict) -> bool:
-    return os.path.exists(os.path.join("/dev/shm", w.get("arena", ""))) if w.get("arena") else False
 
 
 __all__ = ["RemoteBackend", "ACTOR_PREFIX", "NAMESPACE", "error_for_code"]

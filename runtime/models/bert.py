@@ -25,8 +25,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from devices.errors import AclError, InvalidParamError
+from runtime import hccl
 
-from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, import_hccl, now, pick_devices,
+from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
                      upload_block)
 from .tokenizer import BertTokenizer, bert_tokenizer
 from .weights import load_onnx_initializers, load_safetensors, minilm_l3_onnx, minilm_l6_dir
@@ -247,7 +248,6 @@ class EmbedJob(JobBase):
         try:
             comms = None
             if parallel == "tp" and n > 1:
-                hccl = import_hccl()
                 comms = hccl.comm_init_all(devs)
                 self._comms = list(comms)
             for r, d in enumerate(devs):

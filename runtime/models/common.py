@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from devices.errors import AclError, InvalidDeviceError, InvalidParamError, UnsupportedError
+from devices.errors import AclError, InvalidDeviceError, InvalidParamError
 from devices.kernel import TensorDesc
 
 ALIGN = 64
@@ -190,14 +190,6 @@ def hbm_used(devs) -> list[int]:
         free, total = d.mem_info()
         out.append(total - free)
     return out
-
-
-def import_hccl():
-    try:
-        from runtime import hccl
-    except ImportError as e:  # the collectives module is not there (yet)
-        raise UnsupportedError(f"this parallel mode needs HCCL collectives (runtime.hccl): {e}") from None
-    return hccl
 
 
 # ---------------------------------------------------------------------------------------------- stats

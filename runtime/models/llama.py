@@ -47,9 +47,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from devices.errors import AclError, InvalidParamError
+from runtime import hccl
 
-from .common import (Block, Closer, DescCache, JobBase, DeviceTimer, HostPack, JobStats, Launcher, import_hccl, now,
-                     pick_devices, td, upload_block)
+from .common import (Block, Closer, DescCache, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
+                     td, upload_block)
 from .tokenizer import GgufBpeTokenizer, gguf_tokenizer
 from .weights import LlamaConfig, llama_layer, llama_output, load_gguf_cached, smollm2_gguf
 
@@ -413,6 +414,29 @@ class LlamaRank:
         c.close()
 
 
+def rank_specs(cfg: LlamaConfig, parallel: str, n: int) -> list[RankSpec]:
+    """What each of ``n`` devices computes under ``parallel`` (``none``/``tp``: heads, FFN columns and
+    vocabulary split; ``pp``: contiguous layer stages)."""
+    L, V = cfg.n_layers, cfg.vocab
+    if parallel in ("none", "tp"):
+        hq, hkv, ff = cfg.n_heads // n, cfg.n_kv_heads // n, cfg.d_ff // n
+        return [RankSpec(range(L), hq, hkv, ff, r * hq, r * hkv, r * ff, True, True, r * V // n,
+                         (r + 1) * V // n) for r in range(n)]
+    bounds = [round(r * L / n) for r in range(n + 1)]
+    return [RankSpec(range(bounds[r], bounds[r + 1]), cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, 0, 0, 0,
+                     r == 0, r == n - 1, 0, V) for r in range(n)]
+
+
+def host_weights(g, cfg: LlamaConfig) -> dict:
+    """The host arrays a :class:`LlamaRank` uploads its share of (``embd``, ``out_norm``, ``layers``)."""
+    host = {"embd": g.tensors["token_embd.weight"],
+            "layers": [llama_layer(g.tensors, i) for i in range(cfg.n_layers)]}
+    host["out_norm"], head = llama_output(g.tensors)
+    if head is not host["embd"]:
+        raise InvalidParamError("only tied LM heads are supported (the GGUF has output.weight)")
+    return host
+
+
 # ---------------------------------------------------------------------------------------------- the job
 @dataclass
 class Generation:
@@ -473,16 +497,11 @@ class GenerateJob(JobBase):
         self._comms = []
         self.ranks: list[LlamaRank] = []
         self.last_stats = JobStats()
-        host = {"embd": g.tensors["token_embd.weight"],
-                "layers": [llama_layer(g.tensors, i) for i in range(cfg.n_layers)]}
-        host["out_norm"], head = llama_output(g.tensors)
-        if head is not host["embd"]:
-            raise InvalidParamError("only tied LM heads are supported (the GGUF has output.weight)")
-        specs = self._specs(n)
+        host = host_weights(g, cfg)
+        specs = rank_specs(cfg, parallel, n)
         comms = None
         try:
             if n > 1:
-                hccl = import_hccl()
                 comms = hccl.comm_init_all(devs)
                 self._comms = list(comms)
             for r, (dev, sp) in enumerate(zip(devs, specs)):
@@ -490,17 +509,6 @@ class GenerateJob(JobBase):
         except BaseException:
             self._teardown()
             raise
-
-    def _specs(self, n: int) -> list[RankSpec]:
-        cfg = self.cfg
-        L, V = cfg.n_layers, cfg.vocab
-        if self.parallel in ("none", "tp"):
-            hq, hkv, ff = cfg.n_heads // n, cfg.n_kv_heads // n, cfg.d_ff // n
-            return [RankSpec(range(L), hq, hkv, ff, r * hq, r * hkv, r * ff, True, True, r * V // n,
-                             (r + 1) * V // n) for r in range(n)]
-        bounds = [round(r * L / n) for r in range(n + 1)]
-        return [RankSpec(range(bounds[r], bounds[r + 1]), cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, 0, 0, 0,
-                         r == 0, r == n - 1, 0, V) for r in range(n)]
 
     # -------------------------------------------------------------- prompts
     def encode_prompts(self, prompts: Sequence, raw: bool) -> list[list[int]]:

@@ -16,12 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from devices.errors import AclError, InvalidParamError
-
-try:
-    from devices.errors import ACL_ERROR_INVALID_FILE
-except ImportError:  # pragma: no cover - older error table
-    ACL_ERROR_INVALID_FILE = 100003   # ACL_ERROR_INVALID_FILE (acl_base.h)
+from devices.errors import ACL_ERROR_INVALID_FILE, AclError, InvalidParamError
 
 
 # ---------------------------------------------------------------------------------------------- files

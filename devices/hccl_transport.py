@@ -1,0 +1,170 @@
+"""HCCL peer transports: how one device reaches a peer device's HBM and control endpoint.
+
+The HCCL engine (:mod:`devices.hccl`) chooses a transport per peer when a communicator is built: the
+peer's node identity (:mod:`devices.node`) equal to this device's -> :data:`SAME_NODE`, else
+:data:`CROSS_NODE`.  Each transport hands out one :class:`PeerLink` per peer, and the engine's algorithm
+code talks only to links -- it never asks which transport it has:
+
+- ``read(comm, ptr, nbytes)``: bytes of the peer's HBM (host-blocking; a zero-copy view where the
+  transport allows it);
+- ``notify(msg)``: deliver one small control message ``(comm, seq, tag, from_rank, payload)`` to the
+  peer's engine (host-blocking send; never waits for an answer);
+- ``probe()``: liveness -- raises :class:`~devices.errors.HcclError` ``HCCL_E_REMOTE`` when the peer is gone.
+
+Any failure to reach a peer raises ``HCCL_E_REMOTE``.  What a device publishes so that peers can build
+links to it is each transport's :meth:`Transport.endpoint` (merged into ``HcclEngine.info()``).
+
+:class:`ShmTransport` (same node) lives here, as plain Python: data is pulled straight out of the peer's
+HBM arena, mapped from ``/dev/shm``; control messages go through *doorbells*, one abstract-namespace Unix
+datagram socket per device (no file; gone when its process dies).  The cross-node transport (gRPC between
+device actors) lives at the driver's edge (``driver.hccl_grpc``) and is installed by the device host.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from typing import Callable, Protocol
+
+import numpy as np
+
+from .arena import attach, ptr_offset
+from .errors import HCCL_E_PARA, HCCL_E_REMOTE, HcclError
+
+#: transport scopes: the engine holds one transport per scope
+SAME_NODE = "same-node"
+CROSS_NODE = "cross-node"
+
+
+class PeerLink(Protocol):
+    """One device's way to one peer device (built when a communicator is built)."""
+
+    def read(self, comm: str, ptr: int, nbytes: int) -> np.ndarray: ...
+    def notify(self, msg: tuple) -> None: ...
+    def probe(self) -> None: ...
+
+
+class Transport(Protocol):
+    """Makes links to peers of one scope; ``endpoint()`` is what this device publishes for them."""
+
+    def endpoint(self) -> dict: ...
+    def link(self, peer) -> PeerLink: ...
+    def close(self) -> None: ...
+
+
+class Doorbell:
+    """A device's control endpoint on its node: an abstract Unix datagram socket plus a receiver thread
+    that hands every well-formed message to ``deliver``."""
+
+    def __init__(self, name: str, deliver: Callable[[tuple], bool]):
+        self.name = name
+        self._deliver = deliver
+        self._rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._rx.bind("\0" + name)
+        self._tx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"doorbell-{name}")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed:
+            try:
+                data = self._rx.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                continue                       # a liveness probe
+            try:
+                msg = tuple(json.loads(data))
+            except (ValueError, TypeError):
+                continue                       # malformed: drop
+            self._deliver(msg)
+
+    def send(self, doorbell: str, msg: tuple) -> None:
+        """Raises HcclError(E_REMOTE) when the peer's doorbell is gone."""
+        try:
+            self._tx.sendto(json.dumps(msg).encode(), "\0" + doorbell)
+        except OSError as e:            # refused, gone, broken pipe while the peer closes, ...
+            raise HcclError(f"peer doorbell {doorbell} unreachable ({e.strerror or e})", HCCL_E_REMOTE) from None
+
+    def alive(self, doorbell: str) -> bool:
+        try:
+            self._tx.sendto(b"", "\0" + doorbell)
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._rx.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._rx.close()
+        self._tx.close()
+
+
+class ShmLink:
+    """A same-node peer: its arena mapped here (on first read), its doorbell for control messages."""
+
+    def __init__(self, transport: "ShmTransport", peer):
+        self._t = transport
+        self.peer = peer
+
+    def read(self, comm: str, ptr: int, nbytes: int) -> np.ndarray:
+        """A zero-copy view of the peer's HBM (the peer named the range in its own control message)."""
+        mem = self._t.mapped(self.peer)
+        off = ptr_offset(ptr)
+        if nbytes < 0 or off + nbytes > self.peer.arena_bytes:
+            raise HcclError(f"range 0x{ptr:x}+{nbytes} outside rank {self.peer.rank}'s HBM", HCCL_E_PARA)
+        return mem[off:off + nbytes]
+
+    def notify(self, msg: tuple) -> None:
+        self._t.doorbell.send(self.peer.doorbell, msg)
+
+    def probe(self) -> None:
+        if not self._t.doorbell.alive(self.peer.doorbell):
+            raise HcclError(f"rank {self.peer.rank} (device {self.peer.device_id}) is gone", HCCL_E_REMOTE)
+
+
+class ShmTransport:
+    """Same-node transport: doorbells + mapped arenas.  ``deliver`` receives this device's messages."""
+
+    def __init__(self, arena, deliver: Callable[[tuple], bool]):
+        self._arena = arena
+        self.doorbell = Doorbell(f"vnpu-hccs-{arena.name}", deliver)
+        self._maps: dict[str, tuple] = {}
+        self._lock = threading.Lock()
+
+    def endpoint(self) -> dict:
+        return {"arena": self._arena.name, "arena_bytes": self._arena.size, "doorbell": self.doorbell.name}
+
+    def link(self, peer) -> ShmLink:
+        return ShmLink(self, peer)
+
+    def mapped(self, peer) -> np.ndarray:
+        """uint8 view of a peer's whole arena, mapped once per peer arena (host-blocking the first time)."""
+        with self._lock:
+            m = self._maps.get(peer.arena)
+            if m is None:
+                try:
+                    m = self._maps[peer.arena] = attach(peer.arena, peer.arena_bytes)
+                except (FileNotFoundError, ValueError):
+                    raise HcclError(f"rank {peer.rank}'s HBM (device {peer.device_id}) is gone",
+                                    HCCL_E_REMOTE) from None
+            return m[1]
+
+    def close(self) -> None:
+        self.doorbell.close()
+        with self._lock:
+            maps, self._maps = self._maps, {}
+        for mm, _ in maps.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass          # a view is still alive somewhere; the mapping goes with it
+
+
+__all__ = ["SAME_NODE", "CROSS_NODE", "PeerLink", "Transport", "Doorbell", "ShmLink", "ShmTransport"]

@@ -1,0 +1,234 @@
+"""``vnpu bench serve``: the OpenAI server under concurrent streaming clients, against its baseline and
+the machine's bound, in the same run.
+
+- vnpu: the server (continuous batching, paged KV cache, decode graphs) on one device; per concurrency
+  C, ``--requests`` streamed completions (``ignore_eos``, ``--max-tokens`` each) from C client threads
+  over loopback HTTP: output tokens/s, requests/s, TTFT and inter-token latency p50/p99 as clients see them.
+- baseline: the same engine with ``max_num_seqs=1`` (graphs on): one request at a time.
+- bound: the same decode forward in plain numpy in this process, batch B = C, at the same context
+  length: tokens/s of the math alone (no runtime, no HTTP, no prefill).
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import statistics
+import threading
+import time
+from urllib.parse import urlparse
+
+import numpy as np
+
+WORDS = ("the npu runs matrix kernels on cube units while vector cores do norms and softmax quickly across many "
+         "small streams of tokens").split()
+
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser("serve", help="vnpu serve under concurrent clients vs max_num_seqs=1 and numpy")
+    p.add_argument("--model", default="smollm2", choices=["smollm2"])
+    p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
+    p.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
+    p.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
+    p.add_argument("--backend", choices=["cluster", "local"], default="cluster",
+                   help="the device as a Ray actor over gRPC (default) or in this process")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_run)
+
+
+def _prompt(i: int) -> str:
+    return " ".join(WORDS[(i + k) % len(WORDS)] for k in range(6 + i % 9))
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def _one(url, model: str, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
+    """One streamed completion: (TTFT s, inter-token gaps s, tokens)."""
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True, "ignore_eos": True})
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
+    stamps = []
+    for line in r:
+        if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+            if json.loads(line[6:])["choices"][0]["text"]:
+                stamps.append(time.perf_counter())
+    conn.close()
+    return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:])], len(stamps)
+
+
+def _load(url: str, model: str, conc: int, n: int, max_tokens: int) -> dict:
+    nxt = iter(range(n))
+    lock = threading.Lock()
+    ttft, itl, toks = [], [], [0]
+    errors: list[str] = []
+
+    def client():
+        while True:
+            with lock:
+                i = next(nxt, None)
+            if i is None:
+                return
+            try:
+                a, gaps, k = _one(url, model, _prompt(i), max_tokens)
+            except Exception as e:  # noqa: BLE001 - reported
+                errors.append(str(e))
+                return
+            with lock:
+                ttft.append(a)
+                itl.extend(gaps)
+                toks[0] += k
+
+    th = [threading.Thread(target=client) for _ in range(conc)]
+    t0 = time.perf_counter()
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} request(s) failed: {errors[0]}")
+    return {"concurrency": conc, "requests": n, "output_tokens": toks[0], "wall_s": round(wall, 3),
+            "output_tokens_per_s": round(toks[0] / wall, 2), "requests_per_s": round(n / wall, 3),
+            "ttft_ms_p50": round(1e3 * _pct(ttft, 50), 1), "ttft_ms_p99": round(1e3 * _pct(ttft, 99), 1),
+            "itl_ms_p50": round(1e3 * _pct(itl, 50), 2), "itl_ms_p99": round(1e3 * _pct(itl, 99), 2)}
+
+
+def _serve(rt, model: str, max_num_seqs: int, levels: list[int], n: int, max_tokens: int) -> tuple[list[dict], dict]:
+    from runtime.serve.config import model_spec
+    from runtime.serve.engine import EngineConfig
+    from runtime.serve.server import Server, Service
+    cfg = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(256, max_num_seqs),
+                       max_model_len=256, max_queued_requests=max(64, n))
+    svc = Service(rt, (model_spec(model, (0,), None, cfg),))
+    srv = Server(svc).start()
+    try:
+        svc.load()
+        _load(srv.url, model, 1, 1, 4)                                   # warm up
+        rows = [_load(srv.url, model, c, n, max_tokens) for c in levels]
+        snap = svc.engines[model].snapshot()
+        info = {"kv_blocks": snap.num_blocks, "graphs": snap.graphs, "captures": snap.captures,
+                "preemptions": snap.num_preemptions, "steps": snap.steps}
+    finally:
+        srv.stop()
+    return rows, info
+
+
+class NumpyDecode:
+    """SmolLM2 decode steps for a batch of B sequences in plain numpy (the bound)."""
+
+    def __init__(self, g, cfg):
+        t = g.tensors
+        self.cfg = cfg
+        self.L = [{k: t[f"blk.{i}.{k}.weight"] for k in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                                          "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")}
+                  for i in range(cfg.n_layers)]
+        self.E, self.ON = t["token_embd.weight"], t["output_norm.weight"]
+        self.inv = 1.0 / (cfg.rope_base ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim))
+
+    def _rms(self, x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + np.float32(self.cfg.eps)) * w
+
+    def _rope(self, x, pos):
+        ang = pos[:, None].astype(np.float64) * self.inv
+        c, s = np.cos(ang).astype(np.float32)[:, None, :], np.sin(ang).astype(np.float32)[:, None, :]
+        out = np.empty_like(x)
+        out[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * s
+        out[..., 1::2] = x[..., 1::2] * c + x[..., 0::2] * s
+        return out
+
+    def tokens_per_s(self, B: int, ctx: int, steps: int = 3) -> float:
+        c = self.cfg
+        dh, hkv, g = c.head_dim, c.n_kv_heads, c.n_heads // c.n_kv_heads
+        rng = np.random.default_rng(0)
+        kc = rng.standard_normal((c.n_layers, B, hkv, ctx, dh), dtype=np.float32)
+        vc = rng.standard_normal((c.n_layers, B, hkv, ctx, dh), dtype=np.float32)
+        ids = rng.integers(0, c.vocab, B)
+        pos = np.full(B, ctx - 1)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            x = self.E[ids]
+            for i, L in enumerate(self.L):
+                h = self._rms(x, L["attn_norm"])
+                q = self._rope((h @ L["attn_q"].T).reshape(B, c.n_heads, dh), pos)
+                kc[i, :, :, -1] = self._rope((h @ L["attn_k"].T).reshape(B, hkv, dh), pos)
+                vc[i, :, :, -1] = (h @ L["attn_v"].T).reshape(B, hkv, dh)
+                s = q.reshape(B, hkv, g, dh) @ kc[i].transpose(0, 1, 3, 2) / np.float32(math.sqrt(dh))
+                s = np.exp(s - s.max(-1, keepdims=True))
+                s /= s.sum(-1, keepdims=True)
+                x = x + (s @ vc[i]).reshape(B, -1) @ L["attn_output"].T
+                h = self._rms(x, L["ffn_norm"])
+                gg = h @ L["ffn_gate"].T
+                x = x + ((gg / (1 + np.exp(-gg))) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
+            self._rms(x, self.ON) @ self.E.T
+            times.append(time.perf_counter() - t0)
+        return B / statistics.median(times)
+
+
+def _runtime(backend: str):
+    from devices.device import DeviceConfig
+    from runtime.api import Runtime, runtime_scope
+    from runtime.backend import LocalBackend
+    from runtime.cluster import ClusterSpec, cluster_runtime
+    if backend == "local":
+        return runtime_scope(Runtime(LocalBackend(1, DeviceConfig(arena_bytes=1 << 30))))
+    return cluster_runtime(spec=ClusterSpec(devices=1, arena_bytes=1 << 30))
+
+
+def _run(a) -> int:
+    from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
+    try:
+        levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
+        if not levels or min(levels) < 1 or a.requests < 1 or a.max_tokens < 1:
+            raise ValueError
+    except ValueError:
+        print("vnpu bench serve: error: --concurrency takes positive integers (1,4,16); --requests and "
+              "--max-tokens must be >= 1", file=__import__("sys").stderr)
+        return 2
+    g = load_gguf_cached(str(smollm2_gguf()))
+    ref = NumpyDecode(g, LlamaConfig.from_gguf_meta(g.meta))
+    with _runtime(a.backend) as rt:
+        vnpu, info = _serve(rt, a.model, max(levels), levels, a.requests, a.max_tokens)
+        base, binfo = _serve(rt, a.model, 1, levels, a.requests, a.max_tokens)
+    ctx = 16 + a.max_tokens // 2
+    bound = {c: round(ref.tokens_per_s(c, ctx), 1) for c in levels}
+    rows = []
+    for v, b in zip(vnpu, base):
+        c = v["concurrency"]
+        rows.append({**v, "baseline": b, "numpy_bound_tokens_per_s": bound[c],
+                     "x_baseline": round(v["output_tokens_per_s"] / b["output_tokens_per_s"], 2),
+                     "of_bound": round(v["output_tokens_per_s"] / bound[c], 3)})
+    top = rows[-1]
+    doc = {"model": a.model, "backend": a.backend, "max_tokens": a.max_tokens, "engine": info,
+           "baseline_engine": binfo, "levels": rows,
+           "bar": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"], "target": 4.0,
+                   "met": top["x_baseline"] >= 4.0}}
+    if a.json:
+        print(json.dumps(doc))
+        return 0
+    print(f"vnpu bench serve: {a.model} on one device ({a.backend}), {a.requests} streamed requests x "
+          f"{a.max_tokens} tokens per level; baseline = same engine with max_num_seqs=1; bound = numpy decode "
+          f"at batch = concurrency")
+    print(f"{'conc':>4} | {'out tok/s':>9} {'req/s':>6} {'TTFT p50/p99 ms':>16} {'ITL p50/p99 ms':>15} | "
+          f"{'baseline tok/s':>14} {'x':>5} | {'numpy bound':>11} {'of bound':>8}")
+    for r in rows:
+        print(f"{r['concurrency']:>4} | {r['output_tokens_per_s']:>9.1f} {r['requests_per_s']:>6.2f} "
+              f"{r['ttft_ms_p50']:>7.0f}/{r['ttft_ms_p99']:<8.0f} {r['itl_ms_p50']:>6.1f}/{r['itl_ms_p99']:<8.1f} | "
+              f"{r['baseline']['output_tokens_per_s']:>14.1f} {r['x_baseline']:>5.2f} | "
+              f"{r['numpy_bound_tokens_per_s']:>11.1f} {r['of_bound']:>8.2f}")
+    print(f"engine: {info['kv_blocks']} KV blocks, {info['graphs']} decode graphs (captured {info['captures']}, "
+          f"constant), {info['steps']} steps, {info['preemptions']} preemptions")
+    print(f"bar: concurrency {top['concurrency']} = {top['x_baseline']:.2f}x the baseline's output tokens/s "
+          f"(target >= 4x): {'met' if top['x_baseline'] >= 4 else 'NOT met'}")
+    return 0

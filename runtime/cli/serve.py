@@ -1,0 +1,102 @@
+"""``vnpu serve``: the OpenAI-compatible inference server (see :mod:`runtime.serve`).
+
+    vnpu serve --model smollm2 --model minilm-l6 --port 8000
+    vnpu serve --model smollm2@0-2 --tp 3 --config serve.yaml
+
+Devices: the running cluster, or an embedded one with as many devices as the models need
+(``VNPU_BACKEND=local``: in-process devices).  Prints ``vnpu serve: listening on URL`` once bound (port
+0 picks a free port) and ``vnpu serve: ready`` once the engines are loaded; SIGTERM/SIGINT drains (no new
+requests, running ones finish) and exits 0.  Bad flags or config: one line on stderr, exit 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+
+
+def register(sub) -> None:
+    s = sub.add_parser("serve", help="OpenAI-compatible server: /v1/completions, /v1/chat/completions, "
+                                     "/v1/embeddings, /metrics")
+    s.add_argument("--model", action="append", default=[], metavar="NAME[@DEVICES]",
+                   help="a model to serve, e.g. smollm2@0-2 or minilm-l6 (repeatable; default: the config's)")
+    s.add_argument("--tp", type=int, default=None, help="tensor parallel degree of the generation model")
+    s.add_argument("--config", help="serve.yaml (models, placement, engine limits, batching)")
+    s.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=None, help="port (default 8000; 0 = any free port)")
+    s.add_argument("--devices", type=int, default=None, help="devices of an embedded cluster (default: what the "
+                                                                 "models need)")
+    s.set_defaults(fn=_cmd_serve)
+
+
+def _fail(msg: str) -> int:
+    print(f"vnpu serve: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def resolve(a):
+    """The ServeConfig of the flags over the config file."""
+    from runtime.serve.config import ServeConfig, load_config, model_spec, parse_model_spec
+    cfg = load_config(a.config) if a.config else ServeConfig()
+    models = list(cfg.models)
+    for text in a.model:
+        name, devs = parse_model_spec(text, "--model: ")
+        base = next((m for m in models if m.name == name), None)
+        tp = a.tp if (a.tp and model_spec(name, None, None).kind == "generate") else None
+        spec = model_spec(name, devs if devs is not None else (base.devices if base else None),
+                          tp if tp is not None else (base.tp if base and devs is None else None),
+                          base.engine if base else None, base.batching if base else None, "--model: ")
+        models = [m for m in models if m.name != name] + [spec]
+    if a.tp and not a.model:
+        models = [model_spec(m.name, m.devices, a.tp, m.engine, m.batching, "--tp: ") if m.kind == "generate" else m
+                  for m in models]
+    if not models:
+        models = [model_spec("smollm2", None, a.tp)]
+    port = cfg.port if a.port is None else a.port
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port {port} is outside [0, 65535]")
+    return dataclasses.replace(cfg, host=a.host or cfg.host, port=port, models=tuple(models))
+
+
+def _cmd_serve(a) -> int:
+    from devices.errors import AclError
+    try:
+        cfg = resolve(a)
+    except (AclError, ValueError) as e:
+        return _fail(getattr(e, "detail", str(e)))
+    need = a.devices or sum(m.device_count for m in cfg.models)
+    from runtime.cli.run import job_runtime
+    from runtime.serve.server import Server, Service
+    try:
+        with job_runtime(need) as rt:
+            svc = Service(rt, cfg.models)
+            srv = Server(svc, cfg.host, cfg.port)
+            loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)
+
+            def bound(s):
+                print(f"vnpu serve: listening on {s.url}", flush=True)
+                loader.start()
+
+            try:
+                srv.serve_forever(on_bound=bound)
+            finally:
+                if loader.is_alive() or loader.ident is not None:
+                    loader.join()
+                svc.close()
+            if svc.error is not None:
+                return _fail(svc.error)
+    except AclError as e:
+        return _fail(f"{e.code} {e.name}: {e.detail}")
+    print("vnpu serve: drained, bye", flush=True)
+    return 0
+
+
+def _load(svc, srv) -> None:
+    try:
+        svc.load()
+    except Exception:  # noqa: BLE001 - reported by the exit line
+        srv.uv.should_exit = True
+        return
+    for spec in svc.specs:
+        print(f"vnpu serve: {spec.name} on device(s) {','.join(map(str, spec.devices))}", flush=True)
+    print("vnpu serve: ready", flush=True)

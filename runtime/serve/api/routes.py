@@ -1,0 +1,330 @@
+"""The OpenAI-compatible routes.  Each handler translates the wire request into engine calls and the
+engine's outputs back into the wire format; the logic lives in the engines and the service.
+
+Generation requests go to the engine with an ``on_output`` callback that hands every increment to this
+event loop; a client that disconnects (stream closed, or connection dropped while waiting for a
+non-streamed answer) aborts its requests, which frees their KV blocks at the engine's next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine.errors import InvalidRequest, ServeError
+from ..engine.request import RequestOutput, SamplingParams, merge_outputs
+from . import protocol as P
+from .errors import error_body, error_response, from_exception
+
+MAX_STOP = 4
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _stop_list(stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if len(stops) > MAX_STOP:
+        raise InvalidRequest(f"stop takes at most {MAX_STOP} strings, got {len(stops)}", "stop")
+    if any(not s for s in stops):
+        raise InvalidRequest("stop strings must not be empty", "stop")
+    return tuple(stops)
+
+
+def _sampling(req, max_tokens: int | None, default_max: int, logprobs: int | None) -> SamplingParams:
+    if req.n not in (None, 1):
+        raise InvalidRequest(f"n={req.n} is not supported: this server returns one choice per prompt (n=1)", "n")
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequest(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    t = 1.0 if req.temperature is None else req.temperature
+    if not 0 <= t <= 2:
+        raise InvalidRequest(f"temperature must be in [0, 2], got {t}", "temperature")
+    tp = 1.0 if req.top_p is None else req.top_p
+    if not 0 < tp <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {tp}", "top_p")
+    if req.top_k is not None and req.top_k < 0:
+        raise InvalidRequest(f"top_k must be >= 0, got {req.top_k}", "top_k")
+    if logprobs is not None and not 0 <= logprobs <= 20:
+        raise InvalidRequest(f"logprobs must be in [0, 20], got {logprobs}", "logprobs")
+    return SamplingParams(max_tokens=default_max if max_tokens is None else max_tokens, temperature=float(t),
+                          top_p=float(tp), top_k=req.top_k or 0, seed=req.seed, stop=_stop_list(req.stop),
+                          logprobs=logprobs, ignore_eos=bool(req.ignore_eos))
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body is already read, so receive() only reports that)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+class _Submitted:
+    """Engine requests of one HTTP request, their outputs tagged by choice index on one asyncio queue."""
+
+    def __init__(self, engine, loop: asyncio.AbstractEventLoop):
+        self.engine, self.loop = engine, loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.handles: list = []
+        self.open: set[str] = set()
+
+    def add(self, index: int, prompt_ids: list[int], params: SamplingParams, prompt_param: str) -> None:
+        def on_output(out: RequestOutput, i=index):
+            with contextlib.suppress(RuntimeError):       # the loop is gone (server stopping)
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, (i, out))
+        h = self.engine.add_request(prompt_ids, params, on_output=on_output, prompt_param=prompt_param)
+        self.handles.append(h)
+        self.open.add(h.request_id)
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        while self.open:
+            i, out = await self.queue.get()
+            if out.finished:
+                self.open.discard(out.request_id)
+            yield i, out
+
+    def abort(self) -> None:
+        for rid in list(self.open):
+            self.engine.abort(rid)
+
+
+async def _collect(sub: _Submitted, n: int, request: Request) -> list[RequestOutput]:
+    """All outputs merged per choice; aborts everything if the client disconnects first."""
+    async def gather():
+        per: list[list[RequestOutput]] = [[] for _ in range(n)]
+        async for i, out in sub.outputs():
+            per[i].append(out)
+        return [merge_outputs(p) for p in per]
+
+    work = asyncio.ensure_future(gather())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            return work.result()
+        sub.abort()
+        work.cancel()
+        raise asyncio.CancelledError("client disconnected")
+    finally:
+        gone.cancel()
+
+
+def _error_of(outs: list[RequestOutput]) -> JSONResponse | None:
+    for o in outs:
+        if o.finish_reason == "error":
+            return error_response(500, f"the engine failed: {o.error}", "server_error")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- app
+def build_app(service) -> FastAPI:
+    """The FastAPI app over ``service`` (a :class:`runtime.serve.server.Service`)."""
+    app = FastAPI(title="vnpu serve", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def request_id(request: Request, call_next):
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        resp = await call_next(request)
+        resp.headers["x-request-id"] = rid
+        return resp
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError):
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        if first.get("type") == "json_invalid":
+            return error_response(400, f"the request body is not valid JSON: {first.get('msg', '')}",
+                                  "invalid_request_error", None, "invalid_json")
+        msg = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body')}: {e.get('msg')}" for e in errs)
+        return error_response(400, msg or "invalid request", "invalid_request_error", loc[0] if loc else None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail), "invalid_request_error")
+
+    @app.exception_handler(ServeError)
+    async def serve_error(request: Request, exc: ServeError):
+        return from_exception(exc)
+
+    @app.exception_handler(Exception)
+    async def other_error(request: Request, exc: Exception):
+        return from_exception(exc)
+
+    # -------------------------------------------------------------- plain routes
+    @app.get("/health")
+    async def health():
+        status, body = service.health()
+        return JSONResponse(body, status_code=status, headers={"Retry-After": "1"} if status == 503 else None)
+
+    @app.get("/metrics")
+    async def metrics():
+        data = await asyncio.get_running_loop().run_in_executor(None, generate_latest, service.registry)
+        return Response(data, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": service.model_cards()}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str):
+        service.engine(model_id, None)                       # 404 model_not_found
+        return next(c for c in service.model_cards() if c["id"] == model_id)
+
+    # -------------------------------------------------------------- generation
+    @app.post("/v1/completions")
+    async def completions(body: P.CompletionRequest, request: Request):
+        eng = service.engine(body.model, "generate")
+        prompts = body.prompt
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise InvalidRequest("prompt must not be empty", "prompt")
+        if body.echo:
+            raise InvalidRequest("echo is not supported", "echo")
+        ids = [eng.encode(p) for p in prompts]
+        default = eng.default_max_tokens(max(len(x) for x in ids))
+        params = _sampling(body, body.max_tokens, default, body.logprobs)
+        return await _generate(eng, body, request, ids, params, "prompt", chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: P.ChatCompletionRequest, request: Request):
+        eng = service.engine(body.model, "generate")
+        if not body.messages:
+            raise InvalidRequest("messages must not be empty", "messages")
+        msgs = []
+        for i, m in enumerate(body.messages):
+            if m.role not in ("system", "user", "assistant", "developer", "tool"):
+                raise InvalidRequest(f"messages[{i}].role {m.role!r} is not a chat role", "messages")
+            content = m.content
+            if isinstance(content, list):
+                if any(p.get("type") != "text" for p in content):
+                    raise InvalidRequest(f"messages[{i}]: only text content parts are supported", "messages")
+                content = "".join(str(p.get("text", "")) for p in content)
+            msgs.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
+        ids = [eng.encode_chat(msgs)]
+        mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        lp = (body.top_logprobs or 0) if body.logprobs else None
+        if body.top_logprobs is not None and not body.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs=true", "top_logprobs")
+        params = _sampling(body, mt, eng.default_max_tokens(len(ids[0])), lp)
+        return await _generate(eng, body, request, ids, params, "messages", chat=True)
+
+    async def _generate(eng, body, request: Request, ids: list[list[int]], params: SamplingParams,
+                        prompt_param: str, chat: bool):
+        service.check_accepting()
+        if body.stream_options is not None and not body.stream:
+            raise InvalidRequest("stream_options is only allowed with stream=true", "stream_options")
+        for x in ids:
+            eng.check(x, params, prompt_param)           # all prompts checked before any is queued
+        sub = _Submitted(eng, asyncio.get_running_loop())
+        try:
+            for i, x in enumerate(ids):
+                sub.add(i, x, params, prompt_param)
+        except Exception:
+            sub.abort()
+            raise
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = P.now()
+        if body.stream:
+            include = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(_stream(eng, sub, rid, body.model, created, chat, include, len(ids)),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        outs = await _collect(sub, len(ids), request)
+        err = _error_of(outs)
+        if err is not None:
+            return err
+        ptoks = sum(len(x) for x in ids)
+        ctoks = sum(o.completion_tokens for o in outs)
+        if chat:
+            o = outs[0]
+            choice = {"index": 0, "message": {"role": "assistant", "content": o.text},
+                      "logprobs": P.chat_logprobs(o.logprobs, eng.tok) if params.logprobs is not None else None,
+                      "finish_reason": _reason(o)}
+            return P.chat_completion(rid, body.model, created, [choice], P.usage(ptoks, ctoks))
+        choices = [{"index": i, "text": o.text,
+                    "logprobs": P.completion_logprobs(o.logprobs, eng.tok) if params.logprobs is not None else None,
+                    "finish_reason": _reason(o)} for i, o in enumerate(outs)]
+        return P.completion(rid, body.model, created, choices, P.usage(ptoks, ctoks))
+
+    async def _stream(eng, sub: _Submitted, rid, model, created, chat: bool, include_usage: bool, n: int):
+        chunk = P.chat_chunk if chat else P.completion_chunk
+        ptoks = sum(h.prompt_tokens for h in sub.handles)
+        ctoks = [0] * n
+        offsets = [0] * n
+        finished = False
+        try:
+            if chat:
+                yield _sse(chunk(rid, model, created, [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                        "logprobs": None, "finish_reason": None}]))
+            async for i, o in sub.outputs():
+                if o.finish_reason == "error":
+                    yield _sse(error_body(f"the engine failed: {o.error}", "server_error"))
+                    continue
+                ctoks[i] = o.completion_tokens
+                lp = None
+                if o.logprobs:
+                    lp = (P.chat_logprobs(o.logprobs, eng.tok) if chat
+                          else P.completion_logprobs(o.logprobs, eng.tok, offsets[i]))
+                offsets[i] += len(o.text)
+                if not o.text and not o.finished and lp is None:
+                    continue                                  # nothing to show yet (held back)
+                if chat:
+                    delta = {"content": o.text} if o.text else {}
+                    c = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": _reason(o)}
+                else:
+                    c = {"index": i, "text": o.text, "logprobs": lp, "finish_reason": _reason(o)}
+                yield _sse(chunk(rid, model, created, [c]))
+            finished = True
+            if include_usage:
+                yield _sse(chunk(rid, model, created, [], P.usage(ptoks, sum(ctoks))))
+            yield "data: [DONE]\n\n"
+        finally:
+            if not finished:                                  # the client went away: free its KV blocks
+                sub.abort()
+
+    # -------------------------------------------------------------- embeddings
+    @app.post("/v1/embeddings")
+    async def embeddings(body: P.EmbeddingRequest, request: Request):
+        eng = service.engine(body.model, "embed")
+        service.check_accepting()
+        texts = body.input
+        if isinstance(texts, list) and texts and not all(isinstance(t, str) for t in texts):
+            raise InvalidRequest(f"token-id input is not supported by {eng.model}; send strings", "input")
+        if body.dimensions is not None and body.dimensions != eng.dim:
+            raise InvalidRequest(f"{eng.model} has {eng.dim} dimensions; dimensions={body.dimensions} is not "
+                                 f"supported", "dimensions")
+        texts = [texts] if isinstance(texts, str) else texts
+        counts = eng.check(texts)
+        fut = eng.submit(texts, sum(counts))
+        work = asyncio.wrap_future(fut)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                fut.cancel()
+                raise asyncio.CancelledError("client disconnected")
+        finally:
+            gone.cancel()
+        vecs = work.result()
+        return P.embeddings(body.model, vecs, body.encoding_format or "float", sum(counts))
+
+    return app
+
+
+def _reason(o: RequestOutput) -> str | None:
+    if o.finish_reason is None:
+        return None
+    return {"abort": "stop", "error": "stop"}.get(o.finish_reason, o.finish_reason)

@@ -1,0 +1,65 @@
+"""Engine limits (vLLM's scheduler and cache knobs, same names and meaning)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from devices.errors import InvalidParamError
+
+from .policies import POLICIES
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What one generation engine may do per step and hold at once.
+
+    ``max_num_seqs``: sequences in the running batch; ``max_num_batched_tokens``: tokens per step
+    (decodes first, prompts prefilled in chunks into what is left; must be >= ``max_num_seqs``);
+    ``block_size``: tokens per KV block; ``max_model_len``: prompt + generated tokens of one request;
+    ``num_gpu_blocks_override``: KV blocks to allocate (else as many as ``gpu_memory_utilization`` of
+    the device's HBM leaves after weights and activations); ``max_queued_requests``: waiting requests
+    beyond which new ones are refused (503); ``graphs``: decode steps replay captured graphs (one per
+    batch-size bucket); ``scheduling_policy``: a name in :data:`runtime.serve.engine.policies.POLICIES`."""
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 256
+    block_size: int = 16
+    max_model_len: int = 1024
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_queued_requests: int = 64
+    graphs: bool = True
+    scheduling_policy: str = "fcfs"
+
+    def __post_init__(self):
+        for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len", "max_queued_requests"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InvalidParamError(f"{k} must be a positive integer, got {v!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise InvalidParamError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                                    f"max_num_seqs ({self.max_num_seqs})")
+        o = self.num_gpu_blocks_override
+        if o is not None and (not isinstance(o, int) or isinstance(o, bool) or o < 2):
+            raise InvalidParamError(f"num_gpu_blocks_override must be an integer >= 2 (block 0 is the null "
+                                    f"block), got {o!r}")
+        if self.scheduling_policy not in POLICIES:
+            raise InvalidParamError(f"scheduling_policy {self.scheduling_policy!r} is unknown (known: "
+                                    f"{', '.join(POLICIES)})")
+        u = self.gpu_memory_utilization
+        if not isinstance(u, (int, float)) or isinstance(u, bool) or not 0 < u <= 1:
+            raise InvalidParamError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")
+
+    @property
+    def decode_buckets(self) -> tuple[int, ...]:
+        """Batch sizes a decode graph is captured for: powers of two below ``max_num_seqs``, and it."""
+        out, b = [], 1
+        while b < self.max_num_seqs:
+            out.append(b)
+            b *= 2
+        return tuple(out + [self.max_num_seqs])
+
+    def bucket(self, n: int) -> int:
+        """The smallest decode bucket holding ``n`` sequences."""
+        for b in self.decode_buckets:
+            if b >= n:
+                return b
+        raise InvalidParamError(f"{n} sequences exceed max_num_seqs={self.max_num_seqs}")

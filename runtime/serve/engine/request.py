@@ -1,0 +1,174 @@
+"""Requests as the engine sees them: sampling parameters, per-request state, and what the engine hands
+back (:class:`RequestOutput`) through a :class:`RequestHandle`."""
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from devices.errors import InvalidParamError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """OpenAI's sampling fields (plus vLLM's ``top_k``/``ignore_eos``).  ``temperature == 0`` is greedy;
+    ``seed`` seeds this request's own generator (None: a fresh random one); ``stop`` strings end the
+    text and are not part of it; ``logprobs``: how many top log-probabilities to return per generated
+    token (None: none)."""
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise InvalidParamError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= 2:
+            raise InvalidParamError(f"temperature must be in [0, 2], got {t!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise InvalidParamError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidParamError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise InvalidParamError(f"seed must be an integer, got {self.seed!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidParamError("stop strings must be non-empty strings")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            raise InvalidParamError(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]          #: (token id, logprob), best first
+
+
+@dataclass
+class RequestOutput:
+    """One increment of a request: new text (stop strings held back until they cannot start one), new
+    token ids, their logprobs, and on the last one ``finish_reason`` (``stop``/``length``/``abort``/
+    ``error``) and the usage counts."""
+    request_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+_ids = itertools.count()
+
+
+class Request:
+    """Engine-side state of one request (owned by the engine thread once added)."""
+
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                 priority: int = 0, arrival: float | None = None):
+        self.request_id = request_id or f"req-{next(_ids)}"
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.priority = priority
+        self.arrival = time.monotonic() if arrival is None else arrival
+        self.seq = next(_ids)                       #: tie-break of equal arrivals
+        self.output_ids: list[int] = []
+        self.num_computed = 0                       #: tokens whose keys/values are in the KV cache
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.rng = np.random.default_rng(params.seed)
+        self.text = ""                              #: detokenized output (stop string cut off)
+        self.sent = 0                               #: characters of ``text`` handed out
+        self.num_preemptions = 0
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.scheduled_time: float | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def __repr__(self) -> str:
+        return (f"<Request {self.request_id} {self.status.value} prompt={len(self.prompt_ids)} "
+                f"out={len(self.output_ids)} computed={self.num_computed}>")
+
+
+class RequestHandle:
+    """The caller's side of a request: outputs as the engine produces them.  ``on_output`` (if given)
+    is called on the engine thread for every output (an async server hands them to its event loop);
+    :meth:`result` and :meth:`outputs` block the calling thread."""
+
+    def __init__(self, request_id: str, prompt_tokens: int,
+                 on_output: Callable[[RequestOutput], None] | None = None):
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self._on_output = on_output
+        self._items: list[RequestOutput] = []
+        self._cv = threading.Condition()
+
+    def put(self, out: RequestOutput) -> None:
+        with self._cv:
+            self._items.append(out)
+            self._cv.notify_all()
+        if self._on_output is not None:
+            self._on_output(out)
+
+    @property
+    def done(self) -> bool:
+        with self._cv:
+            return bool(self._items) and self._items[-1].finished
+
+    def outputs(self, timeout: float | None = None):
+        """Yield outputs as they come until the last one (TimeoutError if none comes in ``timeout``)."""
+        i = 0
+        while True:
+            with self._cv:
+                if not self._cv.wait_for(lambda: len(self._items) > i, timeout):
+                    raise TimeoutError(f"request {self.request_id}: no output within {timeout} s")
+                item = self._items[i]
+            i += 1
+            yield item
+            if item.finished:
+                return
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """Block until the request finishes; the outputs merged into one."""
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._items and self._items[-1].finished, timeout):
+                raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+            items = list(self._items)
+        return merge_outputs(items)
+
+
+def merge_outputs(items: list[RequestOutput]) -> RequestOutput:
+    last = items[-1]
+    return RequestOutput(last.request_id, "".join(o.text for o in items), [t for o in items for t in o.token_ids],
+                         [lp for o in items for lp in o.logprobs], last.finish_reason, last.prompt_tokens,
+                         last.completion_tokens, last.error)

@@ -1,0 +1,304 @@
+"""The model runner: SmolLM2 (llama) forward passes over flat token batches with a paged KV cache.
+
+A step is N token rows of any mix of sequences (decode tokens, prompt chunks).  Per device, per step,
+the host writes ONE input buffer (token ids, positions, the KV slot of every head row, the block table
+and context length of every row, the rows whose logits are wanted) with a stream-ordered write; the
+launches read everything else from device memory:
+
+    embedding -> per layer: rmsnorm, matmul(q|k|v), rope, scatter_update (new keys and values into
+    their cache slots), paged_attention (the cache read in place through the block tables), matmul(o)
+    [+ all-reduce], add, rmsnorm, batch_matmul(gate|up), swiglu, matmul(down) [+ all-reduce], add
+    -> embedding (gather the rows to sample) -> rmsnorm -> matmul(LM head)
+
+Decode-only steps replay a graph captured once per batch-size bucket (:attr:`EngineConfig.decode_buckets`,
+all captured at start): the batch is padded to its bucket (pad rows write the null block and attend
+over nothing), so a decode step is one stream task per device whatever its batch.  Steps with prompt
+tokens launch their kernels (N varies).  Tensor parallel (``tp > 1``): heads, FFN columns and the
+vocabulary split as in :mod:`runtime.models.llama`; each device holds the KV cache of its KV heads.
+
+Blocking: :meth:`ModelRunner.execute` returns when the logits are on the host (it synchronizes each
+device's stream); a step without rows to sample returns at once (its work only ordered on the streams).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from devices.errors import AclError, InvalidParamError
+from devices.kernel import TensorDesc
+from runtime import hccl
+from runtime.models.common import Block, Closer, align, td
+from runtime.models.llama import LlamaRank, host_weights, rank_specs
+from runtime.models.weights import LlamaConfig
+
+from .config import EngineConfig
+from .kv_cache import KvCache, kv_bytes_per_block
+
+
+@dataclass
+class StepInputs:
+    """A step's rows (host arrays): ``ids``/``positions``/``slots`` [N] (slot = block * BS + offset;
+    -1 = nowhere), ``tables`` [N, MB], ``lens`` [N] (positions attended), ``rows`` [R] (rows whose
+    logits are wanted), ``decode``: every row is one sequence's newest token."""
+    ids: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    tables: np.ndarray
+    lens: np.ndarray
+    rows: np.ndarray
+    decode: bool
+
+    @property
+    def n(self) -> int:
+        return int(self.ids.size)
+
+    def padded(self, b: int) -> "StepInputs":
+        """Decode rows padded to bucket ``b`` (pad rows: token 0 at position 0, nowhere, length 0)."""
+        k = b - self.n
+        if k == 0:
+            return self
+        z = np.zeros(k, np.int64)
+        return StepInputs(np.concatenate([self.ids, z]), np.concatenate([self.positions, z]),
+                          np.concatenate([self.slots, z - 1]),
+                          np.concatenate([self.tables, np.zeros((k, self.tables.shape[1]), np.int64)]),
+                          np.concatenate([self.lens, z]), np.arange(b), True)
+
+
+class _Rank:
+    """One device: weights (a :class:`LlamaRank`), its KV cache, activations and input buffer."""
+
+    def __init__(self, rank: LlamaRank, cfg: LlamaConfig, ecfg: EngineConfig):
+        self.rank, self.cfg, self.ecfg = rank, cfg, ecfg
+        sp = rank.spec
+        self.dev, self.lc = rank.dev, rank.lc
+        self.hq, self.hkv, self.ff = sp.hq, sp.hkv, sp.ff
+        self.W, self.C = rank.W, rank.chunk
+        self.vr = sp.v1 - sp.v0
+        self.mb = -(-ecfg.max_model_len // ecfg.block_size)
+        n, r = ecfg.max_num_batched_tokens, ecfg.max_num_seqs
+        d, dh = cfg.d_model, cfg.head_dim
+        b = Block(self.dev)
+        for name, shape in (("x2", (2, n, d)), ("h2", (2, n, d)), ("tmp", (n, d)), ("gu", (2, n, sp.ff)),
+                            ("f", (n, sp.ff)), ("st", (n, self.W, dh)), ("att", (n, sp.hq, dh)),
+                            ("hsel", (r, d)), ("hf", (r, d)), ("logits", (r, self.vr))):
+            b.add(name, shape)
+        b.add("inp", (self.layout(n, r)[1],), "uint8")
+        self.act = b.allocate(self.lc.stream)           # activations: short-lived, on the rank's stream
+        self.kv: KvCache | None = None
+        self.graphs: dict[int, object] = {}
+
+    # -------------------------------------------------------------- inputs
+    def layout(self, n: int, r: int) -> tuple[dict[str, tuple[int, tuple]], int]:
+        """Byte offsets and shapes of a step's int32 inputs for ``n`` rows and ``r`` sampled rows."""
+        out, off = {}, 0
+        for name, shape in (("ids", (2, n)), ("pos", (n, self.C)), ("slots", (n * self.W,)), ("bt", (n, self.mb)),
+                            ("lens", (n,)), ("rows", (max(r, 1),))):
+            out[name] = (off, shape)
+            off += align(4 * int(np.prod(shape)))
+        return out, off
+
+    def write_inputs(self, s: StepInputs) -> None:
+        n, r = s.n, int(s.rows.size)
+        lay, size = self.layout(n, r)
+        buf = np.zeros(size, np.uint8)
+
+        def put(name, arr):
+            off, shape = lay[name]
+            a = np.ascontiguousarray(arr, np.int32).reshape(-1)
+            buf[off:off + a.nbytes] = a.view(np.uint8)
+
+        put("ids", np.concatenate([s.ids, s.ids]))
+        pos = np.zeros((n, self.C), np.int64)
+        pos[:, :-1] = s.positions[:, None]                        # q and k chunks rotate, v stays (pos 0)
+        put("pos", pos)
+        put("slots", self.head_rows(s.slots))
+        put("bt", s.tables)
+        put("lens", s.lens)
+        put("rows", s.rows if r else np.zeros(1, np.int64))
+        self.lc.stream.write(self.act["inp"].ptr, buf.tobytes())
+
+    def head_rows(self, slots: np.ndarray) -> np.ndarray:
+        """Scatter rows ``[N * W]`` of each row's q|k|v heads: keys and values to their slot, the query
+        heads (and rows going nowhere) to row 0 of the null block."""
+        hq, hkv, W = self.hq, self.hkv, self.W
+        n = slots.size
+        out = np.zeros((n, W), np.int64)
+        ok = slots >= 0
+        base = slots[ok, None] * hkv + np.arange(hkv)[None, :]
+        out[ok, hq:hq + hkv] = base
+        out[ok, hq + hkv:] = base + self.kv.value_row0
+        return out.reshape(-1)
+
+    # -------------------------------------------------------------- launches
+    def forward(self, n: int, r: int) -> None:
+        """Issue one forward pass of ``n`` rows, sampling ``r`` of them (only orders the device)."""
+        cfg, lc, w, a = self.cfg, self.lc, self.rank.wd, self.act
+        d, dh, ff, hq, hkv, W = cfg.d_model, cfg.head_dim, self.ff, self.hq, self.hkv, self.W
+        lay, _ = self.layout(n, r)
+        inp = a["inp"].ptr
+
+        def field(name):
+            off, shape = lay[name]
+            return TensorDesc(inp + off, shape, "int32")
+
+        x2, h2 = td(a["x2"], (2, n, d)), td(a["h2"], (2, n, d))
+        h0, tmp = td(a["h2"], (n, d)), td(a["tmp"], (n, d))
+        gu, f = td(a["gu"], (2, n, ff)), td(a["f"], (n, ff))
+        gate, up = td(a["gu"], (n, ff)), td(a["gu"], (n, ff), n * ff * 4)
+        st = td(a["st"], (n, W, dh))
+        qkv2 = td(a["st"], (n, W * dh))
+        rv = td(a["st"], (n, self.C, hkv, dh))
+        rows = td(a["st"], (n * W, dh))
+        att, att2 = td(a["att"], (n, hq, dh)), td(a["att"], (n, hq * dh))
+        pos, slots, bt, lens = field("pos"), field("slots"), field("bt"), field("lens")
+        eps = float(cfg.eps)
+        rope = {"base": float(cfg.rope_base), "style": "interleaved"}
+        pa = {"num_heads": hq, "num_key_value_heads": hkv}
+        lc("embedding", [w["embd"], field("ids")], [x2])
+        for i, kv in zip(self.rank.spec.layers, self.kv.layers):
+            lc("rmsnorm", [x2, w[f"{i}.an"]], [h2], eps=eps)
+            lc("matmul", [h0, w[f"{i}.wqkv"]], [qkv2], transpose_b=True)
+            lc("rope", [rv, pos], [rv], **rope)
+            lc("scatter_update", [rows, slots], [kv.rows])
+            lc("paged_attention", [st, kv.keys, kv.values, bt, lens], [att], **pa)
+            lc("matmul", [att2, w[f"{i}.wo"]], [tmp], transpose_b=True)
+            self._all_reduce(a["tmp"], n * d)
+            lc("add", [x2, tmp], [x2])
+            lc("rmsnorm", [x2, w[f"{i}.fn"]], [h2], eps=eps)
+            lc("batch_matmul", [h2, w[f"{i}.wgu"]], [gu], transpose_b=True)
+            lc("swiglu", [gate, up], [f])
+            lc("matmul", [f, w[f"{i}.wd"]], [tmp], transpose_b=True)
+            self._all_reduce(a["tmp"], n * d)
+            lc("add", [x2, tmp], [x2])
+        if r:
+            hsel, hf = td(a["hsel"], (r, d)), td(a["hf"], (r, d))
+            lc("embedding", [td(a["x2"], (n, d)), field("rows")], [hsel])
+            lc("rmsnorm", [hsel, w["out_norm"]], [hf], eps=eps)
+            lc("matmul", [hf, w["head"]], [td(a["logits"], (r, self.vr))], transpose_b=True)
+
+    def _all_reduce(self, t, count: int) -> None:
+        comm = self.rank.comm
+        if comm is not None:
+            comm.all_reduce(t.view((count,)), t.view((count,)), op="sum", stream=self.lc.stream)
+
+    def capture(self, b: int) -> None:
+        """Capture the decode step of bucket ``b`` (recorded, not run)."""
+        self.lc.block_dim = 1
+        with self.lc.stream.capture() as cap:
+            self.forward(b, b)
+        self.graphs[b] = cap.graph
+
+    def logits(self, r: int) -> np.ndarray:
+        return self.act["logits"].view((r, self.vr)).numpy(self.lc.stream)
+
+    def close(self) -> None:
+        c = Closer()
+        c.push(self.rank.close)
+        c.push(self.act.free)
+        if self.kv is not None:
+            c.push(self.kv.free)
+        for g in self.graphs.values():
+            c.push(g.destroy)
+        self.graphs = {}
+        self.kv = None
+        c.close()
+
+
+class ModelRunner:
+    """SmolLM2 on ``devices`` (tensor parallel when more than one): weights, KV caches, captured
+    decode graphs.  ``gguf``: the loaded model (:func:`runtime.models.weights.load_gguf_cached`)."""
+
+    def __init__(self, devices: list, gguf, cfg: LlamaConfig, ecfg: EngineConfig):
+        self.cfg, self.ecfg = cfg, ecfg
+        n = len(devices)
+        if n > 1 and (cfg.n_kv_heads % n or cfg.n_heads % n or cfg.d_ff % n):
+            raise InvalidParamError(f"tensor parallel degree {n} must divide the {cfg.n_kv_heads} KV heads, "
+                                    f"the {cfg.n_heads} heads and the FFN width {cfg.d_ff}")
+        self.devices = devices
+        self.ranks: list[_Rank] = []
+        self.comms: list = []
+        self.captures = 0                        #: graphs captured over the runner's life
+        try:
+            comms = None
+            if n > 1:
+                comms = hccl.comm_init_all(devices)
+                self.comms = list(comms)
+            host = host_weights(gguf, cfg)
+            for r, (dev, sp) in enumerate(zip(devices, rank_specs(cfg, "tp" if n > 1 else "none", n))):
+                lr = LlamaRank(dev, cfg, sp, host, comms[r] if comms else None, "tp" if n > 1 else "none")
+                try:
+                    self.ranks.append(_Rank(lr, cfg, ecfg))
+                except BaseException:
+                    lr.close()
+                    raise
+            self.num_blocks = self._size_cache()
+            for rk in self.ranks:
+                rk.kv = KvCache(rk.dev, cfg.n_layers, self.num_blocks, ecfg.block_size, rk.hkv, cfg.head_dim)
+            if ecfg.graphs:
+                for b in ecfg.decode_buckets:
+                    for rk in self.ranks:
+                        rk.capture(b)
+                        self.captures += 1
+        except BaseException:
+            self.close()
+            raise
+
+    def _size_cache(self) -> int:
+        e = self.ecfg
+        if e.num_gpu_blocks_override is not None:
+            return e.num_gpu_blocks_override
+        fits = []
+        for rk in self.ranks:
+            free, total = rk.dev.mem_info()
+            budget = e.gpu_memory_utilization * total - (total - free)
+            fits.append(int(budget // kv_bytes_per_block(self.cfg.n_layers, e.block_size, rk.hkv, self.cfg.head_dim)))
+        nb = min(fits)
+        if nb < 2:
+            raise InvalidParamError(f"no HBM left for the KV cache: gpu_memory_utilization={e.gpu_memory_utilization} "
+                                    f"of the device leaves room for {nb} block(s) after the weights")
+        return nb
+
+    @property
+    def num_graphs(self) -> int:
+        return sum(len(rk.graphs) for rk in self.ranks)
+
+    def execute(self, s: StepInputs) -> np.ndarray | None:
+        """Run one step; the logits ``[R, vocab]`` of its sampled rows (None when it samples none)."""
+        r = int(s.rows.size)
+        b = None
+        if s.decode and self.ecfg.graphs:
+            b = self.ecfg.bucket(s.n)
+            s = s.padded(b)
+        for rk in self.ranks:
+            rk.write_inputs(s)
+        for rk in self.ranks:
+            if b is not None:
+                rk.graphs[b].execute_async(rk.lc.stream)
+            else:
+                rk.lc.block_dim = 0
+                rk.forward(s.n, r)
+        if not r:
+            return None
+        parts = [rk.logits(r) for rk in self.ranks]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+    def synchronize(self) -> None:
+        for rk in self.ranks:
+            rk.lc.stream.synchronize()
+
+    def close(self) -> None:
+        c = Closer()
+        for comm in self.comms:
+            c.push(comm.destroy)
+        for rk in self.ranks:
+            c.push(rk.close)
+        for rk in self.ranks:
+            def sync(rk=rk):
+                try:
+                    rk.lc.stream.synchronize()
+                except AclError:
+                    pass
+            c.push(sync)
+        self.ranks, self.comms = [], []
+        c.close()

@@ -1,0 +1,126 @@
+"""Iteration-level scheduling (Orca / vLLM V1): which requests run in the next step and how many of
+their tokens.
+
+Every step has a token budget (``max_num_batched_tokens``).  Running requests come first: a decoding
+request takes one token, a request still in its prompt takes the next chunk that fits.  Then waiting
+requests join (at most ``max_num_seqs`` running) with their first chunk.  When the KV cache has no block
+for a running request's tokens, the policy's victim (by default the most recently arrived running
+request) is preempted: its blocks are freed, its computed tokens reset, and it goes back to the head of
+the waiting queue to be recomputed from its prompt and the tokens it already generated.  Nothing here
+touches a device: :meth:`Scheduler.schedule` returns a :class:`SchedulerOutput` that the runner turns
+into one forward pass.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from devices.errors import InvalidParamError
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .policies import POLICIES
+from .request import Request, Status
+
+
+@dataclass
+class Scheduled:
+    request: Request
+    start: int                  #: first token position computed in this step
+    count: int                  #: tokens computed in this step
+
+    @property
+    def samples(self) -> bool:
+        """This step reaches the request's last known token: its logits give the next token."""
+        return self.start + self.count == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[Scheduled] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.count for s in self.scheduled)
+
+    @property
+    def is_decode(self) -> bool:
+        """Every scheduled request computes exactly its one newest token (a graph-replayable step)."""
+        return bool(self.scheduled) and all(s.count == 1 and s.samples for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, blocks: BlockManager):
+        if cfg.scheduling_policy not in POLICIES:
+            raise InvalidParamError(f"unknown scheduling_policy {cfg.scheduling_policy!r} "
+                                    f"(known: {', '.join(POLICIES)})")
+        self.cfg = cfg
+        self.blocks = blocks
+        self.victim = POLICIES[cfg.scheduling_policy]
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, req: Request) -> None:
+        req.status = Status.WAITING
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """Take a request out (finished or aborted) and free its blocks."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.blocks.free(req.request_id)
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.blocks.free(req.request_id)
+        req.num_computed = 0
+        req.status = Status.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.cfg.max_num_batched_tokens
+        chosen: dict[str, Scheduled] = {}
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed, budget)
+            while not self.blocks.allocate(req.request_id, req.num_computed + n):
+                victim = self.victim(self.running)
+                gone = chosen.pop(victim.request_id, None)
+                if gone is not None:                          # already scheduled this step: give it back
+                    budget += gone.count
+                    i -= 1
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                chosen[req.request_id] = Scheduled(req, req.num_computed, n)
+                budget -= n
+                i += 1
+                continue
+            break                                             # req itself was preempted (as vLLM: stop here)
+        if not out.preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+                req = self.waiting[0]
+                n = min(req.num_tokens - req.num_computed, budget)
+                if not self.blocks.allocate(req.request_id, req.num_computed + n):
+                    break
+                self.waiting.popleft()
+                req.status = Status.RUNNING
+                self.running.append(req)
+                chosen[req.request_id] = Scheduled(req, req.num_computed, n)
+                budget -= n
+        out.scheduled = [chosen[r.request_id] for r in self.running if r.request_id in chosen]
+        return out
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """The step ran: its tokens are in the cache."""
+        for s in out.scheduled:
+            s.request.num_computed = s.start + s.count

@@ -1,0 +1,151 @@
+"""Prometheus exposition of a server: vLLM's metric set under the ``vnpu:`` prefix (same types, labels
+``model_name``/``engine`` and buckets, so vLLM dashboards work) and per-device gauges named as Ascend's
+npu-exporter names them (``npu_chip_info_*``, labels ``id``, ``model_name`` (the chip), ``vdie_id``,
+``pcie_bus_info``, ``container_name``, ``namespace``, ``pod_name``; HBM in MB).
+
+Counters and histograms are fed by the engines' step stats (:class:`PrometheusStatLogger`); gauges are
+read when scraped (:class:`EngineCollector`, :class:`NpuCollector`), so they never drift.  Each server
+has its own :class:`prometheus_client.CollectorRegistry`.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from .engine.stats import StepStats
+
+P = "vnpu:"
+LABELS = ("model_name", "engine")
+TTFT_BUCKETS = (.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560)
+ITL_BUCKETS = (.01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
+E2E_BUCKETS = (.3, .5, .8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680)
+ITER_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+HEALTH = {"OK": 1, "Warning": 1, "Alarm": 0, "Critical": 0}      #: npu-exporter: 1 ok, 0 bad, -1 unknown
+
+
+def _token_buckets(max_len: int) -> list[int]:
+    """vLLM's 1-2-5 series up to ``max_model_len``."""
+    out, m = [], 1
+    while True:
+        for k in (1, 2, 5):
+            if k * m > max_len:
+                return out
+            out.append(k * m)
+        m *= 10
+
+
+class PrometheusStatLogger:
+    """The vLLM counters and histograms, fed by :class:`StepStats` records."""
+
+    def __init__(self, registry: CollectorRegistry, max_model_len: int = 8192):
+        r, L = registry, LABELS
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Number of prefill tokens processed.", L, registry=r)
+        self.generation_tokens = Counter(P + "generation_tokens", "Number of generation tokens processed.", L,
+                                         registry=r)
+        self.preemptions = Counter(P + "num_preemptions", "Cumulative number of preemptions from the engine.", L,
+                                   registry=r)
+        self.success = Counter(P + "request_success", "Count of successfully processed requests.",
+                               L + ("finished_reason",), registry=r)
+        self.ttft = Histogram(P + "time_to_first_token_seconds", "Histogram of time to first token in seconds.", L,
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(P + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", L,
+                             buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(P + "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", L,
+                             buckets=E2E_BUCKETS, registry=r)
+        self.queue = Histogram(P + "request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.", L, buckets=E2E_BUCKETS,
+                               registry=r)
+        tb = _token_buckets(max_model_len)
+        self.req_prompt = Histogram(P + "request_prompt_tokens", "Number of prefill tokens processed.", L,
+                                    buckets=tb, registry=r)
+        self.req_gen = Histogram(P + "request_generation_tokens", "Number of generation tokens processed.", L,
+                                 buckets=tb, registry=r)
+        self.iteration = Histogram(P + "iteration_tokens_total", "Histogram of number of tokens per engine_step.", L,
+                                   buckets=ITER_BUCKETS, registry=r)
+
+    def record(self, model: str, s: StepStats) -> None:
+        lb = (model, "0")
+        if s.prompt_tokens:
+            self.prompt_tokens.labels(*lb).inc(s.prompt_tokens)
+        if s.generation_tokens:
+            self.generation_tokens.labels(*lb).inc(s.generation_tokens)
+        if s.num_preemptions:
+            self.preemptions.labels(*lb).inc(s.num_preemptions)
+        if s.batch_tokens:
+            self.iteration.labels(*lb).observe(s.batch_tokens)
+        for x in s.time_to_first_tokens:
+            self.ttft.labels(*lb).observe(x)
+        for x in s.inter_token_latencies:
+            self.itl.labels(*lb).observe(x)
+        for f in s.finished:
+            self.success.labels(*lb, f.finish_reason).inc()
+            self.e2e.labels(*lb).observe(f.e2e_s)
+            self.queue.labels(*lb).observe(f.queue_s)
+            self.req_prompt.labels(*lb).observe(f.prompt_tokens)
+            self.req_gen.labels(*lb).observe(f.generation_tokens)
+
+
+class EngineCollector:
+    """``vnpu:num_requests_running``/``_waiting`` and ``vnpu:kv_cache_usage_perc``, read at scrape."""
+
+    def __init__(self, engines: dict):
+        self.engines = engines
+
+    def collect(self):
+        run = GaugeMetricFamily(P + "num_requests_running", "Number of requests in model execution batches.",
+                                labels=LABELS)
+        wait = GaugeMetricFamily(P + "num_requests_waiting", "Number of requests waiting to be processed.",
+                                 labels=LABELS)
+        kv = GaugeMetricFamily(P + "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                               labels=LABELS)
+        for name, e in list(self.engines.items()):
+            if e.kind != "generate":
+                continue
+            s = e.snapshot()
+            run.add_metric([name, "0"], s.running)
+            wait.add_metric([name, "0"], s.waiting)
+            kv.add_metric([name, "0"], s.kv_usage)
+        yield run
+        yield wait
+        yield kv
+
+
+class NpuCollector:
+    """npu-exporter's chip gauges for every device of the runtime, read at scrape."""
+
+    NAMES = (("health_status", "Health status of the chip: 1 healthy, 0 unhealthy, -1 unknown"),
+             ("hbm_used_memory", "Used HBM of the chip (MB)"), ("hbm_total_memory", "Total HBM of the chip (MB)"),
+             ("utilization", "AI Core utilization of the chip (%)"), ("temperature", "Temperature of the chip (C)"),
+             ("power", "Power of the chip (W)"))
+    LABELS = ("id", "model_name", "vdie_id", "pcie_bus_info", "container_name", "namespace", "pod_name")
+
+    def __init__(self, rt):
+        self.rt = rt
+
+    def collect(self):
+        fams = {k: GaugeMetricFamily(f"npu_chip_info_{k}", doc, labels=self.LABELS) for k, doc in self.NAMES}
+        for i in range(self.rt.device_count()):
+            dev = self.rt.device(i)
+            try:
+                t = dev.telemetry()
+                info = dev.info()
+                health = HEALTH.get(dev.handle.health()[0], -1)
+            except Exception:  # noqa: BLE001 - an unreachable device reads as unknown, not a failed scrape
+                fams["health_status"].add_metric([str(i), "", "", "", "", "", ""], -1)
+                continue
+            lb = [str(i), info.chip, f"vnpu-{dev.physical_id}", info.bus_id, "", "", ""]
+            fams["health_status"].add_metric(lb, health)
+            fams["hbm_used_memory"].add_metric(lb, t["hbm_used"] / 2 ** 20)
+            fams["hbm_total_memory"].add_metric(lb, t["hbm_total"] / 2 ** 20)
+            fams["utilization"].add_metric(lb, t["aicore_util_avg"])
+            fams["temperature"].add_metric(lb, t["temperature_c"])
+            fams["power"].add_metric(lb, t["power_w"])
+        yield from fams.values()
+
+
+def make_registry(rt, engines: dict, max_model_len: int = 8192) -> tuple[CollectorRegistry, PrometheusStatLogger]:
+    reg = CollectorRegistry()
+    logger = PrometheusStatLogger(reg, max_model_len)
+    reg.register(EngineCollector(engines))
+    reg.register(NpuCollector(rt))
+    return reg, logger

@@ -1,0 +1,229 @@
+"""A server: the engines of a :class:`ServeConfig` on a runtime, behind the OpenAI routes, on uvicorn.
+
+Lifecycle (``GET /health``): ``starting`` (503) while engines load, ``ready`` (200), ``draining`` (503:
+no new requests, running ones finish) after SIGTERM or :meth:`Server.drain`, then ``stopped``.  The
+server binds loopback unless told otherwise; port 0 picks a free port (:attr:`Server.url` once bound).
+
+Blocking: :meth:`Server.start` returns once the socket is bound (engines may still be loading, see
+:meth:`Service.wait_ready`); :meth:`Server.serve_forever` runs uvicorn in the calling (main) thread
+until a drain completes; :meth:`Server.stop` drains, stops uvicorn, then frees every device resource.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Callable
+
+from .api import build_app
+from .config import BatchingConfig, ModelSpec, ServeConfig, place
+from .engine import EmbedEngine, GenerateEngine
+from .engine.errors import ModelNotFound, Unavailable
+from .metrics import make_registry
+
+log = logging.getLogger("vnpu.serve")
+
+
+def _build_generate(rt, spec: ModelSpec, loggers):
+    return GenerateEngine(rt, spec.name, spec.devices, spec.engine, stat_loggers=loggers)
+
+
+def _build_embed(rt, spec: ModelSpec, loggers):
+    b: BatchingConfig = spec.batching
+    return EmbedEngine(rt, spec.name, spec.devices, b.max_batch_size, b.max_wait_ms, b.max_queued_requests,
+                       stat_loggers=loggers)
+
+
+#: engine kind -> builder (a registry; serve 2/2 adds placements with fallback chains here)
+ENGINE_BUILDERS: dict[str, Callable] = {"generate": _build_generate, "embed": _build_embed}
+
+
+class Service:
+    """The engines by model name and the server's state; what the routes call."""
+
+    def __init__(self, rt, models: tuple[ModelSpec, ...]):
+        if not models:
+            raise Unavailable("no model to serve (give --model or a config with models)")
+        self.rt = rt
+        self.specs = place(models, rt.device_count())
+        self.engines: dict[str, object] = {}
+        max_len = max([m.engine.max_model_len for m in self.specs if m.kind == "generate"] or [512])
+        self.registry, self.stat_logger = make_registry(rt, self.engines, max_len)
+        self.state = "starting"
+        self.error: str | None = None
+        self.created = int(time.time())
+        self._cv = threading.Condition()
+
+    # -------------------------------------------------------------- lifecycle
+    def load(self) -> None:
+        """Build and start every engine (blocking: weights upload, KV cache, graph captures)."""
+        try:
+            for spec in self.specs:
+                eng = ENGINE_BUILDERS[spec.kind](self.rt, spec, [self.stat_logger])
+                self.engines[spec.name] = eng
+                eng.start()
+                log.info("serving %s on devices %s", spec.name, list(spec.devices))
+        except BaseException as e:
+            with self._cv:
+                self.state, self.error = "failed", f"{type(e).__name__}: {e}"
+                self._cv.notify_all()
+            raise
+        with self._cv:
+            if self.state == "starting":
+                self.state = "ready"
+            self._cv.notify_all()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: self.state != "starting", timeout) and self.state == "ready"
+
+    def begin_drain(self) -> None:
+        with self._cv:
+            if self.state in ("starting", "ready"):
+                self.state = "draining"
+            self._cv.notify_all()
+        for e in list(self.engines.values()):
+            e.drain(0)                                   # stop taking requests; do not wait here
+
+    def wait_drained(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for e in list(self.engines.values()):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not e.wait_idle(left):
+                return False
+        return True
+
+    def close(self) -> None:
+        """Shut every engine down (aborting what is left) and free its device memory."""
+        with self._cv:
+            self.state = "stopped"
+            self._cv.notify_all()
+        err = None
+        for name, e in list(self.engines.items()):
+            try:
+                e.shutdown()
+            except Exception as x:  # noqa: BLE001 - shut the others down too
+                err = err or x
+            self.engines.pop(name, None)
+        if err is not None:
+            raise err
+
+    # -------------------------------------------------------------- what routes ask
+    def health(self) -> tuple[int, dict]:
+        failed = [n for n, e in self.engines.items() if getattr(e, "error", None)]
+        if self.state == "ready" and not failed:
+            return 200, {"status": "ok"}
+        body = {"status": "failed" if failed or self.state == "failed" else self.state}
+        if failed:
+            body["failed"] = failed
+        return 503, body
+
+    def check_accepting(self) -> None:
+        if self.state != "ready":
+            raise Unavailable(f"the server is {self.state}")
+
+    def engine(self, name: str, kind: str | None):
+        e = self.engines.get(name)
+        if e is None:
+            if self.state == "starting" and any(s.name == name for s in self.specs):
+                raise Unavailable(f"the model `{name}` is still loading")
+            raise ModelNotFound(f"The model `{name}` does not exist or you do not have access to it.", "model",
+                                "model_not_found")
+        if kind is not None and e.kind != kind:
+            what = "text generation" if kind == "generate" else "embeddings"
+            raise ModelNotFound(f"The model `{name}` does not serve {what} (it is a "
+                                f"{'generation' if e.kind == 'generate' else 'embedding'} model).", "model",
+                                "model_not_found")
+        return e
+
+    def model_cards(self) -> list[dict]:
+        from .api.protocol import model_card
+        return [model_card(n, self.created, e.config.max_model_len if e.kind == "generate" else e.max_len)
+                for n, e in self.engines.items()]
+
+
+class _Uvicorn:
+    """uvicorn.Server whose SIGTERM/SIGINT starts a drain instead of exiting (a second one exits now)."""
+
+    @staticmethod
+    def make(config, service: Service):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def __init__(self, cfg):
+                super().__init__(cfg)
+                self.bound = threading.Event()
+                self.draining = False
+
+            async def startup(self, sockets=None):
+                await super().startup(sockets)
+                self.bound.set()
+
+            def handle_exit(self, sig, frame):           # no re-raise of the signal after a clean drain
+                if self.draining:
+                    self.should_exit = self.force_exit = True
+                    return
+                self.draining = True
+                threading.Thread(target=self._drain, name="vnpu-serve-drain", daemon=True).start()
+
+            def _drain(self):
+                service.begin_drain()
+                service.wait_drained()
+                self.should_exit = True
+
+        return Server(config)
+
+
+class Server:
+    """The HTTP server of a :class:`Service`."""
+
+    def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+        self.service = service
+        self.app = build_app(service)
+        cfg = uvicorn.Config(self.app, host=host, port=port, log_level="warning", access_log=False,
+                             timeout_graceful_shutdown=30, lifespan="off")
+        self.uv = _Uvicorn.make(cfg, service)
+        self.host = host
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self.uv.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        h = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{h}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "Server":
+        """Serve on a thread; returns once bound (raises if uvicorn could not bind)."""
+        self._thread = threading.Thread(target=self.uv.run, name="vnpu-serve-http", daemon=True)
+        self._thread.start()
+        while not self.uv.bound.wait(0.05):
+            if not self._thread.is_alive() or timeout <= 0:
+                raise Unavailable(f"the HTTP server did not start on {self.host}")
+            timeout -= 0.05
+        return self
+
+    def serve_forever(self, on_bound: Callable[["Server"], None] | None = None) -> None:
+        """Run uvicorn in this (main) thread until SIGTERM/SIGINT has drained the engines."""
+        if on_bound is not None:
+            threading.Thread(target=lambda: (self.uv.bound.wait(), on_bound(self)), daemon=True).start()
+        self.uv.run()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        self.service.begin_drain()
+        return self.service.wait_drained(timeout)
+
+    def stop(self, drain_timeout: float | None = 60.0) -> None:
+        """Drain, stop the HTTP server, shut the engines down."""
+        try:
+            self.drain(drain_timeout)
+        finally:
+            self.uv.should_exit = True
+            if self._thread is not None:
+                self._thread.join(30)
+                self._thread = None
+            self.service.close()
