@@ -250,6 +250,7 @@ class ModelRunner:
             return e.num_gpu_blocks_override
         fits = []
         for rk in self.ranks:
+            rk.dev.empty_cache()            # memory the pool caches counts as free for the KV cache
             free, total = rk.dev.mem_info()
             budget = e.gpu_memory_utilization * total - (total - free)
             fits.append(int(budget // kv_bytes_per_block(self.cfg.n_layers, e.block_size, rk.hkv, self.cfg.head_dim)))
@@ -289,6 +290,8 @@ class ModelRunner:
 
     def close(self) -> None:
         c = Closer()
+        for dev in self.devices:            # last: what the ranks freed went to the pools; back to the driver
+            c.push(dev.empty_cache)
         for comm in self.comms:
             c.push(comm.destroy)
         for rk in self.ranks:
