@@ -465,10 +465,11 @@ class Device:
     def reset_peak_memory_stats(self) -> None:
         self.pool.reset_peak_stats()
 
-    def empty_cache(self) -> int:
+    def empty_cache(self, timeout_ms: float = -1) -> int:
         """Give the pool's unused cached segments back to the driver (host-blocking: waits for the work
-        queued on their streams).  Returns how many segments went back."""
-        return self.pool.empty_cache() if self._pool is not None else 0
+        queued on their streams; with ``timeout_ms`` >= 0 what is not done by then stays cached).
+        Returns how many segments went back."""
+        return self.pool.empty_cache(timeout_ms) if self._pool is not None else 0
 
     def defragment(self) -> DefragReport:
         """Live defragmentation: move this runtime's pool blocks so the arena's free space is contiguous.

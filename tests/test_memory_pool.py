@@ -690,3 +690,19 @@ def test_decode_service_workload_is_deterministic_and_the_hint_helps():
     assert hint["steps"] == plain["steps"] and hint["requests"] == plain["requests"]
     assert hint["failed_steps"] < plain["failed_steps"]
     assert hint["peak_allocated"] <= spec.arena and plain["num_ooms"] == plain["failed_steps"] + plain["failed_requests"]
+
+
+def test_empty_cache_with_a_timeout_leaves_busy_memory_cached(dev):
+    """A stream that does not finish (a hung device) does not hang empty_cache(timeout_ms): its segments
+    stay cached, the idle stream's go back; once the work is done they go too."""
+    p = make_pool(dev)
+    s_busy, s_idle = dev.create_stream(0), dev.create_stream(0)
+    a, b = p.malloc(12 * MiB, s_busy), p.malloc(12 * MiB, s_idle)
+    gate = Gate(dev, s_busy)
+    p.free(a)
+    p.free(b)
+    assert p.empty_cache(timeout_ms=50) == 1                     # only the idle stream's segment
+    assert p.memory_stats()["reserved_bytes.all.current"] == 12 * MiB
+    gate.open()
+    assert p.empty_cache(timeout_ms=5000) == 1
+    assert p.memory_stats()["reserved_bytes.all.current"] == 0 and dev.arena.stats().used == 0

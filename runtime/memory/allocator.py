@@ -328,19 +328,25 @@ class CachingAllocator:
                if arena.free >= nbytes else "Free tensors or lower the batch size."))
 
     # ------------------------------------------------------------------------------------------ releasing
-    def _free_whole(self, blocks: list[Block]) -> int:
-        """Return wholly free segments to the driver, after the work queued on their streams."""
+    def _free_whole(self, blocks: list[Block], timeout_ms: float = -1) -> int:
+        """Return wholly free segments to the driver, after the work queued on their streams (a stream
+        still busy after ``timeout_ms`` keeps its segments cached)."""
         if not blocks:
             return 0
-        streams = {b.segment.stream for b in blocks} - self._dead - {NO_STREAM}
-        events = [self.order.record(s) for s in sorted(streams)]
-        for ev in events:
-            self.order.synchronize(ev)
+        streams = sorted({b.segment.stream for b in blocks} - self._dead - {NO_STREAM})
+        busy = set()
+        for s, ev in [(s, self.order.record(s)) for s in streams]:
+            if not self.order.synchronize(ev, timeout_ms):
+                busy.add(s)
             self.order.release(ev)
+        n = 0
         for b in blocks:
+            if b.segment.stream in busy:
+                continue
             self._pools[(b.segment.kind, b.segment.lifetime)].remove(b)
             self._drop_segment(b.segment)
-        return len(blocks)
+            n += 1
+        return n
 
     def _whole_free(self, pools=None) -> list[Block]:
         out = []
@@ -369,11 +375,12 @@ class CachingAllocator:
                 break
         return self._free_whole(chosen) > 0
 
-    def _release_cached(self) -> int:
-        """Wait for pending blocks, then free every wholly free segment (PyTorch's release_cached_blocks)."""
-        self._sync_pending()
+    def _release_cached(self, timeout_ms: float = -1) -> int:
+        """Wait for pending blocks, then free every wholly free segment (PyTorch's release_cached_blocks).
+        With ``timeout_ms`` >= 0 nothing waits longer: what is not done by then stays cached."""
+        self._sync_pending(timeout_ms)
         self.stats.count("num_sync_all_streams")
-        return self._free_whole(self._whole_free())
+        return self._free_whole(self._whole_free(), timeout_ms)
 
     def _garbage_collect(self, want: int) -> None:
         """PyTorch's garbage_collect_cached_blocks: past the threshold, free cached segments unused for at
@@ -400,11 +407,13 @@ class CachingAllocator:
             self.stats.count("num_gc_releases", len(chosen))
             self._free_whole(chosen)
 
-    def empty_cache(self) -> int:
+    def empty_cache(self, timeout_ms: float = -1) -> int:
         """Return every cached (wholly free) segment to the driver, after waiting for pending blocks and
-        for the work queued on the segments' streams (host-blocking).  Returns how many."""
+        for the work queued on the segments' streams (host-blocking; with ``timeout_ms`` >= 0 at most
+        about that long per stream, and what is not done by then stays cached: a hung device does not
+        hang its caller).  Returns how many segments went back."""
         with self._lock:
-            return self._release_cached()
+            return self._release_cached(timeout_ms)
 
     # ------------------------------------------------------------------------------------------ free
     def free(self, h: Handle) -> None:
@@ -499,13 +508,15 @@ class CachingAllocator:
                 still.append((b, events))
         self._pending = still
 
-    def _sync_pending(self) -> None:
+    def _sync_pending(self, timeout_ms: float = -1) -> None:
         pending, self._pending = self._pending, []
         for b, events in pending:
-            for e in events:
-                self.order.synchronize(e)
-                self.order.release(e)
-            self._free_block(b)
+            if all([self.order.synchronize(e, timeout_ms) for e in events]):
+                for e in events:
+                    self.order.release(e)
+                self._free_block(b)
+            else:
+                self._pending.append((b, events))
 
     def stream_destroyed(self, stream: int) -> None:
         """A stream is gone (its work finished when it was destroyed): its wholly free segments serve any

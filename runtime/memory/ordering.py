@@ -16,7 +16,8 @@ from __future__ import annotations
 import threading
 from typing import Callable, Protocol
 
-from devices.errors import ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_NO_DEVICE, AclError
+from devices.errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_NO_DEVICE,
+                            AclError)
 from devices.tasks import CopyD2D, Record, Wait
 
 
@@ -37,8 +38,9 @@ class StreamOrder(Protocol):
     def query(self, event: int) -> bool:
         """Whether ``event`` has completed (host-synchronous, does not wait)."""
 
-    def synchronize(self, event: int) -> None:
-        """Block the host until ``event`` has completed (a failed stream is not an error here)."""
+    def synchronize(self, event: int, timeout_ms: float = -1) -> bool:
+        """Block the host until ``event`` has completed (a failed stream is not an error here); False when
+        ``timeout_ms`` (>= 0) passed first."""
 
     def release(self, event: int) -> None:
         """The caller no longer needs ``event``."""
@@ -114,14 +116,18 @@ class HandleStreamOrder:
         self._flush()
         return bool(self.handle.query_event(event))
 
-    def synchronize(self, event: int) -> None:
+    def synchronize(self, event: int, timeout_ms: float = -1) -> bool:
         self._flush()
         try:
-            self.handle.synchronize_event(event, -1)
+            self.handle.synchronize_event(event, timeout_ms)
         except AclError as e:
-            if getattr(e, "code", None) in _LOST:
+            code = getattr(e, "code", None)
+            if code in _LOST:
                 raise
+            if code == ACL_ERROR_RT_EVENT_SYNC_TIMEOUT:
+                return False
             # the event completed behind a failed task: the stream's own error is its owner's to see
+        return True
 
     def release(self, event: int) -> None:
         with self._lock:
