@@ -11,7 +11,7 @@ import sys
 from devices.errors import AclError
 
 #: command groups, in the order ``vnpu --help`` lists them
-COMMANDS = ("cluster", "smi", "demo", "run", "serve", "chaos", "bench")
+COMMANDS = ("cluster", "token", "smi", "demo", "run", "serve", "atc", "chaos", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,11 @@ def register(sub) -> None:
     up.add_argument("--devices", type=int, default=0)
     up.add_argument("--config", help="cluster.yaml: the head node type's NPU resource and labels")
     up.add_argument("--hbm-mb", type=int, default=0, help="emulated HBM per device (MiB)")
+    up.add_argument("--no-user-kernels", action="store_true",
+                    help="refuse RegisterKernel (user kernels run client code in the device processes)")
+    up.add_argument("--no-shm-fast-path", action="store_true",
+                    help="no arena is a /dev/shm segment: isolates processes of one Unix user (copies and "
+                         "same-node HCCL go over gRPC)")
     up.set_defaults(fn=_cmd_up)
     down = sub.add_parser("down", help="stop the local cluster and remove everything it created")
     down.set_defaults(fn=_cmd_down)
@@ -21,6 +26,9 @@ def _cmd_up(a) -> int:
         spec = replace(spec, devices=a.devices)
     if a.hbm_mb:
         spec = replace(spec, arena_bytes=a.hbm_mb << 20)
+    if a.no_user_kernels or a.no_shm_fast_path:
+        spec = replace(spec, policy=replace(spec.policy, user_kernels=spec.policy.user_kernels and not a.no_user_kernels,
+                                            shm_fast_path=spec.policy.shm_fast_path and not a.no_shm_fast_path))
     st, started = cluster_up(spec)
     if not started:
         print(f"vnpu cluster is already up at {st['ray_address']} ({st['devices']} devices)")

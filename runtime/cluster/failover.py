@@ -205,8 +205,10 @@ class DevicePool:
         p.lats.clear()
         p.last_beat = time.monotonic()
         p.health, p.reasons, p.conditions = "OK", (), ()
+        # the watch is also the pool's lease: jobs allocate through the bound handles (and the recovery
+        # probe does), which needs one, and what they leave is released when the pool goes
         p.watch = h.watch_health(self.opts.heartbeat_ms, lambda ev, p=p, h=h: self._beat(p, h, ev),
-                                 stale_after_s=max(2 * self.opts.hang_deadline_s, 1.0))
+                                 stale_after_s=max(2 * self.opts.hang_deadline_s, 1.0), lease=True)
 
     def _beat(self, p: _Phys, h, ev) -> None:
         if p.handle is not h:

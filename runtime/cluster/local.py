@@ -17,15 +17,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from driver.host import ACTOR_PREFIX, BLAS_ENV, NAMESPACE, actor_name, remote_class
+from driver.policy import DevicePolicy
 from devices.arena import SHM_DIR
 from devices.errors import ACL_ERROR_RT_DEV_SETUP_ERROR, ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
 
 from .discovery import (LOOPBACK, attach_ray, discover, load_token, new_token, read_state,  # noqa: F401
-                        state_dir, state_file, token_file)
+                        revocations_file, state_dir, state_file, token_file)
 from .remote import RemoteBackend
 
 # (RAY_AUTH_MODE=token is set in runtime/__init__.py, before anything imports ray.)
@@ -48,6 +49,9 @@ class ClusterSpec:
     #: > 1: give device i the node identity ``sim-node-<i % nodes>`` so that collectives between them use
     #: the cross-node (gRPC) transport although they share this machine (tests, demos)
     nodes: int = 1
+    #: what the device servers allow: user kernels, the same-node shared-memory fast path, per-tenant
+    #: quotas (driver.policy); the revocation list of the cluster's state is added when devices start
+    policy: DevicePolicy = DevicePolicy()
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -80,6 +84,7 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     if detached:
         opts["lifetime"] = "detached"
     host = None if spec.bind == "node" else spec.bind
+    policy = spec.policy if spec.policy.revocations else replace(spec.policy, revocations=str(revocations_file()))
 
     def options(i: int) -> dict:
         if spec.nodes <= 1:
@@ -87,7 +92,7 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
         env = dict(opts["runtime_env"]["env_vars"], VNPU_NODE_ID=f"sim-node-{i % spec.nodes}")
         return dict(opts, runtime_env={"env_vars": env})
     actors = [cls.options(name=actor_name(i), **options(i)).remote(i, token, spec.arena_bytes, spec.chip, host,
-                                                                    spec.cores)
+                                                                    spec.cores, policy)
               for i in range(first_id, first_id + spec.devices)]
     return ray.get([a.where.remote() for a in actors], timeout=120), actors
 
@@ -113,7 +118,7 @@ def stop_devices(timeout: float = 30.0) -> list[str]:
 def remove_segments(names: list[str] | None = None) -> int:
     """Unlink arena segments (given names, or every ``vnpu_*`` segment of dead processes)."""
     n = 0
-    paths = [os.path.join(SHM_DIR, x) for x in names] if names is not None else glob.glob(
+    paths = [os.path.join(SHM_DIR, x) for x in names if x] if names is not None else glob.glob(
         os.path.join(SHM_DIR, "vnpu_*"))
     for p in paths:
         if names is None:
