@@ -8,9 +8,11 @@ raise :class:`~devices.errors.MemoryAccessError` with a CANN code and touch noth
 The buffer is a ``/dev/shm`` file mapped with :mod:`mmap` (not ``multiprocessing.shared_memory``, whose
 resource tracker unlinks segments when an attaching process exits), created mode 0600, so another process
 of the same Unix user on the node can map the same bytes: that is the emulated PCIe BAR used by the
-driver's same-node fast path and by HCCL's same-node transport.  With ``shared=False`` the arena is
-anonymous memory of the device's process instead: no name, nothing another process can open (clusters
-that need isolation between processes of one Unix user turn the fast path off this way).
+driver's same-node fast path and by HCCL's same-node transport.  Segment names carry the owner's pid and
+start time; what a SIGKILLed owner leaves is removed by the next start (:mod:`devices.segments`).  With
+``shared=False`` the arena is anonymous memory of the device's process instead: no name, nothing another
+process can open (clusters that need isolation between processes of one Unix user turn the fast path off
+this way).
 
 Every allocation records its owner (:mod:`devices.tenancy`): access is checked per tenant, release per
 owner, and the bytes a tenant holds are counted against its quota.
@@ -22,13 +24,13 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
-import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import segments
 from .errors import (ACL_ERROR_RT_ADDR_UNALIGNED, ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
                      ACL_ERROR_RT_INVALID_MALLOC_TYPE, ACL_ERROR_RT_MEMORY_FREE, ACL_ERROR_RT_NO_DEVICE,
                      ACL_ERROR_RT_NO_PERMISSION, AclError, InvalidParamError, MemoryAccessError,
@@ -39,8 +41,8 @@ PTR_TAG = 0xAC << 56
 _DEV_SHIFT = 40
 _OFF_MASK = (1 << _DEV_SHIFT) - 1
 _DEV_MASK = 0xFFFF
-SHM_DIR = "/dev/shm"
-SHM_PREFIX = "vnpu_"
+SHM_DIR = segments.SHM_DIR
+SHM_PREFIX = segments.PREFIX
 
 # aclrtMemMallocPolicy (reference 1.5)
 ACL_MEM_MALLOC_HUGE_FIRST = 0
@@ -213,9 +215,12 @@ class HbmArena:
         self.size = size
         self.shared = shared
         if shared:
-            self.name = name or f"{SHM_PREFIX}{os.getpid()}_{device_id}_{secrets.token_hex(4)}"
+            if name is None:
+                segments.sweep()              # what SIGKILLed processes of this user left (devices.segments)
+            self.name = name or segments.new_name(device_id)
             self.path = os.path.join(SHM_DIR, self.name)
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            segments.track(self.name)         # unlinked at exit if never closed
             try:
                 os.fchmod(fd, 0o600)                    # whatever the umask: the device's user only
                 os.ftruncate(fd, size + ARENA_HEADER)
@@ -438,6 +443,7 @@ class HbmArena:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            segments.untrack(self.name)
 
 
 def header_gen(buf: np.ndarray, size: int) -> int:

@@ -4,3 +4,9 @@ import os as _os
 # address only sends it when token mode is set explicitly, and Ray reads the mode once, when it is first
 # imported: set it before any of our modules can import ray.
 _os.environ.setdefault("RAY_AUTH_MODE", "token")
+
+# A local cluster binds loopback (VNPU_BIND unset or 127.0.0.1): Ray resolves a 127.0.0.1 node address to the
+# machine's external one unless it runs single-node, and then its GCS, raylet and workers listen on every
+# interface.  Ray reads this once, at import, like the auth mode.  (Multi-node clusters set VNPU_BIND=node.)
+if _os.environ.get("VNPU_BIND", "127.0.0.1") == "127.0.0.1":
+    _os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -97,6 +97,13 @@ def get_runtime() -> Runtime:
         return _runtime
 
 
+def current_runtime() -> Runtime | None:
+    """The process-wide runtime if one exists (created by :func:`get_runtime` or installed), else None;
+    creates nothing."""
+    with _runtime_lock:
+        return _runtime
+
+
 def set_runtime(rt: Runtime | None) -> Runtime | None:
     """Install ``rt`` as the process runtime (tests, jobs); returns the previous one."""
     global _runtime

@@ -167,11 +167,17 @@ def test_async_copies_and_memset(dev0):
     ok(acl.rt.memcpy(acl.util.numpy_to_ptr(raw), 8, b, 8, acl.ACL_MEMCPY_DEVICE_TO_HOST))
     assert (raw == 0x3F).all()
 
-    # async D2H out of bounds: reported by the next synchronize of that stream
-    ok(acl.rt.memcpy_async(acl.util.numpy_to_ptr(out), 4 * out.nbytes, a, 4 * x.nbytes,
+    # async D2H out of the device buffer's bounds: reported by the next synchronize of that stream
+    big = np.zeros(4 * n, dtype=np.float32)
+    ok(acl.rt.memcpy_async(acl.util.numpy_to_ptr(big), big.nbytes, a, 4 * x.nbytes,
                            acl.ACL_MEMCPY_DEVICE_TO_HOST, stream))
-    assert acl.rt.synchronize_stream(stream) != 0
-    assert acl.get_recent_err_msg()
+    assert acl.rt.synchronize_stream(stream) == acl.ACL_ERROR_RT_PARAM_INVALID
+    assert "overruns its allocation" in acl.get_recent_err_msg()
+    ok(acl.rt.synchronize_stream(stream))
+    # ... and past the end of the host buffer: refused at once (the host-pointer table), nothing queued
+    assert acl.rt.memcpy_async(acl.util.numpy_to_ptr(out), 4 * out.nbytes, a, 4 * x.nbytes,
+                               acl.ACL_MEMCPY_DEVICE_TO_HOST, stream) == acl.ACL_ERROR_INVALID_PARAM
+    assert "runs past the end" in acl.get_recent_err_msg()
     ok(acl.rt.synchronize_stream(stream))
 
     assert acl.rt.memcpy_async(acl.util.numpy_to_ptr(out), 8, acl.util.numpy_to_ptr(x), 8,

@@ -126,6 +126,7 @@ def init(config_path: str | None = None) -> None:
             raise AclError(f"bad acl config file {config_path!r}: {e}", code=ACL_ERROR_INVALID_PARAM) from None
     with STATE.lock:
         if STATE.init_count == 0:
+            STATE.owns_rt = api.current_runtime() is None    # made here: finalize closes it (its arenas)
             STATE.rt = api.get_runtime()
         STATE.init_count += 1
         STATE.ever_init = True
@@ -134,7 +135,9 @@ def init(config_path: str | None = None) -> None:
 @acl_call(init=False)
 def finalize() -> None:
     """aclFinalize: release every context, stream, event, function handle and allocation made through
-    this module, whatever the init count."""
+    this module, whatever the init count.  A runtime that ``acl.init`` created (none was installed) is
+    closed too: its in-process devices and their ``/dev/shm`` arenas go, or its cluster clients and
+    leases; the next ``acl.init`` makes a new one."""
     if STATE.init_count <= 0:
         raise AclError("acl is not initialized" + (" (already finalized)" if STATE.ever_init else ""),
                        code=ACL_ERROR_REPEAT_FINALIZE if STATE.ever_init else ACL_ERROR_UNINITIALIZE)

@@ -8,7 +8,6 @@ behaviour choices (ordering of ``memcpy_async`` directions, clocks).
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
@@ -22,7 +21,8 @@ from devices.errors import AclError, InvalidHandleError, InvalidParamError
 from devices.kernel import ACL_DTYPE, DTYPES, TensorDesc, lookup, register_user_kernel
 from runtime import api
 
-from .args import as_int, host_ptr, host_view
+from . import hostmem
+from .args import as_int, host_range, host_view
 from .calls import acl_call
 from .constants import (ACL_CALLBACK_BLOCK, ACL_CALLBACK_NO_BLOCK, ACL_DDR_MEM, ACL_ERROR_REPEAT_SUBSCRIBE,
                         ACL_ERROR_RT_CONTEXT_NULL, ACL_ERROR_RT_FEATURE_NOT_SUPPORT, ACL_ERROR_RT_REPORT_TIMEOUT,
@@ -189,24 +189,28 @@ def free(dev_ptr):
 
 @acl_call(outs=(0,))
 def malloc_host(size):
-    """Host memory (64 B aligned, uninitialised) -> (host_ptr, ret); kept alive until free_host or
-    finalize."""
+    """Host memory (64 B aligned, uninitialised) -> (host_ptr, ret); valid until free_host or finalize
+    (registered in the host-pointer table, :mod:`runtime.acl.hostmem`: acl calls check every host range
+    against it)."""
     size = as_int(size, "size")
     if size <= 0:
         raise InvalidParamError(f"malloc_host size must be positive, got {size}")
     raw = np.empty(size + 64, dtype=np.uint8)
     start = (-raw.ctypes.data) % 64
     buf = raw[start:start + size]
-    with STATE.lock:
-        STATE.host_allocs[buf.ctypes.data] = buf
+    hostmem.register(buf.ctypes.data, size, buf, "malloc_host")
     return buf.ctypes.data
 
 
 @acl_call()
 def free_host(host_ptr):
-    with STATE.lock:
-        if STATE.host_allocs.pop(as_int(host_ptr, "host pointer"), None) is None:
-            raise InvalidParamError(f"0x{int(host_ptr):x} was not allocated by malloc_host")
+    """Free malloc_host memory: a pointer that is not the start of a live malloc_host buffer (freed
+    already, or never allocated) is ACL_ERROR_RT_PARAM_INVALID (107000), as a runtime free is.  An
+    asynchronous copy queued before keeps the buffer until it ran."""
+    try:
+        hostmem.release(as_int(host_ptr, "host pointer"), kind="malloc_host")
+    except AclError as e:
+        raise InvalidParamError(e.detail) from None
 
 
 @acl_call()
@@ -220,11 +224,12 @@ def memcpy(dst, dest_max, src, count, kind):
     if count == 0:
         return
     if way == "h2h":
-        ctypes.memmove(host_ptr(dst, "dst"), host_ptr(src, "src"), count)
+        host_view(dst, count, "dst")[:] = host_view(src, count, "src")      # memmove: overlap is fine
     elif way == "h2d":
-        _device_of_ptr(dst).memcpy_h2d(dst, host_view(host_ptr(src, "src"), count))
+        _device_of_ptr(dst).memcpy_h2d(dst, host_view(src, count, "src"))
     elif way == "d2h":
-        _d2h(_device_of_ptr(src), src, host_ptr(dst, "dst"), count)
+        out = host_view(dst, count, "dst")
+        _device_of_ptr(src).memcpy_d2h(src, count, out=out)
     else:
         ddev, sdev = _device_of_ptr(dst), _device_of_ptr(src)
         if sdev is ddev:
@@ -247,7 +252,7 @@ def memcpy_async(dst, dest_max, src, count, kind, stream):
     if count == 0:
         return
     if way == "h2d":
-        data = ctypes.string_at(host_ptr(src, "src"), count)
+        data = host_view(src, count, "src").tobytes()
         if _device_of_ptr(dst) is s.device:
             s.write(dst, data)
         else:                                    # another device's memory: in order, then direct
@@ -262,11 +267,11 @@ def memcpy_async(dst, dest_max, src, count, kind, stream):
             ddev.memcpy_h2d(dst, sdev.memcpy_d2h(src, count))
     else:
         sdev = _device_of_ptr(src)
-        hdst = host_ptr(dst, "dst")
+        hdst = host_range(dst, count, "dst")          # checked now; held (kept mapped) until the copy ran
 
         def copy_now() -> None:
             try:
-                _d2h(sdev, src, hdst, count)
+                sdev.memcpy_d2h(src, count, out=hdst.view(dst, count))
             except AclError as e:
                 rec.async_error = rec.async_error or e
             except Exception as e:  # noqa: BLE001 - runs on a runtime thread: keep it alive
@@ -287,7 +292,7 @@ def memset(dev_ptr, max_count, value, count):
     if is_device_ptr(ptr):
         _device_of_ptr(ptr).memset(ptr, value, count)
     else:
-        ctypes.memset(host_ptr(ptr, "pointer"), value & 0xFF, count)
+        host_view(ptr, count, "pointer")[:] = value & 0xFF
 
 
 @acl_call()
@@ -584,10 +589,6 @@ def _device_of_ptr(ptr: int) -> api.Device:
         raise InvalidParamError(f"device pointer 0x{ptr:x} belongs to physical device {phys}, which is not "
                                 f"visible to this process") from None
     return rt.device(index)
-
-
-def _d2h(dev: api.Device, src: int, dst: int, count: int) -> None:
-    dev.memcpy_d2h(src, count, out=host_view(dst, count))
 
 
 def _direction(kind: int, dst: int, src: int) -> str:

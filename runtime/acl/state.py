@@ -11,16 +11,14 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from devices.errors import (ACL_ERROR_RT_CONTEXT_NULL, ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
                             ACL_ERROR_UNINITIALIZE, AclError, InvalidHandleError)
 from runtime import api
 
+from . import hostmem
 from .args import as_int
 
 log = logging.getLogger("vnpu.acl")
@@ -61,40 +59,13 @@ class EventRecord:
     flags: int
 
 
-class KeepAlive:
-    """Objects whose address ``util.numpy_to_ptr`` / ``util.bytes_to_ptr`` handed out, kept alive for a
-    while (a bounded LRU: ``max_objects`` objects, ``max_bytes`` bytes)."""
-
-    def __init__(self, max_objects: int = 1024, max_bytes: int = 256 << 20) -> None:
-        self.max_objects, self.max_bytes = max_objects, max_bytes
-        self._items: OrderedDict[int, tuple[Any, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def add(self, addr: int, obj: Any, nbytes: int) -> None:
-        with self._lock:
-            old = self._items.pop(addr, None)
-            if old is not None:
-                self._bytes -= old[1]
-            self._items[addr] = (obj, nbytes)
-            self._bytes += nbytes
-            while len(self._items) > 1 and (len(self._items) > self.max_objects or self._bytes > self.max_bytes):
-                _, (_, n) = self._items.popitem(last=False)
-                self._bytes -= n
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
-
-
 class State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.cv = threading.Condition(self.lock)     # subscriptions changed / finalize
         self.handles = itertools.count(0x1000)
-        self.kept = KeepAlive()
         self.ever_init = False
+        self.owns_rt = False               #: acl.init created STATE.rt: teardown closes it
         self.clear()
 
     def clear(self) -> None:
@@ -106,7 +77,6 @@ class State:
         self.dev_refs: dict[int, int] = {}
         self.default_ctx: dict[int, Context] = {}
         self.dev_allocs: dict[int, api.Device] = {}
-        self.host_allocs: dict[int, np.ndarray] = {}
         self.funcs: dict[int, str] = {}
         self.func_by_name: dict[str, int] = {}
         self.model_ris: dict[int, Any] = {}          # aclmdlRI handle -> runtime.graph.Graph
@@ -231,11 +201,14 @@ def release_context(c: Context, timeout_ms: float = -1) -> None:
 
 def teardown() -> None:
     """Release every context, stream, event and allocation made through acl and forget all handles
-    (aclFinalize); host-blocking, each context's streams for up to FINALIZE_SYNC_TIMEOUT_MS."""
+    (aclFinalize), and close the runtime if acl.init created it; host-blocking, each context's streams
+    for up to FINALIZE_SYNC_TIMEOUT_MS."""
     with STATE.lock:
         ctxs = list(STATE.contexts.values())
         allocs = list(STATE.dev_allocs.items())
+        rt, owned = STATE.rt, STATE.owns_rt
         STATE.clear()
+        STATE.owns_rt = False
         STATE.cv.notify_all()
     for c in ctxs:
         release_context(c, FINALIZE_SYNC_TIMEOUT_MS)
@@ -244,4 +217,11 @@ def teardown() -> None:
             dev.free(ptr)
         except AclError:
             pass
-    STATE.kept.clear()
+    hostmem.TABLE.clear(kind="malloc_host")      # acl's host allocations go with it
+    if owned and rt is not None:
+        if api.current_runtime() is rt:
+            api.set_runtime(None)
+        try:
+            rt.close()
+        except AclError:
+            log.warning("closing the runtime at finalize failed", exc_info=True)

@@ -20,6 +20,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from runtime.cliargs import int_list, positive_int
+
 WORDS = ("the npu runs matrix kernels on cube units while vector cores do norms and softmax quickly across many "
          "small streams of tokens").split()
 
@@ -27,9 +29,9 @@ WORDS = ("the npu runs matrix kernels on cube units while vector cores do norms 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("serve", help="vnpu serve under concurrent clients vs max_num_seqs=1 and numpy")
     p.add_argument("--model", default="smollm2", choices=["smollm2"])
-    p.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
-    p.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
-    p.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
+    p.add_argument("--concurrency", type=int_list, default="1,4,16", help="comma-separated client counts")
+    p.add_argument("--requests", type=positive_int, default=32, help="requests per concurrency level")
+    p.add_argument("--max-tokens", type=positive_int, default=32, help="output tokens per request")
     p.add_argument("--backend", choices=["cluster", "local"], default="cluster",
                    help="the device as a Ray actor over gRPC (default) or in this process")
     p.add_argument("--json", action="store_true")
@@ -188,14 +190,7 @@ def _runtime(backend: str):
 
 def _run(a) -> int:
     from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
-    try:
-        levels = [int(x) for x in a.concurrency.split(",") if x.strip()]
-        if not levels or min(levels) < 1 or a.requests < 1 or a.max_tokens < 1:
-            raise ValueError
-    except ValueError:
-        print("vnpu bench serve: error: --concurrency takes positive integers (1,4,16); --requests and "
-              "--max-tokens must be >= 1", file=__import__("sys").stderr)
-        return 2
+    levels = list(a.concurrency)                      # checked by argparse (runtime.cliargs.int_list)
     g = load_gguf_cached(str(smollm2_gguf()))
     ref = NumpyDecode(g, LlamaConfig.from_gguf_meta(g.meta))
     with _runtime(a.backend) as rt:

@@ -14,18 +14,20 @@ import dataclasses
 import sys
 import threading
 
+from runtime.cliargs import bind_host, int_in, positive_int, text_file
+
 
 def register(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible server: /v1/completions, /v1/chat/completions, "
                                      "/v1/embeddings, /metrics")
     s.add_argument("--model", action="append", default=[], metavar="NAME[@DEVICES]",
                    help="a model to serve, e.g. smollm2@0-2 or minilm-l6 (repeatable; default: the config's)")
-    s.add_argument("--tp", type=int, default=None, help="tensor parallel degree of the generation model")
-    s.add_argument("--config", help="serve.yaml (models, placement, engine limits, batching)")
-    s.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, default=None, help="port (default 8000; 0 = any free port)")
-    s.add_argument("--devices", type=int, default=None, help="devices of an embedded cluster (default: what the "
-                                                                 "models need)")
+    s.add_argument("--tp", type=positive_int, default=None, help="tensor parallel degree of the generation model")
+    s.add_argument("--config", type=text_file, help="serve.yaml (models, placement, engine limits, batching)")
+    s.add_argument("--host", type=bind_host, default=None, help="bind address (default 127.0.0.1)")
+    s.add_argument("--port", type=int_in(0, 65535), default=None, help="port (default 8000; 0 = any free port)")
+    s.add_argument("--devices", type=positive_int, default=None, help="devices of an embedded cluster (default: "
+                                                                          "what the models need)")
     s.set_defaults(fn=_cmd_serve)
 
 
