@@ -18,7 +18,7 @@ import contextlib
 import os
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -402,14 +402,18 @@ class Device:
     # -------------------------------------------------------------- the caching pool
     @property
     def pool(self) -> CachingAllocator:
-        """This device's caching allocator (created on first use, configured by ``VNPU_ALLOC_CONF``)."""
+        """This device's caching allocator (created on first use, configured by ``VNPU_ALLOC_CONF``; under
+        a sanitizer it does not cache: every tensor is a driver allocation of its own, freed at once)."""
         pool = self._pool
         if pool is None:
             with self._lock:
                 if self._pool is None:
                     order = HandleStreamOrder(self.handle, put=self.queue.put,
                                               flush=lambda: self.queue.flush(raise_errors=False))
-                    self._pool = CachingAllocator(HandleAllocator(self.handle), order, AllocConfig.from_env(),
+                    cfg = AllocConfig.from_env()
+                    if self.sanitizer is not None:      # it must see every tensor's bounds and free, as
+                        cfg = replace(cfg, caching=False)   # compute-sanitizer runs with PyTorch's caching off
+                    self._pool = CachingAllocator(HandleAllocator(self.handle), order, cfg,
                                                   device=self.index, quiet=self._stream_quiet)
                     self.allocs.pool = self._pool
                 pool = self._pool

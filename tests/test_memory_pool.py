@@ -706,3 +706,26 @@ def test_empty_cache_with_a_timeout_leaves_busy_memory_cached(dev):
     gate.open()
     assert p.empty_cache(timeout_ms=5000) == 1
     assert p.memory_stats()["reserved_bytes.all.current"] == 0 and dev.arena.stats().used == 0
+
+
+def test_caching_off_gives_every_block_its_own_driver_allocation(dev):
+    """``caching:False`` (what a sanitizer run uses, as PYTORCH_NO_CUDA_MEMORY_CACHING=1): exact-size
+    driver allocations, returned on free; defragmentation still moves them, each into its own size."""
+    p = make_pool(dev, "caching:False")
+    s = dev.default_stream
+    a, b, c = p.malloc(12 * MiB, s), p.malloc(12 * MiB, s), p.malloc(1000, s)
+    assert dev.arena.allocation_of(c.ptr).size == 1000             # the device checks the exact bounds
+    with pytest.raises(MemoryAccessError):
+        dev.memcpy_h2d(c.ptr + 996, np.zeros(8, np.uint8))
+    st = p.memory_stats()
+    assert (st["num_device_alloc"], st["reserved_bytes.all.current"]) == (3, 1000 + 24 * MiB)
+    old_b = b.ptr
+    p.free(a)
+    assert dev.arena.stats().allocations == 2 and p.memory_stats()["num_device_free"] == 1
+    write(dev, b, np.full(12 * MiB, 9, np.uint8))
+    rep = p.defragment()
+    assert rep.blocks_moved >= 1 and b.ptr < old_b and dev.arena.allocation_of(b.ptr).size == 12 * MiB
+    assert np.all(read(dev, b, 12 * MiB) == 9)
+    p.free(b)
+    p.free(c)
+    assert dev.arena.stats().used == 0 and p.empty_cache() == 0

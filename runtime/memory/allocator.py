@@ -160,6 +160,8 @@ class CachingAllocator:
         size = self.round_size(nbytes)
         kind = SMALL if size <= SMALL_SIZE else LARGE
         pool = self._pools[(kind, lifetime if self.config.lifetime_pools else SHORT)]
+        if not self.config.caching:
+            return self._malloc_uncached(pool, nbytes, stream, pinned)
         with self._lock:
             self._tick += 1
             fence = None
@@ -171,6 +173,21 @@ class CachingAllocator:
             if b is None:
                 b = self._grow(pool, stream, size, nbytes)
             return self._take(pool, b, size, nbytes, pinned, fence)
+
+    def _malloc_uncached(self, pool: FreeBlocks, nbytes: int, stream: int, pinned: bool) -> Handle:
+        """``caching:False``: a driver allocation of exactly ``nbytes`` (the device checks its bounds),
+        one block, freed to the driver at once."""
+        with self._lock:
+            self._tick += 1
+            try:
+                ptr = self.driver.malloc(nbytes, self._placement(pool.lifetime))
+            except MemoryAllocationError:
+                raise self._oom(nbytes) from None
+            self.stats.count("num_device_alloc")
+            seg = self._add_segment(ptr, nbytes, stream, pool.kind, pool.lifetime)
+            b = seg.head = Block(ptr, nbytes, seg)
+            pool.add(b)
+            return self._take(pool, b, nbytes, nbytes, pinned, None)
 
     def _find(self, pool: FreeBlocks, stream: int, size: int) -> Block | None:
         b = pool.first_fit(stream, size)
@@ -438,6 +455,10 @@ class CachingAllocator:
             st.on_release(seg.kind, b.size, b.requested)
             if self._oversize(b.size):
                 st.oversize["oversize_allocations"].update(-1)
+            if not self.config.caching:
+                self.stats.on_inactive(seg.kind, b.size)
+                self._drop_segment(seg)                 # the driver's free, as a raw allocation's
+                return
             quiet = seg.stream == NO_STREAM or seg.stream in self._dead or self._quiet(seg.stream)
             b.fence_stream = None if quiet else seg.stream
             uses = sorted(s for s in b.stream_uses if s != seg.stream and s not in self._dead) \
@@ -665,7 +686,7 @@ class CachingAllocator:
             pool0 = self.fragmentation()
             for passes in range(1, max_passes + 1):
                 progress = 0
-                for g in _plan.plan(self._segment_infos()):
+                for g in _plan.plan(self._segment_infos(), exact=not self.config.caching):
                     r = self._evacuate(g)
                     if r is None:
                         continue

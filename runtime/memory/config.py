@@ -24,6 +24,10 @@ One variable, ``key:value`` pairs separated by commas (whitespace ignored), e.g.
 ``lifetime_pools``                        ``True``/``False``: keep ``lifetime="long"`` blocks in their own
                                           segments at the top of the arena (default True); False = one pool,
                                           best-fit placement (the plain allocator, for comparisons)
+``caching``                               ``True``/``False``: ``False`` gives every allocation a driver
+                                          allocation of its own, freed at once (PyTorch's
+                                          ``PYTORCH_NO_CUDA_MEMORY_CACHING=1``; what ``vnpu sanitize`` uses
+                                          so that it sees every tensor's bounds and frees); default True
 ``expandable_segments``                   only ``False``: vnpu has no virtual memory management (use
                                           ``Device.defragment()`` against fragmentation)
 ========================================  =====================================================================
@@ -66,6 +70,7 @@ class AllocConfig:
     per_process_memory_fraction: float = 1.0
     cross_stream_reuse: bool = True
     lifetime_pools: bool = True
+    caching: bool = True                         #: False: one driver allocation per block, freed at once
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "AllocConfig":
@@ -90,6 +95,7 @@ class AllocConfig:
                  f"large_segment_size_mb:{self.large_segment_size // MiB}",
                  f"per_process_memory_fraction:{self.per_process_memory_fraction:g}",
                  f"cross_stream_reuse:{self.cross_stream_reuse}", f"lifetime_pools:{self.lifetime_pools}",
+                 f"caching:{self.caching}",
                  "expandable_segments:False"]
         return ",".join(parts)
 
@@ -186,6 +192,7 @@ KEYS: dict[str, tuple[str | None, Callable[[str, str], object]]] = {
     "per_process_memory_fraction": ("per_process_memory_fraction", lambda k, v: _fraction(k, v, open_top=False)),
     "cross_stream_reuse": ("cross_stream_reuse", _bool),
     "lifetime_pools": ("lifetime_pools", _bool),
+    "caching": ("caching", _bool),
     "expandable_segments": (None, _expandable),
 }
 

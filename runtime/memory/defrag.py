@@ -53,8 +53,9 @@ def tight_size(payload: int) -> int:
     return payload
 
 
-def plan(segments: list[SegmentInfo], small_cap: int = SMALL_BUFFER) -> list[Group]:
-    """The groups to try, in the order to try them."""
+def plan(segments: list[SegmentInfo], small_cap: int = SMALL_BUFFER, exact: bool = False) -> list[Group]:
+    """The groups to try, in the order to try them.  ``exact``: segments hold one block of exactly its
+    bytes (the pool does not cache): each moves alone into a segment of its size."""
     by_class: dict[tuple, list[SegmentInfo]] = {}
     for s in segments:
         if s.movable and s.payload > 0:
@@ -64,13 +65,16 @@ def plan(segments: list[SegmentInfo], small_cap: int = SMALL_BUFFER) -> list[Gro
         segs.sort(key=lambda s: s.ptr, reverse=lifetime == LONG)
         cur: list[SegmentInfo] = []
         for s in segs:
-            fits = kind == SMALL and cur and sum(c.payload for c in cur) + s.payload <= small_cap
+            fits = not exact and kind == SMALL and cur and sum(c.payload for c in cur) + s.payload <= small_cap
             if cur and not fits:
                 groups.append(_group(cur))
                 cur = []
             cur.append(s)
         if cur:
             groups.append(_group(cur))
+    if exact:
+        groups = [Group(g.sources, sum(s.payload for s in segments if s.ptr in g.sources), g.stream, g.kind,
+                        g.lifetime) for g in groups]
     short = sorted((g for g in groups if g.lifetime != LONG), key=lambda g: min(g.sources))
     long_ = sorted((g for g in groups if g.lifetime == LONG), key=lambda g: -max(g.sources))
     return short + long_
