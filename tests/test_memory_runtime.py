@@ -363,6 +363,48 @@ def test_smi_shows_arena_fragmentation(rt, clean):
     b.free()
 
 
+def test_server_metrics_export_arena_and_pool_fragmentation(rt, clean):
+    """``vnpu serve``'s /metrics registry carries the arena's fragmentation (what ``vnpu smi`` shows)
+    and the pool's own (``memory_stats()``), read at scrape: a hole in the arena and a hole in a split
+    pool segment show as their exact fractions."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from runtime.serve.metrics import make_registry
+
+    def scrape() -> dict:
+        reg, _, _ = make_registry(rt, {})
+        return {(s.name, s.labels.get("id")): s.value
+                for fam in text_string_to_metric_families(generate_latest(reg).decode()) for s in fam.samples}
+
+    dev = clean
+    x = [dev.empty((512 << 10,), "uint8") for _ in range(3)]      # [0, 2) MiB, a small segment: 3 blocks + 512 KiB
+    a, b = dev.empty((12 * MiB,), "uint8"), dev.empty((12 * MiB,), "uint8")     # [2, 14), [14, 26)
+    dev.synchronize(SYNC_MS)
+    a.free()
+    dev.empty_cache()                                             # a 12 MiB hole below b
+    x[1].free()                                                   # free: 512 KiB here and 512 KiB at the end
+    m = scrape()
+    t, st = dev.telemetry(), dev.memory_stats()
+    assert t["fragmentation"] > 0 and m[("vnpu:hbm_fragmentation", "3")] == pytest.approx(t["fragmentation"])
+    assert st["fragmentation"] == 0.5 and m[("vnpu:memory_pool_fragmentation", "3")] == 0.5
+    assert m[("vnpu:memory_pool_largest_free_block_bytes", "3")] == 512 << 10
+    assert m[("vnpu:memory_pool_reserved_bytes", "3")] == 12 * MiB + 2 * MiB
+    assert m[("vnpu:memory_pool_allocated_bytes", "3")] == 12 * MiB + 2 * (512 << 10)
+    with pytest.raises(MemoryAllocationError):
+        dev.empty((1 << 30,), "uint8")                            # larger than the arena: an OOM after a retry
+    rep = dev.defragment()
+    m2 = scrape()
+    assert m2[("vnpu:memory_pool_ooms_total", "3")] == m[("vnpu:memory_pool_ooms_total", "3")] + 1
+    assert m2[("vnpu:memory_pool_alloc_retries_total", "3")] == m[("vnpu:memory_pool_alloc_retries_total", "3")] + 1
+    assert m2[("vnpu:memory_pool_defragmentations_total", "3")] >= m[("vnpu:memory_pool_defragmentations_total", "3")]
+    assert m2[("vnpu:memory_pool_defrag_moved_bytes_total", "3")] == \
+        m[("vnpu:memory_pool_defrag_moved_bytes_total", "3")] + rep.bytes_moved
+    assert rep.bytes_moved == 12 * MiB and m2[("vnpu:hbm_fragmentation", "3")] == 0.0
+    for y in (b, x[0], x[2]):
+        y.free()
+
+
 def test_pool_and_defragmentation_under_the_sanitizer():
     """The pool's own work is clean for `vnpu sanitize`: reuse on one stream, record_stream across two,
     a defragmentation (its copies ordered after the blocks' last uses) and a re-bound graph raise no

@@ -201,12 +201,16 @@ def test_metrics_names(server, client):
                  "vnpu:e2e_request_latency_seconds_bucket", "vnpu:prompt_tokens_total",
                  "vnpu:generation_tokens_total", "vnpu:num_preemptions", "npu_chip_info_health_status",
                  "npu_chip_info_hbm_used_memory", "npu_chip_info_hbm_total_memory", "npu_chip_info_utilization",
-                 "npu_chip_info_temperature", "npu_chip_info_power"):
+                 "npu_chip_info_temperature", "npu_chip_info_power", "vnpu:hbm_fragmentation",
+                 "vnpu:memory_pool_reserved_bytes", "vnpu:memory_pool_fragmentation", "vnpu:memory_pool_ooms_total",
+                 "vnpu:memory_pool_defragmentations_total"):
         assert name in text, name
     gen = [ln for ln in text.splitlines() if ln.startswith("vnpu:generation_tokens_total{")]
     assert float(gen[0].split()[-1]) >= 2
     used = [ln for ln in text.splitlines() if ln.startswith("npu_chip_info_hbm_used_memory{") and 'id="0"' in ln]
     assert float(used[0].split()[-1]) > 500                         # SmolLM2's weights + KV cache, in MB
+    pool = [ln for ln in text.splitlines() if ln.startswith('vnpu:memory_pool_allocated_bytes{id="0"}')]
+    assert float(pool[0].split()[-1]) > 500 * 2 ** 20               # they come from the server's caching pool
 
 
 def test_sigterm_drains_then_exits(tmp_path):

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runtime.cliargs import int_in, nonneg_int, positive_int
+
 from .common import fmt_size, median_time
 
 MiB = 1 << 20
@@ -31,12 +33,13 @@ ALLOC_SIZES = (4 << 10, 256 << 10, 4 << 20)
 def register(bs) -> None:
     m = bs.add_parser("memory", help="caching pool vs driver malloc, fragmentation with/without the lifetime "
                                      "hint, defragmentation throughput vs memcpy")
-    m.add_argument("--pairs", type=int, default=2000, help="allocate+free pairs through the pool per size")
-    m.add_argument("--raw-pairs", type=int, default=300, help="pairs through the driver per size")
-    m.add_argument("--steps", type=int, default=600, help="decode steps of the fragmenting workload")
-    m.add_argument("--defrag-tensors", type=int, default=24, help="12 MiB tensors in the defragmentation run")
-    m.add_argument("--seed", type=int, default=0, help="first seed of the workload runs")
-    m.add_argument("--seeds", type=int, default=5, help="workload runs per variant (seeds seed, seed+1, ...)")
+    m.add_argument("--pairs", type=positive_int, default=2000, help="allocate+free pairs through the pool per size")
+    m.add_argument("--raw-pairs", type=positive_int, default=300, help="pairs through the driver per size")
+    m.add_argument("--steps", type=positive_int, default=600, help="decode steps of the fragmenting workload")
+    m.add_argument("--defrag-tensors", type=int_in(2, 80), default=24,
+                   help="12 MiB tensors in the defragmentation run (2-80: they fit the 1 GiB arena)")
+    m.add_argument("--seed", type=nonneg_int, default=0, help="first seed of the workload runs")
+    m.add_argument("--seeds", type=positive_int, default=5, help="workload runs per variant (seeds seed, seed+1, ...)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(fn=run)
 
