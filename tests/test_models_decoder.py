@@ -338,3 +338,36 @@ def test_cli_generate(monkeypatch, capsys, greedy_1dev):
     assert main(["run", "generate", "--prompt", "hi", "--devices", "2", "--parallel", "none"]) == 2
     assert "107001" in capsys.readouterr().err                 # only 1 device exists
     assert main(["run", "generate", "--prompt", "", "--max-new-tokens", "2"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------- the caching pool
+def test_job_memory_is_placed_by_lifetime_and_survives_a_defragmentation(prompts, greedy_1dev):
+    """The job allocates its weights (and each call's KV history) long-lived, packed at the top of HBM,
+    and its activations short-lived, below them; a live defragmentation that moves the weights (a
+    long-lived filler above them freed: a hole large enough for a copy) keeps the job working: it
+    rebuilds its cached launch descriptors and gives the same greedy tokens."""
+    small = make_local_runtime(1, arena=1536 << 20)                # room for the weights twice over
+    try:
+        dev = small.device(0)
+        hi = dev.empty((600 << 20,), "uint8", lifetime="long")      # the top 600 MiB (never touched)
+        job = GenerateJob(small, "smollm2", devices=[0], parallel="none", max_len=256)
+        try:
+            assert [g.token_ids for g in job.generate(prompts, max_new_tokens=16)] == greedy_1dev
+            segs = dev.memory_snapshot()
+            long_ = [s for s in segs if s["lifetime"] == "long" and s["address"] != hi.ptr]
+            short = [s for s in segs if s["lifetime"] == "short"]
+            assert sum(s["allocated_size"] for s in long_) > (400 << 20)           # the weights
+            assert short and max(s["address"] + s["total_size"] for s in short) <= min(s["address"] for s in long_)
+            weights = max(long_, key=lambda s: s["allocated_size"])
+            hi.free()
+            rep = dev.defragment()
+            assert weights["address"] in {old for old, _, _ in rep.moves}           # the weights moved up
+            assert rep.bytes_moved >= weights["requested_size"] and rep.arena_fragmentation_after == 0.0
+            assert [g.token_ids for g in job.generate(prompts, max_new_tokens=16)] == greedy_1dev
+        finally:
+            job.close()
+            hi.free()                                                # a no-op when already freed
+        dev.empty_cache()
+        assert dev.mem_info()[0] == dev.mem_info()[1]
+    finally:
+        small.close()
