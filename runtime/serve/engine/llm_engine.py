@@ -562,7 +562,7 @@ class GenerateEngine:
         with self._lock:
             if self._stopping:
                 raise Unavailable(f"the {self.model} engine is shutting down")
-            threaded = self._thread is not None
+            threaded = self._thread is not None and self.error is None     # a failed engine runs nothing
             if threaded:
                 self._resumes.append(resume)
                 self._inbox.append(("pause", (held, resume)))
