@@ -306,9 +306,9 @@ def test_engine_survives_a_live_defragmentation():
             first = [h.result(0) for h in run_until_done(e, {0: reqs})]
             graphs, captures = e.snapshot().graphs, e.snapshot().captures
             assert graphs >= 1
-            e.start()
             s0 = e.snapshot().steps
-            handles = [e.add_request(ids, sp) for ids, sp in reqs]
+            handles = [e.add_request(ids, sp) for ids, sp in reqs]   # both in the first step, as above:
+            e.start()                                                # the same batches, bit-identical results
             assert e.wait_until(lambda s: s.steps >= s0 + 2, 120)   # prefill done, decoding
             with e.paused(60):
                 running = e.snapshot().running
