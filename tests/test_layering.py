@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("device model", ("devices",)),
     ("driver", ("driver",)),
     ("runtime core", ("runtime", "runtime.api", "runtime.backend", "runtime.graph", "runtime.hccl",
-                      "runtime.acl", "runtime.models", "runtime.atc", "runtime.offline",
+                      "runtime.acl", "runtime.memory", "runtime.models", "runtime.atc", "runtime.offline",
                       "runtime.sanitize", "runtime.observe")),
     ("runtime cluster", ("runtime.cluster",)),
     ("serving", ("runtime.serve",)),
