@@ -38,13 +38,14 @@ class NpuHost:
         from dataclasses import replace
 
         from .hccl_grpc import GrpcTransport
-        from .node import this_node
+        from .node import ray_node_id, this_node
         from .service import serve
 
         from devices.chip import chip_by_name
         from devices.device import Device, DeviceConfig
         from devices.hccl_transport import CROSS_NODE
         self.host = host or _node_ip()
+        self.ray_node = ray_node_id()            # the Ray node (raylet) this actor runs on ("" outside Ray)
         cfg = replace(DeviceConfig(), device_id=device_id, arena_bytes=arena_bytes, spec=chip_by_name(chip),
                       cores=cores, node=this_node())
         self.device = Device(cfg)
@@ -62,7 +63,7 @@ class NpuHost:
         info = self.device.info()
         return {"device_id": info.device_id, "address": self.server.address, "arena": info.arena_name,
                 "arena_bytes": info.hbm_total, "chip": info.chip, "pid": os.getpid(), "host": self.host,
-                "node": info.node}
+                "node": info.node, "ray_node": self.ray_node}
 
     def ping(self) -> int:
         return os.getpid()

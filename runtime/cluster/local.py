@@ -48,6 +48,10 @@ class ClusterSpec:
     #: > 1: give device i the node identity ``sim-node-<i % nodes>`` so that collectives between them use
     #: the cross-node (gRPC) transport although they share this machine (tests, demos)
     nodes: int = 1
+    #: where the device actors go (:data:`runtime.cluster.placement.PLACEMENTS`): "any" = ``devices``
+    #: actors wherever Ray puts them; "per-node" = on every Ray node, as many as its ``NPU`` resource,
+    #: pinned to it, chip and HBM from its labels (multi-node clusters)
+    placement: str = "any"
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -71,25 +75,30 @@ def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
 
 # ------------------------------------------------------------------------------------------ Ray plumbing
 def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: int = 0,
-                  max_restarts: int = 0) -> tuple[list[dict], list]:
-    """Start one device actor per virtual NPU and wait until each serves gRPC.  Returns where they are
-    and their handles (a non-detached actor lives only as long as its handle)."""
+                  max_restarts: int = 0, timeout_s: float = 120.0,
+                  node_filter: str | None = None) -> tuple[list[dict], list]:
+    """Start one device actor per virtual NPU, placed as ``spec.placement`` says (``node_filter``: on that
+    Ray node only), all at once, and wait until each serves gRPC.  Returns where they are and their
+    handles (a non-detached actor lives only as long as its handle)."""
     import ray
+
+    from .placement import slots_for
     cls = remote_class(max_restarts=max_restarts)
     opts = {"namespace": NAMESPACE, "runtime_env": {"env_vars": dict(BLAS_ENV)}}
     if detached:
         opts["lifetime"] = "detached"
     host = None if spec.bind == "node" else spec.bind
 
-    def options(i: int) -> dict:
-        if spec.nodes <= 1:
-            return opts
-        env = dict(opts["runtime_env"]["env_vars"], VNPU_NODE_ID=f"sim-node-{i % spec.nodes}")
-        return dict(opts, runtime_env={"env_vars": env})
-    actors = [cls.options(name=actor_name(i), **options(i)).remote(i, token, spec.arena_bytes, spec.chip, host,
-                                                                    spec.cores)
-              for i in range(first_id, first_id + spec.devices)]
-    return ray.get([a.where.remote() for a in actors], timeout=120), actors
+    def options(slot) -> dict:
+        o = dict(opts, **slot.options)
+        if spec.nodes > 1:
+            env = dict(opts["runtime_env"]["env_vars"], VNPU_NODE_ID=f"sim-node-{slot.device_id % spec.nodes}")
+            o["runtime_env"] = {"env_vars": env}
+        return o
+    actors = [cls.options(name=actor_name(s.device_id), **options(s)).remote(s.device_id, token, s.arena_bytes,
+                                                                              s.chip, host, spec.cores)
+              for s in slots_for(spec, first_id, node_filter)]
+    return ray.get([a.where.remote() for a in actors], timeout=timeout_s), actors
 
 
 def stop_devices(timeout: float = 30.0) -> list[str]:
