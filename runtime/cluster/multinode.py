@@ -20,12 +20,15 @@ calling thread; ``close`` leaves no Ray process, actor, segment or temp dir behi
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
 import shutil
+import signal
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -140,6 +143,9 @@ class MultiNodeCluster:
             args["resources"] = {"NPU": n.npus}
         if head:
             args["include_dashboard"] = False
+            # the GCS declares a node dead after 5 missed 1 s health checks (Ray's default: 5 x 3 s), so
+            # that a killed node's actors are marked dead -- and their names free -- in seconds
+            args["_system_config"] = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5}
         return args
 
     def _register(self, raylet, n: NodeSpec, head: bool) -> ClusterNode:
@@ -185,22 +191,43 @@ class MultiNodeCluster:
             if node.head:
                 raise InvalidParamError("the head node holds the cluster's GCS: it cannot be killed")
             node.alive = False
+        # the node's processes all die together (a power loss): its raylet's worker processes -- the
+        # device actors -- are SIGKILLed with the raylet, not left to notice its death on their own
+        pids = _descendants(_node_pids(node.raylet))
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         self._cluster.remove_node(node.raylet, allow_graceful=False)
+        _wait_gone(pids, 10.0)
         return list(node.devices)
 
     def add_node(self, n: NodeSpec, first_id: int | None = None) -> ClusterNode:
         """Join a new worker node and start its device actors (ids from ``first_id``, default: after the
         highest id so far; a replacement may reuse a lost node's ids).  Host-blocking."""
-        raylet = self._cluster.add_node(**self._node_args(n))
-        self._cluster.wait_for_nodes()
+        raylet = self._add_raylet(n)
         with self._lock:
             node = self._register(raylet, n, head=False)
             if first_id is None:
                 first_id = 1 + max((w["device_id"] for w in self.where), default=-1)
             # the lost ids a replacement takes over are no longer where they were
             self.where = [w for w in self.where if not first_id <= w["device_id"] < first_id + n.npus]
+        _wait_names_free(range(first_id, first_id + n.npus), 90.0)
         self._start_devices(first_id, only=node.node_id)
         return node
+
+    def _add_raylet(self, n: NodeSpec):
+        """Start a worker raylet (waits until it is up).  Ray installs its exit hooks (signal handlers)
+        only from the main thread; from another thread the node gets an atexit hook of ours instead."""
+        if threading.current_thread() is threading.main_thread():
+            return self._cluster.add_node(**self._node_args(n))
+        with self._lock:
+            hooks, self._cluster._shutdown_at_exit = self._cluster._shutdown_at_exit, False
+            try:
+                raylet = self._cluster.add_node(**self._node_args(n))
+            finally:
+                self._cluster._shutdown_at_exit = hooks
+        atexit.register(_kill_quietly, raylet)
+        return raylet
 
     # ------------------------------------------------------------------ use
     def backend(self, **kw) -> RemoteBackend:
@@ -233,6 +260,83 @@ class MultiNodeCluster:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _wait_names_free(ids, timeout_s: float) -> None:
+    """Wait until Ray has declared the actors of these device ids dead (their names are free again: the
+    GCS notices a killed node within a few health checks).  InvalidParamError after ``timeout_s``."""
+    import ray
+
+    from driver.host import actor_name
+    end = time.monotonic() + timeout_s
+    pending = list(ids)
+    tick = threading.Event()
+    while pending:
+        try:
+            ray.get_actor(actor_name(pending[0]), namespace=NAMESPACE)
+        except ValueError:               # no such (live) actor: the name is free
+            pending.pop(0)
+            continue
+        if time.monotonic() >= end:
+            raise InvalidParamError(f"device npu{pending[0]} still exists after {timeout_s:g} s: its id cannot be reused")
+        tick.wait(0.1)
+
+
+def _kill_quietly(raylet) -> None:
+    with contextlib.suppress(Exception):
+        if raylet.any_processes_alive():
+            raylet.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+
+
+def _wait_gone(pids: set[int], timeout_s: float) -> bool:
+    """Wait (bounded) until none of ``pids`` runs any more (gone or a zombie)."""
+    done = threading.Event()
+    end = time.monotonic() + timeout_s
+    while any(_running(p) for p in pids):
+        if time.monotonic() >= end:
+            return False
+        done.wait(0.01)
+    return True
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _node_pids(raylet) -> set[int]:
+    """Pids of the processes Ray started for one node (raylet, agents, ...)."""
+    out = set()
+    for infos in getattr(raylet, "all_processes", {}).values():
+        for info in infos:
+            proc = getattr(info, "process", None)
+            if proc is not None and proc.pid:
+                out.add(proc.pid)
+    return out
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    """``roots`` and every process below them (from /proc; this process never included)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = set(), list(roots)
+    while todo:
+        p = todo.pop()
+        if p in out or p == os.getpid():
+            continue
+        out.add(p)
+        todo += children.get(p, [])
+    return out
 
 
 __all__ = ["NodeSpec", "MultiNodeSpec", "MultiNodeCluster", "ClusterNode", "multinode_from_yaml"]
