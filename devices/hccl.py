@@ -50,6 +50,8 @@ _CCL_MIN = 64 << 10
 #: segment of a pull through a zero-copy link (shared memory): the reductions of one chunk run segment by
 #: segment, so the partial sum stays in the core's L2 cache while every peer's segment is added to it
 CACHE_SEGMENT_BYTES = 256 << 10
+#: barriers of communicators up to this size send one message to every peer; larger ones disseminate
+DIRECT_BARRIER_MAX = 4
 
 
 def itemsize(dtype: str) -> int:
@@ -451,10 +453,26 @@ class HcclEngine:
         return self.mailbox.take(keys, deadline, probe, lambda: self.aborted)
 
     def _barrier(self, c: Comm, seq, tag: str, deadline: float, payload=None) -> list:
-        others = [q for q in range(c.size) if q != c.rank]
-        for q in others:
-            self._post(c, q, seq, tag, payload)
-        return self._wait(c, [(q, tag) for q in others], seq, deadline)
+        """Every rank reaches this point before any leaves it; returns every other rank's ``payload`` (in
+        rank order).  Up to :data:`DIRECT_BARRIER_MAX` ranks: one message to every peer (one round); more:
+        a dissemination barrier -- ceil(log2 n) rounds, in round k a message to rank r + 2^k carrying every
+        payload heard so far -- n log n messages instead of n (n - 1)."""
+        n, r = c.size, c.rank
+        others = [q for q in range(n) if q != r]
+        if n <= DIRECT_BARRIER_MAX:
+            for q in others:
+                self._post(c, q, seq, tag, payload)
+            return self._wait(c, [(q, tag) for q in others], seq, deadline)
+        known = {r: payload}
+        k, dist = 0, 1
+        while dist < n:
+            sub = f"{tag}.{k}"
+            self._post(c, (r + dist) % n, seq, sub, [[q, p] for q, p in known.items()])
+            (heard,) = self._wait(c, [((r - dist) % n, sub)], seq, deadline)
+            for q, p in heard:
+                known.setdefault(int(q), p)
+            k, dist = k + 1, dist * 2
+        return [known.get(q) for q in others]
 
     def _collective(self, c: Comm, op: CollectiveOp, owner: str | None) -> None:
         c.seq += 1

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "barrier")
 ALGOS = ("ring", "hd", "mesh", "oneshot")
 ONESHOT_MAX_BYTES = 64 << 10
+MESH_MAX_RANKS = 8          #: large AllReduces on more ranks use hd (see choose_algo)
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,10 @@ def choose_algo(op: str, n: int, nbytes: int, override: str | None = None) -> st
             raise ValueError(f"unknown HCCL algorithm {override!r} (ring | H-D_R | mesh)")
     elif nbytes >= (1 << 20):
         # large: bandwidth-bound.  The mesh reads every input once and copies every result chunk once
-        # (2 (n-1)/n of the buffer per rank, like ring and hd) in two rounds whatever n; measured
-        # 1.6x faster than hd at 64 MiB on 4 ranks (vnpu bench hccl)
-        algo = "mesh"
+        # (2 (n-1)/n of the buffer per rank, like ring and hd) in two rounds; measured 1.6x faster than
+        # hd at 64 MiB on 4 ranks (vnpu bench hccl).  Its reduce-to-copy signals are n (n - 1) messages:
+        # beyond MESH_MAX_RANKS halving-doubling's partner-only steps (n log n) win
+        algo = "mesh" if op != "allreduce" or n <= MESH_MAX_RANKS else "hd"
     elif op == "allreduce" and nbytes <= ONESHOT_MAX_BYTES:
         algo = "oneshot"
     else:

@@ -437,8 +437,11 @@ def test_choose_algo_hd_falls_back_to_ring_off_powers_of_two(op, n):
 def test_choose_algo_defaults():
     assert choose_algo("allreduce", 4, 1024) == "oneshot"     # small: one round of direct reads
     assert choose_algo("allreduce", 4, 256 << 10) == "hd"     # medium: log steps
-    assert choose_algo("allreduce", 4, 1 << 20) == "mesh"     # large: direct reads, whatever n
+    assert choose_algo("allreduce", 4, 1 << 20) == "mesh"     # large: direct reads ...
     assert choose_algo("allreduce", 3, 1 << 20) == "mesh"
+    assert choose_algo("allreduce", 8, 1 << 20) == "mesh"
+    assert choose_algo("allreduce", 16, 1 << 20) == "hd"      # ... up to 8 ranks; beyond, partner-only steps
+    assert choose_algo("allreduce", 12, 1 << 20) == "hd"      # (hd folds the extra ranks)
     assert choose_algo("allreduce", 3, 256 << 10) == "hd"     # hd allreduce folds the extra rank
     assert choose_algo("allgather", 4, 1024, "oneshot") == "hd"   # oneshot is an AllReduce algorithm
     for op in ("broadcast", "reduce", "alltoall", "barrier"):

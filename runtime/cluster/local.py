@@ -54,6 +54,22 @@ class ClusterSpec:
     placement: str = "any"
 
 
+@contextlib.contextmanager
+def raylet_env(env: dict):
+    """Environment variables for the Ray processes started inside the block (the raylet passes its
+    environment on to the workers it starts); this process's environment is restored afterwards."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -84,7 +100,10 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
 
     from .placement import slots_for
     cls = remote_class(max_restarts=max_restarts)
-    opts = {"namespace": NAMESPACE, "runtime_env": {"env_vars": dict(BLAS_ENV)}}
+    # no runtime_env unless a device needs its own environment (a simulated node identity): a worker with a
+    # runtime_env waits for Ray's runtime-env agent and cannot be a prestarted one, which doubles the start
+    # time of a few dozen actors on a small machine; the host pins BLAS to one thread itself (before numpy)
+    opts = {"namespace": NAMESPACE}
     if detached:
         opts["lifetime"] = "detached"
     host = None if spec.bind == "node" else spec.bind
@@ -92,8 +111,7 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     def options(slot) -> dict:
         o = dict(opts, **slot.options)
         if spec.nodes > 1:
-            env = dict(opts["runtime_env"]["env_vars"], VNPU_NODE_ID=f"sim-node-{slot.device_id % spec.nodes}")
-            o["runtime_env"] = {"env_vars": env}
+            o["runtime_env"] = {"env_vars": dict(BLAS_ENV, VNPU_NODE_ID=f"sim-node-{slot.device_id % spec.nodes}")}
         return o
     actors = [cls.options(name=actor_name(s.device_id), **options(s)).remote(s.device_id, token, s.arena_bytes,
                                                                               s.chip, host, spec.cores)
@@ -158,10 +176,12 @@ class LocalCluster:
         self.where, self.actors = [], []
         try:
             if self._owns_ray:
-                ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
-                         resources={"NPU": spec.devices}, _temp_dir=self.temp_dir, logging_level="ERROR",
-                         log_to_driver=False, configure_logging=True,
-                         runtime_env={"env_vars": dict(BLAS_ENV, VNPU_TOKEN=self.token)})
+                # the raylet and so every worker it starts inherit these (a job-level runtime_env would cost
+                # every worker a runtime-env round trip, see start_devices)
+                with raylet_env(dict(BLAS_ENV, VNPU_TOKEN=self.token)):
+                    ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
+                             resources={"NPU": spec.devices}, _temp_dir=self.temp_dir, logging_level="ERROR",
+                             log_to_driver=False, configure_logging=True)
             self.where, self.actors = start_devices(spec, self.token, detached=False, max_restarts=max_restarts)
         except BaseException:
             self.close()             # a failed start leaves no Ray processes, segments or temp dir

@@ -127,8 +127,7 @@ class MultiNodeCluster:
                 self._register(self._cluster.add_node(**self._node_args(w)), w, head=False)
             self._cluster.wait_for_nodes()
             ray.init(address=self._cluster.address, namespace=NAMESPACE, logging_level="ERROR",
-                     log_to_driver=False, configure_logging=True,
-                     runtime_env={"env_vars": dict(BLAS_ENV, VNPU_TOKEN=self.token)})
+                     log_to_driver=False, configure_logging=True)
             self._start_devices()
         except BaseException:
             self.close()
@@ -137,8 +136,10 @@ class MultiNodeCluster:
 
     # ------------------------------------------------------------------ nodes
     def _node_args(self, n: NodeSpec, head: bool = False) -> dict:
+        # every raylet passes its environment on to its workers (no runtime_env: see local.start_devices)
         args = {"num_cpus": n.cpus, "labels": n.labels(), "temp_dir": self.temp_dir,
-                "object_store_memory": self.spec.object_store_bytes}
+                "object_store_memory": self.spec.object_store_bytes,
+                "env_vars": dict(BLAS_ENV, VNPU_TOKEN=self.token)}
         if n.npus:
             args["resources"] = {"NPU": n.npus}
         if head:
