@@ -83,6 +83,7 @@ class CommConfig:
     exec_timeout_s: float = DEFAULT_EXEC_TIMEOUT_S
     algo: str | None = None          #: HCCL_ALGO-style override: ring | H-D_R | mesh
     segment_bytes: int = 4 << 20     #: pulls larger than this are done in segments
+    direct_barrier_max: int = DIRECT_BARRIER_MAX    #: barriers above this many ranks disseminate
 
 
 @dataclass
@@ -454,12 +455,12 @@ class HcclEngine:
 
     def _barrier(self, c: Comm, seq, tag: str, deadline: float, payload=None) -> list:
         """Every rank reaches this point before any leaves it; returns every other rank's ``payload`` (in
-        rank order).  Up to :data:`DIRECT_BARRIER_MAX` ranks: one message to every peer (one round); more:
+        rank order).  Up to ``direct_barrier_max`` ranks: one message to every peer (one round); more:
         a dissemination barrier -- ceil(log2 n) rounds, in round k a message to rank r + 2^k carrying every
         payload heard so far -- n log n messages instead of n (n - 1)."""
         n, r = c.size, c.rank
         others = [q for q in range(n) if q != r]
-        if n <= DIRECT_BARRIER_MAX:
+        if n <= c.config.direct_barrier_max:
             for q in others:
                 self._post(c, q, seq, tag, payload)
             return self._wait(c, [(q, tag) for q in others], seq, deadline)

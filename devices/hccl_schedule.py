@@ -20,7 +20,7 @@ from dataclasses import dataclass
 OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "barrier")
 ALGOS = ("ring", "hd", "mesh", "oneshot")
 ONESHOT_MAX_BYTES = 64 << 10
-MESH_MAX_RANKS = 8          #: large AllReduces on more ranks use hd (see choose_algo)
+MESH_MAX_RANKS = 16         #: large AllReduces on more ranks use hd (see choose_algo)
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ def choose_algo(op: str, n: int, nbytes: int, override: str | None = None) -> st
         # large: bandwidth-bound.  The mesh reads every input once and copies every result chunk once
         # (2 (n-1)/n of the buffer per rank, like ring and hd) in two rounds; measured 1.6x faster than
         # hd at 64 MiB on 4 ranks (vnpu bench hccl).  Its reduce-to-copy signals are n (n - 1) messages:
-        # beyond MESH_MAX_RANKS halving-doubling's partner-only steps (n log n) win
+        # beyond MESH_MAX_RANKS halving-doubling's partner-only steps (n log n) cost less (on 2 cores,
+        # 1 MiB: mesh ahead at 16 ranks, even at 32)
         algo = "mesh" if op != "allreduce" or n <= MESH_MAX_RANKS else "hd"
     elif op == "allreduce" and nbytes <= ONESHOT_MAX_BYTES:
         algo = "oneshot"

@@ -439,9 +439,9 @@ def test_choose_algo_defaults():
     assert choose_algo("allreduce", 4, 256 << 10) == "hd"     # medium: log steps
     assert choose_algo("allreduce", 4, 1 << 20) == "mesh"     # large: direct reads ...
     assert choose_algo("allreduce", 3, 1 << 20) == "mesh"
-    assert choose_algo("allreduce", 8, 1 << 20) == "mesh"
-    assert choose_algo("allreduce", 16, 1 << 20) == "hd"      # ... up to 8 ranks; beyond, partner-only steps
-    assert choose_algo("allreduce", 12, 1 << 20) == "hd"      # (hd folds the extra ranks)
+    assert choose_algo("allreduce", 16, 1 << 20) == "mesh"
+    assert choose_algo("allreduce", 32, 1 << 20) == "hd"      # ... up to 16 ranks; beyond, partner-only steps
+    assert choose_algo("allreduce", 24, 1 << 20) == "hd"      # (hd folds the extra ranks)
     assert choose_algo("allreduce", 3, 256 << 10) == "hd"     # hd allreduce folds the extra rank
     assert choose_algo("allgather", 4, 1024, "oneshot") == "hd"   # oneshot is an AllReduce algorithm
     for op in ("broadcast", "reduce", "alltoall", "barrier"):
