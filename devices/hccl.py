@@ -470,8 +470,11 @@ class HcclEngine:
             sub = f"{tag}.{k}"
             self._post(c, (r + dist) % n, seq, sub, [[q, p] for q, p in known.items()])
             (heard,) = self._wait(c, [((r - dist) % n, sub)], seq, deadline)
-            for q, p in heard:
-                known.setdefault(int(q), p)
+            try:
+                for q, p in heard:
+                    known.setdefault(int(q), p)
+            except (TypeError, ValueError):
+                raise HcclError(f"malformed {tag} message from rank {(r - dist) % n}", HCCL_E_PARA) from None
             k, dist = k + 1, dist * 2
         return [known.get(q) for q in others]
 
@@ -493,6 +496,9 @@ class HcclEngine:
                 self.arena.resolve(ptr, cnt * isz, owner)
         work_ptr = stage_ptr = None
         persistent = False
+        for q in range(n):          # a down link fails every operator of the communicator, on both ends,
+            if q != r:              # also when this rank exchanges nothing with that peer directly
+                self._check_link(c, q, seq, range(n))
         pro = prologue(op.op, n, r, op.count, algo, op.root)
         epi = epilogue(op.op, n, r, op.count, algo)
         try:
