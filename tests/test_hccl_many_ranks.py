@@ -142,3 +142,35 @@ def test_lost_rank_fails_every_other_rank_with_remote_error():
     finally:
         gate.set()
         r.close()
+
+
+def test_link_down_fails_the_operator_on_many_ranks(rt9):
+    """Eight ranks, the link between devices of ranks 0 and 5 down: the barrier disseminates (the two never
+    exchange a message directly in it), yet the operator fails with HCCL_E_NETWORK on both ends -- and on the
+    other ranks, told by rank 0 -- and works again once the link is back."""
+    from devices.errors import HCCL_E_NETWORK
+    devs = rt9.devices()[:8]
+    comms = hccl.comm_init_all(devs, hccl.CommOptions(algo="hd", exec_timeout_s=60))
+    xs = [d.from_numpy(np.ones(64, np.float32)) for d in devs]
+    h0 = rt9.backend.device(devs[0].physical_id)
+    try:
+        h0.inject_fault("link-down", peer=devs[5].physical_id)
+        for c, x in zip(comms, xs):
+            c.all_reduce(x)
+        for d in devs:
+            with pytest.raises(HcclError) as ei:
+                d.synchronize()
+            assert ei.value.hccl_code == HCCL_E_NETWORK
+        h0.clear_fault()
+        ys = [d.from_numpy(np.full(64, 2.0, np.float32)) for d in devs]
+        xs += ys
+        for c, y in zip(comms, ys):
+            c.all_reduce(y)
+        for y in ys:
+            np.testing.assert_array_equal(y.numpy(), np.full(64, 16.0, np.float32))
+    finally:
+        h0.clear_fault()
+        for c in comms:
+            c.destroy()
+        for x in xs:
+            x.free()
