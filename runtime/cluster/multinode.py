@@ -171,8 +171,8 @@ class MultiNodeCluster:
         return where
 
     def node_of(self, device_id: int) -> str:
-        """The Ray node id hosting device ``device_id``."""
-        for n in self.nodes.values():
+        """The Ray node id hosting device ``device_id`` (a live node's, when a replacement took the id over)."""
+        for n in sorted(self.nodes.values(), key=lambda n: not n.alive):
             if device_id in n.devices:
                 return n.node_id
         raise InvalidParamError(f"no device {device_id} in this cluster")
