@@ -9,8 +9,9 @@ a multi-node cluster (:class:`~runtime.cluster.multinode.MultiNodeCluster`) and 
   on it SIGKILLed): all its devices are lost together.  The failover pool detects each one (its health
   stream breaks) and moves its logical id to a spare on a surviving node (or the CPU fallback).  A
   replacement node with the same devices then joins (as a cloud instance group replaces a lost machine),
-  and the pool takes the new device actors back as spares.  Never the node holding the last healthy
-  devices, never the head (the cluster's GCS).
+  and the pool takes the new device actors back as spares.  A node running bound devices first; never
+  one whose loss leaves nothing to run on (no healthy device elsewhere and no CPU fallback), never the
+  head (the cluster's GCS).
 
 :class:`NodeChaos` injects them and waits for the replacements; :func:`node_outcome` reads detection
 (per device: the last of the node's devices to be detected) and recovery (the requests that failed on
@@ -38,8 +39,11 @@ def _node_kill(chaos: "NodeChaos", pool, rng: random.Random) -> dict | None:
     healthy = set(pool.healthy_physical())
     bound = {b.physical for b in list(pool.bindings.values()) if not b.is_cpu}
     nodes = [n for n in cluster.alive_nodes() if not n.head]
-    # a node with devices in service, and healthy devices left elsewhere once it is gone
-    cands = [n for n in nodes if bound & set(n.devices) and healthy - set(n.devices)]
+    # a node with devices in service (bound or spare), whose loss leaves the job something to run on:
+    # healthy devices elsewhere, or the CPU fallback (devices the pool took out for a while, e.g. slow
+    # ones, come back); nodes running bound devices first
+    cands = [n for n in nodes if healthy & set(n.devices) and (healthy - set(n.devices) or pool.opts.cpu_fallback)]
+    cands = [n for n in cands if bound & set(n.devices)] or cands
     if not cands:
         return None
     node = rng.choice(sorted(cands, key=lambda n: min(n.devices)))
@@ -50,7 +54,8 @@ def _node_kill(chaos: "NodeChaos", pool, rng: random.Random) -> dict | None:
     t = time.monotonic()
     lost = cluster.kill_node(node.node_id)
     rec = {"kind": "node-kill", "device": min(lost), "devices": sorted(lost), "in_service": in_service,
-           "node": node.node_id[:12], "t": t, "params": {"node": node.node_id, "pids": sorted(pids.values())}}
+           "bound": sorted(bound & set(lost)), "node": node.node_id[:12], "t": t,
+           "params": {"node": node.node_id, "pids": sorted(pids.values())}}
     if chaos.replace:
         chaos.replace_later(node.spec, min(lost))
     return rec
