@@ -214,6 +214,8 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
     try:
         from dataclasses import replace
         opts = replace(cfg.options, cpu_arena_bytes=max(cfg.options.cpu_arena_bytes, cfg.arena_bytes))
+        if node_chaos is not None and node_chaos.replace:      # a node takes longer to come back than an actor
+            opts = replace(opts, restart_wait_s=max(opts.restart_wait_s, NODE_RESTART_WAIT_S))
         pool = DevicePool(cluster.where, cluster.token, cfg.devices, opts)
         hbm0 = pool.hbm_used()
         runner = JobRunner(pool, wl)
@@ -407,6 +409,10 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
     report["clean"] = not any(leaks.values())
     report["elapsed_s"] = time.monotonic() - t_start
     return report
+
+
+#: how long the pool waits for the devices of a killed node to come back (on a replacement node)
+NODE_RESTART_WAIT_S = 120.0
 
 
 def _campaign_cluster(cfg: ChaosConfig, n_phys: int):
