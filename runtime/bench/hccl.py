@@ -466,7 +466,8 @@ def _bench_hccl(a) -> int:
                     bh = (f" {'bound 1T':>10} {'bound ' + str(ncores) + 'T':>10} {'x bound':>8}", f" {'(us)':>10} "
                           f"{'(us)':>10} {'':>8}") if not a.no_bound else ("", "")
                     print(f"#\n# {op}\n#{'size':>11} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
-                          f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}{bh[0]}\n#{'(B)':>11} {'(elements)':>12}"
+                          f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}{bh[0]}\n"
+                          f"#{'(B)':>11} {'(elements)':>12}"
                           f" {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}{bh[1]}",
                           file=out, flush=True)
                 for size in sizes:

@@ -176,7 +176,8 @@ def run(a) -> int:
         raise SystemExit("vnpu bench scale: --allreduce-bytes must be >= 4")
     if a.hbm_mb < 1:
         raise SystemExit("vnpu bench scale: --hbm-mb must be >= 1")
-    machine = {"cores": cores(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30), 1)}
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    machine = {"cores": cores(), "memory_gib": round(mem / (1 << 30), 1)}
     out = sys.stdout
     if not a.json:
         print(f"# vnpu bench scale: this machine: {machine['cores']} cores, {machine['memory_gib']} GiB; "

@@ -279,7 +279,8 @@ def _wait_names_free(ids, timeout_s: float) -> None:
             pending.pop(0)
             continue
         if time.monotonic() >= end:
-            raise InvalidParamError(f"device npu{pending[0]} still exists after {timeout_s:g} s: its id cannot be reused")
+            raise InvalidParamError(f"device npu{pending[0]} still exists after {timeout_s:g} s: "
+                                    f"its id cannot be reused")
         tick.wait(0.1)
 
 
