@@ -228,13 +228,11 @@ def _measure(comms, streams, op, size, dtype, redop, iters, warmup, bound: bool 
             # interleaved with the bound, round by round, so that both see the same machine (a shared
             # machine's load changes within seconds): medians of the rounds
             bd = _Bound(op, n, count, dtype, redop)
-            per = max(1, it // BOUND_ROUNDS)
             times = []
-            for k in range(BOUND_ROUNDS):
-                times.append(_time_case(case, per, wu if k == 0 else 0))
+            for k in range(BOUND_ROUNDS):        # each round a full measurement (as many back-to-back
+                times.append(_time_case(case, it, wu if k == 0 else 1))   # operators as without the bound)
                 bd.round()
             t = statistics.median(times)
-            it = per * BOUND_ROUNDS
         wrong = case.wrong()
     finally:
         case.free()
