@@ -212,7 +212,30 @@ def _time_case(case: _Case, iters: int, warmup: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _measure(comms, streams, op, size, dtype, redop, iters, warmup, bound: bool = False) -> dict | None:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process of this machine so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _device_pids(rt) -> list[int]:
+    """Pids of the device processes, when every device runs in a process of this machine (cluster backend
+    on this node); [] otherwise (in-process devices, or devices on other machines)."""
+    where = getattr(rt.backend, "where", None)
+    if not isinstance(where, dict):
+        return []
+    pids = [int(w.get("pid", 0)) for w in where.values()]
+    try:
+        for p in pids:
+            _cpu_s(p)
+    except (OSError, ValueError, IndexError):
+        return []
+    return pids
+
+
+def _measure(comms, streams, op, size, dtype, redop, iters, warmup, bound: bool = False,
+             pids: list[int] | None = None) -> dict | None:
     n = len(comms)
     cnt = _counts(op, size, n, _itemsize(dtype))
     if cnt is None:
@@ -228,9 +251,13 @@ def _measure(comms, streams, op, size, dtype, redop, iters, warmup, bound: bool 
             # interleaved with the bound, round by round, so that both see the same machine (a shared
             # machine's load changes within seconds): medians of the rounds
             bd = _Bound(op, n, count, dtype, redop)
-            times = []
+            times, cpus = [], []
             for k in range(BOUND_ROUNDS):        # each round a full measurement (as many back-to-back
-                times.append(_time_case(case, it, wu if k == 0 else 1))   # operators as without the bound)
+                w = wu if k == 0 else 1          # operators as without the bound)
+                c0 = sum(_cpu_s(p) for p in pids) if pids else 0.0
+                times.append(_time_case(case, it, w))
+                if pids:                         # what the device processes spent per operator (CPU time:
+                    cpus.append((sum(_cpu_s(p) for p in pids) - c0) / (it + w))   # less disturbed by load)
                 bd.round()
             t = statistics.median(times)
         wrong = case.wrong()
@@ -246,6 +273,8 @@ def _measure(comms, streams, op, size, dtype, redop, iters, warmup, bound: bool 
            "busbw": algbw * _BUS_FACTOR[op](n), "wrong": wrong, "iters": it}
     if bd is not None:
         row["bound"] = bd.result()
+        if cpus:
+            row["cpu_us"] = statistics.median(cpus) * 1e6
     return row
 
 
@@ -264,17 +293,20 @@ class _Bound:
         self.b = None if self.skipped else Bound(op, n, count, dtype, redop)
         self.t1: list[float] = []
         self.tn: list[float] = []
+        self.cpu1: list[float] = []
 
     def round(self) -> None:
         if self.b is not None:
-            self.t1.append(self.b.time(1, iters=3))
+            c0 = time.thread_time()
+            self.t1.append(self.b.time(1, iters=3))            # 1 warm-up + 3 runs on this thread
+            self.cpu1.append((time.thread_time() - c0) / 4)
             self.tn.append(self.b.time(self.threads, iters=3) if self.threads > 1 else self.t1[-1])
 
     def result(self) -> dict:
         if self.b is None:
             return {"skipped": self.skipped}
         return {"t1_us": statistics.median(self.t1) * 1e6, "tn_us": statistics.median(self.tn) * 1e6,
-                "threads": self.threads}
+                "cpu1_us": statistics.median(self.cpu1) * 1e6, "threads": self.threads}
 
     def close(self) -> None:
         if self.b is not None:
@@ -455,14 +487,16 @@ def _bench_hccl(a) -> int:
         streams = [d.stream() for d in devs]
         from .bound import cores
         ncores = cores()
+        pids = _device_pids(rt)
         try:
             if not a.json:
                 print(f"# vnpu bench hccl: {', '.join(ops)} on {len(devs)} devices ({backend} backend, "
                       f"{total >> 20} MiB HBM each), {a.dtype}, redop {a.redop}, algo {a.algo or 'auto'}", file=out)
             for op in ops:
                 if not a.json:
-                    bh = (f" {'bound 1T':>10} {'bound ' + str(ncores) + 'T':>10} {'x bound':>8}", f" {'(us)':>10} "
-                          f"{'(us)':>10} {'':>8}") if not a.no_bound else ("", "")
+                    bh = (f" {'bound 1T':>10} {'bound ' + str(ncores) + 'T':>10} {'x bound':>8} {'dev cpu':>9} "
+                          f"{'x 1T cpu':>8}", f" {'(us)':>10} {'(us)':>10} {'':>8} {'(us/op)':>9} {'':>8}") \
+                        if not a.no_bound else ("", "")
                     print(f"#\n# {op}\n#{'size':>11} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
                           f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}{bh[0]}\n"
                           f"#{'(B)':>11} {'(elements)':>12}"
@@ -470,7 +504,7 @@ def _bench_hccl(a) -> int:
                           file=out, flush=True)
                 for size in sizes:
                     row = _measure(comms, streams, op, size, a.dtype, a.redop, a.iters, a.warmup,
-                                   bound=not a.no_bound)
+                                   bound=not a.no_bound, pids=pids)
                     if row is None:
                         continue
                     rows.append(row)
@@ -482,11 +516,13 @@ def _bench_hccl(a) -> int:
                 ref = next((r for r in rows if r["op"] == "allreduce" and r["size"] == base_size
                             and r["type"] == "float32" and r["redop"] == "sum"), None)
                 if ref is None:
-                    ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None, bound=True)
+                    ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None, bound=True,
+                                   pids=pids)
                 if "bound" not in ref:
-                    ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None, bound=True)
+                    ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None, bound=True,
+                                   pids=pids)
                 baselines = {"op": "allreduce", "size": base_size, "type": "float32", "redop": "sum",
-                             "vnpu": {k: ref[k] for k in ("time_us", "algbw", "busbw", "wrong")},
+                             "vnpu": {k: ref[k] for k in ("time_us", "algbw", "busbw", "wrong", "cpu_us") if k in ref},
                              "bound": ref["bound"]}
         finally:
             for c in comms:
@@ -507,7 +543,7 @@ def _bench_hccl(a) -> int:
     avg = statistics.mean(r["busbw"] for r in rows) if rows else 0.0
     wrong = sum(r["wrong"] for r in rows)
     if a.json:
-        keep = ("op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong", "bound")
+        keep = ("op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong", "bound", "cpu_us")
         print(json.dumps({"devices": a.devices, "backend": backend, "algo": a.algo or "auto",
                           "rows": [{k: r[k] for k in keep if k in r} for r in rows], "avg_busbw": avg,
                           "out_of_bounds": wrong, "baselines": baselines}))
@@ -524,8 +560,10 @@ def _fmt_bound(row: dict) -> str:
     if b is None:
         return ""
     if "skipped" in b:
-        return f" {'-':>10} {'-':>10} {'-':>8}"
-    return f" {b['t1_us']:>10.1f} {b['tn_us']:>10.1f} {row['time_us'] / b['tn_us']:>7.2f}x"
+        return f" {'-':>10} {'-':>10} {'-':>8} {'-':>9} {'-':>8}"
+    cpu = (f" {row['cpu_us']:>9.1f} {row['cpu_us'] / b['cpu1_us']:>7.2f}x" if "cpu_us" in row and b.get("cpu1_us")
+           else f" {'-':>9} {'-':>8}")
+    return f" {b['t1_us']:>10.1f} {b['tn_us']:>10.1f} {row['time_us'] / b['tn_us']:>7.2f}x{cpu}"
 
 
 def _print_baselines(b: dict, n: int, out) -> None:
@@ -543,6 +581,9 @@ def _print_baselines(b: dict, n: int, out) -> None:
             t = bd[key]
             print(f"# {name:<35} {t:>12.1f} {factor / t:>13.3f} {t / v['time_us']:>12.2f}x  (vnpu at "
                   f"{v['time_us'] / t:.2f}x the bound's time)", file=out)
+        if "cpu_us" in v and bd.get("cpu1_us"):
+            print(f"# CPU time per operator: the device processes {v['cpu_us']:.0f} us, the 1-thread bound "
+                  f"{bd['cpu1_us']:.0f} us ({v['cpu_us'] / bd['cpu1_us']:.2f}x the work)", file=out)
     names = {"ray_gather_bcast": "plain Ray (gather-to-one + bcast)", "torch_gloo": "torch.distributed gloo"}
     for k, name in names.items():
         r = b.get(k, {})
