@@ -103,3 +103,17 @@ def test_bench_scale_smoke():
     assert ar["wrong"] == 0 and ar["count"] == (1 << 20) // 4 and ar["time_us"] > 0
     assert row["bound"]["t1_us"] > 0
     print(json.dumps(row, indent=1))
+
+
+@pytest.mark.cluster
+def test_bench_hccl_on_device_actors_reports_their_cpu_time():
+    """On device actors of this machine each row also carries the device processes' CPU time per operator
+    beside the 1-thread bound's, and the results are right."""
+    p = _cli("bench", "hccl", "--devices", "2", "--min-bytes", "4M", "--max-bytes", "4M", "--no-baselines", "--json",
+             env={"VNPU_BACKEND": "cluster"}, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    (row,) = r["rows"]
+    assert row["wrong"] == 0 and r["backend"] == "cluster"
+    assert row["cpu_us"] > 0 and row["bound"]["cpu1_us"] > 0
+    print(json.dumps(row, indent=1))
