@@ -6,8 +6,16 @@ allocation first; out-of-bounds ranges, freed or never-allocated pointers and po
 raise :class:`~devices.errors.MemoryAccessError` with a CANN code and touch nothing.
 
 The buffer is a ``/dev/shm`` file mapped with :mod:`mmap` (not ``multiprocessing.shared_memory``, whose
-resource tracker unlinks segments when an attaching process exits), so another process on the node can
-map the same bytes: that is the emulated PCIe BAR used by the driver's same-node fast path.
+resource tracker unlinks segments when an attaching process exits), created mode 0600, so another process
+of the same Unix user on the node can map the same bytes: that is the emulated PCIe BAR used by the
+driver's same-node fast path and by HCCL's same-node transport.  Segment names carry the owner's pid and
+start time; what a SIGKILLed owner leaves is removed by the next start (:mod:`devices.segments`).  With
+``shared=False`` the arena is anonymous memory of the device's process instead: no name, nothing another
+process can open (clusters that need isolation between processes of one Unix user turn the fast path off
+this way).
+
+Every allocation records its owner (:mod:`devices.tenancy`): access is checked per tenant, release per
+owner, and the bytes a tenant holds are counted against its quota.
 
 All methods are host-synchronous and thread-safe; none of them orders device work.
 """
@@ -16,24 +24,25 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
-import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import segments
 from .errors import (ACL_ERROR_RT_ADDR_UNALIGNED, ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
                      ACL_ERROR_RT_INVALID_MALLOC_TYPE, ACL_ERROR_RT_MEMORY_FREE, ACL_ERROR_RT_NO_DEVICE,
                      ACL_ERROR_RT_NO_PERMISSION, AclError, InvalidParamError, MemoryAccessError,
                      MemoryAllocationError, error_for_code)
+from .tenancy import Usage, same_tenant, tenant_of
 
 PTR_TAG = 0xAC << 56
 _DEV_SHIFT = 40
 _OFF_MASK = (1 << _DEV_SHIFT) - 1
 _DEV_MASK = 0xFFFF
-SHM_DIR = "/dev/shm"
-SHM_PREFIX = "vnpu_"
+SHM_DIR = segments.SHM_DIR
+SHM_PREFIX = segments.PREFIX
 
 # aclrtMemMallocPolicy (reference 1.5)
 ACL_MEM_MALLOC_HUGE_FIRST = 0
@@ -48,8 +57,10 @@ _HUGE_POLICIES = {ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_HUGE_ONLY, ACL_MEM_M
                   ACL_MEM_MALLOC_HUGE_ONLY_P2P}
 _HUGE_PAGE = 2 << 20
 ALIGN = 64
-#: bytes after the arena in its segment: [0:8] = the arena generation (uint64)
+#: bytes after the arena in its segment: [0:8] = the arena generation (uint64), [8:16] = the device id,
+#: [16:24] = :data:`ARENA_MAGIC` (whoever maps a segment checks that it is the device it means)
 ARENA_HEADER = 4096
+ARENA_MAGIC = b"VNPUHBM1"
 _CANARY = 0xA5
 
 
@@ -88,8 +99,9 @@ class Allocation:
     offset: int
     size: int          #: bytes the user asked for (the accessible range)
     reserved: int      #: bytes the block takes in the arena
-    owner: str
+    owner: object      #: who holds it (a devices.tenancy.Owner, or a plain string in-process)
     policy: int
+    charged: object = None   #: whose quota the bytes count against (default: the owner)
 
 
 @dataclass(frozen=True)
@@ -169,22 +181,33 @@ class HbmArena:
     """One device's HBM: a mapped shared-memory file plus the allocation table.  ``faults`` (the device's
     :class:`~devices.faults.FaultState`) supplies the ranges that hold an ECC error."""
 
-    def __init__(self, device_id: int, size: int, *, name: str | None = None, faults=None):
+    def __init__(self, device_id: int, size: int, *, name: str | None = None, faults=None, shared: bool = True):
         if size <= 0 or size > _OFF_MASK:
             raise InvalidParamError(f"arena size {size} out of range")
         self.device_id = device_id
         self.size = size
-        self.name = name or f"{SHM_PREFIX}{os.getpid()}_{device_id}_{secrets.token_hex(4)}"
-        self.path = os.path.join(SHM_DIR, self.name)
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, size + ARENA_HEADER)
-            self._mm = mmap.mmap(fd, size + ARENA_HEADER)
-        finally:
-            os.close(fd)
+        self.shared = shared
+        if shared:
+            if name is None:
+                segments.sweep()              # what SIGKILLed processes of this user left (devices.segments)
+            self.name = name or segments.new_name(device_id)
+            self.path = os.path.join(SHM_DIR, self.name)
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            segments.track(self.name)         # unlinked at exit if never closed
+            try:
+                os.fchmod(fd, 0o600)                    # whatever the umask: the device's user only
+                os.ftruncate(fd, size + ARENA_HEADER)
+                self._mm = mmap.mmap(fd, size + ARENA_HEADER)
+            finally:
+                os.close(fd)
+        else:                                           # anonymous: no name any other process can open
+            self.name, self.path = "", ""
+            self._mm = mmap.mmap(-1, size + ARENA_HEADER)
         advise_huge_pages(self._mm)
         self.buf = np.frombuffer(self._mm, dtype=np.uint8)
-        self._hdr = np.frombuffer(self._mm, dtype=np.uint64, count=1, offset=size)
+        self._hdr = np.frombuffer(self._mm, dtype=np.uint64, count=2, offset=size)
+        self._hdr[1] = device_id
+        self._mm[size + 16:size + 24] = ARENA_MAGIC
         self._lock = threading.Lock()
         self._alloc = Allocator(size)
         self._starts: list[int] = []
@@ -193,36 +216,53 @@ class HbmArena:
         self._faults = faults
         self._canary_violations = 0
         self._closed = False
+        self._usage = Usage()                                  # reserved bytes per tenant
         #: bumped whenever a range stops being valid (free, reset, ECC poison): cached validations of
         #: launch arguments stay good while it is unchanged
         self.gen = 0
+        #: bumped by every reset: a free that names an older epoch refers to an allocation the reset dropped
+        self.epoch = 0
 
     # ---- allocation ----
-    def malloc(self, size: int, policy: int = ACL_MEM_MALLOC_HUGE_FIRST, owner: str = "") -> int:
+    def malloc(self, size: int, policy: int = ACL_MEM_MALLOC_HUGE_FIRST, owner="", *, quota: int = 0,
+               charge=None) -> int:
+        """Allocate for ``owner``; ``quota`` (> 0) caps the bytes the tenant of ``charge`` (default: the
+        owner) holds in this arena -- beyond it, ACL_ERROR_RT_MEMORY_ALLOCATION as for an exhausted HBM."""
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
             raise InvalidParamError(f"malloc size must be a positive integer, got {size!r}")
         if not isinstance(policy, (int, np.integer)) or policy < 0:
             raise AclError(f"invalid malloc policy {policy!r}", code=ACL_ERROR_RT_INVALID_MALLOC_TYPE)
         size = int(size)
         reserved = block_size(size, int(policy))
+        charged = owner if charge is None else charge
         with self._lock:
             self._check_open()
+            if quota and self._usage.get(charged) + reserved > quota:
+                raise MemoryAllocationError(
+                    f"device {self.device_id}: tenant {tenant_of(charged)!r} holds {self._usage.get(charged)} B "
+                    f"of its {quota} B HBM quota; {size} B ({reserved} B reserved) do not fit")
             off = self._alloc.alloc(reserved)
             if off is None:
                 raise MemoryAllocationError(
                     f"device {self.device_id}: cannot allocate {size} B ({reserved} B reserved); "
                     f"free {self._alloc.free_bytes} B, largest free block {self._alloc.largest_free} B")
-            a = Allocation(off, size, reserved, owner, int(policy))
+            a = Allocation(off, size, reserved, owner, int(policy), charged)
             bisect.insort(self._starts, off)
             self._live[off] = a
+            self._usage.add(charged, reserved)
             self._freed.pop(off, None)
         self.buf[off + size:off + reserved] = _CANARY
         return make_ptr(self.device_id, off)
 
-    def free(self, ptr: int, owner: str | None = None) -> None:
+    def free(self, ptr: int, owner=None, *, epoch: int | None = None) -> None:
+        """Free an allocation (``owner``: the caller, checked per tenant).  ``epoch``: the arena epoch the
+        caller allocated in; after a reset dropped it, the free is a no-op (the offset may hold someone
+        else's allocation by now)."""
         off = self._offset_of(ptr)
         with self._lock:
             self._check_open()
+            if epoch is not None and epoch != self.epoch:
+                return
             a = self._live.get(off)
             if a is None:
                 if off in self._freed:
@@ -230,7 +270,7 @@ class HbmArena:
                                          f"double free of 0x{ptr:x} on device {self.device_id}")
                 raise InvalidParamError(f"free of 0x{ptr:x}: not the start of an allocation on device "
                                         f"{self.device_id}")
-            if owner is not None and a.owner != owner:
+            if not same_tenant(a.owner, owner):
                 raise AclError(f"0x{ptr:x} belongs to another tenant", code=ACL_ERROR_RT_NO_PERMISSION)
             if not np.all(self.buf[a.offset + a.size:a.offset + a.reserved] == _CANARY):
                 self._canary_violations += 1
@@ -238,26 +278,35 @@ class HbmArena:
             self._bump()
             del self._starts[bisect.bisect_left(self._starts, off)]
             self._alloc.release(off, a.reserved)
+            self._usage.add(a.charged, -a.reserved)
             self._freed[off] = a.size
             if len(self._freed) > 65536:
                 self._freed.popitem(last=False)
 
-    def free_owner(self, owner: str) -> int:
-        """Free every allocation of one tenant (client disconnect); returns how many."""
+    def free_owner(self, owner) -> int:
+        """Free every allocation of one owner (a departed client: the whole owner, not its tenant);
+        returns how many."""
         with self._lock:
             ptrs = [make_ptr(self.device_id, a.offset) for a in self._live.values() if a.owner == owner]
         for p in ptrs:
             self.free(p)
         return len(ptrs)
 
+    def used_by(self, owner) -> int:
+        """Bytes (reserved) the tenant of ``owner`` holds."""
+        with self._lock:
+            return self._usage.get(owner)
+
     def reset(self) -> None:
         """Drop every allocation (device reset)."""
         with self._lock:
             self._bump()
+            self.epoch += 1
             self._alloc = Allocator(self.size)
             self._starts.clear()
             self._live.clear()
             self._freed.clear()
+            self._usage.clear()
 
     def invalidate(self) -> None:
         """Ranges may have stopped being valid (an ECC fault): drop every cached validation."""
@@ -277,7 +326,7 @@ class HbmArena:
             raise MemoryAccessError(f"pointer 0x{ptr:x} belongs to device {dev}, not device {self.device_id}")
         return ptr & _OFF_MASK
 
-    def resolve(self, ptr: int, nbytes: int, owner: str | None = None, write: bool = False) -> int:
+    def resolve(self, ptr: int, nbytes: int, owner=None, write: bool = False) -> int:
         """Check that ``[ptr, ptr + nbytes)`` lies inside one live allocation; return its arena offset."""
         off = self._offset_of(ptr)
         if nbytes < 0:
@@ -297,7 +346,7 @@ class HbmArena:
                 raise MemoryAccessError(
                     f"access of {nbytes} B at 0x{ptr:x} overruns its allocation "
                     f"({a.size} B at 0x{make_ptr(self.device_id, a.offset):x}, {a.offset + a.size - off} B left)")
-            if owner is not None and a.owner != owner:
+            if not same_tenant(a.owner, owner):
                 raise AclError(f"0x{ptr:x} belongs to another tenant", code=ACL_ERROR_RT_NO_PERMISSION)
             poison = self._faults.ecc if self._faults is not None else ()
             if poison:
@@ -308,12 +357,12 @@ class HbmArena:
                                              f"offset 0x{s:x}")
         return off
 
-    def view(self, ptr: int, nbytes: int, owner: str | None = None, write: bool = False) -> np.ndarray:
+    def view(self, ptr: int, nbytes: int, owner=None, write: bool = False) -> np.ndarray:
         """A uint8 numpy view of a checked range (zero-copy into the arena)."""
         off = self.resolve(ptr, nbytes, owner, write)
         return self.buf[off:off + nbytes]
 
-    def typed_view(self, ptr: int, shape: tuple[int, ...], dtype, owner: str | None = None) -> np.ndarray:
+    def typed_view(self, ptr: int, shape: tuple[int, ...], dtype, owner=None) -> np.ndarray:
         dt = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
         off = self.resolve(ptr, n * dt.itemsize, owner)
@@ -358,10 +407,12 @@ class HbmArena:
             self._mm.close()
         except BufferError:
             pass  # a view is still alive somewhere; the mapping goes when it does
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            segments.untrack(self.name)
 
 
 def header_gen(buf: np.ndarray, size: int) -> int:
@@ -395,12 +446,23 @@ def shm_huge_pages() -> str:
     return policy
 
 
-def attach(name: str, size: int) -> tuple[mmap.mmap, np.ndarray]:
-    """Map another process's arena segment (same node); the caller owns only the mapping."""
+def attach(name: str, size: int, device_id: int | None = None) -> tuple[mmap.mmap, np.ndarray]:
+    """Map another process's arena segment (same node); the caller owns only the mapping.  With
+    ``device_id``, the segment's header must say it is that device's HBM (ValueError otherwise), so that
+    a peer table or a device info cannot pass one device's arena off as another's."""
+    if not name or "/" in name:
+        raise ValueError(f"bad arena name {name!r}")
     fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
     try:
         mm = mmap.mmap(fd, size + ARENA_HEADER)
     finally:
         os.close(fd)
+    if device_id is not None:
+        hdr = np.frombuffer(mm, dtype=np.uint64, count=2, offset=size)
+        if bytes(mm[size + 16:size + 24]) != ARENA_MAGIC or int(hdr[1]) != device_id:
+            del hdr
+            mm.close()
+            raise ValueError(f"segment {name} is not device {device_id}'s HBM")
+        del hdr
     advise_huge_pages(mm)
     return mm, np.frombuffer(mm, dtype=np.uint8)

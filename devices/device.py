@@ -3,8 +3,11 @@
 This is the device-side interface that the runtime's backends drive: in-process directly (local backend)
 or through the gRPC services of a device actor.  Methods named ``memcpy_*``/``malloc``/``free``/``memset``
 are host-synchronous; :meth:`submit` only orders the device (it returns once the ops are queued);
-``synchronize_*`` block the host with a deadline.  ``owner`` names the tenant (client) on whose behalf a
-call is made: memory, streams and events of one owner are invisible to others.
+``synchronize_*`` block the host with a deadline.  ``owner`` names the caller on whose behalf a call is
+made (:mod:`devices.tenancy`: a tenant and a client; the driver's service supplies it, in-process callers
+pass none): memory, streams, events, graphs, communicators and registered kernels are usable by their
+owner's tenant only, count against its quotas (``DeviceConfig.quota``), and go when the client that made
+them is released (:meth:`Device.release_owner`).
 
 Faults (:meth:`Device.inject_fault` / :meth:`Device.clear_fault`, kinds in :data:`devices.faults.FAULT_KINDS`)
 live in the device's own :class:`~devices.faults.FaultState`, which its scheduler, arena and HCCL engine
@@ -18,7 +21,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -27,12 +30,13 @@ from .chip import ASCEND_910B3, ChipSpec, CostModel, Work
 from .errors import ACL_ERROR_RT_DEVICE_TASK_ABORT, InvalidParamError, error_for_code
 from .faults import CLEAR, FaultState
 from .health import Condition, HealthCondition, HealthReport
-from .kernel import KernelRunner, check_launch, default_block_dim, lookup
+from .kernel import KernelRunner, KernelTable, check_launch, default_block_dim, register_user_kernel
 from .node import node_id
 from .scheduler import Scheduler, Task
 from .hccl import CollectiveOp, HcclEngine
 from .graph import GraphTable
 from .tasks import Collective, CopyD2D, ExecGraph, Launch, Memset, Record, StreamOp, Wait, WriteH2D, launch_key
+from .tenancy import TenantQuota
 
 DEFAULT_ARENA = 1 << 30
 #: die temperature (C) at which health goes to Alarm / Critical
@@ -47,6 +51,13 @@ class DeviceConfig:
     host_threads: int = 2               #: blocks that can really run at once (caps the block-dim helper)
     cores: int | None = None            #: worker threads; default spec.ai_cores
     node: str = ""                      #: node identity (devices.node); "" = this process's own
+    quota: TenantQuota = TenantQuota()  #: what one tenant may hold (authenticated, non-admin callers)
+    #: a block that runs longer than this makes the device report itself hung (health condition HANG)
+    hang_after_s: float = 60.0
+    #: the HBM arena is a named /dev/shm segment (same-node clients and peers may map it); False: anonymous
+    shm: bool = True
+    #: the key that seals HCCL doorbell messages (devices.hccl_transport); b"" = this process's own
+    link_key: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True)
@@ -81,7 +92,8 @@ class Device:
         self.cost = CostModel(config.spec)
         #: the device's fault state: the scheduler, the arena and the HCCL engine read it
         self.faults = FaultState(config.arena_bytes, config.device_id)
-        self.arena = HbmArena(config.device_id, config.arena_bytes, faults=self.faults)
+        self.arena = HbmArena(config.device_id, config.arena_bytes, faults=self.faults, shared=config.shm)
+        self.kernels = KernelTable()        #: kernels the device's tenants registered (and the process's)
         cores = config.cores or config.spec.ai_cores
         self.sched = Scheduler(config.device_id, cores, max_streams=config.spec.max_streams,
                                max_events=config.spec.max_events, faults=self.faults)
@@ -114,22 +126,22 @@ class Device:
 
     # ------------------------------------------------------------------ memory (host-synchronous)
     @_live
-    def malloc(self, size: int, policy: int = 0, owner: str = "") -> int:
-        return self.arena.malloc(size, policy, owner)
+    def malloc(self, size: int, policy: int = 0, owner="") -> int:
+        return self.arena.malloc(size, policy, owner, quota=self.config.quota.limit("hbm_bytes", owner))
 
     @_live
-    def free(self, ptr: int, owner: str | None = None) -> None:
+    def free(self, ptr: int, owner=None) -> None:
         self.arena.free(ptr, owner)
 
     @_live
-    def memcpy_h2d(self, dst: int, data, owner: str | None = None) -> None:
+    def memcpy_h2d(self, dst: int, data, owner=None) -> None:
         """Copy host bytes (bytes, memoryview or a uint8-viewable array) into device memory now."""
         src = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).ravel()
         view = self.arena.view(dst, src.size, owner)
         np.copyto(view, src)
 
     @_live
-    def memcpy_d2h(self, src: int, nbytes: int, owner: str | None = None, out=None) -> np.ndarray:
+    def memcpy_d2h(self, src: int, nbytes: int, owner=None, out=None) -> np.ndarray:
         """Copy device bytes to the host now; returns a uint8 array (or fills ``out``)."""
         view = self.arena.view(src, nbytes, owner)
         if out is None:
@@ -138,13 +150,13 @@ class Device:
         return out
 
     @_live
-    def memcpy_d2d(self, dst: int, src: int, nbytes: int, owner: str | None = None) -> None:
+    def memcpy_d2d(self, dst: int, src: int, nbytes: int, owner=None) -> None:
         d = self.arena.view(dst, nbytes, owner)
         s = self.arena.view(src, nbytes, owner)
         np.copyto(d, s)
 
     @_live
-    def memset(self, ptr: int, value: int, nbytes: int, owner: str | None = None) -> None:
+    def memset(self, ptr: int, value: int, nbytes: int, owner=None) -> None:
         self.arena.view(ptr, nbytes, owner)[:] = value & 0xFF
 
     @_live
@@ -153,75 +165,79 @@ class Device:
         return st.free, st.total
 
     @_live
-    def check_range(self, ptr: int, nbytes: int, owner: str | None = None, write: bool = False) -> int:
+    def check_range(self, ptr: int, nbytes: int, owner=None, write: bool = False) -> int:
         """Validate ``[ptr, ptr + nbytes)`` (bounds, tenant, ECC) and return its arena offset (the driver's
         same-node fast path copies through the mapped arena at that offset)."""
         self._check_range(ptr, nbytes, owner)
         return self.arena.resolve(ptr, nbytes, owner, write)
 
     @_live
-    def mem_view(self, ptr: int, nbytes: int, owner: str | None = None) -> np.ndarray:
+    def mem_view(self, ptr: int, nbytes: int, owner=None) -> np.ndarray:
         """A checked zero-copy uint8 view of device memory (the driver streams device-to-host copies
         from it)."""
         return self.arena.view(ptr, nbytes, owner)
 
     # ------------------------------------------------------------------ streams / events
     @_live
-    def create_stream(self, priority: int = 0, owner: str = "") -> int:
-        return self.sched.create_stream(priority, owner)
+    def create_stream(self, priority: int = 0, owner="") -> int:
+        return self.sched.create_stream(priority, owner, self.config.quota.limit("streams", owner))
 
     @_live
-    def destroy_stream(self, sid: int, owner: str | None = None) -> None:
+    def destroy_stream(self, sid: int, owner=None) -> None:
         self.sched.destroy_stream(sid, owner)
 
     @_live
-    def create_event(self, flags: int = 0, owner: str = "") -> int:
-        return self.sched.create_event(flags, owner)
+    def create_event(self, flags: int = 0, owner="") -> int:
+        return self.sched.create_event(flags, owner, self.config.quota.limit("events", owner))
+
+    def usage(self, owner) -> dict[str, int]:
+        """What the tenant of ``owner`` holds on this device: streams, events and HBM bytes (reserved)."""
+        return dict(self.sched.usage(owner), hbm_bytes=self.arena.used_by(owner))
 
     @_live
-    def destroy_event(self, eid: int, owner: str | None = None) -> None:
+    def destroy_event(self, eid: int, owner=None) -> None:
         self.sched.destroy_event(eid, owner)
 
     @_live
-    def synchronize_stream(self, sid: int, timeout_ms: float = -1, owner: str | None = None, ops=()) -> None:
+    def synchronize_stream(self, sid: int, timeout_ms: float = -1, owner=None, ops=()) -> None:
         """Block until the stream is idle; ``ops`` are submitted first (a flush riding on the wait)."""
         if ops:
             self.submit(ops, owner)
         self.sched.synchronize_stream(sid, timeout_ms, owner)
 
     @_live
-    def synchronize_event(self, eid: int, timeout_ms: float = -1, owner: str | None = None) -> None:
+    def synchronize_event(self, eid: int, timeout_ms: float = -1, owner=None) -> None:
         self.sched.synchronize_event(eid, timeout_ms, owner)
 
     @_live
-    def synchronize_device(self, timeout_ms: float = -1, owner: str | None = None) -> None:
+    def synchronize_device(self, timeout_ms: float = -1, owner=None) -> None:
         self.sched.synchronize_device(timeout_ms, owner)
 
     @_live
-    def query_event(self, eid: int, owner: str | None = None) -> bool:
+    def query_event(self, eid: int, owner=None) -> bool:
         return self.sched.query_event(eid, owner)
 
     @_live
-    def query_stream(self, sid: int, owner: str | None = None) -> bool:
+    def query_stream(self, sid: int, owner=None) -> bool:
         return self.sched.stream_idle(sid, owner)
 
     @_live
-    def event_elapsed(self, start: int, end: int, owner: str | None = None) -> tuple[float, float]:
+    def event_elapsed(self, start: int, end: int, owner=None) -> tuple[float, float]:
         return self.sched.elapsed(start, end, owner)
 
     @_live
-    def event_timestamp(self, eid: int, owner: str | None = None) -> tuple[float, float]:
+    def event_timestamp(self, eid: int, owner=None) -> tuple[float, float]:
         """(wall seconds since device start, modeled seconds) of the event's last completed record."""
         w, m = self.sched.event_times(eid, owner)
         return w - self._t0, m
 
     @_live
-    def signal_event(self, eid: int, gen: int, owner: str | None = None) -> None:
+    def signal_event(self, eid: int, gen: int, owner=None) -> None:
         self.sched.signal(eid, gen, owner)
 
     # ------------------------------------------------------------------ task submission
     @_live
-    def submit(self, ops: list[StreamOp] | tuple, owner: str | None = None) -> None:
+    def submit(self, ops: list[StreamOp] | tuple, owner=None) -> None:
         """Queue a batch of stream ops, in order.  Validation errors raise here (host-synchronous) and
         nothing of the batch from the failing op on is queued; execution errors surface at the next
         synchronize of the stream."""
@@ -236,7 +252,7 @@ class Device:
         if run:
             self.sched.enqueue(sid, run, owner)
 
-    def _task(self, op: StreamOp, owner: str | None) -> Task:
+    def _task(self, op: StreamOp, owner) -> Task:
         if isinstance(op, Launch):
             return self._launch_task(op, owner)
         if isinstance(op, Record):
@@ -256,7 +272,7 @@ class Device:
             cop = CollectiveOp(op.comm, op.op, op.send, op.recv, op.count, op.dtype, op.redop, op.root, op.peer)
             self.hccl.check(cop, owner)
             return Task("copy", run=lambda b: self.hccl.run(cop, owner),
-                        duration=self.hccl.modeled_seconds(cop), name=f"hccl_{op.op}")
+                        duration=self.hccl.modeled_seconds(cop, owner), name=f"hccl_{op.op}")
         if isinstance(op, ExecGraph):
             g = self.graphs.get(op.graph, owner)
             return Task("kernel", run=lambda b: g.run(), duration=g.duration, name="model_ri")
@@ -266,27 +282,27 @@ class Device:
                         duration=self.cost.host_copy(len(op.data)), name="memcpy_h2d")
         raise InvalidParamError(f"unknown stream op {type(op).__name__}")
 
-    def _check_range(self, ptr: int, nbytes: int, owner: str | None) -> None:
+    def _check_range(self, ptr: int, nbytes: int, owner) -> None:
         if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
             raise InvalidParamError(f"bad byte count {nbytes!r}")
         self.arena.resolve(ptr, nbytes, owner)
 
     # the bodies of copy tasks (on a core thread; the memory was checked when the task was made and is
     # checked again here: it may have been freed or poisoned since)
-    def _copy_d2d(self, dst: int, src: int, nbytes: int, owner: str | None) -> None:
+    def _copy_d2d(self, dst: int, src: int, nbytes: int, owner) -> None:
         np.copyto(self.arena.view(dst, nbytes, owner), self.arena.view(src, nbytes, owner))
 
-    def _fill(self, ptr: int, value: int, nbytes: int, owner: str | None) -> None:
+    def _fill(self, ptr: int, value: int, nbytes: int, owner) -> None:
         self.arena.view(ptr, nbytes, owner)[:] = value & 0xFF
 
-    def _write(self, dst: int, data, owner: str | None) -> None:
+    def _write(self, dst: int, data, owner) -> None:
         src = np.frombuffer(data, dtype=np.uint8)
         np.copyto(self.arena.view(dst, src.size, owner), src)
 
-    def _launch_task(self, op: Launch, owner: str | None) -> Task:
+    def _launch_task(self, op: Launch, owner) -> Task:
         key = _plan_key(op, owner)
         plan = self._plans.get(key) if key is not None else None
-        if plan is None or plan.gen != self.arena.gen or plan.kernel is not lookup(op.kernel):
+        if plan is None or plan.gen != self.arena.gen or plan.kernel is not self.kernels.lookup(op.kernel, owner):
             plan = self._plan(op, owner)
             if key is not None:
                 if len(self._plans) >= 4096:
@@ -296,10 +312,10 @@ class Device:
         return Task("kernel", blocks=plan.block_dim, run=lambda b: plan.runner().run_block(b),
                     duration=plan.duration, name=op.kernel)
 
-    def _plan(self, op: Launch, owner: str | None) -> "LaunchPlan":
+    def _plan(self, op: Launch, owner) -> "LaunchPlan":
         """Validate a launch (shapes, dtypes, every tensor inside a live allocation of ``owner``) and
         price it.  Cached per distinct launch while no allocation has been freed since."""
-        k = lookup(op.kernel)
+        k = self.kernels.lookup(op.kernel, owner)
         gen = self.arena.gen
         attrs = dict(op.attrs) if op.attrs else {}
         block_dim = op.block_dim
@@ -314,28 +330,43 @@ class Device:
         return LaunchPlan(self, k, op, attrs, block_dim, self.cost.kernel(work, block_dim), owner, gen)
 
     @_live
-    def release_owner(self, owner: str, timeout_s: float = 30.0) -> dict:
-        """Release everything a departed client holds: graphs, streams (queued work dropped, running
-        work waited for, host-blocking up to ``timeout_s``), events, then its memory.  Memory stays
-        allocated if its work does not finish in time (a hung device)."""
+    def release_owner(self, owner, timeout_s: float = 30.0) -> dict:
+        """Release everything a departed client holds: graphs, communicators (their running operators
+        give up first), streams (queued work dropped, running work waited for, host-blocking up to
+        ``timeout_s``), events, registered kernels, then its memory.  Memory stays allocated if its work
+        does not finish in time (a hung device)."""
         graphs = self.graphs.drop_owner(owner)
+        self.hccl.drop_owner(owner, cancel_only=True)
         quiet = self.sched.drop_owner(owner, timeout_s)
+        comms = self.hccl.drop_owner(owner)
+        kernels = self.kernels.drop_owner(owner)
         freed = self.arena.free_owner(owner) if quiet else 0
-        return {"graphs": graphs, "allocations": freed, "quiesced": quiet}
+        return {"graphs": graphs, "communicators": comms, "kernels": kernels, "allocations": freed,
+                "quiesced": quiet}
+
+    # ------------------------------------------------------------------ user kernels
+    def register_kernel(self, name: str, fn, owner=None) -> None:
+        """Install user kernel ``fn`` as ``name``: for ``owner``'s tenant only (released with that client),
+        or -- with no owner, the in-process API -- in this process's table.  A built-in's name is refused
+        (InvalidParamError).  The kernel is code that runs in this process."""
+        if owner is None:
+            register_user_kernel(name, fn, replace=True)
+        else:
+            self.kernels.register(name, fn, owner)
 
     # ------------------------------------------------------------------ captured graphs (aclmdlRI)
     @_live
-    def graph_create(self, ops, owner: str | None = None) -> int:
+    def graph_create(self, ops, owner=None) -> int:
         """Validate and bind a captured op sequence (host-synchronous); returns the graph id.  A bad op
         raises its launch-time error and nothing is kept."""
         return self.graphs.create(ops, owner, lambda op: self._task(op, owner), self.arena)
 
     @_live
-    def graph_destroy(self, gid: int, owner: str | None = None) -> None:
+    def graph_destroy(self, gid: int, owner=None) -> None:
         self.graphs.destroy(gid, owner)
 
     @_live
-    def graph_info(self, gid: int, owner: str | None = None) -> dict:
+    def graph_info(self, gid: int, owner=None) -> dict:
         return self.graphs.get(gid, owner).info()
 
     # ------------------------------------------------------------------ HCCL communicators
@@ -345,27 +376,29 @@ class Device:
         return self.hccl.info()
 
     @_live
-    def hccl_comm_init(self, comm_id: str, rank: int, peers: list[dict], config: dict | None = None) -> None:
-        self.hccl.comm_init(comm_id, rank, peers, config)
+    def hccl_comm_init(self, comm_id: str, rank: int, peers: list[dict], config: dict | None = None,
+                       owner=None) -> None:
+        self.hccl.comm_init(comm_id, rank, peers, config, owner)
 
     @_live
     def hccl_comm_join(self, comm_id: str, rank: int, nranks: int, root: dict, config: dict | None = None,
-                       timeout_s: float = 120.0) -> list[dict]:
+                       timeout_s: float = 120.0, owner=None) -> list[dict]:
         """Root-info rendezvous (host-blocking up to ``timeout_s``)."""
-        return self.hccl.comm_join(comm_id, rank, nranks, root, config, timeout_s)
+        return self.hccl.comm_join(comm_id, rank, nranks, root, config, timeout_s, owner)
 
     @_live
-    def hccl_comm_destroy(self, comm_id: str) -> None:
-        self.hccl.comm_destroy(comm_id)
+    def hccl_comm_destroy(self, comm_id: str, owner=None) -> None:
+        self.hccl.comm_destroy(comm_id, owner)
 
     @_live
-    def hccl_async_error(self, comm_id: str) -> int:
-        return self.hccl.async_error(comm_id)
+    def hccl_async_error(self, comm_id: str, owner=None) -> int:
+        return self.hccl.async_error(comm_id, owner)
 
     @_live
     def hccl_read(self, comm_id: str, ptr: int, nbytes: int) -> np.ndarray:
         """A peer device on another node reads this device's HBM (the cross-node transport's serving end;
-        host-synchronous).  Only members of one of this device's communicators may, and only live ranges."""
+        host-synchronous).  ``comm_id`` is the engine's scoped id; only ranges a running operator of that
+        communicator exposes are served (:meth:`devices.hccl.HcclEngine.read_for_peer`)."""
         return self.hccl.read_for_peer(comm_id, ptr, nbytes)
 
     @_live
@@ -495,23 +528,32 @@ class Device:
         if canaries:
             conds.append(HealthCondition(Condition.CANARY, "Warning", "HBM guard bytes overwritten",
                                          value=canaries))
+        stuck = self.sched.longest_running()
+        if stuck is not None and stuck[0] > self.config.hang_after_s:
+            secs, name, sid = stuck
+            conds.append(HealthCondition(Condition.HANG, "Critical",
+                                         f"cores hung: task {name} on stream {sid} has run for {secs:.1f} s "
+                                         f"(> {self.config.hang_after_s:g} s)", value=round(secs, 3)))
         return HealthReport.of(conds)
 
     # ------------------------------------------------------------------ lifecycle
     @_live
-    def reset(self) -> None:
-        """Abort all work and drop every allocation, stream and event (HBM starts empty); the chip restarts,
-        so every fault is cleared too.  Host-blocking until the abort is done."""
+    def reset(self, timeout_s: float = 10.0) -> None:
+        """Abort all work and drop every allocation, stream, event, graph, communicator and registered
+        kernel (HBM starts empty); the chip restarts, so every fault is cleared too.  Works in any state:
+        queued work is dropped, communicators are closed first (operators waiting for peers give up), held
+        cores are let go, and running blocks are waited for (host-blocking, up to ``timeout_s``) before the
+        HBM is dropped."""
         self.sched.abort(message=f"device {self.id} reset")
+        self.hccl.reset()
+        self.faults.clear()                  # hung cores wake up (and skip the aborted blocks)
+        self.sched.quiesce(timeout_s)
         self.sched.clear_abort()
-        with self.sched._lock:
-            self.sched.streams.clear()
-            self.sched.events.clear()
-        self.arena.reset()
+        self.sched.clear()
         self.graphs.clear()
-        for cid in list(self.hccl.comms):
-            self.hccl.comm_destroy(cid)
-        self.faults.clear()
+        self.kernels.clear()
+        self._plans.clear()
+        self.arena.reset()
         self.default_stream = self.sched.create_stream(0)
 
     def close(self) -> None:

@@ -354,3 +354,137 @@ def _rebuild_hccl(detail: str, hccl_code: int, code: int) -> "HcclError":
     e.detail = detail
     e.args = (f"[{code} {e.name}] {detail}",)
     return e
+
+
+# ---- offline models: acl model codes (acl_base_rt.h) and GE codes (ge_error_codes.h) ----
+# GE codes pass through pyACL unchanged; values from ge_error_codes.h of current CANN (145020-145022 are
+# FORMAT/SHAPE/DATATYPE_INVALID there; older headers numbered that range differently).
+ACL_ERROR_INVALID_MODEL_ID = 100011
+ACL_ERROR_DESERIALIZE_MODEL = 100012
+ACL_ERROR_PARSE_MODEL = 100013
+ACL_ERROR_READ_MODEL_FAILURE = 100014
+ACL_ERROR_MODEL_SIZE_INVALID = 100015
+ACL_ERROR_MODEL_INPUT_NOT_MATCH = 100017
+ACL_ERROR_MODEL_OUTPUT_NOT_MATCH = 100018
+ACL_ERROR_MODEL_NOT_DYNAMIC = 100019
+ACL_ERROR_GE_PARAM_INVALID = 145000
+ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = 145002
+ACL_ERROR_GE_EXEC_MODEL_ID_INVALID = 145003
+ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID = 145006
+ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID = 145007
+ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID = 145011
+ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID = 145012
+ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
+ACL_ERROR_GE_FORMAT_INVALID = 145020
+ACL_ERROR_GE_SHAPE_INVALID = 145021
+ACL_ERROR_GE_DATATYPE_INVALID = 145022
+ACL_ERROR_GE_MEMORY_ALLOCATION = 245000
+ACL_ERROR_GE_INTERNAL_ERROR = 545000
+ACL_ERROR_GE_LOAD_MODEL = 545001
+
+ERROR_TABLE.update({
+    ACL_ERROR_INVALID_MODEL_ID: ("ACL_ERROR_INVALID_MODEL_ID", "invalid model id"),
+    ACL_ERROR_DESERIALIZE_MODEL: ("ACL_ERROR_DESERIALIZE_MODEL", "cannot deserialize the model"),
+    ACL_ERROR_PARSE_MODEL: ("ACL_ERROR_PARSE_MODEL", "cannot parse the model"),
+    ACL_ERROR_READ_MODEL_FAILURE: ("ACL_ERROR_READ_MODEL_FAILURE", "cannot read the model file"),
+    ACL_ERROR_MODEL_SIZE_INVALID: ("ACL_ERROR_MODEL_SIZE_INVALID", "invalid model size"),
+    ACL_ERROR_MODEL_INPUT_NOT_MATCH: ("ACL_ERROR_MODEL_INPUT_NOT_MATCH", "model inputs do not match"),
+    ACL_ERROR_MODEL_OUTPUT_NOT_MATCH: ("ACL_ERROR_MODEL_OUTPUT_NOT_MATCH", "model outputs do not match"),
+    ACL_ERROR_MODEL_NOT_DYNAMIC: ("ACL_ERROR_MODEL_NOT_DYNAMIC", "the model is not dynamic"),
+    ACL_ERROR_GE_PARAM_INVALID: ("ACL_ERROR_GE_PARAM_INVALID", "invalid parameter"),
+    ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID: ("ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID", "invalid model path"),
+    ACL_ERROR_GE_EXEC_MODEL_ID_INVALID: ("ACL_ERROR_GE_EXEC_MODEL_ID_INVALID", "invalid model id"),
+    ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID: ("ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID",
+                                                "invalid model data size"),
+    ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID: ("ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID", "invalid model address"),
+    ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID: ("ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID",
+                                              "invalid dynamic-gear input address"),
+    ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID: ("ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID",
+                                                "invalid dynamic-gear input length"),
+    ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID: ("ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID",
+                                              "batch size is not one of the model's gears"),
+    ACL_ERROR_GE_FORMAT_INVALID: ("ACL_ERROR_GE_FORMAT_INVALID", "invalid format"),
+    ACL_ERROR_GE_SHAPE_INVALID: ("ACL_ERROR_GE_SHAPE_INVALID", "invalid shape"),
+    ACL_ERROR_GE_DATATYPE_INVALID: ("ACL_ERROR_GE_DATATYPE_INVALID", "invalid data type"),
+    ACL_ERROR_GE_MEMORY_ALLOCATION: ("ACL_ERROR_GE_MEMORY_ALLOCATION", "memory allocation failed"),
+    ACL_ERROR_GE_INTERNAL_ERROR: ("ACL_ERROR_GE_INTERNAL_ERROR", "internal error"),
+    ACL_ERROR_GE_LOAD_MODEL: ("ACL_ERROR_GE_LOAD_MODEL", "cannot load the model"),
+})
+
+
+class ModelError(AclError):
+    """Loading, describing or executing an offline model failed (acl 1000xx model codes, GE 145xxx)."""
+    default_code = ACL_ERROR_PARSE_MODEL
+
+
+_CLASS_BY_CODE.update({code: ModelError for code in (
+    ACL_ERROR_INVALID_MODEL_ID, ACL_ERROR_DESERIALIZE_MODEL, ACL_ERROR_PARSE_MODEL, ACL_ERROR_READ_MODEL_FAILURE,
+    ACL_ERROR_MODEL_SIZE_INVALID, ACL_ERROR_MODEL_INPUT_NOT_MATCH, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH,
+    ACL_ERROR_MODEL_NOT_DYNAMIC, ACL_ERROR_GE_PARAM_INVALID, ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID,
+    ACL_ERROR_GE_EXEC_MODEL_ID_INVALID, ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID,
+    ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID, ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID,
+    ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID, ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, ACL_ERROR_GE_FORMAT_INVALID,
+    ACL_ERROR_GE_SHAPE_INVALID, ACL_ERROR_GE_DATATYPE_INVALID, ACL_ERROR_GE_INTERNAL_ERROR, ACL_ERROR_GE_LOAD_MODEL)})
+_CLASS_BY_CODE[ACL_ERROR_GE_MEMORY_ALLOCATION] = MemoryAllocationError
+
+
+# ---- ATC (model conversion) messages: the E-codes ATC prints, with their CANN error_code.json texts ----
+# ``{}`` fields are named after the json's Arglist.  "EZ9010" is the ONNX parser's "no parser for this
+# op type" (older CANN printed it as E19010); "EZ0009" is an operator's shape check.
+ATC_MESSAGES: dict[str, str] = {
+    "E10001": "Value {value} for parameter {parameter} is invalid. Reason: {reason}",
+    "E10002": "Value {shape} for parameter --input_shape is invalid. Reason: {reason}. The value must be "
+              "formatted as {sample}.",
+    "E10003": "Value {value} for parameter --{parameter} is invalid. Reason: {reason}",
+    "E10004": "Value for --{parameter} is empty.",
+    "E10006": "Value {value} for parameter --{parameter} is invalid. The value must be either 1 or 0.",
+    "E10007": "--{parameter} is required. The value must be {support}.",
+    "E10010": "Value {loglevel} for parameter --log is invalid.",
+    "E10011": "Value {shape} for parameter --input_shape is invalid. Shape values must be positive integers. "
+              "The error value in the shape is {result}.",
+    "E10016": "Opname {opname} specified in --{parameter} is not found in the model. Confirm whether this node "
+              "name exists, or the node is not split with the specified delimiter ';'.",
+    "E10018": "Value {shape} for shape {index} is invalid. When --dynamic_batch_size is included, only batch "
+              "size N can be -1 in --input_shape.",
+    "E10031": "--dynamic_batch_size is included, but none of the nodes specified in --input_shape has a batch "
+              "size equaling -1.",
+    "E10035": "--dynamic_batch_size, --dynamic_image_size, or --dynamic_dims has {shapesize} profiles, which is "
+              "less than the minimum {minshapesize}.",
+    "E10036": "--dynamic_batch_size, --dynamic_image_size, or --dynamic_dims has {shapesize} profiles, which is "
+              "greater than the maximum {maxshapesize}.",
+    "E10038": "Dimension size {dim} is invalid. The value must be greater than 0.",
+    "E10039": "The --dynamic_batch_size, --dynamic_image_size, or --dynamic_dims argument have duplicate "
+              "profiles.",
+    "E10041": "Failed to load the model from {parameter}.",
+    "E10055": "The operation is not supported. Reason: {reason}.",
+    "E19999": "Inner Error! {reason}",
+    "EZ0007": "Input parameter {param_name} of operator {op_name} has incorrect dtype {data_dtype}. The correct "
+              "one should be {expected_dtype_list}.",
+    "EZ0009": "Parameter {param_name} of operator {op_name} has incorrect shape [{incorrect_shape}]. "
+              "Reason: {reason}.",
+    "EZ9010": "No parser is registered for Op [{opname}, optype [{optype}]].",
+}
+
+
+def atc_message(ecode: str, **fields) -> str:
+    """``"E10004: Value for --model is empty."``: an ATC error line."""
+    return f"{ecode}: {ATC_MESSAGES[ecode].format(**fields)}"
+
+
+class AtcError(AclError):
+    """Model conversion failed.  ``ecode`` is the ATC E-code (``"EZ9010"``); ``code`` the aclError that a
+    load of the same model through acl.mdl reports."""
+    default_code = ACL_ERROR_PARSE_MODEL
+
+    def __init__(self, ecode: str, code: int | None = None, **fields):
+        self.ecode = ecode
+        self.fields = fields
+        self.line = atc_message(ecode, **fields)
+        super().__init__(self.line, code=code)
+
+    def __reduce__(self):
+        return (_rebuild_atc, (self.ecode, self.code, self.fields))
+
+
+def _rebuild_atc(ecode: str, code: int, fields: dict) -> "AtcError":
+    return AtcError(ecode, code, **fields)

@@ -26,6 +26,7 @@ from typing import Callable
 
 from .errors import ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, CaptureError, InvalidHandleError
 from .tasks import Collective, CopyD2D, Launch, Memset
+from .tenancy import same_tenant
 
 #: stream op types a graph may hold
 CAPTURABLE = (Launch, CopyD2D, Memset, Collective)
@@ -46,7 +47,7 @@ class TaskGraph:
     ``build(op)`` turns an op into a validated :class:`devices.scheduler.Task` (the device's own
     per-op path, so the checks and the kernels are exactly those of eager execution)."""
 
-    def __init__(self, gid: int, owner: str | None, ops: tuple, build: Callable, arena):
+    def __init__(self, gid: int, owner, ops: tuple, build: Callable, arena):
         for op in ops:
             if not isinstance(op, CAPTURABLE):
                 raise CaptureError(f"a {type(op).__name__} cannot be part of a captured graph "
@@ -91,14 +92,14 @@ class TaskGraph:
 
 
 class GraphTable:
-    """The device's graphs, by id, per owner."""
+    """The device's graphs, by id; a graph is usable by its owner's tenant (:mod:`devices.tenancy`)."""
 
     def __init__(self):
         self._graphs: dict[int, TaskGraph] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def create(self, ops, owner: str | None, build: Callable, arena) -> int:
+    def create(self, ops, owner, build: Callable, arena) -> int:
         with self._lock:
             gid = next(self._ids)
         g = TaskGraph(gid, owner, tuple(ops), build, arena)
@@ -106,13 +107,13 @@ class GraphTable:
             self._graphs[gid] = g
         return gid
 
-    def get(self, gid: int, owner: str | None) -> TaskGraph:
+    def get(self, gid: int, owner) -> TaskGraph:
         g = self._graphs.get(gid)
-        if g is None or (owner is not None and g.owner != owner):
+        if g is None or not same_tenant(g.owner, owner):
             raise InvalidHandleError(f"unknown graph (model run instance) {gid!r}")
         return g
 
-    def destroy(self, gid: int, owner: str | None) -> None:
+    def destroy(self, gid: int, owner) -> None:
         """Forget a graph; replays already queued still run (they hold it)."""
         with self._lock:
             self.get(gid, owner)
@@ -122,8 +123,8 @@ class GraphTable:
         with self._lock:
             self._graphs.clear()
 
-    def drop_owner(self, owner: str) -> int:
-        """Forget every graph of one owner (a departed client); returns how many."""
+    def drop_owner(self, owner) -> int:
+        """Forget every graph of one owner (a departed client: the whole owner); returns how many."""
         with self._lock:
             gids = [gid for gid, g in self._graphs.items() if g.owner == owner]
             for gid in gids:

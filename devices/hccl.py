@@ -13,6 +13,15 @@ A collective runs on a core thread and blocks it while it waits for peers, alway
 While waiting it probes the peers it waits for: a peer that is gone (its process died or its device
 closed) fails the collective at once with HCCL_E_REMOTE instead of waiting for the timeout; a link that is
 down (fault ``link-down``) fails it with HCCL_E_NETWORK.
+
+Tenancy (:mod:`devices.tenancy`): a communicator belongs to the client that created it and is released
+with that client's lease (:meth:`HcclEngine.drop_owner`).  Communicator ids are scoped by tenant
+(:func:`scoped_comm_id`): the id a client passes names a communicator of *its* tenant only, so knowing
+another tenant's id (a rank table's id is derived from the table) reaches nothing of theirs; engines
+exchange the scoped id.  A peer's read (the cross-node transport's ``HcclRead``,
+:meth:`HcclEngine.read_for_peer`) is served only for ranges this rank exposes: the buffers of an operator
+of that communicator while it runs (from before its "ready" message until its last barrier) and the
+communicator's own work buffers -- never any other memory, and not after the operator ended.
 """
 from __future__ import annotations
 
@@ -24,13 +33,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .arena import ptr_offset
-from .errors import (ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_PARAM_INVALID, HCCL_E_NETWORK, HCCL_E_NOT_FOUND,
-                     HCCL_E_NOT_SUPPORT, HCCL_E_PARA, HCCL_E_REMOTE, HCCL_E_RUNTIME, HCCL_E_TIMEOUT, AclError,
-                     HcclError, InvalidParamError)
-from .hccl_transport import CROSS_NODE, SAME_NODE, ShmTransport
+from .arena import ptr_device, ptr_offset
+from .errors import (ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_NO_PERMISSION, ACL_ERROR_RT_PARAM_INVALID, HCCL_E_NETWORK,
+                     HCCL_E_NOT_FOUND, HCCL_E_NOT_SUPPORT, HCCL_E_PARA, HCCL_E_REMOTE, HCCL_E_RUNTIME,
+                     HCCL_E_TIMEOUT, AclError, HcclError, InvalidParamError)
+from .hccl_transport import CROSS_NODE, PROCESS_LINK_KEY, SAME_NODE, ShmTransport
 from .hccl_schedule import choose_algo, epilogue, prologue, schedule
 from .node import same_node
+from .tenancy import tenant_of
 
 #: HcclDataType (hccl_types.h) -> numpy dtype name ("bfloat16" is carried as uint16 bit patterns)
 HCCL_DTYPES = {0: "int8", 1: "int16", 2: "int32", 3: "float16", 4: "float32", 5: "int64", 6: "uint64",
@@ -54,8 +64,18 @@ CACHE_SEGMENT_BYTES = 256 << 10
 DIRECT_BARRIER_MAX = 4
 
 
+#: owner of the engine's own buffers (no tenant can name them); their bytes count against the comm's owner
+HCCL_OWNER = "hccl"
+
+
 def itemsize(dtype: str) -> int:
     return _ITEM.get(dtype) or np.dtype(dtype).itemsize
+
+
+def scoped_comm_id(cid: str, owner) -> str:
+    """The engine's id of communicator ``cid`` of ``owner``'s tenant (``cid`` itself when unchecked)."""
+    tenant = tenant_of(owner)
+    return cid if tenant is None else f"{len(tenant)}:{tenant}:{cid}"
 
 
 @dataclass(frozen=True)
@@ -99,8 +119,12 @@ class Comm:
     async_error: int = 0
     ccl: list = field(default_factory=list)     #: two persistent work buffers (by operator parity)
     ccl_bytes: int = 0
+    ccl_epoch: int = 0                          #: the arena epoch they were allocated in
     busy: int = 0                               #: operators running (a destroyed comm frees its
     closed: bool = False                        #: buffers once the last one is done)
+    cancelled: bool = False                     #: reset / owner released: running operators give up
+    owner: object = None                        #: the client that created it (devices.tenancy)
+    exposed: dict = field(default_factory=dict)  #: running operator -> [(offset, nbytes)] peers may read
 
     @property
     def size(self) -> int:
@@ -123,11 +147,15 @@ class CollectiveOp:
 
 #: control-message tag of an operator that a rank had to give up (payload: [HcclResult, reason])
 ABORT_TAG = "abort"
+#: the ``seq`` of an abort that covers every operator of the communicator: a rank saw a peer gone, so no
+#: later operator can complete either (the others stop waiting for ranks that gave up)
+COMM_SEQ = "*"
 
 
 class Mailbox:
     """Received control messages (from every transport), waited on by key ``(comm, seq, tag, from)``.
-    An ``abort`` message for ``(comm, seq)`` fails every wait of that operator with its code."""
+    An ``abort`` message for ``(comm, seq)`` fails every wait of that operator with its code; one for
+    ``(comm, COMM_SEQ)`` every wait on the communicator (until it is destroyed)."""
 
     def __init__(self):
         self._cv = threading.Condition()
@@ -157,7 +185,7 @@ class Mailbox:
                         out[k] = self._msgs.pop(k)
                 if len(out) == len(keys):
                     return [out[k] for k in keys]
-                abort = self._aborts.get(keys[0][:2])
+                abort = self._aborts.get(keys[0][:2]) or self._aborts.get((keys[0][0], COMM_SEQ))
                 if abort is not None:
                     err = HcclError(abort[1], abort[0])
                     err.peers_told = True          # a peer gave up: it told the others itself
@@ -185,6 +213,12 @@ class Mailbox:
             for k in [k for k in self._aborts if k[0] == cid]:
                 del self._aborts[k]
 
+    def clear(self) -> None:
+        with self._cv:
+            self._msgs.clear()
+            self._aborts.clear()
+            self._cv.notify_all()
+
 
 class HcclEngine:
     """Communicators of one device and the collective executor.
@@ -208,7 +242,10 @@ class HcclEngine:
         self.aborted = False
         self.stats = {"collectives": 0, "bytes_pulled": 0, "messages": 0, "aborts_sent": 0,
                       f"bytes_{SAME_NODE}": 0, f"bytes_{CROSS_NODE}": 0}
-        self._transports: dict[str, object] = {SAME_NODE: ShmTransport(self.arena, self.deliver)}
+        key = getattr(device.config, "link_key", b"") or PROCESS_LINK_KEY
+        # same-node peers pull through mapped arenas -- only when this device's arena is a named segment
+        self._transports: dict[str, object] = ({SAME_NODE: ShmTransport(self.arena, self.deliver, key)}
+                                               if self.arena.shared else {})
 
     def set_transport(self, scope: str, transport) -> None:
         """Install the transport for peers of ``scope`` (:data:`CROSS_NODE`: set by the device host).  The
@@ -228,7 +265,8 @@ class HcclEngine:
     # ---------------------------------------------------------------- communicators
     def info(self) -> dict:
         """What peers need to reach this device: its id and node, and every transport's endpoint."""
-        out = {"device_id": self.device.id, "node": self.node, "address": ""}
+        out = {"device_id": self.device.id, "node": self.node, "address": "", "arena": "",
+               "arena_bytes": self.arena.size, "doorbell": ""}
         for t in list(self._transports.values()):
             out.update(t.endpoint())
         out["stats"] = dict(self.stats)        # what went where (peers ignore it)
@@ -248,15 +286,41 @@ class HcclEngine:
         return True
 
     def read_for_peer(self, cid: str, ptr: int, nbytes: int) -> np.ndarray:
-        """A peer on another node reads my HBM: only members of a communicator of mine may, and only
-        ranges inside live allocations."""
-        if cid not in self.comms:
+        """A peer on another node reads my HBM (``cid``: the engine's scoped id, as peers exchange it):
+        served only for a range this rank exposes in communicator ``cid`` -- a buffer of one of its
+        operators while that runs, or one of the communicator's work buffers (ACL_ERROR_RT_NO_PERMISSION
+        otherwise) -- and only inside live allocations."""
+        c = self.comms.get(cid) if isinstance(cid, str) else None
+        if c is None:
             raise HcclError("unknown communicator", HCCL_E_PARA)
+        if not isinstance(nbytes, int) or nbytes < 0 or ptr_device(ptr) != self.device.id:
+            raise InvalidParamError(f"bad peer read of {nbytes!r} B at {ptr!r}"[:200])
+        off = ptr_offset(ptr)
+        with self._lock:
+            ranges = [r for rs in c.exposed.values() for r in rs]
+            ranges += [(ptr_offset(p), c.ccl_bytes) for p in c.ccl]
+        if not any(s <= off and off + nbytes <= s + n for s, n in ranges):
+            raise AclError(f"0x{ptr:x}+{nbytes} is not exposed by a running operator of this communicator",
+                           code=ACL_ERROR_RT_NO_PERMISSION)
         return self.arena.view(ptr, nbytes)
 
+    def _expose(self, c: Comm, ranges) -> object:
+        """Let peers read ``[(ptr, nbytes)]`` of this rank until :meth:`_unexpose` (one operator's buffers)."""
+        token = object()
+        with self._lock:
+            c.exposed[token] = [(ptr_offset(p), n) for p, n in ranges if p and n > 0]
+        return token
+
+    def _unexpose(self, c: Comm, token) -> None:
+        with self._lock:
+            c.exposed.pop(token, None)
+
     def scope_of(self, p: PeerInfo) -> str:
-        """Which transport reaches peer ``p``: by node identity (:mod:`devices.node`)."""
-        return SAME_NODE if same_node(p.node, self.node) else CROSS_NODE
+        """Which transport reaches peer ``p``: by node identity (:mod:`devices.node`).  Without a same-node
+        transport (this device's arena is not shared, or the peer's is not), peers on this node are reached
+        like peers on any other."""
+        shm = SAME_NODE in self._transports and p.arena and p.doorbell
+        return SAME_NODE if shm and same_node(p.node, self.node) else CROSS_NODE
 
     def _link(self, p: PeerInfo):
         """The link to peer ``p``: made by the transport of its scope (HCCL_E_NOT_SUPPORT without one)."""
@@ -266,9 +330,14 @@ class HcclEngine:
                             f"device has no cross-node transport (device actors have one)", HCCL_E_NOT_SUPPORT)
         return t.link(p)
 
-    def comm_init(self, cid: str, rank: int, peers: list[dict], config: dict | None = None) -> None:
+    def comm_init(self, cid: str, rank: int, peers: list[dict], config: dict | None = None, owner=None) -> None:
+        """Create this rank of communicator ``cid`` of ``owner``'s tenant (an existing one of that id is
+        replaced)."""
         if not isinstance(cid, str) or len(cid) < 16:
             raise HcclError("communicator id must be a random string of >= 16 characters", HCCL_E_PARA)
+        self._init(scoped_comm_id(cid, owner), rank, peers, config, owner)
+
+    def _init(self, key: str, rank: int, peers: list[dict], config: dict | None, owner) -> None:
         if not isinstance(peers, list):
             raise HcclError("peers must be a list of peer infos", HCCL_E_PARA)
         infos = [PeerInfo.of(i, p) for i, p in enumerate(peers)]
@@ -281,82 +350,130 @@ class HcclEngine:
         except TypeError as e:
             raise HcclError(f"bad communicator config: {e}", HCCL_E_PARA) from None
         with self._lock:
-            self.comms[cid] = Comm(cid, rank, infos, cfg, links, scopes)
-            self._pending_joins.discard(cid)
+            old = self.comms.get(key)
+            self.comms[key] = Comm(key, rank, infos, cfg, links, scopes, owner=owner)
+            self._pending_joins.discard(key)
+        if old is not None:
+            self._retire(old)
 
     def comm_join(self, cid: str, rank: int, nranks: int, root: dict, config: dict | None = None,
-                  timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S) -> list[dict]:
+                  timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, owner=None) -> list[dict]:
         """Root-info rendezvous: every rank sends its info to the root device; the root answers everyone
         with the table.  Host-blocking, with ``timeout_s``."""
+        if not isinstance(cid, str) or len(cid) < 16:
+            raise HcclError("communicator id must be a random string of >= 16 characters", HCCL_E_PARA)
+        if not isinstance(root, dict):
+            raise HcclError("root info must be a peer info", HCCL_E_PARA)
+        key = scoped_comm_id(cid, owner)
         with self._lock:
-            self._pending_joins.add(cid)
+            self._pending_joins.add(key)
         deadline = time.monotonic() + timeout_s
         me = self.info()
         try:
             if rank == 0:
-                if root.get("arena") != self.arena.name:
+                if root.get("device_id") != self.device.id or root.get("arena") != me["arena"]:
                     raise HcclError("rank 0 must run on the root device", HCCL_E_PARA)
-                keys = [(cid, 0, "join", r) for r in range(1, nranks)]
+                keys = [(key, 0, "join", r) for r in range(1, nranks)]
                 joins = self.mailbox.take(keys, deadline, lambda missing: None, lambda: self.aborted)
                 table = [me] + joins
                 for r, info in enumerate(table[1:], start=1):
-                    self._link(PeerInfo.of(r, info)).notify((cid, 0, "table", 0, table))
+                    self._link(PeerInfo.of(r, info)).notify((key, 0, "table", 0, table))
             else:
-                self._link(PeerInfo.of(0, root)).notify((cid, 0, "join", rank, me))
-                (table,) = self.mailbox.take([(cid, 0, "table", 0)], deadline, lambda m: None,
+                self._link(PeerInfo.of(0, root)).notify((key, 0, "join", rank, me))
+                (table,) = self.mailbox.take([(key, 0, "table", 0)], deadline, lambda m: None,
                                              lambda: self.aborted)
         except HcclError:
             with self._lock:
-                self._pending_joins.discard(cid)
+                self._pending_joins.discard(key)
             raise
-        self.comm_init(cid, rank, table, config)
+        self._init(key, rank, table, config, owner)
         return table
 
-    def comm_destroy(self, cid: str) -> None:
+    def comm_destroy(self, cid: str, owner=None) -> None:
+        """Destroy communicator ``cid`` of ``owner``'s tenant (its work buffers go once its running
+        operators are done; nothing happens for an id the tenant does not hold)."""
         with self._lock:
-            c = self.comms.pop(cid, None)
-            if c is not None:
-                c.closed = True
-                idle = c.busy == 0
-        self.mailbox.drop_comm(cid)
-        if c is not None and idle:
+            c = self.comms.pop(scoped_comm_id(cid, owner), None) if isinstance(cid, str) else None
+        if c is not None:
+            self._retire(c)
+
+    def _retire(self, c: Comm) -> None:
+        with self._lock:
+            c.closed = True
+            idle = c.busy == 0
+        self.mailbox.drop_comm(c.cid)
+        if idle:
             self._free_ccl(c)
+
+    def drop_owner(self, owner, cancel_only: bool = False) -> int:
+        """A client left: its communicators' running operators give up at once (``cancel_only``), or its
+        communicators are destroyed.  Returns how many it held."""
+        with self._lock:
+            mine = [c for c in self.comms.values() if c.owner == owner]
+            for c in mine:
+                c.cancelled = True
+            if not cancel_only:
+                for c in mine:
+                    self.comms.pop(c.cid, None)
+        if not cancel_only:
+            for c in mine:
+                self._retire(c)
+        return len(mine)
+
+    def reset(self) -> None:
+        """Device reset: every communicator is gone at once; running operators give up (their waits end
+        within a probe period) and nothing they free afterwards touches the arena's next epoch."""
+        with self._lock:
+            comms, self.comms = list(self.comms.values()), {}
+            self._pending_joins.clear()
+            for c in comms:
+                c.cancelled = c.closed = True
+                c.ccl, c.ccl_bytes = [], 0             # the arena reset drops them with everything else
+                c.exposed.clear()
+        self.mailbox.clear()
 
     def _free_ccl(self, c: Comm) -> None:
         bufs, c.ccl, c.ccl_bytes = c.ccl, [], 0
         for ptr in bufs:
-            self.arena.free(ptr)
+            self.arena.free(ptr, epoch=c.ccl_epoch)
+
+    def _alloc(self, c: Comm, nbytes: int) -> int:
+        """An engine buffer for communicator ``c``: nobody else can name it; its bytes count against the
+        quota of the client that owns ``c``."""
+        quota = self.device.config.quota.limit("hbm_bytes", c.owner)
+        return self.arena.malloc(nbytes, owner=HCCL_OWNER, quota=quota, charge=c.owner)
 
     def _work_buffer(self, c: Comm, nbytes: int) -> tuple[int, bool]:
         """(pointer, persistent): this operator's work buffer; small ones are the communicator's CCL
         buffers, used alternately (operator k reuses operator k-2's, which every peer finished
         reading before it could start operator k-1)."""
         if nbytes > CCL_CACHE_MAX:
-            return self.arena.malloc(nbytes, owner="hccl"), False
+            return self._alloc(c, nbytes), False
         if c.ccl_bytes < nbytes:
             self._free_ccl(c)
             size = _CCL_MIN
             while size < nbytes:
                 size *= 2
-            c.ccl = [self.arena.malloc(size, owner="hccl") for _ in range(2)]
+            c.ccl_epoch = self.arena.epoch
+            c.ccl = [self._alloc(c, size) for _ in range(2)]
             c.ccl_bytes = size
         return c.ccl[c.seq % 2], True
 
-    def async_error(self, cid: str) -> int:
-        c = self.comms.get(cid)
+    def async_error(self, cid: str, owner=None) -> int:
+        c = self.comms.get(scoped_comm_id(cid, owner)) if isinstance(cid, str) else None
         if c is None:
-            raise HcclError(f"unknown communicator {cid!r}", HCCL_E_NOT_FOUND)
+            raise HcclError(f"unknown communicator {cid!r}"[:200], HCCL_E_NOT_FOUND)
         return c.async_error
 
-    def _comm(self, cid: str) -> Comm:
-        c = self.comms.get(cid)
+    def _comm(self, cid: str, owner=None) -> Comm:
+        c = self.comms.get(scoped_comm_id(cid, owner)) if isinstance(cid, str) else None
         if c is None:
-            raise HcclError(f"unknown communicator {cid[:8]}...", HCCL_E_PARA)
+            raise HcclError(f"unknown communicator {str(cid)[:8]}...", HCCL_E_PARA)
         return c
 
     # ---------------------------------------------------------------- validation at enqueue
-    def check(self, op: CollectiveOp, owner: str | None) -> None:
-        c = self._comm(op.comm)
+    def check(self, op: CollectiveOp, owner=None) -> None:
+        c = self._comm(op.comm, owner)
         if op.dtype not in HCCL_DTYPE_IDS:
             raise HcclError(f"unsupported data type {op.dtype!r}", HCCL_E_NOT_SUPPORT)
         if op.redop not in _UFUNC:
@@ -385,8 +502,8 @@ class HcclEngine:
             "send": (k, 0), "recv": (0, k), "barrier": (0, 0),
         }[op.op]
 
-    def modeled_seconds(self, op: CollectiveOp) -> float:
-        c = self._comm(op.comm)
+    def modeled_seconds(self, op: CollectiveOp, owner=None) -> float:
+        c = self._comm(op.comm, owner)
         n = c.size
         nbytes = op.count * itemsize(op.dtype)
         algo = choose_algo(op.op, n, nbytes * (n if op.op == "allgather" else 1), c.config.algo) \
@@ -394,9 +511,9 @@ class HcclEngine:
         return self.device.cost.collective(op.op, algo, n, nbytes)
 
     # ---------------------------------------------------------------- execution (on a core thread)
-    def run(self, op: CollectiveOp, owner: str | None) -> None:
+    def run(self, op: CollectiveOp, owner=None) -> None:
         with self._lock:
-            c = self._comm(op.comm)
+            c = self._comm(op.comm, owner)
             c.busy += 1
         try:
             if op.op in ("send", "recv"):
@@ -440,8 +557,26 @@ class HcclEngine:
 
     def _post(self, c: Comm, peer: int, seq, tag: str, payload=None, ranks=None) -> None:
         self._check_link(c, peer, seq, range(c.size) if ranks is None else ranks)
-        c.links[peer].notify((c.cid, seq, tag, c.rank, payload))
+        try:
+            c.links[peer].notify((c.cid, seq, tag, c.rank, payload))
+        except HcclError as e:
+            self._peer_gone(c, peer, e)
         self.stats["messages"] += 1
+
+    def _peer_gone(self, c: Comm, peer: int, e: HcclError) -> None:
+        """Rank ``peer`` is unreachable (HCCL_E_REMOTE): tell the other ranks, best effort, that this
+        communicator cannot complete any operator -- a rank that gives up must not leave the others
+        waiting for it until their exec timeout -- then raise ``e``."""
+        if e.hccl_code == HCCL_E_REMOTE:
+            self.stats["aborts_sent"] += 1
+            for q in range(c.size):
+                if q not in (c.rank, peer):
+                    try:
+                        c.links[q].notify((c.cid, COMM_SEQ, ABORT_TAG, c.rank, [HCCL_E_REMOTE, str(e)]))
+                    except HcclError:
+                        pass
+            e.peers_told = True                # the comm-wide abort covers this operator too
+        raise e
 
     def _wait(self, c: Comm, waits: list[tuple[int, str]], seq, deadline: float, ranks=None) -> list:
         keys = [(c.cid, seq, tag, peer) for peer, tag in waits]
@@ -450,8 +585,11 @@ class HcclEngine:
         def probe(missing):
             for (_, _, _, peer) in missing:
                 self._check_link(c, peer, seq, ranks)
-                c.links[peer].probe()
-        return self.mailbox.take(keys, deadline, probe, lambda: self.aborted)
+                try:
+                    c.links[peer].probe()
+                except HcclError as e:
+                    self._peer_gone(c, peer, e)
+        return self.mailbox.take(keys, deadline, probe, lambda: self.aborted or c.cancelled)
 
     def _barrier(self, c: Comm, seq, tag: str, deadline: float, payload=None) -> list:
         """Every rank reaches this point before any leaves it; returns every other rank's ``payload`` (in
@@ -478,12 +616,12 @@ class HcclEngine:
             k, dist = k + 1, dist * 2
         return [known.get(q) for q in others]
 
-    def _collective(self, c: Comm, op: CollectiveOp, owner: str | None) -> None:
+    def _collective(self, c: Comm, op: CollectiveOp, owner) -> None:
         c.seq += 1
         with self._telling_peers(c, c.seq, range(c.size)):
             self._collective_body(c, op, owner, c.seq)
 
-    def _collective_body(self, c: Comm, op: CollectiveOp, owner: str | None, seq: int) -> None:
+    def _collective_body(self, c: Comm, op: CollectiveOp, owner, seq: int) -> None:
         n, r = c.size, c.rank
         deadline = self._deadline(c)
         isz = itemsize(op.dtype)
@@ -494,8 +632,10 @@ class HcclEngine:
         for name, ptr, cnt in (("send", op.send, send_n), ("recv", op.recv, recv_n)):
             if cnt:
                 self.arena.resolve(ptr, cnt * isz, owner)
-        work_ptr = stage_ptr = None
+        work_ptr = stage_ptr = exposure = None
+        work_bytes = 0
         persistent = False
+        epoch = self.arena.epoch
         for q in range(n):          # a down link fails every operator of the communicator, on both ends,
             if q != r:              # also when this rank exchanges nothing with that peer directly
                 self._check_link(c, q, seq, range(n))
@@ -504,15 +644,19 @@ class HcclEngine:
         try:
             if any("work" in (p[0], p[2]) for p in pro + epi):
                 work_n = op.count if algo == "oneshot" else op.count * n
-                work_ptr, persistent = self._work_buffer(c, max(1, work_n * isz))   # count may be 0
+                work_bytes = max(1, work_n * isz)                                    # count may be 0
+                work_ptr, persistent = self._work_buffer(c, work_bytes)
                 bufs["work"] = work_ptr
             me = self.arena.buf
             if op.op == "alltoall" and send_n and abs(op.send - op.recv) < send_n * isz:
                 # in place: peers read my send blocks while I overwrite my recv blocks in the same
                 # phase (a write-after-read hazard); they read a private copy instead
-                stage_ptr = self.arena.malloc(send_n * isz, owner="hccl")
+                stage_ptr = self._alloc(c, send_n * isz)
                 self._move(me, op.send, 0, me, stage_ptr, 0, send_n, op.dtype, None)
                 bufs["send"] = stage_ptr
+            # what peers may read of mine while this operator runs (HcclRead serves nothing else)
+            exposure = self._expose(c, [(bufs["send"], send_n * isz), (op.recv, recv_n * isz),
+                                        (work_ptr, work_bytes)])
             for src, so, dst, do, cnt in pro:
                 if bufs[src] != bufs[dst] or so != do:
                     self._move(me, bufs[src], so, me, bufs[dst], do, cnt, op.dtype, None)
@@ -543,9 +687,11 @@ class HcclEngine:
                 # which the next operator's "ready" round already protects
                 self._barrier(c, seq, "done", deadline)
         finally:
+            if exposure is not None:
+                self._unexpose(c, exposure)
             for ptr in (stage_ptr,) if persistent else (work_ptr, stage_ptr):
                 if ptr is not None:
-                    self.arena.free(ptr)
+                    self.arena.free(ptr, epoch=epoch)
 
     def _pulls(self, c: Comm, pulls, peer_bufs: dict, dtype: str, redop: str, seq) -> None:
         """Run one step's pulls.  Consecutive reducing pulls into the same range (the contributions of
@@ -677,8 +823,12 @@ class HcclEngine:
     def _p2p_body(self, c: Comm, op: CollectiveOp, seq: str, pair: tuple[int, int]) -> None:
         deadline = self._deadline(c)
         if op.op == "send":
-            self._post(c, op.peer, seq, "ready", [op.send, op.count, op.dtype], ranks=pair)
-            self._wait(c, [(op.peer, "done")], seq, deadline, ranks=pair)
+            exposure = self._expose(c, [(op.send, op.count * itemsize(op.dtype))])
+            try:
+                self._post(c, op.peer, seq, "ready", [op.send, op.count, op.dtype], ranks=pair)
+                self._wait(c, [(op.peer, "done")], seq, deadline, ranks=pair)
+            finally:
+                self._unexpose(c, exposure)
         else:
             (payload,) = self._wait(c, [(op.peer, "ready")], seq, deadline, ranks=pair)
             s_ptr, cnt, dt = payload

@@ -16,6 +16,14 @@ code talks only to links -- it never asks which transport it has:
 Any failure to reach a peer raises ``HCCL_E_REMOTE``.  What a device publishes so that peers can build
 links to it is each transport's :meth:`Transport.endpoint` (merged into ``HcclEngine.info()``).
 
+Trust: a doorbell is an abstract Unix socket, which any process of the machine can send to, so every
+datagram is *sealed* -- an HMAC under the devices' link key (derived from the cluster secret by the device
+host; a random per-process key for in-process devices) -- and one that does not verify is dropped.
+Otherwise a client that knows its own communicator id could forge a peer's "ready" message and make its
+rank pull from any address of the peer's HBM.  A mapped peer arena must carry the peer's device id in its
+header, and a read must name a pointer of that device, so a forged peer table cannot pass one device's
+HBM off as another's.
+
 :class:`ShmTransport` (same node) lives here, as plain Python: data is pulled straight out of the peer's
 HBM arena, mapped from ``/dev/shm``; control messages go through *doorbells*, one abstract-namespace Unix
 datagram socket per device (no file; gone when its process dies).  The cross-node transport (gRPC between
@@ -23,19 +31,33 @@ device actors) lives at the driver's edge (``driver.hccl_grpc``) and is installe
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import secrets
 import socket
 import threading
 from typing import Callable, Protocol
 
 import numpy as np
 
-from .arena import attach, ptr_offset
-from .errors import HCCL_E_PARA, HCCL_E_REMOTE, HcclError
+from .arena import attach, ptr_device, ptr_offset
+from .errors import HCCL_E_PARA, HCCL_E_REMOTE, AclError, HcclError
 
 #: transport scopes: the engine holds one transport per scope
 SAME_NODE = "same-node"
 CROSS_NODE = "cross-node"
+
+#: the link key of in-process devices (devices of one process seal with it; device hosts derive theirs
+#: from the cluster secret, :func:`link_key`)
+PROCESS_LINK_KEY = secrets.token_bytes(32)
+_MAC_BYTES = 16
+
+
+def link_key(cluster_secret: str) -> bytes:
+    """The doorbell link key of a cluster's devices: derived from the cluster secret (clients of tenants
+    do not hold it, so they cannot forge a device's control message)."""
+    return hmac.new(cluster_secret.encode(), b"vnpu hccl doorbell link key v1", hashlib.sha256).digest()
 
 
 class PeerLink(Protocol):
@@ -58,11 +80,12 @@ class Transport(Protocol):
 
 class Doorbell:
     """A device's control endpoint on its node: an abstract Unix datagram socket plus a receiver thread
-    that hands every well-formed message to ``deliver``."""
+    that hands every well-formed message sealed with ``key`` to ``deliver``."""
 
-    def __init__(self, name: str, deliver: Callable[[tuple], bool]):
+    def __init__(self, name: str, deliver: Callable[[tuple], bool], key: bytes = PROCESS_LINK_KEY):
         self.name = name
         self._deliver = deliver
+        self._key = key
         self._rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._rx.bind("\0" + name)
         self._tx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -78,16 +101,23 @@ class Doorbell:
                 return
             if not data:
                 continue                       # a liveness probe
+            mac, body = data[:_MAC_BYTES], data[_MAC_BYTES:]
+            if not hmac.compare_digest(mac, self._seal(body)):
+                continue                       # not sealed by a device of this cluster: drop
             try:
-                msg = tuple(json.loads(data))
+                msg = tuple(json.loads(body))
             except (ValueError, TypeError):
                 continue                       # malformed: drop
             self._deliver(msg)
 
+    def _seal(self, body: bytes) -> bytes:
+        return hmac.new(self._key, body, hashlib.sha256).digest()[:_MAC_BYTES]
+
     def send(self, doorbell: str, msg: tuple) -> None:
         """Raises HcclError(E_REMOTE) when the peer's doorbell is gone."""
+        body = json.dumps(msg).encode()
         try:
-            self._tx.sendto(json.dumps(msg).encode(), "\0" + doorbell)
+            self._tx.sendto(self._seal(body) + body, "\0" + doorbell)
         except OSError as e:            # refused, gone, broken pipe while the peer closes, ...
             raise HcclError(f"peer doorbell {doorbell} unreachable ({e.strerror or e})", HCCL_E_REMOTE) from None
 
@@ -120,7 +150,15 @@ class ShmLink:
         self.peer = peer
 
     def read(self, comm: str, ptr: int, nbytes: int) -> np.ndarray:
-        """A zero-copy view of the peer's HBM (the peer named the range in its own control message)."""
+        """A zero-copy view of the peer's HBM (the peer named the range in its own sealed control message;
+        the pointer must be one of the peer's device)."""
+        try:
+            dev = ptr_device(ptr)
+        except AclError:
+            dev = -1
+        if dev != self.peer.device_id:
+            raise HcclError(f"0x{ptr:x} is not a pointer of rank {self.peer.rank}'s device {self.peer.device_id}",
+                            HCCL_E_PARA)
         mem = self._t.mapped(self.peer)
         off = ptr_offset(ptr)
         if nbytes < 0 or off + nbytes > self.peer.arena_bytes:
@@ -136,11 +174,12 @@ class ShmLink:
 
 
 class ShmTransport:
-    """Same-node transport: doorbells + mapped arenas.  ``deliver`` receives this device's messages."""
+    """Same-node transport: doorbells + mapped arenas.  ``deliver`` receives this device's messages;
+    ``key`` seals them (see the module doc).  The arena must be a named (shared) one."""
 
-    def __init__(self, arena, deliver: Callable[[tuple], bool]):
+    def __init__(self, arena, deliver: Callable[[tuple], bool], key: bytes = PROCESS_LINK_KEY):
         self._arena = arena
-        self.doorbell = Doorbell(f"vnpu-hccs-{arena.name}", deliver)
+        self.doorbell = Doorbell(f"vnpu-hccs-{arena.name}", deliver, key)
         self._maps: dict[str, tuple] = {}
         self._lock = threading.Lock()
 
@@ -156,10 +195,12 @@ class ShmTransport:
             m = self._maps.get(peer.arena)
             if m is None:
                 try:
-                    m = self._maps[peer.arena] = attach(peer.arena, peer.arena_bytes)
-                except (FileNotFoundError, ValueError):
+                    m = self._maps[peer.arena] = attach(peer.arena, peer.arena_bytes, peer.device_id)
+                except FileNotFoundError:
                     raise HcclError(f"rank {peer.rank}'s HBM (device {peer.device_id}) is gone",
                                     HCCL_E_REMOTE) from None
+                except (OSError, ValueError) as e:
+                    raise HcclError(f"rank {peer.rank}'s HBM: {e}", HCCL_E_PARA) from None
             return m[1]
 
     def close(self) -> None:
@@ -173,4 +214,5 @@ class ShmTransport:
                 pass          # a view is still alive somewhere; the mapping goes with it
 
 
-__all__ = ["SAME_NODE", "CROSS_NODE", "PeerLink", "Transport", "Doorbell", "ShmLink", "ShmTransport"]
+__all__ = ["SAME_NODE", "CROSS_NODE", "PROCESS_LINK_KEY", "PeerLink", "Transport", "Doorbell", "ShmLink",
+           "ShmTransport", "link_key"]

@@ -10,10 +10,24 @@ Two kinds:
 - user kernels (:func:`register_user_kernel`): ``fn(ctx, *tensors, **attrs)`` where each tensor is a
   :class:`GmTensor` whose indexing is bounds-checked: an index outside the tensor raises the AI Core trap
   codes (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW / _WRITE_OVERFLOW) instead of touching a neighbour's memory.
+  Built-in names are immutable.
+
+Who sees which kernel: this process's table (built-ins, and user kernels registered in this process) is
+seen by every caller; a device also keeps the kernels its tenants registered over the driver
+(:class:`KernelTable`), each visible to its tenant only and released with the client that registered it.
+A user kernel is Python code that runs in the device's process with that process's rights: the bounds
+checks keep a correct kernel inside its tensors, they are no sandbox.
+
+Launch limits (:func:`check_launch`, and the driver's decoder before it builds anything): at most
+:data:`MAX_LAUNCH_TENSORS` tensor arguments, :data:`MAX_LAUNCH_ATTRS` attributes, :data:`MAX_TENSOR_DIMS`
+dimensions per tensor (``ACL_MAX_DIM_CNT``) and :data:`MAX_ATTR_ELEMENTS` elements per list attribute; more
+is ACL_ERROR_RT_PARAM_INVALID.  CANN bounds a launch by the size of its argument block rather than by
+counts; these counts are the emulator's own, far above what any kernel of the library or of a model takes.
 """
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +37,15 @@ from .chip import Work
 from .errors import (ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW,
                      ACL_ERROR_RT_KERNEL_LOOKUP, ACL_ERROR_UNSUPPORTED_DATA_TYPE, AclError, InvalidParamError,
                      KernelError)
-from .registry import KernelDef, builtin, register_user_kernel, registered, registered_names  # noqa: F401
+from . import registry as _registry
+from .registry import KernelDef, builtin, registered, registered_names  # noqa: F401
+from .tenancy import tenant_of
+
+#: launch limits (see the module doc)
+MAX_LAUNCH_TENSORS = 1024
+MAX_LAUNCH_ATTRS = 1024
+MAX_TENSOR_DIMS = 128
+MAX_ATTR_ELEMENTS = 1 << 16
 
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 
@@ -86,20 +108,112 @@ def _load_builtins() -> None:
     from . import ops  # noqa: F401  (registers the built-in library)
 
 
+def register_user_kernel(name: str, fn, *, replace: bool = False) -> None:
+    """Register ``fn(ctx, *tensors, **attrs)`` as kernel ``name`` in this process's table (seen by every
+    caller of this process's devices).  A built-in's name: InvalidParamError (built-ins are immutable);
+    another user kernel's name: ACL_ERROR_KERNEL_ALREADY_REGISTERED unless ``replace``."""
+    _load_builtins()
+    _registry.register_user_kernel(name, fn, replace=replace)
+
+
+def check_kernel_name(name) -> None:
+    """InvalidParamError unless ``name`` may name a user kernel (not a built-in's, 1..256 characters)."""
+    _load_builtins()
+    _registry.check_user_kernel_name(name)
+
+
+class KernelTable:
+    """The kernels one device runs: this process's table, plus the user kernels each tenant registered
+    over the driver.  A tenant's kernel is visible to that tenant only and lives while a client that
+    registered it does (:meth:`drop_owner`).  Thread-safe; nothing blocks."""
+
+    def __init__(self):
+        self._by_tenant: dict[str, dict[str, tuple[KernelDef, set]]] = {}
+        self._lock = threading.Lock()
+
+    def register(self, name: str, fn, owner) -> None:
+        """Register ``fn`` as ``name`` for the tenant of ``owner`` (a built-in's name: InvalidParamError)."""
+        if not callable(fn):
+            raise InvalidParamError(f"kernel {name!r}: the payload is not a function")
+        _load_builtins()
+        _registry.check_user_kernel_name(name)
+        with self._lock:
+            table = self._by_tenant.setdefault(tenant_of(owner) or "", {})
+            old = table.get(name)
+            holders = old[1] if old is not None else set()
+            k = old[0] if old is not None and old[0].run is fn else _registry.user_kernel(name, fn)
+            holders.add(owner)
+            table[name] = (k, holders)
+
+    def lookup(self, name: str, owner=None) -> KernelDef:
+        """The kernel ``name`` as ``owner`` sees it (its tenant's first, then this process's table)."""
+        if owner is not None:
+            table = self._by_tenant.get(tenant_of(owner) or "")
+            if table:
+                hit = table.get(name)
+                if hit is not None:
+                    return hit[0]
+        return lookup(name)
+
+    def registered_by(self, name: str, owner) -> KernelDef | None:
+        """The kernel the tenant of ``owner`` registered as ``name``, or None."""
+        hit = self._by_tenant.get(tenant_of(owner) or "", {}).get(name)
+        return hit[0] if hit is not None else None
+
+    def names(self, owner) -> list[str]:
+        """Names of the kernels the tenant of ``owner`` registered."""
+        with self._lock:
+            return sorted(self._by_tenant.get(tenant_of(owner) or "", {}))
+
+    def drop_owner(self, owner) -> int:
+        """A client left: forget the kernels only it held; returns how many went."""
+        gone = 0
+        with self._lock:
+            t = tenant_of(owner) or ""
+            table = self._by_tenant.get(t, {})
+            for name in list(table):
+                holders = table[name][1]
+                holders.discard(owner)
+                if not holders:
+                    del table[name]
+                    gone += 1
+            if not table:
+                self._by_tenant.pop(t, None)
+        return gone
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_tenant.clear()
+
+
 def validate_descs(descs: tuple) -> None:
     for d in descs:
         if not isinstance(d, TensorDesc):
             raise InvalidParamError(f"kernel tensor argument must be a TensorDesc, got {type(d).__name__}")
         if d.dtype not in DTYPES:
-            raise InvalidParamError(f"unsupported dtype {d.dtype!r}", code=ACL_ERROR_UNSUPPORTED_DATA_TYPE)
+            raise InvalidParamError(f"unsupported dtype {d.dtype!r}"[:200], code=ACL_ERROR_UNSUPPORTED_DATA_TYPE)
+        if len(d.shape) > MAX_TENSOR_DIMS:
+            raise InvalidParamError(f"a tensor has at most {MAX_TENSOR_DIMS} dimensions, not {len(d.shape)}")
         if any((not isinstance(x, (int, np.integer))) or x < 0 for x in d.shape):
             raise InvalidParamError(f"bad shape {d.shape!r}")
+
+
+def check_launch_counts(n_tensors: int, n_attrs: int) -> None:
+    """The launch limits on counts (InvalidParamError beyond them)."""
+    if n_tensors > MAX_LAUNCH_TENSORS:
+        raise InvalidParamError(f"a launch takes at most {MAX_LAUNCH_TENSORS} tensor arguments, not {n_tensors}")
+    if n_attrs > MAX_LAUNCH_ATTRS:
+        raise InvalidParamError(f"a launch takes at most {MAX_LAUNCH_ATTRS} attributes, not {n_attrs}")
 
 
 def check_launch(k: KernelDef, inputs: tuple, outputs: tuple, attrs: dict, block_dim: int) -> None:
     """Host-side validation at launch time (raises InvalidParamError)."""
     if not isinstance(block_dim, (int, np.integer)) or block_dim < 1 or block_dim > 65535:
         raise InvalidParamError(f"block_dim must be in [1, 65535], got {block_dim!r}")
+    check_launch_counts(len(inputs) + len(outputs), len(attrs))
+    for key, v in attrs.items():
+        if isinstance(v, (list, tuple, np.ndarray)) and len(v) > MAX_ATTR_ELEMENTS:
+            raise InvalidParamError(f"attribute {key!r} holds {len(v)} elements; at most {MAX_ATTR_ELEMENTS}")
     validate_descs(inputs)
     validate_descs(outputs)
     if k.check is not None:

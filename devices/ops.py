@@ -19,7 +19,12 @@ What blocks split over (``parallel_dim``):
   heads of its kv-heads);
 - ``paged_attention``: the token rows ``N`` (rows sharing a block table stay one gather per block);
 - ``rope``: ``B * S`` tokens; ``embedding``: the ids; ``scatter_update``: the K updates (each block
-  writes the rows of its own ks); reductions and ``argmax``: the kept output elements.
+  writes the rows of its own ks); reductions and ``argmax``: the kept output elements;
+- the kernels compiled offline models lower to (second part of this file): ``erf``, ``sigmoid``,
+  ``clip``, ``pow``, ``equal``, ``where``, ``expand``, ``strided_slice``, ``batch_norm``: the output's
+  elements; ``gather``: the (outer, index) pairs; ``concat``: the rows before the axis;
+  ``fused_matmul``: as ``matmul``; ``conv2d``: the output rows ``N * Ho``; ``max_pool2d`` /
+  ``avg_pool2d``: the ``N * C`` planes.
 
 Float16 is computed in float32 where it matters (matmul accumulation, softmax, norms, gelu/silu/swiglu,
 rope, attention, sums) and rounded once into the output.  Floating-point exceptions are silent, as on
@@ -741,8 +746,7 @@ def _cube_work(inputs, outputs, flops) -> Work:
     return Work(flops=flops, bytes=_io_bytes(inputs, outputs), unit="cube", fp16=outputs[0].dtype == "float16")
 
 
-def _check_matmul(inputs, outputs, attrs):
-    n = "matmul"
+def _check_matmul(inputs, outputs, attrs, n="matmul"):
     _arity(n, inputs, outputs, (2, 3))
     a, b, o = inputs[0], inputs[1], outputs[0]
     tb = _bool_attr(n, attrs, "transpose_b")
@@ -1056,7 +1060,7 @@ def _ifa_rows(q, cache, out, b, k0, k1, lo, hi, g, ko, vo, scale) -> None:
     np.divide(r, z, out=ob)                                            # one rounding into float16
 
 
-@builtin(_IFA, unit="cube", check=_check_ifa, work=_ifa_work, parallel_dim=_ifa_pd)
+@builtin(_IFA, unit="cube", check=_check_ifa, work=_ifa_work, parallel_dim=_ifa_pd, gathers=(1,))
 @_quiet
 def _ifa_run(ctx, inputs, outputs, attrs):
     """Decode attention over a packed KV cache read in place (CANN IncreFlashAttention with
@@ -1212,7 +1216,7 @@ def _pa_singles(q, kc, vc, bt, ln, out, rows, h, hkv, scale, ct) -> None:
         out[grp] = o.reshape(grp.size, h, d)                       # fancy index: an assignment, not a view
 
 
-@builtin(_PA, unit="cube", check=_check_pa, work=_pa_work, parallel_dim=_pa_pd)
+@builtin(_PA, unit="cube", check=_check_pa, work=_pa_work, parallel_dim=_pa_pd, gathers=(1, 2))
 @_quiet
 def _pa_run(ctx, inputs, outputs, attrs):
     """Attention of token rows over a paged KV cache read in place (CANN/ATB PagedAttention with block
@@ -1350,7 +1354,8 @@ def _embedding_pd(inputs, outputs, attrs):
     return inputs[1].numel
 
 
-@builtin("embedding", unit="vector", check=_check_embedding, work=_embedding_work, parallel_dim=_embedding_pd)
+@builtin("embedding", unit="vector", check=_check_embedding, work=_embedding_work, parallel_dim=_embedding_pd,
+         gathers=(0,))
 def _embedding_run(ctx, inputs, outputs, attrs):
     """out[*S, D] = table[ids]; an id outside [0, V) is a KernelError, never wrapped"""
     table, ids = inputs
@@ -1415,7 +1420,7 @@ def _last_occurrence(idx: np.ndarray) -> np.ndarray | None:
 
 
 @builtin("scatter_update", unit="vector", check=_check_scatter_update, work=_scatter_update_work,
-         parallel_dim=_scatter_update_pd)
+         parallel_dim=_scatter_update_pd, scatters=(0,))
 def _scatter_update_run(ctx, inputs, outputs, attrs):
     """In place: var[indices[k], ...] = updates[k, ...] (inputs updates [K, *R], indices [K]; output var
     [S, *R], its other rows untouched).  Duplicate indices: the last k wins.  An index outside [0, S)
@@ -1555,3 +1560,633 @@ def _argmax_run(ctx, inputs, outputs, attrs):
             np.argmax(xt[bx], axis=-1, out=ok[bx])
         else:
             np.copyto(ok[bx], np.argmax(xt[bx], axis=-1), casting="unsafe")
+
+
+# ===================================================================================================
+# Kernels that compiled offline models lower to (runtime.atc): math (erf, sigmoid, clip, pow), compare
+# and select (equal, where), data movement (gather, strided_slice, concat, expand), fused matmul with
+# bias and activation, and the CNN kernels (conv2d, max/avg pool, batch_norm).
+# ===================================================================================================
+
+# ---------------------------------------------------------------------------------------------------
+# erf, sigmoid, clip, pow
+# ---------------------------------------------------------------------------------------------------
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _erf(x, out):
+    """erf with relative error ~1e-7: a Maclaurin series below |x| = 0.5 (8 terms, truncation < 1e-11),
+    1 - erfc(|x|) with the Chebyshev-fitted erfc above (fractional error < 1.2e-7, i.e. absolute error
+    < 6e-8 there)."""
+    a = np.abs(x)
+    t = np.multiply(a, 0.5)
+    t += 1.0
+    np.reciprocal(t, out=t)                      # t = 1 / (1 + |x|/2)
+    p = np.multiply(t, _ERFC[9])
+    for c in _ERFC[8:0:-1]:
+        p += c
+        p *= t
+    p += _ERFC[0]
+    p -= np.multiply(a, a)
+    np.exp(p, out=p)
+    p *= t                                       # erfc(|x|)
+    np.subtract(1.0, p, out=p)                   # erf(|x|)
+    small = a < 0.5
+    if small.any():
+        xs = a[small]
+        x2 = xs * xs
+        term = xs.copy()
+        acc = xs.copy()
+        for n in range(1, 8):                    # sum (-1)^n x^(2n+1) / (n! (2n+1))
+            term *= -x2 / n
+            acc += term / (2 * n + 1)
+        p[small] = acc * _TWO_OVER_SQRT_PI
+    np.copysign(p, x, out=out)
+
+
+def _sigmoid(x, out):
+    """1 / (1 + e^-x), computed from e^-|x| so neither tail overflows."""
+    e = np.negative(np.abs(x))
+    np.exp(e, out=e)                             # e^-|x| in (0, 1]
+    d = e + 1.0
+    pos = np.divide(1.0, d)
+    np.divide(e, d, out=d)                       # the x < 0 branch: e^x / (1 + e^x)
+    np.copyto(out, np.where(x >= 0, pos, d))
+
+
+_ERF = _upcast(_erf)
+_SIGMOID = _upcast(_sigmoid)
+
+
+def _clip_attrs(name, x, attrs):
+    for key in ("min", "max"):
+        if attrs.get(key) is not None:
+            _value_for(name, key, attrs[key], x.dtype)
+    lo, hi = attrs.get("min"), attrs.get("max")
+    _need(lo is None or hi is None or lo <= hi, name, f"attr 'min'={lo!r} is greater than attr 'max'={hi!r}")
+
+
+def _make_clip(attrs, dt):
+    lo, hi = attrs.get("min"), attrs.get("max")
+    lo = None if lo is None else _val_scalar(lo, dt)
+    hi = None if hi is None else _val_scalar(hi, dt)
+
+    def clip(x, out):
+        if lo is None and hi is None:
+            np.copyto(out, x)
+        elif hi is None:
+            np.maximum(x, lo, out=out)
+        elif lo is None:
+            np.minimum(x, hi, out=out)
+        else:
+            np.clip(x, lo, hi, out=out)
+    return clip
+
+
+_unary_kernel("erf", lambda attrs, dt: _ERF, FLOATS, 20, doc="erf(x) (relative error ~1e-7 in float32)")
+_unary_kernel("sigmoid", lambda attrs, dt: _SIGMOID, FLOATS, 5, doc="1 / (1 + exp(-x)), overflow-free")
+_unary_kernel("clip", _make_clip, NUMERIC, 2, _clip_attrs,
+              "min(max(x, attr min), attr max); either bound may be omitted (None)")
+_binary_kernel("pow", np.power, FLOATS, flops=8)
+
+
+# ---------------------------------------------------------------------------------------------------
+# equal, where
+# ---------------------------------------------------------------------------------------------------
+
+def _check_equal(inputs, outputs, attrs):
+    nm = "equal"
+    _arity(nm, inputs, outputs, 2)
+    a, b, o = inputs[0], inputs[1], outputs[0]
+    _dtype_in(nm, a, ANY, "input")
+    _same_dtype(nm, ("input 0", a), ("input 1", b))
+    _dtype_in(nm, o, ("bool",), "output")
+    try:
+        want = np.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+    except ValueError:
+        raise InvalidParamError(f"{nm}: input shapes {tuple(a.shape)} and {tuple(b.shape)} do not broadcast") from None
+    _shape_is(nm, o, want)
+
+
+@builtin("equal", unit="vector", check=_check_equal, work=_vector_work(1), parallel_dim=_out_numel)
+def _equal_run(ctx, inputs, outputs, attrs):
+    """a == b elementwise with broadcasting; the output is bool"""
+    _ew_apply(ctx, np.equal, inputs, outputs[0])
+
+
+def _check_where(inputs, outputs, attrs):
+    nm = "where"
+    _arity(nm, inputs, outputs, 3)
+    c, x, y, o = inputs[0], inputs[1], inputs[2], outputs[0]
+    _dtype_in(nm, c, ("bool",), "condition")
+    _dtype_in(nm, x, ANY, "x")
+    _same_dtype(nm, ("x", x), ("y", y), ("output", o))
+    try:
+        want = np.broadcast_shapes(tuple(c.shape), tuple(x.shape), tuple(y.shape))
+    except ValueError:
+        raise InvalidParamError(f"{nm}: shapes {tuple(c.shape)}, {tuple(x.shape)} and {tuple(y.shape)} "
+                                f"do not broadcast") from None
+    _shape_is(nm, o, want)
+
+
+def _where(c, x, y, out):
+    np.copyto(out, np.where(c, x, y))           # a temporary: safe when out aliases x or y
+
+
+@builtin("where", unit="vector", check=_check_where, work=_vector_work(1), parallel_dim=_out_numel)
+def _where_run(ctx, inputs, outputs, attrs):
+    """condition ? x : y elementwise with broadcasting (condition bool)"""
+    _ew_apply(ctx, _where, inputs, outputs[0])
+
+
+# ---------------------------------------------------------------------------------------------------
+# gather, strided_slice, concat, expand
+# ---------------------------------------------------------------------------------------------------
+
+def _check_gather(inputs, outputs, attrs):
+    nm = "gather"
+    _arity(nm, inputs, outputs, 2)
+    x, idx, o = inputs[0], inputs[1], outputs[0]
+    _ndim(nm, x, "data", 1)
+    _dtype_in(nm, idx, ID_TYPES, "indices")
+    _same_dtype(nm, ("data", x), ("output", o))
+    ax = _axis(nm, attrs.get("axis", 0), len(x.shape))
+    _shape_is(nm, o, tuple(x.shape[:ax]) + tuple(idx.shape) + tuple(x.shape[ax + 1:]))
+
+
+def _gather_layout(inputs, attrs):
+    x, idx = inputs[0], inputs[1]
+    ax = int(attrs.get("axis", 0)) % len(x.shape)
+    return _numel(x.shape[:ax]), x.shape[ax], _numel(x.shape[ax + 1:]), _numel(idx.shape)
+
+
+def _gather_pd(inputs, outputs, attrs):
+    p, _, _, i = _gather_layout(inputs, attrs)
+    return p * i
+
+
+def _gather_work(inputs, outputs, attrs):
+    return Work(flops=0.0, bytes=inputs[1].nbytes + 2 * outputs[0].nbytes, unit="vector")
+
+
+@builtin("gather", unit="vector", check=_check_gather, work=_gather_work, parallel_dim=_gather_pd, gathers=(0,))
+def _gather_run(ctx, inputs, outputs, attrs):
+    """ONNX Gather: out = take(data, indices, axis) (attr axis, default 0); indices may be negative
+    (counted from the end); one outside [-n, n) traps (507042) before anything is written"""
+    x, idx = inputs
+    p, n, q, ni = _gather_layout(inputs, attrs)
+    flat = idx.reshape(-1)
+    if flat.size:
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < -n or hi >= n:
+            bad = np.flatnonzero((flat < -n) | (flat >= n))
+            raise KernelError(f"gather: index {int(flat[bad[0]])} at flat position {int(bad[0])} is outside "
+                              f"[-{n}, {n}) along the gathered axis ({bad.size} bad index(es))",
+                              code=ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW)
+        if lo < 0:
+            flat = np.where(flat < 0, flat + n, flat)
+    x3 = x.reshape(p, n, q)
+    o3 = outputs[0].reshape((p, ni, q), copy=False)
+    for box in _block_boxes(ctx, (p, ni)):
+        ps, is_ = _pad_box(box, 2)
+        np.take(x3[ps], flat[is_], axis=1, out=o3[ps, is_], mode="clip")
+
+
+def _slice_triples(nm, attrs, shape):
+    vals = []
+    for k in ("begin", "end", "strides"):
+        v = attrs.get(k)
+        _need(isinstance(v, (tuple, list)) and len(v) == len(shape) and all(_is_int(i) for i in v), nm,
+              f"attr {k!r} must be {len(shape)} ints (one per input axis), got {v!r}")
+        vals.append(tuple(int(i) for i in v))
+    out = []
+    for ax, (b, e, s, n) in enumerate(zip(*vals, shape)):
+        _need(s != 0, nm, f"stride of axis {ax} is 0")
+        lo, hi = (0, n) if s > 0 else (-1, n - 1)
+        _need(lo <= b <= hi and lo <= e <= hi, nm, f"axis {ax}: begin {b} / end {e} are not normalized for size "
+                                                   f"{n} and stride {s} (as slice.indices gives them)")
+        out.append((b, e, s))
+    return out
+
+
+def _slicer(triples):
+    """numpy slices for normalized triples (an empty range stays empty; end -1 with a negative stride
+    means "through index 0")."""
+    out = []
+    for b, e, s in triples:
+        if not len(range(b, e, s)):
+            out.append(slice(0, 0))
+        else:
+            out.append(slice(b, None if (s < 0 and e < 0) else e, s))
+    return tuple(out)
+
+
+def _check_strided_slice(inputs, outputs, attrs):
+    nm = "strided_slice"
+    _arity(nm, inputs, outputs, 1)
+    x, o = inputs[0], outputs[0]
+    _same_dtype(nm, ("input", x), ("output", o))
+    triples = _slice_triples(nm, attrs, tuple(x.shape))
+    _shape_is(nm, o, tuple(len(range(b, e, s)) for b, e, s in triples))
+
+
+@builtin("strided_slice", unit="vector", check=_check_strided_slice, work=_vector_work(0), parallel_dim=_out_numel)
+def _strided_slice_run(ctx, inputs, outputs, attrs):
+    """out = x[begin:end:strides] per axis; attrs begin/end/strides have one entry per axis, normalized as
+    Python's ``slice.indices`` gives them (end -1 with a negative stride means "through index 0")"""
+    xs = inputs[0][_slicer(_slice_triples("strided_slice", attrs, inputs[0].shape))]
+    out = outputs[0]
+    for box in _block_boxes(ctx, out.shape):
+        b = box + (Ellipsis,)
+        np.copyto(out[b], xs[b])
+
+
+def _check_concat(inputs, outputs, attrs):
+    nm = "concat"
+    _need(len(inputs) >= 1, nm, "expects at least 1 input")
+    _need(len(outputs) == 1, nm, f"expects 1 output, got {len(outputs)}")
+    first, o = inputs[0], outputs[0]
+    _ndim(nm, first, "input 0", 1)
+    ax = _axis(nm, attrs.get("axis", 0), len(first.shape))
+    total = 0
+    for i, d in enumerate(inputs):
+        _same_dtype(nm, ("input 0", first), (f"input {i}", d))
+        _need(len(d.shape) == len(first.shape) and all(a == b for j, (a, b) in enumerate(zip(d.shape, first.shape))
+                                                       if j != ax), nm,
+              f"input {i} shape {tuple(d.shape)} differs from input 0 {tuple(first.shape)} off axis {ax}")
+        total += d.shape[ax]
+    _same_dtype(nm, ("input 0", first), ("output", o))
+    _shape_is(nm, o, tuple(first.shape[:ax]) + (total,) + tuple(first.shape[ax + 1:]))
+
+
+def _concat_pd(inputs, outputs, attrs):
+    ax = int(attrs.get("axis", 0)) % len(inputs[0].shape)
+    return _numel(inputs[0].shape[:ax])
+
+
+@builtin("concat", unit="vector", check=_check_concat, work=_vector_work(0), parallel_dim=_concat_pd)
+def _concat_run(ctx, inputs, outputs, attrs):
+    """Concatenate the inputs along attr axis (default 0)"""
+    out = outputs[0]
+    ax = int(attrs.get("axis", 0)) % out.ndim
+    outer = _numel(out.shape[:ax])
+    inner = _numel(out.shape[ax + 1:])
+    o2 = out.reshape((outer, out.shape[ax] * inner), copy=False)
+    r = range(outer) if ctx.block_dim == 1 else ctx.split(outer)
+    if not r:
+        return
+    rows = slice(r.start, r.stop)
+    col = 0
+    for x in inputs:
+        w = x.shape[ax] * inner
+        np.copyto(o2[rows, col:col + w], x.reshape(outer, w)[rows])
+        col += w
+
+
+def _check_expand(inputs, outputs, attrs):
+    nm = "expand"
+    _arity(nm, inputs, outputs, 1)
+    x, o = inputs[0], outputs[0]
+    _same_dtype(nm, ("input", x), ("output", o))
+    _need(len(x.shape) <= len(o.shape), nm, f"input shape {tuple(x.shape)} has more dims than output {tuple(o.shape)}")
+    try:
+        ok = np.broadcast_shapes(tuple(x.shape), tuple(o.shape)) == tuple(o.shape)
+    except ValueError:
+        ok = False
+    _need(ok, nm, f"input shape {tuple(x.shape)} does not broadcast to output shape {tuple(o.shape)}")
+
+
+@builtin("expand", unit="vector", check=_check_expand, work=_vector_work(0), parallel_dim=_out_numel)
+def _expand_run(ctx, inputs, outputs, attrs):
+    """out = x broadcast to the output's shape (numpy rules)"""
+    x, out = inputs[0], outputs[0]
+    for box in _block_boxes(ctx, out.shape):
+        np.copyto(out[box + (Ellipsis,)], _sub(x, box, out.ndim) if box else x)
+
+
+# ---------------------------------------------------------------------------------------------------
+# fused_matmul: matmul + bias + activation in one kernel (what the compiler's MatMul+Add(+act) fusion emits)
+# ---------------------------------------------------------------------------------------------------
+
+def _relu_inplace(o):
+    np.maximum(o, 0, out=o)
+
+
+#: activations a fused kernel applies to its output in place (alias-safe functions)
+ACTIVATIONS = {
+    "none": None,
+    "relu": _relu_inplace,
+    "gelu": lambda o: _GELU["none"](o, out=o),
+    "gelu_tanh": lambda o: _GELU["tanh"](o, out=o),
+    "tanh": lambda o: np.tanh(o, out=o),
+    "sigmoid": lambda o: _SIGMOID(o, out=o),
+}
+_ACT_FLOPS = {"none": 0, "relu": 1, "gelu": 30, "gelu_tanh": 10, "tanh": 6, "sigmoid": 5}
+
+
+def _act(o, name) -> None:
+    fn = ACTIVATIONS[name]
+    if fn is not None and o.size:
+        fn(o)
+
+
+def _check_fused_matmul(inputs, outputs, attrs):
+    _check_matmul(inputs, outputs, attrs, "fused_matmul")
+    _choice_attr("fused_matmul", attrs, "act", "none", tuple(ACTIVATIONS))
+
+
+def _fused_matmul_work(inputs, outputs, attrs):
+    w = _matmul_work(inputs, outputs, attrs)
+    return Work(flops=w.flops + _ACT_FLOPS[attrs.get("act", "none")] * outputs[0].numel, bytes=w.bytes,
+                unit="cube", fp16=w.fp16)
+
+
+#: rows of a fused_matmul output computed (GEMM, bias, activation) per chunk: the activation's many
+#: elementwise passes then run on data still in cache instead of streaming the whole output each time
+_EPILOGUE_BYTES = 256 << 10
+
+
+def _mm_act(a, bt, bias, out, act) -> None:
+    if act == "none":
+        _mm(a, bt, bias, out)
+        return
+    rows = max(1, _EPILOGUE_BYTES // max(1, out.shape[1] * out.itemsize))
+    for r in range(0, out.shape[0], rows):
+        s = slice(r, r + rows)
+        _mm(a[s], bt, bias, out[s])
+        _act(out[s], act)
+
+
+@builtin("fused_matmul", unit="cube", check=_check_fused_matmul, work=_fused_matmul_work, parallel_dim=_matmul_pd)
+@_quiet
+def _fused_matmul_run(ctx, inputs, outputs, attrs):
+    """out[M,N] = act(a[M,K] @ b[K,N] (b[N,K] with transpose_b) (+ bias[N])); attr act: none, relu, gelu
+    (erf), gelu_tanh, tanh, sigmoid.  The activation is applied chunk by chunk of output rows, right
+    after each chunk's GEMM (a fused epilogue)."""
+    a, b = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    out = outputs[0]
+    act = attrs.get("act", "none")
+    bt = b.T if attrs.get("transpose_b", False) else b
+    if ctx.block_dim == 1:
+        _mm_act(a, bt, bias, out, act)
+        return
+    m, n = out.shape
+    if _mm_split_n(m, n):
+        r = ctx.split(n)
+        if r:
+            s = slice(r.start, r.stop)
+            _mm_act(a, bt[:, s], None if bias is None else bias[s], out[:, s], act)
+    else:
+        r = ctx.split(m)
+        if r:
+            s = slice(r.start, r.stop)
+            _mm_act(a[s], bt, bias, out[s], act)
+
+
+# ---------------------------------------------------------------------------------------------------
+# conv2d, pools, batch_norm (NCHW)
+# ---------------------------------------------------------------------------------------------------
+
+def _pair_attr(nm, attrs, key, default, lo=1):
+    v = attrs.get(key, default)
+    _need(isinstance(v, (tuple, list)) and len(v) == 2 and all(_is_int(i) and i >= lo for i in v), nm,
+          f"attr {key!r} must be 2 ints >= {lo}, got {v!r}")
+    return int(v[0]), int(v[1])
+
+
+def _pads_attr(nm, attrs):
+    v = attrs.get("pads", (0, 0, 0, 0))
+    _need(isinstance(v, (tuple, list)) and len(v) == 4 and all(_is_int(i) and i >= 0 for i in v), nm,
+          f"attr 'pads' must be 4 ints >= 0 (top, left, bottom, right), got {v!r}")
+    return tuple(int(i) for i in v)
+
+
+def window_out(n, k, stride, dil, pad_lo, pad_hi, ceil=False) -> int:
+    """Output length of a sliding window (ONNX/PyTorch rules; with ceil the last window must start
+    inside the input or its leading pad)."""
+    span = dil * (k - 1) + 1
+    room = n + pad_lo + pad_hi - span
+    if room < 0:
+        return 0
+    out = (-(-room // stride) if ceil else room // stride) + 1
+    if ceil and (out - 1) * stride >= n + pad_lo:
+        out -= 1
+    return out
+
+
+def _check_conv2d(inputs, outputs, attrs):
+    nm = "conv2d"
+    _arity(nm, inputs, outputs, (2, 3))
+    x, w, o = inputs[0], inputs[1], outputs[0]
+    _ndim(nm, x, "x", 4, 4)
+    _ndim(nm, w, "weight", 4, 4)
+    _dtype_in(nm, x, FLOATS, "x")
+    _same_dtype(nm, ("x", x), ("weight", w), ("output", o))
+    g = _int_attr(nm, attrs, "groups", 1)
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    _need(g >= 1 and c % g == 0 and m % g == 0, nm, f"groups {g} must divide input channels {c} and output "
+                                                    f"channels {m}")
+    _need(cg == c // g, nm, f"weight shape {tuple(w.shape)} needs C/groups = {c // g} input channels, has {cg}")
+    if len(inputs) == 3:
+        _same_dtype(nm, ("x", x), ("bias", inputs[2]))
+        _shape_is(nm, inputs[2], (m,), "bias")
+    sh, sw = _pair_attr(nm, attrs, "strides", (1, 1))
+    dh, dw = _pair_attr(nm, attrs, "dilations", (1, 1))
+    pt, pl, pb, pr = _pads_attr(nm, attrs)
+    _choice_attr(nm, attrs, "act", "none", tuple(ACTIVATIONS))
+    ho, wo = window_out(h, kh, sh, dh, pt, pb), window_out(wd, kw, sw, dw, pl, pr)
+    _need(ho >= 1 and wo >= 1, nm, f"kernel {kh}x{kw} (dilation {dh}x{dw}) does not fit the padded input "
+                                   f"{h + pt + pb}x{wd + pl + pr}")
+    _shape_is(nm, o, (n, m, ho, wo))
+
+
+def _conv_pd(inputs, outputs, attrs):
+    return outputs[0].shape[0] * outputs[0].shape[2]
+
+
+def _conv_work(inputs, outputs, attrs):
+    m, cg, kh, kw = inputs[1].shape
+    n, _, ho, wo = outputs[0].shape
+    return _cube_work(inputs, outputs, 2.0 * n * m * ho * wo * cg * kh * kw)
+
+
+def _padded_rows(xn, r0, r1, pl, pr, ct):
+    """Rows [r0, r1) of the zero-padded image ``xn`` [C, H, W] (r0 may be < 0, r1 > H), padded left/right."""
+    c, h, w = xn.shape
+    slab = np.zeros((c, r1 - r0, w + pl + pr), ct)
+    a, b = max(r0, 0), min(r1, h)
+    if b > a:
+        slab[:, a - r0:b - r0, pl:pl + w] = xn[:, a:b]
+    return slab
+
+
+def _windows(slab, kh, kw, sh, sw, dh, dw, rows, cols):
+    """[C, rows, cols, kh, kw] strided view of the sliding windows of ``slab``."""
+    sv = np.lib.stride_tricks.sliding_window_view(slab, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(1, 2))
+    return sv[:, ::sh, ::sw, ::dh, ::dw][:, :rows, :cols]
+
+
+@builtin("conv2d", unit="cube", check=_check_conv2d, work=_conv_work, parallel_dim=_conv_pd)
+@_quiet
+def _conv2d_run(ctx, inputs, outputs, attrs):
+    """2-D convolution, NCHW: x [N,C,H,W], weight [M,C/groups,kh,kw], optional bias [M]; attrs strides,
+    pads (top, left, bottom, right), dilations, groups, act (as fused_matmul's).  Float16 accumulates in
+    float32.  Blocks split the output rows N*Ho."""
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    out = outputs[0]
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    g = int(attrs.get("groups", 1))
+    sh, sw = attrs.get("strides", (1, 1))
+    dh, dw = attrs.get("dilations", (1, 1))
+    pt, pl, pb, pr = attrs.get("pads", (0, 0, 0, 0))
+    ho, wo = out.shape[2], out.shape[3]
+    ct = _compute_dtype(out.dtype)
+    wf = w.astype(ct) if w.dtype != ct else w
+    bf = None if bias is None else (bias.astype(ct) if bias.dtype != ct else bias)
+    act = attrs.get("act", "none")
+    rows = range(n * ho) if ctx.block_dim == 1 else ctx.split(n * ho)
+    i = rows.start
+    while i < rows.stop:
+        b, h0 = divmod(i, ho)
+        h1 = min(ho, h0 + rows.stop - i)
+        i += h1 - h0
+        slab = _padded_rows(x[b], h0 * sh - pt, (h1 - 1) * sh - pt + dh * (kh - 1) + 1, pl, pr, ct)
+        win = _windows(slab, kh, kw, sh, sw, dh, dw, h1 - h0, wo)           # [C, r, Wo, kh, kw]
+        if g == 1:
+            res = np.tensordot(wf, win, axes=([1, 2, 3], [0, 3, 4]))       # [M, r, Wo]
+        else:
+            res = np.einsum("gmckl,gcrwkl->gmrw", wf.reshape(g, m // g, cg, kh, kw),
+                            win.reshape((g, cg) + win.shape[1:]), optimize=True).reshape(m, h1 - h0, wo)
+        if bf is not None:
+            res += bf[:, None, None]
+        _act(res, act)
+        np.copyto(out[b, :, h0:h1], res, casting="same_kind")
+
+
+def _check_pool(nm, avg):
+    def check(inputs, outputs, attrs):
+        _arity(nm, inputs, outputs, 1)
+        x, o = inputs[0], outputs[0]
+        _ndim(nm, x, "x", 4, 4)
+        _dtype_in(nm, x, FLOATS, "x")
+        _same_dtype(nm, ("x", x), ("output", o))
+        kh, kw = _pair_attr(nm, attrs, "kernel_shape", None)
+        sh, sw = _pair_attr(nm, attrs, "strides", (1, 1))
+        dh, dw = _pair_attr(nm, attrs, "dilations", (1, 1))
+        pt, pl, pb, pr = _pads_attr(nm, attrs)
+        _need(pt < dh * (kh - 1) + 1 and pb < dh * (kh - 1) + 1 and pl < dw * (kw - 1) + 1 and
+              pr < dw * (kw - 1) + 1, nm, f"pads {(pt, pl, pb, pr)} must be smaller than the window")
+        ceil = _bool_attr(nm, attrs, "ceil_mode")
+        if avg:
+            _bool_attr(nm, attrs, "count_include_pad")
+        n, c, h, w = x.shape
+        ho, wo = window_out(h, kh, sh, dh, pt, pb, ceil), window_out(w, kw, sw, dw, pl, pr, ceil)
+        _need(ho >= 1 and wo >= 1, nm, f"window {kh}x{kw} does not fit the padded input {h + pt + pb}x{w + pl + pr}")
+        _shape_is(nm, o, (n, c, ho, wo))
+    return check
+
+
+def _pool_pd(inputs, outputs, attrs):
+    return outputs[0].shape[0] * outputs[0].shape[1]
+
+
+def _pool_work(inputs, outputs, attrs):
+    kh, kw = attrs["kernel_shape"]
+    return Work(flops=float(outputs[0].numel * kh * kw), bytes=_io_bytes(inputs, outputs), unit="vector")
+
+
+def _pool_geometry(x, out, attrs):
+    kh, kw = attrs["kernel_shape"]
+    sh, sw = attrs.get("strides", (1, 1))
+    dh, dw = attrs.get("dilations", (1, 1))
+    pt, pl, pb, pr = attrs.get("pads", (0, 0, 0, 0))
+    h, w = x.shape[2], x.shape[3]
+    ho, wo = out.shape[2], out.shape[3]
+    eb = max(pb, (ho - 1) * sh + dh * (kh - 1) + 1 - h - pt)     # bottom/right incl. ceil_mode's extra
+    er = max(pr, (wo - 1) * sw + dw * (kw - 1) + 1 - w - pl)
+    return (kh, kw, sh, sw, dh, dw), (pt, pl, pb, pr), (eb, er), (ho, wo)
+
+
+def _pool_run(avg):
+    def run(ctx, inputs, outputs, attrs):
+        x, out = inputs[0], outputs[0]
+        win, (pt, pl, pb, pr), (eb, er), (ho, wo) = _pool_geometry(x, out, attrs)
+        kh, kw, sh, sw, dh, dw = win
+        n, c, h, w = x.shape
+        ct = _compute_dtype(out.dtype)
+        planes = x.reshape(n * c, h, w)
+        o3 = out.reshape((n * c, ho, wo), copy=False)
+        r = range(n * c) if ctx.block_dim == 1 else ctx.split(n * c)
+        if not r:
+            return
+        fill = 0.0 if avg else -np.inf
+        slab = np.full((len(r), pt + h + eb, pl + w + er), fill, ct)
+        slab[:, pt:pt + h, pl:pl + w] = planes[r.start:r.stop]
+        v = _windows(slab, kh, kw, sh, sw, dh, dw, ho, wo)                 # [planes, Ho, Wo, kh, kw]
+        if not avg:
+            np.copyto(o3[r.start:r.stop], v.max(axis=(3, 4)), casting="same_kind")
+            return
+        mask = np.zeros((1,) + slab.shape[1:], ct)
+        if attrs.get("count_include_pad", False):
+            mask[:, :pt + h + pb, :pl + w + pr] = 1          # explicit pads count, ceil_mode's extra does not
+        else:
+            mask[:, pt:pt + h, pl:pl + w] = 1
+        cnt = _windows(mask, kh, kw, sh, sw, dh, dw, ho, wo).sum(axis=(3, 4))
+        s = v.sum(axis=(3, 4))
+        np.divide(s, cnt, out=s)
+        np.copyto(o3[r.start:r.stop], s, casting="same_kind")
+    return run
+
+
+_MAXPOOL = _pool_run(False)
+_MAXPOOL.__doc__ = "Max pooling, NCHW; attrs kernel_shape, strides, pads (top, left, bottom, right), dilations, ceil_mode"
+_AVGPOOL = _pool_run(True)
+_AVGPOOL.__doc__ = ("Average pooling, NCHW; attrs kernel_shape, strides, pads, dilations, ceil_mode, "
+                    "count_include_pad (the extra windows of ceil_mode never count padding)")
+builtin("max_pool2d", unit="vector", check=_check_pool("max_pool2d", False), work=_pool_work,
+        parallel_dim=_pool_pd)(_quiet(_MAXPOOL))
+builtin("avg_pool2d", unit="vector", check=_check_pool("avg_pool2d", True), work=_pool_work,
+        parallel_dim=_pool_pd)(_quiet(_AVGPOOL))
+
+
+def _check_batch_norm(inputs, outputs, attrs):
+    nm = "batch_norm"
+    _arity(nm, inputs, outputs, 5)
+    x, o = inputs[0], outputs[0]
+    _ndim(nm, x, "x", 2)
+    _dtype_in(nm, x, FLOATS, "x")
+    _same_dtype(nm, ("x", x), ("output", o))
+    c = x.shape[1]
+    for what, p in zip(("scale", "bias", "mean", "var"), inputs[1:]):
+        _shape_is(nm, p, (c,), what)
+        _need(p.dtype in (x.dtype, "float32"), nm, f"{what} dtype {p.dtype} must be the input's ({x.dtype}) or float32")
+    _shape_is(nm, o, x.shape)
+    eps = _num_attr(nm, attrs, "eps", 1e-5)
+    _need(eps >= 0, nm, f"attr 'eps' must be >= 0, got {eps!r}")
+
+
+@builtin("batch_norm", unit="vector", check=_check_batch_norm, work=_vector_work(2), parallel_dim=_out_numel)
+@_quiet
+def _batch_norm_run(ctx, inputs, outputs, attrs):
+    """Inference batch norm over channel axis 1: (x - mean) / sqrt(var + eps) * scale + bias (inputs x,
+    scale, bias, mean, var; attr eps)"""
+    x, scale, bias, mean, var = inputs
+    out = outputs[0]
+    ct = _compute_dtype(out.dtype)
+    a = scale.astype(F64) / np.sqrt(var.astype(F64) + float(attrs.get("eps", 1e-5)))
+    b = bias.astype(F64) - mean.astype(F64) * a
+    shape = (x.shape[1],) + (1,) * (x.ndim - 2)
+    a, b = a.astype(ct).reshape(shape), b.astype(ct).reshape(shape)
+
+    def fn(xv, av, bv, out):
+        if out.dtype == ct:
+            np.multiply(xv, av, out=out)
+            out += bv
+        else:
+            np.copyto(out, xv.astype(ct) * av + bv, casting="same_kind")
+    _ew_apply(ctx, fn, (x, a, b), out)

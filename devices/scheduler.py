@@ -13,6 +13,12 @@ Host-side calls (:meth:`Scheduler.enqueue`, ``synchronize_*``) take the lock bri
 Faults are read from the device's :class:`~devices.faults.FaultState`: a core waits while a ``hang``
 holds the cores, a ``slow`` fault stretches each block's wall time and each task's modeled time by its
 factor, and ``task-fail`` fails whole tasks (one count per task, whatever its block count).
+
+Streams and events record their owner (:mod:`devices.tenancy`): a handle is usable by its owner's tenant
+only, and each tenant's count is held against its quota (``limit``: ACL_ERROR_RT_NO_STREAM_RESOURCE /
+ACL_ERROR_RT_NO_EVENT_RESOURCE, as when the device runs out).  Each core publishes since when it runs its
+current block (:meth:`Scheduler.longest_running`): a block that never returns is what a hung device looks
+like from the outside.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from .errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_EVENT_NOT_COMP
                      ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, AclError, InvalidHandleError, InvalidParamError,
                      KernelError, error_for_code)
 from .faults import FaultState
+from .tenancy import Usage, same_tenant, tenant_of
 
 #: task kinds that run on a core (records and waits resolve inline and are not "tasks" to a fault)
 _CORE_TASKS = ("kernel", "copy")
@@ -56,7 +63,7 @@ class Task:
 class Stream:
     sid: int
     priority: int
-    owner: str = ""
+    owner: Any = ""
     queue: deque = field(default_factory=deque)
     running: Task | None = None
     parked_on: "Event | None" = None
@@ -70,7 +77,7 @@ class Stream:
 class Event:
     eid: int
     flags: int = 0
-    owner: str = ""
+    owner: Any = ""
     recorded_gen: int = 0                  #: records enqueued so far
     completed_gen: int = 0                 #: highest record number completed (the timestamps are its)
     done_floor: int = 0                    #: every record number <= done_floor has completed
@@ -120,13 +127,19 @@ class Scheduler:
         self.tasks_run = 0
         self.model_now = 0.0
         self._faults = faults if faults is not None else FaultState(0, device_id)
+        self._stream_usage = Usage()                     # streams per tenant
+        self._event_usage = Usage()                      # events per tenant
+        self._epoch = 0                                  # bumped by abort: blocks taken before it do not run
+        #: per core: (monotonic start, task name, stream id) of the block it runs, or None
+        self.running_since: list[tuple[float, str, int] | None] = [None] * cores
         self._threads = [threading.Thread(target=self._worker, args=(i,), name=f"{name}{device_id}-core{i}",
                                           daemon=True) for i in range(cores)]
         for t in self._threads:
             t.start()
 
     # ------------------------------------------------------------------ resources
-    def create_stream(self, priority: int = 0, owner: str = "") -> int:
+    def create_stream(self, priority: int = 0, owner="", limit: int = 0) -> int:
+        """A new stream of ``owner``; ``limit`` (> 0): the most its tenant may hold."""
         if not isinstance(priority, int) or priority < 0:
             raise InvalidParamError(f"stream priority must be a non-negative integer, got {priority!r}")
         priority = min(priority, 7)   # CANN clamps to [0, 7]
@@ -135,18 +148,56 @@ class Scheduler:
             if len(self.streams) >= self.max_streams:
                 raise AclError(f"device {self.device_id}: {self.max_streams} streams already exist",
                                code=ACL_ERROR_RT_NO_STREAM_RESOURCE)
+            if limit and self._stream_usage.get(owner) >= limit:
+                raise AclError(f"device {self.device_id}: tenant {tenant_of(owner)!r} holds its quota of {limit} "
+                               f"streams", code=ACL_ERROR_RT_NO_STREAM_RESOURCE)
             sid = next(self._ids)
             self.streams[sid] = Stream(sid, priority, owner)
+            self._stream_usage.add(owner)
             return sid
 
-    def destroy_stream(self, sid: int, owner: str | None = None) -> None:
+    def destroy_stream(self, sid: int, owner=None) -> None:
         """Waits for the stream's queued work first (CANN asks callers to synchronize before)."""
         s = self._stream(sid, owner)
         self.synchronize_stream(sid, timeout=-1, owner=owner, raise_error=False)
         with self._lock:
-            self.streams.pop(s.sid, None)
+            if self.streams.pop(s.sid, None) is not None:
+                self._stream_usage.add(s.owner, -1)
 
-    def drop_owner(self, owner: str, timeout_s: float) -> bool:
+    def usage(self, owner) -> dict[str, int]:
+        """Streams and events the tenant of ``owner`` holds."""
+        with self._lock:
+            return {"streams": self._stream_usage.get(owner), "events": self._event_usage.get(owner)}
+
+    def clear(self) -> None:
+        """Forget every stream and event (device reset; call after :meth:`abort`)."""
+        with self._lock:
+            self.streams.clear()
+            self.events.clear()
+            self._stream_usage.clear()
+            self._event_usage.clear()
+
+    def quiesce(self, timeout_s: float) -> bool:
+        """Wait (host-blocking, up to ``timeout_s``) until no core runs a block; True when none does."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while any(r is not None for r in self.running_since):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(min(left, 0.01))
+        return True
+
+    def longest_running(self) -> tuple[float, str, int] | None:
+        """``(seconds, task name, stream id)`` of the block that has been running longest, or None."""
+        now = time.monotonic()
+        runs = [r for r in list(self.running_since) if r is not None]
+        if not runs:
+            return None
+        t0, name, sid = min(runs)
+        return now - t0, name, sid
+
+    def drop_owner(self, owner, timeout_s: float) -> bool:
         """Forget a departed client's streams and events: its queued work is dropped and its running
         work waited for (host-blocking, up to ``timeout_s``).  True when none of its work runs any more."""
         deadline = time.monotonic() + timeout_s
@@ -164,41 +215,49 @@ class Scheduler:
                     return False
                 self._idle.wait(left)
             for s in mine:
-                self.streams.pop(s.sid, None)
+                if self.streams.pop(s.sid, None) is not None:
+                    self._stream_usage.add(s.owner, -1)
             for eid in [e.eid for e in self.events.values() if e.owner == owner]:
-                self.events.pop(eid, None)
+                e = self.events.pop(eid)
+                self._event_usage.add(e.owner, -1)
             self._idle.notify_all()
         return True
 
-    def create_event(self, flags: int = 0, owner: str = "") -> int:
+    def create_event(self, flags: int = 0, owner="", limit: int = 0) -> int:
+        """A new event of ``owner``; ``limit`` (> 0): the most its tenant may hold."""
         with self._lock:
             self._check_alive()
             if len(self.events) >= self.max_events:
                 raise AclError(f"device {self.device_id}: {self.max_events} events already exist",
                                code=ACL_ERROR_RT_NO_EVENT_RESOURCE)
+            if limit and self._event_usage.get(owner) >= limit:
+                raise AclError(f"device {self.device_id}: tenant {tenant_of(owner)!r} holds its quota of {limit} "
+                               f"events", code=ACL_ERROR_RT_NO_EVENT_RESOURCE)
             eid = next(self._ids)
             self.events[eid] = Event(eid, flags, owner)
+            self._event_usage.add(owner)
             return eid
 
-    def destroy_event(self, eid: int, owner: str | None = None) -> None:
+    def destroy_event(self, eid: int, owner=None) -> None:
         e = self._event(eid, owner)
         with self._lock:
-            self.events.pop(e.eid, None)
+            if self.events.pop(e.eid, None) is not None:
+                self._event_usage.add(e.owner, -1)
 
-    def _stream(self, sid: int, owner: str | None = None) -> Stream:
+    def _stream(self, sid: int, owner=None) -> Stream:
         s = self.streams.get(sid)
-        if s is None or (owner is not None and s.owner != owner):
+        if s is None or not same_tenant(s.owner, owner):
             raise InvalidHandleError(f"unknown stream {sid!r} on device {self.device_id}")
         return s
 
-    def _event(self, eid: int, owner: str | None = None) -> Event:
+    def _event(self, eid: int, owner=None) -> Event:
         e = self.events.get(eid)
-        if e is None or (owner is not None and e.owner != owner):
+        if e is None or not same_tenant(e.owner, owner):
             raise InvalidHandleError(f"unknown event {eid!r} on device {self.device_id}")
         return e
 
     # ------------------------------------------------------------------ enqueue
-    def enqueue(self, sid: int, tasks: list[Task], owner: str | None = None) -> None:
+    def enqueue(self, sid: int, tasks: list[Task], owner=None) -> None:
         """Append tasks to a stream; returns at once (only orders the device)."""
         with self._lock:
             self._check_alive()
@@ -216,14 +275,14 @@ class Scheduler:
             if s.running is None and s.parked_on is None:
                 self._advance(s)
 
-    def record(self, sid: int, eid: int, owner: str | None = None) -> None:
+    def record(self, sid: int, eid: int, owner=None) -> None:
         self.enqueue(sid, [Task("record", event=self._event(eid, owner))], owner)
 
-    def wait(self, sid: int, eid: int, gen: int = 0, owner: str | None = None) -> None:
+    def wait(self, sid: int, eid: int, gen: int = 0, owner=None) -> None:
         """Later tasks of ``sid`` wait for the event's latest record (or record number ``gen``)."""
         self.enqueue(sid, [Task("wait", event=self._event(eid, owner), gen=gen)], owner)
 
-    def signal(self, eid: int, gen: int, owner: str | None = None) -> None:
+    def signal(self, eid: int, gen: int, owner=None) -> None:
         """Complete an event from the host up to record number ``gen`` (host-signalled gates)."""
         with self._lock:
             e = self._event(eid, owner)
@@ -319,9 +378,13 @@ class Scheduler:
                     heapq.heappop(self._ready)
                 if b == 0 and t.kind in _CORE_TASKS and self._faults.take_task_failure():
                     t.error = KernelError(f"{t.name or t.kind}: injected task failure (fault task-fail)")
+                epoch = self._epoch
             self._faults.wait_running()
+            if epoch != self._epoch:
+                continue                    # aborted (reset, device lost) while the cores were held
             t0 = time.perf_counter()
             err = None
+            self.running_since[core] = (time.monotonic(), t.name or t.kind, t.stream.sid if t.stream else -1)
             try:
                 if t.error is None:
                     t.run(b)
@@ -329,6 +392,8 @@ class Scheduler:
                 err = e
             except Exception as e:  # noqa: BLE001 - any failure is a task failure, never a dead core
                 err = KernelError(f"{t.name or t.kind} failed: {type(e).__name__}: {e}")
+            finally:
+                self.running_since[core] = None
             dt = time.perf_counter() - t0
             slow = self._faults.slow_factor()
             if slow > 1.0:
@@ -338,6 +403,9 @@ class Scheduler:
                 dt = time.perf_counter() - t0
             self.busy_s[core] += dt
             with lock:
+                if epoch != self._epoch:
+                    self._idle.notify_all()      # aborted while it ran: nothing to complete (quiesce waits)
+                    continue
                 if err is not None and t.error is None:
                     t.error = err
                 t.done_blocks += 1
@@ -376,7 +444,7 @@ class Scheduler:
                 self._idle.wait(left)
         return True
 
-    def synchronize_stream(self, sid: int, timeout: float = -1, owner: str | None = None,
+    def synchronize_stream(self, sid: int, timeout: float = -1, owner=None,
                            raise_error: bool = True) -> None:
         """Block the host until every task submitted to the stream has finished (timeout in ms, -1 =
         forever, 0 = poll).  Raises the stream's first task error (and clears it)."""
@@ -391,12 +459,12 @@ class Scheduler:
         if err is not None and raise_error:
             raise _copy(err)
 
-    def stream_idle(self, sid: int, owner: str | None = None) -> bool:
+    def stream_idle(self, sid: int, owner=None) -> bool:
         with self._lock:
             s = self._stream(sid, owner)
             return s.tasks_done >= s.submitted
 
-    def synchronize_event(self, eid: int, timeout: float = -1, owner: str | None = None) -> None:
+    def synchronize_event(self, eid: int, timeout: float = -1, owner=None) -> None:
         """Block the host until the event's latest record has completed."""
         with self._lock:
             e = self._event(eid, owner)
@@ -409,12 +477,12 @@ class Scheduler:
         if err is not None:
             raise _copy(err)
 
-    def synchronize_device(self, timeout: float = -1, owner: str | None = None) -> None:
-        """Wait for every stream (of ``owner``), then raise the first stream error found."""
+    def synchronize_device(self, timeout: float = -1, owner=None) -> None:
+        """Wait for every stream (of ``owner``'s tenant), then raise the first stream error found."""
         first = None
         for sid in list(self.streams):
             s = self.streams.get(sid)
-            if s is not None and (owner is None or s.owner == owner):
+            if s is not None and same_tenant(s.owner, owner):
                 try:
                     self.synchronize_stream(sid, timeout, owner)
                 except AclError as e:
@@ -424,13 +492,13 @@ class Scheduler:
         if first is not None:
             raise first
 
-    def query_event(self, eid: int, owner: str | None = None) -> bool:
+    def query_event(self, eid: int, owner=None) -> bool:
         """True when the latest record has completed (also before the first record)."""
         with self._lock:
             e = self._event(eid, owner)
             return _is_done(e, e.recorded_gen)
 
-    def event_times(self, eid: int, owner: str | None = None) -> tuple[float, float]:
+    def event_times(self, eid: int, owner=None) -> tuple[float, float]:
         with self._lock:
             e = self._event(eid, owner)
             if e.recorded_gen == 0:
@@ -439,7 +507,7 @@ class Scheduler:
                 raise AclError(f"event {eid} has not completed", code=ACL_ERROR_RT_EVENT_NOT_COMPLETE)
             return e.wall_ts, e.model_ts
 
-    def elapsed(self, start: int, end: int, owner: str | None = None) -> tuple[float, float]:
+    def elapsed(self, start: int, end: int, owner=None) -> tuple[float, float]:
         """(wall ms, modeled ms) between two completed events."""
         w0, m0 = self.event_times(start, owner)
         w1, m1 = self.event_times(end, owner)
@@ -453,6 +521,7 @@ class Scheduler:
         err = error_for_code(code, message)
         with self._lock:
             self._abort_error = err
+            self._epoch += 1
             self._ready.clear()
             for s in self.streams.values():
                 s.tasks_done = s.submitted

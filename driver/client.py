@@ -1,7 +1,8 @@
 """The host end of the driver: :class:`RemoteDevice`, a :class:`runtime.backend.DeviceHandle` over gRPC.
 
 One channel per device.  Every RPC goes through :meth:`RemoteDevice._rpc`, which adds the metadata
-(bearer token, client id = tenant, device id) and a deadline, counts the call (:attr:`rpc_count`), and
+(bearer credential -- a tenant credential, or the cluster token for the admin --, client id, device id) and
+a deadline, counts the call (:attr:`rpc_count`), and
 turns a gRPC failure back into the typed CANN exception: the server's structured error detail when present
 (code, class, and the HcclResult of a failed collective), else a code for the status (UNAVAILABLE /
 CANCELLED -> :class:`DeviceLostError` ACL_ERROR_RT_DEVICE_TASK_ABORT, DEADLINE_EXCEEDED ->
@@ -12,6 +13,10 @@ goes silent for ``stale_after_s``) the device is marked lost at once (:attr:`los
 the callback hears about it, blocked ``synchronize_*`` calls are woken, and every later call raises
 DeviceLostError (ACL_ERROR_RT_DEVICE_TASK_ABORT) without touching the network -- the same contract as an
 in-process :class:`devices.device.Device` that is lost.
+
+Leases: a client must hold a lease on a device before it creates anything there (:meth:`open_lease`;
+``runtime.cluster.remote.RemoteBackend`` opens one per device); what it created is released when the
+lease ends.  Reading needs none.
 
 Same-node fast path: when the device is on this node (its published node identity equals this process's,
 :mod:`driver.node`) and its HBM arena segment can be mapped here, a host copy is one small ``CheckRange``
@@ -36,6 +41,7 @@ import grpc  # noqa: E402,I100
 import numpy as np  # noqa: E402
 
 from devices.arena import ARENA_HEADER, SHM_DIR, attach, header_gen  # noqa: E402
+from driver.credentials import claims_of  # noqa: E402
 from devices.device import DeviceInfo  # noqa: E402
 from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_DEVICE_TASK_ABORT,  # noqa: E402
                             ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_NO_DEVICE, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
@@ -53,9 +59,11 @@ _SYNC_TIMEOUT_CODES = (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_EVENT_SYNC
 SHORT_WAIT_MS = 50.0
 #: statuses with which a live device refuses a watch (bad token, wrong device ...): not a device loss
 _REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED,
-             grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+             grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED)
 WATCH_RENEW_S = 3600.0          #: a health watch is one call with this deadline, renewed seamlessly
+LEASE_BEAT_MS = 2000            #: heartbeat period of a lease watch (beats only keep the stream observably alive)
 COPY_BYTES_PER_S = 100e6        #: deadline allowance for big chunked copies (far below loopback speed)
+_COPY_ALLOWANCE_MAX = 1 << 42   #: bytes the allowance counts at most (an absurd size must not overflow a deadline)
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,11 @@ class RemoteDevice:
             if self._closed:
                 raise error_for_code(ACL_ERROR_RT_NO_DEVICE, f"client of device {self.id} is closed") from None
             raise
+
+    def _copy_timeout(self, nbytes) -> float:
+        """The deadline of a chunked copy of ``nbytes``: the call timeout plus time for the bytes."""
+        n = nbytes if isinstance(nbytes, int) else 0
+        return self.timeout_s + min(max(0, n), _COPY_ALLOWANCE_MAX) / COPY_BYTES_PER_S
 
     def _interruptible(self, method, request, t: float):
         """A call that device loss cancels (the caller waits on the call itself: no extra thread hop)."""
@@ -264,7 +277,26 @@ class RemoteDevice:
         with self._lock:
             self._watches.append(w)
         w.start()
+        if lease:                           # the lease must be in place before this client creates anything
+            if not w.wait_open(self.timeout_s) and w.error is not None:
+                raise w.error
         return w
+
+    def open_lease(self, interval_ms: int = LEASE_BEAT_MS) -> "HealthWatch":
+        """This client's lease on the device (host-blocking until the device has registered it): needed
+        to create anything there, and what the device releases once it ends for good.  A refusal (bad
+        credential, watch quota) raises; a lost device just shows as lost."""
+        return self.watch_health(interval_ms, None, stale_after_s=0, lease=True)
+
+    def revoke(self, tokens=(), tenants: dict | list = ()) -> None:
+        """Admin: revoke tenant credentials (``tokens``) and every credential issued so far to ``tenants``
+        (names, or name -> the time in ms before which their credentials were issued) on this device."""
+        t_now = int(time.time() * 1000)
+        tenants = tenants if isinstance(tenants, dict) else {t: t_now for t in tenants}
+        req = dms.RevokeRequest(credentials=[{"id": c.token_id, "expires_s": c.expires_s}
+                                             for c in map(claims_of, tokens)],
+                                tenants=[{"tenant": k, "issued_before_ms": int(v)} for k, v in tenants.items()])
+        self._rpc(self._dms.Revoke, req)
 
     # ------------------------------------------------------------------ memory (RMS)
     def malloc(self, size: int, policy: int = 0) -> int:
@@ -294,7 +326,7 @@ class RemoteDevice:
             try:
                 if not info.arena_name or os.stat(path).st_size != info.arena_size + ARENA_HEADER:
                     return None
-                self._shm = attach(info.arena_name, info.arena_size)
+                self._shm = attach(info.arena_name, info.arena_size, info.device_id)
             except (OSError, ValueError):
                 return None
             return self._shm[1]
@@ -336,7 +368,7 @@ class RemoteDevice:
             for i in range(wire.CHUNK_BYTES, n, wire.CHUNK_BYTES):
                 yield rms.H2DChunk(data=src[i:i + wire.CHUNK_BYTES].tobytes())
 
-        self._rpc(self._rms.MemcpyH2D, chunks(), timeout=self.timeout_s + n / COPY_BYTES_PER_S)
+        self._rpc(self._rms.MemcpyH2D, chunks(), timeout=self._copy_timeout(n))
 
     def memcpy_d2h(self, src: int, nbytes: int, out=None) -> np.ndarray:
         arena = self._arena()
@@ -354,19 +386,23 @@ class RemoteDevice:
             target = out.reshape(-1).view(np.uint8)
 
         def consume(it):
-            res = target if target is not None else np.empty(max(int(nbytes), 0), dtype=np.uint8)
+            res = target
             pos = 0
             for chunk in it:
+                if res is None:              # allocated once the device has checked the range (it sent data)
+                    res = np.empty(nbytes, dtype=np.uint8)
                 k = len(chunk.data)
                 if pos + k > res.size:
                     raise AclError(f"device sent more than the {nbytes} B asked for", code=ACL_ERROR_INTERNAL_ERROR)
                 res[pos:pos + k] = np.frombuffer(chunk.data, dtype=np.uint8)
                 pos += k
-            if pos != res.size:
+            if res is None:
+                res = np.empty(0, dtype=np.uint8)
+            if pos != res.size or pos != nbytes:
                 raise AclError(f"device-to-host stream ended after {pos} of {nbytes} B", code=ACL_ERROR_INTERNAL_ERROR)
             return res
 
-        res = self._rpc(self._rms.MemcpyD2H, req, timeout=self.timeout_s + max(0, nbytes) / COPY_BYTES_PER_S,
+        res = self._rpc(self._rms.MemcpyD2H, req, timeout=self._copy_timeout(nbytes),
                         consume=consume)
         if out is None or target is not None:
             return out if target is not None else res
@@ -442,16 +478,17 @@ class RemoteDevice:
     def _ship_user_kernels(self, ops) -> None:
         """User kernels live in this process's registry: send each one (by value) to the device the
         first time a launch names it, or again after it was re-registered."""
-        from devices.kernel import lookup
+        from devices.kernel import registered
         from devices.tasks import Launch
         for op in ops:
             if type(op) is Launch:
-                k = lookup(op.kernel)
-                if k.user and self._shipped.get(op.kernel) is not k.run:
+                k = registered(op.kernel)          # None: the device's own (or one registered there directly)
+                if k is not None and k.user and self._shipped.get(op.kernel) is not k.run:
                     self.register_kernel(op.kernel, k.run)
 
     def register_kernel(self, name: str, fn) -> None:
-        """Install a Python per-block kernel on the device (pickled by value)."""
+        """Install a Python per-block kernel on the device (pickled by value), for this client's tenant
+        (released with this client's lease).  It runs in the device's process."""
         import sys
 
         from ray import cloudpickle
@@ -463,8 +500,12 @@ class RemoteDevice:
         finally:
             if mod is not None and not mod.__name__.startswith(("devices", "runtime", "driver")):
                 cloudpickle.unregister_pickle_by_value(mod)
-        self._rpc(self._rms.RegisterKernel, _request(rms.RegisterKernelRequest, name=name, code=code))
+        self.register_kernel_payload(name, code)
         self._shipped[name] = fn
+
+    def register_kernel_payload(self, name: str, code: bytes) -> None:
+        """RegisterKernel with an already pickled kernel."""
+        self._rpc(self._rms.RegisterKernel, _request(rms.RegisterKernelRequest, name=name, code=code))
 
     # ------------------------------------------------------------------ HCCL
     def hccl_info(self) -> dict:
@@ -486,20 +527,23 @@ class RemoteDevice:
         self._rpc(self._rms.HcclCommDestroy, _request(rms.HcclCommRequest, comm=comm_id))
 
     def hccl_read(self, comm_id: str, ptr: int, nbytes: int) -> np.ndarray:
-        """Device-to-device read over gRPC (the cross-node HCCL transport)."""
-        res = np.empty(nbytes, dtype=np.uint8)
-
+        """Device-to-device read over gRPC (the cross-node HCCL transport; the admin's)."""
         def consume(it):
+            res = None
             pos = 0
             for chunk in it:
+                if res is None:              # allocated once the peer has checked the range
+                    res = np.empty(nbytes, dtype=np.uint8)
                 k = len(chunk.data)
+                if pos + k > nbytes:
+                    raise AclError(f"peer sent more than the {nbytes} B asked for", code=ACL_ERROR_INTERNAL_ERROR)
                 res[pos:pos + k] = np.frombuffer(chunk.data, dtype=np.uint8)
                 pos += k
             if pos != nbytes:
                 raise AclError(f"peer sent {pos} of {nbytes} B", code=ACL_ERROR_INTERNAL_ERROR)
-            return res
+            return res if res is not None else np.empty(0, dtype=np.uint8)
         return self._rpc(self._rms.HcclRead, _request(rms.HcclReadRequest, comm=comm_id, ptr=ptr, nbytes=nbytes),
-                         timeout=self.timeout_s + nbytes / COPY_BYTES_PER_S, consume=consume)
+                         timeout=self._copy_timeout(nbytes), consume=consume)
 
     def hccl_notify(self, msg) -> None:
         self._rpc(self._rms.HcclNotify, _request(rms.HcclNotifyRequest, json=json.dumps(msg)))
@@ -592,13 +636,13 @@ class RemoteDevice:
 
 
 def _split(ops):
-    """Batches under the message limit (only inline H2D data can make a batch big)."""
-    if not any(type(op) is WriteH2D for op in ops):
+    """Batches under the message limit (only inline H2D data can make a batch big) and the op limit."""
+    if len(ops) <= wire.MAX_BATCH_OPS and not any(type(op) is WriteH2D for op in ops):
         return (ops,)
     out, cur, size = [], [], 0
     for op in ops:
         n = wire.op_wire_bytes(op)
-        if cur and size + n > wire.SUBMIT_SPLIT_BYTES:
+        if cur and (size + n > wire.SUBMIT_SPLIT_BYTES or len(cur) >= wire.MAX_BATCH_OPS):
             out.append(cur)
             cur, size = [], 0
         cur.append(op)
@@ -624,6 +668,9 @@ class HealthWatch:
         self.beats = 0               #: heartbeats received
         self.last = None             #: the last HealthEvent
         self.error = None            #: why the device refused the watch (the watch then ends, device not lost)
+        self.opened = threading.Event()    #: the device accepted the watch (and registered the lease)
+        self.ended = threading.Event()     #: the watch thread is over (refused, lost or stopped)
+        self._settled = threading.Event()  # opened or ended
         self._call = None
         self._stale = False
         self._last_t = time.monotonic()
@@ -648,6 +695,9 @@ class HealthWatch:
         self._call = it
         if self.stopped.is_set():
             it.cancel()
+        if any(k == wire.WATCH_KEY for k, _ in it.initial_metadata() or ()):
+            self.opened.set()
+            self._settled.set()
         for m in it:
             self._last_t = time.monotonic()
             self.seq = m.seq
@@ -656,7 +706,20 @@ class HealthWatch:
             self._notify(HealthEvent(self.dev.id, m.seq, health, tuple(reasons), wire.telemetry_from_pb(m.telemetry),
                                      conditions=tuple(wire.conditions_from_pb(m.status.conditions))))
 
+    def wait_open(self, timeout: float | None = None) -> bool:
+        """Block until the device has accepted the watch (True), or it ended without that / ``timeout``
+        passed (False; :attr:`error` says why when the device refused it)."""
+        self._settled.wait(timeout)
+        return self.opened.is_set()
+
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self.ended.set()
+            self._settled.set()
+
+    def _loop(self) -> None:
         dev = self.dev
         error: AclError | None = None
         while not self.stopped.is_set():

@@ -8,6 +8,11 @@ Ray namespace (``npu<physical id>``) and from then on talks to it over gRPC only
 It lives at the driver's edge: ``devices`` is the device model as plain Python (no Ray, gRPC or driver
 imports); this module builds one with this node's identity (:mod:`driver.node`), serves it, and installs
 HCCL's cross-node transport (:mod:`driver.hccl_grpc`) next to the engine's built-in same-node one.
+
+The cluster's security settings arrive as a :class:`driver.policy.DevicePolicy` (from ``ClusterSpec``):
+quotas, whether user kernels are accepted, whether the arena is a shared-memory segment (the same-node
+fast path), and the revocation list file to load.  The device's HCCL doorbell messages are sealed with a
+key derived from the cluster token, which tenants do not hold.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ class NpuHost:
     """Body of the Ray actor (plain class so that it can also run in-process)."""
 
     def __init__(self, device_id: int, token: str, arena_bytes: int, chip: str = "Ascend910B3",
-                 host: str | None = None, cores: int | None = None):
+                 host: str | None = None, cores: int | None = None, policy=None):
         for k, v in BLAS_ENV.items():
             os.environ.setdefault(k, v)
         try:
@@ -39,18 +44,25 @@ class NpuHost:
 
         from .hccl_grpc import GrpcTransport
         from .node import ray_node_id, this_node
+        from .policy import DevicePolicy
         from .service import serve
 
         from devices.chip import chip_by_name
         from devices.device import Device, DeviceConfig
-        from devices.hccl_transport import CROSS_NODE
+        from devices.hccl_transport import CROSS_NODE, link_key
+        policy = policy or DevicePolicy()
         self.host = host or _node_ip()
         self.ray_node = ray_node_id()            # the Ray node (raylet) this actor runs on ("" outside Ray)
         cfg = replace(DeviceConfig(), device_id=device_id, arena_bytes=arena_bytes, spec=chip_by_name(chip),
-                      cores=cores, node=this_node())
+                      cores=cores, node=this_node(), quota=policy.quota, shm=policy.shm_fast_path,
+                      link_key=link_key(token))
         self.device = Device(cfg)
         self._stopped = threading.Event()
-        self.server = serve(self.device, host=self.host, token=token, on_kill=self._kill)
+        try:
+            self.server = serve(self.device, host=self.host, token=token, on_kill=self._kill, policy=policy)
+        except BaseException:
+            self.device.close()
+            raise
         # peers on other nodes reach this device at its gRPC endpoint
         self.device.hccl.set_transport(CROSS_NODE, GrpcTransport(self.server.address, token,
                                                                  client_id=f"hccl-npu{device_id}"))

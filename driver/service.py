@@ -3,27 +3,43 @@
 ``serve(device, host, token)`` binds one port on ``host`` only (loopback by default; a device actor passes
 its node's address) and serves both services from a thread pool.  One interceptor (:class:`_Gate`) sits in
 front of every method and is the only place that
-  * authenticates: metadata ``authorization: Bearer <token>`` compared in constant time; anything else is
-    refused with UNAUTHENTICATED before the method runs;
+  * authenticates: metadata ``authorization: Bearer <credential>`` is the cluster token (the admin) or a
+    tenant credential minted from it (:mod:`driver.credentials`: MAC, expiry, revocation list); anything
+    else is refused with UNAUTHENTICATED before the method runs.  The tenant comes from the credential;
+    ``vnpu-client`` only names the client (session) within it;
+  * refuses tenants the admin-only methods (:data:`ADMIN_ONLY`: reset, faults, revocation, and the
+    device-to-device HCCL transport) with PERMISSION_DENIED / ACL_ERROR_RT_NO_PERMISSION;
   * refuses calls addressed to another device (``vnpu-device`` metadata, FAILED_PRECONDITION /
     ACL_ERROR_RT_INVALID_DEVICEID);
+  * answers a request that does not parse with INVALID_ARGUMENT / ACL_ERROR_RT_PARAM_INVALID (gRPC itself
+    would say INTERNAL);
   * maps errors: an :class:`~devices.errors.AclError` becomes the gRPC status of its code
     (:func:`driver.wire.status_for_code`) with the structured error detail in trailing metadata (code,
     class, HcclResult: :func:`driver.wire.error_trailers`); any other exception becomes INTERNAL with
     ACL_ERROR_INTERNAL_ERROR.  Servicer methods just call the device and let errors fly.
 
+Tenancy: every device call is made for the caller's :class:`devices.tenancy.Owner` (tenant from the
+credential, client from ``vnpu-client``): what one tenant holds is invisible to the others, quotas are per
+tenant, and what a client creates is released when its lease ends (:mod:`driver.lease`).  A call that would
+create something (Malloc, CreateStream, CreateEvent, Submit, SynchronizeStream with ops, GraphCreate,
+RegisterKernel, HcclCommInit, HcclCommJoin: the handlers that ask for ``_leased``) is refused with
+ACL_ERROR_RT_CONTEXT_NULL unless the client holds a lease on this device -- so nothing a client leaves
+behind outlives it.  Open watches count against the tenant's
+quota and the endpoint's threads (each holds one).
+
+Trust boundary: ``RegisterKernel`` unpickles the client's payload and later runs it on the device's core
+threads, in this process, with its rights (as a Ray task would run a client's function).  Authentication
+decides who may do that; :class:`driver.policy.DevicePolicy` ``user_kernels=False`` refuses it for all
+(before reading the payload).
+
 Faults: ``InjectFault`` / ``ClearFault`` just call the device's ``inject_fault`` / ``clear_fault``.  The
 server installs the device's ``on_kill`` hook, so that the ``kill`` fault ends the hosting process (the
 ``on_kill`` given to :func:`serve`) after its reply has gone out, instead of marking an in-process device
 lost.
-
-Tenancy: the ``vnpu-client`` metadata names the owner on whose behalf the device acts, so allocations,
-streams and events of one client are invisible to another.
 """
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 import os
@@ -34,31 +50,73 @@ from concurrent import futures
 from itertools import chain
 
 from . import wire  # first: it sets gRPC's log verbosity before gRPC loads
+from .credentials import CredentialError, Principal, Revocations, Verifier
 from .lease import DEFAULT_GRACE_S, Leases
+from .policy import DevicePolicy
 from .wire import dms, rms
 
 import grpc  # noqa: E402,I100
 
-from devices.errors import ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_INVALID_DEVICEID, AclError  # noqa: E402
-from devices.errors import InvalidParamError  # noqa: E402
+from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_CONTEXT_NULL,  # noqa: E402
+                            ACL_ERROR_RT_INVALID_DEVICEID, ACL_ERROR_RT_NO_PERMISSION, ACL_ERROR_RT_OVER_LIMIT,
+                            ACL_ERROR_RT_PARAM_INVALID, AclError, InvalidParamError)
+from devices.kernel import check_kernel_name  # noqa: E402
 from devices.node import boot_id  # noqa: E402
+from devices.tenancy import Owner, Usage  # noqa: E402
 
 log = logging.getLogger("vnpu.driver.service")
 
 #: server threads per device endpoint; every open health watch (each runtime client's lease, each
 #: failover pool's watch) holds one for its lifetime, so this bounds the concurrent clients of a device
 RPC_WORKERS = 64
+#: threads no watch may take (unary calls always find one)
+RESERVED_WORKERS = 8
+#: longest client id accepted
+MAX_CLIENT_ID = 256
 
-
-def _owner(context) -> str:
-    for k, v in context.invocation_metadata():
-        if k == wire.CLIENT_KEY:
-            return v or wire.ANONYMOUS
-    return wire.ANONYMOUS
+_DMS, _RMS = wire.DMS_NAME, wire.RMS_NAME
+#: methods only the admin (the cluster token) may call
+ADMIN_ONLY = frozenset(f"/{svc}/{m}" for svc, m in (
+    (_DMS, "Reset"), (_DMS, "InjectFault"), (_DMS, "ClearFault"), (_DMS, "Revoke"),
+    (_RMS, "HcclRead"), (_RMS, "HcclNotify")))
 
 
 # ---------------------------------------------------------------- the gate: auth + error mapping
+class _Malformed:
+    """What a request that does not parse deserializes to (the handler answers INVALID_ARGUMENT)."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _tolerant(deserialize):
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserialize(data)
+        except Exception as e:  # noqa: BLE001 - DecodeError and friends: the request is malformed
+            return _Malformed(e)
+    return parse
+
+
+def _malformed(m: _Malformed) -> InvalidParamError:
+    return InvalidParamError(f"malformed request: {type(m.error).__name__}: {m.error}"[:300])
+
+
+def _checked(request_iterator):
+    for r in request_iterator:
+        if isinstance(r, _Malformed):
+            raise _malformed(r)
+        yield r
+
+
 def _map_errors(context, e: Exception):
+    if isinstance(e, CredentialError):          # a credential revoked or expired during the call
+        context.set_trailing_metadata(wire.error_trailers_of(e))
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, e.detail)
     if isinstance(e, AclError):
         context.set_trailing_metadata(wire.error_trailers_of(e))
         context.abort(wire.status_for_code(e.code), e.detail)
@@ -67,18 +125,26 @@ def _map_errors(context, e: Exception):
     context.abort(wire.status_for_code(ACL_ERROR_INTERNAL_ERROR), f"{type(e).__name__}: {e}")
 
 
-def _guard_unary(fn):
+def _guard_unary(fn, streamed_request: bool):
     def call(request, context):
         try:
+            if streamed_request:
+                request = _checked(request)
+            elif isinstance(request, _Malformed):
+                raise _malformed(request)
             return fn(request, context)
         except Exception as e:  # noqa: BLE001 - every failure leaves as a status
             _map_errors(context, e)
     return call
 
 
-def _guard_stream(fn):
+def _guard_stream(fn, streamed_request: bool):
     def call(request, context):
         try:
+            if streamed_request:
+                request = _checked(request)
+            elif isinstance(request, _Malformed):
+                raise _malformed(request)
             yield from fn(request, context)
         except Exception as e:  # noqa: BLE001
             _map_errors(context, e)
@@ -86,13 +152,14 @@ def _guard_stream(fn):
 
 
 def _guarded(h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    h = h._replace(request_deserializer=_tolerant(h.request_deserializer))
     if h.unary_unary is not None:
-        return h._replace(unary_unary=_guard_unary(h.unary_unary))
+        return h._replace(unary_unary=_guard_unary(h.unary_unary, False))
     if h.stream_unary is not None:
-        return h._replace(stream_unary=_guard_unary(h.stream_unary))
+        return h._replace(stream_unary=_guard_unary(h.stream_unary, True))
     if h.unary_stream is not None:
-        return h._replace(unary_stream=_guard_stream(h.unary_stream))
-    return h._replace(stream_stream=_guard_stream(h.stream_stream))
+        return h._replace(unary_stream=_guard_stream(h.unary_stream, False))
+    return h._replace(stream_stream=_guard_stream(h.stream_stream, True))
 
 
 def _refusal(h: grpc.RpcMethodHandler, status: grpc.StatusCode, message: str, code: int | None):
@@ -112,8 +179,8 @@ def _refusal(h: grpc.RpcMethodHandler, status: grpc.StatusCode, message: str, co
 
 
 class _Gate(grpc.ServerInterceptor):
-    def __init__(self, token: str, device_id: int):
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, verifier: Verifier, device_id: int):
+        self._verifier = verifier
         self._device = str(device_id)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self._refusals: dict[tuple[str, str], grpc.RpcMethodHandler] = {}
@@ -122,16 +189,25 @@ class _Gate(grpc.ServerInterceptor):
         h = continuation(details)
         if h is None:
             return None                      # unknown method: gRPC answers UNIMPLEMENTED
-        auth = device = None
+        auth = device = client = None
         for k, v in details.invocation_metadata or ():
             if k == wire.AUTH_KEY:
                 auth = v
             elif k == wire.DEVICE_KEY:
                 device = v
-        if auth is None or not hmac.compare_digest(auth.encode() if isinstance(auth, str) else auth,
-                                                   self._expected):
+            elif k == wire.CLIENT_KEY:
+                client = v
+        who = self._verifier.principal(auth)
+        if who is None:
             return self._refuse(details.method, h, "auth", grpc.StatusCode.UNAUTHENTICATED,
-                                "missing or invalid bearer token", None)
+                                "missing, invalid, expired or revoked credential", None)
+        if client is not None and len(client) > MAX_CLIENT_ID:
+            return self._refuse(details.method, h, "client", grpc.StatusCode.INVALID_ARGUMENT,
+                                f"client id longer than {MAX_CLIENT_ID} characters", ACL_ERROR_RT_PARAM_INVALID)
+        if not who.admin and details.method in ADMIN_ONLY:
+            return self._refuse(details.method, h, "admin", grpc.StatusCode.PERMISSION_DENIED,
+                                f"{details.method.rsplit('/', 1)[-1]} is for the cluster's admin only",
+                                ACL_ERROR_RT_NO_PERMISSION)
         if device is not None and device != self._device:
             return self._refuse(details.method, h, "device", grpc.StatusCode.FAILED_PRECONDITION,
                                 f"this endpoint serves device {self._device}, not device {device}",
@@ -167,15 +243,20 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
 
     def WatchHealth(self, request, context):
         interval = min(60.0, max(0.01, (request.interval_ms or 1000) / 1000.0))
+        srv = self._server
+        caller = srv.caller(context)
         wake = threading.Event()
         context.add_callback(wake.set)               # the client cancelled / went away
-        self._server._watchers.add(wake)
-        owner = _owner(context) if request.lease else None
-        if owner is not None:
-            self._server.leases.opened(owner)
+        srv.watch_opened(caller)                     # quota: refused before anything is held
+        srv._watchers.add(wake)
+        lease = caller if request.lease else None
+        if lease is not None:
+            srv.leases.opened(lease)
         try:
+            context.send_initial_metadata(((wire.WATCH_KEY, "lease" if lease is not None else "watch"),))
             seq = request.start_seq or 1
-            while not wake.is_set() and not self._server.stopping.is_set() and context.is_active():
+            while not wake.is_set() and not srv.stopping.is_set() and context.is_active():
+                srv.caller(context)                  # a revoked or expired credential ends the watch
                 d = self.device
                 if d.hung:
                     wake.wait(min(interval, 0.02))   # a hung device misses its heartbeats (stream stays open)
@@ -186,9 +267,10 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
                 seq += 1
                 wake.wait(interval)
         finally:
-            self._server._watchers.discard(wake)
-            if owner is not None:
-                self._server.leases.closed(owner)
+            srv._watchers.discard(wake)
+            srv.watch_closed(caller)
+            if lease is not None:
+                srv.leases.closed(lease)
 
     def Reset(self, request, context):
         self.device.reset()
@@ -203,6 +285,11 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
         self.device.clear_fault(request.kind or None)
         return dms.ClearFaultReply()
 
+    def Revoke(self, request, context):
+        self._server.verifier.revoke({c.id: c.expires_s for c in request.credentials},
+                                     {t.tenant: t.issued_before_ms for t in request.tenants})
+        return dms.RevokeReply()
+
 
 # ---------------------------------------------------------------- RMS
 _EMPTY = rms.Empty()
@@ -214,20 +301,30 @@ def _wait_ms(timeout_ms: float) -> float:
 
 
 class ResourceManagementServicer(wire.ResourceManagementServicer):
-    def __init__(self, device):
+    def __init__(self, device, server: "DeviceServer"):
         self.device = device
+        self._server = server
         self._templates = wire.TemplateTable()
+
+    def _caller(self, context) -> Owner:
+        return self._server.caller(context)
+
+    def _leased(self, context) -> Owner:
+        """The caller, who is about to create something: it must hold a lease on this device."""
+        owner = self._server.caller(context)
+        self._server.require_lease(owner)
+        return owner
 
     # ---- memory
     def Malloc(self, request, context):
-        return rms.MallocReply(ptr=self.device.malloc(request.size, request.policy, owner=_owner(context)))
+        return rms.MallocReply(ptr=self.device.malloc(request.size, request.policy, owner=self._leased(context)))
 
     def Free(self, request, context):
-        self.device.free(request.ptr, owner=_owner(context))
+        self.device.free(request.ptr, owner=self._caller(context))
         return _EMPTY
 
     def MemcpyH2D(self, request_iterator, context):
-        owner = _owner(context)
+        owner = self._caller(context)
         it = iter(request_iterator)
         first = next(it, None)
         if first is None:
@@ -241,7 +338,7 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         for chunk in chain((first,), it):
             data = chunk.data
             n = len(data)
-            if pos + n > total:
+            if pos + n > total:                      # checked before a byte of this chunk is written
                 raise InvalidParamError(f"host-to-device stream carries more than the announced {total} B")
             if n:
                 d.memcpy_h2d(dst + pos, data, owner=owner)
@@ -251,24 +348,24 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         return _EMPTY
 
     def MemcpyD2H(self, request, context):
-        view = self.device.mem_view(request.src, request.nbytes, _owner(context))   # checked; sent chunk by chunk
+        view = self.device.mem_view(request.src, request.nbytes, self._caller(context))   # checked; chunked
         step = min(wire.CHUNK_BYTES, max(4096, request.chunk_bytes or wire.CHUNK_BYTES))
         for i in range(0, view.size, step):
             yield rms.D2HChunk(data=view[i:i + step].tobytes())
 
     def MemcpyD2D(self, request, context):
-        self.device.memcpy_d2d(request.dst, request.src, request.nbytes, owner=_owner(context))
+        self.device.memcpy_d2d(request.dst, request.src, request.nbytes, owner=self._caller(context))
         return _EMPTY
 
     def Memset(self, request, context):
-        self.device.memset(request.ptr, request.value, request.nbytes, owner=_owner(context))
+        self.device.memset(request.ptr, request.value, request.nbytes, owner=self._caller(context))
         return _EMPTY
 
-    def _check(self, ptr: int, nbytes: int, owner: str, write: bool) -> int:
+    def _check(self, ptr: int, nbytes: int, owner: Owner, write: bool) -> int:
         return self.device.check_range(ptr, nbytes, owner, write)
 
     def CheckRange(self, request, context):
-        return rms.CheckRangeReply(offset=self._check(request.ptr, request.nbytes, _owner(context),
+        return rms.CheckRangeReply(offset=self._check(request.ptr, request.nbytes, self._caller(context),
                                                       request.write))
 
     def MemInfo(self, request, context):
@@ -277,110 +374,115 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
 
     # ---- streams / events
     def CreateStream(self, request, context):
-        return rms.StreamReply(stream=self.device.create_stream(request.priority, owner=_owner(context)))
+        return rms.StreamReply(stream=self.device.create_stream(request.priority, owner=self._leased(context)))
 
     def DestroyStream(self, request, context):
-        self.device.destroy_stream(request.stream, owner=_owner(context))
+        self.device.destroy_stream(request.stream, owner=self._caller(context))
         return _EMPTY
 
     def CreateEvent(self, request, context):
-        return rms.EventReply(event=self.device.create_event(request.flags, owner=_owner(context)))
+        return rms.EventReply(event=self.device.create_event(request.flags, owner=self._leased(context)))
 
     def DestroyEvent(self, request, context):
-        self.device.destroy_event(request.event, owner=_owner(context))
+        self.device.destroy_event(request.event, owner=self._caller(context))
         return _EMPTY
 
     # ---- work
     def Submit(self, request, context):
-        owner = _owner(context)
+        owner = self._leased(context)
         ops = self._templates.decode(request.ops, owner)
         self.device.submit(ops, owner=owner)
         return rms.SubmitReply(queued=len(ops))
 
     def SynchronizeStream(self, request, context):
-        owner = _owner(context)
+        owner = self._caller(context)
         if request.ops:
+            self._server.require_lease(owner)
             self.device.submit(self._templates.decode(request.ops, owner), owner=owner)
         self.device.synchronize_stream(request.handle, _wait_ms(request.timeout_ms), owner=owner)
         return _EMPTY
 
     def SynchronizeEvent(self, request, context):
-        self.device.synchronize_event(request.handle, _wait_ms(request.timeout_ms), owner=_owner(context))
+        self.device.synchronize_event(request.handle, _wait_ms(request.timeout_ms), owner=self._caller(context))
         return _EMPTY
 
     def SynchronizeDevice(self, request, context):
-        self.device.synchronize_device(_wait_ms(request.timeout_ms), owner=_owner(context))
+        self.device.synchronize_device(_wait_ms(request.timeout_ms), owner=self._caller(context))
         return _EMPTY
 
     def QueryStream(self, request, context):
-        return rms.QueryReply(done=self.device.query_stream(request.stream, owner=_owner(context)))
+        return rms.QueryReply(done=self.device.query_stream(request.stream, owner=self._caller(context)))
 
     def QueryEvent(self, request, context):
-        return rms.QueryReply(done=self.device.query_event(request.event, owner=_owner(context)))
+        return rms.QueryReply(done=self.device.query_event(request.event, owner=self._caller(context)))
 
     def EventElapsed(self, request, context):
-        w, m = self.device.event_elapsed(request.start, request.end, owner=_owner(context))
+        w, m = self.device.event_elapsed(request.start, request.end, owner=self._caller(context))
         return rms.EventElapsedReply(wall_ms=w, model_ms=m)
 
     def EventTimestamp(self, request, context):
-        w, m = self.device.event_timestamp(request.event, owner=_owner(context))
+        w, m = self.device.event_timestamp(request.event, owner=self._caller(context))
         return rms.EventTimestampReply(wall_s=w, model_s=m)
 
     def SignalEvent(self, request, context):
-        self.device.signal_event(request.event, request.gen, owner=_owner(context))
+        self.device.signal_event(request.event, request.gen, owner=self._caller(context))
         return _EMPTY
 
     # ---- user kernels and HCCL
     def RegisterKernel(self, request, context):
+        """Unpickles the client's kernel in this process (see the module doc: the trust boundary).  Refused
+        before the payload is read when the cluster accepts no user kernels or the name is a built-in's."""
         import pickle
 
-        from devices.registry import register_user_kernel, registered
+        owner = self._leased(context)
+        if not self._server.policy.user_kernels:
+            raise AclError("this cluster accepts no user kernels (DevicePolicy.user_kernels=False, "
+                           "vnpu up --no-user-kernels)", code=ACL_ERROR_RT_NO_PERMISSION)
+        check_kernel_name(request.name)
         try:
-            fn = pickle.loads(request.code)     # authenticated clients only (the gate ran first)
+            fn = pickle.loads(request.code)     # runs the client's code: authenticated, allowed callers only
         except Exception as e:  # noqa: BLE001 - a bad payload is a parameter error
-            raise InvalidParamError(f"cannot load kernel {request.name!r}: {type(e).__name__}: {e}") from None
-        old = registered(request.name)
-        same = old is not None and old.user and _same_code(old.run, fn)
-        if not same:        # an identical kernel (e.g. this very process's own) stays as it is
-            register_user_kernel(request.name, fn, replace=True)
+            raise InvalidParamError(f"cannot load kernel {request.name!r}: {type(e).__name__}: {e}"[:300]) from None
+        self.device.register_kernel(request.name, fn, owner=owner)
         return _EMPTY
 
-    def drop_client(self, owner: str) -> None:
+    def drop_client(self, owner) -> None:
         """Forget a departed client's launch templates."""
         self._templates.drop(owner)
 
     # ---- captured graphs (aclmdlRI)
     def GraphCreate(self, request, context):
-        owner = _owner(context)
+        owner = self._leased(context)
         return rms.IntReply(value=self.device.graph_create(self._templates.decode(request.ops, owner), owner=owner))
 
     def GraphDestroy(self, request, context):
-        self.device.graph_destroy(request.graph, owner=_owner(context))
+        self.device.graph_destroy(request.graph, owner=self._caller(context))
         return _EMPTY
 
     def GraphInfo(self, request, context):
-        return rms.JsonReply(json=json.dumps(self.device.graph_info(request.graph, owner=_owner(context))))
+        return rms.JsonReply(json=json.dumps(self.device.graph_info(request.graph, owner=self._caller(context))))
 
     def HcclInfo(self, request, context):
         return rms.JsonReply(json=json.dumps(self.device.hccl_info()))
 
     def HcclCommInit(self, request, context):
-        self.device.hccl_comm_init(request.comm, request.rank, json.loads(request.peers_json),
-                                   json.loads(request.config_json or "{}"))
+        self.device.hccl_comm_init(request.comm, request.rank, _json(request.peers_json, "peers"),
+                                   _json(request.config_json or "{}", "config"), owner=self._leased(context))
         return _EMPTY
 
     def HcclCommJoin(self, request, context):
+        owner = self._leased(context)
         table = self.device.hccl_comm_join(request.comm, request.rank, request.nranks,
-                                           json.loads(request.root_json), json.loads(request.config_json or "{}"),
-                                           request.timeout_s or 120.0)
+                                           _json(request.root_json, "root"), _json(request.config_json or "{}", "config"),
+                                           request.timeout_s or 120.0, owner=owner)
         return rms.JsonReply(json=json.dumps(table))
 
     def HcclCommDestroy(self, request, context):
-        self.device.hccl_comm_destroy(request.comm)
+        self.device.hccl_comm_destroy(request.comm, owner=self._caller(context))
         return _EMPTY
 
     def HcclAsyncError(self, request, context):
-        return rms.IntReply(value=self.device.hccl_async_error(request.comm))
+        return rms.IntReply(value=self.device.hccl_async_error(request.comm, owner=self._caller(context)))
 
     def HcclRead(self, request, context):
         view = self.device.hccl_read(request.comm, request.ptr, request.nbytes)
@@ -388,18 +490,15 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
             yield rms.D2HChunk(data=view[i:i + wire.CHUNK_BYTES].tobytes())
 
     def HcclNotify(self, request, context):
-        try:
-            msg = json.loads(request.json)
-        except ValueError:
-            raise InvalidParamError("HcclNotify: the message is not JSON") from None
-        self.device.hccl_deliver(msg)
+        self.device.hccl_deliver(_json(request.json, "HcclNotify message"))
         return _EMPTY
 
 
-def _same_code(a, b) -> bool:
-    ca, cb = getattr(a, "__code__", None), getattr(b, "__code__", None)
-    return ca is not None and cb is not None and ca.co_code == cb.co_code and ca.co_consts == cb.co_consts \
-        and ca.co_names == cb.co_names
+def _json(text: str, what: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise InvalidParamError(f"{what}: not JSON") from None
 
 
 # ---------------------------------------------------------------- the server
@@ -407,10 +506,16 @@ class DeviceServer:
     """A running DMS+RMS endpoint for one device.  ``stop()`` does not close the device."""
 
     def __init__(self, device, host: str, token: str, port: int, on_kill, workers: int, max_message_bytes: int,
-                 lease_grace_s: float = DEFAULT_GRACE_S):
+                 lease_grace_s: float = DEFAULT_GRACE_S, policy: DevicePolicy = DevicePolicy()):
         self.device = device
         self.host = host
         self.token = token
+        self.policy = policy
+        revocations = Revocations.load(policy.revocations) if policy.revocations else Revocations()
+        self.verifier = Verifier(token, revocations)
+        self._watch_usage = Usage()                  # open watches per tenant
+        self._watch_total = 0
+        self.max_watches = max(1, workers - RESERVED_WORKERS)
         self.stopping = threading.Event()
         self._watchers: set[threading.Event] = set()
         self._lock = threading.Lock()
@@ -418,10 +523,10 @@ class DeviceServer:
         self._reply = threading.local()          # the RPC context a fault is injected in (see replying)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
                                                               thread_name_prefix=f"npu{device.id}-rpc"),
-                                   interceptors=(_Gate(token, device.id),),
+                                   interceptors=(_Gate(self.verifier, device.id),),
                                    options=wire.server_options(max_message_bytes))
         self.dms = DeviceManagementServicer(device, self)
-        self.rms = ResourceManagementServicer(device)
+        self.rms = ResourceManagementServicer(device, self)
         self.leases = Leases(self._release_client, lease_grace_s)
         wire.add_DeviceManagementServicer_to_server(self.dms, self._server)
         wire.add_ResourceManagementServicer_to_server(self.rms, self._server)
@@ -433,11 +538,51 @@ class DeviceServer:
         device.on_kill = self._kill_after_reply      # the kill fault ends the host, not just the device
         self._server.start()
 
-    def _release_client(self, owner: str) -> None:
+    def _release_client(self, owner: Owner) -> None:
         """A client's lease ran out: free what it left behind (host-blocking, on the lease timer)."""
         res = self.device.release_owner(owner)
         self.rms.drop_client(owner)
         log.info("device %d released departed client %s: %s", self.device.id, owner, res)
+
+    # ---- callers
+    def caller(self, context) -> Owner:
+        """The call's owner: the tenant its credential authenticates (checked again: a revocation or an
+        expiry during a long call shows) and the client it names."""
+        auth, client = None, wire.ANONYMOUS
+        for k, v in context.invocation_metadata():
+            if k == wire.AUTH_KEY:
+                auth = v
+            elif k == wire.CLIENT_KEY:
+                client = v or wire.ANONYMOUS
+        who: Principal | None = self.verifier.principal(auth)
+        if who is None:
+            raise CredentialError("credential revoked or expired")
+        return Owner(who.tenant, client, limited=not who.admin)
+
+    def require_lease(self, owner: Owner) -> None:
+        """Creating something needs the client's lease on this device (ACL_ERROR_RT_CONTEXT_NULL)."""
+        if not self.leases.holds(owner):
+            raise AclError(f"client {owner.client!r} of tenant {owner.tenant!r} holds no lease on device "
+                           f"{self.device.id}: open one (WatchHealth with lease=true, RemoteDevice.open_lease) "
+                           f"before creating anything", code=ACL_ERROR_RT_CONTEXT_NULL)
+
+    def watch_opened(self, owner: Owner) -> None:
+        """Count a watch against its tenant's quota and the endpoint's threads (ACL_ERROR_RT_OVER_LIMIT)."""
+        limit = self.device.config.quota.limit("watches", owner)
+        with self._lock:
+            if self._watch_total >= self.max_watches:
+                raise AclError(f"device {self.device.id}: {self._watch_total} watches already hold the endpoint's "
+                               f"threads", code=ACL_ERROR_RT_OVER_LIMIT)
+            if limit and self._watch_usage.get(owner) >= limit:
+                raise AclError(f"device {self.device.id}: tenant {owner.tenant!r} holds its quota of {limit} open "
+                               f"watches", code=ACL_ERROR_RT_OVER_LIMIT)
+            self._watch_usage.add(owner)
+            self._watch_total += 1
+
+    def watch_closed(self, owner: Owner) -> None:
+        with self._lock:
+            self._watch_usage.add(owner, -1)
+            self._watch_total -= 1
 
     # ---- the kill fault
     @contextlib.contextmanager
@@ -493,12 +638,13 @@ class DeviceServer:
 
 def serve(device, host: str = "127.0.0.1", token: str | None = None, port: int = 0, on_kill=None, *,
           workers: int = RPC_WORKERS, max_message_bytes: int = wire.MAX_MESSAGE_BYTES,
-          lease_grace_s: float = DEFAULT_GRACE_S) -> DeviceServer:
+          lease_grace_s: float = DEFAULT_GRACE_S, policy: DevicePolicy = DevicePolicy()) -> DeviceServer:
     """Serve ``device`` (DMS + RMS) on ``host:port`` (port 0 = ephemeral) and return the running server.
 
     ``host`` is the only interface bound (loopback by default; an all-interfaces address only when asked for).  ``token``
-    is the bearer token every call must carry; default: ``$VNPU_TOKEN``, else a fresh random token
-    (``server.token``) -- a server never runs unauthenticated.  ``on_kill`` runs when the ``kill`` fault is
+    is the cluster secret: the admin's bearer token, and the key tenant credentials are verified with;
+    default: ``$VNPU_TOKEN``, else a fresh random token (``server.token``) -- a server never runs
+    unauthenticated.  ``policy``: what the server allows (user kernels, revocations; :mod:`driver.policy`).  ``on_kill`` runs when the ``kill`` fault is
     injected, after the reply has been sent (a device actor passes one that ends its process); by default
     the endpoint just stops at once, which looks the same to clients.  Either way the device itself is not
     marked lost: its host decides what a kill means.
@@ -506,7 +652,7 @@ def serve(device, host: str = "127.0.0.1", token: str | None = None, port: int =
     if not host:
         raise InvalidParamError("serve() needs an explicit host to bind")
     token = token or os.environ.get("VNPU_TOKEN") or secrets.token_urlsafe(32)
-    return DeviceServer(device, host, token, port, on_kill, workers, max_message_bytes, lease_grace_s)
+    return DeviceServer(device, host, token, port, on_kill, workers, max_message_bytes, lease_grace_s, policy)
 
 
 __all__ = ["serve", "DeviceServer", "DeviceManagementServicer", "ResourceManagementServicer"]

@@ -34,7 +34,8 @@ from devices.errors import (ACL_ERROR_API_NOT_SUPPORT, ACL_ERROR_INTERNAL_ERROR,
                             ACL_ERROR_RT_TIMEOUT, AclError, InvalidHandleError, InvalidParamError, code_band)
 from devices.faults import FAULT_KINDS  # noqa: E402
 from devices.health import Condition, HealthCondition, HealthReport  # noqa: E402
-from devices.kernel import TensorDesc  # noqa: E402
+from devices.kernel import (MAX_ATTR_ELEMENTS, MAX_TENSOR_DIMS, TensorDesc,  # noqa: E402
+                            check_launch_counts)
 from devices.tasks import (Collective, CopyD2D, ExecGraph, Launch, Memset, Record, Wait, WriteH2D,  # noqa: E402
                            launch_key)
 
@@ -55,17 +56,19 @@ dms = dms_pb2      #: message classes of the DMS
 rms = rms_pb2      #: message classes of the RMS
 
 # ---------------------------------------------------------------- conventions
-AUTH_KEY = "authorization"          #: metadata: "Bearer <token>"
-CLIENT_KEY = "vnpu-client"          #: metadata: the tenant (client identity) a call acts for
+AUTH_KEY = "authorization"          #: metadata: "Bearer <credential>" (a tenant credential or the cluster token)
+CLIENT_KEY = "vnpu-client"          #: metadata: the client (session) within the credential's tenant
+WATCH_KEY = "vnpu-watch"            #: initial metadata of an accepted WatchHealth: "lease" or "watch"
 DEVICE_KEY = "vnpu-device"          #: metadata (optional): the device id the caller means to reach
 ERROR_KEY = "vnpu-error-bin"       #: trailing metadata of a failed call: a serialized ErrorDetail
 ACL_CODE_KEY = "vnpu-acl-code"      #: ... and its aclError code as text (for tools that do not decode it)
-ANONYMOUS = "anonymous"             #: tenant of calls that carry no client id
+ANONYMOUS = "anonymous"             #: client id of calls that carry none
 
 CHUNK_BYTES = 2 << 20               #: copy chunk size (H2D client stream, D2H server stream)
 MAX_MESSAGE_BYTES = 64 << 20        #: per-message limit, both directions, both ends
 SUBMIT_SPLIT_BYTES = 32 << 20       #: a submit batch carrying more inline data goes as several RPCs
 SERVER_MAX_WAIT_MS = 60_000         #: the server bounds one synchronize wait (-1 included) to this
+MAX_BATCH_OPS = 1 << 16             #: stream ops per Submit / GraphCreate / synchronize (clients split)
 CLIENT_WAIT_SLICE_MS = 20_000       #: clients wait "forever" as a loop of waits of this length
 
 
@@ -307,6 +310,8 @@ def attr_to_pb(key: str, v) -> dict:
         if t is np.ndarray and v.ndim != 1:
             raise InvalidParamError(f"attr {key!r}: only 1-d arrays can be attributes")
         vals = v.tolist() if t is np.ndarray else list(v)
+        if len(vals) > MAX_ATTR_ELEMENTS:
+            raise InvalidParamError(f"attr {key!r} holds {len(vals)} elements; at most {MAX_ATTR_ELEMENTS}")
         kinds = set(map(type, vals))
         if not kinds or kinds == {int}:
             return _int_list(vals, key)
@@ -328,10 +333,16 @@ def attr_to_pb(key: str, v) -> dict:
     raise InvalidParamError(f"attr {key!r}: unsupported value type {t.__name__}")
 
 
+def _list(values) -> tuple:
+    if len(values) > MAX_ATTR_ELEMENTS:
+        raise InvalidParamError(f"an attribute holds {len(values)} elements; at most {MAX_ATTR_ELEMENTS}")
+    return tuple(values)
+
+
 _ATTR_DECODE = {
     "i": lambda a: a.i, "f": lambda a: a.f, "b": lambda a: a.b, "s": lambda a: a.s, "u": lambda a: a.u,
-    "ints": lambda a: tuple(a.ints.values), "floats": lambda a: tuple(a.floats.values),
-    "bools": lambda a: tuple(a.bools.values), "strings": lambda a: tuple(a.strings.values),
+    "ints": lambda a: _list(a.ints.values), "floats": lambda a: _list(a.floats.values),
+    "bools": lambda a: _list(a.bools.values), "strings": lambda a: _list(a.strings.values),
     "none": lambda a: None, None: lambda a: None,
 }
 
@@ -344,6 +355,10 @@ def attr_from_pb(a):
 # ---------------------------------------------------------------- stream ops
 def _launch_to_pb(op: Launch) -> dict:
     attrs = op.attrs
+    check_launch_counts(len(op.inputs) + len(op.outputs), len(attrs) if attrs else 0)
+    for d in op.inputs + op.outputs:
+        if len(getattr(d, "shape", ())) > MAX_TENSOR_DIMS:
+            raise InvalidParamError(f"a tensor has at most {MAX_TENSOR_DIMS} dimensions, not {len(d.shape)}")
     launch = {"kernel": op.kernel,
               "inputs": [{"ptr": d.ptr, "shape": d.shape, "dtype": d.dtype} for d in op.inputs],
               "outputs": [{"ptr": d.ptr, "shape": d.shape, "dtype": d.dtype} for d in op.outputs],
@@ -408,11 +423,15 @@ class TemplateTable:
     """Server side: per-client templates (bounded by the client's own numbering)."""
 
     def __init__(self):
-        self._by_owner: dict[str, dict[int, Launch]] = {}
+        self._by_owner: dict = {}
 
-    def decode(self, ms, owner: str) -> list:
+    def decode(self, ms, owner) -> list:
         """Decode a batch, resolving references; an unknown reference fails the whole batch before
-        anything is queued (ACL_ERROR_RT_INVALID_DEVICE_FUNCTION: the client resends in full)."""
+        anything is queued (ACL_ERROR_RT_INVALID_DEVICE_FUNCTION: the client resends in full).  A batch
+        or a launch beyond the limits (:data:`MAX_BATCH_OPS`, ``devices.kernel.MAX_*``) is refused before
+        any of it is decoded."""
+        if len(ms) > MAX_BATCH_OPS:
+            raise InvalidParamError(f"a batch holds at most {MAX_BATCH_OPS} stream ops, not {len(ms)}")
         table = self._by_owner.setdefault(owner, {})
         out = []
         for m in ms:
@@ -432,7 +451,7 @@ class TemplateTable:
             out.append(op)
         return out
 
-    def drop(self, owner: str) -> None:
+    def drop(self, owner) -> None:
         self._by_owner.pop(owner, None)
 
 
@@ -444,7 +463,10 @@ def is_unknown_template(e: AclError) -> bool:
 
 def submit_request(ops, templates: LaunchTemplates | None = None) -> "rms_pb2.SubmitRequest":
     """A batch of :mod:`devices.tasks` ops -> ``SubmitRequest`` (the one encoder of stream ops).
-    Malformed ops (wrong types, out-of-range integers) raise InvalidParamError."""
+    Malformed ops (wrong types, out-of-range integers) and launches beyond the limits raise
+    InvalidParamError."""
+    if len(ops) > MAX_BATCH_OPS:
+        raise InvalidParamError(f"a batch holds at most {MAX_BATCH_OPS} stream ops, not {len(ops)}")
     enc = templates.encode if templates is not None else _op_dict
     try:
         return rms_pb2.SubmitRequest(ops=[enc(op) for op in ops])
@@ -480,7 +502,14 @@ def desc_from_pb(m) -> TensorDesc:
 
 
 def _launch_from_pb(s, m):
-    attrs = m.attrs
+    ins, outs, attrs = m.inputs, m.outputs, m.attrs
+    check_launch_counts(len(ins) + len(outs), len(attrs))        # before decoding any of it
+    for d in ins:
+        if len(d.shape) > MAX_TENSOR_DIMS:
+            raise InvalidParamError(f"a tensor has at most {MAX_TENSOR_DIMS} dimensions, not {len(d.shape)}")
+    for d in outs:
+        if len(d.shape) > MAX_TENSOR_DIMS:
+            raise InvalidParamError(f"a tensor has at most {MAX_TENSOR_DIMS} dimensions, not {len(d.shape)}")
     return Launch(s, m.kernel, tuple(map(_desc, m.inputs)), tuple(map(_desc, m.outputs)),
                   {k: _ATTR_DECODE[a.WhichOneof("value")](a) for k, a in attrs.items()} if attrs else {},
                   m.block_dim)

@@ -8,6 +8,7 @@ Latencies are printed (``-s``), never asserted.
 """
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import threading
@@ -19,7 +20,7 @@ import pytest
 from devices.errors import AclError, DeviceLostError, HcclError
 from runtime.cluster import ClusterSpec, LocalCluster, discover
 from runtime.cluster.failover import DevicePool, FailoverOptions, flush_all
-from runtime.cluster.jobrunner import JobRunner, MlpWorkload
+from runtime.cluster.jobrunner import JobRunner, MlpWorkload, checksum
 
 pytestmark = pytest.mark.cluster
 
@@ -57,8 +58,16 @@ def pool(cluster):
 
 
 def _run(pool, n_before: int, n_total: int, fault, timeout: float = 60.0):
-    """Submit ``n_total`` requests; after ``n_before`` completed, call ``fault(pool, runner)``."""
-    r = JobRunner(pool, WL)
+    """Submit ``n_total`` requests; after ``n_before`` completed, call ``fault(pool, runner)``.  Exactly
+    once is checked from what happened: the consumer's deliveries per request id (exactly 1 each) and the
+    independent checker of the runner's history (every extra execution explained by a failed attempt)."""
+    got = collections.Counter()
+    holder = {}
+
+    def consumer(rid, out):
+        got[rid] += 1
+        holder["r"].history.record("ack", rid, digest=checksum(out))
+    r = holder["r"] = JobRunner(pool, WL, on_result=consumer)
     try:
         for i in range(n_total):
             r.submit(i, INPUTS[i % len(INPUTS)])
@@ -66,15 +75,18 @@ def _run(pool, n_before: int, n_total: int, fault, timeout: float = 60.0):
         t_fault = time.monotonic()
         info = fault(pool, r)
         assert r.wait(timeout), f"not drained: {r.counts()}"
-        c = r.counts()
-        for rid, out in r.results.items():
-            np.testing.assert_allclose(out, REF[rid % len(INPUTS)], rtol=2e-4, atol=2e-5)
-        assert c["submitted"] == n_total
-        assert c["completed"] == n_total, c
-        assert c["lost"] == 0 and c["duplicated"] == 0 and c["failed"] == 0, c
-        return r, c, t_fault, info
     finally:
         r.close()
+    c = r.counts()
+    for rid, out in r.results.items():
+        np.testing.assert_allclose(out, REF[rid % len(INPUTS)], rtol=2e-4, atol=2e-5)
+    assert c["submitted"] == n_total
+    assert c["completed"] == n_total, c
+    assert c["lost"] == 0 and c["duplicated"] == 0 and c["failed"] == 0, c
+    assert c["ok"], r.check()["violations"]
+    assert c["executions"] == n_total + c["attempt_failures"], c
+    assert sorted(got) == list(range(n_total)) and set(got.values()) == {1}, "a result delivered twice / never"
+    return r, c, t_fault, info
 
 
 def _bound_npu(pool, k: int = 0) -> int:
@@ -92,7 +104,7 @@ def _report(name, pool, pid, t0, runner=None):
         f"[{name}] device {pid}: not detected"
     if runner is not None:
         failed = {h["id"] for h in runner.history if h["op"] == "attempt-failed" and h["t"] >= t0}
-        done = [h["t"] for h in runner.history if h["op"] == "completed" and h["id"] in failed]
+        done = [h["t"] for h in runner.history if h["op"] == "complete" and h["id"] in failed]
         if done:
             msg += f"; lost requests completed elsewhere after {(max(done) - t0) * 1000:.0f} ms"
     print(msg)
@@ -104,11 +116,15 @@ def _report(name, pool, pid, t0, runner=None):
     ("hang", {"duration_ms": 2500}, True),
     ("slow", {"factor": 4.0, "duration_ms": 800}, False),
     ("ecc", {"offset": 0, "length": 16 << 20}, True),
-    ("link-down", {"peer": 5, "duration_ms": 800}, True),
+    ("link-down", {"peer": 5}, True),
     ("task-fail", {"count": 2}, False),
-    ("overheat", {"celsius": 120.0, "duration_ms": 800}, True),
+    ("overheat", {"celsius": 120.0}, True),
 ])
 def test_fault_during_job(pool, kind, params, expect_detect):
+    # start from a settled pool: no device of an earlier case still recovering (a victim re-bound while
+    # the job runs would never see the fault)
+    assert pool.wait_for(lambda p: all(x.state in ("spare", "bound") for x in p.phys.values())
+                         and not any(b.is_cpu for b in p.bindings.values()), 30), pool.state()
     victim = _bound_npu(pool)
 
     def fault(p, r):
@@ -117,7 +133,11 @@ def test_fault_during_job(pool, kind, params, expect_detect):
     r, c, t0, _ = _run(pool, 20, 300, fault)
     d = _report(kind, pool, victim, t0, r)
     if expect_detect:
+        # conditions without a duration last until detected (a loaded machine may delay a health beat past
+        # any fixed duration); then they are cleared so that the device can come back
         assert pool.wait_for(lambda p: _detected(p, victim, t0) is not None, 10), f"{kind} not detected"
+        if kind in ("link-down", "overheat"):
+            pool.handle(victim).clear_fault(kind)
     if kind == "task-fail":
         assert c["attempt_failures"] >= 1                   # the failed tasks were replayed
     if kind in ("kill", "hang", "ecc"):

@@ -30,6 +30,7 @@ from devices.health import Condition, HealthReport
 from devices.kernel import TensorDesc
 from devices.node import NODE_ENV
 from devices.tasks import Launch, Record
+from devices.tenancy import Owner
 from driver import protogen, wire
 from driver.client import RemoteDevice
 from driver.node import this_node
@@ -451,6 +452,7 @@ def served():
         for dev, s, clients in made:
             if s is srv:
                 clients.append(c)
+        c.open_lease()                  # as every runtime client does: creating anything needs it
         return c
     make.client = client
     yield make
@@ -510,7 +512,7 @@ def test_unknown_launch_template_is_a_code_and_the_client_resends(served):
     with pytest.raises(InvalidHandleError) as ei:
         wire.TemplateTable().decode(ref.ops, "someone")         # a table that never saw it
     assert ei.value.code == ACL_ERROR_RT_INVALID_DEVICE_FUNCTION
-    srv.rms.drop_client(c.client_id)                             # the device forgets the client's templates
+    srv.rms.drop_client(Owner("admin", c.client_id, limited=False))                  # the device forgets the client's templates
     c.memcpy_h2d(y, np.zeros(N, np.float32))
     before = c.rpc_count
     c.submit([add_one(s, x, y)])                                 # by reference: refused by code, resent in full

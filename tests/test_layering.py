@@ -37,7 +37,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("device model", ("devices",)),
     ("driver", ("driver",)),
     ("runtime core", ("runtime", "runtime.api", "runtime.backend", "runtime.graph", "runtime.hccl",
-                      "runtime.acl", "runtime.models")),
+                      "runtime.acl", "runtime.models", "runtime.atc", "runtime.offline",
+                      "runtime.sanitize")),
     ("runtime cluster", ("runtime.cluster",)),
     ("serving", ("runtime.serve",)),
     ("benchmarks", ("runtime.bench",)),
@@ -312,3 +313,37 @@ def test_scan_sees_lazy_and_relative_imports():
     assert _resolve_relative("runtime.acl.rt", 1, "calls") == "runtime.acl.calls"
     assert _resolve_relative("runtime.acl", 1, "rt") == "runtime.acl.rt"
     assert _resolve_relative("runtime.cluster.remote", 2, "api") == "runtime.api"
+
+
+# ---------------------------------------------------------------------------------------------- error table
+def error_code_literals(codes: set[int]) -> list[str]:
+    """Integer literals equal to a CANN code of the error table, anywhere outside ``devices/errors.py``:
+    every module names its codes (``ACL_ERROR_RT_...``), so one table says what each number means."""
+    bad = []
+    for mod, path in MODULES.items():
+        if mod == "devices.errors" or mod.startswith("driver._gen"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and type(node.value) is int and node.value in codes:
+                bad.append(f"{mod}:{node.lineno} writes error code {node.value} as a literal")
+    return bad
+
+
+def _table_codes() -> set[int]:
+    import devices.errors as errors
+    return {v for k, v in vars(errors).items() if k.isupper() and type(v) is int and v >= 100000}
+
+
+def test_one_error_table():
+    codes = _table_codes()
+    assert len(codes) > 50, "the scan did not find the error table"
+    bad = error_code_literals(codes)
+    assert not bad, "\n".join(bad)
+
+
+def test_error_literal_scan_catches_one(tmp_path, monkeypatch):
+    """The scan itself: a module that writes 207001 is reported."""
+    p = tmp_path / "x.py"
+    p.write_text("def f():\n    raise RuntimeError(207001)\n")
+    monkeypatch.setitem(MODULES, "runtime.x", p)
+    assert error_code_literals({207001}) == ["runtime.x:2 writes error code 207001 as a literal"]

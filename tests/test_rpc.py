@@ -21,7 +21,8 @@ from devices.errors import (AclError, DeviceLostError, InvalidHandleError, Inval
                             MemoryAllocationError)
 from devices.kernel import TensorDesc, register_user_kernel
 from devices.tasks import CopyD2D, ExecGraph, Launch, Memset, Record, Wait, WriteH2D
-from driver import wire
+from devices.tenancy import Owner
+from driver import credentials, wire
 from driver.client import HealthEvent, RemoteDevice, RemoteDeviceInfo
 from driver.service import serve
 from runtime.backend import DeviceHandle
@@ -64,10 +65,14 @@ class Served:
             self.device.close()
             raise
 
-    def client(self, **kw) -> RemoteDevice:
+    def client(self, lease: bool = True, **kw) -> RemoteDevice:
+        """A client of the served device; with ``lease`` (the default) it holds a lease, as every runtime
+        client does (creating anything needs one)."""
         kw.setdefault("timeout_s", 10.0)
         c = RemoteDevice(self.server.address, kw.pop("token", TOKEN), kw.pop("device_id", self.device.id), **kw)
         self.clients.append(c)
+        if lease:
+            c.open_lease()
         return c
 
     def close(self) -> None:
@@ -283,7 +288,7 @@ def test_unauthenticated_calls_are_refused_and_do_nothing(node):
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         ch.close()
-    bad = node.client(token="not-the-token")
+    bad = node.client(token="not-the-token", lease=False)
     with pytest.raises(AclError) as e:
         bad.malloc(64)
     assert e.value.grpc_status == grpc.StatusCode.UNAUTHENTICATED and e.value.code == 207006
@@ -301,23 +306,23 @@ def test_unauthenticated_calls_are_refused_and_do_nothing(node):
 
 def test_oversized_and_malformed_messages_are_refused_server_keeps_working(node):
     c = node.client()
+    as_c = (AUTH[0], ("vnpu-client", c.client_id))       # a client that holds a lease
     ch = _raw_channel(node)
     try:
         stub = wire.ResourceManagementStub(ch)
         huge = wire.rms.SubmitRequest(ops=[wire.rms.StreamOp(stream=1, write_h2d=wire.rms.WriteH2DOp(
             dst=0, data=bytes(wire.MAX_MESSAGE_BYTES + 1)))])
         with pytest.raises(grpc.RpcError) as e:
-            stub.Submit(huge, metadata=AUTH, timeout=30)
+            stub.Submit(huge, metadata=as_c, timeout=30)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         garbage = ch.unary_unary("/vnpu.v1.ResourceManagement/Malloc")      # raw bytes, no serializer
         with pytest.raises(grpc.RpcError) as e:
-            garbage(b"\xff\xff\xff\xff\x0f", metadata=AUTH, timeout=10)
-        assert e.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+            garbage(b"\xff\xff\xff\xff\x0f", metadata=as_c, timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError) as e:                              # op with an empty oneof
-            stub.Submit(wire.rms.SubmitRequest(ops=[wire.rms.StreamOp(stream=1)]), metadata=AUTH, timeout=10)
+            stub.Submit(wire.rms.SubmitRequest(ops=[wire.rms.StreamOp(stream=1)]), metadata=as_c, timeout=10)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert dict(e.value.trailing_metadata())["vnpu-acl-code"] == "107000"
-        as_c = (AUTH[0], ("vnpu-client", c.client_id))
         with pytest.raises(grpc.RpcError) as e:                              # H2D stream shorter than announced
             stub.MemcpyH2D(iter([wire.rms.H2DChunk(dst=c.malloc(64), total=64, data=b"abc")]), metadata=as_c,
                            timeout=10)
@@ -389,8 +394,11 @@ def test_pointer_of_another_device_is_refused(node, fresh):
 
 
 def test_tenants_are_isolated(node):
-    alice, bob = node.client(client_id="alice"), node.client(client_id="bob", same_node=False)
-    bob_fast = node.client(client_id="bob")
+    """Two tenants (credentials minted from the cluster token): neither reaches the other's memory, streams,
+    events or graphs, over gRPC or the same-node fast path.  (tests/security has one test per attack.)"""
+    alice = node.client(token=credentials.mint(TOKEN, "alice"), client_id="alice")
+    bob_tok = credentials.mint(TOKEN, "bob")
+    bob, bob_fast = node.client(token=bob_tok, client_id="bob", same_node=False), node.client(token=bob_tok)
     p = alice.malloc(1024)
     alice.memcpy_h2d(p, bytes(range(256)) * 4)
     s = alice.create_stream()
@@ -429,7 +437,7 @@ def test_tenants_are_isolated(node):
 
 
 def test_wrong_device_id_is_refused(node):
-    c = node.client(device_id=99)
+    c = node.client(device_id=99, lease=False)
     with pytest.raises(AclError) as e:
         c.mem_info()
     assert e.value.code == 107001
@@ -674,10 +682,13 @@ sys.stdin.read()                  # until killed
 """
 
 
+DOOMED = Owner("admin", "doomed", limited=False)      # the cluster token authenticates the admin tenant
+
+
 def test_a_client_that_dies_is_released_after_its_lease(fresh):
     """A runtime client holds a lease on each device; SIGKILLed, it leaves memory, a stream, an event
-    and a graph behind, which the device releases once the lease's grace period is over.  A client
-    without a lease keeps its allocation, and the device keeps serving."""
+    and a graph behind, which the device releases once the lease's grace period is over.  Another client
+    (its lease alive) keeps its allocation, and the device keeps serving."""
     import os
     import subprocess
     import sys
@@ -692,7 +703,7 @@ def test_a_client_that_dies_is_released_after_its_lease(fresh):
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        assert srv.server.leases.holds("doomed")
+        assert srv.server.leases.holds(DOOMED)
         assert dev.arena.stats().used >= used0 + (1 << 20)
         assert len(dev.sched.streams) > streams0 and len(dev.sched.events) > events0 and len(dev.graphs) == 1
     finally:
@@ -700,11 +711,11 @@ def test_a_client_that_dies_is_released_after_its_lease(fresh):
         proc.wait(30)
         proc.stdin.close()
         proc.stdout.close()
-    assert srv.server.leases.wait_released("doomed", 30.0)
+    assert srv.server.leases.wait_released(DOOMED, 30.0)
     assert dev.arena.stats().used == used0
     assert (len(dev.sched.streams), len(dev.sched.events), len(dev.graphs)) == (streams0, events0, 0)
-    assert keeper.memcpy_d2h(kp, 8).tolist() == list(range(8))          # no lease: untouched
-    assert "keeper" not in srv.server.leases.released
+    assert keeper.memcpy_d2h(kp, 8).tolist() == list(range(8))          # another client: untouched
+    assert Owner("admin", "keeper", limited=False) not in srv.server.leases.released
     keeper.free(kp)
 
 

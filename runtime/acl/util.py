@@ -1,8 +1,11 @@
 """``acl.util``: host pointers <-> numpy arrays and bytes, and helper threads for ``process_report``.
 
-Host pointers are real host addresses (read and written with :mod:`ctypes`); the objects whose address
-``numpy_to_ptr`` / ``bytes_to_ptr`` hand out are kept alive for a while (bounded), but the caller
-should hold them too.
+Host pointers are real host addresses (read and written with :mod:`ctypes`).  The buffers whose address
+``numpy_to_ptr`` / ``bytes_to_ptr`` hand out are registered in the host-pointer table
+(:mod:`runtime.acl.hostmem`): kept alive for a while (bounded), then -- numpy arrays -- valid as long as
+the caller holds them.  ``ptr_to_numpy`` / ``ptr_to_bytes`` only read registered memory: any other
+address raises :class:`~devices.errors.AclError` with code ACL_ERROR_INVALID_PARAM (100000) (they return
+values, not a ``ret``), and the text is kept for ``acl.get_recent_err_msg()``.
 """
 from __future__ import annotations
 
@@ -11,11 +14,11 @@ import threading
 
 import numpy as np
 
-from devices.errors import InvalidParamError
+from devices.errors import AclError, InvalidParamError
 
-from .args import as_int, host_ptr, host_view
-from .calls import acl_call
-from .state import STATE
+from . import hostmem
+from .args import as_int, host_view
+from .calls import acl_call, record_error
 
 _NP_TYPES = (np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.intc, np.uintc, np.int_, np.uint,
              np.longlong, np.ulonglong, np.float16, np.float32, np.float64, np.complex64, np.complex128)
@@ -30,7 +33,8 @@ def numpy_to_ptr(arr):
     if not arr.flags.c_contiguous:
         raise ValueError("numpy_to_ptr needs a C-contiguous array (use np.ascontiguousarray)")
     ptr = arr.ctypes.data
-    STATE.kept.add(ptr, arr, arr.nbytes)
+    if arr.nbytes:
+        hostmem.register(ptr, arr.nbytes, arr, "numpy")
     return ptr
 
 
@@ -47,8 +51,10 @@ def ptr_to_numpy(ptr, shape, np_type):
         dt = np.dtype(np_type)
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    p = host_ptr(ptr, "pointer")
-    return host_view(p, n * dt.itemsize).view(dt).reshape(shape)
+    if n < 0 or any(d < 0 for d in shape):
+        raise ValueError(f"negative shape {shape}")
+    return _checked(lambda: host_view(ptr, n * dt.itemsize, "pointer"), "acl.util.ptr_to_numpy"
+                    ).view(dt).reshape(shape)
 
 
 def bytes_to_ptr(data):
@@ -64,7 +70,8 @@ def bytes_to_ptr(data):
             raise ValueError("bytes_to_ptr needs bytes or a writable contiguous buffer")
         n = mv.nbytes
         ptr = ctypes.addressof((ctypes.c_char * max(n, 1)).from_buffer(mv.cast("B")))
-    STATE.kept.add(ptr, data, n)
+    if n:
+        hostmem.register(ptr, n, data, "bytes")
     return ptr
 
 
@@ -73,7 +80,16 @@ def ptr_to_bytes(ptr, size):
     size = int(size)
     if size < 0:
         raise ValueError(f"negative size {size}")
-    return ctypes.string_at(host_ptr(ptr, "pointer"), size) if size else b""
+    return _checked(lambda: host_view(ptr, size, "pointer"), "acl.util.ptr_to_bytes").tobytes() if size else b""
+
+
+def _checked(fn, name: str):
+    """``fn()``; a host-pointer error is kept for get_recent_err_msg and raised."""
+    try:
+        return fn()
+    except AclError as e:
+        record_error(name, str(e))
+        raise
 
 
 @acl_call(outs=(0,), init=False)

@@ -1,16 +1,9 @@
-"""Shared helpers of the benchmarks: sizes on the command line, medians of timed runs."""
+"""Shared helpers of the benchmarks: medians of timed runs, sizes as text (sizes on the command line:
+:func:`runtime.cliargs.size`)."""
 from __future__ import annotations
 
 import statistics
 import time
-
-
-def parse_size(s: str | int) -> int:
-    if isinstance(s, int):
-        return s
-    s = s.strip().upper().rstrip("B").rstrip("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
 
 
 def median_time(fn, repeat: int) -> float:

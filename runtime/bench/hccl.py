@@ -25,6 +25,7 @@ run); ``VNPU_BACKEND=local`` uses in-process devices instead.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -33,6 +34,8 @@ import sys
 import time
 
 import numpy as np
+
+from runtime.cliargs import fail, nonneg_int, positive_int, size
 
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 DTYPES = ("float32", "float16", "float64", "int8", "int32", "int64", "bfloat16")
@@ -46,16 +49,16 @@ _BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser(
         "hccl", help="HCCL collectives (nccl-tests style) vs plain Ray and torch gloo AllReduce")
-    p.add_argument("--op", default="allreduce",
+    p.add_argument("--op", default="allreduce", type=_ops,
                    help=f"operator(s), comma separated: {', '.join(OPS)}")
-    p.add_argument("--devices", type=int, default=4)
-    p.add_argument("--min-bytes", default="8")
-    p.add_argument("--max-bytes", default="256M")
+    p.add_argument("--devices", type=positive_int, default=4)
+    p.add_argument("--min-bytes", type=size, default="8")
+    p.add_argument("--max-bytes", type=size, default="256M")
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--redop", default="sum", choices=REDOPS)
-    p.add_argument("--iters", type=int, default=None,
+    p.add_argument("--iters", type=positive_int, default=None,
                    help="timed iterations per size (default 20, at least 10 for large sizes)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed iterations per size (default 5, fewer "
+    p.add_argument("--warmup", type=nonneg_int, default=None, help="untimed iterations per size (default 5, fewer "
                                                             "for large sizes)")
     p.add_argument("--algo", choices=("ring", "hd", "mesh"), default=None,
                    help="force an algorithm (default: chosen per size)")
@@ -66,16 +69,11 @@ def register(bench_subparsers) -> None:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _parse_size(s) -> int:
-    from .common import parse_size
-    return parse_size(s)
-
-
 def _ops(spec: str) -> list[str]:
     ops = [o.strip().lower().replace("_", "").replace("-", "") for o in spec.split(",") if o.strip()]
     bad = [o for o in ops if o not in OPS]
     if bad or not ops:
-        raise SystemExit(f"vnpu bench hccl: unknown --op {','.join(bad) or spec!r} (choose from {', '.join(OPS)})")
+        raise argparse.ArgumentTypeError(f"unknown operator {','.join(bad) or spec!r} (choose from {', '.join(OPS)})")
     return ops
 
 
@@ -463,10 +461,10 @@ def _torch_gloo(n: int, nbytes: int, iters: int = 5) -> dict:
 # ------------------------------------------------------------------------------------------ command
 def _bench_hccl(a) -> int:
     from runtime import hccl
-    ops = _ops(a.op)
-    lo, hi = _parse_size(a.min_bytes), _parse_size(a.max_bytes)
-    if a.devices < 1 or lo < 1 or hi < lo:
-        raise SystemExit("vnpu bench hccl: need --devices >= 1 and 1 <= --min-bytes <= --max-bytes")
+    ops = a.op                                       # checked by argparse, like the sizes (runtime.cliargs)
+    lo, hi = a.min_bytes, a.max_bytes
+    if hi < lo:
+        fail(f"argument --max-bytes: {hi} is below --min-bytes {lo}", "vnpu bench hccl")
     sizes = _sizes(lo, hi)
     base_size = min(hi, BASELINE_MAX)
     rows: list[dict] = []
@@ -475,7 +473,7 @@ def _bench_hccl(a) -> int:
     with _runtime(a.devices, _arena_for(hi)) as (rt, backend):
         devs = rt.devices()[:a.devices]
         if len(devs) < a.devices:
-            raise SystemExit(f"vnpu bench hccl: {a.devices} devices wanted, {len(devs)} available")
+            fail(f"argument --devices: {a.devices} devices wanted, {len(devs)} available", "vnpu bench hccl")
         total = devs[0].mem_info()[1]
         fit = [z for z in sizes if 3 * z <= total]       # send + recv + scratch of the largest buffer
         if len(fit) < len(sizes):

@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from runtime.cliargs import positive_int
+
 
 SHM_DIR_NOTE = ("/dev/shm is mounted huge=never; numpy's heap gets 2 MiB pages. With "
                 "`mount -o remount,huge=advise /dev/shm` a decode step's kernels match numpy's time")
@@ -19,8 +21,8 @@ SHM_DIR_NOTE = ("/dev/shm is mounted huge=never; numpy's heap gets 2 MiB pages. 
 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("infer", help="inference jobs vs plain numpy (decode tokens/s, sentences/s)")
-    p.add_argument("--tokens", type=int, default=24, help="decode steps per round")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--tokens", type=positive_int, default=24, help="decode steps per round")
+    p.add_argument("--rounds", type=positive_int, default=2)
     p.add_argument("--backend", choices=["cluster", "local"], default="cluster",
                    help="devices as Ray actors over gRPC (default) or in this process")
     p.add_argument("--no-multi", action="store_true", help="skip the 2+ device runs")

@@ -6,13 +6,15 @@ import json
 
 import numpy as np
 
+from runtime.cliargs import positive_int
+
 from .common import median_time as _median_time
 
 
 def register(bs) -> None:
     la = bs.add_parser("launch", help="amortized cost per kernel launch vs a Ray actor call and a gRPC call")
-    la.add_argument("--launches", type=int, default=1000)
-    la.add_argument("--repeat", type=int, default=5)
+    la.add_argument("--launches", type=positive_int, default=1000)
+    la.add_argument("--repeat", type=positive_int, default=5)
     la.add_argument("--json", action="store_true")
     la.set_defaults(fn=run)
 

@@ -6,14 +6,17 @@ import json
 
 import numpy as np
 
-from .common import fmt_size as _fmt_size, median_time as _median_time, parse_size
+from runtime.cliargs import fail, size
+
+from .common import fmt_size as _fmt_size, median_time as _median_time
 
 
 def register(bs) -> None:
     mc = bs.add_parser("memcpy", help="H2D/D2H bandwidth vs np.copyto")
-    mc.add_argument("--min-bytes", default="1M")
-    mc.add_argument("--max-bytes", default="256M")
-    mc.add_argument("--grpc-max-bytes", default="64M", help="largest size also measured over the gRPC path")
+    mc.add_argument("--min-bytes", type=size, default="1M")
+    mc.add_argument("--max-bytes", type=size, default="256M")
+    mc.add_argument("--grpc-max-bytes", type=size, default="64M",
+                    help="largest size also measured over the gRPC path")
     mc.add_argument("--json", action="store_true")
     mc.set_defaults(fn=run)
 
@@ -22,7 +25,9 @@ def run(a) -> int:
     from runtime.api import Runtime
     from runtime.cluster import cluster_runtime
     from runtime.cluster.remote import RemoteBackend
-    lo, hi, ghi = parse_size(a.min_bytes), parse_size(a.max_bytes), parse_size(a.grpc_max_bytes)
+    lo, hi, ghi = a.min_bytes, a.max_bytes, a.grpc_max_bytes        # sizes >= 1 (runtime.cliargs.size)
+    if hi < lo:
+        fail(f"argument --max-bytes: {hi} is below --min-bytes {lo}", "vnpu bench memcpy")
     sizes = []
     s = lo
     while s <= hi:

@@ -1,6 +1,7 @@
 """The ``vnpu`` command line.  One module per command group, each with ``register(subparsers)``;
 commands that need devices use the running cluster (``vnpu up``) or start an embedded one for their own
-run."""
+run.  Every command checks its arguments before doing work (:mod:`runtime.cliargs`): a bad one exits 2
+with one line on stderr."""
 from __future__ import annotations
 
 import argparse
@@ -9,13 +10,14 @@ import os
 import sys
 
 from devices.errors import AclError
+from runtime.cliargs import Parser, UsageError, report
 
 #: command groups, in the order ``vnpu --help`` lists them
-COMMANDS = ("cluster", "smi", "demo", "run", "serve", "chaos", "bench")
+COMMANDS = ("cluster", "token", "smi", "demo", "run", "serve", "atc", "chaos", "sanitize", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="vnpu", description="virtual NPU cluster (CANN-style) on Ray")
+    p = Parser(prog="vnpu", description="virtual NPU cluster (CANN-style) on Ray")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in COMMANDS:
         importlib.import_module(f"runtime.cli.{name}").register(sub)
@@ -24,9 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    a = build_parser().parse_args(argv)
+    try:
+        a = build_parser().parse_args(argv)
+    except SystemExit as e:              # --help (0) or a bad argument (2, its one line already printed)
+        return e.code if isinstance(e.code, int) else 2
     try:
         return a.fn(a) or 0
+    except UsageError as e:
+        return report(e)
     except AclError as e:
         print(f"vnpu: error {e.code} {e.name}: {e.detail}", file=sys.stderr)
         return 2

@@ -1,74 +1,86 @@
-"""``vnpu chaos``: a seeded fault campaign against a running job, with a live line per fault and a report."""
+"""``vnpu chaos``: a seeded fault campaign against a running job, with a live line per fault and a report;
+``vnpu chaos check REPORT.json`` verifies a report's history on its own (:mod:`runtime.cluster.history`)."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 
-
-def _seconds(s: str) -> float:
-    m = re.fullmatch(r"\s*([0-9.]+)\s*(ms|s|m)?\s*", str(s))
-    if not m:
-        raise ValueError(f"bad duration {s!r} (e.g. 60s, 500ms, 2m)")
-    v = float(m.group(1))
-    return v / 1000.0 if m.group(2) == "ms" else v * 60 if m.group(2) == "m" else v
+from runtime.cliargs import choices_list, duration, nonneg_int, positive_int, writable_file
 
 
 def register(sub) -> None:
-    from runtime.cluster.chaos import FAULT_KINDS, NODE_FAULTS
+    from runtime.cluster.chaos import FAULT_KINDS, NODE_FAULTS, WORKLOADS
     c = sub.add_parser("chaos", help="kill, hang and break devices while a job runs; report what was lost")
-    c.add_argument("--workload", default="mlp", choices=("mlp", "embed", "generate"))
-    c.add_argument("--devices", type=int, default=4, help="logical devices the job runs on")
-    c.add_argument("--spares", type=int, default=1, help="spare devices (failover targets)")
-    c.add_argument("--duration", default="60s", help="length of the fault phase (e.g. 60s)")
-    c.add_argument("--baseline", default=None, help="length of the fault-free phase (default min(10s, duration/3))")
-    c.add_argument("--faults", default="kill,hang,slow,ecc,link-down",
+    c.add_argument("--workload", default="mlp", choices=WORKLOADS)
+    c.add_argument("--devices", type=positive_int, default=4, help="logical devices the job runs on")
+    c.add_argument("--spares", type=nonneg_int, default=1, help="spare devices (failover targets)")
+    c.add_argument("--duration", type=duration, default="60s", help="length of the fault phase (e.g. 60s)")
+    c.add_argument("--baseline", type=duration, default=None,
+                   help="length of the fault-free phase (default min(10s, duration/3))")
+    c.add_argument("--faults", type=choices_list((*FAULT_KINDS, *NODE_FAULTS), "fault kind"),
+                   default="kill,hang,slow,ecc,link-down",
                    help=f"comma-separated kinds among {','.join(FAULT_KINDS)} (device faults) and "
                         f"{','.join(NODE_FAULTS)} (node faults: --nodes 2 or more)")
-    c.add_argument("--nodes", type=int, default=1,
+    c.add_argument("--nodes", type=positive_int, default=1,
                    help="worker nodes of the campaign's cluster (>= 2: a multi-node Ray cluster on this machine, "
                         "devices and spares spread over the nodes)")
-    c.add_argument("--every", default="5s", help="one fault every ...")
+    c.add_argument("--every", type=duration, default="5s", help="one fault every ...")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--hang-deadline", default="500ms", help="missed heartbeats for this long = hung")
+    c.add_argument("--hang-deadline", type=duration, default="500ms", help="missed heartbeats for this long = hung")
     c.add_argument("--no-cpu-fallback", action="store_true")
-    c.add_argument("--report", default=None, help="write the JSON report here")
+    c.add_argument("--report", type=writable_file, default=None, help="write the JSON report here")
     c.set_defaults(fn=_cmd_chaos)
+    cs = c.add_subparsers(dest="chaos_cmd", metavar="{check}")
+    chk = cs.add_parser("check", help="verify a chaos report's history (exactly once, results, acknowledgements)")
+    chk.add_argument("report", help="a report written by vnpu chaos --report")
+    chk.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    chk.set_defaults(fn=_cmd_check)
 
 
 def _cmd_chaos(a) -> int:
-    from runtime.cluster.chaos import FAULT_KINDS, NODE_FAULTS, ChaosConfig, run_campaign, summary_lines
+    from runtime.cluster.chaos import NODE_FAULTS, ChaosConfig, run_campaign, summary_lines
     from runtime.cluster.failover import FailoverOptions
-    faults = tuple(f.strip() for f in a.faults.split(",") if f.strip())
-    bad = [f for f in faults if f not in FAULT_KINDS and f not in NODE_FAULTS]
-    if bad or not faults:
-        print(f"vnpu chaos: unknown fault kind(s) {bad}; known: {', '.join([*FAULT_KINDS, *NODE_FAULTS])}",
-              file=sys.stderr)
-        return 2
-    node_kinds = [f for f in faults if f in NODE_FAULTS]
-    if a.nodes < 1 or (node_kinds and a.nodes < 2):
-        print(f"vnpu chaos: {node_kinds[0] if node_kinds and a.nodes >= 1 else '--nodes'} needs a multi-node "
-              f"cluster: pass --nodes 2 or more (this run would have {a.nodes} node{'s' if a.nodes != 1 else ''})",
-              file=sys.stderr)
-        return 2
-    if a.devices < 1 or a.spares < 0:
-        print("vnpu chaos: --devices must be >= 1 and --spares >= 0", file=sys.stderr)
-        return 2
+    from runtime.cliargs import fail
+    node_kinds = [f for f in a.faults if f in NODE_FAULTS]
+    if node_kinds and a.nodes < 2:
+        fail(f"argument --faults: {node_kinds[0]} needs a multi-node cluster: pass --nodes 2 or more", "vnpu chaos")
+    if a.nodes > a.devices + a.spares:
+        fail(f"argument --nodes: {a.nodes} nodes for {a.devices + a.spares} devices (devices + spares) would "
+             f"leave a node without devices", "vnpu chaos")
     try:
-        opts = FailoverOptions(hang_deadline_s=_seconds(a.hang_deadline), cpu_fallback=not a.no_cpu_fallback)
-        cfg = ChaosConfig(workload=a.workload, devices=a.devices, spares=a.spares, duration_s=_seconds(a.duration),
-                          every_s=_seconds(a.every), faults=faults, seed=a.seed,
-                          baseline_s=_seconds(a.baseline) if a.baseline else None, options=opts, nodes=a.nodes,
-                          arena_bytes=(1 << 30) if a.workload == "generate" else 256 << 20)
+        opts = FailoverOptions(hang_deadline_s=a.hang_deadline, cpu_fallback=not a.no_cpu_fallback)
     except ValueError as e:
-        print(f"vnpu chaos: {e}", file=sys.stderr)
-        return 2
+        fail(f"argument --hang-deadline: {e}", "vnpu chaos")
+    cfg = ChaosConfig(workload=a.workload, devices=a.devices, spares=a.spares, duration_s=a.duration,
+                      every_s=a.every, faults=a.faults, seed=a.seed, baseline_s=a.baseline, options=opts,
+                      nodes=a.nodes)
     rep = run_campaign(cfg, out=lambda s: print(s, flush=True))
     for line in summary_lines(rep):
         print(line)
     if a.report:
-        with open(a.report, "w") as f:
-            json.dump(rep, f, indent=1, default=str)
+        try:
+            with open(a.report, "w") as f:
+                json.dump(rep, f, indent=1, default=str)
+        except OSError as e:                     # checked up front; the disk may still fill up
+            print(f"vnpu chaos: error: cannot write {a.report}: {e.strerror or e}", file=sys.stderr)
+            return 2
         print(f"report: {a.report}")
-    ok = rep["lost"] == 0 and rep["duplicated"] == 0 and rep["correct"]
-    return 0 if ok else 1
+    return 0 if rep["check"]["ok"] and rep["correct"] else 1
+
+
+def _cmd_check(a) -> int:
+    from runtime.cliargs import fail, read_text
+    from runtime.cluster.history import check_report, verdict_lines
+    try:
+        doc = json.loads(read_text(a.report))
+    except ValueError as e:
+        fail(f"argument report: {e}", "vnpu chaos check")
+    if not isinstance(doc, dict) or not isinstance(doc.get("history"), list):
+        fail(f"argument report: {a.report} is not a chaos report with a history", "vnpu chaos check")
+    res = check_report(doc)
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        for line in verdict_lines(res):
+            print(line)
+    return 0 if res["ok"] else 1

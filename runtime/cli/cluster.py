@@ -1,28 +1,50 @@
 """``vnpu up`` / ``vnpu down``: the detached local cluster."""
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
+
+from runtime.cliargs import fail, positive_int, text_file
 
 
 def register(sub) -> None:
     up = sub.add_parser("up", help="start a local cluster of virtual NPUs (detached)")
-    up.add_argument("--devices", type=int, default=0)
-    up.add_argument("--config", help="cluster.yaml: the head node type's NPU resource and labels")
-    up.add_argument("--hbm-mb", type=int, default=0, help="emulated HBM per device (MiB)")
+    up.add_argument("--devices", type=positive_int, default=None, help="virtual NPUs (default 4, or the config's)")
+    up.add_argument("--config", type=text_file, help="cluster.yaml: the head node type's NPU resource and labels")
+    up.add_argument("--hbm-mb", type=positive_int, default=None, help="emulated HBM per device (MiB)")
+    up.add_argument("--no-user-kernels", action="store_true",
+                    help="refuse RegisterKernel (user kernels run client code in the device processes)")
+    up.add_argument("--no-shm-fast-path", action="store_true",
+                    help="no arena is a /dev/shm segment: isolates processes of one Unix user (copies and "
+                         "same-node HCCL go over gRPC)")
     up.set_defaults(fn=_cmd_up)
     down = sub.add_parser("down", help="stop the local cluster and remove everything it created")
     down.set_defaults(fn=_cmd_down)
 
 
 def _cmd_up(a) -> int:
+    from devices.errors import AclError
     from runtime.cluster import ClusterSpec, cluster_up, spec_from_yaml
-    spec = spec_from_yaml(a.config) if a.config else ClusterSpec()
+    try:
+        spec = spec_from_yaml(a.config) if a.config else ClusterSpec()
+    except AclError as e:
+        fail(f"argument --config: {e.detail}", "vnpu up")
     if a.devices:
         spec = replace(spec, devices=a.devices)
     if a.hbm_mb:
         spec = replace(spec, arena_bytes=a.hbm_mb << 20)
+    if a.no_user_kernels or a.no_shm_fast_path:
+        spec = replace(spec, policy=replace(spec.policy, user_kernels=spec.policy.user_kernels and not a.no_user_kernels,
+                                            shm_fast_path=spec.policy.shm_fast_path and not a.no_shm_fast_path))
     st, started = cluster_up(spec)
     if not started:
+        asked = {"devices": spec.devices if (a.devices or a.config) else None,            # what the flags asked
+                 "arena_bytes": spec.arena_bytes if (a.hbm_mb or a.config) else None,
+                 "chip": spec.chip if a.config else None}
+        if any(v is not None and st.get(k) != v for k, v in asked.items()):
+            print(f"vnpu up: error: a cluster of {st['devices']} devices ({st['arena_bytes'] >> 20} MiB HBM each, "
+                  f"{st['chip']}) is already up at {st['ray_address']}; run `vnpu down` first", file=sys.stderr)
+            return 2
         print(f"vnpu cluster is already up at {st['ray_address']} ({st['devices']} devices)")
         return 0
     print(f"vnpu cluster up: Ray at {st['ray_address']}, {st['devices']} x {st['chip']}")
@@ -33,6 +55,10 @@ def _cmd_up(a) -> int:
 
 
 def _cmd_down(a) -> int:
+    import time
+
     from runtime.cluster import cluster_down
-    print("vnpu cluster stopped" if cluster_down() else "no vnpu cluster is up")
+    t0 = time.perf_counter()
+    stopped = cluster_down()
+    print(f"vnpu cluster stopped in {time.perf_counter() - t0:.2f} s" if stopped else "no vnpu cluster is up")
     return 0

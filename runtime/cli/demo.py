@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from runtime.cliargs import positive_int
+
 PROMPTS = ["What is a neural processing unit? Answer in one sentence."]
 SENTENCES = ["A virtual NPU runs kernels on emulated AI Cores.",
              "Emulated accelerators execute kernels on simulated cores.",
@@ -179,8 +181,8 @@ def run_service_demo(rt, out=sys.stdout, clients: int = 6, max_tokens: int = 16)
 
 def register(sub) -> None:
     demo = sub.add_parser("demo", help="the main job: multi-device inference on a local cluster, then smi")
-    demo.add_argument("--devices", type=int, default=4)
-    demo.add_argument("--max-new-tokens", type=int, default=24)
+    demo.add_argument("--devices", type=positive_int, default=4)
+    demo.add_argument("--max-new-tokens", type=positive_int, default=24)
     demo.set_defaults(fn=_cmd_demo)
 
 

@@ -8,6 +8,7 @@ in this process instead (no Ray).  Errors print one line on stderr and exit with
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -16,6 +17,8 @@ import sys
 import numpy as np
 
 from devices.errors import AclError
+from runtime.cliargs import (fail, int_at_least, nonneg_float, nonneg_int, positive_int, probability, text_lines,
+                             writable_file)
 
 
 @contextlib.contextmanager
@@ -38,15 +41,6 @@ def _fail(msg: str) -> int:
     return 2
 
 
-def _read_lines(path: str) -> list[str]:
-    f = sys.stdin if path == "-" else open(path, encoding="utf-8")
-    try:
-        return [ln.rstrip("\n") for ln in f if ln.strip()]
-    finally:
-        if f is not sys.stdin:
-            f.close()
-
-
 def _device_lines(stats) -> list[str]:
     return [f"  npu{d.device}: wall {d.wall_ms:.1f} ms, modeled device time {d.modeled_ms:.3f} ms"
             for d in stats.devices]
@@ -54,14 +48,17 @@ def _device_lines(stats) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- embed
 def _cmd_embed(a) -> int:
-    try:
-        texts = list(a.texts or [])
-        if a.input:
-            texts += _read_lines(a.input)
-        elif not texts:
-            texts = _read_lines("-")
-    except OSError as e:
-        return _fail(f"cannot read {a.input}: {e.strerror or e}")
+    texts = list(a.texts or [])
+    if a.input:
+        texts += a.input                                   # the lines of --input (read and checked by argparse)
+    elif not texts:
+        try:
+            texts = text_lines("-")
+        except argparse.ArgumentTypeError as e:
+            fail(f"stdin: {e}", "vnpu run embed")
+    bad = [i for i, t in enumerate(texts) if not t.strip()]
+    if bad:
+        fail(f"text {bad[0]} is empty", "vnpu run embed")
     from runtime.models import EmbedJob
     with job_runtime(a.devices) as rt:
         job = EmbedJob(rt, a.model, devices=a.devices, parallel=a.parallel, batch_size=a.batch_size)
@@ -70,6 +67,9 @@ def _cmd_embed(a) -> int:
         finally:
             job.close()
         st = job.last_stats
+    if st.truncated:
+        print(f"vnpu run embed: {st.truncated} of {len(texts)} inputs were longer than {a.model}'s context and "
+              f"were cut to {st.context} tokens", file=sys.stderr)
     if a.output:
         try:
             np.save(a.output, emb)
@@ -77,7 +77,8 @@ def _cmd_embed(a) -> int:
             return _fail(f"cannot write {a.output}: {e.strerror or e}")
     if a.json:
         doc = {"model": a.model, "parallel": a.parallel, "devices": a.devices, "count": int(emb.shape[0]),
-               "dim": int(emb.shape[1]), "sentences_per_s": round(st.items_per_s, 2), "stats": st.as_dict()}
+               "dim": int(emb.shape[1]), "truncated": st.truncated, "context": st.context,
+               "sentences_per_s": round(st.items_per_s, 2), "stats": st.as_dict()}
         if a.output:
             doc["output"] = a.output
         else:
@@ -130,12 +131,11 @@ def _cmd_generate(a) -> int:
     if a.prompt is not None:
         prompts.append(a.prompt)
     if a.prompts:
-        try:
-            prompts += _read_lines(a.prompts)
-        except OSError as e:
-            return _fail(f"cannot read {a.prompts}: {e.strerror or e}")
+        prompts += a.prompts                               # the lines of --prompts (read and checked by argparse)
     if not prompts:
-        return _fail("give --prompt TEXT or --prompts FILE")
+        fail("give --prompt TEXT or --prompts FILE", "vnpu run generate")
+    if not all(p.strip() for p in prompts):
+        fail("argument --prompt: empty prompt", "vnpu run generate")
     parallel = a.parallel or ("none" if a.devices == 1 else "tp")
     from runtime.models import GenerateJob
     stream = not a.json and len(prompts) == 1
@@ -198,27 +198,28 @@ def register(sub) -> None:
     e = rs.add_parser("embed", help="sentence embeddings (MiniLM)")
     e.add_argument("texts", nargs="*", help="sentences (else --input, else stdin, one per line)")
     e.add_argument("--model", default="minilm-l6", choices=["minilm-l6", "minilm-l3"])
-    e.add_argument("--devices", type=int, default=1)
+    e.add_argument("--devices", type=positive_int, default=1)
     e.add_argument("--parallel", default="dp", choices=["dp", "tp"])
-    e.add_argument("--input", help="file with one sentence per line ('-' = stdin)")
-    e.add_argument("--output", help="write the embeddings as a .npy file")
-    e.add_argument("--batch-size", type=int, default=32)
+    e.add_argument("--input", type=text_lines, help="UTF-8 text file with one sentence per line ('-' = stdin)")
+    e.add_argument("--output", type=writable_file, help="write the embeddings as a .npy file")
+    e.add_argument("--batch-size", type=positive_int, default=32)
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=_guard(_cmd_embed))
     g = rs.add_parser("generate", help="text generation (SmolLM2-135M-Instruct)")
     g.add_argument("--model", default="smollm2", choices=["smollm2"])
-    g.add_argument("--devices", type=int, default=1)
+    g.add_argument("--devices", type=positive_int, default=1)
     g.add_argument("--parallel", choices=["none", "tp", "pp"], default=None,
                    help="default: none on one device, tp on more")
     g.add_argument("--prompt", help="one prompt")
-    g.add_argument("--prompts", help="file with one prompt per line (a batch)")
-    g.add_argument("--max-new-tokens", type=int, default=32)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--prompts", type=text_lines, help="UTF-8 text file with one prompt per line (a batch)")
+    g.add_argument("--max-new-tokens", type=positive_int, default=32)
+    g.add_argument("--temperature", type=nonneg_float, default=0.0)
+    g.add_argument("--top-k", type=nonneg_int, default=0)
+    g.add_argument("--top-p", type=probability, default=1.0)
+    g.add_argument("--seed", type=nonneg_int, default=0)
     g.add_argument("--raw", action="store_true", help="no chat template: the prompt is plain text")
-    g.add_argument("--max-len", type=int, default=2048, help="prompt + new tokens limit (KV cache size)")
+    g.add_argument("--max-len", type=int_at_least(2), default=2048,
+                   help="prompt + new tokens limit (KV cache size)")
     g.add_argument("--eager", action="store_true",
                    help="launch every kernel of every decode step (default: capture the first step as a "
                         "graph and replay it)")

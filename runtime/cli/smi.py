@@ -4,12 +4,14 @@ from __future__ import annotations
 import json
 
 from runtime.api import Runtime
+from runtime.cliargs import positive_int
 
 
 def register(sub) -> None:
     smi = sub.add_parser("smi", help="npu-smi-like device table")
     smi.add_argument("--json", action="store_true")
-    smi.add_argument("--devices", type=int, default=4, help="devices of the embedded cluster (when none is up)")
+    smi.add_argument("--devices", type=positive_int, default=4,
+                     help="devices of the embedded cluster (when none is up)")
     smi.set_defaults(fn=_cmd_smi)
 
 

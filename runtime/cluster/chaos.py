@@ -4,29 +4,42 @@
 actors restartable), runs the workload fault-free for a while (reference results and baseline
 throughput), then again for ``duration_s`` while a fault is injected every ``every_s``: kind and victim
 chosen by ``random.Random(seed)`` (never the last healthy device).  Each fault gets a live line (time,
-fault, device, detected after, recovered after).  The report counts requests (submitted / completed /
-failed / lost / duplicated, from the runner's history), checks every result against the fault-free one,
-gives detection and recovery latencies, availability, throughput with vs without faults, and checks
-that HBM, actors, processes and shared-memory segments are back to baseline at the end.
+fault, device, detected after, recovered after).
+
+The report carries the full history of every request (submit, each attempt, each failure, each
+completion with its result digest, each acknowledgement by the consumer, with times; see
+:mod:`runtime.cluster.history`) and the fault-free digest of every input, and its counts come from the
+independent checker of that history (``vnpu chaos check report.json`` re-checks the file): each request
+completed exactly once with the fault-free result, delivered once, every extra execution explained by a
+failed attempt.  It also gives detection and recovery latencies (hang detection against its deadline),
+availability, throughput with vs without faults, and what the campaign left behind -- measured after the
+cluster's own graceful teardown and BEFORE any forced cleanup: its device processes, its named actors,
+its HBM (every device of the pool, restarted ones included) and the ``/dev/shm`` segments of its device
+processes; the forced cleanup then removes only this cluster's segments.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
-import glob
 import os
 import random
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
-import numpy as np
-
+from devices import segments
 from devices.errors import AclError
 from devices.faults import FAULT_KINDS
 
+from . import history as history_check
+from . import procs
 from .failover import DevicePool, FailoverOptions, percentiles
-from .jobrunner import JobRunner, checksum, make_workload
+from .jobrunner import WORKLOADS as _WORKLOAD_CLASSES
+from .jobrunner import History, JobRunner, checksum, make_workload
 from .node_faults import NODE_FAULTS, NodeChaos, node_outcome
+
+#: workloads a campaign can run
+WORKLOADS = tuple(_WORKLOAD_CLASSES)
 
 
 @dataclass(frozen=True)
@@ -44,13 +57,21 @@ class ChaosConfig:
     hang_ms: tuple = (1500, 3000)
     fault_ms: tuple = (1500, 3000)
     cores: int | None = 2
-    arena_bytes: int = 256 << 20
+    #: HBM per device; None: what the workload needs (``arena_bytes`` of its class: 1 GiB for generate)
+    arena_bytes: int | None = None
     max_restarts: int = 1000
     options: FailoverOptions = field(default_factory=FailoverOptions)
     #: >= 2: a multi-node cluster (that many worker nodes, the devices and spares spread over them, and a
     #: head without NPUs), which node faults (``node-kill``, :mod:`.node_faults`) need
     nodes: int = 1
     replace_nodes: bool = True               #: a killed node is replaced by one with the same devices
+
+    @property
+    def hbm_bytes(self) -> int:
+        """The HBM per device this campaign runs with."""
+        if self.arena_bytes is not None:
+            return self.arena_bytes
+        return _WORKLOAD_CLASSES[self.workload].arena_bytes
 
 
 class _Load:
@@ -62,6 +83,13 @@ class _Load:
         self.stop = threading.Event()
         self.input_of: dict[int, int] = {}
 
+    def submit(self, k: int) -> int:
+        rid = self.next_id
+        self.next_id += 1
+        self.input_of[rid] = k
+        self.runner.submit(rid, self.inputs[k], input=k)
+        return rid
+
     def run_for(self, seconds: float) -> tuple[int, int]:
         end = time.monotonic() + seconds
         first = self.next_id
@@ -71,12 +99,23 @@ class _Load:
                          max(0.0, end - time.monotonic()))
             if time.monotonic() >= end:
                 break
-            rid = self.next_id
-            self.next_id += 1
-            k = rid % len(self.inputs)
-            self.input_of[rid] = k
-            r.submit(rid, self.inputs[k])
+            self.submit(self.next_id % len(self.inputs))
         return first, self.next_id
+
+
+class _Consumer:
+    """Where results are delivered: counts deliveries per request id and acknowledges each one in the
+    history (with the digest of what it received)."""
+
+    def __init__(self, history: History):
+        self.history = history
+        self.deliveries: collections.Counter = collections.Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, rid: int, out) -> None:
+        with self._lock:
+            self.deliveries[rid] += 1
+        self.history.record("ack", rid, digest=checksum(out))
 
 
 def _link_peer(pool: DevicePool, rng: random.Random, victim: int) -> int:
@@ -90,7 +129,7 @@ CAMPAIGN_PARAMS = {
     "hang": lambda rng, cfg, pool, victim: {"duration_ms": rng.randint(*cfg.hang_ms)},
     "slow": lambda rng, cfg, pool, victim: {"factor": 5.0, "duration_ms": rng.randint(*cfg.fault_ms)},
     # the allocations live at the low end of the arena
-    "ecc": lambda rng, cfg, pool, victim: {"offset": 0, "length": cfg.arena_bytes // 2},
+    "ecc": lambda rng, cfg, pool, victim: {"offset": 0, "length": cfg.hbm_bytes // 2},
     "link-down": lambda rng, cfg, pool, victim: {"peer": _link_peer(pool, rng, victim),
                                                  "duration_ms": rng.randint(*cfg.fault_ms)},
     "task-fail": lambda rng, cfg, pool, victim: {"count": 2},
@@ -124,16 +163,18 @@ def _is_actor_process(pid: int) -> bool:
         return False
 
 
-def _fault_outcome(f: dict, pool: DevicePool, runner: JobRunner, t_next: float) -> dict:
-    """Detection and recovery of fault ``f`` from the pool's events and the runner's history."""
+def _fault_outcome(f: dict, pool: DevicePool, runner: JobRunner, t_next: float, t_hist: float = 0.0) -> dict:
+    """Detection and recovery of fault ``f`` from the pool's events and the runner's history (whose
+    times count from ``t_hist``, in monotonic seconds)."""
     v, t0 = f["device"], f["t"]
     det = next((e for e in list(pool.events) if e["kind"] == "detected" and e["physical"] == v
                 and t0 <= e["t"] < t_next), None)
     detected_after = None if det is None else det["t"] - t0
     # requests that failed on the victim because of this fault, and when they completed elsewhere
-    failed_ids = {h["id"] for h in list(runner.history)
+    events = [dict(h, t=h["t"] + t_hist) for h in runner.history.events()]
+    failed_ids = {h["id"] for h in events
                   if h["op"] == "attempt-failed" and h.get("physical") == v and t0 <= h["t"] < t_next}
-    done_t = {h["id"]: h["t"] for h in list(runner.history) if h["op"] == "completed" and h["id"] in failed_ids}
+    done_t = {h["id"]: h["t"] for h in events if h["op"] == "complete" and h["id"] in failed_ids}
     recovered_after = None
     if failed_ids and len(done_t) == len(failed_ids):
         recovered_after = max(done_t.values()) - t0
@@ -148,20 +189,6 @@ def _fault_outcome(f: dict, pool: DevicePool, runner: JobRunner, t_next: float) 
 
 def _fmt(x) -> str:
     return "-" if x is None else f"{x * 1000:.0f} ms"
-
-
-def _leaks(where_seen: set[str], pids_seen: set[int]) -> dict:
-    end = time.monotonic() + 15.0
-    while any(_alive(p) for p in pids_seen) and time.monotonic() < end:
-        threading.Event().wait(0.1)
-    alive = [p for p in pids_seen if _alive(p)]
-    segs = [s for s in where_seen if s and os.path.exists(os.path.join("/dev/shm", s))]
-    dead_segs = []
-    for p in glob.glob("/dev/shm/vnpu_*"):
-        pid = os.path.basename(p).split("_")[1]
-        if pid.isdigit() and not _alive(int(pid)):
-            dead_segs.append(os.path.basename(p))
-    return {"processes": alive, "segments": segs}, dead_segs
 
 
 def _named_actors() -> list[str]:
@@ -198,59 +225,77 @@ def _settle(runner, timeout_s: float = 600.0) -> None:
         raise RuntimeError(f"the fault-free phase failed {len(runner.errors)} request(s), e.g. #{rid}: {msg}")
 
 
+def leaks(device_pids: set[int], arenas: set[str]) -> dict:
+    """What a campaign left behind, measured before any forced cleanup: its device processes still
+    running, and the ``/dev/shm`` segments owned by one of its device processes (or named in ``arenas``)
+    -- split by whether the owner still runs.  ``other_dead_pid_segments``: segments of dead owners that
+    are not this campaign's (reported, never touched)."""
+    alive = sorted(p for p in device_pids if procs.alive(p))
+    names = segments.list_segments()
+    ours, others = [], []
+    for n in names:
+        pid = (segments.owner(n) or (0, None))[0]
+        (ours if (pid in device_pids or n in arenas) else others).append(n)
+    return {"processes": alive,
+            "segments": sorted(ours),
+            "segments_of_dead_processes": sorted(n for n in ours if not segments.owner_alive(*segments.owner(n))),
+            "other_dead_pid_segments": sorted(n for n in others if not segments.owner_alive(*segments.owner(n)))}
+
+
+def hbm_report(before: dict, after: dict) -> dict:
+    """HBM in use per device at the end vs at the start: every device of the pool (a restarted device is
+    compared with its start too); a device that could not be asked is not back."""
+    not_back = {pid: {"start": before.get(pid), "end": used} for pid, used in after.items()
+                if used is None or used > (before.get(pid) or 0)}
+    return {"hbm_used_baseline": before, "hbm_used_end": after, "hbm_back_to_baseline": not not_back and bool(after),
+            "hbm_not_back": not_back}
+
+
 def run_campaign(cfg: ChaosConfig, out=print) -> dict:
-    from .local import remove_segments
+    from .local import stop_devices
     rng = random.Random(cfg.seed)
     wl = make_workload(cfg.workload)
     inputs = wl.make_inputs(cfg.distinct_inputs, seed=cfg.seed + 1)
     n_phys = cfg.devices + cfg.spares
     t_start = time.monotonic()
     cluster, node_chaos = _campaign_cluster(cfg, n_phys)
-    report: dict = {"config": {k: v for k, v in asdict(cfg).items() if k != "options"},
+    report: dict = {"config": {k: v for k, v in asdict(cfg).items() if k != "options"} | {"hbm_bytes": cfg.hbm_bytes},
                     "options": asdict(cfg.options), "workload": getattr(wl, "name", cfg.workload)}
     pool = runner = None
-    actors_left: list[str] = []
+    hist = History(clock=lambda: time.monotonic() - t_start)
+    consumer = _Consumer(hist)
     pids_seen: set[int] = {w["pid"] for w in cluster.where}
+    arenas: set[str] = {w["arena"] for w in cluster.where}
     try:
-        from dataclasses import replace
-        opts = replace(cfg.options, cpu_arena_bytes=max(cfg.options.cpu_arena_bytes, cfg.arena_bytes))
+        opts = replace(cfg.options, cpu_arena_bytes=max(cfg.options.cpu_arena_bytes, cfg.hbm_bytes))
         if node_chaos is not None and node_chaos.replace:      # a node takes longer to come back than an actor
             opts = replace(opts, restart_wait_s=max(opts.restart_wait_s, NODE_RESTART_WAIT_S))
         pool = DevicePool(cluster.where, cluster.token, cfg.devices, opts)
-        hbm0 = pool.hbm_used()
-        runner = JobRunner(pool, wl)
+        hbm0 = pool.hbm_used(every=True)
+        runner = JobRunner(pool, wl, on_result=consumer, history=hist)
         load = _Load(runner, inputs, cfg.inflight_per_device * cfg.devices)
         # ---------------- fault-free phase
         base_s = cfg.baseline_s if cfg.baseline_s is not None else min(10.0, max(2.0, cfg.duration_s / 3))
         if getattr(wl, "name", cfg.workload) != cfg.workload:
             out(f"chaos: workload {cfg.workload!r} is not available here: running {wl.name!r} instead")
-        out(f"chaos: {cfg.workload} on {cfg.devices} devices (+{cfg.spares} spare), seed {cfg.seed}: "
-            f"fault-free run {base_s:g} s")
+        out(f"chaos: {cfg.workload} on {cfg.devices} devices (+{cfg.spares} spare, {cfg.hbm_bytes >> 20} MiB HBM "
+            f"each), seed {cfg.seed}: fault-free run {base_s:g} s")
         load.run_for(0.5)                                  # warm-up (weights uploaded, first launches)
         _settle(runner)
-        warm_end = load.next_id
         tb0 = time.monotonic()
         lo, hi = load.run_for(base_s)
         _settle(runner)
         tb1 = time.monotonic()
         base_rps = (hi - lo) / (tb1 - tb0)
-        reference: dict[int, str] = {}
-        ref_arrays: dict[int, np.ndarray] = {}
+        reference: dict[str, str] = {}
         for rid in range(0, hi):
             if rid in runner.results:
-                k = load.input_of[rid]
-                if k not in reference:
-                    reference[k] = checksum(runner.results[rid])
-                    ref_arrays[k] = runner.results[rid]
+                reference.setdefault(str(load.input_of[rid]), checksum(runner.results[rid]))
         for k in range(len(inputs)):                      # inputs the fault-free phase did not reach
-            if k not in reference:
-                rid = load.next_id
-                load.next_id += 1
-                load.input_of[rid] = k
-                runner.submit(rid, inputs[k])
+            if str(k) not in reference:
+                rid = load.submit(k)
                 _settle(runner)
-                reference[k] = checksum(runner.results[rid])
-                ref_arrays[k] = runner.results[rid]
+                reference[str(k)] = checksum(runner.results[rid])
         out(f"  fault-free: {hi - lo} requests in {tb1 - tb0:.1f} s = {base_rps:.1f} req/s")
         # ---------------- faults
         faults: list[dict] = []
@@ -299,7 +344,7 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
                 t_next = faults[printed + 1]["t"] if printed + 1 < len(faults) else float("inf")
                 if not final and printed + 1 >= len(faults) and time.monotonic() - f["t"] < cfg.every_s * 0.9:
                     return
-                o = (node_outcome if f["kind"] in NODE_FAULTS else _fault_outcome)(f, pool, runner, t_next)
+                o = (node_outcome if f["kind"] in NODE_FAULTS else _fault_outcome)(f, pool, runner, t_next, t_start)
                 faults[printed] = o
                 out(f"  t={o['t'] - t_faults0:5.1f}s  {o['kind']:<9} device {o['device']}  detected after "
                     f"{_fmt(o['detected_after_s'])}{' (' + o['cause'] + ')' if o['cause'] else ''}  recovered after "
@@ -319,27 +364,14 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
         t_f1 = time.monotonic()
         print_ready(True)
         faults_rps = (sum(1 for rid in range(lo2, hi2) if rid in runner.results)) / (t_f1 - t_faults0)
-        # ---------------- correctness and counts
-        wrong, approx = [], 0
-        for rid, arr in list(runner.results.items()):
-            if rid < warm_end:
-                continue
-            k = load.input_of.get(rid)
-            if k is None:
-                continue
-            if checksum(arr) != reference[k]:
-                if np.allclose(arr, ref_arrays[k], rtol=1e-4, atol=1e-5):
-                    approx += 1
-                else:
-                    wrong.append(rid)
-        counts = runner.counts()
         # availability: share of 250 ms slices of the fault phase in which some request completed
-        done_t = sorted(h["t"] for h in runner.history if h["op"] == "completed" and h["t"] >= t_faults0)
+        done_t = sorted(h["t"] + t_start for h in hist.events() if h["op"] == "complete" and h["t"] + t_start >= t_faults0)
         slices = max(1, int((t_f1 - t_faults0) / 0.25))
         hit = {int((t - t_faults0) / 0.25) for t in done_t}
         availability = 100.0 * len([s for s in range(slices) if s in hit]) / slices
         det = [f["detected_after_s"] for f in faults if f.get("detected_after_s") is not None]
         rec = [f["recovered_after_s"] for f in faults if f.get("recovered_after_s") is not None]
+        hang_det = [f["detected_after_s"] for f in faults if f["kind"] == "hang" and f.get("detected_after_s") is not None]
         by_kind: dict = {}
         for f in faults:
             d = by_kind.setdefault(f["kind"], {"injected": 0, "detected": 0, "detect_s": [], "recover_s": []})
@@ -352,7 +384,8 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
         for d in by_kind.values():
             d["detection"] = percentiles(d.pop("detect_s"))
             d["recovery"] = percentiles(d.pop("recover_s"))
-        # ---------------- back to baseline
+        # ---------------- back to baseline: replaced nodes joined, every device healthy again, then the
+        # job's HBM released
         if node_chaos is not None:
             node_chaos.join()
             report["nodes_replaced"] = node_chaos.replaced
@@ -364,49 +397,62 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
         settled = pool.wait_for(lambda p: len(p.healthy_physical()) == sum(
             1 for q in p.phys.values() if q.state != "dead"), 30.0)
         runner.close()
-        hbm1 = pool.hbm_used()
+        report.update(hbm_report(hbm0, pool.hbm_used(every=True)))
         for p in pool.phys.values():
             pids_seen.add(p.where.get("pid", 0))
-        report.update(counts)
+        arenas |= set(pool.arenas_seen)
         report.update({
             "drained": drained, "settled": settled,
-            "correct": len(wrong) == 0, "wrong_results": wrong[:20], "approx_equal_results": approx,
-            "final_errors": dict(list(runner.errors.items())[:10]),
-            "attempt_errors": [h for h in runner.history if h["op"] == "attempt-failed"][:40],
             "faults": [{k: v for k, v in f.items()} for f in faults],
             "faults_by_kind": by_kind,
             "detection_latency_s": percentiles(det), "recovery_latency_s": percentiles(rec),
+            "hang_detection": {"deadline_s": cfg.options.hang_deadline_s, **percentiles(hang_det),
+                               "within_deadline": all(x <= cfg.options.hang_deadline_s for x in hang_det)},
             "availability_pct": availability,
             "throughput": {"fault_free_rps": base_rps, "with_faults_rps": faults_rps,
                            "ratio": faults_rps / base_rps if base_rps else None},
-            "hbm_used_baseline": hbm0, "hbm_used_end": hbm1,
-            "hbm_back_to_baseline": all(hbm1.get(k, 0) <= hbm0.get(k, 0) for k in hbm1),
             "pool_events": [dict(e, t=e["t"] - t_start) for e in pool.events],
+            "reference": reference,
         })
         for f in report["faults"]:
             f["t"] = f["t"] - t_faults0
     finally:
+        # graceful teardown first: the job, the pool, the device actors (each closes its arena)
         if runner is not None:
             runner.close()
-        arenas = set(pool.arenas_seen) if pool is not None else set()
         if pool is not None:
+            arenas |= set(pool.arenas_seen)
+            for p in pool.phys.values():
+                pids_seen.add(p.where.get("pid", 0))
             pool.close()
-        arenas |= {w["arena"] for w in cluster.where}
-        from .local import stop_devices
         with contextlib.suppress(Exception):
-            arenas |= set(stop_devices())
+            stop_devices()
         end = time.monotonic() + 10.0
         while (actors_left := _named_actors()) and time.monotonic() < end:
             threading.Event().wait(0.1)
+        device_pids = pids_seen - {0}
+        procs.wait_gone(device_pids, 15.0)
+        # what this campaign left, measured BEFORE the forced cleanup
+        left = leaks(device_pids, arenas - {""})
+        # forced cleanup: Ray, its processes, and this cluster's segments only
+        cluster.device_pids |= device_pids
         cluster.close()
-        remove_segments([a for a in arenas if a and not _alive(_seg_pid(a))])
-    leaks, foreign = _leaks(arenas, pids_seen - {0})
-    leaks = {"actors": actors_left, **leaks}
-    report["leaks"] = leaks
+    events = hist.events()
+    report["history"] = events
+    check = history_check.check(events, report.get("reference"))
+    report.update(check["counts"])                      # the counts come from the checker
+    report["check"] = {"ok": check["ok"], "by_kind": check["by_kind"], "violations": check["violations"]}
+    report["wrong_result_ids"] = sorted({v["id"] for v in check["violations"] if v["kind"] == "wrong-result"})[:20]
+    report["correct"] = check["counts"]["wrong_results"] == 0
+    report["deliveries_seen_by_consumer"] = {"requests": len(consumer.deliveries),
+                                             "more_than_once": sorted(r for r, n in consumer.deliveries.items()
+                                                                      if n > 1)[:20]}
+    report["leaks"] = {"actors": actors_left, "processes": left["processes"], "segments": left["segments"],
+                       "segments_of_dead_processes": left["segments_of_dead_processes"]}
+    report["other_dead_pid_segments"] = left["other_dead_pid_segments"]   # not this campaign's: not its leaks
     report["device_pids_seen"] = sorted(pids_seen - {0})
     report["arenas_seen"] = sorted(a for a in arenas if a)
-    report["other_dead_pid_segments"] = foreign          # not this campaign's (not counted as its leaks)
-    report["clean"] = not any(leaks.values())
+    report["clean"] = not any(report["leaks"].values())
     report["elapsed_s"] = time.monotonic() - t_start
     return report
 
@@ -424,47 +470,46 @@ def _campaign_cluster(cfg: ChaosConfig, n_phys: int):
         raise InvalidParamError(f"fault {node_kinds[0]} needs a multi-node cluster (nodes >= 2), not {cfg.nodes} node")
     if cfg.nodes < 2:
         from .local import ClusterSpec, LocalCluster
-        spec = ClusterSpec(devices=n_phys, arena_bytes=cfg.arena_bytes, cores=cfg.cores)
+        spec = ClusterSpec(devices=n_phys, arena_bytes=cfg.hbm_bytes, cores=cfg.cores)
         return LocalCluster(spec, max_restarts=cfg.max_restarts), None
     from .multinode import MultiNodeCluster, MultiNodeSpec, NodeSpec
     per, extra = divmod(n_phys, cfg.nodes)
-    workers = tuple(NodeSpec(npus=per + (1 if i < extra else 0), hbm_bytes=cfg.arena_bytes) for i in range(cfg.nodes))
+    workers = tuple(NodeSpec(npus=per + (1 if i < extra else 0), hbm_bytes=cfg.hbm_bytes) for i in range(cfg.nodes))
     cluster = MultiNodeCluster(MultiNodeSpec(workers=tuple(w for w in workers if w.npus), cores=cfg.cores),
                                max_restarts=cfg.max_restarts)
     return cluster, NodeChaos(cluster, replace=cfg.replace_nodes)
 
 
-def _seg_pid(name: str) -> int:
-    try:
-        return int(name.split("_")[1])
-    except (IndexError, ValueError):
-        return 0
-
-
 def summary_lines(r: dict) -> list[str]:
     t = r["throughput"]
-    d, c = r["detection_latency_s"], r["recovery_latency_s"]
+    d, c, hd = r["detection_latency_s"], r["recovery_latency_s"], r["hang_detection"]
 
     def pc(x):
         return "-" if x.get("p50") is None else (f"p50 {x['p50'] * 1000:.0f} ms  p99 {x['p99'] * 1000:.0f} ms  "
                                                   f"max {x['max'] * 1000:.0f} ms  (n={x['n']})")
     lines = [
         f"requests: submitted {r['submitted']}  completed {r['completed']}  failed {r['failed']}  lost {r['lost']}  "
-        f"duplicated {r['duplicated']}  (attempts replayed {r['attempt_failures']})",
-        f"results vs fault-free run: {'all equal' if r['correct'] else 'WRONG: ' + str(r['wrong_results'])}",
+        f"duplicated {r['duplicated']}  (executions {r['executions']}, {r['attempt_failures']} failed attempts "
+        f"replayed; {r['deliveries']} deliveries)",
+        f"history check: {'OK' if r['check']['ok'] else 'FAILED ' + str(r['check']['by_kind'])}",
+        f"results vs fault-free run: {'all equal' if r['correct'] else 'WRONG: ' + str(r['wrong_result_ids'])}",
         f"detection: {pc(d)}",
         f"recovery:  {pc(c)}",
     ]
+    if hd.get("n"):
+        lines.append(f"hang detection: {pc(hd)} against a {hd['deadline_s'] * 1000:.0f} ms deadline: "
+                     f"{'within' if hd['within_deadline'] else 'OVER'}")
     for k, v in sorted(r["faults_by_kind"].items()):
         lines.append(f"  {k:<9} injected {v['injected']}  detected {v['detected']}  detection {pc(v['detection'])}")
     lines += [
         f"availability: {r['availability_pct']:.1f} %",
         f"throughput: {t['with_faults_rps']:.1f} req/s with faults vs {t['fault_free_rps']:.1f} fault-free "
         f"({(t['ratio'] or 0) * 100:.0f} %)",
-        f"end state: HBM {'back to baseline' if r['hbm_back_to_baseline'] else 'NOT at baseline'} "
-        f"{r['hbm_used_end']}; leaks: {'none' if r['clean'] else r['leaks']}",
+        f"end state: HBM {'back to baseline' if r['hbm_back_to_baseline'] else 'NOT at baseline ' + str(r['hbm_not_back'])}"
+        f" {r['hbm_used_end']}; leaks: {'none' if r['clean'] else r['leaks']}",
     ]
     return lines
 
 
-__all__ = ["ChaosConfig", "run_campaign", "summary_lines", "FAULT_KINDS", "NODE_FAULTS"]
+__all__ = ["ChaosConfig", "WORKLOADS", "run_campaign", "summary_lines", "leaks", "hbm_report", "FAULT_KINDS",
+           "NODE_FAULTS"]

@@ -1,8 +1,13 @@
 """Where the vnpu cluster is: its state directory, token, Ray address and device actors.
 
-State lives in ``$VNPU_HOME`` (default ``~/.vnpu``): ``cluster.json`` (Ray address, devices, temp dir) and
-``token`` (the cluster token, mode 0600).  Discovery goes through Ray (named actors ``npu<id>`` in the
-``vnpu`` namespace); after that every call is gRPC straight to the device actors.
+State lives in ``$VNPU_HOME`` (default ``~/.vnpu``): ``cluster.json`` (Ray address, devices, temp dir),
+``token`` (the cluster token, mode 0600: the cluster's secret and the admin's credential) and
+``revoked.json`` (revoked tenant credentials, read by devices when they start).  Discovery goes through
+Ray (named actors ``npu<id>`` in the ``vnpu`` namespace); after that every call is gRPC straight to the
+device actors.
+
+Which credential a runtime presents (:func:`load_token`): a tenant credential when it is given one
+(``$VNPU_TENANT_TOKEN``, or ``$VNPU_TOKEN`` holding a tenant credential), else the cluster token.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import secrets
 from pathlib import Path
 
 from devices.errors import ACL_ERROR_RT_NO_DEVICE, AclError
+from driver.credentials import is_credential
 from driver.host import ACTOR_PREFIX, NAMESPACE
 
 LOOPBACK = "127.0.0.1"
@@ -40,9 +46,24 @@ def new_token() -> str:
     return tok
 
 
+def revocations_file() -> Path:
+    return state_dir() / "revoked.json"
+
+
 def load_token() -> str:
-    tok = os.environ.get("VNPU_TOKEN")
+    """The credential this process presents to devices: ``$VNPU_TENANT_TOKEN``, else ``$VNPU_TOKEN`` (a
+    tenant credential or the cluster token), else the cluster token of the local cluster's state."""
+    tok = os.environ.get("VNPU_TENANT_TOKEN") or os.environ.get("VNPU_TOKEN")
     if tok:
+        return tok
+    return admin_token()
+
+
+def admin_token() -> str:
+    """The cluster token (what mints and revokes tenant credentials): ``$VNPU_TOKEN`` unless it holds a
+    tenant credential, else the local cluster's token file."""
+    tok = os.environ.get("VNPU_TOKEN")
+    if tok and not is_credential(tok):
         return tok
     try:
         return token_file().read_text().strip()

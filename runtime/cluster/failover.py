@@ -57,7 +57,10 @@ def wait_polled(cv: threading.Condition, pred, timeout: float, poll_s: float = 0
 @dataclass(frozen=True)
 class FailoverOptions:
     heartbeat_ms: int = 100            #: health-watch interval
-    hang_deadline_s: float = 0.5       #: missed heartbeats for this long = hung (lost)
+    #: a device that stops (hangs) is declared lost within this long: the monitor acts once no heartbeat
+    #: came for ``silence_limit_s`` = deadline - one heartbeat interval - one monitor period, so that the
+    #: detection itself, wherever the hang falls between two beats, stays within the deadline
+    hang_deadline_s: float = 0.5
     monitor_period_s: float = 0.02     #: how often the pool checks heartbeat ages
     error_window_s: float = 10.0       #: circuit breaker window
     max_errors: int = 3                #: more failures than this in the window: quarantine
@@ -72,6 +75,19 @@ class FailoverOptions:
     unhealthy_conditions: tuple = (Condition.LINK_DOWN,)
     slow_factor: float = 2.0           #: a device whose request latency is this many times its peers' is slow
     slow_min_samples: int = 8
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_ms <= 0 or self.monitor_period_s <= 0:
+            raise ValueError("heartbeat_ms and monitor_period_s must be positive")
+        if self.silence_limit_s < 2 * self.heartbeat_ms / 1000.0:
+            raise ValueError(f"hang deadline {self.hang_deadline_s * 1000:g} ms is too short for {self.heartbeat_ms} ms "
+                             f"heartbeats: it must allow two missed beats plus one beat and one monitor period "
+                             f"(>= {(3 * self.heartbeat_ms / 1000.0 + self.monitor_period_s) * 1000:g} ms)")
+
+    @property
+    def silence_limit_s(self) -> float:
+        """No heartbeat for this long = hung (see ``hang_deadline_s``)."""
+        return self.hang_deadline_s - self.heartbeat_ms / 1000.0 - self.monitor_period_s
 
 
 @dataclass
@@ -205,8 +221,10 @@ class DevicePool:
         p.lats.clear()
         p.last_beat = time.monotonic()
         p.health, p.reasons, p.conditions = "OK", (), ()
+        # the watch is also the pool's lease: jobs allocate through the bound handles (and the recovery
+        # probe does), which needs one, and what they leave is released when the pool goes
         p.watch = h.watch_health(self.opts.heartbeat_ms, lambda ev, p=p, h=h: self._beat(p, h, ev),
-                                 stale_after_s=max(2 * self.opts.hang_deadline_s, 1.0))
+                                 stale_after_s=max(2 * self.opts.hang_deadline_s, 1.0), lease=True)
 
     def _beat(self, p: _Phys, h, ev) -> None:
         if p.handle is not h:
@@ -232,9 +250,11 @@ class DevicePool:
             with self._lock:
                 cands = [(p, p.handle) for p in self.phys.values()
                          if p.state in ("bound", "spare") and p.handle is not None]
+            limit = self.opts.silence_limit_s
             for p, h in cands:
-                if now - p.last_beat > self.opts.hang_deadline_s and not h.lost.is_set():
-                    self._lost(p, h, f"no heartbeat for {self.opts.hang_deadline_s:g} s", cause="heartbeat")
+                if now - p.last_beat > limit and not h.lost.is_set():
+                    self._lost(p, h, f"no heartbeat for {now - p.last_beat:.3f} s (hang deadline "
+                                     f"{self.opts.hang_deadline_s:g} s)", cause="heartbeat")
             self._rebalance()
 
     def _lost(self, p: _Phys, h, reason: str, cause: str) -> None:
@@ -535,12 +555,20 @@ class DevicePool:
         """Wait until ``pred(pool)`` holds (re-checked on every binding change and every 50 ms)."""
         return wait_polled(self._cv, lambda: pred(self), timeout)
 
-    def hbm_used(self) -> dict[int, int]:
-        out = {}
-        for pid in self.healthy_physical():
-            with contextlib.suppress(AclError):
-                free, total = self.phys[pid].handle.mem_info()
+    def hbm_used(self, every: bool = False) -> dict[int, int | None]:
+        """HBM bytes in use per physical device: the healthy ones, or (``every``) every device of the pool
+        -- a restarted one through its new client -- with None for one that cannot be asked."""
+        out: dict[int, int | None] = {}
+        for pid in (sorted(self.phys) if every else self.healthy_physical()):
+            h = self.phys[pid].handle
+            try:
+                if h is None or h.lost.is_set():
+                    raise AclError(f"device {pid} is not reachable")
+                free, total = h.mem_info()
                 out[pid] = total - free
+            except AclError:
+                if every:
+                    out[pid] = None
         return out
 
     # ------------------------------------------------------------------ lifecycle

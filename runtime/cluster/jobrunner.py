@@ -7,10 +7,15 @@ device error (loss, HCCL error, HBM ECC, task failure ...) the failure is report
 into the queue: it is replayed from its inputs, on whatever device takes it next.  After a re-binding the
 workload is prepared again on the new device (its HBM is empty: weights are re-uploaded).
 
-Results are delivered exactly once: the first completion of a request id wins; a later one (a replay
-of a request whose first attempt also finished) is counted in ``duplicates_suppressed`` and never shown.
-``history`` is a Jepsen-style log: submitted, acknowledged (taken by a device), attempt-failed,
-completed (with the sha256 of the result bytes) or failed (gave up after ``max_attempts``).
+Results are delivered exactly once: the first completion of a request id is handed to the consumer
+(``on_result(id, result)`` and :attr:`JobRunner.results`); a later one is never shown (counted in
+``duplicates_suppressed``) -- but it IS recorded.  :attr:`JobRunner.history` (a :class:`History`) logs what
+happened, as it happened: ``submit``, ``attempt`` (an execution begins on a device), ``attempt-failed``,
+``complete`` (every execution that finished, with the sha256 of its result bytes, before any
+de-duplication) and ``failed`` (gave up after ``max_attempts``); the consumer adds ``ack`` for each result
+it receives (:meth:`History.record`).  The counts come from the independent checker of that log
+(:mod:`runtime.cluster.history`), never from the runner's own bookkeeping: a request run twice, or
+delivered twice, shows.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import numpy as np
 
 from devices.errors import AclError
 
+from . import history as history_check
 from .failover import wait_polled
 
 log = logging.getLogger("vnpu.jobrunner")
@@ -35,11 +41,38 @@ def checksum(arr: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
 
 
+class History:
+    """An append-only, thread-safe log of request events (the format :mod:`runtime.cluster.history`
+    checks).  ``clock`` gives the times (monotonic seconds by default)."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._events: list[dict] = []
+        self._lock = threading.Lock()
+
+    def record(self, op: str, rid: int, **kw) -> dict:
+        with self._lock:                       # the time is taken under the lock: events stay in time order
+            ev = dict(op=op, id=rid, t=self._clock(), **kw)
+            self._events.append(ev)
+        return ev
+
+    def events(self) -> list[dict]:
+        with self._lock:
+            return list(self._events)
+
+    def __iter__(self):
+        return iter(self.events())
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+
 # ---------------------------------------------------------------------------------------------- workloads
 class MlpWorkload:
     """A small self-contained 'embedding' model: ``rmsnorm(gelu(x @ W1) @ W2) * gamma`` per request,
     with built-in kernels (matmul, gelu, rmsnorm); :meth:`reference` is the numpy result."""
     name = "mlp"
+    arena_bytes = 256 << 20          #: HBM per device a campaign gives it (weights + activations: a few MiB)
 
     def __init__(self, d: int = 256, hidden: int = 1024, batch: int = 32, seed: int = 0):
         rng = np.random.default_rng(seed)
@@ -97,6 +130,7 @@ class MlpWorkload:
 class EmbedWorkload:
     """Sentence embeddings with ``runtime.models`` (a BERT encoder per device, data parallel)."""
     name = "embed"
+    arena_bytes = 256 << 20          #: MiniLM-L6: ~90 MB of float32 weights + activations
 
     def __init__(self, model: str = "minilm-l6", batch: int = 8):
         from runtime.models.bert import bert_tokenizer, load_encoder
@@ -138,6 +172,7 @@ class GenerateWorkload:
     device; replaying a request from its prompt gives the same tokens, so results are comparable with
     the fault-free run)."""
     name = "generate"
+    arena_bytes = 1 << 30            #: SmolLM2-135M: ~540 MB of float32 weights + KV cache + activations
 
     def __init__(self, tokens: int = 4, max_len: int = 64):
         from runtime.models.llama import DECODER_MODELS
@@ -167,14 +202,18 @@ class GenerateWorkload:
         return None
 
 
+#: workload name -> class (each declares the HBM per device it needs: ``arena_bytes``)
+WORKLOADS = {"mlp": MlpWorkload, "embed": EmbedWorkload, "generate": GenerateWorkload}
+
+
 def make_workload(name: str, **kw):
     """``mlp`` | ``embed`` (runtime.models' BERT encoder) | ``generate`` (runtime.models' SmolLM2); the
     model workloads fall back to ``mlp`` when their weights are missing."""
     if name == "mlp":
         return MlpWorkload(**kw)
-    model = {"embed": EmbedWorkload, "generate": GenerateWorkload}.get(name)
+    model = WORKLOADS.get(name)
     if model is None:
-        raise ValueError(f"unknown workload {name!r} (mlp | embed | generate)")
+        raise ValueError(f"unknown workload {name!r} ({' | '.join(WORKLOADS)})")
     try:
         return model(**kw)
     except Exception as e:  # noqa: BLE001 - no model files in this environment
@@ -195,16 +234,19 @@ class Request:
 class JobRunner:
     """Requests over the logical devices of ``pool``; see the module doc."""
 
-    def __init__(self, pool, workload, *, max_attempts: int = 50, on_complete=None):
+    def __init__(self, pool, workload, *, max_attempts: int = 50, on_result=None, history: History | None = None):
+        """``on_result(id, result)`` is called once per delivered result (on a worker thread): the
+        consumer.  Without one, results are acknowledged as they are stored in :attr:`results`."""
         self.pool = pool
         self.workload = workload
         self.max_attempts = max_attempts
-        self.on_complete = on_complete
-        self.history: list[dict] = []
+        self.on_result = on_result
+        self.history = history if history is not None else History()
         self.results: dict[int, np.ndarray] = {}
         self.errors: dict[int, str] = {}
         self.requests: dict[int, Request] = {}
         self.duplicates_suppressed = 0
+        self._delivered: set[int] = set()
         self.attempt_failures = 0
         self._q: collections.deque[Request] = collections.deque()
         self._lock = threading.Lock()
@@ -218,15 +260,16 @@ class JobRunner:
 
     # ------------------------------------------------------------------ client side
     def _log(self, op: str, rid: int, **kw) -> None:
-        self.history.append(dict(op=op, id=rid, t=time.monotonic(), **kw))
+        self.history.record(op, rid, **kw)
 
-    def submit(self, rid: int, inputs) -> None:
+    def submit(self, rid: int, inputs, **meta) -> None:
+        """Queue request ``rid``; ``meta`` (e.g. ``input=k``) goes into its ``submit`` event."""
         with self._cv:
             if rid in self.requests:
                 raise ValueError(f"request id {rid} submitted twice")
             r = Request(rid, inputs, submitted_t=time.monotonic())
             self.requests[rid] = r
-            self._log("submitted", rid)
+            self._log("submit", rid, **meta)
             self._q.append(r)
             self._cv.notify()
 
@@ -287,10 +330,11 @@ class JobRunner:
             if b is None:
                 b = self.pool.binding(lid, timeout=0)      # not re-bound (e.g. a transient error): retry there
             if b is None:
-                self._requeue(req, None, None)
+                self._requeue(req, None, None, None)
                 continue
             req.attempts += 1
-            self._log("acknowledged", req.id, logical=lid, physical=b.physical, attempt=req.attempts)
+            attempt = req.attempts
+            self._log("attempt", req.id, logical=lid, physical=b.physical, attempt=attempt)
             try:
                 st = self._state_for(lid, b)
                 t_run = time.monotonic()
@@ -303,22 +347,25 @@ class JobRunner:
                 self.pool.report_error(b, e)
                 lost = getattr(b.handle, "lost", None)
                 stale_gen = b.gen if (lost is not None and lost.is_set()) else 0
-                self._requeue(req, b, e)
+                self._requeue(req, b, e, attempt)
                 continue
             except Exception as e:  # noqa: BLE001 - a bug in the workload: final error for this request
                 log.exception("request %d failed", req.id)
+                self._log("attempt-failed", req.id, physical=b.physical, attempt=attempt, code=0,
+                          error=f"{type(e).__name__}: {e}"[:160])
                 self._finish_error(req, f"{type(e).__name__}: {e}")
                 continue
             stale_gen = 0
-            self._deliver(req, b, out)
+            self._deliver(req, b, out, attempt)
 
-    def _requeue(self, req: Request, b, e) -> None:
+    def _requeue(self, req: Request, b, e, attempt: int | None) -> None:
         with self._cv:
-            self.attempt_failures += 1
             code = getattr(e, "code", 0)
-            req.failures.append((time.monotonic(), None if b is None else b.physical, code))
-            self._log("attempt-failed", req.id, physical=None if b is None else b.physical, code=code,
-                      error=str(e)[:160] if e is not None else "no device")
+            if attempt is not None:                   # an execution failed (not: no device to run it on)
+                self.attempt_failures += 1
+                req.failures.append((time.monotonic(), b.physical, code))
+                self._log("attempt-failed", req.id, physical=b.physical, attempt=attempt, code=code,
+                          error=str(e)[:160])
             if req.attempts >= self.max_attempts:
                 self._finish_error_locked(req, f"gave up after {req.attempts} attempts: {e}")
                 return
@@ -330,23 +377,27 @@ class JobRunner:
             self._finish_error_locked(req, msg)
 
     def _finish_error_locked(self, req: Request, msg: str) -> None:
-        if req.id in self.results or req.id in self.errors:
+        if req.id in self._delivered or req.id in self.errors:
             return
         self.errors[req.id] = msg
         self._log("failed", req.id, error=msg[:200])
         self._cv.notify_all()
 
-    def _deliver(self, req: Request, b, out: np.ndarray) -> None:
+    def _deliver(self, req: Request, b, out: np.ndarray, attempt: int) -> None:
+        digest = checksum(out)
         with self._cv:
-            if req.id in self.results:
-                self.duplicates_suppressed += 1
+            self._log("complete", req.id, physical=b.physical, cpu=b.is_cpu, attempt=attempt, digest=digest)
+            if req.id in self._delivered:
+                self.duplicates_suppressed += 1         # recorded above, never shown to the consumer
                 return
-            self.results[req.id] = out
-            self._log("completed", req.id, physical=b.physical, cpu=b.is_cpu, sha256=checksum(out),
-                      attempts=req.attempts)
+            self._delivered.add(req.id)
+        if self.on_result is not None:
+            self.on_result(req.id, out)                 # the consumer records its own ack
+        with self._cv:
+            self.results[req.id] = out                  # wait() returns once the consumer has it
+            if self.on_result is None:
+                self._log("ack", req.id, digest=digest)
             self._cv.notify_all()
-        if self.on_complete is not None:
-            self.on_complete(req, out)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -366,15 +417,18 @@ class JobRunner:
         self.close()
 
     # ------------------------------------------------------------------ accounting
+    def check(self, reference: dict | None = None) -> dict:
+        """The independent checker's verdict on this runner's history (:func:`runtime.cluster.history.check`)."""
+        return history_check.check(self.history.events(), reference)
+
     def counts(self) -> dict:
-        """Counts from the history: submitted, completed, failed (final error), lost (neither), duplicated
-        (completed more than once as the client saw it)."""
-        done = collections.Counter(h["id"] for h in self.history if h["op"] == "completed")
-        failed = {h["id"] for h in self.history if h["op"] == "failed"}
-        sub = {h["id"] for h in self.history if h["op"] == "submitted"}
-        return {"submitted": len(sub), "completed": len(done), "failed": len(failed - set(done)),
-                "lost": len(sub - set(done) - failed), "duplicated": sum(c - 1 for c in done.values()),
-                "attempt_failures": self.attempt_failures, "replays_suppressed": self.duplicates_suppressed}
+        """Counts recomputed from the history by the independent checker (submitted, completed, failed,
+        lost, duplicated, executions, attempt failures, deliveries ...), plus ``ok`` (no violation) and
+        ``replays_suppressed`` (second completions the runner did not deliver)."""
+        res = self.check()
+        return dict(res["counts"], ok=res["ok"], violations=res["by_kind"],
+                    replays_suppressed=self.duplicates_suppressed)
 
 
-__all__ = ["JobRunner", "MlpWorkload", "EmbedWorkload", "make_workload", "checksum", "Request"]
+__all__ = ["JobRunner", "History", "MlpWorkload", "EmbedWorkload", "GenerateWorkload", "WORKLOADS", "make_workload",
+           "checksum", "Request"]

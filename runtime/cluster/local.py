@@ -1,31 +1,35 @@
 """Cluster lifecycle: the detached local cluster of ``vnpu up``/``down`` and the embedded one that other
 commands and tests start for their own run (state and discovery: :mod:`runtime.cluster.discovery`).
 
-Ray runs with its temp dir under ``/tmp/vnpu-ray-*`` and binds
-to 127.0.0.1, so ``down`` can remove everything it started.
+Ray runs with its temp dir under ``/tmp/vnpu-ray-*`` and binds to 127.0.0.1 (every Ray process, not only
+the device servers: see :mod:`runtime.cluster.head`), starts no Ray client server and no dashboard UI;
+``down`` / ``close`` stop every process that names the temp dir (:mod:`runtime.cluster.procs`) and remove
+the segments, so nothing the cluster started is left.
 """
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from driver.host import ACTOR_PREFIX, BLAS_ENV, NAMESPACE, actor_name, remote_class
-from devices.arena import SHM_DIR
+from driver.policy import DevicePolicy
+from devices import segments
 from devices.errors import ACL_ERROR_RT_DEV_SETUP_ERROR, ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
 
+from . import procs
 from .discovery import (LOOPBACK, attach_ray, discover, load_token, new_token, read_state,  # noqa: F401
-                        state_dir, state_file, token_file)
+                        revocations_file, state_dir, state_file, token_file)
 from .remote import RemoteBackend
 
 # (RAY_AUTH_MODE=token is set in runtime/__init__.py, before anything imports ray.)
@@ -52,6 +56,9 @@ class ClusterSpec:
     #: actors wherever Ray puts them; "per-node" = on every Ray node, as many as its ``NPU`` resource,
     #: pinned to it, chip and HBM from its labels (multi-node clusters)
     placement: str = "any"
+    #: what the device servers allow: user kernels, the same-node shared-memory fast path, per-tenant
+    #: quotas (driver.policy); the revocation list of the cluster's state is added when devices start
+    policy: DevicePolicy = DevicePolicy()
 
 
 @contextlib.contextmanager
@@ -79,14 +86,23 @@ def free_port(host: str = LOOPBACK) -> int:
 def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
     """Read the head node type's virtual NPUs (``resources.NPU``) and labels from a cluster.yaml."""
     import yaml
-    cfg = yaml.safe_load(Path(path).read_text())
-    head = cfg["available_node_types"][cfg["head_node_type"]]
-    labels = head.get("labels", {}) or {}
-    n = int(head.get("resources", {}).get("NPU", 0))
+    try:
+        cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        head = cfg["available_node_types"][cfg["head_node_type"]]
+        labels = head.get("labels", {}) or {}
+        n = int(head.get("resources", {}).get("NPU", 0))
+        arena = int(labels.get("vnpu.hbm-bytes", 1 << 30))
+        chip = str(labels.get("vnpu.chip", "Ascend910B3"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise InvalidParamError(f"{path}: cannot read a cluster.yaml: {' '.join(str(e).split())}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InvalidParamError(f"{path}: not a Ray cluster.yaml with a head node type "
+                                f"(available_node_types / head_node_type): {type(e).__name__} {e}") from None
     if n <= 0:
         raise InvalidParamError(f"{path}: head node type declares no NPU resource")
-    return ClusterSpec(devices=n, chip=labels.get("vnpu.chip", "Ascend910B3"),
-                       arena_bytes=int(labels.get("vnpu.hbm-bytes", 1 << 30)))
+    if arena <= 0:
+        raise InvalidParamError(f"{path}: vnpu.hbm-bytes must be positive, got {arena}")
+    return ClusterSpec(devices=n, chip=chip, arena_bytes=arena)
 
 
 # ------------------------------------------------------------------------------------------ Ray plumbing
@@ -107,6 +123,7 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     if detached:
         opts["lifetime"] = "detached"
     host = None if spec.bind == "node" else spec.bind
+    policy = spec.policy if spec.policy.revocations else replace(spec.policy, revocations=str(revocations_file()))
 
     def options(slot) -> dict:
         o = dict(opts, **slot.options)
@@ -114,7 +131,7 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
             o["runtime_env"] = {"env_vars": dict(BLAS_ENV, VNPU_NODE_ID=f"sim-node-{slot.device_id % spec.nodes}")}
         return o
     actors = [cls.options(name=actor_name(s.device_id), **options(s)).remote(s.device_id, token, s.arena_bytes,
-                                                                              s.chip, host, spec.cores)
+                                                                              s.chip, host, spec.cores, policy)
               for s in slots_for(spec, first_id, node_filter)]
     return ray.get([a.where.remote() for a in actors], timeout=timeout_s), actors
 
@@ -137,30 +154,17 @@ def stop_devices(timeout: float = 30.0) -> list[str]:
     return arenas
 
 
+def owned_segments(pids) -> list[str]:
+    """This user's segments whose owner is one of ``pids``."""
+    pids = set(pids)
+    return [n for n in segments.list_segments(os.getuid()) if (segments.owner(n) or (0, None))[0] in pids]
+
+
 def remove_segments(names: list[str] | None = None) -> int:
-    """Unlink arena segments (given names, or every ``vnpu_*`` segment of dead processes)."""
-    n = 0
-    paths = [os.path.join(SHM_DIR, x) for x in names] if names is not None else glob.glob(
-        os.path.join(SHM_DIR, "vnpu_*"))
-    for p in paths:
-        if names is None:
-            pid = os.path.basename(p).split("_")[1]
-            if pid.isdigit() and _alive(int(pid)):
-                continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(p)
-            n += 1
-    return n
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """Unlink arena segments: the given names (anonymous arenas have none), or (None) this user's segments
+    whose owner process is gone (:func:`devices.segments.sweep`: never a live process's, never another
+    user's)."""
+    return len(segments.unlink([x for x in names if x]) if names is not None else segments.sweep())
 
 
 # ------------------------------------------------------------------------------------------ embedded
@@ -174,6 +178,9 @@ class LocalCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="vnpu-ray-", dir="/tmp")
         self._owns_ray = not ray.is_initialized()
         self.where, self.actors = [], []
+        #: device processes of this cluster (restarted ones added by whoever meets them): close removes
+        #: the segments they own, and no other
+        self.device_pids: set[int] = set()
         try:
             if self._owns_ray:
                 # the raylet and so every worker it starts inherit these (a job-level runtime_env would cost
@@ -183,6 +190,7 @@ class LocalCluster:
                              resources={"NPU": spec.devices}, _temp_dir=self.temp_dir, logging_level="ERROR",
                              log_to_driver=False, configure_logging=True)
             self.where, self.actors = start_devices(spec, self.token, detached=False, max_restarts=max_restarts)
+            self.device_pids = {w["pid"] for w in self.where}
         except BaseException:
             self.close()             # a failed start leaves no Ray processes, segments or temp dir
             raise
@@ -194,13 +202,15 @@ class LocalCluster:
     def close(self) -> None:
         import ray
         arenas = stop_devices() if ray.is_initialized() else []
+        self.device_pids |= {(segments.owner(a) or (0, None))[0] for a in arenas} - {0}   # restarted ones too
         self.actors = []
         remove_segments(arenas + [w["arena"] for w in self.where])
-        remove_segments(None)        # arenas of device processes that were killed and restarted meanwhile
+        remove_segments(owned_segments(self.device_pids))     # of device processes killed meanwhile: this cluster's only
         if os.environ.get("VNPU_TOKEN") == self.token:
             del os.environ["VNPU_TOKEN"]
         if self._owns_ray:
             ray.shutdown()
+            procs.stop(procs.cluster_processes(self.temp_dir), grace_s=0.5)   # agents Ray leaves running
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self):
@@ -211,93 +221,94 @@ class LocalCluster:
 
 
 # ------------------------------------------------------------------------------------------ detached
+#: how long `vnpu up` waits for the head to report its devices serving
+UP_TIMEOUT_S = 240.0
+
+
 def cluster_up(spec: ClusterSpec) -> tuple[dict, bool]:
-    """Start the detached local cluster; returns (state, started_now)."""
+    """Start the detached local cluster (a head process of its own, :mod:`runtime.cluster.head`); returns
+    (state, started_now).  A cluster that is already up is returned as it is (started_now False)."""
     st = read_state()
     if st is not None and _ray_alive(st):
         return st, False
     if st is not None:
         cluster_down(quiet=True)
     temp_dir = tempfile.mkdtemp(prefix="vnpu-ray-", dir="/tmp")
-    port = free_port()
-    labels = json.dumps({"vnpu.chip": spec.chip, "vnpu.hbm-bytes": str(spec.arena_bytes)})
-    cmd = [_ray_bin(), "start", "--head", f"--node-ip-address={LOOPBACK}", f"--port={port}",
-           "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}",
-           f"--resources={json.dumps({'NPU': spec.devices})}", f"--labels={labels}"]
-    env = dict(os.environ, **BLAS_ENV)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise AclError(f"ray start failed: {r.stderr.strip()[-2000:]}", code=ACL_ERROR_RT_DEV_SETUP_ERROR)
     token = new_token()
-    address = f"{LOOPBACK}:{port}"
-    st = {"ray_address": address, "temp_dir": temp_dir, "devices": spec.devices, "chip": spec.chip,
-          "arena_bytes": spec.arena_bytes, "started": time.time()}
-    import ray
-    ray.init(address=address, namespace=NAMESPACE, logging_level="ERROR", log_to_driver=False,
-             _node_ip_address=LOOPBACK)
+    rfd, wfd = os.pipe()
+    cmd = [sys.executable, "-m", "runtime.cluster.head", f"--temp-dir={temp_dir}", f"--devices={spec.devices}",
+           f"--chip={spec.chip}", f"--arena-bytes={spec.arena_bytes}", f"--ready-fd={wfd}"]
+    if spec.cores:
+        cmd.append(f"--cores={spec.cores}")
+    env = dict(os.environ, **BLAS_ENV, VNPU_TOKEN=token)     # the head's devices take this cluster's token
+    env.pop("RAY_ADDRESS", None)
+    log_path = os.path.join(temp_dir, "vnpu-head.log")
     try:
-        st["where"], _ = start_devices(spec, token, detached=True)
+        with open(log_path, "ab") as log:
+            head = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(wfd,),
+                                    env=env, start_new_session=True, cwd="/")
     finally:
-        ray.shutdown()
+        os.close(wfd)
+    try:
+        line = _read_line(rfd, UP_TIMEOUT_S)
+    finally:
+        os.close(rfd)
+    if not line:
+        procs.stop([head.pid] + procs.cluster_processes(temp_dir))
+        head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            token_file().unlink()
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = Path(log_path).read_text(errors="replace").strip()[-2000:]
+        raise AclError(f"the cluster did not start: {tail or 'no output'}", code=ACL_ERROR_RT_DEV_SETUP_ERROR)
+    ready = json.loads(line)
+    st = {"ray_address": ready["ray_address"], "temp_dir": temp_dir, "devices": spec.devices, "chip": spec.chip,
+          "arena_bytes": spec.arena_bytes, "started": time.time(), "head_pid": ready["head_pid"],
+          "head_start": ready["head_start"], "where": ready["where"]}
     state_file().write_text(json.dumps(st, indent=1))
     return st, True
 
 
+def _read_line(fd: int, timeout_s: float) -> str:
+    """One line from pipe ``fd`` within ``timeout_s`` ("" on EOF or timeout)."""
+    import select
+    buf = b""
+    end = time.monotonic() + timeout_s
+    while not buf.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        if not ready:
+            return ""
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return ""
+        buf += chunk
+    return buf.decode()
+
+
 def cluster_down(quiet: bool = False) -> bool:
-    """Stop devices and the cluster; remove segments, state, token and Ray's temp dir."""
+    """Stop the detached cluster: its head (which shuts the devices and Ray down), then anything of the
+    cluster still running; remove its segments, state, token and Ray's temp dir."""
     st = read_state()
     if st is None:
         return False
-    import ray
+    temp_dir = st.get("temp_dir", "")
     arenas = [w["arena"] for w in st.get("where", [])]
-    if _ray_alive(st):
-        with contextlib.suppress(Exception):
-            ray.init(address=st["ray_address"], namespace=NAMESPACE, logging_level="ERROR",
-                     log_to_driver=False, _node_ip_address=LOOPBACK)
-            arenas += stop_devices()
-            ray.shutdown()
-    _stop_ray_processes(st.get("temp_dir", ""))
+    head = st.get("head_pid")
+    if head and segments.owner_alive(head, st.get("head_start")):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(head, signal.SIGTERM)             # the head stops the devices, then Ray
+        procs.wait_gone([head], 30.0)
+    procs.stop(procs.cluster_processes(temp_dir), grace_s=0.5)   # workers and agents (they ignore SIGTERM)
     remove_segments(arenas)
-    remove_segments(None)
-    shutil.rmtree(st.get("temp_dir", "/nonexistent-vnpu"), ignore_errors=True)
+    remove_segments(owned_segments(w["pid"] for w in st.get("where", [])))   # this cluster's only
+    if temp_dir.startswith("/tmp/vnpu-ray-"):
+        shutil.rmtree(temp_dir, ignore_errors=True)
     for f in (state_file(), token_file()):
         with contextlib.suppress(FileNotFoundError):
             f.unlink()
     return True
-
-
-def _stop_ray_processes(temp_dir: str, timeout_s: float = 15.0) -> None:
-    """Stop the Ray processes of *this* cluster only (they all carry its temp dir on their command
-    line); `ray stop` would kill every Ray cluster on the machine."""
-    import signal
-    if not temp_dir or not temp_dir.startswith("/tmp/vnpu-ray-"):
-        return
-
-    def pids() -> list[int]:
-        out = []
-        for d in os.listdir("/proc"):
-            if d.isdigit() and int(d) != os.getpid():
-                try:
-                    with open(f"/proc/{d}/cmdline", "rb") as f:
-                        if temp_dir.encode() in f.read():
-                            out.append(int(d))
-                except OSError:
-                    pass
-        return out
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, sig)
-        deadline = time.monotonic() + timeout_s
-        while pids() and time.monotonic() < deadline:
-            _wait_s(0.1)
-        if not pids():
-            return
-
-
-def _wait_s(seconds: float) -> None:
-    import threading
-    threading.Event().wait(seconds)
 
 
 def _ray_alive(st: dict) -> bool:
@@ -305,11 +316,6 @@ def _ray_alive(st: dict) -> bool:
     with socket.socket() as s:
         s.settimeout(1.0)
         return s.connect_ex((host, int(port))) == 0
-
-
-def _ray_bin() -> str:
-    cand = os.path.join(os.path.dirname(sys.executable), "ray")
-    return cand if os.path.exists(cand) else "ray"
 
 
 @contextlib.contextmanager

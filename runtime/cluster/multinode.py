@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from devices import segments
 from devices.errors import InvalidParamError
 from driver.host import BLAS_ENV, NAMESPACE
 
@@ -117,6 +118,9 @@ class MultiNodeCluster:
         self.nodes: dict[str, ClusterNode] = {}
         self.where: list[dict] = []
         self.actors: list = []
+        #: device processes of this cluster (those of killed nodes and restarted ones too): close removes
+        #: the segments they own, and no other
+        self.device_pids: set[int] = set()
         self._lock = threading.Lock()
         self._cluster = None
         try:
@@ -168,6 +172,7 @@ class MultiNodeCluster:
                     node.devices.append(w["device_id"])
             self.where = sorted(self.where + where, key=lambda w: w["device_id"])
             self.actors += actors
+            self.device_pids |= {w["pid"] for w in where}
         return where
 
     def node_of(self, device_id: int) -> str:
@@ -239,7 +244,8 @@ class MultiNodeCluster:
     def close(self) -> None:
         import ray
 
-        from .local import remove_segments, stop_devices
+        from . import procs
+        from .local import owned_segments, remove_segments, stop_devices
         arenas = [w["arena"] for w in self.where]
         if ray.is_initialized():
             with contextlib.suppress(Exception):
@@ -250,8 +256,11 @@ class MultiNodeCluster:
             with contextlib.suppress(Exception):
                 self._cluster.shutdown()
             self._cluster = None
+        self.device_pids |= {(segments.owner(a) or (0, None))[0] for a in arenas} - {0}   # restarted ones too
         remove_segments(arenas)
-        remove_segments(None)           # arenas of device processes that died with their node
+        # arenas of device processes that died with their node: this cluster's only
+        remove_segments(owned_segments(self.device_pids))
+        procs.stop(procs.cluster_processes(self.temp_dir), grace_s=0.5)   # anything of Ray's still running
         if os.environ.get("VNPU_TOKEN") == self.token:
             del os.environ["VNPU_TOKEN"]
         shutil.rmtree(self.temp_dir, ignore_errors=True)

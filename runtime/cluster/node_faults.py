@@ -101,10 +101,10 @@ class NodeChaos:
         return not any(th.is_alive() for th in self._threads)
 
 
-def node_outcome(f: dict, pool, runner, t_next: float) -> dict:
+def node_outcome(f: dict, pool, runner, t_next: float, t_hist: float = 0.0) -> dict:
     """Detection and recovery of node fault ``f``: detection per device of the node that was in service
     (``detected_per_device_s``; ``detected_after_s``: the last of them), recovery of the requests that
-    failed on any of its devices."""
+    failed on any of its devices (from the runner's history, whose times count from ``t_hist``)."""
     t0, lost = f["t"], set(f["devices"])
     watched = set(f.get("in_service", f["devices"]))
     events = list(pool.events)
@@ -115,10 +115,10 @@ def node_outcome(f: dict, pool, runner, t_next: float) -> dict:
     per_device = {d: (det[d]["t"] - t0 if d in det else None) for d in sorted(watched)}
     detected_after = max(per_device.values()) if per_device and all(v is not None for v in per_device.values()) \
         else None
-    history = list(runner.history)
+    history = [dict(h, t=h["t"] + t_hist) for h in runner.history.events()]
     failed = {h["id"] for h in history if h["op"] == "attempt-failed" and h.get("physical") in lost
               and t0 <= h["t"] < t_next}
-    done_t = {h["id"]: h["t"] for h in history if h["op"] == "completed" and h["id"] in failed}
+    done_t = {h["id"]: h["t"] for h in history if h["op"] == "complete" and h["id"] in failed}
     recovered_after = None
     if failed and len(done_t) == len(failed):
         recovered_after = max(done_t.values()) - t0

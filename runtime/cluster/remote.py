@@ -1,7 +1,10 @@
 """The cluster backend: devices are Ray actors; the runtime reaches them with the driver's gRPC clients.
 
 Discovery goes through Ray (named actors ``npu<id>`` in the ``vnpu`` namespace); after that every call is
-gRPC straight to the device actor (Ray is not on the data path).
+gRPC straight to the device actor (Ray is not on the data path).  The backend presents one credential to
+every device (:func:`runtime.cluster.discovery.load_token`: a tenant credential when given one, else the
+cluster token) and holds a lease on each (opened before the first call returns), so that everything it
+creates is released if the process dies.
 """
 from __future__ import annotations
 
@@ -32,13 +35,18 @@ class RemoteBackend:
         self.where = {w["device_id"]: w for w in where}
         self._on_close = on_close
         self._devices: dict[int, RemoteDevice] = {}
-        for dev_id in sorted(self.where):
-            w = self.where[dev_id]
-            d = self._devices[dev_id] = RemoteDevice(w["address"], token, dev_id, client_id=self.client_id,
-                                                     timeout_s=timeout_s, same_node=same_node)
-            # this client's lease on the device (what it leaves behind is released if it dies), and a
-            # broken stream tells blocked calls at once that the device is gone
-            d.watch_health(LEASE_BEAT_MS, None, stale_after_s=0, lease=True)
+        try:
+            for dev_id in sorted(self.where):
+                w = self.where[dev_id]
+                d = self._devices[dev_id] = RemoteDevice(w["address"], token, dev_id, client_id=self.client_id,
+                                                         timeout_s=timeout_s, same_node=same_node)
+                # this client's lease on the device (what it leaves behind is released if it dies; nothing
+                # can be created without it), and a broken stream tells blocked calls at once that the
+                # device is gone
+                d.open_lease(LEASE_BEAT_MS)
+        except BaseException:
+            self.close()                 # a refused credential: no half-open backend
+            raise
 
     @classmethod
     def connect(cls, **kw) -> "RemoteBackend":

@@ -271,7 +271,8 @@ class EmbedJob(JobBase):
             if not isinstance(t, str) or not t.strip():
                 raise InvalidParamError(f"text {i} is empty or not a string")
         t0 = now()
-        ids, mask = self.tok.encode_batch(list(texts))
+        cut: list[int] = []
+        ids, mask = self.tok.encode_batch(list(texts), cut)
         lens = mask.sum(1)
         order = np.argsort(-lens, kind="stable")
         per = self.batch_size
@@ -301,7 +302,8 @@ class EmbedJob(JobBase):
             devices = timer.stop()
         finally:
             timer.destroy()
-        st = JobStats(wall_s=now() - t0, items=len(texts),
+        st = JobStats(wall_s=now() - t0, items=len(texts), truncated=len(cut),
+                      context=self.tok.max_length if cut else 0,
                       launches=sum(r.lc.launches for r in self.ranks) - launches0,
                       collectives=sum(r.lc.collectives for r in self.ranks), devices=devices)
         self.last_stats = st

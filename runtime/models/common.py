@@ -191,6 +191,8 @@ class JobStats:
     prefill_s: float = 0.0
     prefill_tokens: int = 0
     collectives: int = 0
+    truncated: int = 0                  #: inputs longer than the model's context, cut to ``context`` tokens
+    context: int = 0                    #: the model's context (tokens) when inputs were cut to it
     devices: list[DeviceTime] = field(default_factory=list)
     device_launches_per_token: list[float] = field(default_factory=list)
 

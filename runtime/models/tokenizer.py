@@ -32,9 +32,12 @@ class BertTokenizer:
         self.tok.no_padding()
         self.pad_id = 0
 
-    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(ids [B, S] int64, mask [B, S] int64), right-padded to the longest text."""
+    def encode_batch(self, texts: list[str], cut: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [B, S] int64, mask [B, S] int64), right-padded to the longest text.  Texts longer than
+        ``max_length`` tokens are truncated to it; their indices are appended to ``cut`` when given."""
         encs = self.tok.encode_batch(list(texts))
+        if cut is not None:
+            cut.extend(i for i, e in enumerate(encs) if e.overflowing)
         s = max(len(e.ids) for e in encs)
         ids = np.full((len(encs), s), self.pad_id, np.int64)
         mask = np.zeros((len(encs), s), np.int64)

@@ -1,0 +1,152 @@
+"""Arena segments in ``/dev/shm``: their names, their owners, and removing what dead owners left.
+
+A device's HBM is a ``/dev/shm`` file (:mod:`devices.arena`) that other processes of the node map by
+name (the driver's same-node fast path, HCCL's same-node transport), so it cannot be unlinked as soon as
+it is mapped.  Instead every segment is named after the process that created it,
+``vnpu_<pid>_<start>_<device>_<random>``, ``<start>`` being the process's start time (clock ticks after
+boot, ``/proc/<pid>/stat`` field 22) so that a reused pid is never taken for the owner, and:
+
+- the owner unlinks its segments when it closes its devices, and at interpreter exit for devices
+  still open (:func:`track`; the mapping stays until the process ends);
+- a SIGKILLed owner can do neither: the next start of a device on the node (any process of this user)
+  removes the segments whose owner is gone (:func:`sweep`).  Only this user's files are touched, and only
+  those whose owner is dead (or a zombie) or whose pid now belongs to another process.
+
+Plain Python, no Ray or driver code: used by the arena, the local cluster's teardown and chaos reports.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import threading
+
+SHM_DIR = "/dev/shm"
+PREFIX = "vnpu_"
+
+_open: set[str] = set()            # this process's segments not unlinked yet (unlinked at exit)
+_open_lock = threading.Lock()
+_my_start: int | None = None
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks after boot), None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()          # after "pid (comm) ": field 3 onwards
+    try:
+        return int(fields[19])                              # field 22 = starttime
+    except (IndexError, ValueError):
+        return None
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return fields[0].decode() if fields else None
+
+
+def new_name(device_id: int) -> str:
+    """A fresh segment name owned by this process."""
+    global _my_start
+    if _my_start is None:
+        _my_start = process_start(os.getpid()) or 0
+    return f"{PREFIX}{os.getpid()}_{_my_start}_{device_id}_{secrets.token_hex(4)}"
+
+
+def owner(name: str) -> tuple[int, int | None] | None:
+    """``(pid, start)`` of a segment name (``start`` None for names without it, from older versions);
+    None for a name that is not a vnpu segment."""
+    if not name.startswith(PREFIX):
+        return None
+    parts = name[len(PREFIX):].split("_")
+    if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit():
+        return int(parts[0]), int(parts[1])
+    if len(parts) == 3 and parts[0].isdigit():
+        return int(parts[0]), None
+    return None
+
+
+def owner_alive(pid: int, start: int | None) -> bool:
+    """Whether the process that created a segment still runs (not a zombie, same start time)."""
+    st = _state(pid)
+    if st is None or st == "Z":
+        return False
+    return start is None or process_start(pid) == start
+
+
+def list_segments(uid: int | None = None) -> list[str]:
+    """Names of the vnpu segments in ``/dev/shm`` (of user ``uid`` when given)."""
+    out = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return out
+    for n in names:
+        if owner(n) is None:
+            continue
+        if uid is not None:
+            try:
+                if os.stat(os.path.join(SHM_DIR, n)).st_uid != uid:
+                    continue
+            except OSError:
+                continue
+        out.append(n)
+    return sorted(out)
+
+
+def orphaned(uid: int | None = None) -> list[str]:
+    """This user's (``uid``'s) segments whose owner is gone."""
+    uid = os.getuid() if uid is None else uid
+    return [n for n in list_segments(uid) if not owner_alive(*owner(n))]   # type: ignore[misc]
+
+
+def unlink(names) -> list[str]:
+    """Unlink the given segments (missing ones are skipped); returns those removed here."""
+    done = []
+    for n in names:
+        if owner(n) is None:
+            continue                                        # never anything but a vnpu segment
+        try:
+            os.unlink(os.path.join(SHM_DIR, n))
+            done.append(n)
+        except FileNotFoundError:
+            pass
+    return done
+
+
+def sweep(uid: int | None = None) -> list[str]:
+    """Remove this user's segments whose owner is gone (a SIGKILLed process's); returns their names."""
+    return unlink(orphaned(uid))
+
+
+def track(name: str) -> None:
+    """Unlink segment ``name`` at interpreter exit unless :func:`untrack` came first (its owner closed
+    it).  At exit the name is only unlinked, not unmapped: threads of the process may still use it."""
+    with _open_lock:
+        _open.add(name)
+
+
+def untrack(name: str) -> None:
+    with _open_lock:
+        _open.discard(name)
+
+
+def _unlink_at_exit() -> None:
+    with _open_lock:
+        names = [n for n in _open if (owner(n) or (0, None))[0] == os.getpid()]   # not a fork's parent's
+        _open.clear()
+    unlink(names)
+
+
+atexit.register(_unlink_at_exit)
+
+__all__ = ["SHM_DIR", "PREFIX", "process_start", "new_name", "owner", "owner_alive", "list_segments", "orphaned",
+           "unlink", "sweep", "track", "untrack"]

@@ -1,0 +1,105 @@
+"""What a conversion is asked to do: :class:`CompileOptions`, and the parsers of ATC's flag strings
+(``--input_shape "a:1,128;b:1,128"``, ``--dynamic_batch_size "1,2,4,8"``, ``--soc_version``) that
+raise the E-codes real ATC prints for the same mistakes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from devices.chip import CHIPS, chip_by_name
+from devices.errors import ACL_ERROR_GE_PARAM_INVALID, AtcError
+
+INPUT_SHAPE_SAMPLE = '"input_name1:n1,c1,h1,w1;input_name2:n2,c2,h2,w2"'
+DEFAULT_SOC = "Ascend910B3"
+#: ATC's limits on --dynamic_batch_size profiles
+MIN_GEARS, MAX_GEARS = 2, 100
+#: the extra input ATC adds to a dynamic-batch model (ACL_DYNAMIC_TENSOR_NAME)
+DYNAMIC_INPUT_NAME = "ascend_mbatch_shape_data"
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """``input_shape``: name -> dims (-1 marks the dynamic batch axis); ``dynamic_batch``: the gears;
+    ``soc_version``: the chip whose cost model prices the kernels and whose cores tile them;
+    ``fuse``: run the fusion passes; ``fold_limit``: largest folded constant (bytes) that may grow
+    beyond the constants it was computed from."""
+    input_shape: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    dynamic_batch: tuple[int, ...] = ()
+    soc_version: str = DEFAULT_SOC
+    fuse: bool = True
+    fold_limit: int = 64 << 10
+    reuse_memory: bool = True            #: False: ATC's --disable_reuse_memory 1
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(self.input_shape)
+
+
+def parse_input_shape(text: str | None) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``"a:1,128;b:1,128"`` -> ``(("a", (1, 128)), ("b", (1, 128)))`` (E10002 on a malformed value).
+    Names may themselves contain ':' (the last one separates the dims)."""
+    if text is None or not text.strip():
+        return ()
+    out = []
+    for part in text.strip().strip(";").split(";"):
+        name, sep, dims = part.strip().rpartition(":")
+        if not sep or not name:
+            raise AtcError("E10002", ACL_ERROR_GE_PARAM_INVALID, shape=text, reason=f"'{part}' has no 'name:'",
+                           sample=INPUT_SHAPE_SAMPLE)
+        try:
+            vals = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
+        except ValueError:
+            raise AtcError("E10002", ACL_ERROR_GE_PARAM_INVALID, shape=text,
+                           reason=f"dims '{dims}' of {name} are not integers", sample=INPUT_SHAPE_SAMPLE) from None
+        if any(d < -1 or d == 0 for d in vals):
+            bad = next(d for d in vals if d < -1 or d == 0)
+            raise AtcError("E10011", ACL_ERROR_GE_PARAM_INVALID, shape=text, result=bad)
+        if any(n == name for n, _ in out):
+            raise AtcError("E10002", ACL_ERROR_GE_PARAM_INVALID, shape=text, reason=f"{name} is given twice",
+                           sample=INPUT_SHAPE_SAMPLE)
+        out.append((name, vals))
+    return tuple(out)
+
+
+def parse_dynamic_batch(text: str | None) -> tuple[int, ...]:
+    """``"1,2,4,8"`` -> ``(1, 2, 4, 8)``: 2 to 100 distinct positive sizes (E10035/E10036/E10038/E10039)."""
+    if text is None or not text.strip():
+        return ()
+    try:
+        vals = tuple(int(v) for v in text.strip().strip(",").split(","))
+    except ValueError:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=text, parameter="--dynamic_batch_size",
+                       reason="the batch sizes must be integers separated by ','") from None
+    return check_gears(vals)
+
+
+def check_gears(vals) -> tuple[int, ...]:
+    vals = tuple(int(v) for v in vals)
+    if len(vals) < MIN_GEARS:
+        raise AtcError("E10035", ACL_ERROR_GE_PARAM_INVALID, shapesize=len(vals), minshapesize=MIN_GEARS)
+    if len(vals) > MAX_GEARS:
+        raise AtcError("E10036", ACL_ERROR_GE_PARAM_INVALID, shapesize=len(vals), maxshapesize=MAX_GEARS)
+    for v in vals:
+        if v <= 0:
+            raise AtcError("E10038", ACL_ERROR_GE_PARAM_INVALID, dim=v)
+    if len(set(vals)) != len(vals):
+        raise AtcError("E10039", ACL_ERROR_GE_PARAM_INVALID)
+    return vals
+
+
+def check_soc(name: str | None) -> str:
+    """The SoC name of a known chip spec (``Ascend910B3``); E10001 for an unknown one."""
+    name = name or DEFAULT_SOC
+    try:
+        return chip_by_name(name).name
+    except KeyError:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=name, parameter="--soc_version",
+                       reason=f"unknown SoC; vnpu models {', '.join(sorted(CHIPS))}") from None
+
+
+def make_options(input_shape=None, dynamic_batch_size=None, soc_version=None, fuse: bool = True,
+                 reuse_memory: bool = True) -> CompileOptions:
+    """Options from ATC-style strings (or already parsed values)."""
+    shapes = parse_input_shape(input_shape) if isinstance(input_shape, (str, type(None))) else \
+        tuple((str(k), tuple(int(d) for d in v)) for k, v in dict(input_shape).items())
+    gears = parse_dynamic_batch(dynamic_batch_size) if isinstance(dynamic_batch_size, (str, type(None))) else \
+        check_gears(dynamic_batch_size)
+    return CompileOptions(shapes, gears, check_soc(soc_version), fuse, reuse_memory=reuse_memory)

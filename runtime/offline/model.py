@@ -1,0 +1,396 @@
+"""Offline models on a device: load a compiled ``.om`` (or an ``.onnx``, compiled on load -- a vnpu
+extension), describe it, execute it as ONE graph replay per call, switch dynamic batch gears, unload.
+
+What a load does (host-synchronous): the weights go to the device once (one allocation), the workspace
+that the compiler's memory plan sized is allocated once (one allocation, shared by all gears: only one
+gear runs at a time), and each gear's kernel sequence is captured ONCE on a private stream as a graph
+(``Stream.capture``; the device validates and binds every launch at capture).  Nothing is launched per
+kernel afterwards.  The launches let the device choose their block_dim (as the runtime's own jobs do):
+a replay runs each step's blocks one after another on one AI Core thread, so splitting a kernel into
+the SoC's 20 blocks would only cost host time; the compiler's per-SoC tiling (``block_dim`` in the
+manifest) is what its report's modeled device time is priced with.
+
+What an execution does (only orders the device, :meth:`OfflineModel.execute_async`): D2D copies of the
+caller's input buffers into the gear's staging slots, one graph replay, D2D copies of the outputs into
+the caller's buffers, all on the caller's stream; :meth:`OfflineModel.execute` then blocks the host until
+that stream is done.  Executions on two streams are ordered one after the other (an event), so they never
+share the workspace at the same time.  Buffers are device pointers with sizes (:class:`DataBuffer`, or a
+``runtime.api.Tensor``, which also carries a dtype that is checked).
+
+Dynamic batch: the model's last input ``ascend_mbatch_shape_data`` holds the batch size (uint64 when the
+buffer has 8 bytes or more, else uint32), written by :meth:`set_dynamic_batch_size` as GE writes it;
+each execution reads it (host-synchronous 8-byte read) and replays that gear's graph.
+
+Errors (typed, with CANN codes; nothing is queued when an argument is refused and the device stays
+usable): unloaded / unknown model 145003 ACL_ERROR_GE_EXEC_MODEL_ID_INVALID; wrong number of input or
+output buffers 100017 / 100018 (ACL_ERROR_MODEL_INPUT/OUTPUT_NOT_MATCH); a buffer of the wrong size
+145000 ACL_ERROR_GE_PARAM_INVALID (GE's own check); a typed buffer of the wrong dtype 145022
+ACL_ERROR_GE_DATATYPE_INVALID; a null buffer, or one that is not memory of the model's device (host
+memory, another device's) 100000 ACL_ERROR_INVALID_PARAM; a buffer that runs past the end of its
+allocation 107000 (the runtime's memory check); a stream of another device
+107003 ACL_ERROR_RT_STREAM_CONTEXT; dynamic input null / too short / a batch that is not a gear 145011 /
+145012 / 145013; a model built for another SoC 545001 ACL_ERROR_GE_LOAD_MODEL; a missing file 145002; a
+file that is not a vnpu .om: see :mod:`runtime.atc.om`.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from devices.errors import (ACL_ERROR_GE_DATATYPE_INVALID, ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID,
+                            ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID, ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID,
+                            ACL_ERROR_GE_EXEC_MODEL_ID_INVALID, ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID,
+                            ACL_ERROR_GE_LOAD_MODEL, ACL_ERROR_GE_PARAM_INVALID, ACL_ERROR_INVALID_PARAM,
+                            ACL_ERROR_MODEL_INPUT_NOT_MATCH, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH,
+                            ACL_ERROR_RT_STREAM_CONTEXT, AclError, ModelError)
+from devices.arena import is_device_ptr, ptr_device
+from devices.kernel import TensorDesc
+
+from .desc import ModelDesc
+
+
+@dataclass(frozen=True)
+class DataBuffer:
+    """A device buffer handed to a model: pointer, size in bytes, and optionally its dtype."""
+    ptr: int
+    size: int
+    dtype: str | None = None
+
+
+def as_buffer(x) -> DataBuffer:
+    """A :class:`DataBuffer` from a DataBuffer, a ``runtime.api.Tensor``, or a ``(ptr, size)`` pair."""
+    if isinstance(x, DataBuffer):
+        return x
+    if hasattr(x, "ptr") and hasattr(x, "nbytes") and hasattr(x, "dtype"):
+        return DataBuffer(int(x.ptr), int(x.nbytes), str(x.dtype))
+    if isinstance(x, (tuple, list)) and len(x) == 2:
+        return DataBuffer(int(x[0] or 0), int(x[1]))
+    if x is None:
+        return DataBuffer(0, 0)
+    raise ModelError(f"a model buffer is a DataBuffer, a Tensor or (ptr, size), not {type(x).__name__}",
+                     code=ACL_ERROR_INVALID_PARAM)
+
+
+_ids = itertools.count(1)
+_MODELS: dict[int, "OfflineModel"] = {}
+_models_lock = threading.Lock()
+
+
+def get_model(model_id: int) -> "OfflineModel":
+    """The loaded model with this id (145003 for an unknown or unloaded one)."""
+    m = _MODELS.get(model_id) if isinstance(model_id, int) else None
+    if m is None:
+        raise ModelError(f"no loaded model with id {model_id!r}", code=ACL_ERROR_GE_EXEC_MODEL_ID_INVALID)
+    return m
+
+
+def _tuples(attrs: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}
+
+
+class OfflineModel:
+    """A compiled model loaded on one device.  Use :func:`load` / :func:`load_from_bytes`."""
+
+    def __init__(self, manifest: dict, weights, device, origin: str = "<memory>"):
+        self.manifest = manifest
+        self.desc = ModelDesc.from_manifest(manifest)
+        self.device = device
+        self.origin = origin
+        chip = device.info().chip
+        if manifest["soc_version"] != chip:
+            raise ModelError(f"model was built for {manifest['soc_version']} (atc --soc_version); device "
+                             f"{device.index} is an {chip}", code=ACL_ERROR_GE_LOAD_MODEL)
+        self._lock = threading.Lock()
+        self._unloaded = False
+        self._weights = self._workspace = None
+        self._stream = self._done = None
+        self._last_stream = None
+        self.graphs: dict = {}
+        self.cur_batch = self.desc.max_batch
+        try:
+            self._load(weights)
+        except BaseException:
+            self._release()
+            raise
+        self.id = next(_ids)
+        with _models_lock:
+            _MODELS[self.id] = self
+
+    # ------------------------------------------------------------------ load
+    def _load(self, weights) -> None:
+        from runtime.api import Tensor
+        dev = self.device
+        wsize = len(weights)
+        if wsize:
+            self._weights = dev.malloc(wsize)
+            Tensor(dev, self._weights, (wsize,), "uint8").copy_from(np.frombuffer(weights, np.uint8))
+        self._workspace = dev.malloc(max(int(self.manifest["workspace_size"]), 64))
+        self._stream = dev.stream()
+        self._done = dev.event()
+        for gear in self.manifest["gears"]:
+            with self._stream.capture() as cap:
+                for s in gear["steps"]:
+                    self._stream.launch(s["kernel"], [self._desc(v) for v in s["inputs"]],
+                                        [self._desc(v) for v in s["outputs"]], _tuples(s["attrs"]), 0)
+            self.graphs[gear["batch"]] = cap.graph
+        self._io = {g["batch"]: ([self._ptr(v) for v in g["inputs"]], [self._ptr(v) for v in g["outputs"]])
+                    for g in self.manifest["gears"]}
+
+    def _ptr(self, v) -> int:
+        return (self._workspace if v[0] == "ws" else self._weights) + int(v[1])
+
+    def _desc(self, v) -> TensorDesc:
+        return TensorDesc(self._ptr(v), tuple(v[2]), v[3])
+
+    @property
+    def report(self) -> dict:
+        """The compiler's report (launches and intermediate bytes before/after fusion, plan peak ...)."""
+        return self.manifest["report"]
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Device memory the model holds: weights + workspace."""
+        return self.manifest["weights"]["size"] + max(int(self.manifest["workspace_size"]), 64)
+
+    def __repr__(self) -> str:
+        state = "unloaded" if self._unloaded else f"device {self.device.index}"
+        return f"<vnpu OfflineModel {getattr(self, 'id', '?')} {self.desc.name!r} on {state}>"
+
+    # ------------------------------------------------------------------ checks
+    def _live(self) -> None:
+        if self._unloaded:
+            raise ModelError(f"model {self.id} was unloaded", code=ACL_ERROR_GE_EXEC_MODEL_ID_INVALID)
+
+    def _check_stream(self, stream):
+        stream = stream if stream is not None else self.device.default_stream
+        if getattr(stream, "device", None) is None or stream.device.physical_id != self.device.physical_id:
+            raise AclError(f"the stream belongs to device {getattr(getattr(stream, 'device', None), 'index', '?')}; "
+                           f"model {self.id} is loaded on device {self.device.index}", code=ACL_ERROR_RT_STREAM_CONTEXT)
+        return stream
+
+    def _check_dynamic_buffer(self, buf: DataBuffer) -> None:
+        """The dynamic-batch input buffer: 145011 when null or not memory of this device, 145012 when it
+        holds fewer than 4 bytes (GE's checks)."""
+        if not buf.ptr or not is_device_ptr(buf.ptr) or ptr_device(buf.ptr) != self.device.physical_id:
+            what = "null" if not buf.ptr else f"0x{buf.ptr:x}, not memory of device {self.device.index}"
+            raise ModelError(f"the dynamic-batch input (ascend_mbatch_shape_data) buffer is {what}",
+                             code=ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID)
+        if buf.size < 4:
+            raise ModelError(f"the dynamic-batch input buffer has {buf.size} B, needs at least 4",
+                             code=ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID)
+        self.device.check_range(buf.ptr, 8 if buf.size >= 8 else 4)
+
+    def _read_batch(self, buf: DataBuffer) -> int:
+        self._check_dynamic_buffer(buf)
+        n = 8 if buf.size >= 8 else 4
+        self.device.queue.flush()
+        raw = self.device.handle.memcpy_d2h(buf.ptr, n)
+        raw = np.frombuffer(raw, np.uint8) if not isinstance(raw, np.ndarray) else raw.view(np.uint8).reshape(-1)
+        return int(raw[:n].view("<u8" if n == 8 else "<u4")[0])
+
+    def _gear(self, batch: int) -> None:
+        if batch not in self.desc.dynamic_batch:
+            gears = ", ".join(map(str, self.desc.dynamic_batch)) or "none: the model is not dynamic"
+            raise ModelError(f"batch size {batch} is not one of model {self.id}'s gears ({gears})",
+                             code=ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID)
+
+    def _check_io(self, inputs, outputs):
+        ins = [as_buffer(x) for x in inputs]
+        outs = [as_buffer(x) for x in outputs]
+        d = self.desc
+        if len(ins) != len(d.inputs):
+            raise ModelError(f"model {self.id} has {len(d.inputs)} inputs, got {len(ins)} buffers",
+                             code=ACL_ERROR_MODEL_INPUT_NOT_MATCH)
+        if len(outs) != len(d.outputs):
+            raise ModelError(f"model {self.id} has {len(d.outputs)} outputs, got {len(outs)} buffers",
+                             code=ACL_ERROR_MODEL_OUTPUT_NOT_MATCH)
+        batch = None
+        if d.dynamic_batch:
+            batch = self._read_batch(ins[d.dynamic_input])
+            self._gear(batch)
+        for kind, bufs, specs in (("input", ins, d.inputs), ("output", outs, d.outputs)):
+            for i, (b, spec) in enumerate(zip(bufs, specs)):
+                if kind == "input" and i == d.dynamic_input:
+                    continue
+                if not b.ptr:
+                    raise ModelError(f"{kind} {i} ({spec.name}): null buffer", code=ACL_ERROR_INVALID_PARAM)
+                if not is_device_ptr(b.ptr) or ptr_device(b.ptr) != self.device.physical_id:
+                    where = (f"memory of device {ptr_device(b.ptr)}" if is_device_ptr(b.ptr) else
+                             "host memory (copy it to the device first: the run mode is ACL_HOST)")
+                    raise ModelError(f"{kind} {i} ({spec.name}): buffer 0x{b.ptr:x} is {where}; model {self.id} "
+                                     f"runs on device {self.device.index}", code=ACL_ERROR_INVALID_PARAM)
+                need = spec.nbytes_at(batch)
+                if b.size < need or (kind == "input" and b.size > spec.size):
+                    at = f" at batch {batch}" if batch is not None else ""
+                    most = f" and at most {spec.size} B" if kind == "input" and spec.size != need else ""
+                    raise ModelError(f"{kind} {i} ({spec.name}): buffer has {b.size} B; the model needs {need} B"
+                                     f"{at}{most} ({spec.dtype} {list(spec.dims_at(batch))})",
+                                     code=ACL_ERROR_GE_PARAM_INVALID)
+                if b.dtype is not None and b.dtype != spec.dtype:
+                    raise ModelError(f"{kind} {i} ({spec.name}): buffer holds {b.dtype}, the model's {kind} is "
+                                     f"{spec.dtype}", code=ACL_ERROR_GE_DATATYPE_INVALID)
+                self.device.check_range(b.ptr, need)     # past the end of its allocation: 107000, nothing queued
+        return ins, outs, batch
+
+    # ------------------------------------------------------------------ execution
+    def execute_async(self, inputs, outputs, stream=None) -> None:
+        """Queue one execution on ``stream`` (default: the device's default stream): copies in, one graph
+        replay, copies out.  Only orders the device; errors of the replayed kernels surface at the
+        stream's next synchronize.  Argument errors raise here and queue nothing."""
+        with self._lock:
+            self._live()
+            stream = self._check_stream(stream)
+            ins, outs, batch = self._check_io(inputs, outputs)
+            slots_in, slots_out = self._io[batch]
+            if self._last_stream is not None and self._last_stream is not stream:
+                stream.wait(self._done)                     # never two executions in the workspace at once
+            d = self.desc
+            for i, (b, spec) in enumerate(zip(ins, d.inputs)):
+                if i != d.dynamic_input and spec.nbytes_at(batch):
+                    stream.copy(slots_in[i], b.ptr, spec.nbytes_at(batch))
+            self.graphs[batch].execute_async(stream)
+            for b, spec, slot in zip(outs, d.outputs, slots_out):
+                if spec.nbytes_at(batch):
+                    stream.copy(b.ptr, slot, spec.nbytes_at(batch))
+            self._done.record(stream)
+            self._last_stream = stream
+            self.cur_batch = batch if batch is not None else self.cur_batch
+
+    def execute(self, inputs, outputs, stream=None, timeout_ms: float = -1) -> None:
+        """:meth:`execute_async`, then block the host until the stream has finished it."""
+        stream = self._check_stream(stream) if not self._unloaded else stream
+        self.execute_async(inputs, outputs, stream)
+        stream.synchronize(timeout_ms)
+
+    def run(self, arrays: list, batch: int | None = None, stream=None) -> list[np.ndarray]:
+        """Convenience for scripts and tests: host arrays in, host arrays out (allocates device buffers for
+        one call, uploads, executes, downloads, frees); ``batch`` defaults to the first array's length on a
+        dynamic-batch model.  Host-synchronous."""
+        from runtime.api import Tensor
+        self._live()
+        d = self.desc
+        if d.dynamic_batch and batch is None:
+            batch = int(np.shape(arrays[0])[0])
+        dev = self.device
+        made: list[Tensor] = []
+        try:
+            ins = []
+            for i, spec in enumerate(d.inputs):
+                if i == d.dynamic_input:
+                    t = dev.empty((1,), "int64")
+                    made.append(t)
+                    self.set_dynamic_batch_size(DataBuffer(t.ptr, 8), batch)
+                    ins.append(DataBuffer(t.ptr, 8))
+                    continue
+                t = dev.from_numpy(np.asarray(arrays[i], dtype=spec.dtype))
+                made.append(t)
+                ins.append(t)
+            outs = []
+            for spec in d.outputs:
+                t = dev.empty(spec.dims_at(batch), spec.dtype)
+                made.append(t)
+                outs.append(t)
+            self.execute(ins, outs, stream)
+            return [t.numpy(stream) for t in outs]
+        finally:
+            for t in made:
+                t.free()
+
+    # ------------------------------------------------------------------ dynamic batch
+    def set_dynamic_batch_size(self, buffer, batch: int) -> None:
+        """Write ``batch`` into the model's dynamic-batch input buffer (host-synchronous), after checking
+        that it is one of the gears (145013) and that the buffer can hold it (145011 / 145012)."""
+        self._live()
+        self._gear(batch)
+        b = as_buffer(buffer)
+        self._check_dynamic_buffer(b)
+        raw = np.array([batch], "<u8" if b.size >= 8 else "<u4").view(np.uint8)
+        self.device.queue.flush()
+        self.device.handle.memcpy_h2d(b.ptr, raw)
+        self.cur_batch = batch
+
+    def output_dims(self, index: int, batch: int | None = None) -> tuple[int, ...]:
+        """Dims of output ``index`` at ``batch`` (default: the gear last set or executed)."""
+        self._live()
+        return self.desc.outputs[index].dims_at(self.cur_batch if batch is None else batch)
+
+    # ------------------------------------------------------------------ unload
+    def unload(self) -> None:
+        """Wait for this model's queued executions, then free everything it holds (graphs, workspace,
+        weights, its stream and event).  Host-synchronous."""
+        with self._lock:
+            self._live()
+            self._unloaded = True
+            with _models_lock:
+                _MODELS.pop(self.id, None)
+            try:
+                self._done.synchronize()
+            except AclError:
+                pass                              # a failed execution: its stream's synchronize reports it
+            finally:
+                self._release()
+
+    def _release(self) -> None:
+        errors = []
+        for g in list(self.graphs.values()):
+            try:
+                g.destroy()
+            except AclError as e:
+                errors.append(e)
+        self.graphs = {}
+        for ptr in (self._workspace, self._weights):
+            if ptr:
+                try:
+                    self.device.free(ptr)
+                except AclError as e:
+                    errors.append(e)
+        self._workspace = self._weights = None
+        for h in (self._done, self._stream):
+            if h is not None:
+                try:
+                    h.destroy()
+                except AclError as e:
+                    errors.append(e)
+        self._done = self._stream = None
+        if errors:
+            raise errors[0]
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def _device(device):
+    if device is not None:
+        return device
+    from runtime.api import get_runtime
+    return get_runtime().device(0)
+
+
+def load_from_bytes(data, device=None, origin: str = "<memory>") -> OfflineModel:
+    """Load a vnpu ``.om`` held in memory (``aclmdlLoadFromMem``)."""
+    from runtime.atc.om import read_om
+    manifest, weights = read_om(data)
+    return OfflineModel(manifest, weights, _device(device), origin)
+
+
+def load(path, device=None, *, input_shape=None, dynamic_batch_size=None) -> OfflineModel:
+    """Load ``path`` (``aclmdlLoadFromFile``): a vnpu ``.om``, or an ``.onnx`` compiled on load for the
+    device's SoC (a vnpu extension; ``input_shape`` / ``dynamic_batch_size`` as ``vnpu atc`` takes them)."""
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise ModelError(f"model file {str(path)!r} does not exist or is not a file",
+                             code=ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID)
+        data = p.read_bytes()
+    except OSError as e:
+        raise ModelError(f"cannot read model file {str(path)!r}: {e.strerror}",
+                         code=ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID) from None
+    dev = _device(device)
+    if p.suffix.lower() == ".onnx":
+        from runtime.atc import compile_model, make_options
+        cm = compile_model(data, make_options(input_shape, dynamic_batch_size, dev.info().chip))
+        cm.manifest["source"]["file"] = p.name
+        return OfflineModel(cm.manifest, cm.weights, dev, str(p))
+    return load_from_bytes(data, dev, str(p))
