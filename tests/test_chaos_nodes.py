@@ -27,13 +27,17 @@ def _chaos(*args, timeout=240):
                           timeout=timeout, env=env, cwd=ROOT)
 
 
-@pytest.mark.parametrize("args", [["--faults", "node-kill"], ["--faults", "kill,node-kill", "--nodes", "1"],
-                                  ["--faults", "kill", "--nodes", "0"]])
-def test_node_faults_refused_on_a_single_node_cluster(args):
+@pytest.mark.parametrize("args, says", [
+    (["--faults", "node-kill"], "--nodes 2"),
+    (["--faults", "kill,node-kill", "--nodes", "1"], "--nodes 2"),
+    (["--faults", "kill", "--nodes", "0"], "argument --nodes: must be >= 1"),
+    (["--faults", "node-kill", "--nodes", "4", "--devices", "2", "--spares", "1"], "without devices"),
+])
+def test_node_faults_refused_on_a_single_node_cluster(args, says):
     p = _chaos(*args, timeout=60)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("vnpu chaos:") and "--nodes 2" in lines[0], p.stderr
+    assert len(lines) == 1 and lines[0].startswith("vnpu chaos:") and says in lines[0], p.stderr
     assert "Traceback" not in p.stderr and not p.stdout.strip()
 
 

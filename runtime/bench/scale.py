@@ -25,27 +25,19 @@ import time
 
 import numpy as np
 
+from runtime.cliargs import fail, int_list, positive_int, size
+
 
 def register(bs) -> None:
     p = bs.add_parser("scale", help="many devices per machine: start time, memory per device, AllReduce "
                                     "across all, vs plain Ray actors and the memory bound")
-    p.add_argument("--devices", default="4,16,32,64", help="device counts, comma separated")
-    p.add_argument("--hbm-mb", type=int, default=16, help="HBM arena per device (MiB)")
-    p.add_argument("--allreduce-bytes", default="1M")
-    p.add_argument("--iters", type=int, default=10, help="timed AllReduce iterations")
+    p.add_argument("--devices", type=int_list, default="4,16,32,64", help="device counts, comma separated")
+    p.add_argument("--hbm-mb", type=positive_int, default=16, help="HBM arena per device (MiB)")
+    p.add_argument("--allreduce-bytes", type=size, default="1M", help="AllReduce size (float32: at least 4 B)")
+    p.add_argument("--iters", type=positive_int, default=10, help="timed AllReduce iterations")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain-actor baseline")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=run)
-
-
-def _counts(spec: str) -> list[int]:
-    try:
-        out = [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        out = []
-    if not out or any(n < 1 for n in out):
-        raise SystemExit(f"vnpu bench scale: bad --devices {spec!r} (e.g. 4,16,32)")
-    return out
 
 
 def proc_memory(pid: int) -> dict:
@@ -169,13 +161,9 @@ def _mib(x: float) -> str:
 
 def run(a) -> int:
     from .bound import cores
-    from .common import parse_size
-    counts = _counts(a.devices)
-    nbytes = parse_size(a.allreduce_bytes)
+    counts, nbytes = a.devices, a.allreduce_bytes           # checked by argparse (runtime.cliargs)
     if nbytes < 4:
-        raise SystemExit("vnpu bench scale: --allreduce-bytes must be >= 4")
-    if a.hbm_mb < 1:
-        raise SystemExit("vnpu bench scale: --hbm-mb must be >= 1")
+        fail(f"argument --allreduce-bytes: must be at least 4 (one float32), got {nbytes}", "vnpu bench scale")
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     machine = {"cores": cores(), "memory_gib": round(mem / (1 << 30), 1)}
     out = sys.stdout

@@ -73,20 +73,29 @@ def multinode_from_yaml(path: str | os.PathLike, workers: int = 1, hbm_bytes: in
     """The head node type and ``workers`` nodes of the worker node type of a cluster.yaml (its
     ``resources.NPU`` and ``labels``); ``hbm_bytes`` / ``head_npus`` override the file (small tests)."""
     import yaml
-    cfg = yaml.safe_load(Path(path).read_text())
-    types = cfg["available_node_types"]
-    head_type = cfg["head_node_type"]
-    worker_type = next((k for k in types if k != head_type), head_type)
+    try:
+        cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise InvalidParamError(f"{path}: cannot read a cluster.yaml: {' '.join(str(e).split())}") from None
 
     def node(t: dict) -> NodeSpec:
         labels = t.get("labels", {}) or {}
         res = t.get("resources", {}) or {}
-        return NodeSpec(npus=int(res.get("NPU", 0)), chip=labels.get(CHIP_LABEL, "Ascend910B3"),
+        return NodeSpec(npus=int(res.get("NPU", 0)), chip=str(labels.get(CHIP_LABEL, "Ascend910B3")),
                         hbm_bytes=int(hbm_bytes or labels.get(HBM_LABEL, 1 << 30)))
-    head = node(types[head_type])
+    try:
+        types = cfg["available_node_types"]
+        head_type = cfg["head_node_type"]
+        worker_type = next((k for k in types if k != head_type), head_type)
+        head, worker = node(types[head_type]), node(types[worker_type])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InvalidParamError(f"{path}: not a Ray cluster.yaml with a head node type "
+                                f"(available_node_types / head_node_type): {type(e).__name__} {e}") from None
+    if workers < 0 or worker.npus < 0 or head.npus < 0 or worker.hbm_bytes <= 0 or head.hbm_bytes <= 0:
+        raise InvalidParamError(f"{path}: NPU counts and vnpu.hbm-bytes must not be negative (HBM above 0)")
     if head_npus is not None:
         head = replace(head, npus=head_npus)
-    return MultiNodeSpec(head=head, workers=tuple(node(types[worker_type]) for _ in range(workers)))
+    return MultiNodeSpec(head=head, workers=tuple(worker for _ in range(workers)))
 
 
 @dataclass
