@@ -49,7 +49,7 @@ def test_node_kill_campaign(tmp_path):
     come back as spares; nothing is left behind."""
     rep = tmp_path / "chaos.json"
     p = _chaos("--workload", "mlp", "--devices", "2", "--spares", "2", "--nodes", "2", "--duration", "5s",
-               "--baseline", "1s", "--every", "2s", "--faults", "node-kill", "--seed", "3", "--report", str(rep))
+               "--baseline", "1s", "--every", "3s", "--faults", "node-kill", "--seed", "3", "--report", str(rep))
     print(p.stdout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads(rep.read_text())

@@ -40,6 +40,10 @@ from .placement import CHIP_LABEL, HBM_LABEL
 from .remote import RemoteBackend
 
 
+#: tries to start one worker raylet (each has Ray's fixed 30 s to register with the GCS)
+ADD_NODE_ATTEMPTS = 3
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One node type: its virtual NPUs (Ray's ``NPU`` resource), their chip and HBM (node labels)."""
@@ -231,7 +235,28 @@ class MultiNodeCluster:
         return node
 
     def _add_raylet(self, n: NodeSpec):
-        """Start a worker raylet (waits until it is up).  Ray installs its exit hooks (signal handlers)
+        """Start a worker raylet, up to :data:`ADD_NODE_ATTEMPTS` times: Ray gives a new raylet a fixed
+        30 s to register with the GCS, which a heavily loaded machine can miss; the processes of an attempt
+        that timed out are killed before the next one (they would register later, unknown to us)."""
+        from . import procs
+        for _ in range(ADD_NODE_ATTEMPTS - 1):
+            with self._lock:
+                known = set().union(*(_node_pids(x.raylet) for x in self.nodes.values()))
+            try:
+                return self._start_raylet(n)
+            except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+                if "timed out during startup" not in str(e):
+                    raise
+                mine = set(procs.cluster_processes(self.temp_dir)) & _children(os.getpid())
+                stray = _descendants(mine - known)
+                for pid in stray:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                _wait_gone(stray, 10.0)
+        return self._start_raylet(n)
+
+    def _start_raylet(self, n: NodeSpec):
+        """One attempt (waits until the raylet is up).  Ray installs its exit hooks (signal handlers)
         only from the main thread; from another thread the node gets an atexit hook of ours instead."""
         if threading.current_thread() is threading.main_thread():
             return self._cluster.add_node(**self._node_args(n))
@@ -300,6 +325,20 @@ def _wait_names_free(ids, timeout_s: float) -> None:
             raise InvalidParamError(f"device npu{pending[0]} still exists after {timeout_s:g} s: "
                                     f"its id cannot be reused")
         tick.wait(0.1)
+
+
+def _children(pid: int) -> set[int]:
+    """Direct children of process ``pid`` (from /proc)."""
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.add(int(d))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
 
 
 def _kill_quietly(raylet) -> None:
