@@ -25,6 +25,7 @@ communicator's own work buffers -- never any other memory, and not after the ope
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -37,7 +38,7 @@ from .errors import (ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_NO_PERMISSION, ACL_ER
                      HCCL_E_NOT_FOUND, HCCL_E_NOT_SUPPORT, HCCL_E_PARA, HCCL_E_REMOTE, HCCL_E_RUNTIME,
                      HCCL_E_TIMEOUT, AclError, HcclError, InvalidParamError)
 from .hccl_transport import CROSS_NODE, PROCESS_LINK_KEY, SAME_NODE, ShmTransport
-from .hccl_schedule import Pull, choose_algo, epilogue, prologue, schedule
+from .hccl_schedule import choose_algo, epilogue, prologue, schedule
 from .node import same_node
 from .tenancy import tenant_of
 
@@ -56,6 +57,11 @@ _PROBE_S = 0.05
 #: captured graph binding and client range check of the device after each small collective
 CCL_CACHE_MAX = 4 << 20
 _CCL_MIN = 64 << 10
+#: segment of a pull through a zero-copy link (shared memory): the reductions of one chunk run segment by
+#: segment, so the partial sum stays in the core's L2 cache while every peer's segment is added to it
+CACHE_SEGMENT_BYTES = 256 << 10
+#: barriers of communicators up to this size send one message to every peer; larger ones disseminate
+DIRECT_BARRIER_MAX = 4
 
 
 #: owner of the engine's own buffers (no tenant can name them); their bytes count against the comm's owner
@@ -97,6 +103,7 @@ class CommConfig:
     exec_timeout_s: float = DEFAULT_EXEC_TIMEOUT_S
     algo: str | None = None          #: HCCL_ALGO-style override: ring | H-D_R | mesh
     segment_bytes: int = 4 << 20     #: pulls larger than this are done in segments
+    direct_barrier_max: int = DIRECT_BARRIER_MAX    #: barriers above this many ranks disseminate
 
 
 @dataclass
@@ -106,6 +113,7 @@ class Comm:
     peers: list[PeerInfo]
     config: CommConfig
     links: list = field(default_factory=list)   #: one PeerLink per rank (None for this rank)
+    scopes: list = field(default_factory=list)  #: the transport scope of each link (None for this rank)
     seq: int = 0
     p2p_seq: dict = field(default_factory=dict)
     async_error: int = 0
@@ -179,7 +187,9 @@ class Mailbox:
                     return [out[k] for k in keys]
                 abort = self._aborts.get(keys[0][:2]) or self._aborts.get((keys[0][0], COMM_SEQ))
                 if abort is not None:
-                    raise HcclError(abort[1], abort[0])
+                    err = HcclError(abort[1], abort[0])
+                    err.peers_told = True          # a peer gave up: it told the others itself
+                    raise err
                 now = time.monotonic()
                 if now >= deadline:
                     missing = [k for k in keys if k not in out]
@@ -230,7 +240,8 @@ class HcclEngine:
         self._pending_joins: set[str] = set()
         self._lock = threading.Lock()
         self.aborted = False
-        self.stats = {"collectives": 0, "bytes_pulled": 0, "messages": 0}
+        self.stats = {"collectives": 0, "bytes_pulled": 0, "messages": 0, "aborts_sent": 0,
+                      f"bytes_{SAME_NODE}": 0, f"bytes_{CROSS_NODE}": 0}
         key = getattr(device.config, "link_key", b"") or PROCESS_LINK_KEY
         # same-node peers pull through mapped arenas -- only when this device's arena is a named segment
         self._transports: dict[str, object] = ({SAME_NODE: ShmTransport(self.arena, self.deliver, key)}
@@ -258,6 +269,7 @@ class HcclEngine:
                "arena_bytes": self.arena.size, "doorbell": ""}
         for t in list(self._transports.values()):
             out.update(t.endpoint())
+        out["stats"] = dict(self.stats)        # what went where (peers ignore it)
         return out
 
     def deliver(self, msg) -> bool:
@@ -303,13 +315,16 @@ class HcclEngine:
         with self._lock:
             c.exposed.pop(token, None)
 
-    def _link(self, p: PeerInfo):
-        """The link to peer ``p``: made by the transport of its scope (HCCL_E_NOT_SUPPORT without one).
-        Without a same-node transport (this device's arena is not shared, or the peer's is not), peers on
-        this node are reached like peers on any other."""
+    def scope_of(self, p: PeerInfo) -> str:
+        """Which transport reaches peer ``p``: by node identity (:mod:`devices.node`).  Without a same-node
+        transport (this device's arena is not shared, or the peer's is not), peers on this node are reached
+        like peers on any other."""
         shm = SAME_NODE in self._transports and p.arena and p.doorbell
-        scope = SAME_NODE if shm and same_node(p.node, self.node) else CROSS_NODE
-        t = self._transports.get(scope)
+        return SAME_NODE if shm and same_node(p.node, self.node) else CROSS_NODE
+
+    def _link(self, p: PeerInfo):
+        """The link to peer ``p``: made by the transport of its scope (HCCL_E_NOT_SUPPORT without one)."""
+        t = self._transports.get(self.scope_of(p))
         if t is None:
             raise HcclError(f"rank {p.rank} (device {p.device_id}) is on another node ({p.node or '?'}) and this "
                             f"device has no cross-node transport (device actors have one)", HCCL_E_NOT_SUPPORT)
@@ -329,13 +344,14 @@ class HcclEngine:
         if not isinstance(rank, int) or not 0 <= rank < len(infos) or infos[rank].device_id != self.device.id:
             raise HcclError(f"rank {rank} is not this device ({self.device.id})", HCCL_E_PARA)
         links = [None if p.rank == rank else self._link(p) for p in infos]
+        scopes = [None if p.rank == rank else self.scope_of(p) for p in infos]
         try:
             cfg = CommConfig(**(config or {}))
         except TypeError as e:
             raise HcclError(f"bad communicator config: {e}", HCCL_E_PARA) from None
         with self._lock:
             old = self.comms.get(key)
-            self.comms[key] = Comm(key, rank, infos, cfg, links, owner=owner)
+            self.comms[key] = Comm(key, rank, infos, cfg, links, scopes, owner=owner)
             self._pending_joins.discard(key)
         if old is not None:
             self._retire(old)
@@ -535,7 +551,9 @@ class HcclEngine:
                     c.links[q].notify((c.cid, seq, ABORT_TAG, c.rank, [HCCL_E_NETWORK, reason]))
                 except HcclError:
                     pass
-        raise HcclError(reason, HCCL_E_NETWORK)
+        err = HcclError(reason, HCCL_E_NETWORK)
+        err.peers_told = True
+        raise err
 
     def _post(self, c: Comm, peer: int, seq, tag: str, payload=None, ranks=None) -> None:
         self._check_link(c, peer, seq, range(c.size) if ranks is None else ranks)
@@ -550,12 +568,14 @@ class HcclEngine:
         communicator cannot complete any operator -- a rank that gives up must not leave the others
         waiting for it until their exec timeout -- then raise ``e``."""
         if e.hccl_code == HCCL_E_REMOTE:
+            self.stats["aborts_sent"] += 1
             for q in range(c.size):
                 if q not in (c.rank, peer):
                     try:
                         c.links[q].notify((c.cid, COMM_SEQ, ABORT_TAG, c.rank, [HCCL_E_REMOTE, str(e)]))
                     except HcclError:
                         pass
+            e.peers_told = True                # the comm-wide abort covers this operator too
         raise e
 
     def _wait(self, c: Comm, waits: list[tuple[int, str]], seq, deadline: float, ranks=None) -> list:
@@ -572,15 +592,37 @@ class HcclEngine:
         return self.mailbox.take(keys, deadline, probe, lambda: self.aborted or c.cancelled)
 
     def _barrier(self, c: Comm, seq, tag: str, deadline: float, payload=None) -> list:
-        others = [q for q in range(c.size) if q != c.rank]
-        for q in others:
-            self._post(c, q, seq, tag, payload)
-        return self._wait(c, [(q, tag) for q in others], seq, deadline)
+        """Every rank reaches this point before any leaves it; returns every other rank's ``payload`` (in
+        rank order).  Up to ``direct_barrier_max`` ranks: one message to every peer (one round); more:
+        a dissemination barrier -- ceil(log2 n) rounds, in round k a message to rank r + 2^k carrying every
+        payload heard so far -- n log n messages instead of n (n - 1)."""
+        n, r = c.size, c.rank
+        others = [q for q in range(n) if q != r]
+        if n <= c.config.direct_barrier_max:
+            for q in others:
+                self._post(c, q, seq, tag, payload)
+            return self._wait(c, [(q, tag) for q in others], seq, deadline)
+        known = {r: payload}
+        k, dist = 0, 1
+        while dist < n:
+            sub = f"{tag}.{k}"
+            self._post(c, (r + dist) % n, seq, sub, [[q, p] for q, p in known.items()])
+            (heard,) = self._wait(c, [((r - dist) % n, sub)], seq, deadline)
+            try:
+                for q, p in heard:
+                    known.setdefault(int(q), p)
+            except (TypeError, ValueError):
+                raise HcclError(f"malformed {tag} message from rank {(r - dist) % n}", HCCL_E_PARA) from None
+            k, dist = k + 1, dist * 2
+        return [known.get(q) for q in others]
 
     def _collective(self, c: Comm, op: CollectiveOp, owner) -> None:
-        n, r = c.size, c.rank
         c.seq += 1
-        seq = c.seq
+        with self._telling_peers(c, c.seq, range(c.size)):
+            self._collective_body(c, op, owner, c.seq)
+
+    def _collective_body(self, c: Comm, op: CollectiveOp, owner, seq: int) -> None:
+        n, r = c.size, c.rank
         deadline = self._deadline(c)
         isz = itemsize(op.dtype)
         total_bytes = op.count * isz * (n if op.op == "allgather" else 1)
@@ -594,6 +636,9 @@ class HcclEngine:
         work_bytes = 0
         persistent = False
         epoch = self.arena.epoch
+        for q in range(n):          # a down link fails every operator of the communicator, on both ends,
+            if q != r:              # also when this rank exchanges nothing with that peer directly
+                self._check_link(c, q, seq, range(n))
         pro = prologue(op.op, n, r, op.count, algo, op.root)
         epi = epilogue(op.op, n, r, op.count, algo)
         try:
@@ -632,8 +677,7 @@ class HcclEngine:
                 for step in phase.steps:
                     if step.waits:
                         self._wait(c, list(step.waits), seq, deadline)
-                    for p in step.pulls:
-                        self._pull(c, p, peer_bufs, op.dtype, red)
+                    self._pulls(c, step.pulls, peer_bufs, op.dtype, red, seq)
                     for q in step.signals:
                         self._post(c, q, seq, step.tag)
             for src, so, dst, do, cnt in epi:
@@ -649,32 +693,69 @@ class HcclEngine:
                 if ptr is not None:
                     self.arena.free(ptr, epoch=epoch)
 
-    def _pull(self, c: Comm, p: Pull, peer_bufs: dict, dtype: str, redop: str) -> None:
-        self._read_into(c, p.peer, peer_bufs[p.peer][p.src], p.src_off, peer_bufs[c.rank][p.dst], p.dst_off,
-                        p.count, dtype, redop if p.reduce else None, c.seq, range(c.size))
+    def _pulls(self, c: Comm, pulls, peer_bufs: dict, dtype: str, redop: str, seq) -> None:
+        """Run one step's pulls.  Consecutive reducing pulls into the same range (the contributions of
+        every peer to one chunk) run as one group, segment by segment: each segment of the result is
+        built in cache from every peer's segment before the next one is started."""
+        i = 0
+        while i < len(pulls):
+            first, j = pulls[i], i + 1
+            if first.reduce:
+                while j < len(pulls) and pulls[j].reduce and pulls[j].base is None and \
+                        (pulls[j].dst, pulls[j].dst_off, pulls[j].count) == (first.dst, first.dst_off, first.count):
+                    j += 1
+            mine = peer_bufs[c.rank]
+            srcs = [(p.peer, peer_bufs[p.peer][p.src], p.src_off, mine[p.base] if p.base else None)
+                    for p in pulls[i:j]]
+            self._transfer(c, srcs, mine[first.dst], first.dst_off, first.count, dtype,
+                           redop if first.reduce else None, seq, range(c.size))
+            i = j
 
     def _read_into(self, c: Comm, peer: int, src_ptr: int, src_off: int, dst_ptr: int, dst_off: int, count: int,
                    dtype: str, redop: str | None, seq, ranks) -> None:
-        """Copy or reduce ``count`` elements of a rank's buffer into mine, segment by segment, read through
-        the link to that rank (or out of my own arena).  ``seq``/``ranks``: the operator and its ranks."""
-        dst_mem = self.arena.buf
-        isz = itemsize(dtype)
-        if peer == c.rank:
-            self._move(dst_mem, src_ptr, src_off, dst_mem, dst_ptr, dst_off, count, dtype, redop)
+        """Copy or reduce ``count`` elements of a rank's buffer into mine (see :meth:`_transfer`)."""
+        self._transfer(c, [(peer, src_ptr, src_off, None)], dst_ptr, dst_off, count, dtype, redop, seq, ranks)
+
+    def _transfer(self, c: Comm, srcs: list, dst_ptr: int, dst_off: int, count: int, dtype: str,
+                  redop: str | None, seq, ranks) -> None:
+        """``dst[dst_off:+count]`` (op)= each source in turn, segment by segment.  A source is ``(rank,
+        ptr, element offset, base ptr or None)``, read through the link to that rank (or out of my own
+        arena); with a base, the first reduction is ``dst = base op source`` (base at the source's
+        offset).  Segments: cache-sized through zero-copy links, ``segment_bytes`` (one read each)
+        through the others.  ``seq``/``ranks``: the operator and its ranks (for link faults)."""
+        if count <= 0:
             return
-        seg = max(1, c.config.segment_bytes // isz)
-        link = c.links[peer]
+        me = self.arena.buf
+        isz = itemsize(dtype)
+        direct = all(peer == c.rank or c.links[peer].zero_copy for peer, *_ in srcs)
+        if direct:      # views of memory: reductions in cache-sized segments, copies in one memcpy
+            seg_bytes = CACHE_SEGMENT_BYTES if redop is not None else count * isz
+        else:           # each read is one transfer
+            seg_bytes = c.config.segment_bytes
+        seg = max(1, seg_bytes // isz)
         done = 0
         while done < count:
             k = min(seg, count - done)
-            self._check_link(c, peer, seq, ranks)
-            data = link.read(c.cid, src_ptr + (src_off + done) * isz, k * isz)
-            self._move(data, 0, 0, dst_mem, dst_ptr, dst_off + done, k, dtype, redop)
+            for peer, src_ptr, src_off, base_ptr in srcs:
+                if peer == c.rank:
+                    data, dptr = me, src_ptr
+                    off = src_off + done
+                else:
+                    self._check_link(c, peer, seq, ranks)
+                    data = c.links[peer].read(c.cid, src_ptr + (src_off + done) * isz, k * isz)
+                    dptr, off = 0, 0
+                base = None if base_ptr is None else ptr_offset(base_ptr) + (src_off + done) * isz
+                self._move(data, dptr, off, me, dst_ptr, dst_off + done, k, dtype, redop, base)
             done += k
-        self.stats["bytes_pulled"] += count * isz
+        for peer, *_ in srcs:
+            if peer != c.rank:
+                self.stats["bytes_pulled"] += count * isz
+                self.stats[f"bytes_{c.scopes[peer]}"] += count * isz
 
     @staticmethod
-    def _move(src_mem, src_ptr, src_off, dst_mem, dst_ptr, dst_off, count, dtype, redop) -> None:
+    def _move(src_mem, src_ptr, src_off, dst_mem, dst_ptr, dst_off, count, dtype, redop, base=None) -> None:
+        """``dst (op)= src`` for ``count`` elements; with ``base`` (a byte offset into ``dst_mem``):
+        ``dst = dst_mem[base] op src``.  No temporaries (ufuncs write into ``dst``), but for bfloat16."""
         if count <= 0:
             return
         isz = itemsize(dtype)
@@ -687,23 +768,60 @@ class HcclEngine:
             if redop is None:
                 np.copyto(d, s)
             else:
-                acc = _UFUNC[redop](_bf16_to_f32(d), _bf16_to_f32(s))
+                left = d if base is None else dst_mem[base:base + nb].view(np.uint16)
+                acc = _UFUNC[redop](_bf16_to_f32(left), _bf16_to_f32(s))
                 np.copyto(d, _f32_to_bf16(acc))
             return
         s = src_mem[so:so + nb].view(dtype)
         d = dst_mem[do:do + nb].view(dtype)
         if redop is None:
             np.copyto(d, s)
-        else:
+        elif base is None:
             _UFUNC[redop](d, s, out=d)
+        else:
+            _UFUNC[redop](dst_mem[base:base + nb].view(dtype), s, out=d)
+
+    # ---------------------------------------------------------------- failures reach every rank
+    @contextlib.contextmanager
+    def _telling_peers(self, c: Comm, seq, ranks):
+        """Run one operator; if it fails here (a peer gone, a timeout, a mismatch, a bad buffer), tell its
+        other ranks at once (an ``abort`` message with the HcclResult), so that none of them waits for
+        this rank until its own timeout: a lost node fails the operator on every surviving rank."""
+        try:
+            yield
+        except (HcclError, AclError) as e:
+            if not getattr(e, "peers_told", False):
+                code = e.hccl_code if isinstance(e, HcclError) else (
+                    HCCL_E_PARA if e.code in (ACL_ERROR_RT_PARAM_INVALID, ACL_ERROR_INVALID_PARAM) else HCCL_E_RUNTIME)
+                self._abort_peers(c, seq, [q for q in ranks if q != c.rank], code,
+                                  f"{e}"[:300])
+            raise
+
+    def _abort_peers(self, c: Comm, seq, peers: list[int], code: int, reason: str) -> None:
+        """Best effort and off this core thread: a link to a dead peer may take its transport's deadline
+        to fail, and the rank that gave up must report its own error now."""
+        links = [c.links[q] for q in peers]
+        msg = (c.cid, seq, ABORT_TAG, c.rank, [code, reason])
+        self.stats["aborts_sent"] += 1
+
+        def tell():
+            for link in links:
+                try:
+                    link.notify(msg)
+                except (HcclError, AclError, OSError):
+                    pass                                   # that one is gone too
+        threading.Thread(target=tell, name=f"hccl-abort-{self.device.id}", daemon=True).start()
 
     def _p2p(self, c: Comm, op: CollectiveOp) -> None:
         lo, hi = sorted((c.rank, op.peer))
         key = (lo, hi)
         c.p2p_seq[key] = c.p2p_seq.get(key, 0) + 1
         seq = f"p{lo}-{hi}-{c.p2p_seq[key]}"
+        with self._telling_peers(c, seq, (lo, hi)):
+            self._p2p_body(c, op, seq, (lo, hi))
+
+    def _p2p_body(self, c: Comm, op: CollectiveOp, seq: str, pair: tuple[int, int]) -> None:
         deadline = self._deadline(c)
-        pair = (lo, hi)
         if op.op == "send":
             exposure = self._expose(c, [(op.send, op.count * itemsize(op.dtype))])
             try:

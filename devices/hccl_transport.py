@@ -9,7 +9,9 @@ code talks only to links -- it never asks which transport it has:
   transport allows it);
 - ``notify(msg)``: deliver one small control message ``(comm, seq, tag, from_rank, payload)`` to the
   peer's engine (host-blocking send; never waits for an answer);
-- ``probe()``: liveness -- raises :class:`~devices.errors.HcclError` ``HCCL_E_REMOTE`` when the peer is gone.
+- ``probe()``: liveness -- raises :class:`~devices.errors.HcclError` ``HCCL_E_REMOTE`` when the peer is gone;
+- ``zero_copy``: whether ``read`` returns a view of the peer's memory (then the engine reads in
+  cache-sized segments; otherwise each read is one transfer of ``CommConfig.segment_bytes``).
 
 Any failure to reach a peer raises ``HCCL_E_REMOTE``.  What a device publishes so that peers can build
 links to it is each transport's :meth:`Transport.endpoint` (merged into ``HcclEngine.info()``).
@@ -60,6 +62,8 @@ def link_key(cluster_secret: str) -> bytes:
 
 class PeerLink(Protocol):
     """One device's way to one peer device (built when a communicator is built)."""
+
+    zero_copy: bool
 
     def read(self, comm: str, ptr: int, nbytes: int) -> np.ndarray: ...
     def notify(self, msg: tuple) -> None: ...
@@ -138,6 +142,8 @@ class Doorbell:
 
 class ShmLink:
     """A same-node peer: its arena mapped here (on first read), its doorbell for control messages."""
+
+    zero_copy = True
 
     def __init__(self, transport: "ShmTransport", peer):
         self._t = transport

@@ -20,6 +20,8 @@ from .client import RemoteDevice
 class GrpcLink:
     """One peer device on another node."""
 
+    zero_copy = False        #: every read is one streamed HcclRead (a copy)
+
     def __init__(self, transport: "GrpcTransport", peer):
         self._t = transport
         self.peer = peer

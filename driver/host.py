@@ -43,7 +43,7 @@ class NpuHost:
         from dataclasses import replace
 
         from .hccl_grpc import GrpcTransport
-        from .node import this_node
+        from .node import ray_node_id, this_node
         from .policy import DevicePolicy
         from .service import serve
 
@@ -52,6 +52,7 @@ class NpuHost:
         from devices.hccl_transport import CROSS_NODE, link_key
         policy = policy or DevicePolicy()
         self.host = host or _node_ip()
+        self.ray_node = ray_node_id()            # the Ray node (raylet) this actor runs on ("" outside Ray)
         cfg = replace(DeviceConfig(), device_id=device_id, arena_bytes=arena_bytes, spec=chip_by_name(chip),
                       cores=cores, node=this_node(), quota=policy.quota, shm=policy.shm_fast_path,
                       link_key=link_key(token))
@@ -74,7 +75,7 @@ class NpuHost:
         info = self.device.info()
         return {"device_id": info.device_id, "address": self.server.address, "arena": info.arena_name,
                 "arena_bytes": info.hbm_total, "chip": info.chip, "pid": os.getpid(), "host": self.host,
-                "node": info.node, "ray_node": _ray_node_id()}
+                "node": info.node, "ray_node": self.ray_node}
 
     def ping(self) -> int:
         return os.getpid()
@@ -85,18 +86,6 @@ class NpuHost:
             self.server.stop(0.5)
             self.device.close()                  # closes HCCL's transports too
         return True
-
-
-def _ray_node_id() -> str:
-    """The Ray node this actor runs on ("" outside Ray): what a consumer that Ray placed on a node (a Serve
-    replica holding ``NPU`` resources) matches to find the devices of its own node."""
-    try:
-        import ray
-        if ray.is_initialized():
-            return ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001 - outside Ray
-        pass
-    return ""
 
 
 def _node_ip() -> str:

@@ -25,9 +25,20 @@ def ray_node_id() -> str:
         return ""
 
 
+def in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (runs tasks or an actor), not a driver or a plain process."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    except Exception:  # noqa: BLE001 - a half-initialized Ray: not a worker
+        return False
+
+
 def this_node() -> str:
     """This process's node identity (``$VNPU_NODE_ID``, else the Ray node id, else the boot id)."""
     return node_id(ray_node_id())
 
 
-__all__ = ["this_node", "ray_node_id", "same_node"]
+__all__ = ["this_node", "ray_node_id", "in_ray_worker", "same_node"]

@@ -41,3 +41,37 @@ def rt(request):
         r.close()
         if cluster is not None:
             cluster.close()
+
+
+# ------------------------------------------------------------------------------------------ tier budgets
+#: time budgets of the tiers that declare one (seconds of wall time on the 2-core CI box, setup and
+#: teardown of their fixtures included -- a module's cluster counts in its first test's setup).  Every run
+#: prints each tier's time against its budget; with VNPU_TIER_BUDGETS=enforce (CI) a tier over budget
+#: fails the run.  Tests themselves never assert wall-clock times.
+TIER_BUDGETS_S = {"multinode": 90.0, "serve": 90.0, "security": 60.0}
+_tier_time: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    for tier in TIER_BUDGETS_S:
+        if tier in report.keywords:
+            _tier_time[tier] = _tier_time.get(tier, 0.0) + report.duration
+
+
+def _over_budget() -> list[str]:
+    return [t for t, s in _tier_time.items() if s > TIER_BUDGETS_S[t]]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("VNPU_TIER_BUDGETS") == "enforce" and _over_budget() and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _tier_time:
+        return
+    enforce = os.environ.get("VNPU_TIER_BUDGETS") == "enforce"
+    for tier, s in sorted(_tier_time.items()):
+        over = s > TIER_BUDGETS_S[tier]
+        verdict = ("OVER BUDGET" + (" (enforced: the run fails)" if enforce else "")) if over else "within budget"
+        terminalreporter.write_line(f"tier {tier}: {s:.1f} s of a {TIER_BUDGETS_S[tier]:.0f} s budget: {verdict}")

@@ -178,12 +178,15 @@ class Sim:
         self.last_write[key] = self.vc[actor][actor]
         self.mem[owner][key[1]][key[2]] = value
 
-    def _move(self, actor, src_owner, src, so, dst, do, cnt, reduce):
+    def _move(self, actor, src_owner, src, so, dst, do, cnt, reduce, base=None):
         skeys = self._elem(src_owner, src, so, cnt)
         dkeys = self._elem(actor, dst, do, cnt)
         vals = [self._read(actor, k) for k in skeys]     # the whole source range is read ...
-        for k, v in zip(dkeys, vals):                     # ... then written (np.copyto / ufunc out=)
-            self._write(actor, k, self.mem[actor][k[1]][k[2]] + v if reduce else Counter(v))
+        # ... and the left operand: my own ``base`` range at the source's offsets, or dst itself
+        lefts = [self._read(actor, k) for k in self._elem(actor, base, so, cnt)] if base else \
+            [self.mem[actor][k[1]][k[2]] for k in dkeys]
+        for k, v, left in zip(dkeys, vals, lefts):        # ... then written (np.copyto / ufunc out=)
+            self._write(actor, k, left + v if reduce else Counter(v))
 
     # ---- scheduling
     def runnable(self, r: int) -> bool:
@@ -208,7 +211,8 @@ class Sim:
             p: Pull = act[1]
             assert 0 <= p.peer < self.n, f"rank {r} pulls from {p.peer}"   # its own buffer is allowed
             assert p.count >= 0
-            self._move(r, p.peer, p.src, p.src_off, p.dst, p.dst_off, p.count, p.reduce)
+            assert p.base is None or p.reduce, "a base is the left operand of a reduction"
+            self._move(r, p.peer, p.src, p.src_off, p.dst, p.dst_off, p.count, p.reduce, p.base)
         elif kind == "signal":
             _, peers, tag = act
             for q in peers:
@@ -358,12 +362,15 @@ def test_detector_catches_a_deadlock(monkeypatch):
 
 
 def test_schedule_step_counts():
-    """Ring is linear in n, halving-doubling logarithmic, mesh one step per phase."""
+    """Ring is linear in n, halving-doubling logarithmic; mesh AllReduce is one reduction step and one
+    copy step per peer (each waits for that peer's reduction only), other mesh ops one step."""
     def steps(op, algo, n, r=0):
         return sum(len(p.steps) for p in schedule(op, algo, n, r, 64))
     assert steps("allreduce", "ring", 8) == 2 * 7
     assert steps("allreduce", "hd", 8) == 2 * 3
-    assert steps("allreduce", "mesh", 8) == 2
+    assert steps("allreduce", "mesh", 8) == 1 + 7
+    assert len(schedule("allreduce", "mesh", 8, 0, 64)) == 1         # no barrier between the halves
+    assert steps("alltoall", "mesh", 8) == 1
     assert steps("allgather", "ring", 5) == 4
     assert steps("reducescatter", "hd", 16) == 4
     assert schedule("barrier", "ring", 4, 1, 0) == []
@@ -430,8 +437,11 @@ def test_choose_algo_hd_falls_back_to_ring_off_powers_of_two(op, n):
 def test_choose_algo_defaults():
     assert choose_algo("allreduce", 4, 1024) == "oneshot"     # small: one round of direct reads
     assert choose_algo("allreduce", 4, 256 << 10) == "hd"     # medium: log steps
-    assert choose_algo("allreduce", 4, 1 << 20) == "hd"       # large, power of two: halving-doubling
-    assert choose_algo("allreduce", 3, 1 << 20) == "mesh"     # large, otherwise: direct reads
+    assert choose_algo("allreduce", 4, 1 << 20) == "mesh"     # large: direct reads ...
+    assert choose_algo("allreduce", 3, 1 << 20) == "mesh"
+    assert choose_algo("allreduce", 16, 1 << 20) == "mesh"
+    assert choose_algo("allreduce", 32, 1 << 20) == "hd"      # ... up to 16 ranks; beyond, partner-only steps
+    assert choose_algo("allreduce", 24, 1 << 20) == "hd"      # (hd folds the extra ranks)
     assert choose_algo("allreduce", 3, 256 << 10) == "hd"     # hd allreduce folds the extra rank
     assert choose_algo("allgather", 4, 1024, "oneshot") == "hd"   # oneshot is an AllReduce algorithm
     for op in ("broadcast", "reduce", "alltoall", "barrier"):

@@ -167,10 +167,10 @@ def test_codec_cost_per_launch_is_small():
     ops = [Launch(1, "add", (TensorDesc(P + 64 * i, (32, 64)), TensorDesc(P, (32, 64))), (TensorDesc(P, (32, 64)),),
                   {"alpha": 1.5}) for i in range(1000)]
     best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
+    for _ in range(3):                     # this thread's CPU time: what other processes of a shared machine
+        t0 = time.thread_time()            # take from it does not count
         back = wire.ops_from_pb(wire.rms.SubmitRequest.FromString(wire.submit_request(ops).SerializeToString()).ops)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.thread_time() - t0)
     assert back == ops
     assert best / len(ops) < 100e-6        # measured ~10 us; generous bound for a loaded CI machine
 

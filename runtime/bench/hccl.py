@@ -10,6 +10,10 @@ Broadcast / Reduce).  The outputs are then checked against numpy (``#wrong`` cou
 "size" follows nccl-tests: the bytes of the larger per-rank buffer (AllReduce/Broadcast/Reduce: the
 buffer; AllGather: the receive buffer; ReduceScatter: the send buffer; AlltoAll: the whole send buffer).
 
+Every row also carries the machine's memory-bound limit for the same operator, size and rank count,
+measured in the same run (:mod:`runtime.bench.bound`: one process doing the same reductions and copies,
+with one thread and with as many threads as cores), and vnpu's time as a multiple of the all-core bound.
+
 Baselines (AllReduce, at min(--max-bytes, 64 MiB)), unless ``--no-baselines``:
   - plain Ray: N actors each holding a numpy array; each ``ray.put``s its array, one actor sums the
     arrays it gets as ObjectRefs, and every actor fetches the result back through the object store;
@@ -60,6 +64,7 @@ def register(bench_subparsers) -> None:
                    help="force an algorithm (default: chosen per size)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--no-bound", action="store_true", help="skip the memory-bound limit of each row")
     p.set_defaults(fn=_bench_hccl)
 
 
@@ -205,25 +210,105 @@ def _time_case(case: _Case, iters: int, warmup: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _measure(comms, streams, op, size, dtype, redop, iters, warmup) -> dict | None:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process of this machine so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _device_pids(rt) -> list[int]:
+    """Pids of the device processes, when every device runs in a process of this machine (cluster backend
+    on this node); [] otherwise (in-process devices, or devices on other machines)."""
+    where = getattr(rt.backend, "where", None)
+    if not isinstance(where, dict):
+        return []
+    pids = [int(w.get("pid", 0)) for w in where.values()]
+    try:
+        for p in pids:
+            _cpu_s(p)
+    except (OSError, ValueError, IndexError):
+        return []
+    return pids
+
+
+def _measure(comms, streams, op, size, dtype, redop, iters, warmup, bound: bool = False,
+             pids: list[int] | None = None) -> dict | None:
     n = len(comms)
     cnt = _counts(op, size, n, _itemsize(dtype))
     if cnt is None:
         return None
     elements, count = cnt
     case = _Case(comms, streams, op, count, dtype, redop)
+    bd = None
     try:
         it, wu = _auto_iters(size, iters, warmup)
-        t = _time_case(case, it, wu)
+        if not bound:
+            t = _time_case(case, it, wu)
+        else:
+            # interleaved with the bound, round by round, so that both see the same machine (a shared
+            # machine's load changes within seconds): medians of the rounds
+            bd = _Bound(op, n, count, dtype, redop)
+            times, cpus = [], []
+            for k in range(BOUND_ROUNDS):        # each round a full measurement (as many back-to-back
+                w = wu if k == 0 else 1          # operators as without the bound)
+                c0 = sum(_cpu_s(p) for p in pids) if pids else 0.0
+                times.append(_time_case(case, it, w))
+                if pids:                         # what the device processes spent per operator (CPU time:
+                    cpus.append((sum(_cpu_s(p) for p in pids) - c0) / (it + w))   # less disturbed by load)
+                bd.round()
+            t = statistics.median(times)
         wrong = case.wrong()
     finally:
         case.free()
+        if bd is not None:
+            bd.close()
     nbytes = elements * _itemsize(dtype)
     algbw = nbytes / t / 1e9
-    return {"op": op, "size": nbytes, "count": elements, "type": dtype,
-            "redop": redop if op in ("allreduce", "reducescatter", "reduce") else "none",
-            "root": 0 if op in ("broadcast", "reduce") else -1, "time_us": t * 1e6, "algbw": algbw,
-            "busbw": algbw * _BUS_FACTOR[op](n), "wrong": wrong, "iters": it}
+    row = {"op": op, "size": nbytes, "count": elements, "type": dtype,
+           "redop": redop if op in ("allreduce", "reducescatter", "reduce") else "none",
+           "root": 0 if op in ("broadcast", "reduce") else -1, "time_us": t * 1e6, "algbw": algbw,
+           "busbw": algbw * _BUS_FACTOR[op](n), "wrong": wrong, "iters": it}
+    if bd is not None:
+        row["bound"] = bd.result()
+        if cpus:
+            row["cpu_us"] = statistics.median(cpus) * 1e6
+    return row
+
+
+#: rounds of (vnpu, bound 1 thread, bound all cores) per row when the bound is measured
+BOUND_ROUNDS = 3
+
+
+class _Bound:
+    """The memory-bound limit of the same operator (this process; the devices are idle meanwhile),
+    measured one round at a time."""
+
+    def __init__(self, op, n, count, dtype, redop):
+        from .bound import Bound, cores
+        self.skipped = "bfloat16 has no native numpy type" if dtype == "bfloat16" else None
+        self.threads = cores()
+        self.b = None if self.skipped else Bound(op, n, count, dtype, redop)
+        self.t1: list[float] = []
+        self.tn: list[float] = []
+        self.cpu1: list[float] = []
+
+    def round(self) -> None:
+        if self.b is not None:
+            c0 = time.thread_time()
+            self.t1.append(self.b.time(1, iters=3))            # 1 warm-up + 3 runs on this thread
+            self.cpu1.append((time.thread_time() - c0) / 4)
+            self.tn.append(self.b.time(self.threads, iters=3) if self.threads > 1 else self.t1[-1])
+
+    def result(self) -> dict:
+        if self.b is None:
+            return {"skipped": self.skipped}
+        return {"t1_us": statistics.median(self.t1) * 1e6, "tn_us": statistics.median(self.tn) * 1e6,
+                "cpu1_us": statistics.median(self.cpu1) * 1e6, "threads": self.threads}
+
+    def close(self) -> None:
+        if self.b is not None:
+            self.b.close()
 
 
 @contextlib.contextmanager
@@ -398,31 +483,45 @@ def _bench_hccl(a) -> int:
             base_size = min(base_size, fit[-1]) if fit else 0
         comms = hccl.comm_init_all(devs, hccl.CommOptions(algo=a.algo))
         streams = [d.stream() for d in devs]
+        from .bound import cores
+        ncores = cores()
+        pids = _device_pids(rt)
         try:
             if not a.json:
                 print(f"# vnpu bench hccl: {', '.join(ops)} on {len(devs)} devices ({backend} backend, "
                       f"{total >> 20} MiB HBM each), {a.dtype}, redop {a.redop}, algo {a.algo or 'auto'}", file=out)
             for op in ops:
                 if not a.json:
+                    bh = (f" {'bound 1T':>10} {'bound ' + str(ncores) + 'T':>10} {'x bound':>8} {'dev cpu':>9} "
+                          f"{'x 1T cpu':>8}", f" {'(us)':>10} {'(us)':>10} {'':>8} {'(us/op)':>9} {'':>8}") \
+                        if not a.no_bound else ("", "")
                     print(f"#\n# {op}\n#{'size':>11} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
-                          f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}\n#{'(B)':>11} {'(elements)':>12}"
-                          f" {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}", file=out, flush=True)
+                          f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}{bh[0]}\n"
+                          f"#{'(B)':>11} {'(elements)':>12}"
+                          f" {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}{bh[1]}",
+                          file=out, flush=True)
                 for size in sizes:
-                    row = _measure(comms, streams, op, size, a.dtype, a.redop, a.iters, a.warmup)
+                    row = _measure(comms, streams, op, size, a.dtype, a.redop, a.iters, a.warmup,
+                                   bound=not a.no_bound, pids=pids)
                     if row is None:
                         continue
                     rows.append(row)
                     if not a.json:
                         print(f" {row['size']:>11} {row['count']:>12} {_fmt_dtype(row['type']):>8} "
                               f"{row['redop']:>6} {row['root']:>5} {row['time_us']:>10.1f} {row['algbw']:>8.3f} "
-                              f"{row['busbw']:>8.3f} {row['wrong']:>7}", file=out, flush=True)
+                              f"{row['busbw']:>8.3f} {row['wrong']:>7}{_fmt_bound(row)}", file=out, flush=True)
             if not a.no_baselines and base_size:
                 ref = next((r for r in rows if r["op"] == "allreduce" and r["size"] == base_size
                             and r["type"] == "float32" and r["redop"] == "sum"), None)
                 if ref is None:
-                    ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None)
+                    ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None, bound=True,
+                                   pids=pids)
+                if "bound" not in ref:
+                    ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None, bound=True,
+                                   pids=pids)
                 baselines = {"op": "allreduce", "size": base_size, "type": "float32", "redop": "sum",
-                             "vnpu": {k: ref[k] for k in ("time_us", "algbw", "busbw", "wrong")}}
+                             "vnpu": {k: ref[k] for k in ("time_us", "algbw", "busbw", "wrong", "cpu_us") if k in ref},
+                             "bound": ref["bound"]}
         finally:
             for c in comms:
                 c.destroy()
@@ -442,9 +541,9 @@ def _bench_hccl(a) -> int:
     avg = statistics.mean(r["busbw"] for r in rows) if rows else 0.0
     wrong = sum(r["wrong"] for r in rows)
     if a.json:
-        keep = ("op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong")
+        keep = ("op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong", "bound", "cpu_us")
         print(json.dumps({"devices": a.devices, "backend": backend, "algo": a.algo or "auto",
-                          "rows": [{k: r[k] for k in keep} for r in rows], "avg_busbw": avg,
+                          "rows": [{k: r[k] for k in keep if k in r} for r in rows], "avg_busbw": avg,
                           "out_of_bounds": wrong, "baselines": baselines}))
     else:
         print(f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}", file=out)
@@ -454,6 +553,17 @@ def _bench_hccl(a) -> int:
     return 1 if wrong else 0
 
 
+def _fmt_bound(row: dict) -> str:
+    b = row.get("bound")
+    if b is None:
+        return ""
+    if "skipped" in b:
+        return f" {'-':>10} {'-':>10} {'-':>8} {'-':>9} {'-':>8}"
+    cpu = (f" {row['cpu_us']:>9.1f} {row['cpu_us'] / b['cpu1_us']:>7.2f}x" if "cpu_us" in row and b.get("cpu1_us")
+           else f" {'-':>9} {'-':>8}")
+    return f" {b['t1_us']:>10.1f} {b['tn_us']:>10.1f} {row['time_us'] / b['tn_us']:>7.2f}x{cpu}"
+
+
 def _print_baselines(b: dict, n: int, out) -> None:
     size = b["size"]
     print(f"#\n# AllReduce {size >> 20 if size >= 1 << 20 else size}{' MiB' if size >= 1 << 20 else ' B'} float32 "
@@ -461,6 +571,17 @@ def _print_baselines(b: dict, n: int, out) -> None:
     print(f"#{'':<36} {'time (us)':>12} {'busbw (GB/s)':>13} {'vnpu speedup':>13}", file=out)
     v = b["vnpu"]
     print(f"# {'vnpu HCCL':<35} {v['time_us']:>12.1f} {v['busbw']:>13.3f} {'':>13}", file=out)
+    bd = b.get("bound") or {}
+    if "t1_us" in bd:
+        factor = _BUS_FACTOR["allreduce"](n) * size / 1e3
+        for key, name in (("tn_us", f"memory bound, {bd['threads']} threads (all cores)"),
+                          ("t1_us", "memory bound, 1 thread")):
+            t = bd[key]
+            print(f"# {name:<35} {t:>12.1f} {factor / t:>13.3f} {t / v['time_us']:>12.2f}x  (vnpu at "
+                  f"{v['time_us'] / t:.2f}x the bound's time)", file=out)
+        if "cpu_us" in v and bd.get("cpu1_us"):
+            print(f"# CPU time per operator: the device processes {v['cpu_us']:.0f} us, the 1-thread bound "
+                  f"{bd['cpu1_us']:.0f} us ({v['cpu_us'] / bd['cpu1_us']:.2f}x the work)", file=out)
     names = {"ray_gather_bcast": "plain Ray (gather-to-one + bcast)", "torch_gloo": "torch.distributed gloo"}
     for k, name in names.items():
         r = b.get(k, {})

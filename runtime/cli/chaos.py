@@ -9,7 +9,7 @@ from runtime.cliargs import choices_list, duration, nonneg_int, positive_int, wr
 
 
 def register(sub) -> None:
-    from runtime.cluster.chaos import FAULT_KINDS, WORKLOADS
+    from runtime.cluster.chaos import FAULT_KINDS, NODE_FAULTS, WORKLOADS
     c = sub.add_parser("chaos", help="kill, hang and break devices while a job runs; report what was lost")
     c.add_argument("--workload", default="mlp", choices=WORKLOADS)
     c.add_argument("--devices", type=positive_int, default=4, help="logical devices the job runs on")
@@ -17,8 +17,13 @@ def register(sub) -> None:
     c.add_argument("--duration", type=duration, default="60s", help="length of the fault phase (e.g. 60s)")
     c.add_argument("--baseline", type=duration, default=None,
                    help="length of the fault-free phase (default min(10s, duration/3))")
-    c.add_argument("--faults", type=choices_list(tuple(FAULT_KINDS), "fault kind"),
-                   default="kill,hang,slow,ecc,link-down", help=f"comma-separated kinds among {','.join(FAULT_KINDS)}")
+    c.add_argument("--faults", type=choices_list((*FAULT_KINDS, *NODE_FAULTS), "fault kind"),
+                   default="kill,hang,slow,ecc,link-down",
+                   help=f"comma-separated kinds among {','.join(FAULT_KINDS)} (device faults) and "
+                        f"{','.join(NODE_FAULTS)} (node faults: --nodes 2 or more)")
+    c.add_argument("--nodes", type=positive_int, default=1,
+                   help="worker nodes of the campaign's cluster (>= 2: a multi-node Ray cluster on this machine, "
+                        "devices and spares spread over the nodes)")
     c.add_argument("--every", type=duration, default="5s", help="one fault every ...")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--hang-deadline", type=duration, default="500ms", help="missed heartbeats for this long = hung")
@@ -33,15 +38,22 @@ def register(sub) -> None:
 
 
 def _cmd_chaos(a) -> int:
-    from runtime.cluster.chaos import ChaosConfig, run_campaign, summary_lines
+    from runtime.cluster.chaos import NODE_FAULTS, ChaosConfig, run_campaign, summary_lines
     from runtime.cluster.failover import FailoverOptions
     from runtime.cliargs import fail
+    node_kinds = [f for f in a.faults if f in NODE_FAULTS]
+    if node_kinds and a.nodes < 2:
+        fail(f"argument --faults: {node_kinds[0]} needs a multi-node cluster: pass --nodes 2 or more", "vnpu chaos")
+    if a.nodes > a.devices + a.spares:
+        fail(f"argument --nodes: {a.nodes} nodes for {a.devices + a.spares} devices (devices + spares) would "
+             f"leave a node without devices", "vnpu chaos")
     try:
         opts = FailoverOptions(hang_deadline_s=a.hang_deadline, cpu_fallback=not a.no_cpu_fallback)
     except ValueError as e:
         fail(f"argument --hang-deadline: {e}", "vnpu chaos")
     cfg = ChaosConfig(workload=a.workload, devices=a.devices, spares=a.spares, duration_s=a.duration,
-                      every_s=a.every, faults=a.faults, seed=a.seed, baseline_s=a.baseline, options=opts)
+                      every_s=a.every, faults=a.faults, seed=a.seed, baseline_s=a.baseline, options=opts,
+                      nodes=a.nodes)
     rep = run_campaign(cfg, out=lambda s: print(s, flush=True))
     for line in summary_lines(rep):
         print(line)

@@ -36,6 +36,7 @@ from . import procs
 from .failover import DevicePool, FailoverOptions, percentiles
 from .jobrunner import WORKLOADS as _WORKLOAD_CLASSES
 from .jobrunner import History, JobRunner, checksum, make_workload
+from .node_faults import NODE_FAULTS, NodeChaos, node_outcome
 
 #: workloads a campaign can run
 WORKLOADS = tuple(_WORKLOAD_CLASSES)
@@ -60,6 +61,10 @@ class ChaosConfig:
     arena_bytes: int | None = None
     max_restarts: int = 1000
     options: FailoverOptions = field(default_factory=FailoverOptions)
+    #: >= 2: a multi-node cluster (that many worker nodes, the devices and spares spread over them, and a
+    #: head without NPUs), which node faults (``node-kill``, :mod:`.node_faults`) need
+    nodes: int = 1
+    replace_nodes: bool = True               #: a killed node is replaced by one with the same devices
 
     @property
     def hbm_bytes(self) -> int:
@@ -247,14 +252,13 @@ def hbm_report(before: dict, after: dict) -> dict:
 
 
 def run_campaign(cfg: ChaosConfig, out=print) -> dict:
-    from .local import ClusterSpec, LocalCluster, stop_devices
+    from .local import stop_devices
     rng = random.Random(cfg.seed)
     wl = make_workload(cfg.workload)
     inputs = wl.make_inputs(cfg.distinct_inputs, seed=cfg.seed + 1)
     n_phys = cfg.devices + cfg.spares
     t_start = time.monotonic()
-    spec = ClusterSpec(devices=n_phys, arena_bytes=cfg.hbm_bytes, cores=cfg.cores)
-    cluster = LocalCluster(spec, max_restarts=cfg.max_restarts)
+    cluster, node_chaos = _campaign_cluster(cfg, n_phys)
     report: dict = {"config": {k: v for k, v in asdict(cfg).items() if k != "options"} | {"hbm_bytes": cfg.hbm_bytes},
                     "options": asdict(cfg.options), "workload": getattr(wl, "name", cfg.workload)}
     pool = runner = None
@@ -264,6 +268,8 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
     arenas: set[str] = {w["arena"] for w in cluster.where}
     try:
         opts = replace(cfg.options, cpu_arena_bytes=max(cfg.options.cpu_arena_bytes, cfg.hbm_bytes))
+        if node_chaos is not None and node_chaos.replace:      # a node takes longer to come back than an actor
+            opts = replace(opts, restart_wait_s=max(opts.restart_wait_s, NODE_RESTART_WAIT_S))
         pool = DevicePool(cluster.where, cluster.token, cfg.devices, opts)
         hbm0 = pool.hbm_used(every=True)
         runner = JobRunner(pool, wl, on_result=consumer, history=hist)
@@ -304,6 +310,14 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
                     return
                 k += 1
                 kind = rng.choice(list(cfg.faults))
+                if kind in NODE_FAULTS:
+                    f = node_chaos.inject(kind, pool, rng)
+                    if f is None:
+                        out(f"  t={time.monotonic() - t_faults0:5.1f}s  skip {kind}: no node may lose its devices now")
+                        continue
+                    pids_seen.update(f["params"]["pids"])
+                    faults.append(f)
+                    continue
                 healthy = pool.healthy_physical()
                 bound = [b.physical for b in list(pool.bindings.values()) if not b.is_cpu]
                 cands = [p for p in healthy if p in bound] or healthy
@@ -330,7 +344,7 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
                 t_next = faults[printed + 1]["t"] if printed + 1 < len(faults) else float("inf")
                 if not final and printed + 1 >= len(faults) and time.monotonic() - f["t"] < cfg.every_s * 0.9:
                     return
-                o = _fault_outcome(f, pool, runner, t_next, t_start)
+                o = (node_outcome if f["kind"] in NODE_FAULTS else _fault_outcome)(f, pool, runner, t_next, t_start)
                 faults[printed] = o
                 out(f"  t={o['t'] - t_faults0:5.1f}s  {o['kind']:<9} device {o['device']}  detected after "
                     f"{_fmt(o['detected_after_s'])}{' (' + o['cause'] + ')' if o['cause'] else ''}  recovered after "
@@ -370,7 +384,11 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
         for d in by_kind.values():
             d["detection"] = percentiles(d.pop("detect_s"))
             d["recovery"] = percentiles(d.pop("recover_s"))
-        # ---------------- back to baseline: every device healthy again, then the job's HBM released
+        # ---------------- back to baseline: replaced nodes joined, every device healthy again, then the
+        # job's HBM released
+        if node_chaos is not None:
+            node_chaos.join()
+            report["nodes_replaced"] = node_chaos.replaced
         for pid in list(pool.phys):
             h = pool.phys[pid].handle
             if h is not None and not h.lost.is_set():
@@ -439,6 +457,29 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
     return report
 
 
+#: how long the pool waits for the devices of a killed node to come back (on a replacement node)
+NODE_RESTART_WAIT_S = 120.0
+
+
+def _campaign_cluster(cfg: ChaosConfig, n_phys: int):
+    """The campaign's cluster: one node, or ``cfg.nodes`` worker nodes (devices and spares spread over
+    them, device ids node by node) with node faults (:class:`.node_faults.NodeChaos`)."""
+    from devices.errors import InvalidParamError
+    node_kinds = [k for k in cfg.faults if k in NODE_FAULTS]
+    if node_kinds and cfg.nodes < 2:
+        raise InvalidParamError(f"fault {node_kinds[0]} needs a multi-node cluster (nodes >= 2), not {cfg.nodes} node")
+    if cfg.nodes < 2:
+        from .local import ClusterSpec, LocalCluster
+        spec = ClusterSpec(devices=n_phys, arena_bytes=cfg.hbm_bytes, cores=cfg.cores)
+        return LocalCluster(spec, max_restarts=cfg.max_restarts), None
+    from .multinode import MultiNodeCluster, MultiNodeSpec, NodeSpec
+    per, extra = divmod(n_phys, cfg.nodes)
+    workers = tuple(NodeSpec(npus=per + (1 if i < extra else 0), hbm_bytes=cfg.hbm_bytes) for i in range(cfg.nodes))
+    cluster = MultiNodeCluster(MultiNodeSpec(workers=tuple(w for w in workers if w.npus), cores=cfg.cores),
+                               max_restarts=cfg.max_restarts)
+    return cluster, NodeChaos(cluster, replace=cfg.replace_nodes)
+
+
 def summary_lines(r: dict) -> list[str]:
     t = r["throughput"]
     d, c, hd = r["detection_latency_s"], r["recovery_latency_s"], r["hang_detection"]
@@ -470,4 +511,5 @@ def summary_lines(r: dict) -> list[str]:
     return lines
 
 
-__all__ = ["ChaosConfig", "WORKLOADS", "run_campaign", "summary_lines", "leaks", "hbm_report", "FAULT_KINDS"]
+__all__ = ["ChaosConfig", "WORKLOADS", "run_campaign", "summary_lines", "leaks", "hbm_report", "FAULT_KINDS",
+           "NODE_FAULTS"]

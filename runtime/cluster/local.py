@@ -52,9 +52,29 @@ class ClusterSpec:
     #: > 1: give device i the node identity ``sim-node-<i % nodes>`` so that collectives between them use
     #: the cross-node (gRPC) transport although they share this machine (tests, demos)
     nodes: int = 1
+    #: where the device actors go (:data:`runtime.cluster.placement.PLACEMENTS`): "any" = ``devices``
+    #: actors wherever Ray puts them; "per-node" = on every Ray node, as many as its ``NPU`` resource,
+    #: pinned to it, chip and HBM from its labels (multi-node clusters)
+    placement: str = "any"
     #: what the device servers allow: user kernels, the same-node shared-memory fast path, per-tenant
     #: quotas (driver.policy); the revocation list of the cluster's state is added when devices start
     policy: DevicePolicy = DevicePolicy()
+
+
+@contextlib.contextmanager
+def raylet_env(env: dict):
+    """Environment variables for the Ray processes started inside the block (the raylet passes its
+    environment on to the workers it starts); this process's environment is restored afterwards."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -87,26 +107,33 @@ def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
 
 # ------------------------------------------------------------------------------------------ Ray plumbing
 def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: int = 0,
-                  max_restarts: int = 0) -> tuple[list[dict], list]:
-    """Start one device actor per virtual NPU and wait until each serves gRPC.  Returns where they are
-    and their handles (a non-detached actor lives only as long as its handle)."""
+                  max_restarts: int = 0, timeout_s: float = 120.0,
+                  node_filter: str | None = None) -> tuple[list[dict], list]:
+    """Start one device actor per virtual NPU, placed as ``spec.placement`` says (``node_filter``: on that
+    Ray node only), all at once, and wait until each serves gRPC.  Returns where they are and their
+    handles (a non-detached actor lives only as long as its handle)."""
     import ray
+
+    from .placement import slots_for
     cls = remote_class(max_restarts=max_restarts)
-    opts = {"namespace": NAMESPACE, "runtime_env": {"env_vars": dict(BLAS_ENV)}}
+    # no runtime_env unless a device needs its own environment (a simulated node identity): a worker with a
+    # runtime_env waits for Ray's runtime-env agent and cannot be a prestarted one, which doubles the start
+    # time of a few dozen actors on a small machine; the host pins BLAS to one thread itself (before numpy)
+    opts = {"namespace": NAMESPACE}
     if detached:
         opts["lifetime"] = "detached"
     host = None if spec.bind == "node" else spec.bind
     policy = spec.policy if spec.policy.revocations else replace(spec.policy, revocations=str(revocations_file()))
 
-    def options(i: int) -> dict:
-        if spec.nodes <= 1:
-            return opts
-        env = dict(opts["runtime_env"]["env_vars"], VNPU_NODE_ID=f"sim-node-{i % spec.nodes}")
-        return dict(opts, runtime_env={"env_vars": env})
-    actors = [cls.options(name=actor_name(i), **options(i)).remote(i, token, spec.arena_bytes, spec.chip, host,
-                                                                    spec.cores, policy)
-              for i in range(first_id, first_id + spec.devices)]
-    return ray.get([a.where.remote() for a in actors], timeout=120), actors
+    def options(slot) -> dict:
+        o = dict(opts, **slot.options)
+        if spec.nodes > 1:
+            o["runtime_env"] = {"env_vars": dict(BLAS_ENV, VNPU_NODE_ID=f"sim-node-{slot.device_id % spec.nodes}")}
+        return o
+    actors = [cls.options(name=actor_name(s.device_id), **options(s)).remote(s.device_id, token, s.arena_bytes,
+                                                                              s.chip, host, spec.cores, policy)
+              for s in slots_for(spec, first_id, node_filter)]
+    return ray.get([a.where.remote() for a in actors], timeout=timeout_s), actors
 
 
 def stop_devices(timeout: float = 30.0) -> list[str]:
@@ -127,7 +154,7 @@ def stop_devices(timeout: float = 30.0) -> list[str]:
     return arenas
 
 
-def _owned_by(pids) -> list[str]:
+def owned_segments(pids) -> list[str]:
     """This user's segments whose owner is one of ``pids``."""
     pids = set(pids)
     return [n for n in segments.list_segments(os.getuid()) if (segments.owner(n) or (0, None))[0] in pids]
@@ -156,10 +183,12 @@ class LocalCluster:
         self.device_pids: set[int] = set()
         try:
             if self._owns_ray:
-                ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
-                         resources={"NPU": spec.devices}, _temp_dir=self.temp_dir, logging_level="ERROR",
-                         log_to_driver=False, configure_logging=True,
-                         runtime_env={"env_vars": dict(BLAS_ENV, VNPU_TOKEN=self.token)})
+                # the raylet and so every worker it starts inherit these (a job-level runtime_env would cost
+                # every worker a runtime-env round trip, see start_devices)
+                with raylet_env(dict(BLAS_ENV, VNPU_TOKEN=self.token)):
+                    ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
+                             resources={"NPU": spec.devices}, _temp_dir=self.temp_dir, logging_level="ERROR",
+                             log_to_driver=False, configure_logging=True)
             self.where, self.actors = start_devices(spec, self.token, detached=False, max_restarts=max_restarts)
             self.device_pids = {w["pid"] for w in self.where}
         except BaseException:
@@ -176,7 +205,7 @@ class LocalCluster:
         self.device_pids |= {(segments.owner(a) or (0, None))[0] for a in arenas} - {0}   # restarted ones too
         self.actors = []
         remove_segments(arenas + [w["arena"] for w in self.where])
-        remove_segments(_owned_by(self.device_pids))     # of device processes killed meanwhile: this cluster's only
+        remove_segments(owned_segments(self.device_pids))     # of device processes killed meanwhile: this cluster's only
         if os.environ.get("VNPU_TOKEN") == self.token:
             del os.environ["VNPU_TOKEN"]
         if self._owns_ray:
@@ -273,7 +302,7 @@ def cluster_down(quiet: bool = False) -> bool:
         procs.wait_gone([head], 30.0)
     procs.stop(procs.cluster_processes(temp_dir), grace_s=0.5)   # workers and agents (they ignore SIGTERM)
     remove_segments(arenas)
-    remove_segments(_owned_by(w["pid"] for w in st.get("where", [])))   # this cluster's only
+    remove_segments(owned_segments(w["pid"] for w in st.get("where", [])))   # this cluster's only
     if temp_dir.startswith("/tmp/vnpu-ray-"):
         shutil.rmtree(temp_dir, ignore_errors=True)
     for f in (state_file(), token_file()):

@@ -14,6 +14,7 @@ import uuid
 from driver.host import ACTOR_PREFIX, NAMESPACE
 from devices.errors import InvalidDeviceError, error_for_code
 from driver.client import RemoteDevice
+from driver.node import in_ray_worker, ray_node_id
 
 from .discovery import attach_ray, discover, load_token
 
@@ -50,9 +51,12 @@ class RemoteBackend:
     @classmethod
     def connect(cls, **kw) -> "RemoteBackend":
         """Attach to the running vnpu cluster (``vnpu up``), or to the devices of the Ray cluster this
-        process already belongs to (inside a Ray task or actor)."""
+        process already belongs to.  A driver sees every device of the cluster; a Ray task or actor sees
+        the devices of its own Ray node (as a process on an Ascend server sees that server's NPUs), in
+        device-id order, so that Ray's ``ASCEND_RT_VISIBLE_DEVICES`` (its numbering of the node's ``NPU``
+        resource) picks among them."""
         attach_ray()
-        return cls(discover(), load_token(), **kw)
+        return cls(node_view(discover()), load_token(), **kw)
 
     def device_ids(self) -> list[int]:
         return sorted(self._devices)
@@ -73,4 +77,13 @@ class RemoteBackend:
             self._on_close()
 
 
-__all__ = ["RemoteBackend", "ACTOR_PREFIX", "NAMESPACE", "error_for_code"]
+def node_view(where: list[dict]) -> list[dict]:
+    """The devices this process sees: all of them, or, inside a Ray worker, those hosted on its Ray node
+    (device actors that publish no Ray node are seen everywhere)."""
+    if not in_ray_worker():
+        return where
+    me = ray_node_id()
+    return [w for w in where if not w.get("ray_node") or w["ray_node"] == me]
+
+
+__all__ = ["RemoteBackend", "node_view", "ACTOR_PREFIX", "NAMESPACE", "error_for_code"]
