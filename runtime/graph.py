@@ -168,14 +168,36 @@ def capture(stream, mode: int = CAPTURE_MODE_GLOBAL):
     scope.graph = stream.end_capture()
 
 
-class Graph:
-    """A captured model run instance on one device (``aclmdlRI``)."""
+def op_ranges(ops) -> tuple[tuple[int, int], ...]:
+    """The device memory ranges ``(ptr, nbytes)`` that captured ops name (collectives' buffers, whose
+    sizes depend on the communicator, are left to the device)."""
+    out: list[tuple[int, int]] = []
+    for op in ops:
+        if isinstance(op, Launch):
+            out += [(d.ptr, d.nbytes) for d in op.inputs + op.outputs]
+        elif isinstance(op, CopyD2D):
+            out += [(op.dst, op.nbytes), (op.src, op.nbytes)]
+        elif isinstance(op, Memset):
+            out.append((op.ptr, op.nbytes))
+    return tuple(out)
 
-    def __init__(self, dev, gid: int, nops: int):
+
+class Graph:
+    """A captured model run instance on one device (``aclmdlRI``).
+
+    A replay is checked on the host before it is sent: while nothing was freed through the runtime
+    since the graph's ranges were last checked (``dev.alloc_gen`` unchanged) it goes as it is; after a
+    free, every range the captured ops name is checked again against the runtime's allocation table,
+    and a graph that names freed memory (or a range past an allocation) fails with 107000 without
+    anything being sent.  The device revalidates on its side too (:mod:`devices.graph`)."""
+
+    def __init__(self, dev, gid: int, nops: int, ops=()):
         self.device = dev
         self.gid = gid
         self.num_tasks = nops
         self._destroyed = False
+        self._ranges = op_ranges(ops)
+        self._checked_gen = dev.alloc_gen          # captured ops were checked when they were queued
 
     def __repr__(self) -> str:
         return f"<vnpu Graph {self.gid} on device {self.device.index}: {self.num_tasks} tasks>"
@@ -190,6 +212,11 @@ class Graph:
         self._live()
         if stream.device is not self.device:
             raise AclError("graph and stream belong to different devices", code=ACL_ERROR_RT_STREAM_CONTEXT)
+        gen = self.device.alloc_gen
+        if gen != self._checked_gen:
+            for ptr, nbytes in self._ranges:          # something was freed since: check every range again
+                self.device.check_range(ptr, nbytes)
+            self._checked_gen = gen
         stream.enqueue(ExecGraph(stream.sid, self.gid))
 
     def execute(self, timeout_ms: float = -1) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 
 import grpc
 import numpy as np
@@ -163,16 +162,23 @@ def test_codec_round_trip_every_op_and_attr_kind():
 
 
 def test_codec_cost_per_launch_is_small():
+    """What a launch costs on the wire, counted in bytes (never timed): a full launch at most twice its raw
+    payload (kernel name, 8-byte pointer + 8 bytes per dimension + dtype name per tensor, attributes), and
+    a launch seen before (a template reference) a few bytes; both decode back to the same ops."""
     P = 0xAC << 56
     ops = [Launch(1, "add", (TensorDesc(P + 64 * i, (32, 64)), TensorDesc(P, (32, 64))), (TensorDesc(P, (32, 64)),),
                   {"alpha": 1.5}) for i in range(1000)]
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        back = wire.ops_from_pb(wire.rms.SubmitRequest.FromString(wire.submit_request(ops).SerializeToString()).ops)
-        best = min(best, time.perf_counter() - t0)
-    assert back == ops
-    assert best / len(ops) < 100e-6        # measured ~10 us; generous bound for a loaded CI machine
+    raw = len("add") + 3 * (8 + 2 * 8 + len("float32")) + len("alpha") + 8
+    full = wire.submit_request(ops).SerializeToString()
+    assert wire.ops_from_pb(wire.rms.SubmitRequest.FromString(full).ops) == ops
+    assert len(full) / len(ops) <= 2 * raw, (len(full) / len(ops), raw)
+    templates, table = wire.LaunchTemplates(), wire.TemplateTable()
+    first = wire.submit_request(ops, templates).SerializeToString()
+    again = wire.submit_request(ops, templates).SerializeToString()
+    assert len(first) / len(ops) <= 2 * raw + 4                     # + the template id
+    assert len(again) / len(ops) <= 12, len(again) / len(ops)        # stream + template reference
+    assert table.decode(wire.rms.SubmitRequest.FromString(first).ops, "c") == ops
+    assert table.decode(wire.rms.SubmitRequest.FromString(again).ops, "c") == ops
 
 
 def test_remote_device_has_the_device_handle_signatures():
@@ -456,7 +462,6 @@ def test_batched_submit_is_one_rpc(node):
     before = c.rpc_count
     c.submit(ops)
     c.synchronize_stream(s)
-    assert c.rpc_count - before <= 4
     assert c.rpc_count - before == 2                     # exactly: Submit + SynchronizeStream
     assert c.memcpy_d2h(x, 4).view(np.float32)[0] == 1000.0
     before = c.rpc_count
@@ -464,7 +469,11 @@ def test_batched_submit_is_one_rpc(node):
     assert c.rpc_count - before == 1
     assert c.memcpy_d2h(x, 4).view(np.float32)[0] == 2000.0
     wall_ms, model_ms = c.event_elapsed(e0, e1)
-    assert wall_ms >= 0 and model_ms > 0
+    e2, e3 = c.create_event(), c.create_event()
+    c.synchronize_stream(s, ops=[Record(s, e2), ops[1], Record(s, e3)])
+    one = c.event_elapsed(e2, e3)[1]                     # the modeled time of one of those launches
+    assert wall_ms > 0 and one > 0
+    assert model_ms == pytest.approx(1000 * one, rel=1e-9)   # modeled time adds up, launch by launch
     assert c.query_stream(s) and c.query_event(e1)
 
 

@@ -258,9 +258,10 @@ def _ray_gather_bcast(n: int, nbytes: int, iters: int = 5) -> dict:
     """AllReduce with plain Ray actors: ray.put of every array, one actor sums what it gets as
     ObjectRefs, every actor fetches the sum back through the object store."""
     import ray
+    from runtime.cluster.discovery import LOOPBACK
     owns = not ray.is_initialized()
     if owns:
-        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+        ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
                  num_cpus=max(2, os.cpu_count() or 2))
 
     @ray.remote(num_cpus=0)

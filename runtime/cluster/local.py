@@ -109,13 +109,18 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     return ray.get([a.where.remote() for a in actors], timeout=120), actors
 
 
-def stop_devices(timeout: float = 30.0) -> list[str]:
-    """Shut every device actor down (its server and arena), then kill it.  Returns the arena names."""
+def stop_devices(timeout: float = 30.0, actors: list | None = None) -> list[str]:
+    """Shut device actors down (server and arena), then kill them; returns their arena names.  ``actors``:
+    these handles only (what a :class:`LocalCluster` started); None: every device actor of the Ray this
+    process is connected to (for the owner of that Ray only: ``vnpu down``'s head, a chaos campaign)."""
     import ray
     arenas = []
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a.get("namespace") == NAMESPACE and a["name"].startswith(ACTOR_PREFIX)]
-    handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+    if actors is None:
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a.get("namespace") == NAMESPACE and a["name"].startswith(ACTOR_PREFIX)]
+        handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+    else:
+        handles = list(actors)
     try:
         arenas = [w["arena"] for w in ray.get([h.where.remote() for h in handles], timeout=timeout)]
         ray.get([h.shutdown.remote() for h in handles], timeout=timeout)
@@ -142,7 +147,11 @@ def remove_segments(names: list[str] | None = None) -> int:
 
 # ------------------------------------------------------------------------------------------ embedded
 class LocalCluster:
-    """An embedded Ray cluster with ``spec.devices`` device actors, torn down on ``close``."""
+    """An embedded Ray cluster with ``spec.devices`` device actors, torn down on ``close``.
+
+    It never touches a cluster it did not start: it starts a Ray of its own whatever ``RAY_ADDRESS`` says
+    (``address="local"``), and ``close`` stops the device actors it started, no others.  (In a process
+    that is already connected to a Ray, it starts its actors there and leaves that Ray running.)"""
 
     def __init__(self, spec: ClusterSpec = ClusterSpec(), *, max_restarts: int = 0):
         import ray
@@ -156,7 +165,7 @@ class LocalCluster:
         self.device_pids: set[int] = set()
         try:
             if self._owns_ray:
-                ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
+                ray.init(address="local", namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
                          resources={"NPU": spec.devices}, _temp_dir=self.temp_dir, logging_level="ERROR",
                          log_to_driver=False, configure_logging=True,
                          runtime_env={"env_vars": dict(BLAS_ENV, VNPU_TOKEN=self.token)})
@@ -172,7 +181,7 @@ class LocalCluster:
 
     def close(self) -> None:
         import ray
-        arenas = stop_devices() if ray.is_initialized() else []
+        arenas = stop_devices(actors=self.actors) if ray.is_initialized() and self.actors else []
         self.device_pids |= {(segments.owner(a) or (0, None))[0] for a in arenas} - {0}   # restarted ones too
         self.actors = []
         remove_segments(arenas + [w["arena"] for w in self.where])
