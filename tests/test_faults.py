@@ -378,11 +378,27 @@ def test_unknown_faults_and_parameters_are_refused_alike(clean):
     assert report(h).conditions == ()
 
 
-def test_kill_loses_the_device_and_nothing_else(clean):
-    """Runs last in the module (it loses device 3).  In-process, the device is marked lost and the process
-    lives; on a device actor, the host process dies.  Either way a thread blocked in a synchronize wakes
-    with the device-lost code, and every later call fails with it; the other devices keep working."""
-    devs = clean.devices()
+@pytest.fixture
+def doomed(rt):
+    """Devices a test may lose: in-process, a runtime of its own (the module's devices stay intact whatever
+    order the tests run in); device actors cost a cluster start each, so there the module's runtime is
+    used and this test runs last in the module (it loses device 3)."""
+    if rt.backend.name != "local":
+        yield rt
+        return
+    from conftest import make_local_runtime
+    own = make_local_runtime(4, arena=8 << 20)
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def test_kill_loses_the_device_and_nothing_else(doomed):
+    """In-process, the device is marked lost and the process lives; on a device actor, the host process
+    dies.  Either way a thread blocked in a synchronize wakes with the device-lost code, and every later
+    call fails with it; the other devices keep working."""
+    devs = doomed.devices()
     h = devs[3].handle
     x, y = buf(h, np.arange(N, dtype=np.float32)), buf(h, np.zeros(N, np.float32))
     s = h.create_stream()

@@ -745,3 +745,28 @@ def test_a_renewed_lease_cancels_the_release(fresh):
     leases._expire("a", armed)                         # the armed one releases
     assert released == ["a"] and leases.released == ["a"]
     leases.close()
+
+
+def test_two_overlapping_lease_watches_closing_one_releases_nothing(fresh):
+    """One client holding two lease watches on a device (a second runtime of the same client, a renewed
+    watch that overlaps the old one): the end of one leaves the client leased -- nothing is released,
+    however long after the grace period -- and only the end of the last one releases what it holds."""
+    srv = fresh(7, lease_grace_s=0.2)
+    c = srv.client(client_id="twice", lease=False)
+    first, second = c.open_lease(), c.open_lease()
+    owner = Owner("admin", "twice", limited=False)
+    leases = srv.server.leases
+    assert leases.wait_count(owner, 2, 10.0)
+    p = c.malloc(4096)
+    c.memcpy_h2d(p, bytes(range(256)) * 16)
+    used = srv.device.arena.stats().used
+    first.stop()
+    assert leases.wait_count(owner, 1, 10.0)           # the device saw that watch end
+    assert not leases.wait_released(owner, 5 * 0.2)    # 5 grace periods later: still nothing released
+    assert leases.holds(owner) and owner not in leases.released
+    assert srv.device.arena.stats().used == used
+    assert c.memcpy_d2h(p, 8).tolist() == list(range(8))
+    c.free(c.malloc(64))                               # creating still works: the client is leased
+    second.stop()
+    assert leases.wait_released(owner, 10.0)           # the last one ended: released after the grace
+    assert srv.device.arena.stats().allocations == 0
