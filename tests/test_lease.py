@@ -6,6 +6,10 @@ on a condition with a deadline; a wait that must time out (nothing released) wai
 The real protocol (WatchHealth streams over gRPC) is in tests/test_rpc.py."""
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -104,20 +108,33 @@ def test_close_cancels_pending_releases_and_stops_arming(rec):
     assert rec.released == []
 
 
-def test_a_failing_release_is_not_recorded_and_the_table_keeps_working():
+def test_a_failing_release_is_logged_not_recorded_and_the_table_keeps_working(caplog):
     rec = Recorder(fail=True)
     le = Leases(rec, grace_s=GRACE)
     try:
-        le.opened("a")
-        le.closed("a")
-        assert rec.calls.wait(WAIT)
-        assert not le.wait_released("a", NOTHING)       # the release raised: not counted as done
+        with caplog.at_level(logging.ERROR, logger="vnpu.lease"):
+            le.opened("a")
+            le.closed("a")
+            assert rec.calls.wait(WAIT)
+            assert not le.wait_released("a", NOTHING)   # the release raised: not counted as done
+        (rec_log,) = [r for r in caplog.records if r.name == "vnpu.lease"]
+        assert rec_log.getMessage() == "releasing client a failed" and rec_log.exc_info[0] is RuntimeError
         rec.fail = False
         le.opened("b")
         le.closed("b")
         assert le.wait_released("b", WAIT) and le.released == ["b"]
     finally:
         le.close()
+
+
+def test_a_pending_release_does_not_keep_the_process_alive():
+    """The grace timer is a daemon thread: a device process that exits with a release pending (60 s
+    grace here) exits at once."""
+    code = ("from driver.lease import Leases\n"
+            "le = Leases(lambda o: None, grace_s=60.0)\nle.opened('a')\nle.closed('a')\nprint('armed')\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0 and p.stdout == "armed\n", p.stderr
 
 
 def test_wait_count(leases):
@@ -133,4 +150,7 @@ def test_wait_count(leases):
     t.join(WAIT)
     assert done.is_set()
     assert not leases.wait_count("a", 3, NOTHING)
+    leases.closed("a")
+    leases.closed("a")
+    assert leases.wait_count("a", 0, WAIT) and leases.count("a") == 0
     assert leases.count("nobody") == 0 and not leases.holds("nobody")
