@@ -424,8 +424,9 @@ def test_tenants_are_isolated(node):
         with pytest.raises(InvalidHandleError):
             b.destroy_event(e)
         bs = b.create_stream()
-        with pytest.raises(AclError):
-            b.submit([Memset(bs, p, 0, 16)])
+        with pytest.raises(AclError) as err:
+            b.submit([Memset(bs, p, 0, 16)])                 # alice's memory on bob's own stream
+        assert err.value.code == 207006
     g = alice.graph_create([Memset(s, p, 7, 16)])            # a captured graph is its owner's too
     for b in (bob, bob_fast):
         with pytest.raises(InvalidHandleError):
