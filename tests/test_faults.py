@@ -134,6 +134,18 @@ def test_fault_state_counts_merges_and_ranges():
     assert HealthReport.of(conds).level == "Alarm"
     st.clear("ecc")
     assert st.ecc == ()
+    st.apply("ecc", {"offset": 4000, "length": 96})             # up to the last byte of the arena
+    assert st.ecc == ((4000, 4096),)
+
+
+def test_a_timed_fault_ends_exactly_at_its_deadline():
+    clock = FakeClock()
+    st = FaultState(4096, device_id=0, clock=clock)
+    st.apply("slow", {"factor": 3, "duration_ms": 250})
+    clock.t = 1000.0 + 250 / 1000.0 - 1e-9
+    assert st.slow_factor() == 3.0
+    clock.t = 1000.0 + 250 / 1000.0                             # the deadline itself: over
+    assert st.slow_factor() == 1.0 and st.active() == {}
 
 
 @pytest.mark.parametrize("kind,params,why", [
@@ -148,7 +160,8 @@ def test_fault_state_counts_merges_and_ranges():
     ("task-fail", {"duration_ms": 10}, "takes count"),          # not a timed fault
     ("link-down", {}, "needs peer"),
     ("link-down", {"peer": 7}, "no link to itself"),
-    ("ecc", {"offset": 4000, "length": 200}, "outside"),
+    ("ecc", {"offset": 4000, "length": 200}, "ECC range [4000, 4200) outside the 4096 B arena"),
+    ("ecc", {"offset": 4000, "length": 97}, "ECC range [4000, 4097) outside"),       # one byte past the end
     ("hang", {"duration_ms": -1}, ">= 0"),
     ("kill", {"duration_ms": 5}, "no parameters"),
 ])
