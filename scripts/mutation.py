@@ -79,7 +79,7 @@ TARGETS: dict[str, Target] = {
     "jobrunner": Target(
         ("runtime/cluster/jobrunner.py",),
         (cls(J, "JobRunner"), cls(J, "History")),
-        ("tests/test_history.py",),
+        ("tests/test_history.py", "tests/test_jobrunner.py"),
         "the job runner's delivery: queueing, replay after failures, exactly-once delivery, the history"),
     "lease": Target(
         ("driver/lease.py",),
