@@ -115,6 +115,18 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("lease", f"*{M}Leases{M}closed*", "self._armed.get(None), t"):
         "the replaced timer is not cancelled, but when it fires _expire finds another timer armed and returns: "
         "only a timer thread lives on until its grace period ends",
+    ("jobrunner", f"*{M}JobRunner{M}wait*", "left < 0"):
+        "left is a difference of monotonic clock readings taken at different times: exactly 0.0 only by "
+        "accident, and then the next loop (a wait of 0 s) returns False anyway",
+    ("jobrunner", f"*{M}JobRunner{M}wait*", "min(left, 1.1)"):
+        "the wait never exceeds the time left (min), and every outcome notifies the condition: the period "
+        "of the re-check changes nothing observable",
+    ("jobrunner", f"*{M}JobRunner{M}_requeue*", 'getattr(e, "code"'):
+        "the default is used only when e is None, i.e. no binding (attempt None), where the code is not "
+        "logged; a failed attempt always carries an AclError with its code",
+    ("jobrunner", f"*{M}JobRunner{M}_finish_error_locked*", "self._delivered and req.id in self.errors"):
+        "a request is in the queue at most once and leaves it delivered or failed: the guard against a "
+        "second outcome is never reached by JobRunner itself",
 }
 
 #: mutmut's exit-code verdicts (mutmut.stats.status_by_exit_code, 3.8)

@@ -6,6 +6,7 @@ release, as runtime.cluster.jobrunner's are); devices and kernels are real."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -78,8 +79,14 @@ def test_wait_honours_its_deadline_and_pending_counts(pool):
             r.submit(i, inputs(i))
         assert r.pending() == 3
         assert r.wait(0.05) is False                          # held at the gate: not done in time
+        assert r.wait(0) is False
         assert r.wait_until(lambda rr: len(rr.results) == 3, 0.05) is False
+        done = []
+        waiter = threading.Thread(target=lambda: done.append(r.wait()))      # no deadline: until done
+        waiter.start()
         wl.gate.set()
+        waiter.join(WAIT)
+        assert done == [True]
         assert r.wait(WAIT) is True and r.wait(None) is True and r.wait(0) is True
         assert r.pending() == 0
         assert r.wait_until(lambda rr: len(rr.results) == 3, WAIT)
@@ -98,23 +105,32 @@ def test_gives_up_after_max_attempts(pool):
     dev = pool2.bindings[0].handle
     dev.inject_fault("task-fail", count=1000)
     r = JobRunner(pool2, wl, max_attempts=3)
+    default = JobRunner(pool2, wl)                        # the default: 50 attempts
     try:
+        t0 = time.monotonic()
         r.submit(7, inputs(7), input=0)
-        assert r.wait(WAIT)
+        t1 = time.monotonic()
+        default.submit(8, inputs(8))
+        assert r.wait(WAIT) and default.wait(WAIT)
     finally:
         r.close()
+        default.close()
         pool2.close()
+    assert default.errors[8].startswith("gave up after 50 attempts: ") and default.requests[8].attempts == 50
     assert r.results == {} and list(r.errors) == [7]
     assert r.errors[7].startswith("gave up after 3 attempts: ")
     assert ops(r, 7) == ["submit", "attempt", "attempt-failed"] * 1 + ["attempt", "attempt-failed"] * 2 + ["failed"]
     assert next(e for e in r.history if e["op"] == "submit")["input"] == 0       # meta goes into the event
     req = r.requests[7]
-    assert req.attempts == 3 and r.attempt_failures == 3
+    assert t0 <= req.submitted_t <= t1
+    assert req.attempts == 3 and r.attempt_failures == 3 and r.pending() == 0
     assert [(phys, code) for _, phys, code in req.failures] == [(pool2.bindings[0].physical,
                                                                   ACL_ERROR_RT_AICORE_EXCEPTION)] * 3
     assert req.submitted_t <= req.failures[0][0] <= req.failures[1][0] <= req.failures[2][0]
     fails = [e for e in r.history if e["op"] == "attempt-failed"]
     assert [e["attempt"] for e in fails] == [1, 2, 3] and {e["code"] for e in fails} == {ACL_ERROR_RT_AICORE_EXCEPTION}
+    assert {e["physical"] for e in fails} == {pool2.bindings[0].physical}
+    assert all("injected task failure" in e["error"] for e in fails)
     c = r.counts()
     assert (c["submitted"], c["completed"], c["failed"], c["attempt_failures"]) == (1, 0, 1, 3), c
     assert c["violations"] == {"failed": 1} and not c["ok"], c          # the checker reports the given-up request
@@ -125,16 +141,24 @@ def test_a_workload_bug_is_a_final_error_at_once(pool):
     replay), with the error's type and text, and the other requests still complete."""
     wl = Doubler()
     got = []
-    r = JobRunner(pool, wl, on_result=lambda rid, out: got.append(rid))
+    hist = History()
+    r = JobRunner(pool, wl, on_result=lambda rid, out: got.append(rid), history=hist)
     try:
         wl.bug = ValueError("boom")
         r.submit(1, inputs(1))
+        assert r.wait(WAIT)
+        assert r.pending() == 0
+        wl.bug = ValueError("x" * 300)                     # a long message: the event keeps 200 characters
+        r.submit(9, inputs(9))
         assert r.wait(WAIT)
         wl.bug = None
         r.submit(2, inputs(2))
         assert r.wait(WAIT)
     finally:
         r.close()
+    assert r.history is hist and len(hist) > 0           # the history given is the one written
+    assert r.errors.pop(9) == "ValueError: " + "x" * 300
+    assert len(next(e for e in hist if e["op"] == "failed" and e["id"] == 9)["error"]) == 200
     assert r.errors == {1: "ValueError: boom"} and sorted(r.results) == [2] and got == [2]
     assert ops(r, 1) == ["submit", "attempt", "attempt-failed", "failed"]
     failed = next(e for e in r.history if e["op"] == "attempt-failed")
@@ -159,7 +183,9 @@ def test_without_a_consumer_the_runner_acknowledges(pool):
     assert {e["physical"] for e in done.values()} <= {b.physical for b in pool.bindings.values()}
     res = r.check()
     assert res["ok"] and res["counts"]["deliveries"] == res["counts"]["acknowledged"] == 4, res
-    assert r.counts()["replays_suppressed"] == 0 and r.duplicates_suppressed == 0
+    c = r.counts()
+    assert c["replays_suppressed"] == 0 and r.duplicates_suppressed == 0 and c["ok"] is True
+    assert c["violations"] == {}
 
 
 def test_a_consumer_sees_each_result_before_wait_returns(pool):
@@ -201,6 +227,8 @@ def test_close_releases_every_prepared_state_and_stops_the_workers(pool):
         r.submit(i, inputs(i))
     assert r.wait(WAIT)
     assert 1 <= wl.prepared <= 2 and wl.released == 0      # one state per logical device that ran something
+    names = {t.name for t in threading.enumerate() if t.is_alive()}
+    assert {"vnpu-job-0", "vnpu-job-1"} <= names          # a worker per logical device
     r.close()
     assert wl.released == wl.prepared
     assert {lid: b.handle.mem_info()[0] for lid, b in pool.bindings.items()} == free0
