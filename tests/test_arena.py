@@ -454,6 +454,33 @@ def test_use_after_free_rejected(arena):
     assert np.array_equal(arena.view(a, 500), adata)
 
 
+def test_freed_memory_allocated_again_is_memory_in_use(arena):
+    """A freed start that a later allocation covers (here from its interior) is no longer "freed memory":
+    freeing it is "not the start of an allocation" (107000), not a double free (207002), and reading it is
+    reading the live allocation."""
+    pad = arena.malloc(64)
+    a = arena.malloc(1000)
+    arena.free(pad)
+    arena.free(a)                                          # [0, 64 + 1056) is free again, coalesced
+    big = arena.malloc(4000)
+    assert off(big) == 0 and off(big) < off(a) < off(big) + 4000
+    with pytest.raises(AclError) as ei:
+        arena.free(a)
+    assert ei.value.code == 107000 and "not the start of an allocation" in str(ei.value)
+    arena.view(a, 16)[:] = 7                               # interior of the live allocation: fine
+    arena.free(big)
+    with pytest.raises(AclError) as ei:
+        arena.free(big)
+    assert ei.value.code == 207002                          # the big one's own start: a double free
+    with pytest.raises(MemoryAccessError) as ei:
+        arena.view(a, 1)
+    assert "use after free" in str(ei.value)               # inside the freed big allocation
+    arena.reset()
+    with pytest.raises(AclError) as ei:
+        arena.free(big)
+    assert ei.value.code == 107000                          # a reset forgets what was freed before
+
+
 def test_pointer_of_another_device_rejected(arena):
     a, adata = _filled(arena, 128, 6)
     foreign = make_ptr(arena.device_id + 1, off(a))
