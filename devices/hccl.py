@@ -139,11 +139,15 @@ class CollectiveOp:
 
 #: control-message tag of an operator that a rank had to give up (payload: [HcclResult, reason])
 ABORT_TAG = "abort"
+#: the ``seq`` of an abort that covers every operator of the communicator: a rank saw a peer gone, so no
+#: later operator can complete either (the others stop waiting for ranks that gave up)
+COMM_SEQ = "*"
 
 
 class Mailbox:
     """Received control messages (from every transport), waited on by key ``(comm, seq, tag, from)``.
-    An ``abort`` message for ``(comm, seq)`` fails every wait of that operator with its code."""
+    An ``abort`` message for ``(comm, seq)`` fails every wait of that operator with its code; one for
+    ``(comm, COMM_SEQ)`` every wait on the communicator (until it is destroyed)."""
 
     def __init__(self):
         self._cv = threading.Condition()
@@ -173,7 +177,7 @@ class Mailbox:
                         out[k] = self._msgs.pop(k)
                 if len(out) == len(keys):
                     return [out[k] for k in keys]
-                abort = self._aborts.get(keys[0][:2])
+                abort = self._aborts.get(keys[0][:2]) or self._aborts.get((keys[0][0], COMM_SEQ))
                 if abort is not None:
                     raise HcclError(abort[1], abort[0])
                 now = time.monotonic()
@@ -535,8 +539,24 @@ class HcclEngine:
 
     def _post(self, c: Comm, peer: int, seq, tag: str, payload=None, ranks=None) -> None:
         self._check_link(c, peer, seq, range(c.size) if ranks is None else ranks)
-        c.links[peer].notify((c.cid, seq, tag, c.rank, payload))
+        try:
+            c.links[peer].notify((c.cid, seq, tag, c.rank, payload))
+        except HcclError as e:
+            self._peer_gone(c, peer, e)
         self.stats["messages"] += 1
+
+    def _peer_gone(self, c: Comm, peer: int, e: HcclError) -> None:
+        """Rank ``peer`` is unreachable (HCCL_E_REMOTE): tell the other ranks, best effort, that this
+        communicator cannot complete any operator -- a rank that gives up must not leave the others
+        waiting for it until their exec timeout -- then raise ``e``."""
+        if e.hccl_code == HCCL_E_REMOTE:
+            for q in range(c.size):
+                if q not in (c.rank, peer):
+                    try:
+                        c.links[q].notify((c.cid, COMM_SEQ, ABORT_TAG, c.rank, [HCCL_E_REMOTE, str(e)]))
+                    except HcclError:
+                        pass
+        raise e
 
     def _wait(self, c: Comm, waits: list[tuple[int, str]], seq, deadline: float, ranks=None) -> list:
         keys = [(c.cid, seq, tag, peer) for peer, tag in waits]
@@ -545,7 +565,10 @@ class HcclEngine:
         def probe(missing):
             for (_, _, _, peer) in missing:
                 self._check_link(c, peer, seq, ranks)
-                c.links[peer].probe()
+                try:
+                    c.links[peer].probe()
+                except HcclError as e:
+                    self._peer_gone(c, peer, e)
         return self.mailbox.take(keys, deadline, probe, lambda: self.aborted or c.cancelled)
 
     def _barrier(self, c: Comm, seq, tag: str, deadline: float, payload=None) -> list:

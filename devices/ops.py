@@ -1060,7 +1060,7 @@ def _ifa_rows(q, cache, out, b, k0, k1, lo, hi, g, ko, vo, scale) -> None:
     np.divide(r, z, out=ob)                                            # one rounding into float16
 
 
-@builtin(_IFA, unit="cube", check=_check_ifa, work=_ifa_work, parallel_dim=_ifa_pd)
+@builtin(_IFA, unit="cube", check=_check_ifa, work=_ifa_work, parallel_dim=_ifa_pd, gathers=(1,))
 @_quiet
 def _ifa_run(ctx, inputs, outputs, attrs):
     """Decode attention over a packed KV cache read in place (CANN IncreFlashAttention with
@@ -1216,7 +1216,7 @@ def _pa_singles(q, kc, vc, bt, ln, out, rows, h, hkv, scale, ct) -> None:
         out[grp] = o.reshape(grp.size, h, d)                       # fancy index: an assignment, not a view
 
 
-@builtin(_PA, unit="cube", check=_check_pa, work=_pa_work, parallel_dim=_pa_pd)
+@builtin(_PA, unit="cube", check=_check_pa, work=_pa_work, parallel_dim=_pa_pd, gathers=(1, 2))
 @_quiet
 def _pa_run(ctx, inputs, outputs, attrs):
     """Attention of token rows over a paged KV cache read in place (CANN/ATB PagedAttention with block
@@ -1354,7 +1354,8 @@ def _embedding_pd(inputs, outputs, attrs):
     return inputs[1].numel
 
 
-@builtin("embedding", unit="vector", check=_check_embedding, work=_embedding_work, parallel_dim=_embedding_pd)
+@builtin("embedding", unit="vector", check=_check_embedding, work=_embedding_work, parallel_dim=_embedding_pd,
+         gathers=(0,))
 def _embedding_run(ctx, inputs, outputs, attrs):
     """out[*S, D] = table[ids]; an id outside [0, V) is a KernelError, never wrapped"""
     table, ids = inputs
@@ -1419,7 +1420,7 @@ def _last_occurrence(idx: np.ndarray) -> np.ndarray | None:
 
 
 @builtin("scatter_update", unit="vector", check=_check_scatter_update, work=_scatter_update_work,
-         parallel_dim=_scatter_update_pd)
+         parallel_dim=_scatter_update_pd, scatters=(0,))
 def _scatter_update_run(ctx, inputs, outputs, attrs):
     """In place: var[indices[k], ...] = updates[k, ...] (inputs updates [K, *R], indices [K]; output var
     [S, *R], its other rows untouched).  Duplicate indices: the last k wins.  An index outside [0, S)
@@ -1729,7 +1730,7 @@ def _gather_work(inputs, outputs, attrs):
     return Work(flops=0.0, bytes=inputs[1].nbytes + 2 * outputs[0].nbytes, unit="vector")
 
 
-@builtin("gather", unit="vector", check=_check_gather, work=_gather_work, parallel_dim=_gather_pd)
+@builtin("gather", unit="vector", check=_check_gather, work=_gather_work, parallel_dim=_gather_pd, gathers=(0,))
 def _gather_run(ctx, inputs, outputs, attrs):
     """ONNX Gather: out = take(data, indices, axis) (attr axis, default 0); indices may be negative
     (counted from the end); one outside [-n, n) traps (507042) before anything is written"""

@@ -24,16 +24,23 @@ class KernelDef:
     parallel_dim: Callable[[tuple, tuple, dict], int] | None = None   #: units of work blocks may split
     user: bool = False
     doc: str = ""
+    #: input positions read at data-dependent places (a gather, a KV cache read up to lengths held in device
+    #: memory): only part of the declared range may really be read (devices.access; initcheck skips them)
+    gathers: tuple[int, ...] = ()
+    #: output positions written at data-dependent places (a scatter): the rest of the range keeps its bytes
+    scatters: tuple[int, ...] = ()
 
 
 _REGISTRY: dict[str, KernelDef] = {}
 _LOCK = threading.Lock()
 
 
-def builtin(name: str, unit: str = "vector", check=None, work=None, parallel_dim=None):
-    """Decorator registering a built-in kernel ``run(ctx, inputs, outputs, attrs)``."""
+def builtin(name: str, unit: str = "vector", check=None, work=None, parallel_dim=None, gathers=(), scatters=()):
+    """Decorator registering a built-in kernel ``run(ctx, inputs, outputs, attrs)``; ``gathers`` /
+    ``scatters``: see :class:`KernelDef`."""
     def deco(fn):
-        _REGISTRY[name] = KernelDef(name, unit, fn, check, work, parallel_dim, False, fn.__doc__ or "")
+        _REGISTRY[name] = KernelDef(name, unit, fn, check, work, parallel_dim, False, fn.__doc__ or "",
+                                    tuple(gathers), tuple(scatters))
         return fn
     return deco
 

@@ -74,7 +74,7 @@ class NpuHost:
         info = self.device.info()
         return {"device_id": info.device_id, "address": self.server.address, "arena": info.arena_name,
                 "arena_bytes": info.hbm_total, "chip": info.chip, "pid": os.getpid(), "host": self.host,
-                "node": info.node}
+                "node": info.node, "ray_node": _ray_node_id()}
 
     def ping(self) -> int:
         return os.getpid()
@@ -85,6 +85,18 @@ class NpuHost:
             self.server.stop(0.5)
             self.device.close()                  # closes HCCL's transports too
         return True
+
+
+def _ray_node_id() -> str:
+    """The Ray node this actor runs on ("" outside Ray): what a consumer that Ray placed on a node (a Serve
+    replica holding ``NPU`` resources) matches to find the devices of its own node."""
+    try:
+        import ray
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - outside Ray
+        pass
+    return ""
 
 
 def _node_ip() -> str:

@@ -10,3 +10,15 @@ _os.environ.setdefault("RAY_AUTH_MODE", "token")
 # interface.  Ray reads this once, at import, like the auth mode.  (Multi-node clusters set VNPU_BIND=node.)
 if _os.environ.get("VNPU_BIND", "127.0.0.1") == "127.0.0.1":
     _os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+# A sanitizer asked for in the environment (VNPU_SANITIZE, see runtime.sanitize) is set up when the runtime
+# package is first imported, before Ray or anything else registers exit handlers: its own exit handler
+# (leak check, report, error exit code) then runs last.  A bad value is reported when a runtime is made.
+if _os.environ.get("VNPU_SANITIZE", "").strip() not in ("", "0"):
+    from devices.errors import AclError as _AclError
+
+    from .sanitize import from_environment as _sanitizer_from_environment
+    try:
+        _sanitizer_from_environment()
+    except _AclError:
+        pass

@@ -26,6 +26,7 @@ from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
 from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
 from . import graph as _graph
+from . import sanitize as _sanitize
 from .backend import Backend, DeviceHandle, create_backend, parse_visible_devices
 
 
@@ -33,8 +34,13 @@ from .backend import Backend, DeviceHandle, create_backend, parse_visible_device
 class Runtime:
     """The process's view of the devices: a backend plus the ``ASCEND_RT_VISIBLE_DEVICES`` mapping."""
 
-    def __init__(self, backend: Backend, visible: str | None = None, batch_size: int | None = None):
+    def __init__(self, backend: Backend, visible: str | None = None, batch_size: int | None = None,
+                 sanitizer: "_sanitize.Session | None" = None):
+        """``sanitizer``: a :class:`runtime.sanitize.Session` that watches every device of this runtime
+        (default: the process's session when ``VNPU_SANITIZE`` asks for one; else none, and nothing is
+        watched)."""
         self.backend = backend
+        self.sanitizer = sanitizer if sanitizer is not None else _sanitize.from_environment()
         env = visible if visible is not None else os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
         self.physical = parse_visible_devices(env, backend.device_ids())
         default_batch = 1 if backend.name == "local" else 1024
@@ -52,7 +58,10 @@ class Runtime:
         with self._lock:
             d = self._devices.get(index)
             if d is None:
-                d = self._devices[index] = Device(self, int(index), self.backend.device(self.physical[index]))
+                handle = self.backend.device(self.physical[index])
+                if self.sanitizer is not None:
+                    handle = self.sanitizer.wrap(handle)
+                d = self._devices[index] = Device(self, int(index), handle)
             return d
 
     def devices(self) -> list["Device"]:
@@ -69,6 +78,8 @@ class Runtime:
     def close(self) -> None:
         for d in list(self._devices.values()):
             d.queue.flush(raise_errors=False)
+            if self.sanitizer is not None:
+                self.sanitizer.release(d.handle)          # leak check: what the program still holds
         self.backend.close()
 
 
@@ -285,6 +296,7 @@ class Device:
         self.live_streams: set[int] = set()   # handles created through this runtime: batched ops that
         self.live_events: set[int] = set()    # name unknown ones fail at enqueue, not at the next flush
         self._captures = _graph.CaptureTable()            # open stream captures (aclmdlRI)
+        self.sanitizer = rt.sanitizer         # sees every op enqueued here (None: nothing is watched)
         self._default: Stream | None = None
         self._lock = threading.Lock()
 
@@ -297,6 +309,8 @@ class Device:
             if self._default is None:
                 self._default = Stream(self, self.handle.create_stream(0), 0, default=True)
                 self.live_streams.add(self._default.sid)
+                if self.sanitizer is not None:
+                    self.sanitizer.internal_stream(self.handle, self._default.sid)
             return self._default
 
     def stream(self, priority: int = 0) -> "Stream":
@@ -460,15 +474,20 @@ class Stream:
         ev = getattr(op, "event", None)
         if ev is not None and ev not in dev.live_events:
             raise InvalidHandleError(f"unknown event {ev} on device {dev.index}")
+        if dev.sanitizer is not None:
+            dev.sanitizer.note_enqueue(op)
         cap = dev._captures.get(self.sid)
         if cap is not None:
             cap.take(op)
             return
         dev.queue.put(op)
 
-    def _failed(self, err: AclError) -> None:
-        """A call on this stream failed: an open capture of it is invalidated (end_capture -> 507903)."""
+    def _failed(self, err: AclError, ranges: tuple = ()) -> None:
+        """A call on this stream failed: an open capture of it is invalidated (end_capture -> 507903), and
+        a sanitizer reports a refused bad access (``ranges``: the ``(ptr, nbytes)`` the call named)."""
         self.device._captures.invalidate(self.sid, err)
+        if self.device.sanitizer is not None:
+            self.device.sanitizer.api_error(err, self.device.handle, ranges=ranges)
 
     # -------------------------------------------------------------- capture (aclmdlRI)
     def begin_capture(self, mode: int = _graph.CAPTURE_MODE_GLOBAL) -> None:
@@ -526,7 +545,7 @@ class Stream:
                         dev.checked.clear()
                     dev.checked[key] = (dev.allocs.gen, k)
         except AclError as e:
-            self._failed(e)
+            self._failed(e, _ranges(inputs, outputs))
             raise
         self.enqueue(Launch(self.sid, kernel, ins, outs, attrs, int(block_dim)))
         hs = dev.host_stats
@@ -551,7 +570,7 @@ class Stream:
                 _own_ptr(p, self.device)
                 self.device.check_range(p, nbytes)
         except AclError as e:
-            self._failed(e)
+            self._failed(e, ((dst, nbytes), (src, nbytes)))
             raise
         self.enqueue(CopyD2D(self.sid, int(dst), int(src), int(nbytes)))
 
@@ -561,14 +580,18 @@ class Stream:
             _own_ptr(ptr, self.device)
             self.device.check_range(ptr, nbytes)
         except AclError as e:
-            self._failed(e)
+            self._failed(e, ((ptr, nbytes),))
             raise
         self.enqueue(Memset(self.sid, int(ptr), int(value), int(nbytes)))
 
     def write(self, dst: int, data: bytes) -> None:
         """Stream-ordered host-to-device copy; ``data`` is captured now."""
-        _own_ptr(dst, self.device)
-        self.device.check_range(dst, len(data))
+        try:
+            _own_ptr(dst, self.device)
+            self.device.check_range(dst, len(data))
+        except AclError as e:
+            self._failed(e, ((dst, len(data)),))
+            raise
         self.enqueue(WriteH2D(self.sid, int(dst), bytes(data)))
 
     def synchronize(self, timeout_ms: float = -1) -> None:
@@ -827,6 +850,11 @@ def _dtype(dtype) -> str:
     if name not in DTYPES:
         raise InvalidParamError(f"unsupported dtype {name!r}", code=ACL_ERROR_UNSUPPORTED_DATA_TYPE)
     return name
+
+
+def _ranges(*groups) -> tuple:
+    """``(ptr, nbytes)`` of the tensors among ``groups`` (what a failed launch named; others skipped)."""
+    return tuple((x.ptr, x.nbytes) for g in groups for x in g if isinstance(x, (Tensor, TensorDesc)))
 
 
 def _own_ptr(ptr: int, dev: Device) -> None:

@@ -113,6 +113,8 @@ class Communicator:
                 try:
                     self.device.check_range(int(ptr), n * isz)
                 except AclError as e:
+                    if self.device.sanitizer is not None:       # memcheck: a refused bad access
+                        self.device.sanitizer.api_error(e, self.device.handle)
                     raise HcclError(f"{op}: {e.detail}", HCCL_E_PARA) from None
         s.enqueue(Collective(s.sid, self.comm_id, op, int(send), int(recv), int(count), dt,
                              validate_redop(redop), int(root), int(peer)))

@@ -258,6 +258,22 @@ def test_calls_before_init_and_init_refcount(fresh):
     assert acl.rt.get_device_count()[1] == acl.ACL_ERROR_UNINITIALIZE
 
 
+def test_finalize_destroys_what_acl_made_on_a_callers_runtime(fresh):
+    """acl.finalize on a runtime acl did not create (it stays open): the contexts' streams and events are
+    destroyed (they were left behind when finalize forgot its tables before releasing the contexts)."""
+    dev = fresh.device(0)
+    streams, events = set(dev.live_streams), set(dev.live_events)
+    ok(acl.init())
+    ok(acl.rt.set_device(0))
+    ok(acl.rt.create_stream())
+    ok(acl.rt.create_event())
+    ok(acl.rt.create_context(0))
+    ok(acl.rt.create_stream())
+    assert len(dev.live_streams) == len(streams) + 4 and len(dev.live_events) == len(events) + 1
+    ok(acl.finalize())
+    assert dev.live_streams == streams and dev.live_events == events
+
+
 def test_init_config_file(fresh, tmp_path):
     cfg = tmp_path / "acl.json"
     cfg.write_text('{"dump": {"dump_mode": "output"}}')
@@ -332,11 +348,17 @@ def test_memory_errors(dev0):
     p = ok(acl.rt.malloc(64))
     host = np.zeros(32, dtype=np.uint8)
     hp = acl.util.numpy_to_ptr(host)
-    assert acl.rt.malloc(0, 0)[1] == acl.ACL_ERROR_RT_PARAM_INVALID
+    # size 0 and an unknown copy kind are rejected by CANN's acl layer itself, before the runtime:
+    # ACL_REQUIRES_POSITIVE_REPORT(size) in aclMallocMemInner and MemcpyKindTranslate's default branch in
+    # hicann/runtime src/acl/aclrt_impl/memory.cpp both return ACL_ERROR_INVALID_PARAM (100000), not 107000
+    assert acl.rt.malloc(0, 0)[1] == acl.ACL_ERROR_INVALID_PARAM
     assert acl.rt.memcpy(p, 16, hp, 32, acl.ACL_MEMCPY_HOST_TO_DEVICE) == acl.ACL_ERROR_RT_PARAM_INVALID
     assert "dest_max" in acl.get_recent_err_msg()
-    assert acl.rt.memcpy(p, 64, hp, 32, acl.ACL_MEMCPY_DEVICE_TO_HOST) == acl.ACL_ERROR_RT_PARAM_INVALID  # kind
-    assert acl.rt.memcpy(p, 64, hp, 32, 99) == acl.ACL_ERROR_RT_PARAM_INVALID
+    # a kind that contradicts the addresses is not an error for the synchronous copy: current CANN calls
+    # aclrtMemcpy's kind "reserved; the system decides from the src and dst pointers" (docs/zh/api_ref/
+    # 11-03_memory_copy_and_set.md), so this host->device copy succeeds (test_memcpy_kind_follows_cann)
+    ok(acl.rt.memcpy(p, 64, hp, 32, acl.ACL_MEMCPY_DEVICE_TO_HOST))
+    assert acl.rt.memcpy(p, 64, hp, 32, 99) == acl.ACL_ERROR_INVALID_PARAM
     assert acl.rt.memcpy(p + 48, 32, hp, 32, acl.ACL_MEMCPY_HOST_TO_DEVICE) == acl.ACL_ERROR_RT_PARAM_INVALID  # past the end
     assert "overruns" in acl.get_recent_err_msg()
     assert acl.rt.memcpy(hp, 32, p + 64, 32, acl.ACL_MEMCPY_DEVICE_TO_HOST) == acl.ACL_ERROR_RT_PARAM_INVALID
@@ -358,6 +380,168 @@ def test_memory_errors(dev0):
     assert acl.get_recent_err_msg()
     assert acl.rt.free(hp) == acl.ACL_ERROR_RT_PARAM_INVALID                    # a host address
     assert acl.rt.malloc(1 << 40)[1] == acl.ACL_ERROR_RT_MEMORY_ALLOCATION
+
+
+def test_get_run_mode_before_init(fresh):
+    """aclrtGetRunMode checks no init (hicann/runtime src/acl/aclrt_impl/device.cpp): programs read it at
+    import time to choose between H2D/D2H and D2D copies; vnpu runs on the host."""
+    assert acl.rt.get_device_count()[1] == acl.ACL_ERROR_UNINITIALIZE
+    assert acl.rt.get_run_mode() == (acl.ACL_HOST, 0) == (1, 0)
+    ok(acl.init())
+    assert acl.rt.get_run_mode() == (acl.ACL_HOST, 0)
+
+
+def test_acl_layer_parameter_errors_are_100000(dev0):
+    """What CANN's acl layer checks itself returns ACL_ERROR_INVALID_PARAM (100000), before the runtime
+    (107000) is reached: ACL_REQUIRES_NOT_NULL / ACL_REQUIRES_POSITIVE and MemcpyKindTranslate in
+    hicann/runtime src/acl/aclrt_impl/memory.cpp.  A zero count is checked first and is a no-op."""
+    p = ok(acl.rt.malloc(64))
+    h = ok(acl.rt.malloc_host(64))
+    H2D, D2H = acl.ACL_MEMCPY_HOST_TO_DEVICE, acl.ACL_MEMCPY_DEVICE_TO_HOST
+    stream = ok(acl.rt.create_stream())
+    invalid = {
+        "malloc 0": acl.rt.malloc(0)[1],
+        "malloc_cached 0": acl.rt.malloc_cached(0)[1],
+        "malloc_host 0": acl.rt.malloc_host(0)[1],
+        "free(0)": acl.rt.free(0),
+        "free(None)": acl.rt.free(None),
+        "free_host(0)": acl.rt.free_host(0),
+        "memcpy to NULL": acl.rt.memcpy(0, 64, h, 64, H2D),
+        "memcpy from NULL": acl.rt.memcpy(p, 64, None, 64, H2D),
+        "memcpy_async to NULL": acl.rt.memcpy_async(0, 64, p, 64, D2H, stream),
+        "memcpy kind 99": acl.rt.memcpy(p, 64, h, 64, 99),
+        "memcpy kind INNER_DEVICE_TO_DEVICE": acl.rt.memcpy(p, 64, p, 64, acl.ACL_MEMCPY_INNER_DEVICE_TO_DEVICE),
+        "memcpy_async kind INTER_DEVICE_TO_DEVICE": acl.rt.memcpy_async(p, 64, p, 64,
+                                                                        acl.ACL_MEMCPY_INTER_DEVICE_TO_DEVICE, stream),
+        "memset NULL": acl.rt.memset(0, 64, 1, 64),
+        "memset_async NULL": acl.rt.memset_async(None, 64, 1, 64, stream),
+    }
+    assert invalid == dict.fromkeys(invalid, acl.ACL_ERROR_INVALID_PARAM)
+    # count 0 copies / sets nothing and succeeds, NULL or not (checked before anything else)
+    for res in (acl.rt.memcpy(0, 0, 0, 0, 99), acl.rt.memcpy_async(0, 0, None, 0, H2D, stream),
+                acl.rt.memset(0, 0, 7, 0), acl.rt.memset_async(0, 0, 7, 0, stream)):
+        ok(res)
+    # what the runtime checks keeps the runtime's codes
+    assert acl.rt.memcpy(p, 16, h, 32, H2D) == acl.ACL_ERROR_RT_PARAM_INVALID          # count > dest_max
+    assert acl.rt.memset(p, 16, 0, 32) == acl.ACL_ERROR_RT_PARAM_INVALID
+    assert acl.rt.free(h) == acl.ACL_ERROR_RT_PARAM_INVALID                            # not device memory
+    assert acl.rt.free_host(p) == acl.ACL_ERROR_RT_PARAM_INVALID                       # not malloc_host memory
+    ok(acl.rt.free(p))
+    assert acl.rt.free(p) == acl.ACL_ERROR_RT_MEMORY_FREE
+    ok(acl.rt.free_host(h))
+    ok(acl.rt.synchronize_stream(stream))
+
+
+def test_memcpy_kind_follows_cann(dev0):
+    """A kind that contradicts the addresses, as current CANN handles it (hicann/runtime):
+
+    - aclrtMemcpy: the kind is "a reserved parameter; the system decides from the source and destination
+      pointers" (docs/zh/api_ref/11-03_memory_copy_and_set.md): every valid kind copies the real way;
+    - aclrtMemcpyAsync: ApiErrorDecorator::MemcpyKindAutoCorrect (src/runtime/api/impl/api_error.cc)
+      corrects the kind between device and registered (malloc_host) memory, and with pageable host
+      memory accepts only the kinds its MemcpyKindReviseMap allows, else RT_ERROR_INVALID_VALUE (107000).
+    """
+    n = 64
+    data = np.arange(n, dtype=np.uint8)
+    d1, d2 = ok(acl.rt.malloc(n)), ok(acl.rt.malloc(n))
+    pinned = ok(acl.rt.malloc_host(n))
+    page = np.zeros(n, np.uint8)
+    pp = acl.util.numpy_to_ptr(page)
+    src = acl.util.numpy_to_ptr(data)
+    K = (acl.ACL_MEMCPY_HOST_TO_HOST, acl.ACL_MEMCPY_HOST_TO_DEVICE, acl.ACL_MEMCPY_DEVICE_TO_HOST,
+         acl.ACL_MEMCPY_DEVICE_TO_DEVICE, acl.ACL_MEMCPY_DEFAULT)
+
+    def read(dptr):
+        out = np.zeros(n, np.uint8)
+        ok(acl.rt.memcpy(acl.util.numpy_to_ptr(out), n, dptr, n, acl.ACL_MEMCPY_DEVICE_TO_HOST))
+        return out
+
+    # synchronous: every kind goes the way the addresses say
+    for k in K:
+        ok(acl.rt.memset(d1, n, 0, n))
+        ok(acl.rt.memcpy(d1, n, src, n, k))                                    # host -> device
+        np.testing.assert_array_equal(read(d1), data)
+        ok(acl.rt.memcpy(d2, n, d1, n, k))                                     # device -> device
+        np.testing.assert_array_equal(read(d2), data)
+        page[:] = 0
+        ok(acl.rt.memcpy(pp, n, d2, n, k))                                     # device -> host
+        np.testing.assert_array_equal(page, data)
+        ok(acl.rt.memcpy(pinned, n, pp, n, k))                                 # host -> host
+        np.testing.assert_array_equal(acl.util.ptr_to_numpy(pinned, (n,), np.dtype(np.uint8).num), data)
+
+    stream = ok(acl.rt.create_stream())
+    # asynchronous, device <-> pinned memory: corrected to the real direction
+    for k in (acl.ACL_MEMCPY_DEVICE_TO_HOST, acl.ACL_MEMCPY_HOST_TO_HOST, acl.ACL_MEMCPY_DEVICE_TO_DEVICE):
+        ok(acl.rt.memset(d1, n, 0, n))
+        ok(acl.rt.memcpy_async(d1, n, pinned, n, k, stream))
+        ok(acl.rt.synchronize_stream(stream))
+        np.testing.assert_array_equal(read(d1), data)
+    ok(acl.rt.memset(pinned, n, 0, n))
+    ok(acl.rt.memcpy_async(pinned, n, d1, n, acl.ACL_MEMCPY_HOST_TO_DEVICE, stream))
+    ok(acl.rt.synchronize_stream(stream))
+    np.testing.assert_array_equal(acl.util.ptr_to_numpy(pinned, (n,), np.dtype(np.uint8).num), data)
+    # asynchronous with pageable memory: the allowed kinds work, the others are refused and queue nothing
+    ok(acl.rt.memset(d2, n, 0, n))
+    for k in (acl.ACL_MEMCPY_HOST_TO_DEVICE, acl.ACL_MEMCPY_DEVICE_TO_DEVICE, acl.ACL_MEMCPY_DEFAULT):
+        ok(acl.rt.memcpy_async(d2, n, src, n, k, stream))                      # pageable -> device
+        ok(acl.rt.synchronize_stream(stream))
+        np.testing.assert_array_equal(read(d2), data)
+        ok(acl.rt.memset(d2, n, 0, n))
+    refused = {
+        "pageable -> device as D2H": acl.rt.memcpy_async(d2, n, src, n, acl.ACL_MEMCPY_DEVICE_TO_HOST, stream),
+        "pageable -> device as H2H": acl.rt.memcpy_async(d2, n, src, n, acl.ACL_MEMCPY_HOST_TO_HOST, stream),
+        "device -> pageable as H2D": acl.rt.memcpy_async(pp, n, d1, n, acl.ACL_MEMCPY_HOST_TO_DEVICE, stream),
+        "pinned -> pageable as D2H": acl.rt.memcpy_async(pp, n, pinned, n, acl.ACL_MEMCPY_DEVICE_TO_HOST, stream),
+        "pageable -> pinned as H2D": acl.rt.memcpy_async(pinned, n, pp, n, acl.ACL_MEMCPY_HOST_TO_DEVICE, stream),
+        "staged H2D from device memory": acl.rt.memcpy_async(d2, n, d1, n, acl.ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE,
+                                                              stream),
+    }
+    assert refused == dict.fromkeys(refused, acl.ACL_ERROR_RT_PARAM_INVALID)
+    assert "does not fit the addresses" in acl.get_recent_err_msg()
+    ok(acl.rt.synchronize_stream(stream))
+    assert not read(d2).any()                                                  # nothing was queued
+    page[:] = 0
+    for k in (acl.ACL_MEMCPY_DEVICE_TO_HOST, acl.ACL_MEMCPY_DEVICE_TO_DEVICE, acl.ACL_MEMCPY_DEFAULT):
+        ok(acl.rt.memcpy_async(pp, n, d1, n, k, stream))                       # device -> pageable
+    ok(acl.rt.synchronize_stream(stream))
+    np.testing.assert_array_equal(page, data)
+    ok(acl.rt.memcpy_async(d2, n, src, n, acl.ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE, stream))
+    ok(acl.rt.synchronize_stream(stream))
+    np.testing.assert_array_equal(read(d2), data)
+    # host <-> host stays unsupported asynchronously (EP mode), whatever kind is given
+    assert acl.rt.memcpy_async(pinned, n, pp, n, acl.ACL_MEMCPY_DEFAULT, stream) == \
+        acl.ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+
+
+def test_memset_host_memory(dev0):
+    """aclrtMemset / aclrtMemsetAsync: "host or device memory, the system decides from the address"
+    (docs/zh/api_ref/11-03); host memory goes through the host-pointer table, and memset_async sets it
+    at once, not on the stream (aclrtMemsetD32Async: host memory initialization is not issued to the
+    stream)."""
+    n = 256
+    h = ok(acl.rt.malloc_host(n))
+    view = acl.util.ptr_to_numpy(h, (n,), np.dtype(np.uint8).num)
+    ok(acl.rt.memset(h, n, 0x5A, n))
+    assert (view == 0x5A).all()
+    stream = ok(acl.rt.create_stream())
+    ok(acl.rt.memset_async(h, n, 0x1FF, 16, stream))                 # value & 0xFF, first 16 bytes
+    assert (view[:16] == 0xFF).all() and (view[16:] == 0x5A).all()   # done before the call returned
+    page = np.ones(32, np.uint8)
+    ok(acl.rt.memset_async(acl.util.numpy_to_ptr(page), 32, 3, 32, stream))
+    assert (page == 3).all()
+    assert acl.rt.memset(h, 4 * n, 0, 4 * n) == acl.ACL_ERROR_INVALID_PARAM       # past the host buffer
+    assert "runs past the end" in acl.get_recent_err_msg()
+    ok(acl.rt.synchronize_stream(stream))
+    ok(acl.rt.free_host(h))
+    assert acl.rt.memset(h, n, 0, n) == acl.ACL_ERROR_INVALID_PARAM              # freed
+    assert acl.rt.memset_async(h, n, 0, n, stream) == acl.ACL_ERROR_INVALID_PARAM
+    assert acl.rt.memset_async(0x10, 8, 0, 8, stream) == acl.ACL_ERROR_INVALID_PARAM
+    d = ok(acl.rt.malloc(n))                                          # device memory still stream-ordered
+    ok(acl.rt.memset_async(d, n, 9, n, stream))
+    ok(acl.rt.synchronize_stream(stream))
+    out = np.zeros(n, np.uint8)
+    ok(acl.rt.memcpy(acl.util.numpy_to_ptr(out), n, d, n, acl.ACL_MEMCPY_DEVICE_TO_HOST))
+    assert (out == 9).all()
 
 
 def test_argument_errors_raise_like_pyacl_and_messages_are_per_thread(dev0):

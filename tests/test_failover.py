@@ -128,21 +128,27 @@ def _report(name, pool, pid, t0, runner=None):
     return d
 
 
-#: fault -> (parameters, the causes its detection may carry; None: not necessarily detected)
+#: fault -> (parameters, the causes its detection may carry; None: not necessarily detected).  Conditions
+#: without a duration (link-down, overheat) last until detected (a loaded machine may delay a health beat
+#: past any fixed duration); the test then clears them so that the device can come back.
 FAULTS = {
     "kill": ({}, {"stream", "call"}),
     "hang": ({"duration_ms": 2500}, {"heartbeat", "call"}),
     "slow": ({"factor": 4.0, "duration_ms": 800}, None),
     "ecc": ({"offset": 0, "length": 16 << 20}, {"ecc"}),
-    "link-down": ({"peer": 5, "duration_ms": 800}, {"telemetry"}),
+    "link-down": ({"peer": 5}, {"telemetry"}),
     "task-fail": ({"count": 2}, {"task-error"}),
-    "overheat": ({"celsius": 120.0, "duration_ms": 800}, {"telemetry"}),
+    "overheat": ({"celsius": 120.0}, {"telemetry"}),
 }
 
 
 @pytest.mark.parametrize("kind", list(FAULTS))
 def test_fault_during_job(pool, kind):
     params, causes = FAULTS[kind]
+    # start from a settled pool: no device of an earlier case still recovering (a victim re-bound while
+    # the job runs would never see the fault)
+    assert pool.wait_for(lambda p: all(x.state in ("spare", "bound") for x in p.phys.values())
+                         and not any(b.is_cpu for b in p.bindings.values()), 30), pool.state()
     victim = _bound_npu(pool)
 
     def fault(p, r):
@@ -154,6 +160,8 @@ def test_fault_during_job(pool, kind):
     if causes is not None:
         assert pool.wait_for(lambda p: _detected(p, victim, t0) is not None, 10), f"{kind} not detected"
         assert _detected(pool, victim, t0)["cause"] in causes, _detected(pool, victim, t0)
+        if kind in ("link-down", "overheat"):
+            pool.handle(victim).clear_fault(kind)
     if kind == "task-fail":
         assert 1 <= c["attempt_failures"] <= 2, c       # each failed task failed one attempt, replayed
     if kind in ("kill", "hang", "ecc", "link-down", "overheat"):

@@ -21,7 +21,7 @@ from devices.errors import (ACL_ERROR_GE_DATATYPE_INVALID, ACL_ERROR_GE_DYNAMIC_
                             ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID, ACL_ERROR_GE_EXEC_MODEL_ID_INVALID,
                             ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, ACL_ERROR_GE_LOAD_MODEL, ACL_ERROR_GE_PARAM_INVALID,
                             ACL_ERROR_INVALID_PARAM, ACL_ERROR_MODEL_INPUT_NOT_MATCH, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH,
-                            ACL_ERROR_PARSE_MODEL, ACL_ERROR_RT_STREAM_CONTEXT, AclError)
+                            ACL_ERROR_PARSE_MODEL, ACL_ERROR_RT_PARAM_INVALID, ACL_ERROR_RT_STREAM_CONTEXT, AclError)
 from onnx_models import assert_close, cnn, ort_run
 from runtime import offline
 from runtime.api import set_runtime
@@ -219,6 +219,7 @@ def test_every_misuse_returns_its_code_and_the_device_keeps_working(rt, cnn_om):
     big = dev.empty((4, 3, 16, 16), "float32")
     f64 = dev.empty((2, 3, 16, 8), "float64")                     # the right byte size, the wrong dtype
     mb4 = dev.empty((1,), "int32")
+    other_x = other.empty((2, 3, 16, 16), "float32")
     s = dev.stream()
     s_other = other.stream()
     mbuf = offline.DataBuffer(good.mb.ptr, 8)
@@ -241,6 +242,14 @@ def test_every_misuse_returns_its_code_and_the_device_keeps_working(rt, cnn_om):
             "short dynamic input": (lambda: m.execute([good.d_x, (good.mb.ptr, 2)], good.outs, s),
                                     ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID),
             "stream of another device": (lambda: m.execute(good.ins, good.outs, s_other), ACL_ERROR_RT_STREAM_CONTEXT),
+            "input in host memory": (lambda: m.execute([(good.x.ctypes.data, good.x.nbytes), mbuf], good.outs, s),
+                                     ACL_ERROR_INVALID_PARAM),
+            "input on another device": (lambda: m.execute([(other_x.ptr, other_x.nbytes), mbuf], good.outs, s),
+                                        ACL_ERROR_INVALID_PARAM),
+            "input past its allocation": (lambda: m.execute([(small.ptr, good.d_x.nbytes), mbuf], good.outs, s),
+                                          ACL_ERROR_RT_PARAM_INVALID),
+            "dynamic input in host memory": (lambda: m.execute([good.d_x, (good.x.ctypes.data, 8)], good.outs, s),
+                                             ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID),
         }
         for what, (fn, code) in cases.items():
             assert code_of(fn) == code, what
@@ -255,7 +264,7 @@ def test_every_misuse_returns_its_code_and_the_device_keeps_working(rt, cnn_om):
         m.execute([good.d_x, (mb4.ptr, 4)], good.outs, s)
         assert_close(good.y.numpy(s), ort_run(model, {"x": good.x})[0], k=CNN_K, depth=CNN_DEPTH)
     finally:
-        for t in (small, big, f64, mb4):
+        for t in (small, big, f64, mb4, other_x):
             t.free()
         good.free()
         s.destroy()
@@ -340,7 +349,8 @@ def test_bench_mdl_measures_all_three_in_one_run():
     """``vnpu bench mdl`` at a tiny size: every path timed, outputs checked, HBM back to baseline."""
     from runtime.bench.mdl import bench
     res = bench("minilm-l3", 2, 8, 1, "Ascend910B3", "local")
-    assert set(res["latency_ms"]) == {"vnpu", "vnpu_e2e", "ort", "numpy"}
+    assert set(res["latency_ms"]) == {"acl", "vnpu", "vnpu_e2e", "ort", "numpy"}
+    assert res["acl_equals_offline"]                 # acl.mdl.execute computed the same outputs
     assert all(v > 0 for v in res["latency_ms"].values())
     r = res["report"]
     assert res["hbm_back_to_baseline"] and r["launches_after_fusion"] < r["launches_before_fusion"]

@@ -1,5 +1,5 @@
 """Static check (mypy, run by scripts/test.sh; not a pytest module): both backends' device handles and
-both backends satisfy the protocols the runtime programs against (:class:`runtime.backend.DeviceHandle`,
+both backends (and the sanitizer's layer over either) satisfy the protocols the runtime programs against (:class:`runtime.backend.DeviceHandle`,
 :class:`runtime.backend.Backend`).  Nothing here runs: mypy rejects the assignments below when a handle
 lacks a method of the protocol or has an incompatible signature for it."""
 from __future__ import annotations
@@ -8,6 +8,7 @@ from devices.device import Device
 from driver.client import RemoteDevice
 from runtime.backend import Backend, DeviceHandle, LocalBackend
 from runtime.cluster.remote import RemoteBackend
+from runtime.sanitize.handle import SanitizedHandle
 
 
 def in_process_handle(d: Device) -> DeviceHandle:
@@ -15,6 +16,10 @@ def in_process_handle(d: Device) -> DeviceHandle:
 
 
 def remote_handle(d: RemoteDevice) -> DeviceHandle:
+    return d
+
+
+def sanitized_handle(d: SanitizedHandle) -> DeviceHandle:
     return d
 
 

@@ -4,11 +4,14 @@ A pyACL runtime program works after changing only its import line (``import acl`
 ``from runtime import acl``).  The conventions are pyACL's (reference/cann_api.md 1.12):
 
 - snake_case mirror of the C API in the namespaces ``acl`` (init, finalize, error messages, the
-  ``ACL_*`` constants), ``acl.rt`` (devices, contexts, memory, streams, events, callbacks, kernel
-  launch), ``acl.util`` (host pointers <-> numpy/bytes, helper threads) and ``acl.mdl`` (model run
-  instances);
+  ``ACL_*`` constants, data buffers, tensor descriptions, ``data_type_size``, ``app_log``), ``acl.rt``
+  (devices, contexts, memory, streams, events, callbacks, kernel launch), ``acl.util`` (host pointers
+  <-> numpy/bytes, helper threads) and ``acl.mdl`` (offline models: load, describe, datasets, execute,
+  dynamic batch; and model run instances);
 - outputs first and ``ret`` (an int aclError) last: ``ptr, ret = acl.rt.malloc(size, policy)``; a
-  function with no outputs returns only ``ret``.  Errors are *returned* as CANN codes, never raised;
+  function with no outputs returns only ``ret``; a C function that returns a value rather than an
+  aclError returns just that value (``acl.mdl.get_num_inputs(desc)``, ``acl.create_data_buffer(p, n)``),
+  its C failure value (0, -1, "") on failure.  Errors are *returned* as CANN codes, never raised;
   ``acl.get_recent_err_msg()`` returns (and clears) the text of the calling thread's last error
   (one template for all of it: :func:`runtime.acl.calls.acl_call`);
 - pointers, contexts, streams, events and function handles are Python ints.  Device pointers are the
@@ -17,14 +20,22 @@ A pyACL runtime program works after changing only its import line (``import acl`
   with :mod:`ctypes`.
 
 The package, one module per namespace: :mod:`.rt`, :mod:`.util`, :mod:`.mdl` (this ``__init__`` holds
-``acl.*``), beside :mod:`.constants` (every ``ACL_*`` value), :mod:`.calls` (the calling convention),
-:mod:`.args` (argument checks) and :mod:`.state` (process state: init count, contexts, streams, events,
-allocations; the current context is per thread, as in CANN).  A new namespace (``acl.prof``) is one more
+``acl.*``, with :mod:`.buffers` (data buffers, ``data_type_size``), :mod:`.tensor_desc` and
+:mod:`.applog` (``app_log``) re-exported from it), beside :mod:`.constants` (every ``ACL_*`` value),
+:mod:`.calls` (the calling convention), :mod:`.args` (argument checks), :mod:`.hostmem` (the host-pointer
+table) and :mod:`.state` (process state: init count, contexts, streams, events, allocations, models and
+their host objects; the current context is per thread, as in CANN).  A new namespace (``acl.prof``) is one more
 module of :func:`~runtime.acl.calls.acl_call` functions imported here; ``aclmdl*`` model functions join
 :mod:`.mdl`.  The devices are those of
 :func:`runtime.api.get_runtime` at the first ``acl.init()`` (so ``ASCEND_RT_VISIBLE_DEVICES`` applies).
 
 vnpu behaviour choices (where CANN leaves room):
+
+- parameter errors are answered where CANN answers them: the acl layer's own checks (NULL pointers, a
+  zero size, an unknown memcpy kind, an index out of range, a destroyed model-layer handle) return
+  ACL_ERROR_INVALID_PARAM (100000); what the runtime checks (``count`` > ``dest_max``, freeing memory it
+  did not allocate, an unknown stream) returns its own codes (107000, 207002, 107017 ...).
+- ``rt.get_run_mode()`` answers ACL_HOST, also before ``acl.init()``.
 
 - ``acl.init`` is reference-counted as reference 1.2 documents for current CANN: every call adds 1
   and returns ACL_SUCCESS (classic pyACL returned ACL_ERROR_REPEAT_INITIALIZE=100002 on a second
@@ -51,37 +62,39 @@ from devices.errors import AclError
 from runtime import api
 
 from . import mdl, rt, util  # noqa: F401 - acl.rt, acl.util, acl.mdl
+from .applog import app_log  # noqa: F401 - acl.app_log
+from .buffers import (create_data_buffer, data_type_size, destroy_data_buffer,  # noqa: F401 - acl.*
+                      get_data_buffer_addr, get_data_buffer_size, get_data_buffer_size_v2, update_data_buffer)
 from .calls import acl_call, record_error, take_error
 from .constants import (  # noqa: F401 - acl.ACL_* (every constant of .constants)
-    ACL_BF16, ACL_BOOL, ACL_CALLBACK_BLOCK, ACL_CALLBACK_NO_BLOCK, ACL_COMPLEX128, ACL_COMPLEX64, ACL_DDR_MEM,
-    ACL_DDR_MEM_HUGE, ACL_DDR_MEM_NORMAL, ACL_DDR_MEM_P2P_HUGE, ACL_DDR_MEM_P2P_NORMAL, ACL_DEVICE,
-    ACL_DEVICE_STATUS_ABNORMAL, ACL_DEVICE_STATUS_NORMAL, ACL_DOUBLE, ACL_DT_UNDEFINED,
-    ACL_ERROR_API_NOT_SUPPORT, ACL_ERROR_BAD_ALLOC, ACL_ERROR_DESERIALIZE_MODEL, ACL_ERROR_FAILURE,
-    ACL_ERROR_FEATURE_UNSUPPORTED, ACL_ERROR_GE_DATATYPE_INVALID, ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID,
-    ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID, ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID,
-    ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID, ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID,
-    ACL_ERROR_GE_EXEC_MODEL_ID_INVALID, ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, ACL_ERROR_GE_FORMAT_INVALID,
-    ACL_ERROR_GE_INTERNAL_ERROR, ACL_ERROR_GE_LOAD_MODEL, ACL_ERROR_GE_MEMORY_ALLOCATION,
-    ACL_ERROR_GE_PARAM_INVALID, ACL_ERROR_GE_SHAPE_INVALID, ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_INVALID_FILE,
-    ACL_ERROR_INVALID_MODEL_ID, ACL_ERROR_INVALID_PARAM, ACL_ERROR_INVALID_RESOURCE_HANDLE,
-    ACL_ERROR_KERNEL_ALREADY_REGISTERED, ACL_ERROR_KERNEL_NOT_FOUND, ACL_ERROR_MODEL_INPUT_NOT_MATCH,
-    ACL_ERROR_MODEL_NOT_DYNAMIC, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH, ACL_ERROR_MODEL_SIZE_INVALID,
-    ACL_ERROR_OP_NOT_FOUND, ACL_ERROR_PARSE_FILE, ACL_ERROR_PARSE_MODEL, ACL_ERROR_READ_MODEL_FAILURE,
-    ACL_ERROR_REPEAT_FINALIZE, ACL_ERROR_REPEAT_INITIALIZE, ACL_ERROR_REPEAT_SUBSCRIBE,
-    ACL_ERROR_RT_ADDR_UNALIGNED, ACL_ERROR_RT_AICORE_EXCEPTION, ACL_ERROR_RT_AICORE_TIMEOUT,
-    ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW,
+    ACL_BF16, ACL_BOOL, ACL_CALLBACK_BLOCK, ACL_CALLBACK_NO_BLOCK, ACL_COMPLEX128, ACL_COMPLEX32, ACL_COMPLEX64,
+    ACL_DDR_MEM, ACL_DDR_MEM_HUGE, ACL_DDR_MEM_NORMAL, ACL_DDR_MEM_P2P_HUGE, ACL_DDR_MEM_P2P_NORMAL, ACL_DEBUG,
+    ACL_DEVICE, ACL_DEVICE_STATUS_ABNORMAL, ACL_DEVICE_STATUS_NORMAL, ACL_DOUBLE, ACL_DT_UNDEFINED,
+    ACL_DYNAMIC_AIPP_NAME, ACL_DYNAMIC_TENSOR_NAME, ACL_ERROR, ACL_ERROR_API_NOT_SUPPORT, ACL_ERROR_BAD_ALLOC,
+    ACL_ERROR_DESERIALIZE_MODEL, ACL_ERROR_FAILURE, ACL_ERROR_FEATURE_UNSUPPORTED, ACL_ERROR_GE_DATATYPE_INVALID,
+    ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID,
+    ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID, ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID,
+    ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID, ACL_ERROR_GE_EXEC_MODEL_ID_INVALID,
+    ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, ACL_ERROR_GE_FORMAT_INVALID, ACL_ERROR_GE_INTERNAL_ERROR,
+    ACL_ERROR_GE_LOAD_MODEL, ACL_ERROR_GE_MEMORY_ALLOCATION, ACL_ERROR_GE_PARAM_INVALID,
+    ACL_ERROR_GE_SHAPE_INVALID, ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_INVALID_FILE, ACL_ERROR_INVALID_MODEL_ID,
+    ACL_ERROR_INVALID_PARAM, ACL_ERROR_INVALID_RESOURCE_HANDLE, ACL_ERROR_KERNEL_ALREADY_REGISTERED,
+    ACL_ERROR_KERNEL_NOT_FOUND, ACL_ERROR_MODEL_INPUT_NOT_MATCH, ACL_ERROR_MODEL_NOT_DYNAMIC,
+    ACL_ERROR_MODEL_OUTPUT_NOT_MATCH, ACL_ERROR_MODEL_SIZE_INVALID, ACL_ERROR_OP_NOT_FOUND, ACL_ERROR_PARSE_FILE,
+    ACL_ERROR_PARSE_MODEL, ACL_ERROR_READ_MODEL_FAILURE, ACL_ERROR_REPEAT_FINALIZE, ACL_ERROR_REPEAT_INITIALIZE,
+    ACL_ERROR_REPEAT_SUBSCRIBE, ACL_ERROR_RT_ADDR_UNALIGNED, ACL_ERROR_RT_AICORE_EXCEPTION,
+    ACL_ERROR_RT_AICORE_TIMEOUT, ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW,
     ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, ACL_ERROR_RT_CONTEXT_NULL, ACL_ERROR_RT_DEVICE_MEM_ERROR,
     ACL_ERROR_RT_DEVICE_OOM, ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_DEV_SETUP_ERROR,
     ACL_ERROR_RT_EVENT_NOT_COMPLETE, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID,
-    ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL, ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
-    ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR, ACL_ERROR_RT_INTERNAL_ERROR, ACL_ERROR_RT_INVALID_DEVICEID,
-    ACL_ERROR_RT_INVALID_DEVICE_FUNCTION, ACL_ERROR_RT_INVALID_HANDLE, ACL_ERROR_RT_INVALID_MALLOC_TYPE,
-    ACL_ERROR_RT_INVALID_MEMORY_TYPE, ACL_ERROR_RT_KERNEL_LOOKUP, ACL_ERROR_RT_LINK_ERROR,
-    ACL_ERROR_RT_LOST_HEARTBEAT, ACL_ERROR_RT_MEMORY_ALLOCATION, ACL_ERROR_RT_MEMORY_FREE,
-    ACL_ERROR_RT_NO_DEVICE, ACL_ERROR_RT_NO_EVENT_RESOURCE, ACL_ERROR_RT_NO_PERMISSION,
-    ACL_ERROR_RT_NO_STREAM_RESOURCE, ACL_ERROR_RT_OVER_LIMIT, ACL_ERROR_RT_PARAM_INVALID,
-    ACL_ERROR_RT_REPORT_TIMEOUT, ACL_ERROR_RT_SOCKET_CLOSE, ACL_ERROR_RT_STREAM_ABORT,
-    ACL_ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED,
+    ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL, ACL_ERROR_RT_FEATURE_NOT_SUPPORT, ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
+    ACL_ERROR_RT_INTERNAL_ERROR, ACL_ERROR_RT_INVALID_DEVICEID, ACL_ERROR_RT_INVALID_DEVICE_FUNCTION,
+    ACL_ERROR_RT_INVALID_HANDLE, ACL_ERROR_RT_INVALID_MALLOC_TYPE, ACL_ERROR_RT_INVALID_MEMORY_TYPE,
+    ACL_ERROR_RT_KERNEL_LOOKUP, ACL_ERROR_RT_LINK_ERROR, ACL_ERROR_RT_LOST_HEARTBEAT,
+    ACL_ERROR_RT_MEMORY_ALLOCATION, ACL_ERROR_RT_MEMORY_FREE, ACL_ERROR_RT_NO_DEVICE,
+    ACL_ERROR_RT_NO_EVENT_RESOURCE, ACL_ERROR_RT_NO_PERMISSION, ACL_ERROR_RT_NO_STREAM_RESOURCE,
+    ACL_ERROR_RT_OVER_LIMIT, ACL_ERROR_RT_PARAM_INVALID, ACL_ERROR_RT_REPORT_TIMEOUT, ACL_ERROR_RT_SOCKET_CLOSE,
+    ACL_ERROR_RT_STREAM_ABORT, ACL_ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED,
     ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD, ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_RT_STREAM_NOT_CAPTURED,
     ACL_ERROR_RT_STREAM_NO_CB_REG, ACL_ERROR_RT_STREAM_SUBSCRIBE, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
     ACL_ERROR_RT_STREAM_TASK_FULL, ACL_ERROR_RT_SUSPECT_REMOTE_ERROR, ACL_ERROR_RT_TASK_TIMEOUT,
@@ -90,11 +103,14 @@ from .constants import (  # noqa: F401 - acl.ACL_* (every constant of .constants
     ACL_EVENT_EXTERNAL, ACL_EVENT_IPC, ACL_EVENT_RECORDED_STATUS_COMPLETE, ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_EVENT_RECORD_DEFAULT, ACL_EVENT_RECORD_EXTERNAL, ACL_EVENT_STATUS_COMPLETE, ACL_EVENT_STATUS_NOT_READY,
     ACL_EVENT_STATUS_RESERVED, ACL_EVENT_SYNC, ACL_EVENT_TIME_LINE, ACL_EVENT_WAIT_STATUS_COMPLETE,
-    ACL_EVENT_WAIT_STATUS_NOT_READY, ACL_EVENT_WAIT_STATUS_RESERVED, ACL_FLOAT, ACL_FLOAT16,
-    ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_FRACTAL_Z, ACL_FORMAT_NC1HWC0, ACL_FORMAT_NCHW, ACL_FORMAT_ND,
-    ACL_FORMAT_NHWC, ACL_FORMAT_UNDEFINED, ACL_HBM_MEM, ACL_HBM_MEM_HUGE, ACL_HBM_MEM_HUGE1G,
-    ACL_HBM_MEM_NORMAL, ACL_HBM_MEM_P2P_HUGE, ACL_HBM_MEM_P2P_HUGE1G, ACL_HBM_MEM_P2P_NORMAL, ACL_HOST,
-    ACL_INT16, ACL_INT32, ACL_INT64, ACL_INT8, ACL_MEMCPY_DEFAULT, ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_EVENT_WAIT_STATUS_NOT_READY, ACL_EVENT_WAIT_STATUS_RESERVED, ACL_FLOAT, ACL_FLOAT16, ACL_FLOAT4_E1M2,
+    ACL_FLOAT4_E2M1, ACL_FLOAT6_E2M3, ACL_FLOAT6_E3M2, ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E5M2, ACL_FLOAT8_E8M0,
+    ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_FRACTAL_Z, ACL_FORMAT_HWCN, ACL_FORMAT_NC, ACL_FORMAT_NC1HWC0,
+    ACL_FORMAT_NC1HWC0_C04, ACL_FORMAT_NCDHW, ACL_FORMAT_NCHW, ACL_FORMAT_NCL, ACL_FORMAT_ND, ACL_FORMAT_NDC1HWC0,
+    ACL_FORMAT_NDHWC, ACL_FORMAT_NHWC, ACL_FORMAT_UNDEFINED, ACL_HBM_MEM, ACL_HBM_MEM_HUGE, ACL_HBM_MEM_HUGE1G,
+    ACL_HBM_MEM_NORMAL, ACL_HBM_MEM_P2P_HUGE, ACL_HBM_MEM_P2P_HUGE1G, ACL_HBM_MEM_P2P_NORMAL, ACL_HIFLOAT8,
+    ACL_HOST, ACL_INFO, ACL_INT16, ACL_INT32, ACL_INT4, ACL_INT64, ACL_INT8, ACL_MAX_BATCH_NUM, ACL_MAX_DIM_CNT,
+    ACL_MAX_HW_NUM, ACL_MAX_TENSOR_NAME_LEN, ACL_MEMCPY_DEFAULT, ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE, ACL_MEMCPY_HOST_TO_DEVICE,
     ACL_MEMCPY_HOST_TO_HOST, ACL_MEMCPY_INNER_DEVICE_TO_DEVICE, ACL_MEMCPY_INTER_DEVICE_TO_DEVICE,
     ACL_MEM_ACCESS_USER_SPACE_READONLY, ACL_MEM_MALLOC_HUGE1G_ONLY, ACL_MEM_MALLOC_HUGE1G_ONLY_P2P,
@@ -103,11 +119,15 @@ from .constants import (  # noqa: F401 - acl.ACL_* (every constant of .constants
     ACL_MEM_TYPE_HIGH_BAND_WIDTH, ACL_MEM_TYPE_LOW_BAND_WIDTH, ACL_RT_DEVICE_STATUS_ABNORMAL,
     ACL_RT_DEVICE_STATUS_END, ACL_RT_DEVICE_STATUS_NORMAL, ACL_STREAM_CPU_SCHEDULE, ACL_STREAM_DEVICE_USE_ONLY,
     ACL_STREAM_FAST_LAUNCH, ACL_STREAM_FAST_SYNC, ACL_STREAM_HUGE, ACL_STREAM_PERSISTENT,
-    ACL_STREAM_STATUS_COMPLETE, ACL_STREAM_STATUS_NOT_READY, ACL_STREAM_STATUS_RESERVED, ACL_STRING,
-    ACL_SUCCESS, ACL_UINT16, ACL_UINT32, ACL_UINT64, ACL_UINT8, ACL_VERSION, STREAM_PRIORITY_GREATEST,
-    STREAM_PRIORITY_LEAST,
+    ACL_STREAM_STATUS_COMPLETE, ACL_STREAM_STATUS_NOT_READY, ACL_STREAM_STATUS_RESERVED, ACL_STRING, ACL_SUCCESS,
+    ACL_UINT1, ACL_UINT16, ACL_UINT32, ACL_UINT64, ACL_UINT8, ACL_UNKNOWN_RANK, ACL_VERSION, ACL_WARNING,
+    STREAM_PRIORITY_GREATEST, STREAM_PRIORITY_LEAST,
 )
 from .state import STATE, teardown
+from .tensor_desc import (create_tensor_desc, destroy_tensor_desc, get_tensor_desc_dim,  # noqa: F401 - acl.*
+                          get_tensor_desc_dim_v2, get_tensor_desc_element_count, get_tensor_desc_format,
+                          get_tensor_desc_name, get_tensor_desc_num_dims, get_tensor_desc_size, get_tensor_desc_type,
+                          set_tensor_desc_name)
 
 
 # ---------------------------------------------------------------------------------------------- acl.*

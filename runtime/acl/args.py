@@ -11,6 +11,13 @@ from devices.errors import InvalidParamError
 from . import hostmem
 
 
+def invalid(detail: str):
+    """The acl layer's own parameter error, ACL_ERROR_INVALID_PARAM (100000): what CANN's acl functions
+    answer for a null pointer, a zero size, an index out of range or an unknown enum value before the
+    runtime (107000) is reached."""
+    return hostmem.invalid(detail)
+
+
 def as_int(x, what: str) -> int:
     """``x`` as an int (numpy integers too, not bool)."""
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)):

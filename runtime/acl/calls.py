@@ -8,16 +8,28 @@
   pyACL;
 - the text of the calling thread's last error is kept for ``acl.get_recent_err_msg()`` (reading it
   clears it), prefixed with the call's name (``acl.rt.malloc: ...``).
+
+C functions that return a value instead of an aclError (``aclmdlGetNumInputs`` -> size_t,
+``aclCreateDataBuffer`` -> pointer, ``aclmdlGetInputDataType`` -> enum) are bare-value calls in pyACL:
+:func:`acl_value` makes them return their value, or on failure the C function's failure value (0, -1,
+"") with the error text kept the same way.
+
+A call is named after the acl namespace of its module: ``runtime.acl.rt`` -> ``acl.rt``; a module that
+implements functions of another namespace says so with a module-level ``ACL_NAMESPACE = "acl"``
+(``runtime.acl.buffers`` holds ``acl.create_data_buffer``).
 """
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 from typing import Callable
 
 from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_INVALID_PARAM, ACL_ERROR_UNINITIALIZE, ACL_SUCCESS,
                             AclError)
+
+from runtime import sanitize
 
 from .state import STATE
 
@@ -28,8 +40,12 @@ _tls = threading.local()                        # .err: the calling thread's las
 
 
 def call_name(fn: Callable) -> str:
-    """``acl.rt.malloc`` for ``runtime.acl.rt.malloc``, ``acl.init`` for ``runtime.acl.init``."""
+    """``acl.rt.malloc`` for ``runtime.acl.rt.malloc``, ``acl.init`` for ``runtime.acl.init``,
+    ``acl.create_data_buffer`` for ``runtime.acl.buffers.create_data_buffer`` (``ACL_NAMESPACE``)."""
     mod = fn.__module__
+    ns = getattr(sys.modules.get(mod), "ACL_NAMESPACE", None)
+    if ns:
+        return f"{ns}.{fn.__name__}"
     sub = mod[len(_PACKAGE):] if mod.startswith(_PACKAGE) else "." + mod
     return f"acl{sub}.{fn.__name__}"
 
@@ -48,6 +64,9 @@ def acl_call(outs: tuple = (), init: bool = True) -> Callable[[Callable], Callab
                     raise AclError("acl.init() has not been called", code=ACL_ERROR_UNINITIALIZE)
                 res = fn(*args, **kwargs)
             except AclError as e:
+                san = sanitize.current()
+                if san is not None:                # memcheck: a refused bad access, from the caller's stack
+                    san.api_error(e, api=name)
                 return _failed(name, e.code, str(e), outs)
             except (TypeError, ValueError, OverflowError) as e:
                 if e.__traceback__ is not None and e.__traceback__.tb_next is None:
@@ -61,6 +80,33 @@ def acl_call(outs: tuple = (), init: bool = True) -> Callable[[Callable], Callab
             if len(outs) == 1:
                 return res, ACL_SUCCESS
             return (*res, ACL_SUCCESS)
+        return call
+    return deco
+
+
+def acl_value(default, init: bool = True) -> Callable[[Callable], Callable]:
+    """Decorator: make ``fn`` a bare-value acl call (see the module docstring): it returns ``fn``'s
+    value, or ``default`` (the C function's failure value) when it fails, keeping the error text for
+    ``acl.get_recent_err_msg()``.  ``init`` calls fail before ``acl.init()``."""
+    def deco(fn: Callable) -> Callable:
+        name = call_name(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                if init and not STATE.initialized:
+                    raise AclError("acl.init() has not been called", code=ACL_ERROR_UNINITIALIZE)
+                return fn(*args, **kwargs)
+            except AclError as e:
+                _failed(name, e.code, str(e), ())
+            except (TypeError, ValueError, OverflowError) as e:
+                if e.__traceback__ is not None and e.__traceback__.tb_next is None:
+                    raise                 # wrong arguments to the call itself: a Python error, as in pyACL
+                _failed(name, ACL_ERROR_INVALID_PARAM, f"{type(e).__name__}: {e}", ())
+            except Exception as e:  # noqa: BLE001 - an API call never raises
+                log.debug("%s failed", name, exc_info=True)
+                _failed(name, ACL_ERROR_INTERNAL_ERROR, f"{type(e).__name__}: {e}", ())
+            return default
         return call
     return deco
 
@@ -80,4 +126,5 @@ def take_error() -> str:
 def _failed(name: str, code: int, text: str, outs: tuple):
     record_error(name, text)
     log.debug("%s -> %d: %s", name, code, text)
-    return (*outs, code) if outs else code
+    # a dict output (pyACL's dims / batch dicts) is a fresh one per failure: callers may mutate it
+    return (*(dict(o) if isinstance(o, dict) else o for o in outs), code) if outs else code

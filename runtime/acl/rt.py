@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,10 +20,10 @@ from devices import errors
 from devices.arena import is_device_ptr, ptr_device
 from devices.errors import AclError, InvalidHandleError, InvalidParamError
 from devices.kernel import ACL_DTYPE, DTYPES, TensorDesc, lookup, register_user_kernel
-from runtime import api
+from runtime import api, sanitize
 
 from . import hostmem
-from .args import as_int, host_range, host_view
+from .args import as_int, host_range, host_view, invalid
 from .calls import acl_call
 from .constants import (ACL_CALLBACK_BLOCK, ACL_CALLBACK_NO_BLOCK, ACL_DDR_MEM, ACL_ERROR_REPEAT_SUBSCRIBE,
                         ACL_ERROR_RT_CONTEXT_NULL, ACL_ERROR_RT_FEATURE_NOT_SUPPORT, ACL_ERROR_RT_REPORT_TIMEOUT,
@@ -31,7 +32,7 @@ from .constants import (ACL_CALLBACK_BLOCK, ACL_CALLBACK_NO_BLOCK, ACL_DDR_MEM, 
                         ACL_EVENT_STATUS_COMPLETE, ACL_EVENT_STATUS_NOT_READY, ACL_EVENT_STATUS_RESERVED, ACL_HBM_MEM_P2P_HUGE1G,
                         ACL_HOST, ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEMCPY_DEFAULT, ACL_MEMCPY_DEVICE_TO_DEVICE,
                         ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE, ACL_MEMCPY_HOST_TO_DEVICE,
-                        ACL_MEMCPY_HOST_TO_HOST, ACL_MEMCPY_INNER_DEVICE_TO_DEVICE, ACL_MEMCPY_INTER_DEVICE_TO_DEVICE,
+                        ACL_MEMCPY_HOST_TO_HOST,
                         ACL_RT_DEVICE_STATUS_ABNORMAL, ACL_RT_DEVICE_STATUS_NORMAL, ACL_STREAM_STATUS_COMPLETE,
                         ACL_STREAM_STATUS_NOT_READY, ACL_STREAM_STATUS_RESERVED, ACL_VERSION, STREAM_PRIORITY_GREATEST,
                         STREAM_PRIORITY_LEAST)
@@ -88,8 +89,11 @@ def get_device():
     return current_context().index
 
 
-@acl_call(outs=(0,))
+@acl_call(outs=(0,), init=False)
 def get_run_mode():
+    """-> (ACL_HOST, ret): a vnpu program always runs on the host, devices are reached through the
+    runtime (EP mode).  Works before ``acl.init()``, as aclrtGetRunMode does (it checks no init), so
+    programs that read it at import time take the host path (H2D / D2H copies)."""
     return ACL_HOST
 
 
@@ -178,9 +182,10 @@ def malloc_align32(size, policy=ACL_MEM_MALLOC_HUGE_FIRST):
 @acl_call()
 def free(dev_ptr):
     """Free device memory from malloc*.  No implicit synchronization: make sure the streams that use
-    it are done."""
+    it are done.  NULL is the acl layer's 100000 (aclrtFree's null check), anything else it cannot free
+    the runtime's 107000 / 207002."""
+    ptr = _non_null(dev_ptr, "device pointer")
     current_context()
-    ptr = as_int(dev_ptr, "device pointer")
     dev = _device_of_ptr(ptr)
     dev.free(ptr)
     with STATE.lock:
@@ -192,67 +197,77 @@ def malloc_host(size):
     """Host memory (64 B aligned, uninitialised) -> (host_ptr, ret); valid until free_host or finalize
     (registered in the host-pointer table, :mod:`runtime.acl.hostmem`: acl calls check every host range
     against it)."""
-    size = as_int(size, "size")
-    if size <= 0:
-        raise InvalidParamError(f"malloc_host size must be positive, got {size}")
+    size = _positive(size, "malloc_host size")
     raw = np.empty(size + 64, dtype=np.uint8)
     start = (-raw.ctypes.data) % 64
     buf = raw[start:start + size]
     hostmem.register(buf.ctypes.data, size, buf, "malloc_host")
+    san = sanitize.current()
+    if san is not None:                                  # host buffer history (memcheck, leakcheck)
+        san.host_allocated(buf.ctypes.data, size)
     return buf.ctypes.data
 
 
 @acl_call()
 def free_host(host_ptr):
-    """Free malloc_host memory: a pointer that is not the start of a live malloc_host buffer (freed
-    already, or never allocated) is ACL_ERROR_RT_PARAM_INVALID (107000), as a runtime free is.  An
-    asynchronous copy queued before keeps the buffer until it ran."""
+    """Free malloc_host memory: NULL is the acl layer's 100000; a pointer that is not the start of a
+    live malloc_host buffer (freed already, or never allocated) is ACL_ERROR_RT_PARAM_INVALID (107000),
+    as the runtime's free answers.  An asynchronous copy queued before keeps the buffer until it ran."""
+    ptr = _non_null(host_ptr, "host pointer")
     try:
-        hostmem.release(as_int(host_ptr, "host pointer"), kind="malloc_host")
+        hostmem.release(ptr, kind="malloc_host")
     except AclError as e:
         raise InvalidParamError(e.detail) from None
+    san = sanitize.current()
+    if san is not None:
+        san.host_freed(ptr)
 
 
 @acl_call()
 def memcpy(dst, dest_max, src, count, kind):
-    """Synchronous copy of ``count`` bytes; ``kind`` is an ACL_MEMCPY_* value (DEFAULT: from the
-    addresses).  Does not wait for streams."""
-    dst, src = as_int(dst, "dst"), as_int(src, "src")
-    _dest_max, count = _check_counts(dest_max, count)
-    way = _direction(kind, dst, src)
-    current_context()
-    if count == 0:
+    """Synchronous copy of ``count`` bytes.  As in current CANN, ``kind`` only has to be a valid
+    ACL_MEMCPY_* value (else 100000): the direction comes from the addresses (device memory, or a host
+    buffer acl knows), so a kind that contradicts them is corrected, not refused.  Does not wait for
+    streams.  ``count`` 0 copies nothing and succeeds; NULL is 100000; ``count`` > ``dest_max`` 107000."""
+    cp = _copy_args(dst, dest_max, src, count, kind)
+    if cp is None:
         return
+    current_context()
+    way, n = cp.way, cp.count
     if way == "h2h":
-        host_view(dst, count, "dst")[:] = host_view(src, count, "src")      # memmove: overlap is fine
+        cp.dst_view()[:] = cp.src_view()                       # memmove: overlap is fine
     elif way == "h2d":
-        _device_of_ptr(dst).memcpy_h2d(dst, host_view(src, count, "src"))
+        _device_of_ptr(cp.dst).memcpy_h2d(cp.dst, cp.src_view())
     elif way == "d2h":
-        out = host_view(dst, count, "dst")
-        _device_of_ptr(src).memcpy_d2h(src, count, out=out)
+        _device_of_ptr(cp.src).memcpy_d2h(cp.src, n, out=cp.dst_view())
     else:
-        ddev, sdev = _device_of_ptr(dst), _device_of_ptr(src)
+        ddev, sdev = _device_of_ptr(cp.dst), _device_of_ptr(cp.src)
         if sdev is ddev:
-            ddev.memcpy_d2d(dst, src, count)
+            ddev.memcpy_d2d(cp.dst, cp.src, n)
         else:                                    # between devices: through host memory
-            ddev.memcpy_h2d(dst, sdev.memcpy_d2h(src, count))
+            ddev.memcpy_h2d(cp.dst, sdev.memcpy_d2h(cp.src, n))
 
 
 @acl_call()
 def memcpy_async(dst, dest_max, src, count, kind, stream):
-    """Stream-ordered copy (see the module docstring for how each direction is ordered)."""
-    dst, src = as_int(dst, "dst"), as_int(src, "src")
-    _dest_max, count = _check_counts(dest_max, count)
-    way = _direction(kind, dst, src)
+    """Stream-ordered copy (see the package docstring for how each direction is ordered).  The kind is
+    checked against the addresses as current CANN's runtime does (MemcpyKindAutoCorrect): between
+    device memory and malloc_host (pinned) memory it is corrected to the real direction; with pageable
+    host memory (``util.numpy_to_ptr`` / ``bytes_to_ptr``) it must be one the pair allows (e.g. H2D or
+    D2D into device memory, D2H or D2D out of it; DEFAULT always), else 107000 and nothing is queued.
+    A host-to-host copy is 207000 (not supported asynchronously in EP mode)."""
+    cp = _copy_args(dst, dest_max, src, count, kind)
+    if cp is None:
+        return
     rec = stream_record(stream)
     s = rec.stream
+    _check_async_kind(cp)
+    way, dst, src, n = cp.way, cp.dst, cp.src, cp.count
     if way == "h2h":
         raise AclError("asynchronous host-to-host copies are not supported in host (EP) mode",
                        code=ACL_ERROR_RT_FEATURE_NOT_SUPPORT)
-    if count == 0:
-        return
     if way == "h2d":
-        data = host_view(src, count, "src").tobytes()
+        data = cp.src_view().tobytes()
         if _device_of_ptr(dst) is s.device:
             s.write(dst, data)
         else:                                    # another device's memory: in order, then direct
@@ -261,17 +276,17 @@ def memcpy_async(dst, dest_max, src, count, kind, stream):
     elif way == "d2d":
         ddev, sdev = _device_of_ptr(dst), _device_of_ptr(src)
         if ddev is s.device and sdev is s.device:
-            s.copy(dst, src, count)
+            s.copy(dst, src, n)
         else:
             s.synchronize()
-            ddev.memcpy_h2d(dst, sdev.memcpy_d2h(src, count))
+            ddev.memcpy_h2d(dst, sdev.memcpy_d2h(src, n))
     else:
         sdev = _device_of_ptr(src)
-        hdst = host_range(dst, count, "dst")          # checked now; held (kept mapped) until the copy ran
+        hdst = cp.host("dst")                   # checked now; held (kept mapped) until the copy ran
 
         def copy_now() -> None:
             try:
-                sdev.memcpy_d2h(src, count, out=hdst.view(dst, count))
+                sdev.memcpy_d2h(src, n, out=hdst.view(dst, n))
             except AclError as e:
                 rec.async_error = rec.async_error or e
             except Exception as e:  # noqa: BLE001 - runs on a runtime thread: keep it alive
@@ -282,13 +297,13 @@ def memcpy_async(dst, dest_max, src, count, kind, stream):
 
 @acl_call()
 def memset(dev_ptr, max_count, value, count):
-    """Set ``count`` bytes to ``value & 0xFF`` (device or host memory, from the address)."""
-    ptr = as_int(dev_ptr, "pointer")
-    _max, count = _check_counts(max_count, count)
-    value = as_int(value, "value")
-    current_context()
-    if count == 0:
+    """Set ``count`` bytes to ``value & 0xFF``, device or host memory: the address decides (host memory
+    must lie in a live host buffer acl knows, e.g. from malloc_host).  ``count`` 0 sets nothing and
+    succeeds; NULL is 100000; ``count`` > ``max_count`` 107000.  Does not wait for streams."""
+    ptr, count, value = _memset_args(dev_ptr, max_count, value, count)
+    if not count:
         return
+    current_context()
     if is_device_ptr(ptr):
         _device_of_ptr(ptr).memset(ptr, value, count)
     else:
@@ -297,13 +312,16 @@ def memset(dev_ptr, max_count, value, count):
 
 @acl_call()
 def memset_async(dev_ptr, max_count, value, count, stream):
-    ptr = as_int(dev_ptr, "pointer")
-    _max, count = _check_counts(max_count, count)
-    value = as_int(value, "value")
+    """Stream-ordered memset of device memory.  Host memory (the address decides, as for ``memset``) is
+    set at once, not queued: CANN puts no host-memory memset on a stream (aclrtMemsetD32Async: "the
+    initialization of host memory is not issued to the stream"), so synchronize the stream first when
+    it still writes that memory."""
+    ptr, count, value = _memset_args(dev_ptr, max_count, value, count)
+    if not count:
+        return
     rec = stream_record(stream)
     if not is_device_ptr(ptr):
-        raise AclError("memset_async needs device memory", code=ACL_ERROR_RT_FEATURE_NOT_SUPPORT)
-    if count == 0:
+        host_view(ptr, count, "pointer")[:] = value & 0xFF
         return
     dev = _device_of_ptr(ptr)
     if dev is rec.stream.device:
@@ -591,30 +609,119 @@ def _device_of_ptr(ptr: int) -> api.Device:
     return rt.device(index)
 
 
-def _direction(kind: int, dst: int, src: int) -> str:
-    """'h2h' | 'h2d' | 'd2h' | 'd2d' for ``kind`` and the pointers (107000 when they disagree)."""
-    kind = as_int(kind, "memcpy kind")
-    d_dev, s_dev = is_device_ptr(dst), is_device_ptr(src)
-    actual = ("d" if s_dev else "h") + "2" + ("d" if d_dev else "h")
-    want = {ACL_MEMCPY_HOST_TO_HOST: "h2h", ACL_MEMCPY_HOST_TO_DEVICE: "h2d", ACL_MEMCPY_DEVICE_TO_HOST: "d2h",
-            ACL_MEMCPY_DEVICE_TO_DEVICE: "d2d", ACL_MEMCPY_DEFAULT: actual, ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE: "h2d",
-            ACL_MEMCPY_INNER_DEVICE_TO_DEVICE: "d2d", ACL_MEMCPY_INTER_DEVICE_TO_DEVICE: "d2d"}.get(kind)
-    if want is None:
-        raise InvalidParamError(f"unknown memcpy kind {kind}")
-    if want != actual:
-        raise InvalidParamError(f"memcpy kind {kind} ({want}) does not match the pointers: src 0x{src:x} is "
-                                f"{'device' if s_dev else 'host'} memory, dst 0x{dst:x} is "
-                                f"{'device' if d_dev else 'host'} memory")
-    return want
+#: the copy kinds aclrtMemcpy / aclrtMemcpyAsync take, by name (MemcpyKindTranslate in CANN's memory.cpp:
+#: the device-to-device variants INNER / INTER are not among them); any other value is the acl layer's
+#: 100000
+_KINDS = {ACL_MEMCPY_HOST_TO_HOST: "HOST_TO_HOST", ACL_MEMCPY_HOST_TO_DEVICE: "HOST_TO_DEVICE",
+          ACL_MEMCPY_DEVICE_TO_HOST: "DEVICE_TO_HOST", ACL_MEMCPY_DEVICE_TO_DEVICE: "DEVICE_TO_DEVICE",
+          ACL_MEMCPY_DEFAULT: "DEFAULT", ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE: "HOST_TO_BUF_TO_DEVICE"}
+
+#: memcpy_async with pageable host memory: the kinds each (src, dst) location pair accepts besides
+#: DEFAULT (CANN's MemcpyKindReviseMap; "host" is malloc_host memory, for which -- as for device memory
+#: -- any kind is corrected to the real direction)
+_PAGEABLE_KINDS = {
+    ("pageable", "device"): {ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_DEVICE},
+    ("device", "pageable"): {ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_DEVICE_TO_DEVICE},
+    ("host", "pageable"): {ACL_MEMCPY_HOST_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE},
+    ("pageable", "host"): {ACL_MEMCPY_HOST_TO_HOST, ACL_MEMCPY_DEVICE_TO_HOST},
+    ("pageable", "pageable"): {ACL_MEMCPY_HOST_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST,
+                               ACL_MEMCPY_DEVICE_TO_DEVICE},
+}
 
 
-def _check_counts(dest_max, count) -> tuple[int, int]:
+@dataclass(frozen=True)
+class _Copy:
+    """A checked copy: addresses, byte count, the kind given, the real direction and the host ranges."""
+    dst: int
+    src: int
+    count: int
+    kind: int
+    way: str                                   #: "h2h" | "h2d" | "d2h" | "d2d", from the addresses
+    dst_range: hostmem.HostRange | None        #: the host buffers (held while the copy needs them)
+    src_range: hostmem.HostRange | None
+
+    def host(self, which: str) -> hostmem.HostRange:
+        """The host buffer of ``which`` ("dst" / "src"); InvalidParamError for device memory."""
+        r = self.dst_range if which == "dst" else self.src_range
+        if r is None:
+            raise InvalidParamError(f"{which} 0x{self.dst if which == 'dst' else self.src:x} is device memory")
+        return r
+
+    def dst_view(self):
+        return self.host("dst").view(self.dst, self.count)
+
+    def src_view(self):
+        return self.host("src").view(self.src, self.count)
+
+    def location(self, which: str) -> str:
+        """"device", "host" (malloc_host: pinned) or "pageable" (any other host buffer acl knows)."""
+        r = self.dst_range if which == "dst" else self.src_range
+        return "device" if r is None else ("host" if r.kind == "malloc_host" else "pageable")
+
+
+def _copy_args(dst, dest_max, src, count, kind) -> "_Copy | None":
+    """Check a copy's arguments in CANN's order: ``count`` 0 -> nothing to do (None); NULL -> 100000; an
+    unknown kind -> 100000 (the acl layer); ``count`` > ``dest_max`` -> 107000 (the runtime); host
+    addresses outside a live host buffer -> 100000."""
     dest_max, count = as_int(dest_max, "dest_max"), as_int(count, "count")
+    if count == 0:
+        return None
+    dst, src = _non_null(dst, "dst"), _non_null(src, "src")
+    kind = as_int(kind, "memcpy kind")
+    if kind not in _KINDS:
+        raise invalid(f"unknown memcpy kind {kind} (ACL_MEMCPY_HOST_TO_HOST 0 .. HOST_TO_BUF_TO_DEVICE 5)")
     if count < 0 or dest_max < 0:
         raise InvalidParamError(f"negative size (dest_max={dest_max}, count={count})")
     if count > dest_max:
         raise InvalidParamError(f"count {count} exceeds dest_max {dest_max}")
-    return dest_max, count
+    d_dev, s_dev = is_device_ptr(dst), is_device_ptr(src)
+    way = ("d" if s_dev else "h") + "2" + ("d" if d_dev else "h")
+    return _Copy(dst, src, count, kind, way, None if d_dev else host_range(dst, count, "dst"),
+                 None if s_dev else host_range(src, count, "src"))
+
+
+def _check_async_kind(cp: _Copy) -> None:
+    """memcpy_async's kind check (see memcpy_async): 107000 for a kind the addresses do not allow."""
+    src_loc, dst_loc = cp.location("src"), cp.location("dst")
+    if cp.kind == ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE:          # staged H2D: not corrected
+        ok = cp.way == "h2d"
+    elif cp.kind == ACL_MEMCPY_DEFAULT:
+        ok = True
+    else:
+        allowed = _PAGEABLE_KINDS.get((src_loc, dst_loc))
+        ok = allowed is None or cp.kind in allowed           # device / pinned memory: corrected
+    if not ok:
+        raise InvalidParamError(f"memcpy kind ACL_MEMCPY_{_KINDS[cp.kind]} does not fit the addresses: src "
+                                f"0x{cp.src:x} is {src_loc} memory, dst 0x{cp.dst:x} is {dst_loc} memory")
+
+
+def _memset_args(ptr, max_count, value, count) -> tuple[int, int, int]:
+    """(ptr, count, value); count 0 needs nothing else; NULL -> 100000; count > max_count -> 107000."""
+    max_count, count, value = as_int(max_count, "max_count"), as_int(count, "count"), as_int(value, "value")
+    if count == 0:
+        return 0, 0, value
+    ptr = _non_null(ptr, "pointer")
+    if count < 0 or max_count < 0:
+        raise InvalidParamError(f"negative size (max_count={max_count}, count={count})")
+    if count > max_count:
+        raise InvalidParamError(f"count {count} exceeds max_count {max_count}")
+    return ptr, count, value
+
+
+def _non_null(ptr, what: str) -> int:
+    """An address argument; NULL (0 / None) is the acl layer's 100000 (ACL_REQUIRES_NOT_NULL)."""
+    p = 0 if ptr is None else as_int(ptr, what)
+    if p == 0:
+        raise invalid(f"{what} is NULL")
+    return p
+
+
+def _positive(size, what: str) -> int:
+    """A size argument; 0 or less is the acl layer's 100000 (ACL_REQUIRES_POSITIVE)."""
+    n = as_int(size, what)
+    if n <= 0:
+        raise invalid(f"{what} must be positive, got {n}")
+    return n
 
 
 def _raise_async_error(recs) -> None:
@@ -680,8 +787,9 @@ def _sync_device(timeout_ms: int) -> None:
 
 
 def _malloc(size, policy) -> int:
+    size = _positive(size, "malloc size")
     c = current_context()
-    ptr = c.dev.malloc(as_int(size, "size"), as_int(policy, "policy"))
+    ptr = c.dev.malloc(size, as_int(policy, "policy"))
     with STATE.lock:
         STATE.dev_allocs[ptr] = c.dev
     return ptr

@@ -1,10 +1,13 @@
 """The acl layer's process state: init count, contexts, streams, events, allocations, function and
-model handles, and the calling thread's current context.
+model handles, the model layer's host objects (loaded models, model descriptions, datasets, data
+buffers, tensor descriptions), and the calling thread's current context.
 
-pyACL hands out plain ints; this module maps them to :mod:`runtime.api` objects and checks them (an
-unknown or destroyed handle is 107017, a stream of another context 107003).  The current context is per
-thread (``threading.local``), as in CANN; everything else is shared by the process and guarded by
-:attr:`State.lock`.
+pyACL hands out plain ints; this module maps them to :mod:`runtime.api` / :mod:`runtime.offline` objects
+and checks them (an unknown or destroyed runtime handle is 107017, a stream of another context 107003;
+an unknown or destroyed model-layer object -- a dangling pointer in C -- is the acl layer's 100000, as
+its null-pointer checks answer).  Handles are never reused, so a destroyed one never names a newer
+object.  The current context is per thread (``threading.local``), as in CANN; everything else is shared
+by the process and guarded by :attr:`State.lock`.
 """
 from __future__ import annotations
 
@@ -14,9 +17,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from devices.errors import (ACL_ERROR_RT_CONTEXT_NULL, ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
-                            ACL_ERROR_UNINITIALIZE, AclError, InvalidHandleError)
-from runtime import api
+from devices.errors import (ACL_ERROR_GE_EXEC_MODEL_ID_INVALID, ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_CONTEXT_NULL,
+                            ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_UNINITIALIZE,
+                            AclError, InvalidHandleError, ModelError)
+from runtime import api, sanitize
 
 from . import hostmem
 from .args import as_int
@@ -36,6 +40,7 @@ class Context:
     stream: "StreamRecord | None" = None  #: its default stream
     streams: set = field(default_factory=set)   #: handles of every stream created in it
     events: set = field(default_factory=set)
+    models: set = field(default_factory=set)    #: ids of the models loaded in it
     alive: bool = True
 
 
@@ -59,6 +64,49 @@ class EventRecord:
     flags: int
 
 
+@dataclass(eq=False)
+class ModelRecord:
+    """A model loaded through acl.mdl: its offline model and the context that loaded it (the model goes
+    when that context is released, as a context's resources do)."""
+    model_id: int
+    ctx: Context
+    model: Any                         #: runtime.offline.OfflineModel
+
+
+@dataclass(eq=False)
+class ModelDescRecord:
+    """aclmdlDesc: empty until get_desc fills it with a snapshot of the model's description."""
+    handle: int
+    model_id: int | None = None
+    desc: Any = None                   #: runtime.offline.ModelDesc
+
+
+@dataclass(eq=False)
+class DataBufferRecord:
+    """aclDataBuffer: an address and a size (not owned: destroying the buffer frees nothing)."""
+    handle: int
+    ptr: int
+    size: int
+
+
+@dataclass(eq=False)
+class DatasetRecord:
+    """aclmdlDataset: data buffer handles in order, and tensor descriptions set per index."""
+    handle: int
+    buffers: list = field(default_factory=list)
+    tensor_descs: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class TensorDescRecord:
+    """aclTensorDesc: data type, dims (None: unknown rank), format and name."""
+    handle: int
+    dtype: int
+    dims: tuple | None
+    format: int
+    name: str = ""
+
+
 class State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -80,6 +128,11 @@ class State:
         self.funcs: dict[int, str] = {}
         self.func_by_name: dict[str, int] = {}
         self.model_ris: dict[int, Any] = {}          # aclmdlRI handle -> runtime.graph.Graph
+        self.models: dict[int, ModelRecord] = {}     # model id -> a model loaded through acl.mdl
+        self.model_descs: dict[int, ModelDescRecord] = {}
+        self.data_buffers: dict[int, DataBufferRecord] = {}
+        self.datasets: dict[int, DatasetRecord] = {}
+        self.tensor_descs: dict[int, TensorDescRecord] = {}
 
     @property
     def initialized(self) -> bool:
@@ -143,6 +196,23 @@ def event_record(handle) -> EventRecord:
     return rec
 
 
+def model_record(model_id) -> ModelRecord:
+    """A model loaded through acl.mdl (145003 ACL_ERROR_GE_EXEC_MODEL_ID_INVALID for an unknown or
+    unloaded id, as GE answers)."""
+    rec = STATE.models.get(as_int(model_id, "model id"))
+    if rec is None:
+        raise ModelError(f"no model with id {model_id!r} is loaded", code=ACL_ERROR_GE_EXEC_MODEL_ID_INVALID)
+    return rec
+
+
+def object_record(table: dict, handle, what: str):
+    """The model-layer object ``handle`` of ``table`` (100000 for an unknown or destroyed one)."""
+    rec = table.get(handle) if isinstance(handle, int) and not isinstance(handle, bool) else None
+    if rec is None:
+        raise AclError(f"{what} {handle!r} is unknown or was destroyed", code=ACL_ERROR_INVALID_PARAM)
+    return rec
+
+
 def context_record(handle) -> Context:
     c = STATE.contexts.get(as_int(handle, "context")) if handle is not None else None
     if c is None or not c.alive:
@@ -153,6 +223,8 @@ def context_record(handle) -> Context:
 # ---------------------------------------------------------------------------------------------- lifecycle
 def new_stream(c: Context, priority: int, flags: int, default: bool = False) -> StreamRecord:
     s = c.dev.stream(priority)
+    if default and c.dev.sanitizer is not None:        # a context's default stream is acl's own, not a leak
+        c.dev.sanitizer.internal_stream(c.dev.handle, s.sid)
     with STATE.lock:
         rec = StreamRecord(STATE.new_handle(), c, s, priority, flags, default)
         STATE.streams[rec.handle] = rec
@@ -169,15 +241,31 @@ def new_context(dev_index: int, default: bool) -> Context:
     return c
 
 
-def release_context(c: Context, timeout_ms: float = -1) -> None:
-    """Wait for and destroy every stream and event of a context (and forget it)."""
+def unload_models(recs) -> None:
+    """Unload models (waiting for their queued executions); a failure is logged, not raised."""
+    for rec in recs:
+        try:
+            rec.model.unload()
+        except AclError:
+            log.warning("unloading model %d failed", rec.model_id, exc_info=True)
+
+
+def release_context(c: Context, timeout_ms: float = -1, tables: tuple[dict, dict, dict] | None = None) -> None:
+    """Unload the context's models, then wait for and destroy its streams and events (and forget it).
+    ``tables`` (models, streams, events) are the handle tables to take them from: the live ones of
+    :data:`STATE` by default, a snapshot taken before :meth:`State.clear` at finalize."""
+    models, streams, events = tables if tables is not None else (STATE.models, STATE.streams, STATE.events)
+    with STATE.lock:
+        mrecs = [models.pop(m) for m in list(c.models) if m in models]
+        c.models.clear()
+    unload_models(mrecs)
     with STATE.lock:
         c.alive = False
         STATE.contexts.pop(c.handle, None)
         if STATE.default_ctx.get(c.index) is c:
             del STATE.default_ctx[c.index]
-        srecs = [STATE.streams.pop(h) for h in list(c.streams) if h in STATE.streams]
-        erecs = [STATE.events.pop(h) for h in list(c.events) if h in STATE.events]
+        srecs = [streams.pop(h) for h in list(c.streams) if h in streams]
+        erecs = [events.pop(h) for h in list(c.events) if h in events]
         c.streams.clear()
         c.events.clear()
         STATE.cv.notify_all()
@@ -200,24 +288,32 @@ def release_context(c: Context, timeout_ms: float = -1) -> None:
 
 
 def teardown() -> None:
-    """Release every context, stream, event and allocation made through acl and forget all handles
-    (aclFinalize), and close the runtime if acl.init created it; host-blocking, each context's streams
-    for up to FINALIZE_SYNC_TIMEOUT_MS."""
+    """Release every context (its models, streams and events) and allocation made through acl and forget
+    all handles -- model descriptions, datasets, data buffers and tensor descriptions too (aclFinalize),
+    and close the runtime if acl.init created it; host-blocking, each context's streams for up to
+    FINALIZE_SYNC_TIMEOUT_MS."""
     with STATE.lock:
         ctxs = list(STATE.contexts.values())
+        tables = (dict(STATE.models), dict(STATE.streams), dict(STATE.events))
         allocs = list(STATE.dev_allocs.items())
         rt, owned = STATE.rt, STATE.owns_rt
-        STATE.clear()
+        hosts = [r.start for r in hostmem.TABLE.live() if r.kind == "malloc_host"]
+        STATE.clear()                      # calls from now on see acl uninitialized
         STATE.owns_rt = False
         STATE.cv.notify_all()
     for c in ctxs:
-        release_context(c, FINALIZE_SYNC_TIMEOUT_MS)
+        release_context(c, FINALIZE_SYNC_TIMEOUT_MS, tables)
+    unload_models(tables[0].values())      # models of contexts released before (none, normally)
     for ptr, dev in allocs:
         try:
             dev.free(ptr)
         except AclError:
             pass
     hostmem.TABLE.clear(kind="malloc_host")      # acl's host allocations go with it
+    san = sanitize.current()
+    if san is not None:                                  # finalize released the malloc_host buffers too
+        for ptr in hosts:
+            san.host_freed(ptr)
     if owned and rt is not None:
         if api.current_runtime() is rt:
             api.set_runtime(None)

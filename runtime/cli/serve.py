@@ -2,11 +2,17 @@
 
     vnpu serve --model smollm2 --model minilm-l6 --port 8000
     vnpu serve --model smollm2@0-2 --tp 3 --config serve.yaml
+    vnpu serve --config serve.yaml --replicas 2          # two Ray Serve replicas behind the same routes
 
 Devices: the running cluster, or an embedded one with as many devices as the models need
 (``VNPU_BACKEND=local``: in-process devices).  Prints ``vnpu serve: listening on URL`` once bound (port
 0 picks a free port) and ``vnpu serve: ready`` once the engines are loaded; SIGTERM/SIGINT drains (no new
-requests, running ones finish) and exits 0.  Bad flags or config: one line on stderr, exit 2.
+requests, running ones finish) and exits 0.  Bad flags or config: one line on stderr, exit 2 -- among them
+an open server (no tenants with API keys) on a non-loopback ``--host`` without ``--allow-unauthenticated``.
+
+``--replicas R`` (or ``server.replicas``) > 1 runs the engines as R Ray Serve replicas on the cluster (each
+claims its devices as the Ray resource ``NPU``), behind this process's HTTP routes; the default (1) serves
+in this process with no Ray Serve hop.
 """
 from __future__ import annotations
 
@@ -28,6 +34,10 @@ def register(sub) -> None:
     s.add_argument("--port", type=int_in(0, 65535), default=None, help="port (default 8000; 0 = any free port)")
     s.add_argument("--devices", type=positive_int, default=None, help="devices of an embedded cluster (default: "
                                                                           "what the models need)")
+    s.add_argument("--replicas", type=positive_int, default=None,
+                   help="Ray Serve replicas of the engines (default 1: in this process, no Ray Serve)")
+    s.add_argument("--allow-unauthenticated", action="store_true",
+                   help="serve without API keys on a non-loopback --host (refused otherwise)")
     s.set_defaults(fn=_cmd_serve)
 
 
@@ -57,7 +67,14 @@ def resolve(a):
     port = cfg.port if a.port is None else a.port
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port} is outside [0, 65535]")
-    return dataclasses.replace(cfg, host=a.host or cfg.host, port=port, models=tuple(models))
+    replicas = cfg.replicas if a.replicas is None else a.replicas
+    if replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {replicas}")
+    out = dataclasses.replace(cfg, host=a.host or cfg.host, port=port, models=tuple(models), replicas=replicas,
+                              allow_unauthenticated=cfg.allow_unauthenticated or a.allow_unauthenticated)
+    from runtime.serve.tenants import check_bind
+    check_bind(out.host, out.registry(), out.allow_unauthenticated)
+    return out
 
 
 def _cmd_serve(a) -> int:
@@ -66,13 +83,21 @@ def _cmd_serve(a) -> int:
         cfg = resolve(a)
     except (AclError, ValueError) as e:
         return _fail(getattr(e, "detail", str(e)))
-    need = a.devices or sum(m.device_count for m in cfg.models)
+    from runtime.serve.config import devices_needed
+    import os
+    if cfg.replicas > 1 and os.environ.get("VNPU_BACKEND", "") == "local":
+        return _fail("--replicas > 1 runs Ray Serve replicas on the cluster; unset VNPU_BACKEND=local")
+    need = a.devices or devices_needed(cfg.models) * cfg.replicas
     from runtime.cli.run import job_runtime
     from runtime.serve.server import Server, Service
     try:
         with job_runtime(need) as rt:
-            svc = Service(rt, cfg.models)
-            srv = Server(svc, cfg.host, cfg.port)
+            if cfg.replicas > 1:
+                from runtime.serve.replicas import ReplicaService
+                svc = ReplicaService(cfg.models, cfg.replicas, cfg.tenants)
+            else:
+                svc = Service(rt, cfg.models, cfg.tenants)
+            srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated)
             loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)
 
             def bound(s):
@@ -100,5 +125,10 @@ def _load(svc, srv) -> None:
         srv.uv.should_exit = True
         return
     for spec in svc.specs:
-        print(f"vnpu serve: {spec.name} on device(s) {','.join(map(str, spec.devices))}", flush=True)
+        chain = "".join(f" -> {p}" for p in spec.fallback)
+        where = f"device(s) {','.join(map(str, spec.devices))}{chain}"
+        n = getattr(svc, "replica_count", 1)
+        if n > 1:
+            where = f"{n} Ray Serve replicas, each on {where}"
+        print(f"vnpu serve: {spec.name} on {where}", flush=True)
     print("vnpu serve: ready", flush=True)

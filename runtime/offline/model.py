@@ -25,7 +25,9 @@ Errors (typed, with CANN codes; nothing is queued when an argument is refused an
 usable): unloaded / unknown model 145003 ACL_ERROR_GE_EXEC_MODEL_ID_INVALID; wrong number of input or
 output buffers 100017 / 100018 (ACL_ERROR_MODEL_INPUT/OUTPUT_NOT_MATCH); a buffer of the wrong size
 145000 ACL_ERROR_GE_PARAM_INVALID (GE's own check); a typed buffer of the wrong dtype 145022
-ACL_ERROR_GE_DATATYPE_INVALID; a null buffer 100000 ACL_ERROR_INVALID_PARAM; a stream of another device
+ACL_ERROR_GE_DATATYPE_INVALID; a null buffer, or one that is not memory of the model's device (host
+memory, another device's) 100000 ACL_ERROR_INVALID_PARAM; a buffer that runs past the end of its
+allocation 107000 (the runtime's memory check); a stream of another device
 107003 ACL_ERROR_RT_STREAM_CONTEXT; dynamic input null / too short / a batch that is not a gear 145011 /
 145012 / 145013; a model built for another SoC 545001 ACL_ERROR_GE_LOAD_MODEL; a missing file 145002; a
 file that is not a vnpu .om: see :mod:`runtime.atc.om`.
@@ -45,6 +47,7 @@ from devices.errors import (ACL_ERROR_GE_DATATYPE_INVALID, ACL_ERROR_GE_DYNAMIC_
                             ACL_ERROR_GE_LOAD_MODEL, ACL_ERROR_GE_PARAM_INVALID, ACL_ERROR_INVALID_PARAM,
                             ACL_ERROR_MODEL_INPUT_NOT_MATCH, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH,
                             ACL_ERROR_RT_STREAM_CONTEXT, AclError, ModelError)
+from devices.arena import is_device_ptr, ptr_device
 from devices.kernel import TensorDesc
 
 from .desc import ModelDesc
@@ -169,13 +172,20 @@ class OfflineModel:
                            f"model {self.id} is loaded on device {self.device.index}", code=ACL_ERROR_RT_STREAM_CONTEXT)
         return stream
 
-    def _read_batch(self, buf: DataBuffer) -> int:
-        if not buf.ptr:
-            raise ModelError("the dynamic-batch input (ascend_mbatch_shape_data) buffer is null",
+    def _check_dynamic_buffer(self, buf: DataBuffer) -> None:
+        """The dynamic-batch input buffer: 145011 when null or not memory of this device, 145012 when it
+        holds fewer than 4 bytes (GE's checks)."""
+        if not buf.ptr or not is_device_ptr(buf.ptr) or ptr_device(buf.ptr) != self.device.physical_id:
+            what = "null" if not buf.ptr else f"0x{buf.ptr:x}, not memory of device {self.device.index}"
+            raise ModelError(f"the dynamic-batch input (ascend_mbatch_shape_data) buffer is {what}",
                              code=ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID)
         if buf.size < 4:
             raise ModelError(f"the dynamic-batch input buffer has {buf.size} B, needs at least 4",
                              code=ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID)
+        self.device.check_range(buf.ptr, 8 if buf.size >= 8 else 4)
+
+    def _read_batch(self, buf: DataBuffer) -> int:
+        self._check_dynamic_buffer(buf)
         n = 8 if buf.size >= 8 else 4
         self.device.queue.flush()
         raw = self.device.handle.memcpy_d2h(buf.ptr, n)
@@ -208,6 +218,11 @@ class OfflineModel:
                     continue
                 if not b.ptr:
                     raise ModelError(f"{kind} {i} ({spec.name}): null buffer", code=ACL_ERROR_INVALID_PARAM)
+                if not is_device_ptr(b.ptr) or ptr_device(b.ptr) != self.device.physical_id:
+                    where = (f"memory of device {ptr_device(b.ptr)}" if is_device_ptr(b.ptr) else
+                             "host memory (copy it to the device first: the run mode is ACL_HOST)")
+                    raise ModelError(f"{kind} {i} ({spec.name}): buffer 0x{b.ptr:x} is {where}; model {self.id} "
+                                     f"runs on device {self.device.index}", code=ACL_ERROR_INVALID_PARAM)
                 need = spec.nbytes_at(batch)
                 if b.size < need or (kind == "input" and b.size > spec.size):
                     at = f" at batch {batch}" if batch is not None else ""
@@ -218,6 +233,7 @@ class OfflineModel:
                 if b.dtype is not None and b.dtype != spec.dtype:
                     raise ModelError(f"{kind} {i} ({spec.name}): buffer holds {b.dtype}, the model's {kind} is "
                                      f"{spec.dtype}", code=ACL_ERROR_GE_DATATYPE_INVALID)
+                self.device.check_range(b.ptr, need)     # past the end of its allocation: 107000, nothing queued
         return ins, outs, batch
 
     # ------------------------------------------------------------------ execution
@@ -291,11 +307,7 @@ class OfflineModel:
         self._live()
         self._gear(batch)
         b = as_buffer(buffer)
-        if not b.ptr:
-            raise ModelError("the dynamic-batch input buffer is null", code=ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID)
-        if b.size < 4:
-            raise ModelError(f"the dynamic-batch input buffer has {b.size} B, needs at least 4",
-                             code=ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID)
+        self._check_dynamic_buffer(b)
         raw = np.array([batch], "<u8" if b.size >= 8 else "<u4").view(np.uint8)
         self.device.queue.flush()
         self.device.handle.memcpy_h2d(b.ptr, raw)

@@ -1,15 +1,29 @@
 """``serve.yaml``: what ``vnpu serve`` serves and how (schema-validated; every error names the key and
 its line), and model placement (``smollm2@0-2``).
 
-    server:   {host: 127.0.0.1, port: 8000}
+    server:   {host: 127.0.0.1, port: 8000, allow_unauthenticated: false, replicas: 1}
+    slo:      {target_p99_ms: 800, availability: 99.5%}
+    tenants:
+      - name: premium
+        api_keys: [sk-premium-0123456789, "sha256:<64 hex digits>"]
+        priority: 0                           # class: lower runs first
+        quota: {concurrent_requests: 8, tokens_per_minute: 20000}
+        models: [smollm2]                     # default: every model
+        admin: false                          # admin keys reach /metrics and /admin/*
     models:
-      - model: smollm2@0          # name[@devices]: "0", "0-2", "0,2"; no @: the next free devices
-        tp: 1                     # devices of a generation model (tensor parallel when > 1)
+      - model: smollm2@0-2        # name[@devices]: "0", "0-2", "0,2"; no @: the next free devices
+        tp: 3                     # devices of a generation model (tensor parallel when > 1)
+        fallback: [3, cpu]        # the rest of the chain: device lists ("3", "4-5") or cpu
         engine: {max_num_seqs: 16, max_num_batched_tokens: 256, block_size: 16, max_model_len: 1024,
                  gpu_memory_utilization: 0.9, num_gpu_blocks_override: null, max_queued_requests: 64,
-                 graphs: true, scheduling_policy: fcfs}
+                 graphs: true, scheduling_policy: priority, priority_aging_s: 10}
+        scheduler: {mode: adaptive, low_latency_batch: 2, max_wait_ms: 20}
       - model: minilm-l6
         batching: {max_batch_size: 32, max_wait_ms: 5, max_queued_requests: 256}
+
+Cross-checks: tenants with different priority classes need every generation model on the ``priority``
+scheduling policy (under ``fcfs`` vLLM refuses priorities); ``adaptive`` needs ``slo.target_p99_ms``; a
+tenant's ``models`` must be served; a fallback entry must not overlap its own first placement.
 """
 from __future__ import annotations
 
@@ -21,6 +35,9 @@ from devices.errors import InvalidParamError
 from runtime.models import DECODER_MODELS, ENCODER_MODELS
 
 from .engine.config import EngineConfig
+from .engine.modes import ModeConfig
+from .engine.placement import Placement, parse_placement
+from .tenants import Quota, Tenant, TenantRegistry, parse_key
 
 #: model name -> engine kind (a registry: the server builds engines by kind)
 MODEL_KINDS: dict[str, str] = {**{m: "generate" for m in DECODER_MODELS}, **{m: "embed" for m in ENCODER_MODELS}}
@@ -45,10 +62,19 @@ class ModelSpec:
     tp: int | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
+    fallback: tuple[Placement, ...] = ()        #: the rest of the chain after ``devices``
 
     @property
     def kind(self) -> str:
         return MODEL_KINDS[self.name]
+
+    @property
+    def chain_devices(self) -> tuple[int, ...]:
+        """Every device id the model's chain names (first placement and fallbacks)."""
+        out = list(self.devices or ())
+        for p in self.fallback:
+            out += [d for d in p.devices if d not in out]
+        return tuple(out)
 
     @property
     def device_count(self) -> int:
@@ -58,10 +84,25 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class SloConfig:
+    """``target_p99_ms``: end-to-end request latency target (adaptive mode, self-healing triggers);
+    ``availability``: the share of requests that must succeed (0-1)."""
+    target_p99_ms: float | None = None
+    availability: float | None = None
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     models: tuple[ModelSpec, ...] = ()
+    tenants: tuple[Tenant, ...] = ()
+    slo: SloConfig = field(default_factory=SloConfig)
+    allow_unauthenticated: bool = False
+    replicas: int = 1
+
+    def registry(self) -> TenantRegistry:
+        return TenantRegistry(self.tenants)
 
 
 # ---------------------------------------------------------------------------------------------- specs
@@ -93,38 +134,62 @@ def parse_model_spec(spec: str, where: str = "") -> tuple[str, tuple[int, ...] |
 
 def place(models: tuple[ModelSpec, ...], device_count: int) -> tuple[ModelSpec, ...]:
     """Give every model without devices the next free ones (``tp`` of them for a generation model, one
-    for an encoder); check that the devices exist and that no two models share one."""
+    for an encoder; never a device some chain names as a fallback); check that the devices exist, that no
+    two models share one, and that no fallback entry overlaps its own first placement."""
     used: set[int] = set()
+    spares: set[int] = set()
+    for m in models:
+        for p in m.fallback:
+            bad = [d for d in p.devices if d >= device_count]
+            if bad:
+                raise ConfigError(f"model {m.name}: fallback device {bad[0]} does not exist ({device_count} devices)")
+            spares.update(p.devices)
     for m in models:
         if m.devices is not None:
             bad = [d for d in m.devices if d >= device_count]
             if bad:
                 raise ConfigError(f"model {m.name}: device {bad[0]} does not exist ({device_count} devices)")
+            own = set(m.devices).intersection(d for p in m.fallback for d in p.devices)
+            if own:
+                raise ConfigError(f"model {m.name}: device {min(own)} is both in its first placement and in its "
+                                  f"fallback chain")
             clash = used.intersection(m.devices)
             if clash:
                 raise ConfigError(f"model {m.name}: device {min(clash)} is already used by another model")
             used.update(m.devices)
     out = []
     nxt = 0
+    taken = used | spares
     for m in models:
         if m.devices is None:
             devs = []
             while len(devs) < m.device_count:
-                while nxt in used:
+                while nxt in taken:
                     nxt += 1
                 if nxt >= device_count:
                     raise ConfigError(f"model {m.name}: needs {m.device_count} free device(s), only "
                                       f"{len(devs)} left of {device_count}")
                 devs.append(nxt)
-                used.add(nxt)
+                taken.add(nxt)
             m = dataclasses.replace(m, devices=tuple(devs))
         out.append(m)
     return tuple(out)
 
 
+def devices_needed(models: tuple[ModelSpec, ...]) -> int:
+    """Devices a set of models needs: each model's first placement (the next free ones when none is given)
+    plus every device a chain names explicitly."""
+    explicit = {d for m in models for d in m.chain_devices}
+    auto = sum(m.device_count for m in models if m.devices is None)
+    return max([len(explicit) + auto] + [d + 1 for d in explicit])
+
+
 def model_spec(name: str, devices: tuple[int, ...] | None, tp: int | None, engine: EngineConfig | None = None,
-               batching: BatchingConfig | None = None, where: str = "") -> ModelSpec:
+               batching: BatchingConfig | None = None, where: str = "",
+               fallback: tuple[Placement, ...] = ()) -> ModelSpec:
     kind = MODEL_KINDS[name]
+    if fallback and kind != "generate":
+        raise ConfigError(f"{where}fallback applies to generation models; {name} is an encoder")
     if kind == "embed" and tp not in (None, 1):
         raise ConfigError(f"{where}tp applies to generation models; {name} is an encoder (data parallel)")
     if kind == "generate" and devices is not None and tp is not None and tp != len(devices):
@@ -132,7 +197,7 @@ def model_spec(name: str, devices: tuple[int, ...] | None, tp: int | None, engin
     if kind == "generate" and devices is not None:
         tp = len(devices)
     return ModelSpec(name, devices, tp if kind == "generate" else None, engine or EngineConfig(),
-                     batching or BatchingConfig())
+                     batching or BatchingConfig(), tuple(fallback))
 
 
 # ---------------------------------------------------------------------------------------------- schema
@@ -141,10 +206,16 @@ _INT, _NUM, _STR, _BOOL = "integer", "number", "string", "boolean"
 ENGINE_SCHEMA = {"max_num_seqs": (_INT, 1), "max_num_batched_tokens": (_INT, 1), "block_size": (_INT, 1),
                  "max_model_len": (_INT, 2), "gpu_memory_utilization": (_NUM, None),
                  "num_gpu_blocks_override": (_INT, 2, True), "max_queued_requests": (_INT, 1),
-                 "graphs": (_BOOL, None), "scheduling_policy": (_STR, None)}
+                 "graphs": (_BOOL, None), "scheduling_policy": (_STR, None), "priority_aging_s": (_NUM, None)}
+SCHEDULER_SCHEMA = {"mode": (_STR, None), "low_latency_batch": (_INT, 1), "max_wait_ms": (_NUM, 0)}
 BATCHING_SCHEMA = {"max_batch_size": (_INT, 1), "max_wait_ms": (_NUM, 0), "max_queued_requests": (_INT, 1)}
-SERVER_SCHEMA = {"host": (_STR, None), "port": (_INT, 0)}
-MODEL_KEYS = {"model", "tp", "engine", "batching"}
+SERVER_SCHEMA = {"host": (_STR, None), "port": (_INT, 0), "allow_unauthenticated": (_BOOL, None),
+                 "replicas": (_INT, 1)}
+SLO_SCHEMA = {"target_p99_ms": (_NUM, None), "availability": (_STR, None)}
+QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None)}
+TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin")
+MODEL_KEYS = {"model", "tp", "engine", "batching", "fallback", "scheduler"}
+ROOT_KEYS = ("server", "slo", "tenants", "models")
 
 
 def _line(node) -> int:
@@ -217,29 +288,136 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
     if root is None:
         return ServeConfig()
     if not isinstance(root, yaml.MappingNode):
-        raise ConfigError(f"{where}line {_line(root)}: the file must be a mapping (server:, models:)")
-    host, port, models = ServeConfig.host, ServeConfig.port, []
+        raise ConfigError(f"{where}line {_line(root)}: the file must be a mapping ({', '.join(ROOT_KEYS)})")
+    nodes = {}
     for k, v in root.value:
-        if k.value == "server":
-            s = _mapping(v, SERVER_SCHEMA, where, "server")
-            host, port = s.get("host", host), s.get("port", port)
-            if port > 65535:
-                raise ConfigError(f"{where}line {s['__line_port']}: server.port: must be <= 65535, got {port}")
-        elif k.value == "models":
-            if not isinstance(v, yaml.SequenceNode):
-                raise ConfigError(f"{where}line {_line(v)}: models: expected a list of models")
-            for i, m in enumerate(v.value):
-                models.append(_model(m, where, f"models[{i}]"))
-        else:
-            raise ConfigError(f"{where}line {_line(k)}: unknown key {k.value} (known: server, models)")
+        if k.value not in ROOT_KEYS:
+            raise ConfigError(f"{where}line {_line(k)}: unknown key {k.value} (known: {', '.join(ROOT_KEYS)})")
+        nodes[k.value] = (k, v)
+    cfg = ServeConfig()
+    if "server" in nodes:
+        s = _mapping(nodes["server"][1], SERVER_SCHEMA, where, "server")
+        port = s.get("port", cfg.port)
+        if port > 65535:
+            raise ConfigError(f"{where}line {s['__line_port']}: server.port: must be <= 65535, got {port}")
+        cfg = dataclasses.replace(cfg, host=s.get("host", cfg.host), port=port,
+                                  allow_unauthenticated=s.get("allow_unauthenticated", False),
+                                  replicas=s.get("replicas", 1))
+    if "slo" in nodes:
+        cfg = dataclasses.replace(cfg, slo=_slo(nodes["slo"][1], where))
+    models = []
+    if "models" in nodes:
+        v = nodes["models"][1]
+        if not isinstance(v, yaml.SequenceNode):
+            raise ConfigError(f"{where}line {_line(v)}: models: expected a list of models")
+        for i, m in enumerate(v.value):
+            models.append(_model(m, where, f"models[{i}]", cfg.slo))
     names = [m.name for m in models]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
         raise ConfigError(f"{where}model {dup} is listed twice")
-    return ServeConfig(host, port, tuple(models))
+    tenants: list[Tenant] = []
+    if "tenants" in nodes:
+        v = nodes["tenants"][1]
+        if not isinstance(v, yaml.SequenceNode):
+            raise ConfigError(f"{where}line {_line(v)}: tenants: expected a list of tenants")
+        for i, t in enumerate(v.value):
+            tenants.append(_tenant(t, where, f"tenants[{i}]", names))
+        try:
+            TenantRegistry(tuple(tenants))
+        except InvalidParamError as e:
+            raise ConfigError(f"{where}line {_line(v)}: tenants: {getattr(e, 'detail', e)}") from None
+        classes = {t.priority for t in tenants}
+        fcfs = [m.name for m in models if m.kind == "generate" and m.engine.scheduling_policy == "fcfs"]
+        if fcfs and (len(classes) > 1 or classes != {0}):
+            raise ConfigError(f"{where}line {_line(v)}: tenants: tenants have priority classes {sorted(classes)} but "
+                              f"model {fcfs[0]} schedules fcfs (which refuses priorities); set its "
+                              f"engine.scheduling_policy: priority")
+    return dataclasses.replace(cfg, models=tuple(models), tenants=tuple(tenants))
 
 
-def _model(node, where: str, path: str) -> ModelSpec:
+def _slo(node, where: str) -> SloConfig:
+    import yaml
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{where}line {_line(node)}: slo: expected a mapping (target_p99_ms, availability)")
+    target = avail = None
+    for k, v in node.value:
+        at = f"{where}line {_line(v)}: slo.{k.value}"
+        if k.value == "target_p99_ms":
+            target = _scalar(v, _NUM, None, False, at)
+            if not target > 0:
+                raise ConfigError(f"{at}: must be > 0, got {target!r}")
+        elif k.value == "availability":
+            raw = yaml.safe_load(yaml.serialize(v)) if isinstance(v, yaml.ScalarNode) else None
+            try:
+                avail = float(raw[:-1]) / 100 if isinstance(raw, str) and raw.endswith("%") else float(raw)
+                if isinstance(raw, bool) or isinstance(raw, (int, float)) and raw > 1:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise ConfigError(f"{at}: expected a percentage (99.5%) or a fraction (0.995), got {raw!r}") from None
+            if not 0 < avail <= 1:
+                raise ConfigError(f"{at}: must be in (0%, 100%], got {raw!r}")
+        else:
+            raise ConfigError(f"{where}line {_line(k)}: unknown key slo.{k.value} (known: target_p99_ms, availability)")
+    return SloConfig(target, avail)
+
+
+def _str_list(node, where: str, path: str) -> list[str]:
+    import yaml
+    if not isinstance(node, yaml.SequenceNode):
+        raise ConfigError(f"{where}line {_line(node)}: {path}: expected a list")
+    return [str(_scalar(x, _STR, None, False, f"{where}line {_line(x)}: {path}[{i}]")) for i, x in enumerate(node.value)]
+
+
+def _tenant(node, where: str, path: str, models: list[str]) -> Tenant:
+    import yaml
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{where}line {_line(node)}: {path}: expected a tenant (a mapping)")
+    keys = {k.value: (k, v) for k, v in node.value}
+    for key, (k, _) in keys.items():
+        if key not in TENANT_KEYS:
+            raise ConfigError(f"{where}line {_line(k)}: unknown key {path}.{key} (known: {', '.join(TENANT_KEYS)})")
+    for req in ("name", "api_keys"):
+        if req not in keys:
+            raise ConfigError(f"{where}line {_line(node)}: {path}: the key '{req}' is required")
+    nnode = keys["name"][1]
+    name = _scalar(nnode, _STR, None, False, f"{where}line {_line(nnode)}: {path}.name")
+    knode = keys["api_keys"][1]
+    digests = []
+    for i, (kv, text) in enumerate(zip(getattr(knode, "value", []) or [], _str_list(knode, where, f"{path}.api_keys"))):
+        try:
+            digests.append(parse_key(text))
+        except InvalidParamError as e:
+            raise ConfigError(f"{where}line {_line(kv)}: {path}.api_keys[{i}]: {getattr(e, 'detail', e)}") from None
+    if not digests:
+        raise ConfigError(f"{where}line {_line(knode)}: {path}.api_keys: a tenant needs at least one key")
+    prio = 0
+    if "priority" in keys:
+        pn = keys["priority"][1]
+        prio = _scalar(pn, _INT, None, False, f"{where}line {_line(pn)}: {path}.priority")
+    admin = False
+    if "admin" in keys:
+        an = keys["admin"][1]
+        admin = _scalar(an, _BOOL, None, False, f"{where}line {_line(an)}: {path}.admin")
+    allowed = None
+    if "models" in keys:
+        mn = keys["models"][1]
+        allowed = tuple(_str_list(mn, where, f"{path}.models"))
+        unknown = [m for m in allowed if m not in models]
+        if unknown:
+            raise ConfigError(f"{where}line {_line(mn)}: {path}.models: {unknown[0]} is not served here "
+                              f"(served: {', '.join(models) or 'none'})")
+    quota = Quota()
+    if "quota" in keys:
+        qn = keys["quota"][1]
+        quota = _built(Quota, _mapping(qn, QUOTA_SCHEMA, where, f"{path}.quota"), where, f"{path}.quota", _line(qn))
+    try:
+        return Tenant(name, tuple(digests), prio, quota, admin, allowed)
+    except InvalidParamError as e:
+        raise ConfigError(f"{where}line {_line(node)}: {path}: {getattr(e, 'detail', e)}") from None
+
+
+def _model(node, where: str, path: str, slo: SloConfig = SloConfig()) -> ModelSpec:
     import yaml
     if isinstance(node, yaml.ScalarNode):
         name, devs = parse_model_spec(node.value, f"{where}line {_line(node)}: {path}: ")
@@ -260,13 +438,45 @@ def _model(node, where: str, path: str) -> ModelSpec:
         tp = _scalar(keys["tp"][1], _INT, 1, False, f"{where}line {_line(keys['tp'][1])}: {path}.tp")
     engine = batching = None
     kind = MODEL_KINDS[name]
-    for sect, schema, cls, ok_kind in (("engine", ENGINE_SCHEMA, EngineConfig, "generate"),
-                                       ("batching", BATCHING_SCHEMA, BatchingConfig, "embed")):
-        if sect in keys:
-            k, v = keys[sect]
-            if kind != ok_kind:
-                raise ConfigError(f"{where}line {_line(k)}: {path}.{sect}: applies to "
-                                  f"{'generation' if ok_kind == 'generate' else 'embedding'} models, not {name}")
-            built = _built(cls, _mapping(v, schema, where, f"{path}.{sect}"), where, f"{path}.{sect}", _line(v))
-            engine, batching = (built, batching) if sect == "engine" else (engine, built)
-    return model_spec(name, devs, tp, engine, batching, f"{where}line {_line(node)}: {path}: ")
+    for sect, ok_kind in (("engine", "generate"), ("batching", "embed"), ("scheduler", "generate"),
+                          ("fallback", "generate")):
+        if sect in keys and kind != ok_kind:
+            k = keys[sect][0]
+            raise ConfigError(f"{where}line {_line(k)}: {path}.{sect}: applies to "
+                              f"{'generation' if ok_kind == 'generate' else 'embedding'} models, not {name}")
+    if "engine" in keys:
+        v = keys["engine"][1]
+        engine = _built(EngineConfig, _mapping(v, ENGINE_SCHEMA, where, f"{path}.engine"), where, f"{path}.engine",
+                        _line(v))
+    if "batching" in keys:
+        v = keys["batching"][1]
+        batching = _built(BatchingConfig, _mapping(v, BATCHING_SCHEMA, where, f"{path}.batching"), where,
+                          f"{path}.batching", _line(v))
+    if kind == "generate":
+        mode_vals = {}
+        line = _line(node)
+        if "scheduler" in keys:
+            v = keys["scheduler"][1]
+            mode_vals, line = _mapping(v, SCHEDULER_SCHEMA, where, f"{path}.scheduler"), _line(v)
+        if mode_vals.get("mode") == "adaptive" and slo.target_p99_ms is None:
+            raise ConfigError(f"{where}line {mode_vals['__line_mode']}: {path}.scheduler.mode: adaptive sizes "
+                              f"batches against slo.target_p99_ms; add slo: {{target_p99_ms: ...}}")
+        mode = _built(ModeConfig, dict(mode_vals, target_p99_ms=slo.target_p99_ms), where, f"{path}.scheduler", line)
+        engine = dataclasses.replace(engine or EngineConfig(), mode=mode)
+    fallback: list[Placement] = []
+    if "fallback" in keys:
+        fnode = keys["fallback"][1]
+        if not isinstance(fnode, yaml.SequenceNode):
+            raise ConfigError(f"{where}line {_line(fnode)}: {path}.fallback: expected a list of placements "
+                              f"(device lists like 3 or 4-5, or cpu)")
+        for i, x in enumerate(fnode.value):
+            if not isinstance(x, yaml.ScalarNode):
+                raise ConfigError(f"{where}line {_line(x)}: {path}.fallback[{i}]: expected a placement (3, 4-5, cpu)")
+            try:
+                pl = parse_placement(x.value)
+            except InvalidParamError as e:
+                raise ConfigError(f"{where}line {_line(x)}: {path}.fallback[{i}]: {getattr(e, 'detail', e)}") from None
+            if pl in fallback:
+                raise ConfigError(f"{where}line {_line(x)}: {path}.fallback[{i}]: {pl} is listed twice")
+            fallback.append(pl)
+    return model_spec(name, devs, tp, engine, batching, f"{where}line {_line(node)}: {path}: ", tuple(fallback))

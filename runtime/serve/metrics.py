@@ -6,11 +6,16 @@ npu-exporter names them (``npu_chip_info_*``, labels ``id``, ``model_name`` (the
 Counters and histograms are fed by the engines' step stats (:class:`PrometheusStatLogger`); gauges are
 read when scraped (:class:`EngineCollector`, :class:`NpuCollector`), so they never drift.  Each server
 has its own :class:`prometheus_client.CollectorRegistry`.
+
+Beyond vLLM's set: the fallback chain (``vnpu:engine_placement`` = index of the chain entry in use,
+``vnpu:engine_rebinds``), the scheduler mode's current batch limit (``vnpu:scheduler_max_num_seqs``), and
+per-tenant series (:class:`TenantMetrics`: requests by status, tokens, quota refusals, requests in
+flight).  Tenant labels are why ``/metrics`` needs an admin key when tenants are configured.
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .engine.stats import StepStats
 
@@ -98,16 +103,29 @@ class EngineCollector:
                                  labels=LABELS)
         kv = GaugeMetricFamily(P + "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                                labels=LABELS)
+        place = GaugeMetricFamily(P + "engine_placement", "Index of the fallback-chain entry the engine runs on "
+                                  "(0 = first placement).", labels=LABELS + ("placement",))
+        rebinds = CounterMetricFamily(P + "engine_rebinds", "Re-binds of the engine to another placement "
+                                      "(fallback or restore).", labels=LABELS)
+        seqs = GaugeMetricFamily(P + "scheduler_max_num_seqs", "Batch limit the scheduler mode chose for the last "
+                                 "step.", labels=LABELS + ("mode",))
         for name, e in list(self.engines.items()):
-            if e.kind != "generate":
+            if e.kind != "generate" or not hasattr(e, "snapshot"):     # Ray Serve replicas report their own
                 continue
             s = e.snapshot()
             run.add_metric([name, "0"], s.running)
             wait.add_metric([name, "0"], s.waiting)
             kv.add_metric([name, "0"], s.kv_usage)
+            place.add_metric([name, "0", str(e.placement)], s.placement)
+            rebinds.add_metric([name, "0"], s.rebinds)
+            lim = s.limits.max_num_seqs if s.limits is not None else e.config.max_num_seqs
+            seqs.add_metric([name, "0", e.config.mode.mode], lim)
         yield run
         yield wait
         yield kv
+        yield place
+        yield rebinds
+        yield seqs
 
 
 class NpuCollector:
@@ -143,9 +161,37 @@ class NpuCollector:
         yield from fams.values()
 
 
-def make_registry(rt, engines: dict, max_model_len: int = 8192) -> tuple[CollectorRegistry, PrometheusStatLogger]:
+class TenantMetrics:
+    """Per-tenant counters (fed by the HTTP layer) and the in-flight gauge (read from the quotas)."""
+
+    def __init__(self, registry: CollectorRegistry, quotas=None, tenants=()):
+        r = registry
+        self.requests = Counter(P + "tenant_requests", "HTTP requests by tenant and status code.",
+                                ("tenant", "status"), registry=r)
+        self.tokens = Counter(P + "tenant_tokens", "Tokens used by tenant (prompt / generation).",
+                              ("tenant", "model_name", "kind"), registry=r)
+        self.rate_limited = Counter(P + "tenant_rate_limited", "Requests refused over a tenant quota.",
+                                    ("tenant", "limit"), registry=r)
+        if quotas is not None:
+            r.register(_InFlight(quotas, tenants))
+
+
+class _InFlight:
+    def __init__(self, quotas, tenants):
+        self.quotas, self.tenants = quotas, tenants
+
+    def collect(self):
+        g = GaugeMetricFamily(P + "tenant_requests_in_flight", "Requests of the tenant in flight.", labels=("tenant",))
+        for t in self.tenants:
+            g.add_metric([t.name], self.quotas.in_flight(t.name))
+        yield g
+
+
+def make_registry(rt, engines: dict, max_model_len: int = 8192, quotas=None,
+                  tenants=()) -> tuple[CollectorRegistry, PrometheusStatLogger, TenantMetrics]:
     reg = CollectorRegistry()
     logger = PrometheusStatLogger(reg, max_model_len)
     reg.register(EngineCollector(engines))
-    reg.register(NpuCollector(rt))
-    return reg, logger
+    if rt is not None:
+        reg.register(NpuCollector(rt))
+    return reg, logger, TenantMetrics(reg, quotas, tenants)

@@ -2,7 +2,14 @@
 
 Lifecycle (``GET /health``): ``starting`` (503) while engines load, ``ready`` (200), ``draining`` (503:
 no new requests, running ones finish) after SIGTERM or :meth:`Server.drain`, then ``stopped``.  The
-server binds loopback unless told otherwise; port 0 picks a free port (:attr:`Server.url` once bound).
+server binds loopback unless told otherwise -- and refuses a non-loopback address without API keys unless
+``allow_unauthenticated`` -- and port 0 picks a free port (:attr:`Server.url` once bound).
+
+The service holds the HTTP tenants (:mod:`.tenants`: keys, priority classes, quotas) and the engines;
+generation engines get their fallback chain (:mod:`.engine.placement`) and share one CPU fallback device.
+The admin operations the self-healing layer drives are methods here: :meth:`Service.fallback`,
+:meth:`Service.restore`, :meth:`Service.state_dict` (and, with Ray Serve replicas,
+:class:`runtime.serve.replicas.ReplicaService` adds ``scale_out``/``scale_in``).
 
 Blocking: :meth:`Server.start` returns once the socket is bound (engines may still be loading, see
 :meth:`Service.wait_ready`); :meth:`Server.serve_forever` runs uvicorn in the calling (main) thread
@@ -10,60 +17,69 @@ until a drain completes; :meth:`Server.stop` drains, stops uvicorn, then frees e
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
 from typing import Callable
 
 from .api import build_app
-from .config import BatchingConfig, ModelSpec, ServeConfig, place
+from .config import BatchingConfig, ModelSpec, place
 from .engine import EmbedEngine, GenerateEngine
 from .engine.errors import ModelNotFound, Unavailable
+from .engine.placement import DeviceBinder
 from .metrics import make_registry
+from .tenants import Quotas, Tenant, TenantRegistry, check_bind
 
 log = logging.getLogger("vnpu.serve")
 
 
-def _build_generate(rt, spec: ModelSpec, loggers):
-    return GenerateEngine(rt, spec.name, spec.devices, spec.engine, stat_loggers=loggers)
+def _build_generate(rt, spec: ModelSpec, loggers, binder: DeviceBinder, on_event):
+    return GenerateEngine(rt, spec.name, spec.devices, spec.engine, stat_loggers=loggers, fallback=spec.fallback,
+                          binder=binder, on_event=on_event)
 
 
-def _build_embed(rt, spec: ModelSpec, loggers):
+def _build_embed(rt, spec: ModelSpec, loggers, binder: DeviceBinder, on_event):
     b: BatchingConfig = spec.batching
     return EmbedEngine(rt, spec.name, spec.devices, b.max_batch_size, b.max_wait_ms, b.max_queued_requests,
                        stat_loggers=loggers)
 
 
-#: engine kind -> builder (a registry; serve 2/2 adds placements with fallback chains here)
+#: engine kind -> builder (a registry)
 ENGINE_BUILDERS: dict[str, Callable] = {"generate": _build_generate, "embed": _build_embed}
 
 
-class Service:
-    """The engines by model name and the server's state; what the routes call."""
+class Frontend:
+    """What every server has whatever runs its engines: tenants and quotas, the metrics registry, the
+    lifecycle state (``starting`` / ``ready`` / ``draining`` / ``stopped`` / ``failed``), and engine lookup
+    for the routes.  Engines are objects with the generation or embedding engine's surface, in
+    :attr:`engines` by model name."""
 
-    def __init__(self, rt, models: tuple[ModelSpec, ...]):
-        if not models:
+    def __init__(self, rt, specs: tuple[ModelSpec, ...], tenants: tuple[Tenant, ...] = (),
+                 clock: Callable[[], float] = time.monotonic):
+        if not specs:
             raise Unavailable("no model to serve (give --model or a config with models)")
-        self.rt = rt
-        self.specs = place(models, rt.device_count())
+        self.specs = specs
         self.engines: dict[str, object] = {}
+        self.tenants = TenantRegistry(tuple(tenants))
+        self.quotas = Quotas(clock)
         max_len = max([m.engine.max_model_len for m in self.specs if m.kind == "generate"] or [512])
-        self.registry, self.stat_logger = make_registry(rt, self.engines, max_len)
+        self.registry, self.stat_logger, self.tenant_metrics = make_registry(rt, self.engines, max_len, self.quotas,
+                                                                             self.tenants.tenants)
         self.state = "starting"
         self.error: str | None = None
         self.created = int(time.time())
+        self.events: list[dict] = []             #: engine re-binds and replica changes, in order
         self._cv = threading.Condition()
+
+    def _event(self, ev: dict) -> None:
+        with self._cv:
+            self.events.append(ev)
 
     # -------------------------------------------------------------- lifecycle
     def load(self) -> None:
-        """Build and start every engine (blocking: weights upload, KV cache, graph captures)."""
+        """Build and start every engine (blocking)."""
         try:
-            for spec in self.specs:
-                eng = ENGINE_BUILDERS[spec.kind](self.rt, spec, [self.stat_logger])
-                self.engines[spec.name] = eng
-                eng.start()
-                log.info("serving %s on devices %s", spec.name, list(spec.devices))
+            self._load()
         except BaseException as e:
             with self._cv:
                 self.state, self.error = "failed", f"{type(e).__name__}: {e}"
@@ -73,6 +89,9 @@ class Service:
             if self.state == "starting":
                 self.state = "ready"
             self._cv.notify_all()
+
+    def _load(self) -> None:
+        raise NotImplementedError
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         with self._cv:
@@ -106,8 +125,15 @@ class Service:
             except Exception as x:  # noqa: BLE001 - shut the others down too
                 err = err or x
             self.engines.pop(name, None)
+        try:
+            self._closed()
+        except Exception as x:  # noqa: BLE001
+            err = err or x
         if err is not None:
             raise err
+
+    def _closed(self) -> None:
+        """After the engines are shut down: what else the service holds."""
 
     # -------------------------------------------------------------- what routes ask
     def health(self) -> tuple[int, dict]:
@@ -123,8 +149,11 @@ class Service:
         if self.state != "ready":
             raise Unavailable(f"the server is {self.state}")
 
-    def engine(self, name: str, kind: str | None):
+    def engine(self, name: str, kind: str | None, tenant: Tenant | None = None):
+        """The engine serving ``name`` (for ``kind``), as ``tenant`` may see it (404 otherwise)."""
         e = self.engines.get(name)
+        if tenant is not None and not tenant.may_use(name):
+            e = None
         if e is None:
             if self.state == "starting" and any(s.name == name for s in self.specs):
                 raise Unavailable(f"the model `{name}` is still loading")
@@ -137,17 +166,79 @@ class Service:
                                 "model_not_found")
         return e
 
-    def model_cards(self) -> list[dict]:
+    def model_cards(self, tenant: Tenant | None = None) -> list[dict]:
         from .api.protocol import model_card
         return [model_card(n, self.created, e.config.max_model_len if e.kind == "generate" else e.max_len)
-                for n, e in self.engines.items()]
+                for n, e in self.engines.items() if tenant is None or tenant.may_use(n)]
+
+    # -------------------------------------------------------------- admin (self-healing drives these)
+    def fallback(self, model: str, reason: str = "requested", timeout: float | None = None):
+        """Move ``model``'s engine one step down its fallback chain (blocks until re-bound)."""
+        return self.engine(model, "generate").fallback(reason, timeout)
+
+    def restore(self, model: str, timeout: float | None = None):
+        """Move ``model``'s engine back to its first placement when healthy (blocks until re-bound)."""
+        return self.engine(model, "generate").restore(timeout)
+
+    def throttle(self, factor: float) -> dict:
+        """Admit less by ``factor`` (0 < factor <= 1; 1 restores): every generation engine's batch, step
+        budget and queue bound, and every tenant's quotas.  Running requests are not dropped."""
+        self.quotas.set_admission(factor)
+        for e in list(self.engines.values()):
+            if hasattr(e, "set_throttle"):
+                e.set_throttle(factor)
+        self._event({"kind": "throttle", "factor": factor, "t": time.monotonic()})
+        return {"throttle": factor}
+
+    def set_mode(self, model: str, mode) -> None:
+        """Switch ``model``'s scheduler mode (a :class:`runtime.serve.engine.modes.ModeConfig`) from its next
+        step on, without dropping anything."""
+        self.engine(model, "generate").set_mode(mode)
+
+    def state_dict(self) -> dict:
+        """The server's state for operators: lifecycle, engines (placement, chain, limits), tenants' usage."""
+        out = {"state": self.state, "throttle": self.quotas.admission, "models": {},
+               "tenants": [self.quotas.usage(t) for t in self.tenants.tenants], "events": list(self.events[-50:])}
+        for n, e in list(self.engines.items()):
+            d = {"kind": e.kind}
+            if e.kind == "generate" and hasattr(e, "chain"):
+                s = e.snapshot()
+                d.update(placement=str(e.placement), index=s.placement, chain=[str(p) for p in e.chain],
+                         rebinds=s.rebinds, running=s.running, waiting=s.waiting, mode=e.config.mode.mode,
+                         policy=e.config.scheduling_policy,
+                         max_num_seqs=s.limits.max_num_seqs if s.limits else e.config.max_num_seqs)
+            out["models"][n] = d
+        return out
+
+
+class Service(Frontend):
+    """The engines of the models in this process, on runtime ``rt`` (the single-replica server)."""
+
+    def __init__(self, rt, models: tuple[ModelSpec, ...], tenants: tuple[Tenant, ...] = (),
+                 clock: Callable[[], float] = time.monotonic):
+        if not models:
+            raise Unavailable("no model to serve (give --model or a config with models)")
+        self.rt = rt
+        super().__init__(rt, place(models, rt.device_count()), tenants, clock)
+        self.binder = DeviceBinder(rt)
+
+    def _load(self) -> None:
+        """Build and start every engine (blocking: weights upload, KV cache, graph captures)."""
+        for spec in self.specs:
+            eng = ENGINE_BUILDERS[spec.kind](self.rt, spec, [self.stat_logger], self.binder, [self._event])
+            self.engines[spec.name] = eng
+            eng.start()
+            log.info("serving %s on devices %s", spec.name, list(spec.devices))
+
+    def _closed(self) -> None:
+        self.binder.close()
 
 
 class _Uvicorn:
     """uvicorn.Server whose SIGTERM/SIGINT starts a drain instead of exiting (a second one exits now)."""
 
     @staticmethod
-    def make(config, service: Service):
+    def make(config, service: Frontend):
         import uvicorn
 
         class Server(uvicorn.Server):
@@ -176,10 +267,14 @@ class _Uvicorn:
 
 
 class Server:
-    """The HTTP server of a :class:`Service`."""
+    """The HTTP server of a :class:`Frontend` (a :class:`Service` or Ray Serve replicas)."""
 
-    def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, service: Frontend, host: str = "127.0.0.1", port: int = 0,
+                 allow_unauthenticated: bool = False):
+        """Raises InvalidParamError for an open server (no API keys) on a non-loopback ``host`` unless
+        ``allow_unauthenticated``."""
         import uvicorn
+        check_bind(host, service.tenants, allow_unauthenticated)
         self.service = service
         self.app = build_app(service)
         cfg = uvicorn.Config(self.app, host=host, port=port, log_level="warning", access_log=False,

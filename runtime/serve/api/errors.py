@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from devices.errors import InvalidParamError
 
 from ..engine.errors import InvalidRequest, ModelNotFound, QueueFull, ServeError, Unavailable
+from ..tenants import Forbidden, RateLimited, Unauthorized, retry_headers
 
 RETRY_AFTER_S = 1      #: what a 503 asks the client to wait (<= 120 s, or the official client gives up)
 
@@ -14,7 +15,10 @@ RETRY_AFTER_S = 1      #: what a 503 asks the client to wait (<= 120 s, or the o
 ERRORS: dict[type, tuple[int, str, str | None]] = {
     InvalidRequest: (400, "invalid_request_error", None),
     InvalidParamError: (400, "invalid_request_error", None),
+    Unauthorized: (401, "invalid_request_error", "invalid_api_key"),
+    Forbidden: (403, "invalid_request_error", "insufficient_permissions"),
     ModelNotFound: (404, "invalid_request_error", "model_not_found"),
+    RateLimited: (429, "requests", "rate_limit_exceeded"),
     QueueFull: (503, "server_error", "server_overloaded"),
     Unavailable: (503, "server_error", "service_unavailable"),
 }
@@ -36,6 +40,8 @@ def from_exception(e: Exception) -> JSONResponse:
     for cls in type(e).__mro__:
         if cls in ERRORS:
             status, etype, code = ERRORS[cls]
+            if isinstance(e, RateLimited):                 # OpenAI: type "requests" or "tokens"
+                return error_response(status, e.message, e.limit, None, e.code or code, retry_headers(e))
             if isinstance(e, ServeError):
                 return error_response(status, e.message, etype, e.param, e.code or code)
             return error_response(status, getattr(e, "detail", str(e)), etype, None, code)

@@ -34,6 +34,7 @@ class CompletionRequest(_Req):
     user: str | None = None
     top_k: int | None = None           #: vLLM extra
     ignore_eos: bool | None = False    #: vLLM extra
+    priority: int | None = None        #: vLLM extra: lower runs first; never earlier than the tenant's class
 
 
 class ChatMessage(_Req):
@@ -58,6 +59,7 @@ class ChatCompletionRequest(_Req):
     user: str | None = None
     top_k: int | None = None
     ignore_eos: bool | None = False
+    priority: int | None = None
 
 
 class EmbeddingRequest(_Req):
@@ -66,6 +68,17 @@ class EmbeddingRequest(_Req):
     encoding_format: Literal["float", "base64"] | None = "float"
     dimensions: int | None = None
     user: str | None = None
+    priority: int | None = None
+
+
+class ThrottleRequest(_Req):
+    """``POST /admin/throttle``: admit this fraction of the normal load (1 restores)."""
+    factor: float
+
+
+class ScaleRequest(_Req):
+    """``POST /admin/replicas``: the number of Ray Serve replicas wanted."""
+    replicas: int
 
 
 # ---------------------------------------------------------------------------------------------- responses

@@ -4,16 +4,25 @@ engine's outputs back into the wire format; the logic lives in the engines and t
 Generation requests go to the engine with an ``on_output`` callback that hands every increment to this
 event loop; a client that disconnects (stream closed, or connection dropped while waiting for a
 non-streamed answer) aborts its requests, which frees their KV blocks at the engine's next step.
+
+Tenants (:mod:`runtime.serve.tenants`): every ``/v1`` route authenticates its caller (``Authorization:
+Bearer``; 401 otherwise), looks models up as that tenant may see them, runs the request at the tenant's
+effective priority, and holds a quota ticket from admission until the response (or the stream) ends,
+when it is settled to the tokens really used.  ``/metrics`` and ``/admin/*`` need an admin key (403);
+``/health`` is open (probes); ``/v1/usage`` shows the caller its own usage only.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import uuid
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
-from fastapi import FastAPI, Request
+from dataclasses import asdict
+
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.errors import InvalidRequest, ServeError
 from ..engine.request import RequestOutput, SamplingParams, merge_outputs
+from ..tenants import Forbidden, RateLimited, Tenant
 from . import protocol as P
 from .errors import error_body, error_response, from_exception
 
@@ -80,11 +90,17 @@ class _Submitted:
         self.handles: list = []
         self.open: set[str] = set()
 
-    def add(self, index: int, prompt_ids: list[int], params: SamplingParams, prompt_param: str) -> None:
+    async def add(self, index: int, prompt_ids: list[int], params: SamplingParams, prompt_param: str,
+                  priority: int = 0) -> None:
+        """Queue one request (an engine in another process -- a Ray Serve replica -- answers with an
+        awaitable that resolves once the request is accepted or raises its refusal)."""
         def on_output(out: RequestOutput, i=index):
             with contextlib.suppress(RuntimeError):       # the loop is gone (server stopping)
                 self.loop.call_soon_threadsafe(self.queue.put_nowait, (i, out))
-        h = self.engine.add_request(prompt_ids, params, on_output=on_output, prompt_param=prompt_param)
+        h = self.engine.add_request(prompt_ids, params, on_output=on_output, prompt_param=prompt_param,
+                                    priority=priority)
+        if inspect.isawaitable(h):
+            h = await h
         self.handles.append(h)
         self.open.add(h.request_id)
 
@@ -133,12 +149,36 @@ def build_app(service) -> FastAPI:
     """The FastAPI app over ``service`` (a :class:`runtime.serve.server.Service`)."""
     app = FastAPI(title="vnpu serve", docs_url=None, redoc_url=None, openapi_url=None)
 
+    tm = service.tenant_metrics
+
     @app.middleware("http")
     async def request_id(request: Request, call_next):
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
         resp = await call_next(request)
         resp.headers["x-request-id"] = rid
+        t = getattr(request.state, "tenant", None)
+        if t is not None:
+            tm.requests.labels(t.name, str(resp.status_code)).inc()
         return resp
+
+    async def tenant_of(request: Request) -> Tenant:
+        """The caller's tenant (401 without a valid key)."""
+        t = service.tenants.authenticate(request.headers.get("authorization"))
+        request.state.tenant = t
+        return t
+
+    async def admin_of(request: Request) -> Tenant:
+        t = await tenant_of(request)
+        if not t.admin:
+            raise Forbidden(f"tenant {t.name} has no admin key; this endpoint needs one")
+        return t
+
+    def admit(tenant: Tenant, tokens: int):
+        try:
+            return service.quotas.admit(tenant, tokens)
+        except RateLimited as e:
+            tm.rate_limited.labels(tenant.name, e.limit).inc()
+            raise
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError):
@@ -170,23 +210,55 @@ def build_app(service) -> FastAPI:
         return JSONResponse(body, status_code=status, headers={"Retry-After": "1"} if status == 503 else None)
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics(tenant: Tenant = Depends(admin_of)):
         data = await asyncio.get_running_loop().run_in_executor(None, generate_latest, service.registry)
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": service.model_cards()}
+    async def models(tenant: Tenant = Depends(tenant_of)):
+        return {"object": "list", "data": service.model_cards(tenant)}
 
     @app.get("/v1/models/{model_id}")
-    async def model(model_id: str):
-        service.engine(model_id, None)                       # 404 model_not_found
-        return next(c for c in service.model_cards() if c["id"] == model_id)
+    async def model(model_id: str, tenant: Tenant = Depends(tenant_of)):
+        service.engine(model_id, None, tenant)               # 404 model_not_found
+        return next(c for c in service.model_cards(tenant) if c["id"] == model_id)
+
+    @app.get("/v1/usage")
+    async def usage(tenant: Tenant = Depends(tenant_of)):
+        return service.quotas.usage(tenant)
+
+    # -------------------------------------------------------------- admin
+    @app.get("/admin/state")
+    async def admin_state(tenant: Tenant = Depends(admin_of)):
+        return service.state_dict()
+
+    async def _blocking(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    @app.post("/admin/models/{model_id}/fallback")
+    async def admin_fallback(model_id: str, tenant: Tenant = Depends(admin_of)):
+        return asdict(await _blocking(service.fallback, model_id, f"admin {tenant.name}"))
+
+    @app.post("/admin/models/{model_id}/restore")
+    async def admin_restore(model_id: str, tenant: Tenant = Depends(admin_of)):
+        return asdict(await _blocking(service.restore, model_id))
+
+    @app.post("/admin/throttle")
+    async def admin_throttle(body: P.ThrottleRequest, tenant: Tenant = Depends(admin_of)):
+        return await _blocking(service.throttle, body.factor)
+
+    @app.post("/admin/replicas")
+    async def admin_replicas(body: P.ScaleRequest, tenant: Tenant = Depends(admin_of)):
+        scale = getattr(service, "scale_to", None)
+        if scale is None:
+            raise InvalidRequest("this server runs its engines in-process (start it with --replicas for Ray "
+                                 "Serve replicas)", "replicas")
+        return await _blocking(scale, body.replicas)
 
     # -------------------------------------------------------------- generation
     @app.post("/v1/completions")
-    async def completions(body: P.CompletionRequest, request: Request):
-        eng = service.engine(body.model, "generate")
+    async def completions(body: P.CompletionRequest, request: Request, tenant: Tenant = Depends(tenant_of)):
+        eng = service.engine(body.model, "generate", tenant)
         prompts = body.prompt
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -197,11 +269,11 @@ def build_app(service) -> FastAPI:
         ids = [eng.encode(p) for p in prompts]
         default = eng.default_max_tokens(max(len(x) for x in ids))
         params = _sampling(body, body.max_tokens, default, body.logprobs)
-        return await _generate(eng, body, request, ids, params, "prompt", chat=False)
+        return await _generate(eng, body, request, tenant, ids, params, "prompt", chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: P.ChatCompletionRequest, request: Request):
-        eng = service.engine(body.model, "generate")
+    async def chat(body: P.ChatCompletionRequest, request: Request, tenant: Tenant = Depends(tenant_of)):
+        eng = service.engine(body.model, "generate", tenant)
         if not body.messages:
             raise InvalidRequest("messages must not be empty", "messages")
         msgs = []
@@ -220,33 +292,50 @@ def build_app(service) -> FastAPI:
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs=true", "top_logprobs")
         params = _sampling(body, mt, eng.default_max_tokens(len(ids[0])), lp)
-        return await _generate(eng, body, request, ids, params, "messages", chat=True)
+        return await _generate(eng, body, request, tenant, ids, params, "messages", chat=True)
 
-    async def _generate(eng, body, request: Request, ids: list[list[int]], params: SamplingParams,
+    def _settle(ticket, tenant: Tenant, model: str, ptoks: int, ctoks: int) -> None:
+        ticket.settle(ptoks, ctoks)
+        if ptoks:
+            tm.tokens.labels(tenant.name, model, "prompt").inc(ptoks)
+        if ctoks:
+            tm.tokens.labels(tenant.name, model, "generation").inc(ctoks)
+
+    async def _generate(eng, body, request: Request, tenant: Tenant, ids: list[list[int]], params: SamplingParams,
                         prompt_param: str, chat: bool):
         service.check_accepting()
         if body.stream_options is not None and not body.stream:
             raise InvalidRequest("stream_options is only allowed with stream=true", "stream_options")
+        if body.priority is not None and not isinstance(body.priority, int):
+            raise InvalidRequest("priority must be an integer", "priority")
+        priority = tenant.effective_priority(body.priority)
         for x in ids:
             eng.check(x, params, prompt_param)           # all prompts checked before any is queued
+        ticket = admit(tenant, sum(len(x) + params.max_tokens for x in ids))
         sub = _Submitted(eng, asyncio.get_running_loop())
         try:
             for i, x in enumerate(ids):
-                sub.add(i, x, params, prompt_param)
+                await sub.add(i, x, params, prompt_param, priority)
         except Exception:
             sub.abort()
+            _settle(ticket, tenant, body.model, 0, 0)
             raise
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = P.now()
+        ptoks = sum(len(x) for x in ids)
         if body.stream:
             include = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_stream(eng, sub, rid, body.model, created, chat, include, len(ids)),
+            return StreamingResponse(_stream(eng, sub, rid, body.model, created, chat, include, len(ids),
+                                             lambda c: _settle(ticket, tenant, body.model, ptoks, c)),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        outs = await _collect(sub, len(ids), request)
+        outs: list[RequestOutput] = []
+        try:
+            outs = await _collect(sub, len(ids), request)
+        finally:
+            _settle(ticket, tenant, body.model, ptoks if outs else 0, sum(o.completion_tokens for o in outs))
         err = _error_of(outs)
         if err is not None:
             return err
-        ptoks = sum(len(x) for x in ids)
         ctoks = sum(o.completion_tokens for o in outs)
         if chat:
             o = outs[0]
@@ -259,7 +348,7 @@ def build_app(service) -> FastAPI:
                     "finish_reason": _reason(o)} for i, o in enumerate(outs)]
         return P.completion(rid, body.model, created, choices, P.usage(ptoks, ctoks))
 
-    async def _stream(eng, sub: _Submitted, rid, model, created, chat: bool, include_usage: bool, n: int):
+    async def _stream(eng, sub: _Submitted, rid, model, created, chat: bool, include_usage: bool, n: int, settle):
         chunk = P.chat_chunk if chat else P.completion_chunk
         ptoks = sum(h.prompt_tokens for h in sub.handles)
         ctoks = [0] * n
@@ -294,11 +383,12 @@ def build_app(service) -> FastAPI:
         finally:
             if not finished:                                  # the client went away: free its KV blocks
                 sub.abort()
+            settle(sum(ctoks))
 
     # -------------------------------------------------------------- embeddings
     @app.post("/v1/embeddings")
-    async def embeddings(body: P.EmbeddingRequest, request: Request):
-        eng = service.engine(body.model, "embed")
+    async def embeddings(body: P.EmbeddingRequest, request: Request, tenant: Tenant = Depends(tenant_of)):
+        eng = service.engine(body.model, "embed", tenant)
         service.check_accepting()
         texts = body.input
         if isinstance(texts, list) and texts and not all(isinstance(t, str) for t in texts):
@@ -308,17 +398,23 @@ def build_app(service) -> FastAPI:
                                  f"supported", "dimensions")
         texts = [texts] if isinstance(texts, str) else texts
         counts = eng.check(texts)
-        fut = eng.submit(texts, sum(counts))
-        work = asyncio.wrap_future(fut)
-        gone = asyncio.ensure_future(_disconnected(request))
+        ticket = admit(tenant, sum(counts))
+        used = 0
         try:
-            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if work not in done:
-                fut.cancel()
-                raise asyncio.CancelledError("client disconnected")
+            fut = eng.submit(texts, sum(counts))
+            work = asyncio.wrap_future(fut) if not asyncio.isfuture(fut) else fut
+            gone = asyncio.ensure_future(_disconnected(request))
+            try:
+                done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if work not in done:
+                    fut.cancel()
+                    raise asyncio.CancelledError("client disconnected")
+            finally:
+                gone.cancel()
+            vecs = work.result()
+            used = sum(counts)
         finally:
-            gone.cancel()
-        vecs = work.result()
+            _settle(ticket, tenant, body.model, used, 0)
         return P.embeddings(body.model, vecs, body.encoding_format or "float", sum(counts))
 
     return app

@@ -1,11 +1,13 @@
 """Engine limits (vLLM's scheduler and cache knobs, same names and meaning)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from devices.errors import InvalidParamError
 
-from .policies import POLICIES
+from .modes import ModeConfig
+from .policies import POLICIES, make_policy
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,11 @@ class EngineConfig:
     ``num_gpu_blocks_override``: KV blocks to allocate (else as many as ``gpu_memory_utilization`` of
     the device's HBM leaves after weights and activations); ``max_queued_requests``: waiting requests
     beyond which new ones are refused (503); ``graphs``: decode steps replay captured graphs (one per
-    batch-size bucket); ``scheduling_policy``: a name in :data:`runtime.serve.engine.policies.POLICIES`."""
+    batch-size bucket); ``scheduling_policy``: a name in :data:`runtime.serve.engine.policies.POLICIES`
+    (``fcfs`` or ``priority``); ``priority_aging_s``: under ``priority``, seconds of waiting that make a
+    request one class more urgent (``inf``: no aging); ``mode``: the scheduler mode and its knobs
+    (:class:`runtime.serve.engine.modes.ModeConfig`): per step it narrows ``max_num_seqs`` /
+    ``max_num_batched_tokens`` and may hold a step for more arrivals."""
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 256
     block_size: int = 16
@@ -28,6 +34,8 @@ class EngineConfig:
     max_queued_requests: int = 64
     graphs: bool = True
     scheduling_policy: str = "fcfs"
+    priority_aging_s: float = 10.0
+    mode: ModeConfig = field(default_factory=ModeConfig)
 
     def __post_init__(self):
         for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len", "max_queued_requests"):
@@ -44,9 +52,18 @@ class EngineConfig:
         if self.scheduling_policy not in POLICIES:
             raise InvalidParamError(f"scheduling_policy {self.scheduling_policy!r} is unknown (known: "
                                     f"{', '.join(POLICIES)})")
+        a = self.priority_aging_s
+        if not isinstance(a, (int, float)) or isinstance(a, bool) or not (a > 0 or math.isinf(a)):
+            raise InvalidParamError(f"priority_aging_s must be > 0 (inf: no aging), got {a!r}")
+        if not isinstance(self.mode, ModeConfig):
+            raise InvalidParamError(f"mode must be a ModeConfig, got {self.mode!r}")
         u = self.gpu_memory_utilization
         if not isinstance(u, (int, float)) or isinstance(u, bool) or not 0 < u <= 1:
             raise InvalidParamError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")
+
+    def policy(self):
+        """The scheduling policy object (:mod:`.policies`)."""
+        return make_policy(self.scheduling_policy, self.priority_aging_s)
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:

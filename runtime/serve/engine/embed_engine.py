@@ -25,6 +25,25 @@ from .errors import InvalidRequest, QueueFull, Unavailable
 from .stats import FinishedRequest, StatLogger, StepStats
 
 
+def check_texts(tok, texts, max_len: int, model: str) -> list[int]:
+    """Token counts of ``texts`` (one string or a list) under ``tok``; refuses empty, non-string or inputs
+    of ``max_len`` tokens or more (:class:`InvalidRequest`)."""
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts:
+        raise InvalidRequest("input must be a non-empty string or a non-empty list of strings", "input")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str) or not t.strip():
+            raise InvalidRequest(f"input[{i}] must be a non-empty string (token-id input is not supported by "
+                                 f"{model})", "input")
+    counts = tok.lengths(texts)
+    for i, n in enumerate(counts):
+        if n >= max_len:
+            raise InvalidRequest(f"input[{i}] has {n} tokens or more; {model} takes at most {max_len - 1}", "input",
+                                 "context_length_exceeded")
+    return counts
+
+
 @dataclass
 class _Item:
     texts: list[str]
@@ -65,20 +84,7 @@ class EmbedEngine:
 
     def check(self, texts) -> list[int]:
         """Token counts of ``texts``; refuses empty, non-string or over-long inputs."""
-        if isinstance(texts, str):
-            texts = [texts]
-        if not isinstance(texts, list) or not texts:
-            raise InvalidRequest("input must be a non-empty string or a non-empty list of strings", "input")
-        for i, t in enumerate(texts):
-            if not isinstance(t, str) or not t.strip():
-                raise InvalidRequest(f"input[{i}] must be a non-empty string (token-id input is not supported by "
-                                     f"{self.model})", "input")
-        counts = self.job.tok.lengths(texts)
-        for i, n in enumerate(counts):
-            if n >= self.max_len:
-                raise InvalidRequest(f"input[{i}] has {n} tokens or more; {self.model} takes at most "
-                                     f"{self.max_len - 1}", "input", "context_length_exceeded")
-        return counts
+        return check_texts(self.job.tok, texts, self.max_len, self.model)
 
     def submit(self, texts: list[str], tokens: int) -> Future:
         """Queue ``texts`` (already checked); the future's result is ``[len(texts), dim]`` float32."""

@@ -9,6 +9,9 @@ class ServeError(Exception):
         super().__init__(message)
         self.message, self.param, self.code = message, param, code
 
+    def __reduce__(self):                 # crosses process boundaries (Ray Serve replicas) intact
+        return (type(self), (self.message, self.param, self.code))
+
 
 class InvalidRequest(ServeError):
     """Bad parameters or a prompt that cannot fit (HTTP 400)."""

@@ -6,13 +6,31 @@ aborted one leaves it (its KV blocks freed) at the next step.  ``step`` (one sch
 forward pass, sampling, detokenization, stop checks) is either called by the caller (tests drive it
 step by step) or by the engine's own thread after :meth:`start`.
 
+Per step the scheduler mode (:mod:`.modes`) chooses the batch limits from the load the engine has seen
+(on its injectable ``clock``), and the scheduling policy (:mod:`.policies`) orders the waiting requests
+(``priority``: vLLM's lower-runs-first, with aging).
+
+**Placements and the fallback chain** (:mod:`.placement`).  The engine runs on one entry of its chain at
+a time.  Before every step it reads the loss flags of its devices (no call); a step that fails with a
+device error while a device of the placement is lost is not counted.  Either way the engine *re-binds*:
+it releases the placement (what is left of it), builds the model on the next usable entry, and replays
+every unfinished request there -- its KV cache is recomputed from the prompt plus the tokens already
+generated (as after a preemption), and generation continues with the next token, so a streaming client
+sees every token exactly once.  :meth:`GenerateEngine.fallback` moves down the chain on request,
+:meth:`GenerateEngine.restore` back to the first entry once it is healthy; both run between steps (on
+the engine thread when it runs) and drop no request.  Every re-bind is an event in
+:attr:`GenerateEngine.events` and goes to ``on_event`` listeners.
+
 Blocking: ``add_request``/``abort`` never block on the device; ``step`` blocks until its logits are on
-the host; ``drain``/``wait_idle`` block until no request is left (or the timeout); ``shutdown`` waits
-for the engine thread, then frees all device memory.
+the host (a re-bind inside it blocks for the model upload and graph captures of the new placement);
+``fallback``/``restore`` block until the re-bind is done; ``drain``/``wait_idle`` block until no request
+is left (or the timeout); ``shutdown`` waits for the engine thread, then frees all device memory.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -21,8 +39,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from devices.errors import InvalidParamError
-from runtime.models.common import pick_devices
+from concurrent.futures import Future
+
+from devices.errors import AclError, InvalidParamError
 from runtime.models.llama import DECODER_MODELS, sample_token
 from runtime.models.tokenizer import gguf_tokenizer
 from runtime.models.weights import LlamaConfig, load_gguf_cached
@@ -30,6 +49,8 @@ from runtime.models.weights import LlamaConfig, load_gguf_cached
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .errors import InvalidRequest, QueueFull, Unavailable
+from .modes import MODES, LoadTracker, ModeConfig, StepLimits, throttled
+from .placement import DeviceBinder, Placement
 from .request import Request, RequestHandle, RequestOutput, SamplingParams, Status, TokenLogprob
 from .runner import ModelRunner, StepInputs
 from .scheduler import Scheduler, SchedulerOutput
@@ -50,7 +71,58 @@ class EngineSnapshot:
     graphs: int
     captures: int
     steps: int
+    placement: int = 0                   #: index of the chain entry the engine runs on
+    limits: StepLimits | None = None     #: the limits of the last scheduled step (the mode's choice)
+    rebinds: int = 0
+    batch: int = 0                       #: requests in the last step's batch
 
+
+def encode_prompt(tok, vocab: int, prompt) -> list[int]:
+    """A prompt as token ids: raw text (no template) or a list of token ids in ``[0, vocab)``."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequest("the prompt is empty", "prompt")
+        return tok.encode(prompt)
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                              for t in prompt):
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
+        return list(prompt)
+    raise InvalidRequest("prompt must be a non-empty string or a non-empty list of token ids", "prompt")
+
+
+def check_fits(n: int, max_tokens: int, max_model_len: int, block_size: int, num_blocks: int,
+               prompt_param: str = "prompt") -> None:
+    """Refuse what could never run: a prompt beyond the context, prompt + max_tokens beyond it, or more KV
+    blocks than a cache of ``num_blocks`` (block 0 is the null block) has (:class:`InvalidRequest`)."""
+    ml = max_model_len
+    if n >= ml:
+        raise InvalidRequest(f"This model's maximum context length is {ml} tokens. However, your prompt has "
+                             f"{n} tokens.", prompt_param, "context_length_exceeded")
+    if n + max_tokens > ml:
+        raise InvalidRequest(f"This model's maximum context length is {ml} tokens. However, you requested "
+                             f"{n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the "
+                             f"completion). Please reduce the prompt or max_tokens.", "max_tokens",
+                             "context_length_exceeded")
+    need, have = -(-(n + max_tokens) // block_size), num_blocks - 1
+    if need > have:
+        raise InvalidRequest(f"the request needs {need} KV blocks of {block_size} tokens ({n} prompt + "
+                             f"{max_tokens} max_tokens) but the whole KV cache has {have}",
+                             prompt_param if -(-(n + 1) // block_size) > have else "max_tokens",
+                             "kv_cache_exceeded")
+
+
+@dataclass(frozen=True)
+class RebindResult:
+    """What one re-bind did (also recorded as an event)."""
+    moved: bool
+    from_index: int
+    to_index: int
+    placement: str
+    reason: str
+    replayed: int                        #: unfinished requests replayed on the new placement
+    seconds: float
 
 class GenerateEngine:
     """One causal LM served on ``devices`` (visible ids; tensor parallel over all of them)."""
@@ -59,19 +131,42 @@ class GenerateEngine:
 
     def __init__(self, rt, model: str = "smollm2", devices: Sequence[int] = (0,), config: EngineConfig = EngineConfig(),
                  stat_loggers: Sequence[StatLogger] = (), gguf_path: str | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, fallback: Sequence[Placement] = (),
+                 binder: DeviceBinder | None = None, on_event: Sequence[Callable[[dict], None]] = ()):
+        """``devices``: the first placement (visible ids, tensor parallel over all); ``fallback``: the rest
+        of the chain, in order; ``binder``: turns placements into devices (default: ``rt``'s devices and
+        an in-process CPU fallback device)."""
         if model not in DECODER_MODELS:
             raise InvalidParamError(f"unknown decoder model {model!r} (known: {', '.join(DECODER_MODELS)})")
         self.model, self.config, self.clock = model, config, clock
         self.stat_loggers = list(stat_loggers)
+        self.on_event = list(on_event)
         path = str(gguf_path or DECODER_MODELS[model]())
         self.tok = gguf_tokenizer(path)
-        g = load_gguf_cached(path)
+        self._gguf = g = load_gguf_cached(path)
         self.model_config = cfg = LlamaConfig.from_gguf_meta(g.meta)
         if config.max_model_len > cfg.context:
             raise InvalidParamError(f"max_model_len {config.max_model_len} exceeds the model's context of {cfg.context}")
-        self.devices = pick_devices(rt, list(devices))
-        self.runner = ModelRunner(self.devices, g, cfg, config)
+        first = devices if isinstance(devices, Placement) else Placement(tuple(int(d) for d in devices))
+        self.chain: tuple[Placement, ...] = (first, *fallback)
+        self.binder = binder or DeviceBinder(rt)
+        self._own_binder = binder is None
+        self.policy = config.policy()
+        self.mode = MODES[config.mode.mode]
+        self.load = LoadTracker()
+        self.limits: StepLimits | None = None
+        self.throttle = 1.0                  #: admission factor (set_throttle): batch, step tokens, queue
+        self.last_batch = 0
+        self.events: list[dict] = []
+        self.rebinds = 0
+        self.index = 0
+        self.runner: ModelRunner | None = None
+        try:
+            self._bind(0)
+        except BaseException:
+            if self._own_binder:
+                self.binder.close()
+            raise
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.blocks)
         self.stop_ids = {self.tok.eos_id}
@@ -92,18 +187,7 @@ class GenerateEngine:
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt) -> list[int]:
         """A prompt as token ids: raw text (no template) or a list of token ids."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequest("the prompt is empty", "prompt")
-            return self.tok.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                                  for t in prompt):
-            bad = [t for t in prompt if not 0 <= t < self.model_config.vocab]
-            if bad:
-                raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary [0, {self.model_config.vocab})",
-                                     "prompt")
-            return list(prompt)
-        raise InvalidRequest("prompt must be a non-empty string or a non-empty list of token ids", "prompt")
+        return encode_prompt(self.tok, self.model_config.vocab, prompt)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Messages rendered with the model's chat template (from its GGUF), then tokenized."""
@@ -119,28 +203,22 @@ class GenerateEngine:
     def check(self, prompt_ids: list[int], params: SamplingParams, prompt_param: str = "prompt") -> None:
         """Refuse what could never run: a prompt beyond the context, prompt + max_tokens beyond it, or
         more KV blocks than the whole cache has."""
-        n, ml = len(prompt_ids), self.config.max_model_len
-        if n >= ml:
-            raise InvalidRequest(f"This model's maximum context length is {ml} tokens. However, your prompt has "
-                                 f"{n} tokens.", prompt_param, "context_length_exceeded")
-        if n + params.max_tokens > ml:
-            raise InvalidRequest(f"This model's maximum context length is {ml} tokens. However, you requested "
-                                 f"{n + params.max_tokens} tokens ({n} in the prompt, {params.max_tokens} for the "
-                                 f"completion). Please reduce the prompt or max_tokens.", "max_tokens",
-                                 "context_length_exceeded")
-        need, have = self.blocks.blocks_for(n + params.max_tokens), self.blocks.pool.num_blocks - 1
-        if need > have:
-            raise InvalidRequest(f"the request needs {need} KV blocks of {self.config.block_size} tokens ({n} prompt + "
-                                 f"{params.max_tokens} max_tokens) but the whole KV cache has {have}",
-                                 prompt_param if self.blocks.blocks_for(n + 1) > have else "max_tokens",
-                                 "kv_cache_exceeded")
+        check_fits(len(prompt_ids), params.max_tokens, self.config.max_model_len, self.config.block_size,
+                   self.blocks.pool.num_blocks, prompt_param)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                     on_output: Callable[[RequestOutput], None] | None = None, priority: int = 0,
                     prompt_param: str = "prompt") -> RequestHandle:
         """Queue a request (checked first: :class:`InvalidRequest`; a full queue: :class:`QueueFull`;
-        a draining or failed engine: :class:`Unavailable`).  Returns at once."""
+        a draining or failed engine: :class:`Unavailable`).  ``priority``: vLLM's (lower runs first; only
+        under the ``priority`` scheduling policy -- a non-zero one is refused under ``fcfs``, as vLLM
+        does).  Returns at once."""
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise InvalidRequest(f"priority must be an integer, got {priority!r}", "priority")
+        if priority and not self.policy.uses_priority:
+            raise InvalidRequest(f"priority={priority} needs the priority scheduling policy (this engine runs "
+                                 f"{self.policy.name})", "priority")
         self.check(prompt_ids, params, prompt_param)
         req = Request(prompt_ids, params, request_id, priority, arrival=self.clock())
         h = RequestHandle(req.request_id, len(prompt_ids), on_output)
@@ -149,9 +227,11 @@ class GenerateEngine:
                 raise Unavailable(f"the {self.model} engine failed: {self.error}")
             if not self._accepting:
                 raise Unavailable(f"the {self.model} engine is draining")
-            if self._queued >= self.config.max_queued_requests:
+            limit = max(1, math.ceil(self.config.max_queued_requests * self.throttle))
+            if self._queued >= limit:
                 raise QueueFull(f"the {self.model} engine has {self._queued} requests waiting "
-                                f"(max_queued_requests={self.config.max_queued_requests})")
+                                f"(max_queued_requests={self.config.max_queued_requests}"
+                                f"{f', throttled to {limit}' if limit < self.config.max_queued_requests else ''})")
             if req.request_id in self._handles:
                 raise InvalidRequest(f"request id {req.request_id!r} is already in use", "request_id")
             self._handles[req.request_id] = h
@@ -174,6 +254,12 @@ class GenerateEngine:
             if kind == "add":
                 self._requests[x.request_id] = x
                 self.scheduler.add(x)
+                self.load.arrived(x.arrival)
+            elif kind == "rebind":
+                if self._stopping:
+                    x[2].set_exception(Unavailable(f"the {self.model} engine is shutting down"))
+                else:
+                    self._run_rebind(*x)
             else:
                 req = self._requests.get(x)
                 if req is not None and req.status is not Status.FINISHED:
@@ -181,10 +267,20 @@ class GenerateEngine:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, run the forward pass, sample, hand out increments."""
+        """One iteration: schedule, run the forward pass, sample, hand out increments.  A lost device of
+        the placement re-binds the engine to the next chain entry first (see the module doc)."""
         self._take_inbox()
-        out = self.scheduler.schedule()
+        if self.error is not None:
+            return []
+        lost = self.binder.lost(self.chain[self.index])
+        if lost is not None:
+            self._auto_fallback(lost)
+            return []
+        now = self.clock()
+        self.limits = self.current_limits(now)
+        out = self.scheduler.schedule(self.limits, now)
         self._sync_queued()
+        self.last_batch = len(out.scheduled)
         if not out.scheduled:
             return []
         stats = StepStats(num_preemptions=len(out.preempted), batch_tokens=out.num_tokens)
@@ -195,12 +291,21 @@ class GenerateEngine:
         inputs = self._inputs(out)
         try:
             logits = self.runner.execute(inputs)
+        except AclError as e:
+            lost = self.binder.lost(self.chain[self.index])
+            if lost is None:
+                self._fail(e)
+                raise
+            self._auto_fallback(f"{lost} ({type(e).__name__}: {e})")       # the step never happened
+            return []
         except Exception as e:  # noqa: BLE001 - a device failure fails the requests, not the server
             self._fail(e)
             raise
         self.scheduler.advance(out)
         self.steps += 1
         t = self.clock()
+        if out.is_decode:
+            self.load.decode_step(t, len(out.scheduled), t - t0)
         outputs: list[RequestOutput] = []
         row = 0
         for s in out.scheduled:
@@ -229,6 +334,35 @@ class GenerateEngine:
         for lg in self.stat_loggers:
             lg.record(self.model, stats)
         return outputs
+
+    def set_mode(self, mode: ModeConfig) -> None:
+        """Switch the scheduler mode of a running engine (from the next step; nothing is dropped -- a
+        narrower batch limit only holds new requests back)."""
+        if not isinstance(mode, ModeConfig):
+            raise InvalidParamError(f"mode must be a ModeConfig, got {mode!r}")
+        fn = MODES[mode.mode]
+        with self._lock:
+            self.config = dataclasses.replace(self.config, mode=mode)
+            self.mode = fn
+            self._lock.notify_all()
+
+    def set_throttle(self, factor: float) -> None:
+        """Admit less: from the next step the batch and the step's token budget are scaled by ``factor``
+        (0 < factor <= 1; 1 = not throttled), and so is the waiting queue's bound (beyond it: QueueFull).
+        Running requests are not dropped.  (Self-healing's ``throttle`` action: an overheating device
+        does less work per step.)"""
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+            raise InvalidParamError(f"throttle factor must be in (0, 1], got {factor!r}")
+        with self._lock:
+            self.throttle = float(factor)
+            self._lock.notify_all()
+
+    def current_limits(self, now: float | None = None) -> StepLimits:
+        """The scheduler mode's limits for a step taken now (from the load seen so far), throttled."""
+        c = self.config
+        now = self.clock() if now is None else now
+        obs = self.load.observe(now, len(self.scheduler.running), len(self.scheduler.waiting))
+        return throttled(self.mode(obs, c.max_num_seqs, c.max_num_batched_tokens, c.mode), self.throttle)
 
     def _sync_queued(self) -> None:
         with self._lock:
@@ -315,6 +449,8 @@ class GenerateEngine:
             self._handles.pop(req.request_id, None)
             self._unfinished -= 1
             self._lock.notify_all()
+        if finish in ("stop", "length"):
+            self.load.finished(len(req.output_ids))
         if stats is not None:
             t = self.clock()
             stats.finished.append(FinishedRequest(finish, t - req.arrival,
@@ -337,11 +473,149 @@ class GenerateEngine:
         for req in list(self._requests.values()):
             self._finish(req, "error", msg)
 
+    # ------------------------------------------------------------------ placements
+    @property
+    def placement(self) -> Placement:
+        """The chain entry the engine runs on."""
+        return self.chain[self.index]
+
+    @property
+    def devices(self) -> list:
+        """The devices of the current placement."""
+        return list(self.runner.devices) if self.runner is not None else []
+
+    def _bind(self, index: int) -> None:
+        """Build the model on chain entry ``index`` (weights, KV cache, decode graphs; host-blocking)."""
+        devs = self.binder.devices(self.chain[index])
+        self.runner = ModelRunner(devs, self._gguf, self.model_config, self.config)
+        self.index = index
+
+    def _release(self) -> None:
+        """Free what the current placement holds (a lost device's share is gone with it)."""
+        r, self.runner = self.runner, None
+        if r is not None:
+            try:
+                r.close()
+            except Exception as e:  # noqa: BLE001 - a lost device cannot free; the others were freed
+                log.info("engine %s: releasing %s: %s", self.model, self.chain[self.index], e)
+
+    def fallback(self, reason: str = "requested", timeout: float | None = None) -> RebindResult:
+        """Move to the next usable entry of the chain and replay the unfinished requests there (between
+        steps; blocks until done).  :class:`Unavailable` when no entry is left (the engine keeps running
+        where it is)."""
+        return self._request_rebind("fallback", reason, timeout)
+
+    def restore(self, timeout: float | None = None) -> RebindResult:
+        """Move back to the first entry of the chain when it is healthy (no device lost, none in an
+        Alarm/Critical state), replaying the unfinished requests there (between steps; blocks until
+        done).  ``moved`` is False when already there; :class:`Unavailable` when the first entry is not
+        healthy (the engine stays where it is)."""
+        return self._request_rebind("restore", "requested", timeout)
+
+    def _request_rebind(self, kind: str, reason: str, timeout: float | None) -> RebindResult:
+        fut: Future = Future()
+        with self._lock:
+            if self._stopping:
+                raise Unavailable(f"the {self.model} engine is shutting down")
+            threaded = self._thread is not None
+            if threaded:
+                self._inbox.append(("rebind", (kind, reason, fut)))
+                self._lock.notify_all()
+        if not threaded:
+            self._run_rebind(kind, reason, fut)
+        return fut.result(timeout)
+
+    def _run_rebind(self, kind: str, reason: str, fut: Future) -> None:
+        try:
+            if self.error is not None:
+                raise Unavailable(f"the {self.model} engine failed: {self.error}")
+            if kind == "fallback":
+                if self.index + 1 >= len(self.chain):
+                    raise Unavailable(f"the {self.model} engine runs on the last entry of its fallback chain "
+                                      f"({self.placement})")
+                res = self._rebind(range(self.index + 1, len(self.chain)), kind, reason)
+            elif self.index == 0:
+                res = RebindResult(False, 0, 0, str(self.placement), "already on the first placement", 0, 0.0)
+            else:
+                ok, why = self.binder.healthy(self.chain[0])
+                if not ok:
+                    raise Unavailable(f"cannot restore {self.chain[0]}: {why}")
+                res = self._rebind((0, self.index), kind, reason)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            fut.set_exception(e)
+        else:
+            fut.set_result(res)
+
+    def _auto_fallback(self, why: str) -> None:
+        """A device of the placement is lost: move down the chain (the engine fails when nothing is left)."""
+        if self.index + 1 >= len(self.chain):
+            self._fail(Unavailable(f"{self.placement} is unusable ({why}) and no fallback is left"))
+            return
+        try:
+            self._rebind(range(self.index + 1, len(self.chain)), "fallback", f"automatic: {why}")
+        except Exception as e:  # noqa: BLE001 - reported through the requests and self.error
+            self._fail(e)
+
+    def _rebind(self, candidates, kind: str, reason: str) -> RebindResult:
+        """Engine thread (or the stepping caller), between steps: release the placement, build on the first
+        candidate entry that is usable, replay every unfinished request there.  Raises
+        :class:`Unavailable` (requests failed) when no candidate builds."""
+        t0, frm = time.monotonic(), self.index
+        reqs = self.scheduler.take_all()
+        self._release()
+        tried = []
+        for i in candidates:
+            why = self.binder.lost(self.chain[i])
+            if why is not None:
+                tried.append(f"{self.chain[i]}: {why}")
+                continue
+            try:
+                self._bind(i)
+                break
+            except Exception as e:  # noqa: BLE001 - try the next entry
+                tried.append(f"{self.chain[i]}: {type(e).__name__}: {e}")
+                self.runner = None
+        if self.runner is None:
+            msg = f"no usable placement for {self.model} ({'; '.join(tried) or 'none left'})"
+            self._record(dict(kind=kind, ok=False, from_index=frm, reason=reason, error=msg))
+            raise Unavailable(msg)
+        old = self.scheduler
+        self.blocks = BlockManager(self.runner.num_blocks, self.config.block_size)
+        self.scheduler = Scheduler(self.config, self.blocks)
+        self.scheduler.num_preemptions, self.scheduler.num_displaced = old.num_preemptions, old.num_displaced
+        replayed = 0
+        for r in reqs:
+            if self.blocks.blocks_for(len(r.prompt_ids) + r.params.max_tokens) > self.blocks.pool.num_blocks - 1:
+                self._finish(r, "error", f"the request does not fit the KV cache of {self.placement}")
+                continue
+            self.scheduler.waiting.append(r)
+            replayed += 1
+        self.rebinds += 1
+        self._sync_queued()
+        res = RebindResult(self.index != frm, frm, self.index, str(self.placement), reason, replayed,
+                           time.monotonic() - t0)
+        self._record(dict(kind=kind, ok=True, from_index=frm, to_index=self.index, placement=str(self.placement),
+                          previous=str(self.chain[frm]), reason=reason, replayed=replayed, seconds=res.seconds))
+        log.warning("engine %s: %s %s -> %s (%s), %d request(s) replayed in %.2f s", self.model, kind,
+                    self.chain[frm], self.placement, reason, replayed, res.seconds)
+        return res
+
+    def _record(self, ev: dict) -> None:
+        ev = dict(ev, model=self.model, t=self.clock())
+        self.events.append(ev)
+        for fn in self.on_event:
+            try:
+                fn(ev)
+            except Exception:  # noqa: BLE001 - a listener must not break the engine
+                log.exception("engine event listener failed")
+
     # ------------------------------------------------------------------ state
     def snapshot(self) -> EngineSnapshot:
         pool = self.blocks.pool
+        r = self.runner
         return EngineSnapshot(len(self.scheduler.running), self._queued, pool.usage, pool.num_blocks, pool.num_free,
-                              self.scheduler.num_preemptions, self.runner.num_graphs, self.runner.captures, self.steps)
+                              self.scheduler.num_preemptions, r.num_graphs if r else 0, r.captures if r else 0,
+                              self.steps, self.index, self.limits, self.rebinds, self.last_batch)
 
     def has_unfinished(self) -> bool:
         with self._lock:
@@ -361,6 +635,7 @@ class GenerateEngine:
                 if self._stopping:
                     return
             try:
+                self._hold_for_batch()
                 if not self.step() and not self.scheduler.running and not self._inbox:
                     with self._lock:                     # nothing runnable: wait for news, not spin
                         self._lock.wait_for(lambda: self._stopping or self._inbox, timeout=0.05)
@@ -368,6 +643,26 @@ class GenerateEngine:
                 with self._lock:
                     self._lock.wait_for(lambda: self._stopping)
                 return
+
+    def _hold_for_batch(self) -> None:
+        """Engine thread: when the mode asks for it (``max_wait_s``), hold a step that would admit new
+        requests until the batch could be full or the oldest new request has waited that long."""
+        self._take_inbox()
+        if self.error is not None:
+            return
+        lim = self.current_limits()
+        fresh = [r for r in self.scheduler.waiting if r.scheduled_time is None]
+        if lim.max_wait_s <= 0 or not fresh:
+            return
+        deadline = min(r.arrival for r in fresh) + lim.max_wait_s
+
+        def ready():
+            n = len(self.scheduler.running) + len(self.scheduler.waiting) + sum(1 for k, _ in self._inbox if k == "add")
+            return self._stopping or n >= lim.max_num_seqs or self.clock() >= deadline or any(
+                k == "rebind" for k, _ in self._inbox)
+        with self._lock:
+            while not ready():
+                self._lock.wait(max(0.0, deadline - self.clock()))
 
     def wait_until(self, pred: Callable[[EngineSnapshot], bool], timeout: float | None = None) -> bool:
         """Block until ``pred(snapshot())`` holds (checked after every step and request change)."""
@@ -401,4 +696,14 @@ class GenerateEngine:
         self._take_inbox()
         for req in list(self._requests.values()):
             self._finish(req, "abort", None)
-        self.runner.close()
+        try:
+            if self.runner is not None:
+                r, self.runner = self.runner, None
+                if self.binder.lost(self.placement) is None:
+                    r.close()
+                else:
+                    self.runner = r
+                    self._release()                      # what is left of a placement with a lost device
+        finally:
+            if self._own_binder:
+                self.binder.close()

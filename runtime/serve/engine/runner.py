@@ -35,6 +35,11 @@ from runtime.models.weights import LlamaConfig
 from .config import EngineConfig
 from .kv_cache import KvCache, kv_bytes_per_block
 
+#: exec timeout of the tensor-parallel communicators: a collective waits this long at most for its peers
+#: (a decode step's all-reduces wait milliseconds; HCCL's default, 1836 s, would let a placement that
+#: lost a device hold its survivors that long before the engine can fall back)
+HCCL_EXEC_TIMEOUT_S = 60.0
+
 
 @dataclass
 class StepInputs:
@@ -222,7 +227,7 @@ class ModelRunner:
         try:
             comms = None
             if n > 1:
-                comms = hccl.comm_init_all(devices)
+                comms = hccl.comm_init_all(devices, hccl.CommOptions(exec_timeout_s=HCCL_EXEC_TIMEOUT_S))
                 self.comms = list(comms)
             host = host_weights(gguf, cfg)
             for r, (dev, sp) in enumerate(zip(devices, rank_specs(cfg, "tp" if n > 1 else "none", n))):

@@ -3,12 +3,18 @@ their tokens.
 
 Every step has a token budget (``max_num_batched_tokens``).  Running requests come first: a decoding
 request takes one token, a request still in its prompt takes the next chunk that fits.  Then waiting
-requests join (at most ``max_num_seqs`` running) with their first chunk.  When the KV cache has no block
-for a running request's tokens, the policy's victim (by default the most recently arrived running
-request) is preempted: its blocks are freed, its computed tokens reset, and it goes back to the head of
-the waiting queue to be recomputed from its prompt and the tokens it already generated.  Nothing here
-touches a device: :meth:`Scheduler.schedule` returns a :class:`SchedulerOutput` that the runner turns
-into one forward pass.
+requests join (at most ``max_num_seqs`` running) with their first chunk, in the order the scheduling
+policy gives them (:mod:`.policies`: ``fcfs`` keeps the queue order, ``priority`` sorts by aged
+priority).  When the KV cache has no block for a running request's tokens, the policy's victim
+(``max(running, key=(priority, arrival))``) is preempted: its blocks are freed, its computed tokens reset,
+and it goes back to the waiting queue to be recomputed from its prompt and the tokens it already
+generated.  Under ``priority``, a waiting request that is strictly more urgent than the victim also takes
+its place when the batch is full (at most one displacement per step).
+
+Per step the limits may be narrower than the config's (:class:`.modes.StepLimits`, chosen by the
+scheduler mode); running requests are never dropped to honour a narrower limit -- new ones just wait
+until the batch is below it.  Nothing here touches a device: :meth:`Scheduler.schedule` returns a
+:class:`SchedulerOutput` that the runner turns into one forward pass.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from devices.errors import InvalidParamError
 
 from .block_manager import BlockManager
 from .config import EngineConfig
+from .modes import StepLimits
 from .policies import POLICIES
 from .request import Request, Status
 
@@ -56,10 +63,14 @@ class Scheduler:
                                     f"(known: {', '.join(POLICIES)})")
         self.cfg = cfg
         self.blocks = blocks
-        self.victim = POLICIES[cfg.scheduling_policy]
+        self.policy = cfg.policy()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_displaced = 0                  #: preemptions for a more urgent waiting request
+
+    def victim(self, running: list[Request], now: float = 0.0) -> Request:
+        return self.policy.victim(running, now)
 
     def add(self, req: Request) -> None:
         req.status = Status.WAITING
@@ -82,16 +93,43 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def schedule(self) -> SchedulerOutput:
+    def take_all(self) -> list[Request]:
+        """Every request still held, running first (by arrival), then the waiting ones in queue order,
+        with their blocks freed and their computed tokens reset (a re-bind replays them elsewhere)."""
+        reqs = sorted(self.running, key=lambda r: (r.arrival, r.seq)) + list(self.waiting)
+        for r in reqs:
+            self.blocks.free(r.request_id)
+            r.num_computed = 0
+            r.status = Status.PREEMPTED
+        self.running, self.waiting = [], deque()
+        return reqs
+
+    def schedule(self, limits: StepLimits | None = None, now: float = 0.0) -> SchedulerOutput:
+        """The next step: which requests compute how many tokens, under ``limits`` (default: the
+        config's) at time ``now`` (the engine's clock; ages priorities)."""
+        cfg = self.cfg
+        max_seqs = cfg.max_num_seqs if limits is None else min(limits.max_num_seqs, cfg.max_num_seqs)
         out = SchedulerOutput()
-        budget = self.cfg.max_num_batched_tokens
+        budget = cfg.max_num_batched_tokens if limits is None else min(limits.max_num_batched_tokens,
+                                                                      cfg.max_num_batched_tokens)
+        budget = max(budget, 1)
+        self.waiting = self.policy.order(self.waiting, now)
+        displaced = 0
+        if self.waiting and self.running and len(self.running) >= max_seqs:
+            victim = self.victim(self.running, now)
+            if self.policy.displaces(self.waiting[0], victim, now):
+                self._preempt(victim)
+                self.num_displaced += 1
+                displaced = 1
+                out.preempted.append(victim)
+                self.waiting = self.policy.order(self.waiting, now)
         chosen: dict[str, Scheduled] = {}
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed, budget)
             while not self.blocks.allocate(req.request_id, req.num_computed + n):
-                victim = self.victim(self.running)
+                victim = self.victim(self.running, now)
                 gone = chosen.pop(victim.request_id, None)
                 if gone is not None:                          # already scheduled this step: give it back
                     budget += gone.count
@@ -106,8 +144,8 @@ class Scheduler:
                 i += 1
                 continue
             break                                             # req itself was preempted (as vLLM: stop here)
-        if not out.preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+        if len(out.preempted) == displaced:                   # no block shortage this step (as vLLM)
+            while self.waiting and budget > 0 and len(self.running) < max_seqs:
                 req = self.waiting[0]
                 n = min(req.num_tokens - req.num_computed, budget)
                 if not self.blocks.allocate(req.request_id, req.num_computed + n):

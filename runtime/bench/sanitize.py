@@ -1,0 +1,231 @@
+"""``vnpu bench sanitize``: what the runtime sanitizer costs, against the same runs without it.
+
+Workloads (one in-process device each): SmolLM2-135M greedy decode -- each step one captured-graph
+replay, and the same job with every kernel launched eagerly (~300 launches per token) -- and MiniLM-L6
+embedding (eager launches, batches of 8).  Three runtimes live side by side, one per mode: sanitizer off,
+racecheck alone, every tool.  Rounds alternate the modes workload by workload, so they share the machine's
+load as it drifts; each figure is the median over all samples (decode: every step).  The physical bound is
+the same forward in plain numpy in this process, measured in the same rounds.
+
+"Off costs nothing": with no session the runtime has no layer at all -- its only extra work is one
+``is not None`` test per enqueued op.  The bench times that test against the host cost of one launch,
+and a second runtime with the sanitizer off shows the noise floor the ratios should be read against.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import statistics
+import time
+import timeit
+
+import numpy as np
+
+#: mode -> tools (None: no session)
+MODES = {"off": None, "racecheck": ("racecheck",), "all": ("memcheck", "racecheck", "initcheck", "leakcheck"),
+         "off (again)": None}
+#: what each mode measures: wall figures, and the calling thread's CPU time (the sanitizer runs on it)
+SAMPLES = ("decode_graph_ms", "decode_eager_ms", "embed_s_per_sentence", "launch_us", "decode_graph_cpu_ms",
+           "decode_eager_cpu_ms", "embed_cpu_ms", "launch_cpu_us")
+WORDS = "the a npu runs matrix kernels on cube units while vector cores do norms and softmax quickly".split()
+
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser("sanitize", help="sanitizer slowdown on SmolLM2 decode and MiniLM embedding")
+    p.add_argument("--tokens", type=int, default=12, help="decode steps per round and mode")
+    p.add_argument("--rounds", type=int, default=3, help="rounds (every mode once per round)")
+    p.add_argument("--sentences", type=int, default=32, help="sentences embedded per round and mode")
+    p.add_argument("--launches", type=int, default=1000, help="launches of the host-path micro benchmark")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_run)
+
+
+class _Mode:
+    """One runtime (one device) with its jobs, watched by a session or not."""
+
+    def __init__(self, name: str, stack: contextlib.ExitStack):
+        from devices.device import DeviceConfig
+        from runtime.api import Runtime
+        from runtime.backend import LocalBackend
+        from runtime.models.bert import EmbedJob
+        from runtime.models.llama import GenerateJob
+        from runtime.sanitize import SanitizeOptions, Session
+        tools = MODES[name]
+        self.name = name
+        self.session = Session(SanitizeOptions(tools=tools), out=io.StringIO()) if tools else None
+        self.rt = Runtime(LocalBackend(1, DeviceConfig(arena_bytes=1 << 30)), sanitizer=self.session)
+        stack.callback(self.close)
+        self.gen = GenerateJob(self.rt, "smollm2", devices=1, parallel="none", max_len=512)
+        self.emb = EmbedJob(self.rt, "minilm-l6", devices=1, parallel="dp", batch_size=8)
+        self.samples: dict[str, list[float]] = {k: [] for k in SAMPLES}
+
+    def decode(self, prompt: str, tokens: int, graphs: bool) -> None:
+        self.gen.graphs = graphs
+        stamps: list[tuple[float, float]] = []
+        self.gen.generate([prompt], max_new_tokens=tokens, stop_at_eos=False,
+                          on_token=lambda b, t, p: stamps.append((time.perf_counter(), time.thread_time())))
+        key = "decode_graph" if graphs else "decode_eager"
+        steps = list(zip(stamps[1:], stamps[2:]))                     # decode steps (the first token is prefill's)
+        self.samples[key + "_ms"] += [(b[0] - a[0]) * 1e3 for a, b in steps]
+        self.samples[key + "_cpu_ms"] += [(b[1] - a[1]) * 1e3 for a, b in steps]
+
+    def embed(self, texts: list[str]) -> None:
+        t0, cpu = time.perf_counter(), time.thread_time()
+        self.emb.embed(texts)
+        self.samples["embed_s_per_sentence"].append((time.perf_counter() - t0) / len(texts))
+        self.samples["embed_cpu_ms"].append((time.thread_time() - cpu) * 1e3 / len(texts))
+
+    def launches(self, n: int) -> None:
+        """Microseconds per launch of a tiny kernel, queued and then synchronized."""
+        d = self.rt.device(0)
+        s = d.stream()
+        x = d.from_numpy(np.ones(16, np.float32))
+        try:
+            t0, cpu = time.perf_counter(), time.thread_time()
+            for _ in range(n):
+                s.launch("relu", [x], [x])
+            s.synchronize()
+            self.samples["launch_us"].append((time.perf_counter() - t0) / n * 1e6)
+            self.samples["launch_cpu_us"].append((time.thread_time() - cpu) / n * 1e6)
+        finally:
+            x.free()
+            s.destroy()
+
+    def close(self) -> None:
+        for job in (getattr(self, "gen", None), getattr(self, "emb", None)):
+            if job is not None:
+                job.close()
+        self.rt.close()
+        if self.session is not None:
+            self.session.finish()
+
+
+def _guard_ns() -> float:
+    """What the off path adds per enqueued op: ``dev.sanitizer is not None`` (nanoseconds)."""
+    class D:
+        sanitizer = None
+    g = {"d": D()}
+    n = 1_000_000
+    t = min(timeit.repeat("d.sanitizer is not None", globals=g, number=n, repeat=5))
+    base = min(timeit.repeat("d", globals=g, number=n, repeat=5))
+    return max(0.0, (t - base) / n * 1e9)
+
+
+def _numpy_bounds(prompt_ids: list[int], tok, texts: list[str], tokens: int, out: dict) -> None:
+    """The same decode steps and embedding batches in plain numpy (appends samples to ``out``)."""
+    from runtime.models.bench import NumpyLlama, numpy_bert
+    from runtime.models.bert import load_encoder
+    from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
+    if "llama" not in out:
+        g = load_gguf_cached(str(smollm2_gguf()))
+        out["llama"] = NumpyLlama(g, LlamaConfig.from_gguf_meta(g.meta))
+        out["bert"] = load_encoder("minilm-l6")
+        out["decode_ms"], out["embed_s_per_sentence"] = [], []
+    ref = out["llama"]
+    logits = ref.forward(prompt_ids, 0)
+    pos = len(prompt_ids)
+    for _ in range(tokens):
+        t0 = time.perf_counter()
+        logits = ref.forward([int(np.argmax(logits[-1]))], pos)
+        out["decode_ms"].append((time.perf_counter() - t0) * 1e3)
+        pos += 1
+    cfg, w = out["bert"]
+    ids, mask = tok.encode_batch(texts)
+    lens = mask.sum(1)
+    order = np.argsort(-lens, kind="stable")
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), 8):
+        idx = order[i:i + 8]
+        s = int(lens[idx].max())
+        numpy_bert(w, cfg.n_layers, ids[idx, :s], mask[idx, :s], cfg.normalize)
+    out["embed_s_per_sentence"].append((time.perf_counter() - t0) / len(texts))
+
+
+def _run(a) -> int:
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(12, 28)))) for _ in range(a.sentences)]
+    bound: dict = {}
+    with contextlib.ExitStack() as stack:
+        modes = [_Mode(name, stack) for name in MODES]
+        prompt = modes[0].gen.tok.chat_prompt("Write a short story about a robot learning to paint.")   # ids
+        for m in modes:                                   # warm up: captures, plans, page faults
+            m.decode(prompt, 2, True)
+            m.decode(prompt, 2, False)
+            m.embed(texts[:8])
+            m.launches(50)
+            for v in m.samples.values():
+                v.clear()
+        for _ in range(a.rounds):
+            for m in modes:
+                m.decode(prompt, a.tokens, True)
+            for m in modes:
+                m.decode(prompt, max(4, a.tokens // 2), False)
+            for m in modes:
+                m.embed(texts)
+            for m in modes:
+                m.launches(a.launches)
+            _numpy_bounds(prompt, modes[0].emb.tok, texts, max(4, a.tokens // 2), bound)
+        res: dict = {"rounds": a.rounds, "tokens": a.tokens, "sentences": a.sentences, "modes": {}}
+        for m in modes:
+            med = {k: statistics.median(v) for k, v in m.samples.items()}
+            res["modes"][m.name] = {"decode_graph_ms": round(med["decode_graph_ms"], 2),
+                                    "decode_eager_ms": round(med["decode_eager_ms"], 2),
+                                    "embed_sentences_per_s": round(1.0 / med["embed_s_per_sentence"], 1),
+                                    "launch_us": round(med["launch_us"], 2),
+                                    "host_cpu": {"decode_graph_ms_per_token": round(med["decode_graph_cpu_ms"], 3),
+                                                 "decode_eager_ms_per_token": round(med["decode_eager_cpu_ms"], 3),
+                                                 "embed_ms_per_sentence": round(med["embed_cpu_ms"], 3),
+                                                 "launch_us": round(med["launch_cpu_us"], 2)}}
+            if m.session is not None:
+                res["modes"][m.name]["findings"] = m.session.errors
+                res["modes"][m.name]["checked"] = m.session.counts()
+    off = res["modes"]["off"]
+    for name in ("racecheck", "all", "off (again)"):
+        m = res["modes"][name]
+        m["slowdown"] = {"decode_graph": round(m["decode_graph_ms"] / off["decode_graph_ms"], 3),
+                         "decode_eager": round(m["decode_eager_ms"] / off["decode_eager_ms"], 3),
+                         "embed": round(off["embed_sentences_per_s"] / m["embed_sentences_per_s"], 3),
+                         "launch": round(m["launch_us"] / off["launch_us"], 3)}
+    res["numpy_bound"] = {"decode_ms": round(statistics.median(bound["decode_ms"]), 2),
+                          "embed_sentences_per_s": round(1.0 / statistics.median(bound["embed_s_per_sentence"]), 1)}
+    g = _guard_ns()
+    res["off_path"] = {"guard_ns_per_op": round(g, 1), "share_of_a_launch": round(g / (off["launch_us"] * 1e3), 5)}
+    if a.json:
+        print(json.dumps(res))
+        return 0
+    _print(res)
+    return 0
+
+
+def _print(res: dict) -> None:
+    nb = res["numpy_bound"]
+    print(f"vnpu bench sanitize: 1 in-process device per mode, {res['rounds']} round(s) alternating the modes; "
+          f"medians")
+    print(f"{'mode':<12} {'decode graph':>13} {'decode eager':>13} {'MiniLM embed':>14} {'tiny launch':>12}   "
+          f"slowdown: decode graph / eager / embed / launch")
+    for name, m in res["modes"].items():
+        sl = m.get("slowdown")
+        txt = "(baseline)" if sl is None else " / ".join(f"{sl[k]:.2f}x" for k in ("decode_graph", "decode_eager",
+                                                                                  "embed", "launch"))
+        print(f"{name:<12} {m['decode_graph_ms']:>10.1f} ms {m['decode_eager_ms']:>10.1f} ms "
+              f"{m['embed_sentences_per_s']:>9.1f} sent/s {m['launch_us']:>9.1f} us   {txt}")
+    print("host CPU of the calling thread (where the sanitizer runs; robust to the machine's other load):")
+    for name, m in res["modes"].items():
+        c, c0 = m["host_cpu"], res["modes"]["off"]["host_cpu"]
+        print(f"  {name:<12} decode graph {c['decode_graph_ms_per_token']:.2f} ms/token, eager "
+              f"{c['decode_eager_ms_per_token']:.2f} ms/token, embed {c['embed_ms_per_sentence']:.2f} ms/sentence, "
+              f"launch {c['launch_us']:.1f} us" + ("" if name == "off" else
+                                                  f"  (+{c['launch_us'] - c0['launch_us']:.1f} us per op)"))
+    print(f"numpy bound (the same forwards in this process): decode {nb['decode_ms']} ms/token, embed "
+          f"{nb['embed_sentences_per_s']} sentences/s")
+    for name in ("racecheck", "all"):
+        m = res["modes"][name]
+        c = m["checked"]
+        print(f"{name}: {m['findings']} finding(s) on these correct programs; checked {c['tasks']} device tasks "
+              f"({c['replays']} graph replays) and {c['host_accesses']} host accesses")
+    o = res["off_path"]
+    print(f"off: no layer; the one test per enqueued op costs {o['guard_ns_per_op']} ns = "
+          f"{100 * o['share_of_a_launch']:.3f}% of a tiny launch; a second off runtime measured "
+          + " / ".join(f"{v:.2f}x" for v in res["modes"]["off (again)"]["slowdown"].values())
+          + " (the noise floor)")

@@ -1,0 +1,367 @@
+"""HTTP tenants of a server: API keys, priority classes and quotas.
+
+The server is ONE tenant of the devices (its device credential: :mod:`runtime.serve.credentials`); its own
+clients are *HTTP tenants* that it tells apart and isolates itself:
+
+- **Keys.** ``Authorization: Bearer <key>`` names the tenant.  Keys are kept as SHA-256 digests only
+  (a config may give ``sha256:<hex>`` instead of the key) and compared in constant time.  A missing or
+  unknown key is refused (401, ``invalid_api_key``).  With no tenant configured the server is *open*:
+  every caller is the ``default`` tenant (no quotas, priority 0, admin) -- and the server refuses to bind
+  a non-loopback address that way unless told to (:func:`check_bind`).
+- **Priority class.** vLLM's meaning, lower runs first.  A request's own ``priority`` may ask to run
+  *later* than its tenant's class, never earlier: the effective priority is
+  ``max(class, requested)`` (:meth:`Tenant.effective_priority`).
+- **Quotas** (:class:`Quotas`, on an injectable clock): concurrent requests, and tokens per minute over a
+  sliding 60 s window.  A request is charged ``prompt + max_tokens`` when admitted (as OpenAI counts
+  ``max_tokens`` against the limit) and settled to what it really used when it ends.  Over a quota ->
+  :class:`RateLimited` (429, ``rate_limit_exceeded``) with the time after which the same request would
+  be admitted (``Retry-After``, capped at 120 s: the official client stops retrying beyond that); a
+  request larger than the whole per-minute quota can never pass and says so (``x-should-retry: false``).
+- **Isolation.** Requests carry their tenant; a tenant sees its own usage only (``/v1/usage``); what spans
+  tenants (``/metrics``, ``/admin/...``) needs an admin key; a tenant limited to some models gets 404 for
+  the others, as OpenAI answers for models one has no access to.  KV blocks are never shared between
+  requests (no prefix cache): a block belongs to one request's table until that request frees it.
+
+Pure host-side logic (no HTTP): routes call :meth:`TenantRegistry.authenticate`, :meth:`Quotas.admit`
+and :meth:`Ticket.settle`.  Nothing here blocks.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from devices.errors import InvalidParamError
+
+from .engine.errors import ServeError
+
+RETRY_AFTER_MAX_S = 120.0     #: the official client gives up on a larger Retry-After
+WINDOW_S = 60.0               #: tokens-per-minute window
+
+
+class Unauthorized(ServeError):
+    """No or an unknown API key (HTTP 401, ``invalid_api_key``)."""
+
+
+class Forbidden(ServeError):
+    """A valid key without the right to this (HTTP 403): admin-only routes."""
+
+
+class RateLimited(ServeError):
+    """Over a quota (HTTP 429, ``rate_limit_exceeded``).  ``retry_after_s``: when the same request would
+    pass (None: never -- it is larger than the quota itself); ``limit``: ``requests`` or ``tokens``."""
+
+    def __init__(self, message: str, retry_after_s: float | None, limit: str, headers: dict | None = None):
+        super().__init__(message, None, "rate_limit_exceeded")
+        self.retry_after_s = retry_after_s
+        self.limit = limit
+        self.headers = dict(headers or {})
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.retry_after_s, self.limit, self.headers))
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def parse_key(text: str) -> str:
+    """A configured key as its digest: ``sha256:<64 hex>`` as given, anything else is the key itself."""
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidParamError("an API key must be a non-empty string")
+    t = text.strip()
+    if t.startswith("sha256:"):
+        h = t[7:].lower()
+        if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+            raise InvalidParamError("sha256: keys take 64 hex digits")
+        return h
+    if len(t) < 8:
+        raise InvalidParamError("an API key must have at least 8 characters")
+    return key_digest(t)
+
+
+@dataclass(frozen=True)
+class Quota:
+    """``concurrent_requests``: requests in flight at once; ``tokens_per_minute``: prompt + completion
+    tokens over a sliding minute.  None: unlimited."""
+    concurrent_requests: int | None = None
+    tokens_per_minute: int | None = None
+    retry_after_s: float = 1.0          #: what a concurrency refusal asks the client to wait
+
+    def __post_init__(self):
+        for k in ("concurrent_requests", "tokens_per_minute"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise InvalidParamError(f"{k} must be a positive integer, got {v!r}")
+        r = self.retry_after_s
+        if not isinstance(r, (int, float)) or isinstance(r, bool) or not 0 < r <= RETRY_AFTER_MAX_S:
+            raise InvalidParamError(f"retry_after_s must be in (0, {RETRY_AFTER_MAX_S:g}], got {r!r}")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    key_digests: tuple[str, ...] = ()
+    priority: int = 0                        #: priority class (lower runs first)
+    quota: Quota = field(default_factory=Quota)
+    admin: bool = False
+    models: tuple[str, ...] | None = None    #: the models it may use (None: all)
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
+            raise InvalidParamError(f"tenant name must be letters, digits, - or _, got {self.name!r}")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise InvalidParamError(f"priority must be an integer, got {self.priority!r}")
+
+    def effective_priority(self, requested: int | None) -> int:
+        """A request may ask to run later than its class, never earlier."""
+        return self.priority if requested is None else max(self.priority, int(requested))
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+#: who every caller is on a server without keys
+OPEN_TENANT = Tenant("default", (), 0, Quota(), admin=True)
+
+
+class TenantRegistry:
+    """API key digests -> tenants."""
+
+    def __init__(self, tenants: tuple[Tenant, ...] = ()):
+        names = [t.name for t in tenants]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise InvalidParamError(f"tenant {dup} is listed twice")
+        self.tenants = tuple(tenants)
+        self._by_digest: dict[str, Tenant] = {}
+        for t in tenants:
+            if not t.key_digests:
+                raise InvalidParamError(f"tenant {t.name} has no api_keys")
+            for d in t.key_digests:
+                if d in self._by_digest:
+                    raise InvalidParamError(f"an API key of tenant {t.name} is also a key of tenant "
+                                            f"{self._by_digest[d].name}")
+                self._by_digest[d] = t
+
+    @property
+    def open(self) -> bool:
+        """No keys configured: everyone is :data:`OPEN_TENANT`."""
+        return not self._by_digest
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        """The tenant of an ``Authorization`` header value (:class:`Unauthorized` if none matches)."""
+        if self.open:
+            return OPEN_TENANT
+        if not authorization:
+            raise Unauthorized("You didn't provide an API key. You need to provide your API key in an "
+                               "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                               None, "invalid_api_key")
+        scheme, _, key = authorization.strip().partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise Unauthorized("The Authorization header must be 'Bearer <API key>'.", None, "invalid_api_key")
+        digest = key_digest(key)
+        found = None
+        for d, t in self._by_digest.items():          # every digest compared: no early exit on a match
+            if hmac.compare_digest(d, digest):
+                found = t
+        if found is None:
+            shown = (key[:3] + "*" * 4 + key[-4:]) if len(key) > 8 else "*" * len(key)
+            raise Unauthorized(f"Incorrect API key provided: {shown}.", None, "invalid_api_key")
+        return found
+
+    def get(self, name: str) -> Tenant | None:
+        if self.open and name == OPEN_TENANT.name:
+            return OPEN_TENANT
+        return next((t for t in self.tenants if t.name == name), None)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, registry: TenantRegistry, allow_unauthenticated: bool) -> None:
+    """Refuse to serve an open server (no keys) on a non-loopback address unless asked to."""
+    if registry.open and not is_loopback(host) and not allow_unauthenticated:
+        raise InvalidParamError(f"refusing to serve without API keys on {host} (not loopback): configure tenants "
+                                f"with api_keys, or pass --allow-unauthenticated (server.allow_unauthenticated)")
+
+
+# ---------------------------------------------------------------------------------------------- quotas
+@dataclass
+class _Charge:
+    t: float
+    tokens: int
+
+
+@dataclass
+class _Ledger:
+    in_flight: int = 0
+    window: deque = field(default_factory=deque)          #: _Charge, oldest first
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    rate_limited: int = 0
+
+
+class Ticket:
+    """One admitted request: holds a concurrency slot and a token charge until :meth:`settle`."""
+
+    def __init__(self, quotas: "Quotas", tenant: Tenant, charge: _Charge | None):
+        self.quotas, self.tenant, self._charge = quotas, tenant, charge
+        self.settled = False
+
+    def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """The request ended having used these tokens: correct its charge, free its slot (once)."""
+        self.quotas._settle(self, int(prompt_tokens), int(completion_tokens))
+
+
+class Quotas:
+    """Per-tenant quota ledgers on ``clock`` (injectable; seconds)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, window_s: float = WINDOW_S):
+        self.clock = clock
+        self.window_s = window_s
+        self.admission = 1.0                 #: every quota scaled by this (throttle); 1 = as configured
+        self._lock = threading.Condition()
+        self._ledgers: dict[str, _Ledger] = {}
+
+    def _ledger(self, name: str) -> _Ledger:
+        led = self._ledgers.get(name)
+        if led is None:
+            led = self._ledgers[name] = _Ledger()
+        return led
+
+    def _trim(self, led: _Ledger, now: float) -> None:
+        while led.window and now - led.window[0].t >= self.window_s:
+            led.window.popleft()
+
+    def set_admission(self, factor: float) -> None:
+        """Scale every tenant's quotas by ``factor`` (0 < factor <= 1; rounded up, at least 1) until set
+        back to 1 -- the HTTP side of a throttle."""
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+            raise InvalidParamError(f"admission factor must be in (0, 1], got {factor!r}")
+        with self._lock:
+            self.admission = float(factor)
+            self._lock.notify_all()
+
+    def _scaled(self, q: Quota) -> Quota:
+        if self.admission >= 1.0:
+            return q
+        f = lambda v: None if v is None else max(1, math.ceil(v * self.admission))     # noqa: E731
+        return Quota(f(q.concurrent_requests), f(q.tokens_per_minute), q.retry_after_s)
+
+    def admit(self, tenant: Tenant, tokens: int) -> Ticket:
+        """Admit a request that may use ``tokens`` (prompt + max_tokens), or raise :class:`RateLimited`."""
+        q = self._scaled(tenant.quota)
+        now = self.clock()
+        with self._lock:
+            led = self._ledger(tenant.name)
+            self._trim(led, now)
+            if q.concurrent_requests is not None and led.in_flight >= q.concurrent_requests:
+                led.rate_limited += 1
+                self._lock.notify_all()
+                raise RateLimited(f"Rate limit reached for tenant {tenant.name} on concurrent requests: Limit "
+                                  f"{q.concurrent_requests}, In flight {led.in_flight}. Please try again in "
+                                  f"{q.retry_after_s:g}s.", q.retry_after_s, "requests",
+                                  {"x-ratelimit-limit-requests": str(q.concurrent_requests),
+                                   "x-ratelimit-remaining-requests": "0"})
+            charge = None
+            if q.tokens_per_minute is not None:
+                limit = q.tokens_per_minute
+                used = sum(c.tokens for c in led.window)
+                hdr = {"x-ratelimit-limit-tokens": str(limit),
+                       "x-ratelimit-remaining-tokens": str(max(0, limit - used))}
+                if tokens > limit:
+                    led.rate_limited += 1
+                    self._lock.notify_all()
+                    raise RateLimited(f"Request too large for tenant {tenant.name} on tokens per min (TPM): Limit "
+                                      f"{limit}, Requested {tokens}. Reduce the prompt or max_tokens.", None,
+                                      "tokens", hdr)
+                if used + tokens > limit:
+                    led.rate_limited += 1
+                    self._lock.notify_all()
+                    wait = self._wait_for(led, used + tokens - limit, now)
+                    raise RateLimited(f"Rate limit reached for tenant {tenant.name} on tokens per min (TPM): Limit "
+                                      f"{limit}, Used {used}, Requested {tokens}. Please try again in "
+                                      f"{wait:.3f}s.", wait, "tokens", hdr)
+                charge = _Charge(now, int(tokens))
+                led.window.append(charge)
+            led.in_flight += 1
+            led.requests += 1
+            self._lock.notify_all()
+        return Ticket(self, tenant, charge)
+
+    def _wait_for(self, led: _Ledger, excess: int, now: float) -> float:
+        """Seconds until charges worth ``excess`` tokens have left the window."""
+        freed = 0
+        for c in led.window:
+            freed += c.tokens
+            if freed >= excess:
+                return min(RETRY_AFTER_MAX_S, max(1e-3, c.t + self.window_s - now))
+        return RETRY_AFTER_MAX_S
+
+    def _settle(self, ticket: Ticket, prompt: int, completion: int) -> None:
+        with self._lock:
+            if ticket.settled:
+                return
+            ticket.settled = True
+            led = self._ledger(ticket.tenant.name)
+            led.in_flight -= 1
+            led.prompt_tokens += prompt
+            led.completion_tokens += completion
+            if ticket._charge is not None:
+                ticket._charge.tokens = prompt + completion
+            self._lock.notify_all()
+
+    def usage(self, tenant: Tenant) -> dict:
+        """What ``tenant`` has used (its own numbers only)."""
+        now = self.clock()
+        q = tenant.quota
+        with self._lock:
+            led = self._ledger(tenant.name)
+            self._trim(led, now)
+            window = sum(c.tokens for c in led.window)
+            return {"tenant": tenant.name, "priority": tenant.priority,
+                    "in_flight": led.in_flight, "requests": led.requests,
+                    "prompt_tokens": led.prompt_tokens, "completion_tokens": led.completion_tokens,
+                    "rate_limited": led.rate_limited, "tokens_this_minute": window,
+                    "limits": {"concurrent_requests": q.concurrent_requests, "tokens_per_minute": q.tokens_per_minute}}
+
+    def in_flight(self, name: str) -> int:
+        with self._lock:
+            return self._ledger(name).in_flight
+
+    def wait_until(self, name: str, pred: Callable[[dict], bool], timeout: float | None = None) -> bool:
+        """Block until ``pred`` holds for tenant ``name``'s counters (``in_flight``, ``requests``,
+        ``rate_limited``; re-checked on every admission, refusal and settlement)."""
+        def view():
+            led = self._ledger(name)
+            return {"in_flight": led.in_flight, "requests": led.requests, "rate_limited": led.rate_limited}
+        with self._lock:
+            return self._lock.wait_for(lambda: pred(view()), timeout)
+
+
+def retry_headers(e: RateLimited) -> dict:
+    """``Retry-After`` (whole seconds, <= 120) and ``retry-after-ms`` (what the official client reads
+    first), or ``x-should-retry: false`` when waiting cannot help."""
+    h = dict(e.headers)
+    if e.retry_after_s is None:
+        h["x-should-retry"] = "false"
+    else:
+        s = min(RETRY_AFTER_MAX_S, max(1e-3, e.retry_after_s))
+        h["Retry-After"] = str(max(1, math.ceil(s)))
+        h["retry-after-ms"] = str(max(1, math.ceil(s * 1000)))
+    return h

@@ -1,0 +1,113 @@
+"""Ray Serve replicas behind the OpenAI routes (serve + cluster tiers): a real Ray cluster with device
+actors (one Ray node), the engines in Ray Serve replicas that claim ``{"NPU": 1}`` each, the front in this
+process, driven by the official ``openai`` client.
+
+One replica serves; ``POST /admin/replicas`` scales out to two (each owns a different device, chosen by
+Ray); four concurrent streams spread two per replica; a scale-in while all four are in flight drains the
+removed replica (its two streams finish, none is cut), after which its NPU is free again and its HBM back
+to what it was.  The devices are hung while the drain starts (``inject_fault("hang")``), so that the
+streams are certainly in flight then -- not a matter of timing.
+
+(The multi-raylet tier of the scale-out work will run the same on several Ray nodes; with one node the
+replicas share it.)
+"""
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+
+import openai
+import pytest
+
+from runtime.api import Runtime
+from runtime.cluster.failover import wait_polled
+from runtime.serve.config import model_spec
+from runtime.serve.engine import EngineConfig
+from runtime.serve.replicas import ReplicaOptions, ReplicaService
+from runtime.serve.server import Server
+from runtime.serve.tenants import Tenant, key_digest
+
+pytestmark = [pytest.mark.serve, pytest.mark.cluster]
+
+ADMIN = "sk-ops-0123456789"
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from runtime.cluster import ClusterSpec, LocalCluster
+    c = LocalCluster(ClusterSpec(devices=2, arena_bytes=1 << 30))
+    rt = Runtime(c.backend())
+    try:
+        yield c, rt
+    finally:
+        rt.close()
+        c.close()
+
+
+def post(srv, path, body):
+    req = urllib.request.Request(srv.url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def test_replicas_behind_the_routes_scale_out_and_drain_on_scale_in(cluster):
+    import ray
+    _, rt = cluster
+    spec = model_spec("smollm2", (0,), 1, EngineConfig(max_num_seqs=2, max_num_batched_tokens=32, max_model_len=48,
+                                                       num_gpu_blocks_override=16))
+    svc = ReplicaService((spec,), 1, (Tenant("ops", (key_digest(ADMIN),), admin=True),),
+                         options=ReplicaOptions(stream_interval_ms=20))
+    srv = Server(svc).start()
+    try:
+        svc.load()
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key=ADMIN, max_retries=0)
+        one = c.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=MAX_TOKENS, temperature=0,
+                                   extra_body={"ignore_eos": True})
+        assert one.usage.completion_tokens == MAX_TOKENS
+        idle = {d: rt.device(d).mem_info() for d in (0, 1)}
+        out = post(srv, "/admin/replicas", {"replicas": 2})            # scale out through the admin route
+        reps = out["replicas"]
+        assert len(reps) == 2 and sorted(d for r in reps for d in r["devices"]) == [0, 1]    # a device group each
+        assert len({r["pid"] for r in reps}) == 2 and ray.available_resources().get("NPU", 0) == 0
+
+        texts, firsts = [None] * 4, threading.Barrier(5)
+
+        def stream(i):
+            s = c.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=MAX_TOKENS, temperature=0,
+                                     stream=True, extra_body={"ignore_eos": True})
+            it = iter(s)
+            parts = [next(it).choices[0].text]
+            firsts.wait(120)
+            parts += [ch.choices[0].text for ch in it if ch.choices]
+            texts[i] = "".join(parts)
+        ths = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+        for t in ths:
+            t.start()
+        firsts.wait(120)                                                # all four in flight ...
+        assert sorted(r["in_flight"] for r in svc.replica_views()) == [2, 2]     # ... two per replica
+        for d in (0, 1):
+            rt.device(d).handle.inject_fault("hang")                    # nothing finishes while the drain starts
+        res: dict = {}
+        drain = threading.Thread(target=lambda: res.update(svc.scale_in(1)))
+        drain.start()
+        assert svc.wait_replicas(lambda views: any(v["state"] == "draining" for v in views), 60)
+        for d in (0, 1):
+            rt.device(d).handle.clear_fault("hang")
+        drain.join(300)
+        for t in ths:
+            t.join(120)
+        gone = res["removed"][0]
+        assert gone["drained"] and gone["in_flight_at_start"] == 2 and gone["abandoned"] == 0
+        assert len(set(texts)) == 1 and all(texts)                      # every stream whole, the same greedy text
+        assert ray.available_resources().get("NPU", 0) == 1             # the removed replica's device is free again
+        freed = [d for d in (0, 1) if d not in res["replicas"][0]["devices"]][0]
+        assert wait_polled(threading.Condition(), lambda: rt.device(freed).mem_info() == idle[freed], 30)   # HBM freed
+        metrics = urllib.request.urlopen(urllib.request.Request(srv.url + "/metrics", headers={
+            "Authorization": f"Bearer {ADMIN}"}), timeout=30).read().decode()
+        assert 'vnpu:serve_replicas{state="ready"} 1.0' in metrics
+    finally:
+        srv.stop()
+    assert ray.available_resources().get("NPU", 0) == 2
