@@ -27,6 +27,7 @@ BENCHES = {
     "mdl": ["--batch", "1", "--seq", "8", "--rounds", "1", "--backend", "cluster"],
     "infer": ["--tokens", "2", "--rounds", "1", "--no-multi", "--backend", "cluster"],
     "serve": ["--concurrency", "1", "--requests", "1", "--max-tokens", "2", "--backend", "cluster"],
+    "sanitize": ["--tokens", "2", "--rounds", "1", "--sentences", "8", "--launches", "10"],   # in-process, ~25 s
 }
 
 
