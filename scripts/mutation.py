@@ -16,7 +16,9 @@ the targets' tests are in-process ones (local devices, devices served over loopb
 process) -- mutants never reach Ray actors or subprocesses, and ``-m "not cluster"`` leaves those out.
 
 Usage: ``scripts/mutation.sh [target ...]`` (default: every target); ``--json FILE`` also writes the
-numbers; ``--keep`` keeps the scratch directories (``mutmut results`` / ``mutmut show NAME`` there).
+numbers; ``--keep`` keeps the scratch directories (``mutmut results`` / ``mutmut show NAME`` there);
+``--cap-s N`` stops each target's run after N seconds and scores the mutants checked by then (mutmut
+records each verdict as it comes; the rest are reported as ``not_run`` -- a partial score, said so).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import fnmatch
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -131,6 +134,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
 
 #: mutmut's exit-code verdicts (mutmut.stats.status_by_exit_code, 3.8)
 KILLED, SURVIVED, TIMEOUT = "killed", "survived", "timeout"
+NOT_RUN = "not run"     #: a run stopped by --cap-s before it reached the mutant
 
 
 def _verdict(code) -> str:
@@ -166,7 +170,7 @@ use_git_change_detection = false
 
 
 def results(work: Path, t: Target) -> dict:
-    """Verdict of every mutant of the target's functions, from mutmut's .meta files."""
+    """Verdict of every mutant of the target's functions, from mutmut's .meta files (None: not run)."""
     out: dict[str, str] = {}
     for f in t.files:
         meta = work / "mutants" / (f + ".meta")
@@ -175,7 +179,7 @@ def results(work: Path, t: Target) -> dict:
         codes = json.loads(meta.read_text())["exit_code_by_key"]
         for name, code in codes.items():
             if any(fnmatch.fnmatch(name, g) for g in t.functions):
-                out[name] = _verdict(code)
+                out[name] = _verdict(code) if code is not None else NOT_RUN
     return out
 
 
@@ -193,7 +197,28 @@ def equivalent_reason(target: str, name: str, diff: str) -> str | None:
     return None
 
 
-def run_target(name: str, t: Target, jobs: int, keep: bool) -> dict:
+def _mutmut(work: Path, env: dict, args: list[str], log: Path, cap_s: float | None) -> tuple[int, bool]:
+    """Run mutmut in its own process group (its forked test runners included); stop it all after cap_s."""
+    with open(log, "w") as lf:
+        p = subprocess.Popen([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, stdout=lf,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return p.wait(timeout=cap_s), False
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            return p.returncode, True
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def run_target(name: str, t: Target, jobs: int, keep: bool, cap_s: float | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"vnpu-mutation-{name}-"))
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                VNPU_HOME=str(work / ".vnpu-home"), PYTHONDONTWRITEBYTECODE="1")
@@ -203,13 +228,14 @@ def run_target(name: str, t: Target, jobs: int, keep: bool) -> dict:
         copy_tree(work)
         configure(work, t)
         log = work / "mutmut.log"
-        with open(log, "w") as lf:
-            p = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs), *t.functions],
-                               cwd=work, env=env, stdout=lf, stderr=subprocess.STDOUT)
+        rc, capped = _mutmut(work, env, ["run", "--max-children", str(jobs), *t.functions], log, cap_s)
         verdicts = results(work, t)
-        if p.returncode != 0 or not verdicts:
+        not_run = sum(1 for v in verdicts.values() if v == NOT_RUN)
+        verdicts = {k: v for k, v in verdicts.items() if v != NOT_RUN}
+        if (rc != 0 and not capped) or not verdicts:
             tail = log.read_text(errors="replace")[-3000:]
-            return {"target": name, "error": f"mutmut exited {p.returncode}", "log_tail": tail}
+            return {"target": name, "error": f"mutmut exited {rc}" + (" (capped)" if capped else ""),
+                    "log_tail": tail}
         survivors, equivalent = [], []
         for m, v in sorted(verdicts.items()):
             if v not in (KILLED, TIMEOUT):
@@ -225,6 +251,7 @@ def run_target(name: str, t: Target, jobs: int, keep: bool) -> dict:
                 "timeout": counts.get(TIMEOUT, 0), "survived": len(survivors), "equivalent": len(equivalent),
                 "other": {k: v for k, v in counts.items() if k not in (KILLED, TIMEOUT, SURVIVED)},
                 "kill_rate": killed / denom if denom else 0.0, "seconds": round(time.monotonic() - t0),
+                "not_run": not_run, "capped": capped,
                 "survivors": survivors, "equivalents": equivalent, "scratch": str(work) if keep else None}
     finally:
         if not keep:
@@ -238,6 +265,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directories")
     ap.add_argument("--goal", type=float, default=0.90)
+    ap.add_argument("--cap-s", type=float, default=None,
+                    help="stop each target after this many seconds; score the mutants checked by then")
     a = ap.parse_args(argv)
     bad = [x for x in a.targets if x not in TARGETS]
     if bad:
@@ -247,7 +276,7 @@ def main(argv=None) -> int:
     for name in a.targets or list(TARGETS):
         t = TARGETS[name]
         print(f"== {name}: {t.doc}", flush=True)
-        r = run_target(name, t, a.jobs, a.keep)
+        r = run_target(name, t, a.jobs, a.keep, a.cap_s)
         report.append(r)
         if "error" in r:
             print(f"   FAILED: {r['error']}\n{r['log_tail']}", flush=True)
@@ -259,17 +288,19 @@ def main(argv=None) -> int:
             print(f"   equivalent: {s['mutant']}: {s['equivalent']}", flush=True)
         print(f"   {name}: {r['mutants']} mutants, {r['killed']} killed, {r['timeout']} timeout, {r['survived']} "
               f"survived, {r['equivalent']} equivalent{', other ' + str(r['other']) if r['other'] else ''}: "
-              f"kill rate {100 * r['kill_rate']:.1f} % ({r['seconds']} s)", flush=True)
-    print("\n" + f"{'target':<14} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} {'equiv':>6} {'rate':>7}")
+              f"kill rate {100 * r['kill_rate']:.1f} % ({r['seconds']} s"
+              + (f"; stopped at the cap, {r['not_run']} mutants not run" if r["capped"] else "") + ")", flush=True)
+    print("\n" + f"{'target':<14} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} {'equiv':>6} {'rate':>7}"
+          f" {'not run':>8}")
     ok = True
     for r in report:
         if "error" in r:
             print(f"{r['target']:<14} error: {r['error']}")
             ok = False
             continue
-        ok = ok and r["kill_rate"] >= a.goal
+        ok = ok and r["kill_rate"] >= a.goal and not r["capped"]
         print(f"{r['target']:<14} {r['mutants']:>8} {r['killed']:>7} {r['timeout']:>8} {r['survived']:>9} "
-              f"{r['equivalent']:>6} {100 * r['kill_rate']:>6.1f}%")
+              f"{r['equivalent']:>6} {100 * r['kill_rate']:>6.1f}% {r['not_run']:>8}")
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))
     return 0 if ok else 1
