@@ -400,8 +400,8 @@ def test_acl_program_host_and_device_pointers():
         assert acl.rt.memset_async(dev, n, 0, n, stream) == 0       # after the copy on the same stream
         assert acl.rt.synchronize_stream(stream) == 0
         assert acl.rt.free_host(host) == 0; hf = here()
-        assert acl.rt.free_host(host) != 0; bad = here()                # a double free: refused
-        assert acl.rt.synchronize_stream(0x5EED) != 0                   # a bad handle is no memory error
+        assert acl.rt.free_host(host) == acl.ACL_ERROR_RT_PARAM_INVALID; bad = here()   # a double free: refused
+        assert acl.rt.synchronize_stream(0x5EED) == acl.ACL_ERROR_RT_INVALID_HANDLE      # a bad handle: no memory error
         leak, _ = acl.rt.malloc(64, 0); lk = here()
         assert acl.rt.destroy_stream(stream) == 0
         acl.rt.free(dev)
