@@ -1,4 +1,4 @@
-"""Smoke tier (marker ``smoke``; budget ~60 s on 2 cores, most of it starting the cluster): every ``vnpu
+"""Smoke tier (marker ``smoke``; budget ~2 min on 2 cores: the cluster, SmolLM2 loads): every ``vnpu
 bench ... --json`` at a tiny size against one small ``vnpu up`` cluster reports verified results and exits
 0; a benchmark whose verification fails exits 1; one model job runs on the cluster backend.
 
@@ -27,7 +27,7 @@ BENCHES = {
     "mdl": ["--batch", "1", "--seq", "8", "--rounds", "1", "--backend", "cluster"],
     "infer": ["--tokens", "2", "--rounds", "1", "--no-multi", "--backend", "cluster"],
     "serve": ["--concurrency", "1", "--requests", "1", "--max-tokens", "2", "--backend", "cluster"],
-    "sanitize": ["--tokens", "2", "--rounds", "1", "--sentences", "8", "--launches", "10"],   # in-process, ~25 s
+    "sanitize": ["--tokens", "3", "--rounds", "1", "--sentences", "8", "--launches", "10"],   # in-process, ~25 s
 }
 
 
