@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from devices.errors import ACL_ERROR_RT_AICORE_EXCEPTION
+from devices.errors import ACL_ERROR_RT_AICORE_EXCEPTION, ACL_ERROR_RT_PARAM_INVALID, InvalidParamError
 from runtime.cluster.failover import DevicePool, FailoverOptions
 from runtime.cluster.jobrunner import History, JobRunner, checksum
 
@@ -159,12 +159,32 @@ def test_a_workload_bug_is_a_final_error_at_once(pool):
     assert r.history is hist and len(hist) > 0           # the history given is the one written
     assert r.errors.pop(9) == "ValueError: " + "x" * 300
     assert len(next(e for e in hist if e["op"] == "failed" and e["id"] == 9)["error"]) == 200
+    assert next(e for e in hist if e["op"] == "attempt-failed" and e["id"] == 9)["error"] == \
+        ("ValueError: " + "x" * 300)[:160]                 # the attempt's event keeps 160
     assert r.errors == {1: "ValueError: boom"} and sorted(r.results) == [2] and got == [2]
     assert ops(r, 1) == ["submit", "attempt", "attempt-failed", "failed"]
     failed = next(e for e in r.history if e["op"] == "attempt-failed")
     assert failed["code"] == 0 and failed["error"] == "ValueError: boom" and failed["attempt"] == 1
     assert r.attempt_failures == 0                         # not a device failure: nothing to replay
     assert next(e for e in r.history if e["op"] == "failed")["error"] == "ValueError: boom"
+
+
+def test_a_device_error_is_logged_per_attempt_in_160_characters(pool):
+    """A device error with a long message: each failed attempt's event keeps its first 160 characters (the
+    history stays small however long device messages are); the final error keeps all of it."""
+    wl = Doubler()
+    err = InvalidParamError("y" * 300)
+    wl.bug = err
+    r = JobRunner(pool, wl, max_attempts=2)
+    try:
+        r.submit(4, inputs(4))
+        assert r.wait(WAIT)
+    finally:
+        r.close()
+    fails = [e for e in r.history if e["op"] == "attempt-failed" and e["id"] == 4]
+    assert [e["error"] for e in fails] == [str(err)[:160]] * 2 and len(str(err)) > 160
+    assert [e["code"] for e in fails] == [ACL_ERROR_RT_PARAM_INVALID] * 2
+    assert r.errors[4] == f"gave up after 2 attempts: {err}"
 
 
 def test_without_a_consumer_the_runner_acknowledges(pool):
@@ -229,6 +249,8 @@ def test_close_releases_every_prepared_state_and_stops_the_workers(pool):
     assert 1 <= wl.prepared <= 2 and wl.released == 0      # one state per logical device that ran something
     names = {t.name for t in threading.enumerate() if t.is_alive()}
     assert {"vnpu-job-0", "vnpu-job-1"} <= names          # a worker per logical device
+    # daemon workers: a runner its user forgot to close does not keep the process from exiting
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("vnpu-job-"))
     r.close()
     assert wl.released == wl.prepared
     assert {lid: b.handle.mem_info()[0] for lid, b in pool.bindings.items()} == free0
