@@ -118,6 +118,21 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("lease", f"*{M}Leases{M}closed*", "self._armed.get(None), t"):
         "the replaced timer is not cancelled, but when it fires _expire finds another timer armed and returns: "
         "only a timer thread lives on until its grace period ends",
+    ("arena", "*x_attach__*", "count=3, offset=size"):
+        "the header is ARENA_HEADER (4096) bytes: reading 3 words of it still gives hdr[1], the device id",
+    ("arena", "*x_attach__*", "dtype=np.uint64, offset=size)"):
+        "without count numpy reads the whole 4096-byte header (a multiple of 8): hdr[1] is the same word",
+    ("arena", f"*{M}HbmArena{M}allocation_of*", "self.resolve(ptr, 1)"):
+        "resolve refuses a pointer at or past its allocation's end before the length matters, so 1 byte is "
+        "always left, and the ECC check reads max(nbytes, 1): 0 and 1 check the same",
+    ("arena", f"*{M}HbmArena{M}reset*", "self.epoch += 2"):
+        "epochs stay distinct and increasing, which is all that cached plans and views compare",
+    ("arena", f"*{M}HbmArena{M}typed_view*", "if (shape) or True else"):
+        "np.prod(()) is 1.0 and int() of it is 1: an empty shape counts one element either way",
+    ("arena", f"*{M}HbmArena{M}typed_view*", "np.prod(shape, dtype=None)"):
+        "np.prod of Python ints accumulates in int64 by default on 64-bit Linux: the same dtype",
+    ("arena", f"*{M}HbmArena{M}typed_view*", "np.prod(shape, ))"):
+        "np.prod of Python ints accumulates in int64 by default on 64-bit Linux: the same dtype",
     ("jobrunner", f"*{M}JobRunner{M}wait*", "left < 0"):
         "left is a difference of monotonic clock readings taken at different times: exactly 0.0 only by "
         "accident, and then the next loop (a wait of 0 s) returns False anyway",
