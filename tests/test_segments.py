@@ -155,3 +155,32 @@ def test_runtime_installed_by_the_caller_is_not_closed_by_finalize():
     finally:
         set_runtime(old)
         r.close()
+
+
+def test_a_forked_child_names_its_segments_as_itself():
+    """A forked child (multiprocessing's default start method, mutmut's test runner) names its arena
+    segments with its own pid AND start time: with its parent's start time they would look like a dead
+    process's, and its own next arena's sweep would unlink the first one under it."""
+    from devices.arena import HbmArena
+    segments.new_name(0)                               # the parent has looked its own start time up
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                       # the child: report through the pipe, never return
+        ok = b"0"
+        try:
+            a = HbmArena(9101, 1 << 16, shared=True)
+            b = HbmArena(9102, 1 << 16, shared=True)   # its creation sweeps dead processes' segments
+            me = (os.getpid(), segments.process_start(os.getpid()))
+            ok = b"1" if os.path.exists(a.path) and segments.owner(a.name) == me else b"2"
+            a.close()
+            b.close()
+        finally:
+            os.write(w, ok)
+            os._exit(0)
+    os.close(w)
+    try:
+        got = os.read(r, 1)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert got == b"1", "the child's first arena was swept by its second" if got == b"2" else got
