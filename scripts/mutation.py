@@ -133,6 +133,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "np.prod of Python ints accumulates in int64 by default on 64-bit Linux: the same dtype",
     ("arena", f"*{M}HbmArena{M}typed_view*", "np.prod(shape, ))"):
         "np.prod of Python ints accumulates in int64 by default on 64-bit Linux: the same dtype",
+    ("faults", f"*{M}FaultState{M}_publish*", 'if t is not None else 1'):
+        "_task_fail is only the lock-free fast path of take_task_failure, which then looks the fault up "
+        "under the lock: with no task-fail fault active it returns False either way",
+    ("faults", f"*{M}FaultState{M}apply*", "p.pop(DURATION.name, None)"):
+        "the duration is only tested for truth (`if duration`): None and 0.0 both mean no deadline",
     ("jobrunner", f"*{M}JobRunner{M}wait*", "left < 0"):
         "left is a difference of monotonic clock readings taken at different times: exactly 0.0 only by "
         "accident, and then the next loop (a wait of 0 s) returns False anyway",

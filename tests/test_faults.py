@@ -154,6 +154,7 @@ def test_a_timed_fault_ends_exactly_at_its_deadline():
     ("slow", {"factor": 0.5}, ">= 1"),
     ("slow", {"factor": math.nan}, "finite"),
     ("slow", {"factor": "3"}, "number"),
+    ("slow", {"factor": [3]}, "fault 'slow': factor must be a number, got [3]"),
     ("task-fail", {"count": 0}, ">= 1"),
     ("task-fail", {"count": 1.5}, "integer"),
     ("task-fail", {"count": True}, "number"),
@@ -179,8 +180,31 @@ def test_kill_holds_nothing_and_cannot_be_cleared():
     st.listen(heard.append)
     st.apply("kill")
     assert heard == ["kill"] and st.active() == {}
-    with pytest.raises(InvalidParamError):
+    with pytest.raises(InvalidParamError, match="fault 'kill' cannot be cleared"):
         st.clear("kill")
+
+
+@pytest.mark.parametrize("kind", [["hang"], 7, None])
+def test_a_kind_that_is_no_name_is_an_unknown_kind(kind):
+    """Not a string (a list is not even hashable): the same refusal as an unknown name, listing the kinds."""
+    st = FaultState(4096, device_id=0, clock=FakeClock())
+    with pytest.raises(InvalidParamError) as ei:
+        st.apply(kind, {})
+    assert f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}, clear" in str(ei.value)
+
+
+def test_faults_without_a_duration_last_until_cleared():
+    """Faults that take no duration (task-fail, ecc) or were given none (link-down) never expire, however
+    far the clock moves."""
+    clock = FakeClock()
+    st = FaultState(4096, device_id=0, clock=clock)
+    st.apply("task-fail", {"count": 2})
+    st.apply("ecc", {"offset": 0, "length": 8})
+    st.apply("link-down", {"peer": 1})
+    clock.t += 3600.0
+    assert st.ecc == ((0, 8),) and st.link_down(1)
+    assert [st.take_task_failure() for _ in range(3)] == [True, True, False]
+    assert sorted(st.active()) == ["ecc", "link-down"]
 
 
 def test_a_hung_core_waits_until_cleared():
