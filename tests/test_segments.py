@@ -83,7 +83,9 @@ def test_segments_of_a_sigkilled_process_are_removed_by_the_next_start():
         if p.poll() is None:
             p.kill()
             p.wait()
-    assert _mine(p.pid) == left                                   # SIGKILL: nothing could run
+    # SIGKILL: nothing could run in it.  (Another process of this user -- a parallel test session on a
+    # shared machine -- may start a device and sweep them first: what is left is a subset.)
+    assert set(_mine(p.pid)) <= set(left)
     # the next start of any device (here: a plain acl run in another process) removes them
     q = _run("exit")
     assert q.returncode == 0, q.stderr[-3000:]
