@@ -66,7 +66,9 @@ TARGETS: dict[str, Target] = {
         ("devices/arena.py",),
         (fn(A, "make_ptr"), fn(A, "is_device_ptr"), fn(A, "ptr_offset"), fn(A, "ptr_device"), fn(A, "block_size"),
          cls(A, "Allocator"), cls(A, "HbmArena"), fn(A, "header_gen"), fn(A, "attach")),
-        ("tests/test_arena.py", "tests/test_bad_input.py", "tests/test_device_model.py"),
+        ("tests/test_arena.py", "tests/test_bad_input.py", "tests/test_device_model.py",
+         # the poisoned-range check and the tenants' quotas live in resolve / malloc too
+         "tests/test_faults.py::test_ecc_fails_access_of_the_poisoned_range_only", "tests/security/test_quotas.py"),
         "the arena's checks and rounding: pointers, block sizes, the allocator, bounds/owner/ECC checks"),
     "hccl": Target(
         ("devices/hccl.py",),
