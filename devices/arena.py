@@ -239,7 +239,10 @@ class HbmArena:
         self._alloc = Allocator(size)
         self._starts: list[int] = []
         self._live: dict[int, Allocation] = {}
-        self._freed: OrderedDict[int, int] = OrderedDict()    # recently freed start -> size, for messages
+        #: recently freed start -> size (oldest first), for the double-free and use-after-free messages; a
+        #: start that a later allocation covers is forgotten (it is memory in use again)
+        self._freed: OrderedDict[int, int] = OrderedDict()
+        self._freed_starts: list[int] = []                     # the same starts, sorted
         self._faults = faults
         self._canary_violations = 0
         self._closed = False
@@ -281,7 +284,7 @@ class HbmArena:
             bisect.insort(self._starts, off)
             self._live[off] = a
             self._usage.add(charged, reserved)
-            self._freed.pop(off, None)
+            self._forget_freed(off, reserved)
         self.buf[off + size:off + reserved] = _CANARY
         return make_ptr(self.device_id, off)
 
@@ -311,8 +314,19 @@ class HbmArena:
             self._alloc.release(off, a.reserved)
             self._usage.add(a.charged, -a.reserved)
             self._freed[off] = a.size
+            bisect.insort(self._freed_starts, off)
             if len(self._freed) > 65536:
-                self._freed.popitem(last=False)
+                old, _ = self._freed.popitem(last=False)
+                del self._freed_starts[bisect.bisect_left(self._freed_starts, old)]
+
+    def _forget_freed(self, off: int, nbytes: int) -> None:
+        """Lock held: freed starts inside ``[off, off + nbytes)`` are allocated memory again."""
+        fs = self._freed_starts
+        i = bisect.bisect_left(fs, off)
+        j = bisect.bisect_left(fs, off + nbytes, i)
+        for start in fs[i:j]:
+            del self._freed[start]
+        del fs[i:j]
 
     def free_owner(self, owner) -> int:
         """Free every allocation of one owner (a departed client: the whole owner, not its tenant);
@@ -337,6 +351,7 @@ class HbmArena:
             self._starts.clear()
             self._live.clear()
             self._freed.clear()
+            self._freed_starts.clear()
             self._usage.clear()
 
     def invalidate(self) -> None:

@@ -26,7 +26,7 @@ PREFIX = "vnpu_"
 
 _open: set[str] = set()            # this process's segments not unlinked yet (unlinked at exit)
 _open_lock = threading.Lock()
-_my_start: int | None = None
+_my_start: tuple[int, int] | None = None     #: (pid, start time) of the process that named segments
 
 
 def process_start(pid: int) -> int | None:
@@ -54,11 +54,14 @@ def _state(pid: int) -> str | None:
 
 
 def new_name(device_id: int) -> str:
-    """A fresh segment name owned by this process."""
+    """A fresh segment name owned by this process.  The start time is looked up once per process: a
+    forked child has its own (with its parent's, its segments would look like a dead process's and the
+    next sweep would unlink them)."""
     global _my_start
-    if _my_start is None:
-        _my_start = process_start(os.getpid()) or 0
-    return f"{PREFIX}{os.getpid()}_{_my_start}_{device_id}_{secrets.token_hex(4)}"
+    pid = os.getpid()
+    if _my_start is None or _my_start[0] != pid:
+        _my_start = (pid, process_start(pid) or 0)
+    return f"{PREFIX}{pid}_{_my_start[1]}_{device_id}_{secrets.token_hex(4)}"
 
 
 def owner(name: str) -> tuple[int, int | None] | None:

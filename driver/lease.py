@@ -37,11 +37,13 @@ class Leases:
         with self._lock:
             self._open[owner] = self._open.get(owner, 0) + 1
             t = self._armed.pop(owner, None)
+            self._cv.notify_all()
         if t is not None:
             t.cancel()
 
     def closed(self, owner: str) -> None:
         with self._lock:
+            self._cv.notify_all()
             n = self._open.get(owner, 0) - 1
             if n > 0:
                 self._open[owner] = n
@@ -61,10 +63,22 @@ class Leases:
         with self._lock:
             return self._open.get(owner, 0) > 0
 
+    def count(self, owner: str) -> int:
+        """How many lease watches of ``owner`` are open now."""
+        with self._lock:
+            return self._open.get(owner, 0)
+
+    def wait_count(self, owner: str, n: int, timeout: float) -> bool:
+        """Block until ``owner`` has exactly ``n`` open lease watches (True) or ``timeout`` passes."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._open.get(owner, 0) == n, timeout)
+
     def _expire(self, owner: str, timer: threading.Timer) -> None:
         with self._lock:
-            if self._closed or self._open.get(owner, 0) > 0 or self._armed.get(owner) is not timer:
-                return                         # renewed, re-armed or closing meanwhile
+            # only the armed timer releases: a renewal (opened) or close() removes it, a later end of the
+            # lease (closed) replaces it -- so an owner with an open watch never has one armed
+            if self._armed.get(owner) is not timer:
+                return
             del self._armed[owner]
         try:
             self._release(owner)

@@ -229,16 +229,22 @@ _now = __import__("time").perf_counter
 # ---------------------------------------------------------------------------------------------- memory table
 class AllocTable:
     """Host-side mirror of the allocations made through this runtime, so that a launch whose tensor
-    overruns its allocation fails at launch time even when launches are batched (the device checks
-    again when the batch arrives; pointers the table does not know are left to the device).  Raw
-    allocations are listed here; memory of the device's caching pool is checked by the pool (``pool``),
-    block by block (the device only sees the pool's segments)."""
+    overruns its allocation, or names memory freed through this runtime (use after free), fails at launch
+    time even when launches are batched (the device checks again when the batch arrives; pointers the
+    table does not know are left to the device).  Raw allocations are listed here, and their freed
+    ranges are remembered until this runtime allocates over them again (at most :attr:`MAX_FREED` of
+    them; older ones are left to the device); memory of the device's caching pool is checked by the pool
+    (``pool``), block by block (the device only sees the pool's segments)."""
+
+    MAX_FREED = 1 << 14
 
     def __init__(self):
         import bisect
         self._bisect = bisect
         self._starts: list[int] = []
         self._sizes: dict[int, int] = {}
+        self._freed_starts: list[int] = []
+        self._freed: dict[int, int] = {}
         self._lock = threading.Lock()
         self._gen = 0
         self.pool: CachingAllocator | None = None
@@ -253,26 +259,47 @@ class AllocTable:
         with self._lock:
             self._bisect.insort(self._starts, ptr)
             self._sizes[ptr] = size
+            fs = self._freed_starts                 # freed ranges under the new allocation are live again
+            i = max(0, self._bisect.bisect_right(fs, ptr) - 1)
+            while i < len(fs) and fs[i] < ptr + size:
+                if fs[i] + self._freed[fs[i]] > ptr:
+                    del self._freed[fs[i]]
+                    del fs[i]
+                else:
+                    i += 1
 
     def remove(self, ptr: int) -> None:
         with self._lock:
-            if self._sizes.pop(ptr, None) is not None:
+            size = self._sizes.pop(ptr, None)
+            if size is not None:
                 del self._starts[self._bisect.bisect_left(self._starts, ptr)]
+                if len(self._freed) >= self.MAX_FREED:
+                    self._freed_starts.clear()
+                    self._freed.clear()
+                self._bisect.insort(self._freed_starts, ptr)
+                self._freed[ptr] = size
             self._gen += 1
 
     def check(self, ptr: int, nbytes: int) -> None:
+        """Raise MemoryAccessError (107000) for a range that overruns an allocation of this table or of
+        the caching pool, or starts in memory freed through either; anything else is left to the device."""
         pool = self.pool
         if pool is not None and pool.check(ptr, nbytes):
             return
         with self._lock:
             i = self._bisect.bisect_right(self._starts, ptr) - 1
-            if i < 0:
-                return
-            start = self._starts[i]
-            size = self._sizes[start]
-        if ptr < start + size and ptr + nbytes > start + size:
-            raise MemoryAccessError(f"access of {nbytes} B at 0x{ptr:x} overruns its allocation ({size} B at "
-                                    f"0x{start:x}, {start + size - ptr} B left)")
+            start = self._starts[i] if i >= 0 else None
+            size = self._sizes[start] if start is not None else 0
+            j = self._bisect.bisect_right(self._freed_starts, ptr) - 1
+            freed = (self._freed_starts[j], self._freed[self._freed_starts[j]]) if j >= 0 else None
+        if start is not None and ptr < start + size:
+            if ptr + nbytes > start + size:
+                raise MemoryAccessError(f"access of {nbytes} B at 0x{ptr:x} overruns its allocation ({size} B at "
+                                        f"0x{start:x}, {start + size - ptr} B left)")
+            return
+        if freed is not None and ptr < freed[0] + freed[1]:
+            raise MemoryAccessError(f"0x{ptr:x} points to freed memory (use after free of the {freed[1]} B "
+                                    f"allocation at 0x{freed[0]:x})")
 
 
 # ---------------------------------------------------------------------------------------------- device
@@ -384,9 +411,16 @@ class Device:
 
     def check_range(self, ptr: int, nbytes: int) -> None:
         """Raise the CANN error (MemoryAccessError, 107000) when ``[ptr, ptr + nbytes)`` runs past the end
-        of an allocation made through this runtime; pointers it did not allocate are left to the device
-        (which checks everything again when the op arrives).  Host-only, never blocks."""
+        of an allocation made through this runtime or lies in memory freed through it; pointers it did not
+        allocate are left to the device (which checks everything again when the op arrives).  Host-only,
+        never blocks."""
         self.allocs.check(int(ptr), int(nbytes))
+
+    @property
+    def alloc_gen(self) -> int:
+        """Bumped by every free through this runtime: host-side range checks made while it had one value
+        still hold while it keeps it (launch checks and graph replays cache on it)."""
+        return self.allocs.gen
 
     def flush(self, raise_errors: bool = True) -> None:
         """Send this device's queued ops now (only orders the device; the host waits only for the

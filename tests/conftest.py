@@ -2,21 +2,32 @@
 
 ``rt`` is a :class:`runtime.api.Runtime` over each backend under test (parametrized by
 ``BACKENDS``): the same runtime-semantics tests run in-process and, once the cluster backend is
-available, against real device actors over gRPC.  One runtime per test module.
+available, against real device actors over gRPC.  One runtime per test module.  The cluster
+parameter carries the ``cluster`` marker (``-m "not cluster"`` runs the in-process half only).
+
+The test session's environment is fixed here, BEFORE anything imports numpy or Ray:
+
+- BLAS thread pools get one thread (OpenBLAS reads the variable once, when numpy loads it; set later it
+  does nothing -- and exact-token model tests must not depend on how a multi-threaded GEMM splits).
+- ``RAY_ADDRESS`` is removed: with it set, ``ray.init()`` attaches to whatever cluster it names, and a
+  test must never touch a cluster it did not start (``LocalCluster`` starts its own Ray whatever the
+  environment says; this is the second line of defence).
 """
 from __future__ import annotations
 
 import os
 
-import pytest
+for _k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_k] = "1"
+EXTERNAL_RAY_ADDRESS = os.environ.pop("RAY_ADDRESS", None)   #: what the caller had set (never used)
 
-from devices.device import DeviceConfig
-from runtime.api import Runtime, set_runtime
-from runtime.backend import LocalBackend
+import pytest  # noqa: E402
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+from devices.device import DeviceConfig  # noqa: E402
+from runtime.api import Runtime, set_runtime  # noqa: E402
+from runtime.backend import LocalBackend  # noqa: E402
 
-BACKENDS = ["local", "cluster"]
+BACKENDS = ["local", pytest.param("cluster", marks=pytest.mark.cluster)]
 TEST_ARENA = 64 << 20
 
 
@@ -48,7 +59,7 @@ def rt(request):
 #: teardown of their fixtures included -- a module's cluster counts in its first test's setup).  Every run
 #: prints each tier's time against its budget; with VNPU_TIER_BUDGETS=enforce (CI) a tier over budget
 #: fails the run.  Tests themselves never assert wall-clock times.
-TIER_BUDGETS_S = {"multinode": 90.0, "serve": 90.0, "security": 60.0}
+TIER_BUDGETS_S = {"multinode": 90.0, "serve": 90.0, "security": 60.0, "smoke": 120.0}
 _tier_time: dict[str, float] = {}
 
 

@@ -131,7 +131,9 @@ class ArenaMachine(RuleBasedStateMachine):
         known[:n] = True
         known[size - m:] = True
         self.live[start] = [size, need, content, known, head, tail]
-        self.freed.discard(start)
+        # freed starts that this block covers are memory in use again: no double free (the interior of a
+        # live block: 107000); test_freed_memory_allocated_again_is_memory_in_use
+        self.freed -= {f for f in self.freed if start <= f < start + need}
         self.peak = max(self.peak, self._used())
         return ptr
 
@@ -454,6 +456,33 @@ def test_use_after_free_rejected(arena):
     assert np.array_equal(arena.view(a, 500), adata)
 
 
+def test_freed_memory_allocated_again_is_memory_in_use(arena):
+    """A freed start that a later allocation covers (here from its interior) is no longer "freed memory":
+    freeing it is "not the start of an allocation" (107000), not a double free (207002), and reading it is
+    reading the live allocation."""
+    pad = arena.malloc(64)
+    a = arena.malloc(1000)
+    arena.free(pad)
+    arena.free(a)                                          # [0, 64 + 1056) is free again, coalesced
+    big = arena.malloc(4000)
+    assert off(big) == 0 and off(big) < off(a) < off(big) + 4000
+    with pytest.raises(AclError) as ei:
+        arena.free(a)
+    assert ei.value.code == 107000 and "not the start of an allocation" in str(ei.value)
+    arena.view(a, 16)[:] = 7                               # interior of the live allocation: fine
+    arena.free(big)
+    with pytest.raises(AclError) as ei:
+        arena.free(big)
+    assert ei.value.code == 207002                          # the big one's own start: a double free
+    with pytest.raises(MemoryAccessError) as ei:
+        arena.view(a, 1)
+    assert "use after free" in str(ei.value)               # inside the freed big allocation
+    arena.reset()
+    with pytest.raises(AclError) as ei:
+        arena.free(big)
+    assert ei.value.code == 107000                          # a reset forgets what was freed before
+
+
 def test_pointer_of_another_device_rejected(arena):
     a, adata = _filled(arena, 128, 6)
     foreign = make_ptr(arena.device_id + 1, off(a))
@@ -519,3 +548,83 @@ def test_closed_arena_rejects_every_call():
 def test_shm_huge_page_policy_is_read_from_the_mount_table():
     from devices.arena import shm_huge_pages
     assert shm_huge_pages() in ("never", "always", "within_size", "advise", "deny", "force")
+
+
+# ------------------------------------------------------------------------------------------ views, owners, epochs
+def test_typed_view_shapes_alignment_and_tenant(arena):
+    """A typed view has the asked shape (a scalar for ``()``), is refused unaligned with 107008 and the
+    reason, and only the allocation's tenant (or an unchecked call) gets one."""
+    from devices.tenancy import Owner
+    alice, bob = Owner("alice", "a1"), Owner("bob", "b1")
+    p = arena.malloc(64, owner=alice)
+    arena.view(p, 64)[:] = np.arange(64, dtype=np.uint8)
+    v = arena.typed_view(p, (2, 4), np.float32, owner=alice)
+    assert v.shape == (2, 4) and v.dtype == np.float32
+    assert v.tobytes() == bytes(range(32))
+    s = arena.typed_view(p + 4, (), np.int32)
+    assert s.shape == () and int(s) == int.from_bytes(bytes(range(4, 8)), "little")
+    with pytest.raises(AclError) as ei:
+        arena.typed_view(p + 2, (4,), np.float32)
+    assert ei.value.code == 107008 and "not aligned to 4 B" in str(ei.value)
+    with pytest.raises(AclError) as ei:
+        arena.typed_view(p, (4,), np.float32, owner=bob)
+    assert ei.value.code == 207006 and "another tenant" in str(ei.value)
+
+
+def test_free_owner_frees_that_client_only_and_usage_follows(arena):
+    from devices.tenancy import Owner
+    a1, a2, b1 = Owner("alice", "a1"), Owner("alice", "a2"), Owner("bob", "b1")
+    mine = [arena.malloc(100, owner=a1) for _ in range(3)]
+    other = arena.malloc(200, owner=a2)
+    bobs = arena.malloc(64, owner=b1)
+    assert arena.used_by(a1) == arena.used_by(a2) == 3 * block_size(100) + block_size(200)   # per tenant
+    assert arena.used_by(b1) == block_size(64)
+    assert arena.free_owner(a1) == 3
+    assert arena.used_by(a2) == block_size(200) and arena.used_by(b1) == block_size(64)
+    for p in mine:
+        with pytest.raises(AclError) as ei:
+            arena.free(p)
+        assert ei.value.code == 207002                      # freed by free_owner
+    arena.free(other)
+    arena.free(bobs)
+    assert arena.free_owner(a1) == 0 and arena.stats().allocations == 0
+
+
+def test_every_reset_starts_a_new_epoch_and_publishes_a_generation(arena):
+    """Plans and views cached against an epoch must never match a later one: each reset gives a new,
+    larger epoch.  Every change of the allocation table publishes a new generation in the header that
+    other processes read (header_gen)."""
+    from devices.arena import header_gen
+    epochs = [arena.epoch]
+    gens = [header_gen(arena.buf, arena.size)]
+    for _ in range(3):
+        arena.free(arena.malloc(64))
+        gens.append(header_gen(arena.buf, arena.size))
+        arena.reset()
+        epochs.append(arena.epoch)
+        gens.append(header_gen(arena.buf, arena.size))
+    assert epochs == sorted(set(epochs)) and len(epochs) == 4
+    assert gens == sorted(set(gens)) and gens[-1] == arena.gen
+
+
+def test_attach_checks_the_name_and_whose_hbm_it_is(arena):
+    for bad in ("", "a/b", "../vnpu_x"):
+        with pytest.raises(ValueError, match="bad arena name"):
+            attach(bad, arena.size)
+    p = arena.malloc(16)
+    arena.view(p, 16)[:] = 7
+    mm, buf = attach(arena.name, arena.size, device_id=arena.device_id)
+    try:
+        assert bytes(buf[p & ((1 << 40) - 1):][:16]) == b"\x07" * 16
+    finally:
+        del buf
+        mm.close()
+    with pytest.raises(ValueError, match=f"is not device {arena.device_id + 1}'s HBM"):
+        attach(arena.name, arena.size, device_id=arena.device_id + 1)
+    other = HbmArena(arena.device_id + 1000, arena.size)
+    try:
+        other.buf[other.size + 16:other.size + 24] = np.frombuffer(b"NOTANHBM", np.uint8)   # not an arena
+        with pytest.raises(ValueError, match="HBM"):
+            attach(other.name, other.size, device_id=other.device_id)
+    finally:
+        other.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -54,7 +55,7 @@ def test_chaos_cli_report(tmp_path):
         if foreign and os.path.exists(foreign):
             os.unlink(foreign)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "detected after" in p.stdout and "throughput:" in p.stdout
+    assert "throughput:" in p.stdout
     r = json.loads(rep.read_text())
     for k in ("submitted", "completed", "failed", "lost", "duplicated"):
         assert isinstance(r[k], int)
@@ -62,6 +63,12 @@ def test_chaos_cli_report(tmp_path):
     assert r["lost"] == 0 and r["duplicated"] == 0
     assert r["submitted"] > 0 and r["correct"]
     assert r["faults"], "no fault was injected"
+    # every fault was detected, and its live line says after how long (never "detected after -")
+    lines = [ln for ln in p.stdout.splitlines() if " detected after " in ln]
+    assert len(lines) == len(r["faults"]), p.stdout
+    for f, ln in zip(r["faults"], lines):
+        assert f["detected_after_s"] is not None and f["cause"], f
+        assert re.search(rf"{re.escape(f['kind'])}\s+device {f['device']}\s+detected after \d+ ms \(", ln), ln
     assert {"detection_latency_s", "recovery_latency_s", "availability_pct", "throughput"} <= set(r)
     # back to baseline, checked here as well as by the campaign itself
     assert r["hbm_back_to_baseline"] and r["clean"], r["leaks"]

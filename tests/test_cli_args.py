@@ -140,6 +140,10 @@ BAD = [
     ("bench serve --concurrency 0", ["bench", "serve", "--concurrency", "1,0"], "--concurrency"),
     ("bench serve --concurrency x", ["bench", "serve", "--concurrency", "x"], "--concurrency"),
     ("bench serve --requests 0", ["bench", "serve", "--requests", "0"], "--requests"),
+    ("bench sanitize --tokens 2", ["bench", "sanitize", "--tokens", "2"], "--tokens"),
+    ("bench sanitize --rounds 0", ["bench", "sanitize", "--rounds", "0"], "--rounds"),
+    ("bench sanitize --sentences 0", ["bench", "sanitize", "--sentences", "0"], "--sentences"),
+    ("bench sanitize --launches x", ["bench", "sanitize", "--launches", "x"], "--launches"),
     # cluster, smi, demo, serve
     ("up --devices 0", ["up", "--devices", "0"], "--devices"),
     ("up --hbm-mb 0", ["up", "--hbm-mb", "0"], "--hbm-mb"),

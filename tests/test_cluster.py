@@ -67,11 +67,13 @@ def test_cluster_yaml_passes_rays_validator():
     cfg = yaml.safe_load((ROOT / "cluster.yaml").read_text())
     validate_config(cfg)
     head = cfg["available_node_types"][cfg["head_node_type"]]
-    assert head["resources"]["NPU"] >= 1
+    assert head["resources"]["NPU"] == 4
     assert head["labels"]["vnpu.chip"].startswith("Ascend")
+    from jsonschema.exceptions import ValidationError
     bad = dict(cfg, npu_devices=4)          # an unknown top-level key is rejected by the schema
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError) as ei:
         validate_config(bad)
+    assert "'npu_devices' was unexpected" in str(ei.value)
 
 
 def test_npu_resource_task_sees_exactly_its_devices(cluster):

@@ -136,6 +136,19 @@ def _vnpu(args, env, timeout=300):
                           timeout=timeout, env=env, cwd=ROOT)
 
 
+_EMBEDDED = """
+import json, ray
+from runtime.cluster import ClusterSpec, LocalCluster
+c = LocalCluster(ClusterSpec(devices=1, arena_bytes=16 << 20, cores=1))
+try:
+    out = {"pids": [w["pid"] for w in c.where], "temp_dir": c.temp_dir,
+           "gcs": ray.get_runtime_context().gcs_address}
+finally:
+    c.close()
+print(json.dumps(out))
+"""
+
+
 def test_vnpu_up_down_loopback_only_and_nothing_left(tmp_path):
     env = dict(os.environ, VNPU_HOME=str(tmp_path / "home"), OPENBLAS_NUM_THREADS="1")
     for k in ("VNPU_TOKEN", "RAY_ADDRESS", "VNPU_BIND"):
@@ -152,6 +165,16 @@ def test_vnpu_up_down_loopback_only_and_nothing_left(tmp_path):
                                                                         for c in procs.values()})))
         assert not [c for c in procs.values() if "ray.util.client.server" in c], "a Ray client server runs"
         assert non_loopback_listeners(procs) == []
+        # a LocalCluster started with RAY_ADDRESS naming this (external) cluster starts a Ray of its own
+        # and, closing, stops its own devices only: the external cluster's device processes live on
+        emb = subprocess.run([sys.executable, "-c", _EMBEDDED], capture_output=True, text=True, timeout=300,
+                             cwd=ROOT, env=dict(env, RAY_ADDRESS=st["ray_address"]))
+        assert emb.returncode == 0, emb.stdout[-2000:] + emb.stderr[-3000:]
+        mine = json.loads(emb.stdout.strip().splitlines()[-1])
+        assert not set(mine["pids"]) & device_pids and mine["temp_dir"] != temp_dir
+        assert mine["gcs"] != st["ray_address"], mine
+        assert all(_alive(p) for p in device_pids), "a LocalCluster killed devices of a cluster it did not start"
+        assert _wait_gone(mine["pids"]) == []
         # a second `up` with another size is refused with one line (the cluster keeps running)
         again = _vnpu(["up", "--devices", "4"], env)
         assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stdout + again.stderr

@@ -5,13 +5,16 @@ import itertools
 import math
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from devices.chip import ASCEND_310P3, ASCEND_910B3, CostModel, Work
 from devices.device import Device, DeviceConfig
-from devices.errors import AclError, MemoryAccessError
+from devices.arena import attach
+from devices.errors import ACL_ERROR_RT_NO_DEVICE, ACL_ERROR_RT_PARAM_INVALID, AclError, MemoryAccessError
+from devices.health import Condition
 from devices.kernel import KernelDef, TensorDesc, builtin, default_block_dim, register_user_kernel
 from devices.tasks import Launch, Record, WriteH2D
 
@@ -35,8 +38,17 @@ def tdm_touch(ctx, *tensors):
         t[0:1] = t[0:1]
 
 
+def tdm_spin(ctx, out, ms=10.0):
+    """A compute-bound user kernel: each block keeps its core busy for ``ms`` and counts itself."""
+    end = time.perf_counter() + ms / 1000.0
+    while time.perf_counter() < end:
+        pass
+    out[ctx.block_idx] = out[ctx.block_idx] + 1
+
+
 register_user_kernel("tdm_blocks", tdm_blocks, replace=True)
 register_user_kernel("tdm_touch", tdm_touch, replace=True)
+register_user_kernel("tdm_spin", tdm_spin, replace=True)
 
 
 def _matmul_work(inputs, outputs, attrs):
@@ -64,7 +76,8 @@ def modeled_s(d: Device, ops) -> float:
     d.submit([Record(sid, e0), *[_with_stream(op, sid) for op in ops], Record(sid, e1)])
     d.synchronize_event(e1, SYNC_MS)
     wall_ms, model_ms = d.event_elapsed(e0, e1)
-    assert wall_ms >= 0
+    if ops:
+        assert wall_ms > 0                    # the ops ran between the two records
     return model_ms / 1e3
 
 
@@ -218,13 +231,78 @@ def test_telemetry_snapshot(dev):
     tel = dev.telemetry()
     assert tel["tasks_run"] - before == 7
     assert tel["queued"] == 0
-    assert tel["modeled_time_s"] > 0
+    one = modeled_s(dev, [Launch(0, "tdm_touch", (), (desc,), {}, 4)])
+    assert one > 0
+    assert tel["modeled_time_s"] == pytest.approx(7 * one, rel=1e-9)    # the only work this device did
     _check_ranges(tel)
     for p in ptrs:
         dev.free(p)
     tel = dev.telemetry()
     assert tel["hbm_used"] == 0 and tel["allocations"] == 0
     _check_ranges(tel)
+
+
+def test_utilisation_and_power_follow_the_work_done():
+    """After busy kernels, AI Core utilisation is the busy core time over the interval between two
+    snapshots (each block of ``tdm_spin`` keeps a core busy for 10 ms), and the power draw follows it:
+    idle + (TDP - idle) * min(1, 4 * utilisation) -- above idle."""
+    d = Device(DeviceConfig(device_id=next(_ids), arena_bytes=4 << 20, cores=2))
+    try:
+        out = d.malloc(64)
+        d.memset(out, 0, 64)
+        sid = d.create_stream()
+        blocks = 8
+
+        def spin():
+            d.submit([Launch(sid, "tdm_spin", (), (TensorDesc(out, (16,), "int32"),), {"ms": 10.0}, blocks)])
+            d.synchronize_stream(sid, SYNC_MS)
+        spin()                                          # >= 40 ms of wall time: the first snapshot counts
+        t0 = d.telemetry()
+        assert t0["uptime_s"] > 0.05                    # (a snapshot younger than 50 ms is not taken)
+        spin()
+        t1 = d.telemetry()
+        dt = t1["uptime_s"] - t0["uptime_s"]
+        busy = t1["busy_s"] - t0["busy_s"]
+        assert busy >= blocks * 0.010                   # the work done: 8 blocks x 10 ms of core time
+        assert t1["tasks_run"] - t0["tasks_run"] == 1
+        want = 100.0 * busy / (2 * dt)                  # no core was busy across a snapshot: nothing clipped
+        assert t1["aicore_util_avg"] == pytest.approx(want, abs=0.051)
+        assert sum(t1["aicore_util"]) / 2 == pytest.approx(want, abs=0.051)
+        assert t1["aicore_util_avg"] > 0
+        spec = d.spec
+        power = spec.idle_w + (spec.tdp_w - spec.idle_w) * min(1.0, 4 * t1["aicore_util_avg"] / 100)
+        assert t1["power_w"] == pytest.approx(power, abs=0.2) and t1["power_w"] > spec.idle_w
+        assert d.memcpy_d2h(out, 64).view(np.int32)[:blocks].tolist() == [2] * blocks   # every block ran twice
+    finally:
+        d.close()
+
+
+def test_overwritten_guard_bytes_make_health_warning():
+    """Bytes between an allocation's end and its block's end are guard bytes (a canary): a stray write
+    there (here through the mapped segment, as a same-node peer could) is found when the block is freed,
+    counted, and turns health to Warning with a CANARY condition -- the device keeps serving."""
+    d = Device(DeviceConfig(device_id=next(_ids), arena_bytes=4 << 20))
+    try:
+        p = d.malloc(100)                               # 100 B asked, 160 B reserved: 60 guard bytes
+        clean = d.malloc(100)
+        d.free(clean)                                   # intact guard bytes: nothing counted
+        assert d.health_report().level == "OK" and d.telemetry()["canary_violations"] == 0
+        mm, buf = attach(d.arena.name, d.arena.size, d.id)
+        try:
+            off = d.arena.allocation_of(p).offset
+            buf[off + 100] ^= 0xFF                      # one byte past the end
+        finally:
+            del buf
+            mm.close()
+        d.free(p)
+        rep = d.health_report()
+        assert rep.level == "Warning"
+        cond = [c for c in rep.conditions if c.kind is Condition.CANARY]
+        assert len(cond) == 1 and cond[0].value == 1, rep.conditions
+        assert d.telemetry()["canary_violations"] == 1 and d.telemetry()["health"] == "Warning"
+        d.free(d.malloc(64))                            # still serving
+    finally:
+        d.close()
 
 
 def test_telemetry_of_small_chip():
@@ -292,8 +370,9 @@ def test_reset_empties_hbm(dev):
     assert dev.telemetry()["hbm_used"] == 0
     with pytest.raises(MemoryAccessError):
         dev.memcpy_d2h(ptrs[0], 64)
-    with pytest.raises(AclError):
-        dev.free(ptrs[1])
+    with pytest.raises(AclError) as ei:
+        dev.free(ptrs[1])                               # the reset dropped it: not an allocation any more
+    assert ei.value.code == ACL_ERROR_RT_PARAM_INVALID
     with pytest.raises(AclError) as ei:
         dev.synchronize_stream(sid, SYNC_MS)
     assert ei.value.code == 107017
@@ -329,10 +408,10 @@ def test_close_removes_segment_and_stops_threads():
     assert not os.path.exists(path)
     assert _core_threads(did) == [], "worker threads outlived the device"
     d.close()                                                       # idempotent
-    with pytest.raises(AclError):
-        d.malloc(64)
-    with pytest.raises(AclError):
-        d.create_stream()
+    for call in (lambda: d.malloc(64), d.create_stream):
+        with pytest.raises(AclError) as ei:
+            call()
+        assert ei.value.code == ACL_ERROR_RT_NO_DEVICE
 
 
 def test_close_with_custom_core_count():

@@ -134,6 +134,18 @@ def test_fault_state_counts_merges_and_ranges():
     assert HealthReport.of(conds).level == "Alarm"
     st.clear("ecc")
     assert st.ecc == ()
+    st.apply("ecc", {"offset": 4000, "length": 96})             # up to the last byte of the arena
+    assert st.ecc == ((4000, 4096),)
+
+
+def test_a_timed_fault_ends_exactly_at_its_deadline():
+    clock = FakeClock()
+    st = FaultState(4096, device_id=0, clock=clock)
+    st.apply("slow", {"factor": 3, "duration_ms": 250})
+    clock.t = 1000.0 + 250 / 1000.0 - 1e-9
+    assert st.slow_factor() == 3.0
+    clock.t = 1000.0 + 250 / 1000.0                             # the deadline itself: over
+    assert st.slow_factor() == 1.0 and st.active() == {}
 
 
 @pytest.mark.parametrize("kind,params,why", [
@@ -142,13 +154,15 @@ def test_fault_state_counts_merges_and_ranges():
     ("slow", {"factor": 0.5}, ">= 1"),
     ("slow", {"factor": math.nan}, "finite"),
     ("slow", {"factor": "3"}, "number"),
+    ("slow", {"factor": [3]}, "fault 'slow': factor must be a number, got [3]"),
     ("task-fail", {"count": 0}, ">= 1"),
     ("task-fail", {"count": 1.5}, "integer"),
     ("task-fail", {"count": True}, "number"),
     ("task-fail", {"duration_ms": 10}, "takes count"),          # not a timed fault
     ("link-down", {}, "needs peer"),
     ("link-down", {"peer": 7}, "no link to itself"),
-    ("ecc", {"offset": 4000, "length": 200}, "outside"),
+    ("ecc", {"offset": 4000, "length": 200}, "ECC range [4000, 4200) outside the 4096 B arena"),
+    ("ecc", {"offset": 4000, "length": 97}, "ECC range [4000, 4097) outside"),       # one byte past the end
     ("hang", {"duration_ms": -1}, ">= 0"),
     ("kill", {"duration_ms": 5}, "no parameters"),
 ])
@@ -166,8 +180,31 @@ def test_kill_holds_nothing_and_cannot_be_cleared():
     st.listen(heard.append)
     st.apply("kill")
     assert heard == ["kill"] and st.active() == {}
-    with pytest.raises(InvalidParamError):
+    with pytest.raises(InvalidParamError, match="fault 'kill' cannot be cleared"):
         st.clear("kill")
+
+
+@pytest.mark.parametrize("kind", [["hang"], 7, None])
+def test_a_kind_that_is_no_name_is_an_unknown_kind(kind):
+    """Not a string (a list is not even hashable): the same refusal as an unknown name, listing the kinds."""
+    st = FaultState(4096, device_id=0, clock=FakeClock())
+    with pytest.raises(InvalidParamError) as ei:
+        st.apply(kind, {})
+    assert f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}, clear" in str(ei.value)
+
+
+def test_faults_without_a_duration_last_until_cleared():
+    """Faults that take no duration (task-fail, ecc) or were given none (link-down) never expire, however
+    far the clock moves."""
+    clock = FakeClock()
+    st = FaultState(4096, device_id=0, clock=clock)
+    st.apply("task-fail", {"count": 2})
+    st.apply("ecc", {"offset": 0, "length": 8})
+    st.apply("link-down", {"peer": 1})
+    clock.t += 3600.0
+    assert st.ecc == ((0, 8),) and st.link_down(1)
+    assert [st.take_task_failure() for _ in range(3)] == [True, True, False]
+    assert sorted(st.active()) == ["ecc", "link-down"]
 
 
 def test_a_hung_core_waits_until_cleared():
@@ -378,11 +415,27 @@ def test_unknown_faults_and_parameters_are_refused_alike(clean):
     assert report(h).conditions == ()
 
 
-def test_kill_loses_the_device_and_nothing_else(clean):
-    """Runs last in the module (it loses device 3).  In-process, the device is marked lost and the process
-    lives; on a device actor, the host process dies.  Either way a thread blocked in a synchronize wakes
-    with the device-lost code, and every later call fails with it; the other devices keep working."""
-    devs = clean.devices()
+@pytest.fixture
+def doomed(rt):
+    """Devices a test may lose: in-process, a runtime of its own (the module's devices stay intact whatever
+    order the tests run in); device actors cost a cluster start each, so there the module's runtime is
+    used and this test runs last in the module (it loses device 3)."""
+    if rt.backend.name != "local":
+        yield rt
+        return
+    from conftest import make_local_runtime
+    own = make_local_runtime(4, arena=8 << 20)
+    try:
+        yield own
+    finally:
+        own.close()
+
+
+def test_kill_loses_the_device_and_nothing_else(doomed):
+    """In-process, the device is marked lost and the process lives; on a device actor, the host process
+    dies.  Either way a thread blocked in a synchronize wakes with the device-lost code, and every later
+    call fails with it; the other devices keep working."""
+    devs = doomed.devices()
     h = devs[3].handle
     x, y = buf(h, np.arange(N, dtype=np.float32)), buf(h, np.zeros(N, np.float32))
     s = h.create_stream()

@@ -8,8 +8,13 @@ import threading
 import numpy as np
 import pytest
 
-from devices.errors import AclError, CaptureError, InvalidHandleError, InvalidParamError, KernelError
+from devices.arena import ptr_offset
+from devices.errors import (ACL_ERROR_RT_AICORE_EXCEPTION, ACL_ERROR_RT_PARAM_INVALID, AclError, CaptureError,
+                            InvalidHandleError, InvalidParamError, KernelError, MemoryAccessError)
+from devices.kernel import TensorDesc
+from devices.tasks import ExecGraph, Launch
 from fp32 import assert_within, matmul_bound
+from runtime.api import Runtime
 from runtime.graph import CAPTURE_MODE_RELAXED, CAPTURE_STATUS_ACTIVE, CAPTURE_STATUS_INVALIDATED, CAPTURE_STATUS_NONE
 
 SYNC_MS = 20_000
@@ -215,8 +220,9 @@ def test_replay_errors_surface_at_synchronize_and_lose_nothing(dev):
         np.testing.assert_array_equal(out.numpy(), np.arange(12, dtype=np.float32).reshape(6, 2)[[1, 4]])
         ids.copy_from(np.array([1, 9], np.int32))    # an id past the table: the replay fails on device
         g.execute_async(s)
-        with pytest.raises(AclError):
+        with pytest.raises(AclError) as ei:
             s.synchronize(SYNC_MS)
+        assert ei.value.code == ACL_ERROR_RT_AICORE_EXCEPTION, ei.value
         ids.copy_from(np.array([5, 0], np.int32))
         g.execute_async(s)
         s.synchronize(SYNC_MS)
@@ -229,20 +235,44 @@ def test_replay_errors_surface_at_synchronize_and_lose_nothing(dev):
         s.destroy()
 
 
-def test_replay_of_freed_memory_fails_instead_of_writing(dev):
+# ---------------------------------------------------------------------------------------------- free after use
+# Two layers revalidate a launch or a replay after memory was freed: the runtime on the host (its launch
+# check cache and graph ranges, keyed on the allocation table's generation) and the device (its launch
+# plans, bound views and graph bindings, keyed on the arena's generation).  Each is tested on its own: the
+# host ones through the runtime, the device ones by sending past the host through the device handle.
+
+def test_free_after_use_the_host_refuses_launch_and_replay_before_sending(rt):
+    """The runtime's own checks: a launch whose cached check predates a free raises 107000 at the call, a
+    replay of a graph that names freed memory is not sent and its 107000 surfaces at the next flush;
+    nothing reaches the device.  (A runtime that
+    batches launches: what the host accepts waits in its queue, so a refusal by the device would only
+    show at the flush.)"""
+    dev = Runtime(rt.backend, batch_size=64).device(0)
     s = dev.stream()
     x = dev.from_numpy(np.ones(64, np.float32))
-    keep = dev.from_numpy(np.full(64, 5.0, np.float32))
+    d = TensorDesc(x.ptr, (64,), "float32")
+    s.launch("add", [d, d], [d])                   # checked on the host, and the check is cached
     s.begin_capture()
-    s.launch("add", [x, x], [x])
+    s.launch("add", [d, d], [d])
     g = s.end_capture()
-    x.free()
     try:
-        g.execute_async(s)
-        with pytest.raises(AclError) as e:
-            s.synchronize(SYNC_MS)
-        assert e.value.code == 107000
-        np.testing.assert_array_equal(keep.numpy(), np.full(64, 5.0, np.float32))
+        g.execute_async(s)                         # a replay, then an eager launch: both ran
+        s.synchronize(SYNC_MS)
+        np.testing.assert_array_equal(x.numpy(), np.full(64, 4.0, np.float32))
+        replays = g.info()["replays"]
+        x.free()
+        dev.flush()
+        sent = dev.queue.ops_sent
+        with pytest.raises(MemoryAccessError) as e:
+            s.launch("add", [d, d], [d])           # the same launch: its cached check is stale now
+        assert e.value.code == ACL_ERROR_RT_PARAM_INVALID and "freed" in e.value.detail
+        g.execute_async(s)                         # refused on the host; like every replay error, it
+        with pytest.raises(MemoryAccessError) as e:  # surfaces at the next flush / synchronize
+            dev.flush()
+        assert e.value.code == ACL_ERROR_RT_PARAM_INVALID and "freed" in e.value.detail
+        dev.flush()
+        assert dev.queue.ops_sent == sent          # nothing was sent
+        assert g.info()["replays"] == replays      # and the device replayed nothing
         y = dev.from_numpy(np.ones(4, np.float32))   # the stream and device keep working
         s.launch("add", [y, y], [y])
         s.synchronize(SYNC_MS)
@@ -250,8 +280,93 @@ def test_replay_of_freed_memory_fails_instead_of_writing(dev):
         y.free()
     finally:
         g.destroy()
+        s.destroy()
+
+
+def _raw(dev, arr: np.ndarray) -> int:
+    """A raw driver allocation holding ``arr`` (tensors come from the caching pool, whose frees the device
+    never sees: the device-side layers are tested on what the driver frees)."""
+    ptr = dev.malloc(arr.nbytes)
+    dev.memcpy_h2d(ptr, arr)
+    return ptr
+
+
+def test_free_after_use_the_device_refuses_a_launch_sent_past_the_host(dev):
+    """The device's launch plans are cached per distinct launch: after a free, the same launch is
+    validated again when it arrives and refused at submit (host-synchronous)."""
+    h, s = dev.handle, dev.stream()
+    ptr = _raw(dev, np.ones(64, np.float32))
+    d = TensorDesc(ptr, (64,), "float32")
+    op = Launch(s.sid, "add", (d, d), (d,))
+    try:
+        dev.flush()
+        h.submit([op])                             # the device plans it and caches the plan
+        h.synchronize_stream(s.sid, SYNC_MS)
+        dev.free(ptr)
+        with pytest.raises(AclError) as e:
+            h.submit([op])
+        assert e.value.code == ACL_ERROR_RT_PARAM_INVALID, e.value
+        h.synchronize_stream(s.sid, SYNC_MS)       # nothing was queued: nothing fails
+    finally:
+        s.destroy()
+
+
+def test_free_after_use_the_device_refuses_a_replay_sent_past_the_host(dev):
+    """A replay after a free validates the whole graph again before its first step: a graph that names
+    freed memory fails with 107000 and none of its steps runs (the live buffer it writes is untouched)."""
+    h, s = dev.handle, dev.stream()
+    keep = dev.from_numpy(np.full(64, 5.0, np.float32))
+    ptr = _raw(dev, np.ones(64, np.float32))
+    x = TensorDesc(ptr, (64,), "float32")
+    s.begin_capture()
+    s.launch("add", [keep, keep], [keep])          # step 1: a live buffer
+    s.launch("add", [x, x], [x])                   # step 2: the one that will be freed
+    g = s.end_capture()
+    try:
+        g.execute_async(s)
+        s.synchronize(SYNC_MS)
+        np.testing.assert_array_equal(keep.numpy(), np.full(64, 10.0, np.float32))
+        dev.free(ptr)
+        dev.flush()
+        h.submit([ExecGraph(s.sid, g.gid)])        # past the host's own check
+        with pytest.raises(AclError) as e:
+            h.synchronize_stream(s.sid, SYNC_MS)
+        assert e.value.code == ACL_ERROR_RT_PARAM_INVALID, e.value
+        np.testing.assert_array_equal(keep.numpy(), np.full(64, 10.0, np.float32))   # step 1 did not run
+    finally:
+        g.destroy()
         keep.free()
         s.destroy()
+
+
+def test_free_after_use_a_queued_launch_is_refused_when_it_runs(dev):
+    """A launch accepted while its memory was live, then freed before it runs (it waits behind a gate):
+    the bound views of its plan are checked again when it runs -- 107000, and the freed bytes keep what
+    they held."""
+    s = dev.stream()
+    ptr = _raw(dev, np.ones(64, np.float32))
+    x = TensorDesc(ptr, (64,), "float32")
+    s.launch("add", [x, x], [x])
+    s.synchronize(SYNC_MS)                         # planned, views bound: x = 2
+    gate = threading.Event()
+    s.launch_host_func(lambda: gate.wait(SYNC_MS / 1000), blocking=True)
+    s.launch("add", [x, x], [x])                   # accepted: x is live
+    dev.flush()
+    dev.free(ptr)
+    gate.set()
+    with pytest.raises(AclError) as e:
+        s.synchronize(SYNC_MS)
+    assert e.value.code == ACL_ERROR_RT_PARAM_INVALID, e.value
+    arena = getattr(dev.handle, "arena", None)     # in-process: look at the freed bytes themselves
+    if arena is not None:
+        off = ptr_offset(ptr)
+        assert arena.buf[off:off + 256].view(np.float32).tolist() == [2.0] * 64
+    y = dev.from_numpy(np.ones(4, np.float32))     # the stream keeps working
+    s.launch("add", [y, y], [y])
+    s.synchronize(SYNC_MS)
+    np.testing.assert_array_equal(y.numpy(), np.full(4, 2.0, np.float32))
+    y.free()
+    s.destroy()
 
 
 def test_graph_and_stream_of_different_devices(rt):

@@ -171,6 +171,9 @@ def test_a_runner_that_queues_failed_requests_twice_is_caught():
     assert set(consumer.got.values()) == {1}                  # the consumer alone would not notice
     assert not res["ok"]
     assert res["by_kind"].get("duplicated", 0) >= 1 and res["counts"]["duplicated"] >= 1, res["by_kind"]
+    completes = collections.Counter(e["id"] for e in r.history if e["op"] == "complete")
+    assert r.duplicates_suppressed == sum(n - 1 for n in completes.values()) >= 1   # each extra one hidden
+    assert r.counts()["replays_suppressed"] == r.duplicates_suppressed
 
 
 def test_checker_reads_only_json():

@@ -150,10 +150,12 @@ def test_release_makes_a_range_freed(table):
     with pytest.raises(AclError) as ei:
         table.lookup(p, 1)
     assert ei.value.code == ACL_ERROR_INVALID_PARAM and "freed" in ei.value.detail
-    with pytest.raises(AclError):
+    with pytest.raises(AclError) as ei:
         table.release(p, kind="malloc_host")                      # double free
-    with pytest.raises(AclError):
+    assert ei.value.code == ACL_ERROR_INVALID_PARAM, ei.value
+    with pytest.raises(AclError) as ei:
         table.release(p + 1, kind="malloc_host")                  # not the start of an allocation
+    assert ei.value.code == ACL_ERROR_INVALID_PARAM, ei.value
 
 
 def test_a_registered_array_stays_valid_while_alive_and_not_after(table):

@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from devices.errors import ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_PARAM_INVALID, KernelError
+from devices.errors import ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_PARAM_INVALID, AclError, KernelError
 from devices.kernel import lookup
 from test_ops import check_fails, close, launch, randn, rng, run1
 
@@ -412,6 +412,6 @@ def test_batch_norm_refuses_bad_params():
 
 
 def test_checks_raise_the_runtime_param_code():
-    with pytest.raises(Exception) as ei:
+    with pytest.raises(AclError) as ei:
         lookup("conv2d").check((), (), {})
     assert getattr(ei.value, "code", None) == ACL_ERROR_RT_PARAM_INVALID

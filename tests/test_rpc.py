@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 
 import grpc
 import numpy as np
@@ -163,16 +162,23 @@ def test_codec_round_trip_every_op_and_attr_kind():
 
 
 def test_codec_cost_per_launch_is_small():
+    """What a launch costs on the wire, counted in bytes (never timed): a full launch at most twice its raw
+    payload (kernel name, 8-byte pointer + 8 bytes per dimension + dtype name per tensor, attributes), and
+    a launch seen before (a template reference) a few bytes; both decode back to the same ops."""
     P = 0xAC << 56
     ops = [Launch(1, "add", (TensorDesc(P + 64 * i, (32, 64)), TensorDesc(P, (32, 64))), (TensorDesc(P, (32, 64)),),
                   {"alpha": 1.5}) for i in range(1000)]
-    best = float("inf")
-    for _ in range(3):                     # this thread's CPU time: what other processes of a shared machine
-        t0 = time.thread_time()            # take from it does not count
-        back = wire.ops_from_pb(wire.rms.SubmitRequest.FromString(wire.submit_request(ops).SerializeToString()).ops)
-        best = min(best, time.thread_time() - t0)
-    assert back == ops
-    assert best / len(ops) < 100e-6        # measured ~10 us; generous bound for a loaded CI machine
+    raw = len("add") + 3 * (8 + 2 * 8 + len("float32")) + len("alpha") + 8
+    full = wire.submit_request(ops).SerializeToString()
+    assert wire.ops_from_pb(wire.rms.SubmitRequest.FromString(full).ops) == ops
+    assert len(full) / len(ops) <= 2 * raw, (len(full) / len(ops), raw)
+    templates, table = wire.LaunchTemplates(), wire.TemplateTable()
+    first = wire.submit_request(ops, templates).SerializeToString()
+    again = wire.submit_request(ops, templates).SerializeToString()
+    assert len(first) / len(ops) <= 2 * raw + 4                     # + the template id
+    assert len(again) / len(ops) <= 12, len(again) / len(ops)        # stream + template reference
+    assert table.decode(wire.rms.SubmitRequest.FromString(first).ops, "c") == ops
+    assert table.decode(wire.rms.SubmitRequest.FromString(again).ops, "c") == ops
 
 
 def test_remote_device_has_the_device_handle_signatures():
@@ -418,8 +424,9 @@ def test_tenants_are_isolated(node):
         with pytest.raises(InvalidHandleError):
             b.destroy_event(e)
         bs = b.create_stream()
-        with pytest.raises(AclError):
-            b.submit([Memset(bs, p, 0, 16)])
+        with pytest.raises(AclError) as err:
+            b.submit([Memset(bs, p, 0, 16)])                 # alice's memory on bob's own stream
+        assert err.value.code == 207006
     g = alice.graph_create([Memset(s, p, 7, 16)])            # a captured graph is its owner's too
     for b in (bob, bob_fast):
         with pytest.raises(InvalidHandleError):
@@ -456,7 +463,6 @@ def test_batched_submit_is_one_rpc(node):
     before = c.rpc_count
     c.submit(ops)
     c.synchronize_stream(s)
-    assert c.rpc_count - before <= 4
     assert c.rpc_count - before == 2                     # exactly: Submit + SynchronizeStream
     assert c.memcpy_d2h(x, 4).view(np.float32)[0] == 1000.0
     before = c.rpc_count
@@ -464,7 +470,11 @@ def test_batched_submit_is_one_rpc(node):
     assert c.rpc_count - before == 1
     assert c.memcpy_d2h(x, 4).view(np.float32)[0] == 2000.0
     wall_ms, model_ms = c.event_elapsed(e0, e1)
-    assert wall_ms >= 0 and model_ms > 0
+    e2, e3 = c.create_event(), c.create_event()
+    c.synchronize_stream(s, ops=[Record(s, e2), ops[1], Record(s, e3)])
+    one = c.event_elapsed(e2, e3)[1]                     # the modeled time of one of those launches
+    assert wall_ms > 0 and one > 0
+    assert model_ms == pytest.approx(1000 * one, rel=1e-9)   # modeled time adds up, launch by launch
     assert c.query_stream(s) and c.query_event(e1)
 
 
@@ -736,3 +746,28 @@ def test_a_renewed_lease_cancels_the_release(fresh):
     leases._expire("a", armed)                         # the armed one releases
     assert released == ["a"] and leases.released == ["a"]
     leases.close()
+
+
+def test_two_overlapping_lease_watches_closing_one_releases_nothing(fresh):
+    """One client holding two lease watches on a device (a second runtime of the same client, a renewed
+    watch that overlaps the old one): the end of one leaves the client leased -- nothing is released,
+    however long after the grace period -- and only the end of the last one releases what it holds."""
+    srv = fresh(7, lease_grace_s=0.2)
+    c = srv.client(client_id="twice", lease=False)
+    first, second = c.open_lease(), c.open_lease()
+    owner = Owner("admin", "twice", limited=False)
+    leases = srv.server.leases
+    assert leases.wait_count(owner, 2, 10.0)
+    p = c.malloc(4096)
+    c.memcpy_h2d(p, bytes(range(256)) * 16)
+    used = srv.device.arena.stats().used
+    first.stop()
+    assert leases.wait_count(owner, 1, 10.0)           # the device saw that watch end
+    assert not leases.wait_released(owner, 5 * 0.2)    # 5 grace periods later: still nothing released
+    assert leases.holds(owner) and owner not in leases.released
+    assert srv.device.arena.stats().used == used
+    assert c.memcpy_d2h(p, 8).tolist() == list(range(8))
+    c.free(c.malloc(64))                               # creating still works: the client is leased
+    second.stop()
+    assert leases.wait_released(owner, 10.0)           # the last one ended: released after the grace
+    assert srv.device.arena.stats().allocations == 0

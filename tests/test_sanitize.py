@@ -22,7 +22,8 @@ import pytest
 
 from conftest import TEST_ARENA
 from devices.device import Device, DeviceConfig
-from devices.errors import AclError, MemoryAccessError
+from devices.errors import (ACL_ERROR_RT_MEMORY_FREE, ACL_ERROR_RT_PARAM_INVALID, AclError, InvalidParamError,
+                            MemoryAccessError)
 from runtime import hccl
 from runtime.api import Runtime
 from runtime.backend import LocalBackend
@@ -339,9 +340,10 @@ def test_use_after_free_is_reported_with_the_allocation_history(backend):
         x.free(); fr = here()
         st = d.stream()
         u = here() + 2
-        with pytest.raises(AclError):
+        with pytest.raises(AclError) as err:
             st.launch("relu", [x], [y])                              # the device refuses: freed memory
             d.synchronize()
+        assert err.value.code == ACL_ERROR_RT_PARAM_INVALID, err.value
         y.free()
         st.destroy()
     f = only(s, "memcheck")
@@ -363,8 +365,9 @@ def test_out_of_bounds_and_double_free():
             st.copy(x.ptr, x.ptr + 32, 64)                            # reads 32 bytes past the end
         x.free()
         df = here() + 2
-        with pytest.raises(AclError):
+        with pytest.raises(AclError) as err:
             d.free(x.ptr)
+        assert err.value.code == ACL_ERROR_RT_MEMORY_FREE, err.value            # a double free
         st.destroy()
     fs = [f.as_dict() for f in s.findings]
     assert [f["tool"] for f in fs] == ["memcheck", "memcheck"]
@@ -400,8 +403,8 @@ def test_acl_program_host_and_device_pointers():
         assert acl.rt.memset_async(dev, n, 0, n, stream) == 0       # after the copy on the same stream
         assert acl.rt.synchronize_stream(stream) == 0
         assert acl.rt.free_host(host) == 0; hf = here()
-        assert acl.rt.free_host(host) != 0; bad = here()                # a double free: refused
-        assert acl.rt.synchronize_stream(0x5EED) != 0                   # a bad handle is no memory error
+        assert acl.rt.free_host(host) == acl.ACL_ERROR_RT_PARAM_INVALID; bad = here()   # a double free: refused
+        assert acl.rt.synchronize_stream(0x5EED) == acl.ACL_ERROR_RT_INVALID_HANDLE      # a bad handle: no memory error
         leak, _ = acl.rt.malloc(64, 0); lk = here()
         assert acl.rt.destroy_stream(stream) == 0
         acl.rt.free(dev)
@@ -487,11 +490,13 @@ def test_options_parse_and_refuse_bad_values():
     assert from_env({}) is None and from_env({"VNPU_SANITIZE": "0"}) is None
     assert from_env({"VNPU_SANITIZE": "leakcheck"}).tools == ("leakcheck",)
     for bad in ("racechek", ""):
-        with pytest.raises(AclError):
+        with pytest.raises(InvalidParamError) as err:
             parse_tools(bad)
+        assert err.value.code == ACL_ERROR_RT_PARAM_INVALID
     for bad in ("print_limit=-1", "nosuch=1", "stack_depth=x", "json"):
-        with pytest.raises(AclError):
+        with pytest.raises(InvalidParamError) as err:
             parse_options(bad)
+        assert err.value.code == ACL_ERROR_RT_PARAM_INVALID
 
 
 def test_off_means_no_layer():

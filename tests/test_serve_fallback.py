@@ -26,6 +26,7 @@ import openai
 import pytest
 
 from devices.device import DeviceConfig
+from devices.errors import DeviceLostError
 from runtime.api import Runtime
 from runtime.backend import LocalBackend
 from runtime.serve.config import model_spec
@@ -148,7 +149,7 @@ def test_device_killed_mid_stream_continues_on_the_spare(served, client, referen
         if i == 3:
             try:
                 rt.device(1).handle.inject_fault("kill")           # the device is lost (the call itself may say so)
-            except Exception as e:  # noqa: BLE001
+            except DeviceLostError as e:
                 assert "lost" in str(e)
 
     tokens, text = stream(client, on_chunk)
@@ -188,14 +189,14 @@ def test_replica_health_follows_the_chain_and_nothing_is_left_in_dev_shm():
         ask = lambda: eng.add_request(eng.encode("hello"), SamplingParams(max_tokens=3, temperature=0)).result(120)  # noqa: E731
         try:
             body.rt.device(0).handle.inject_fault("kill")
-        except Exception as e:  # noqa: BLE001 - the call itself may report the loss
+        except DeviceLostError as e:                                 # the call itself may report the loss
             assert "lost" in str(e)
         assert ask().finish_reason == "length" and eng.placement == Placement(cpu=True)
         body.check_health()                                        # degraded, still serving
         assert len(mine() - before) == 2                           # device 0 and the CPU fallback device
         try:
             eng.devices[0].handle.inject_fault("kill")             # the last entry goes too
-        except Exception as e:  # noqa: BLE001
+        except DeviceLostError as e:
             assert "lost" in str(e)
         assert ask().finish_reason == "error"
         with pytest.raises(Unavailable, match="replica unhealthy"):

@@ -4,6 +4,10 @@ side with the same forward in plain numpy in this process, in the same run; then
 Decode steps of the emulator and of numpy alternate token by token (both see the same machine load);
 the overhead breakdown per token comes from the runtime's host counters (queuing launches, copies,
 waiting for the device) and the device's own busy time (kernels running on its AI Core threads).
+
+Verified (the command exits 1 otherwise): every token the emulator generates is numpy's greedy choice
+after the same tokens, the multi-device modes generate the single device's tokens, and the embeddings
+match numpy's within float32 rounding.
 """
 from __future__ import annotations
 
@@ -58,28 +62,34 @@ def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with
     job = GenerateJob(rt, "smollm2", devices=devices, parallel=parallel, max_len=512, graphs=graphs)
     prompt = job.tok.chat_prompt("Write a short story about a robot learning to paint.")
     emu, base = [], []
+    generated: list[int] = []
+    mismatches = 0
     host = {"launch_s": 0.0, "h2d_s": 0.0, "d2h_s": 0.0, "sync_s": 0.0}
     busy = 0.0
     steps = 0
     lpt = 0.0
     try:
         job.generate([prompt], max_new_tokens=2, stop_at_eos=False)          # warm up
-        for _ in range(rounds):
-            if ref is not None:
-                ref.forward(prompt, 0)
+        for rnd in range(rounds):
+            want = [int(np.argmax(ref.forward(prompt, 0)))] if ref is not None else [None]
             stamps, spent = [], []
             pos = [len(prompt)]
             snaps = {}
 
-            def on_token(b, tok, piece):
+            def on_token(b, tok, piece, rnd=rnd, want=want):
+                nonlocal mismatches
                 t0 = time.perf_counter()
                 stamps.append(t0)
+                if rnd == 0:
+                    generated.append(int(tok))
+                if want[0] is not None and int(tok) != want[0]:
+                    mismatches += 1
                 if len(stamps) == 2:               # decode starts after the first (prefill) token
                     snaps["host"] = [rt.device(i).host_stats.snapshot() for i in range(devices)]
                     snaps["busy"] = _busy(rt, devices)
                     snaps["t"] = time.perf_counter()
                 if ref is not None:
-                    ref.forward([tok], pos[0])
+                    want[0] = int(np.argmax(ref.forward([tok], pos[0])))     # numpy's greedy next token
                     pos[0] += 1
                 spent.append(time.perf_counter() - t0)
 
@@ -99,7 +109,9 @@ def bench_decode(rt, devices: int, parallel: str, tokens: int, rounds: int, with
         job.close()
     e = float(np.median(emu))
     out = {"devices": devices, "parallel": parallel, "graphs": graphs, "emulator_ms_per_token": round(e, 2),
-           "emulator_tokens_per_s": round(1e3 / e, 2), "launches_per_token": round(lpt, 1)}
+           "emulator_tokens_per_s": round(1e3 / e, 2), "launches_per_token": round(lpt, 1), "tokens": generated}
+    if ref is not None:
+        out["tokens_differing_from_numpy"] = mismatches
     if steps:
         per = {k: v * 1e3 / steps for k, v in host.items()}
         compute = busy * 1e3 / steps
@@ -121,6 +133,24 @@ def bench_embed(rt, devices: int, parallel: str, rounds: int) -> dict:
     return run("minilm-l6", rounds=rounds, devices=devices, rt=rt, parallel=parallel)
 
 
+#: embeddings (unit vectors) may differ from numpy's by this much (float32 rounding, other sum orders)
+EMBED_ATOL = 1e-4
+
+
+def verified(res: dict) -> bool:
+    """Every check of a run: tokens equal numpy's greedy ones, multi-device tokens equal the single
+    device's, embeddings within :data:`EMBED_ATOL` of numpy's."""
+    ok = True
+    for k, v in res.items():
+        if k.startswith("decode"):
+            ok = ok and v.get("tokens_differing_from_numpy", 0) == 0 and bool(v["tokens"])
+            one = res["decode_1dev"]["tokens"]
+            ok = ok and v["tokens"] == one[:len(v["tokens"])]
+        elif k.startswith("embed"):
+            ok = ok and v["max_abs_diff_vs_numpy"] <= EMBED_ATOL
+    return ok
+
+
 def _run(a) -> int:
     from devices.arena import shm_huge_pages
     res: dict = {"backend": a.backend, "shm_huge_pages": shm_huge_pages()}
@@ -133,9 +163,10 @@ def _run(a) -> int:
             res["decode_tp3"] = bench_decode(rt, 3, "tp", max(4, a.tokens // 3), 1, False)
             res["decode_pp2"] = bench_decode(rt, 2, "pp", max(4, a.tokens // 3), 1, False)
             res["embed_dp2"] = bench_embed(rt, 2, "dp", a.rounds)
+    res["verified"] = verified(res)
     if a.json:
         print(json.dumps(res))
-        return 0
+        return 0 if res["verified"] else 1
     if res["shm_huge_pages"] in ("never", "deny"):
         print(f"(device HBM arenas use 4 KiB pages: {SHM_DIR_NOTE})")
     for key, how in (("decode_1dev", "graph replay"), ("decode_1dev_eager", "eager launches")):
@@ -157,4 +188,5 @@ def _run(a) -> int:
         if "emulator_sentences_per_s" in r:
             print(f"MiniLM-L6 embed, {r['devices']} device(s) {r['parallel']}: {r['emulator_sentences_per_s']} "
                   f"sentences/s vs numpy {r['numpy_sentences_per_s']} -> {r['speed_vs_numpy']:.2f}x")
-    return 0
+    print(f"verified: {'yes' if res['verified'] else 'NO: tokens or embeddings differ from numpy'}")
+    return 0 if res["verified"] else 1

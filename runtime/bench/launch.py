@@ -1,5 +1,6 @@
 """``vnpu bench launch``: the amortized cost of a kernel launch against a Ray actor call and a gRPC unary
-call measured in the same run."""
+call measured in the same run.  The launched kernel's output is read back and checked on both devices
+(``verified``; the command exits 1 when it is wrong)."""
 from __future__ import annotations
 
 import json
@@ -30,6 +31,11 @@ def _launch_loop(dev, n: int):
         s.synchronize()
     run()  # warm up
     return run, s, (a, out)
+
+
+def _verified(s, out) -> bool:
+    """The launches computed what ``add`` computes (1 + 1 = 2 everywhere)."""
+    return bool(np.array_equal(out.numpy(s), np.full(16, 2.0, np.float32)))
 
 
 def _ray_baselines(n: int) -> dict:
@@ -77,8 +83,9 @@ def run(a) -> int:
     res: dict = {"launches": a.launches}
     local = Runtime(LocalBackend(1))
     try:
-        run, *_ = _launch_loop(local.device(0), a.launches)
+        run, s, (_, out) = _launch_loop(local.device(0), a.launches)
         res["launch_us_inprocess"] = _median_time(run, a.repeat) / a.launches * 1e6
+        ok = _verified(s, out)
     finally:
         local.close()
     with cluster_runtime(devices=1) as rt:
@@ -87,6 +94,7 @@ def run(a) -> int:
         q0 = (dev.queue.batches_sent, getattr(dev.handle, "rpc_count", 0))
         res["launch_us"] = _median_time(run, a.repeat) / a.launches * 1e6
         res["rpcs_per_1000_launches"] = (getattr(dev.handle, "rpc_count", 0) - q0[1]) / a.repeat * 1000 / a.launches
+        res["verified"] = ok and _verified(s, keep[1])
         res.update(_ray_baselines(a.launches))
     res["grpc_unary_us"] = _grpc_baseline(a.launches)
     res["speedup_vs_ray_call"] = res["ray_call_us"] / res["launch_us"]
@@ -95,6 +103,8 @@ def run(a) -> int:
     if a.json:
         print(json.dumps(res))
     else:
+        if not res["verified"]:
+            print("verified: NO -- the launched kernel computed a wrong result")
         print(f"amortized launch cost ({a.launches} launches + synchronize, median of {a.repeat}):")
         print(f"  vnpu, device actor over gRPC : {res['launch_us']:8.1f} us/launch "
               f"({res['rpcs_per_1000_launches']:.1f} RPCs per 1000 launches)")
@@ -105,4 +115,4 @@ def run(a) -> int:
               f"{res['speedup_vs_ray_pipelined']:.1f}x")
         print(f"  plain gRPC unary call        : {res['grpc_unary_us']:8.1f} us   -> "
               f"{res['speedup_vs_grpc_unary']:.1f}x")
-    return 0
+    return 0 if res["verified"] else 1

@@ -1,5 +1,6 @@
 """``vnpu bench memcpy``: host<->device bandwidth (shared-memory fast path and gRPC path) against
-``np.copyto`` measured in the same run."""
+``np.copyto`` measured in the same run.  Every copied size is read back and compared (``verified``; the
+command exits 1 when any is not)."""
 from __future__ import annotations
 
 import json
@@ -56,8 +57,9 @@ def run(a) -> int:
                 if slow is not None and size <= ghi:
                     sd = slow.device(0)
                     g_h2d = _median_time(lambda: sd.memcpy_h2d(ptr, host), 3)
-                    g_d2h = _median_time(lambda: sd.memcpy_d2h(ptr, size), 3)
+                    g_d2h = _median_time(lambda: sd.memcpy_d2h(ptr, size, out=back), 3)
                     row.update(grpc_h2d_gbs=size / g_h2d / 1e9, grpc_d2h_gbs=size / g_d2h / 1e9)
+                    row["verified"] = ok and bool(np.array_equal(back, host))
                 row["h2d_vs_copyto"] = row["h2d_gbs"] / row["copyto_gbs"]
                 row["d2h_vs_copyto"] = row["d2h_gbs"] / row["copyto_gbs"]
                 rows.append(row)
@@ -65,8 +67,9 @@ def run(a) -> int:
                 dev.free(ptr)
         if slow is not None:
             slow.backend.close()
+    verified = bool(rows) and all(r["verified"] for r in rows)
     if a.json:
-        print(json.dumps({"rows": rows}))
+        print(json.dumps({"rows": rows, "verified": verified}))
     else:
         print(f"{'size':>10} {'copyto GB/s':>12} {'H2D GB/s':>9} {'D2H GB/s':>9} {'H2D/copyto':>10} "
               f"{'D2H/copyto':>10} {'gRPC H2D':>9} {'gRPC D2H':>9} ok")
@@ -75,4 +78,5 @@ def run(a) -> int:
                   f"{r['h2d_vs_copyto']:10.0%} {r['d2h_vs_copyto']:10.0%} "
                   f"{r.get('grpc_h2d_gbs', float('nan')):9.2f} {r.get('grpc_d2h_gbs', float('nan')):9.2f} "
                   f"{'yes' if r['verified'] else 'NO'}")
-    return 0
+        print(f"verified: {'yes' if verified else 'NO: a copy came back different'}")
+    return 0 if verified else 1

@@ -7,6 +7,10 @@ racecheck alone, every tool.  Rounds alternate the modes workload by workload, s
 load as it drifts; each figure is the median over all samples (decode: every step).  The physical bound is
 the same forward in plain numpy in this process, measured in the same rounds.
 
+What every mode computed is verified (``verified``; the command exits 1 otherwise): greedy tokens equal
+the numpy forward's (graph and eager, every mode), embeddings within ``EMBED_ATOL`` of numpy's, the tiny
+launches' result exact, and no finding on these correct programs (a finding here is a false positive).
+
 "Off costs nothing": with no session the runtime has no layer at all -- its only extra work is one
 ``is not None`` test per enqueued op.  The bench times that test against the host cost of one launch,
 and a second runtime with the sanitizer off shows the noise floor the ratios should be read against.
@@ -33,10 +37,12 @@ WORDS = "the a npu runs matrix kernels on cube units while vector cores do norms
 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("sanitize", help="sanitizer slowdown on SmolLM2 decode and MiniLM embedding")
-    p.add_argument("--tokens", type=int, default=12, help="decode steps per round and mode")
-    p.add_argument("--rounds", type=int, default=3, help="rounds (every mode once per round)")
-    p.add_argument("--sentences", type=int, default=32, help="sentences embedded per round and mode")
-    p.add_argument("--launches", type=int, default=1000, help="launches of the host-path micro benchmark")
+    from runtime.cliargs import int_at_least
+    # a decode step is timed between two tokens after the prefill's: at least 3 tokens
+    p.add_argument("--tokens", type=int_at_least(3), default=12, help="tokens generated per round and mode (>= 3)")
+    p.add_argument("--rounds", type=int_at_least(1), default=3, help="rounds (every mode once per round)")
+    p.add_argument("--sentences", type=int_at_least(1), default=32, help="sentences embedded per round and mode")
+    p.add_argument("--launches", type=int_at_least(1), default=1000, help="launches of the host-path micro benchmark")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_run)
 
@@ -59,12 +65,18 @@ class _Mode:
         self.gen = GenerateJob(self.rt, "smollm2", devices=1, parallel="none", max_len=512)
         self.emb = EmbedJob(self.rt, "minilm-l6", devices=1, parallel="dp", batch_size=8)
         self.samples: dict[str, list[float]] = {k: [] for k in SAMPLES}
+        #: what the mode computed (checked against numpy): decode tokens per run, embeddings per run,
+        #: whether every launch loop's result was exact
+        self.tokens: list[list[int]] = []
+        self.embeddings: list[np.ndarray] = []
+        self.launches_exact: list[bool] = []
 
     def decode(self, prompt: str, tokens: int, graphs: bool) -> None:
         self.gen.graphs = graphs
         stamps: list[tuple[float, float]] = []
-        self.gen.generate([prompt], max_new_tokens=tokens, stop_at_eos=False,
-                          on_token=lambda b, t, p: stamps.append((time.perf_counter(), time.thread_time())))
+        gens = self.gen.generate([prompt], max_new_tokens=tokens, stop_at_eos=False,
+                                 on_token=lambda b, t, p: stamps.append((time.perf_counter(), time.thread_time())))
+        self.tokens.append(list(gens[0].token_ids))
         key = "decode_graph" if graphs else "decode_eager"
         steps = list(zip(stamps[1:], stamps[2:]))                     # decode steps (the first token is prefill's)
         self.samples[key + "_ms"] += [(b[0] - a[0]) * 1e3 for a, b in steps]
@@ -72,7 +84,7 @@ class _Mode:
 
     def embed(self, texts: list[str]) -> None:
         t0, cpu = time.perf_counter(), time.thread_time()
-        self.emb.embed(texts)
+        self.embeddings.append(self.emb.embed(texts))
         self.samples["embed_s_per_sentence"].append((time.perf_counter() - t0) / len(texts))
         self.samples["embed_cpu_ms"].append((time.thread_time() - cpu) * 1e3 / len(texts))
 
@@ -80,7 +92,8 @@ class _Mode:
         """Microseconds per launch of a tiny kernel, queued and then synchronized."""
         d = self.rt.device(0)
         s = d.stream()
-        x = d.from_numpy(np.ones(16, np.float32))
+        x0 = np.linspace(-1.0, 1.0, 16, dtype=np.float32)
+        x = d.from_numpy(x0)
         try:
             t0, cpu = time.perf_counter(), time.thread_time()
             for _ in range(n):
@@ -88,6 +101,7 @@ class _Mode:
             s.synchronize()
             self.samples["launch_us"].append((time.perf_counter() - t0) / n * 1e6)
             self.samples["launch_cpu_us"].append((time.thread_time() - cpu) / n * 1e6)
+            self.launches_exact.append(bool(np.array_equal(x.numpy(), np.maximum(x0, 0))))
         finally:
             x.free()
             s.destroy()
@@ -125,21 +139,44 @@ def _numpy_bounds(prompt_ids: list[int], tok, texts: list[str], tokens: int, out
     ref = out["llama"]
     logits = ref.forward(prompt_ids, 0)
     pos = len(prompt_ids)
+    greedy = [int(np.argmax(logits[-1]))]
     for _ in range(tokens):
         t0 = time.perf_counter()
-        logits = ref.forward([int(np.argmax(logits[-1]))], pos)
+        logits = ref.forward([greedy[-1]], pos)
         out["decode_ms"].append((time.perf_counter() - t0) * 1e3)
+        greedy.append(int(np.argmax(logits[-1])))
         pos += 1
+    out["tokens"] = greedy                                 # the greedy reference (the same every round)
     cfg, w = out["bert"]
     ids, mask = tok.encode_batch(texts)
     lens = mask.sum(1)
     order = np.argsort(-lens, kind="stable")
+    emb = np.zeros((len(texts), 384), np.float32)
     t0 = time.perf_counter()
     for i in range(0, len(texts), 8):
         idx = order[i:i + 8]
         s = int(lens[idx].max())
-        numpy_bert(w, cfg.n_layers, ids[idx, :s], mask[idx, :s], cfg.normalize)
+        emb[idx] = numpy_bert(w, cfg.n_layers, ids[idx, :s], mask[idx, :s], cfg.normalize)
     out["embed_s_per_sentence"].append((time.perf_counter() - t0) / len(texts))
+    out["embeddings"] = emb
+
+
+def verify(modes: list, bound: dict) -> dict:
+    """What each mode computed against the numpy reference: tokens differing from numpy's greedy ones (a
+    common prefix: each run against as many reference tokens as it has), the largest embedding difference,
+    launch loops with a wrong result, findings on these correct programs."""
+    from runtime.bench.infer import EMBED_ATOL
+    ref, emb = bound["tokens"], bound["embeddings"]
+    out: dict = {}
+    for m in modes:
+        differ = sum(sum(1 for a, b in zip(t, ref) if a != b) + (0 if t else 1) for t in m.tokens)
+        diff = max(float(np.abs(e - emb).max()) for e in m.embeddings)
+        out[m.name] = {"decode_runs": len(m.tokens), "tokens_differing_from_numpy": differ,
+                       "max_abs_diff_vs_numpy": diff, "wrong_launch_loops": m.launches_exact.count(False),
+                       "findings": m.session.errors if m.session is not None else 0}
+    ok = all(v["decode_runs"] > 0 and v["tokens_differing_from_numpy"] == 0 and v["max_abs_diff_vs_numpy"] <= EMBED_ATOL
+             and v["wrong_launch_loops"] == 0 and v["findings"] == 0 for v in out.values())
+    return {"per_mode": out, "embed_atol": EMBED_ATOL, "ok": ok}
 
 
 def _run(a) -> int:
@@ -156,6 +193,9 @@ def _run(a) -> int:
             m.launches(50)
             for v in m.samples.values():
                 v.clear()
+            m.tokens.clear()
+            m.embeddings.clear()
+            m.launches_exact.clear()
         for _ in range(a.rounds):
             for m in modes:
                 m.decode(prompt, a.tokens, True)
@@ -167,6 +207,7 @@ def _run(a) -> int:
                 m.launches(a.launches)
             _numpy_bounds(prompt, modes[0].emb.tok, texts, max(4, a.tokens // 2), bound)
         res: dict = {"rounds": a.rounds, "tokens": a.tokens, "sentences": a.sentences, "modes": {}}
+        check = verify(modes, bound)
         for m in modes:
             med = {k: statistics.median(v) for k, v in m.samples.items()}
             res["modes"][m.name] = {"decode_graph_ms": round(med["decode_graph_ms"], 2),
@@ -191,11 +232,13 @@ def _run(a) -> int:
                           "embed_sentences_per_s": round(1.0 / statistics.median(bound["embed_s_per_sentence"]), 1)}
     g = _guard_ns()
     res["off_path"] = {"guard_ns_per_op": round(g, 1), "share_of_a_launch": round(g / (off["launch_us"] * 1e3), 5)}
+    res["verification"], res["embed_atol"] = check["per_mode"], check["embed_atol"]
+    res["verified"] = check["ok"]
     if a.json:
         print(json.dumps(res))
-        return 0
+        return 0 if res["verified"] else 1
     _print(res)
-    return 0
+    return 0 if res["verified"] else 1
 
 
 def _print(res: dict) -> None:
@@ -229,3 +272,7 @@ def _print(res: dict) -> None:
           f"{100 * o['share_of_a_launch']:.3f}% of a tiny launch; a second off runtime measured "
           + " / ".join(f"{v:.2f}x" for v in res["modes"]["off (again)"]["slowdown"].values())
           + " (the noise floor)")
+    bad = {k: v for k, v in res["verification"].items() if v["tokens_differing_from_numpy"] or v["wrong_launch_loops"]
+           or v["findings"] or v["max_abs_diff_vs_numpy"] > res["embed_atol"] or not v["decode_runs"]}
+    print(f"verified: yes (tokens equal numpy's greedy ones in every mode, embeddings within {res['embed_atol']:g}, "
+          "launches exact, no findings)" if res["verified"] else f"verified: NO: {bad}")

@@ -145,13 +145,16 @@ def _run(a) -> int:
                      "x_baseline": round(v["output_tokens_per_s"] / b["output_tokens_per_s"], 2),
                      "of_bound": round(v["output_tokens_per_s"] / bound[c], 3)})
     top = rows[-1]
+    # every streamed request gave max_tokens tokens (ignore_eos): nothing lost, cut short or doubled
+    ok = all(r["output_tokens"] == r["requests"] * a.max_tokens and
+             r["baseline"]["output_tokens"] == r["baseline"]["requests"] * a.max_tokens for r in rows)
     doc = {"model": a.model, "backend": a.backend, "max_tokens": a.max_tokens, "engine": info,
            "baseline_engine": binfo, "levels": rows,
            "bar": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"], "target": 4.0,
-                   "met": top["x_baseline"] >= 4.0}}
+                   "met": top["x_baseline"] >= 4.0}, "verified": ok}
     if a.json:
         print(json.dumps(doc))
-        return 0
+        return 0 if ok else 1
     print(f"vnpu bench serve: {a.model} on one device ({a.backend}), {a.requests} streamed requests x "
           f"{a.max_tokens} tokens per level; baseline = same engine with max_num_seqs=1; bound = numpy decode "
           f"at batch = concurrency")
@@ -166,4 +169,5 @@ def _run(a) -> int:
           f"constant), {info['steps']} steps, {info['preemptions']} preemptions")
     print(f"bar: concurrency {top['concurrency']} = {top['x_baseline']:.2f}x the baseline's output tokens/s "
           f"(target >= 4x): {'met' if top['x_baseline'] >= 4 else 'NOT met'}")
-    return 0
+    print(f"verified: {'yes' if ok else 'NO: a request did not stream its max_tokens tokens'}")
+    return 0 if ok else 1

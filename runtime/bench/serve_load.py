@@ -68,7 +68,8 @@ def register_flags(p) -> None:
 
 # ---------------------------------------------------------------------------------------------- clients
 def _stream(url: str, model: str, prompt: str, max_tokens: int, stream: bool = True) -> dict:
-    """One completion: status, time of each streamed text piece (perf_counter), tokens."""
+    """One completion: status, time of each streamed text piece (perf_counter), tokens, the finish reason
+    (``"length"``: all ``max_tokens`` tokens came -- ``ignore_eos`` -- anything else: cut short)."""
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
@@ -79,19 +80,23 @@ def _stream(url: str, model: str, prompt: str, max_tokens: int, stream: bool = T
         r = conn.getresponse()
         if r.status != 200:
             r.read()
-            return {"status": r.status, "t0": t0, "stamps": [], "tokens": 0, "end": time.perf_counter()}
-        stamps = []
+            return {"status": r.status, "t0": t0, "stamps": [], "tokens": 0, "end": time.perf_counter(),
+                    "finish": None}
+        stamps, finish = [], None
         if stream:
             for line in r:
                 if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                    ch = json.loads(line[6:])
-                    if ch["choices"] and ch["choices"][0]["text"]:
+                    ch = json.loads(line[6:]).get("choices")      # an error event has none: cut short
+                    if ch and ch[0]["text"]:
                         stamps.append(time.perf_counter())
-            n = max_tokens
+                    if ch and ch[0].get("finish_reason"):
+                        finish = ch[0]["finish_reason"]
+            n = max_tokens if finish == "length" else 0
         else:
-            n = json.loads(r.read())["usage"]["completion_tokens"]
+            body = json.loads(r.read())
+            n, finish = body["usage"]["completion_tokens"], body["choices"][0]["finish_reason"]
             stamps.append(time.perf_counter())
-        return {"status": 200, "t0": t0, "stamps": stamps, "tokens": n, "end": time.perf_counter()}
+        return {"status": 200, "t0": t0, "stamps": stamps, "tokens": n, "end": time.perf_counter(), "finish": finish}
     finally:
         conn.close()
 
@@ -145,6 +150,9 @@ def load_step(url: str, model: str, phases, max_tokens: int, seed: int) -> dict:
         toks = sum(r["tokens"] for r in ok)
         out[name] = {"offered_rps": rate, "arrivals": len(rs), "arrival_rps": round(len(rs) / dur, 2),
                      "completed": len(ok), "refused": len(rs) - len(ok),
+                     # verification: a completed request that was cut short; a failure that is no refusal
+                     "cut_short": sum(1 for r in ok if r["finish"] != "length" or not r["stamps"]),
+                     "errors": sum(1 for r in rs if r["status"] not in (200, 429, 503)),
                      "achieved_rps": round(len(ok) / max(last - p0, 1e-9), 2),
                      "output_tokens_per_s": round(toks / max(last - p0, 1e-9), 1),
                      "e2e_ms_p50": round(1e3 * _pct(lat, 50), 1), "e2e_ms_p99": round(1e3 * _pct(lat, 99), 1),
@@ -270,9 +278,10 @@ def run(a) -> int:
     ref = NumpyDecode(g, LlamaConfig.from_gguf_meta(g.meta))
     doc["numpy_bound_tokens_per_s"] = {b: round(ref.tokens_per_s(b, 16 + T // 2), 1) for b in (2, 16)}
     _verdict(doc, modes)
+    doc["verified"] = verified(doc)
     if a.json:
         print(json.dumps(doc))
-        return 0
+        return 0 if doc["verified"] else 1
     ip, sv = paths["in_process"], paths["one_replica"]
     print(f"Ray Serve path (1 replica vs in-process, same engine, requests alternating): "
           f"{sv['added_ms_per_request']:+.1f} ms per request ({ip['request_ms_p50']:.1f} -> "
@@ -283,7 +292,16 @@ def run(a) -> int:
           f"{doc['numpy_bound_tokens_per_s'][16]} tok/s at batch 16")
     for line in doc["verdict"]:
         print(line)
-    return 0
+    print("verified: yes (every completed request streamed its max_tokens tokens; the others were refused)"
+          if doc["verified"] else "verified: NO: a request was cut short, failed, or a phase completed nothing")
+    return 0 if doc["verified"] else 1
+
+
+def verified(doc: dict) -> bool:
+    """Every phase of every run completed requests, each of them streamed all its max_tokens tokens (finish
+    "length"), and every other request was refused (429/503), never failed."""
+    phs = [ph for run in doc["runs"] for ph in run["phases"].values()]
+    return bool(phs) and all(ph["completed"] > 0 and ph["cut_short"] == 0 and ph["errors"] == 0 for ph in phs)
 
 
 def _print_run(run: dict, target: float) -> None:

@@ -426,7 +426,7 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
                 pids_seen.add(p.where.get("pid", 0))
             pool.close()
         with contextlib.suppress(Exception):
-            stop_devices()
+            stop_devices(actors=cluster.actors)
         end = time.monotonic() + 10.0
         while (actors_left := _named_actors()) and time.monotonic() < end:
             threading.Event().wait(0.1)

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = ClusterSpec(devices=a.devices, chip=a.chip, arena_bytes=a.arena_bytes, cores=a.cores, bind=LOOPBACK)
     stop = threading.Event()
     try:
-        ctx = ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
+        # address="local": a Ray of its own, never one that RAY_ADDRESS or /tmp/ray names
+        ctx = ray.init(address="local", namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
                        resources={"NPU": spec.devices}, _temp_dir=a.temp_dir, logging_level="ERROR",
                        log_to_driver=False, configure_logging=True,
                        labels={"vnpu.chip": spec.chip, "vnpu.hbm-bytes": str(spec.arena_bytes)},

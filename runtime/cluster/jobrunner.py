@@ -257,8 +257,7 @@ class JobRunner:
         self._delivered: set[int] = set()
         self.attempt_failures = 0
         self._q: collections.deque[Request] = collections.deque()
-        self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)
+        self._cv = threading.Condition()        # guards the queue, the requests and their outcomes
         self._stop = threading.Event()
         self._states: dict[int, tuple] = {}          # logical -> (binding, workload state)
         self._workers = [threading.Thread(target=self._work, args=(lid,), name=f"vnpu-job-{lid}", daemon=True)
@@ -282,7 +281,7 @@ class JobRunner:
             self._cv.notify()
 
     def pending(self) -> int:
-        with self._lock:
+        with self._cv:
             return len(self.requests) - len(self.results) - len(self.errors)
 
     def wait(self, timeout: float | None = None) -> bool:

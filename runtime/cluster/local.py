@@ -136,13 +136,18 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     return ray.get([a.where.remote() for a in actors], timeout=timeout_s), actors
 
 
-def stop_devices(timeout: float = 30.0) -> list[str]:
-    """Shut every device actor down (its server and arena), then kill it.  Returns the arena names."""
+def stop_devices(timeout: float = 30.0, actors: list | None = None) -> list[str]:
+    """Shut device actors down (server and arena), then kill them; returns their arena names.  ``actors``:
+    these handles only (what a :class:`LocalCluster` started); None: every device actor of the Ray this
+    process is connected to (for the owner of that Ray only: ``vnpu down``'s head, a chaos campaign)."""
     import ray
     arenas = []
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a.get("namespace") == NAMESPACE and a["name"].startswith(ACTOR_PREFIX)]
-    handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+    if actors is None:
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a.get("namespace") == NAMESPACE and a["name"].startswith(ACTOR_PREFIX)]
+        handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+    else:
+        handles = list(actors)
     try:
         arenas = [w["arena"] for w in ray.get([h.where.remote() for h in handles], timeout=timeout)]
         ray.get([h.shutdown.remote() for h in handles], timeout=timeout)
@@ -169,7 +174,11 @@ def remove_segments(names: list[str] | None = None) -> int:
 
 # ------------------------------------------------------------------------------------------ embedded
 class LocalCluster:
-    """An embedded Ray cluster with ``spec.devices`` device actors, torn down on ``close``."""
+    """An embedded Ray cluster with ``spec.devices`` device actors, torn down on ``close``.
+
+    It never touches a cluster it did not start: it starts a Ray of its own whatever ``RAY_ADDRESS`` says
+    (``address="local"``), and ``close`` stops the device actors it started, no others.  (In a process
+    that is already connected to a Ray, it starts its actors there and leaves that Ray running.)"""
 
     def __init__(self, spec: ClusterSpec = ClusterSpec(), *, max_restarts: int = 0):
         import ray
@@ -184,11 +193,12 @@ class LocalCluster:
         try:
             if self._owns_ray:
                 # the raylet and so every worker it starts inherit these (a job-level runtime_env would cost
-                # every worker a runtime-env round trip, see start_devices)
+                # every worker a runtime-env round trip, see start_devices); address="local": always a Ray
+                # of its own, never one that RAY_ADDRESS names
                 with raylet_env(dict(BLAS_ENV, VNPU_TOKEN=self.token)):
-                    ray.init(namespace=NAMESPACE, include_dashboard=False, _node_ip_address=LOOPBACK,
-                             resources={"NPU": spec.devices}, _temp_dir=self.temp_dir, logging_level="ERROR",
-                             log_to_driver=False, configure_logging=True)
+                    ray.init(address="local", namespace=NAMESPACE, include_dashboard=False,
+                             _node_ip_address=LOOPBACK, resources={"NPU": spec.devices}, _temp_dir=self.temp_dir,
+                             logging_level="ERROR", log_to_driver=False, configure_logging=True)
             self.where, self.actors = start_devices(spec, self.token, detached=False, max_restarts=max_restarts)
             self.device_pids = {w["pid"] for w in self.where}
         except BaseException:
@@ -201,7 +211,7 @@ class LocalCluster:
 
     def close(self) -> None:
         import ray
-        arenas = stop_devices() if ray.is_initialized() else []
+        arenas = stop_devices(actors=self.actors) if ray.is_initialized() and self.actors else []
         self.device_pids |= {(segments.owner(a) or (0, None))[0] for a in arenas} - {0}   # restarted ones too
         self.actors = []
         remove_segments(arenas + [w["arena"] for w in self.where])

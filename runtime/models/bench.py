@@ -167,28 +167,32 @@ def bench_embed(model: str = "minilm-l6", n: int = 64, batch: int = 8, rounds: i
         rt = Runtime(LocalBackend(devices, DeviceConfig(arena_bytes=512 << 20)))
     job = EmbedJob(rt, model, devices=devices, parallel=parallel, batch_size=batch, block_dim=block_dim)
     emu, base = [], []
+    diff = 0.0
     try:
         job.embed(texts[:batch])
         for _ in range(rounds):
             t0 = time.perf_counter()
-            job.embed(texts)
+            got = job.embed(texts)
             emu.append(time.perf_counter() - t0)
             ids, mask = job.tok.encode_batch(texts)
             lens = mask.sum(1)
             order = np.argsort(-lens, kind="stable")
+            refs = []
             t0 = time.perf_counter()
             for i in range(0, n, batch):
                 idx = order[i:i + batch]
                 s = int(lens[idx].max())
-                numpy_bert(w, cfg.n_layers, ids[idx, :s], mask[idx, :s], cfg.normalize)
+                refs.append((idx, numpy_bert(w, cfg.n_layers, ids[idx, :s], mask[idx, :s], cfg.normalize)))
             base.append(time.perf_counter() - t0)
+            diff = max([diff] + [float(np.abs(got[idx] - ref).max()) for idx, ref in refs])
     finally:
         job.close()
         if own_rt:
             rt.close()
     e, b = float(np.min(emu)), float(np.min(base))
     return {"model": model, "devices": devices, "parallel": parallel, "emulator_sentences_per_s": round(n / e, 1),
-            "numpy_sentences_per_s": round(n / b, 1), "speed_vs_numpy": round(b / e, 3)}
+            "numpy_sentences_per_s": round(n / b, 1), "speed_vs_numpy": round(b / e, 3),
+            "max_abs_diff_vs_numpy": diff}
 
 
 def main(argv=None) -> int:

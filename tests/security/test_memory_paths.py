@@ -10,7 +10,7 @@ import socket
 import numpy as np
 import pytest
 
-from devices.errors import AclError, HcclError, InvalidHandleError
+from devices.errors import HCCL_E_PARA, AclError, HcclError, InvalidHandleError
 from devices.hccl import scoped_comm_id
 from devices.hccl_transport import CROSS_NODE, PROCESS_LINK_KEY, Doorbell
 from devices.kernel import TensorDesc
@@ -153,14 +153,16 @@ def test_admin_cannot_read_outside_a_running_collective(site):
     for c, s in zip(cs, streams):
         c.synchronize_stream(s, 20_000)
     assert cs[0].memcpy_d2h(bufs[0], 4 * N).view(np.float32).tolist() == [3.0] * N
-    assert a0.device.hccl.stats["bytes_pulled"] > 0 or a1.device.hccl.stats["bytes_pulled"] > 0
+    pulled = [a.device.hccl.stats["bytes_pulled"] for a in (a0, a1)]
+    assert pulled == [4 * N, 4 * N], pulled              # each rank pulls its peer's buffer once
     peer = site.client(a1, SECRET, lease=False)                      # what the peer device's transport is
     scoped = scoped_comm_id(cid, Owner("alice"))
     with pytest.raises(AclError) as e:
         peer.hccl_read(scoped, bufs[1], 16)
     assert e.value.code == 207006
-    with pytest.raises(AclError):                                   # and a made-up id is nothing at all
+    with pytest.raises(AclError) as e:                              # and a made-up id is nothing at all
         peer.hccl_read(cid, bufs[1], 16)
+    assert isinstance(e.value, HcclError) and e.value.hccl_code == HCCL_E_PARA, e.value
 
 
 def test_forged_doorbell_messages_are_dropped(site):

@@ -8,11 +8,12 @@ import secrets
 
 import pytest
 
+from devices.arena import block_size
 from devices.errors import AclError
 from devices.tasks import Memset
 from devices.tenancy import Owner
 
-from .conftest import SECRET, quota
+from .conftest import ARENA, SECRET, quota
 
 pytestmark = pytest.mark.security
 
@@ -95,7 +96,7 @@ def test_creating_without_a_lease_is_refused(site, call):
     after = (srv.device.arena.stats().allocations, len(srv.device.sched.streams), len(srv.device.sched.events),
              len(srv.device.graphs), len(srv.device.hccl.comms))
     assert after == before
-    assert c.mem_info()[1] > 0 and c.health()[0] == "OK"            # reading is fine without a lease
+    assert c.mem_info()[1] == ARENA and c.health()[0] == "OK"       # reading is fine without a lease
     leased.submit([Memset(s, p, 0, 8)])                             # and the tenant's leased client works
     leased.synchronize_stream(s, 5000)
 
@@ -124,7 +125,7 @@ def test_everything_a_client_leaves_is_released(site):
     c.graph_create([Memset(s, p, 0, 8)])
     c.hccl_comm_init(secrets.token_hex(16), 0, [c.hccl_info()], {})
     c.register_kernel("leaver_k", _k)
-    assert dev.usage(Owner("alice"))["hbm_bytes"] > 0
+    assert dev.usage(Owner("alice"))["hbm_bytes"] == block_size(4096)
     c.close()
     assert srv.leases.wait_released(Owner("alice", "leaver"), 10.0)
     assert dev.arena.stats().allocations == 0

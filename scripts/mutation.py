@@ -1,0 +1,332 @@
+"""Mutation score of the critical code (``scripts/mutation.sh``; slow, never part of CI).
+
+For each target below, mutmut (a dev extra) mutates the named functions of the named modules -- one small
+change at a time: an operator, a comparison, a constant, a condition, a removed call -- and runs the
+target's tests against each mutant.  A mutant is *killed* when a test fails (or it hangs past mutmut's
+CPU limit: *timeout*), *survives* when every test passes.  The kill rate of a target is
+``(killed + timeout) / (mutants - equivalent)``; :data:`EQUIVALENT` lists the surviving mutants that no
+test can kill because they do not change behaviour, each with the reason.
+
+How it runs: a copy of the working tree (tracked and untracked files, plus the generated protobuf code)
+goes to a scratch directory per target, with a ``[tool.mutmut]`` section naming the modules and the
+tests; ``mutmut run`` mutates there (the worktree is never touched), one target at a time, with
+``--max-children`` workers (``MUTATION_JOBS``, default 1: the machine stays usable).  mutmut runs the
+tests in forked copies of one pytest process, so a mutant reaches only code that runs in that process:
+the targets' tests are in-process ones (local devices, devices served over loopback gRPC by this
+process) -- mutants never reach Ray actors or subprocesses, and ``-m "not cluster"`` leaves those out.
+
+Usage: ``scripts/mutation.sh [target ...]`` (default: every target); ``--json FILE`` also writes the
+numbers; ``--keep`` keeps the scratch directories (``mutmut results`` / ``mutmut show NAME`` there);
+``--cap-s N`` stops each target's run after N seconds and scores the mutants checked by then (mutmut
+records each verdict as it comes; the rest are reported as ``not_run`` -- a partial score, said so).
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+M = "\u01c1"           # mutmut's separator in mutant names of methods: module.xǁClassǁmethod__mutmut_N
+
+
+def fn(module: str, name: str) -> str:
+    """Mutant-name glob of a module-level function."""
+    return f"{module}.x_{name}__mutmut_*"
+
+
+def cls(module: str, name: str, method: str = "*") -> str:
+    """Mutant-name glob of a class's methods (all, or one)."""
+    return f"{module}.x{M}{name}{M}{method}__mutmut_*" if method != "*" else f"{module}.x{M}{name}{M}*"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Modules to mutate, the functions of theirs that are mutated (mutant-name globs), the tests."""
+    files: tuple[str, ...]
+    functions: tuple[str, ...]
+    tests: tuple[str, ...]
+    doc: str
+
+
+A, H, J, L, G, D, R, RG, F = ("devices.arena", "devices.hccl", "runtime.cluster.jobrunner", "driver.lease",
+                              "devices.graph", "devices.device", "runtime.api", "runtime.graph", "devices.faults")
+
+TARGETS: dict[str, Target] = {
+    "arena": Target(
+        ("devices/arena.py",),
+        (fn(A, "make_ptr"), fn(A, "is_device_ptr"), fn(A, "ptr_offset"), fn(A, "ptr_device"), fn(A, "block_size"),
+         cls(A, "Allocator"), cls(A, "HbmArena"), fn(A, "header_gen"), fn(A, "attach")),
+        ("tests/test_arena.py", "tests/test_bad_input.py", "tests/test_device_model.py",
+         # the poisoned-range check and the tenants' quotas live in resolve / malloc too
+         "tests/test_faults.py::test_ecc_fails_access_of_the_poisoned_range_only", "tests/security/test_quotas.py"),
+        "the arena's checks and rounding: pointers, block sizes, the allocator, bounds/owner/ECC checks"),
+    "hccl": Target(
+        ("devices/hccl.py",),
+        (fn(H, "itemsize"), fn(H, "_bf16_to_f32"), fn(H, "_f32_to_bf16"), fn(H, "validate_redop"),
+         cls(H, "HcclEngine", "check"), cls(H, "HcclEngine", "buffer_counts"), cls(H, "HcclEngine", "_collective"),
+         cls(H, "HcclEngine", "_pull"), cls(H, "HcclEngine", "_read_into"), cls(H, "HcclEngine", "_move")),
+        ("tests/test_hccl_numerics.py", "tests/test_hccl.py::test_collectives_dtypes_and_redops",
+         "tests/test_hccl.py::test_collectives_float32", "tests/test_hccl.py::test_zero_count_collectives",
+         "tests/test_hccl.py::test_large_buffers_in_segments", "tests/test_hccl.py::test_all_reduce_random_floats",
+         "tests/test_hccl.py::test_c_api_parameter_errors", "tests/test_hccl.py::test_mismatched_operators_fail_every_rank",
+         "tests/test_hccl.py::test_send_recv_size_mismatch"),
+        "HCCL reductions and dtype conversions: the collective executor, pulls, reduce/copy, bfloat16 rounding"),
+    "jobrunner": Target(
+        ("runtime/cluster/jobrunner.py",),
+        (cls(J, "JobRunner"), cls(J, "History")),
+        ("tests/test_history.py", "tests/test_jobrunner.py"),
+        "the job runner's delivery: queueing, replay after failures, exactly-once delivery, the history"),
+    "lease": Target(
+        ("driver/lease.py",),
+        (cls(L, "Leases"),),
+        ("tests/test_lease.py", "tests/test_rpc.py::test_a_renewed_lease_cancels_the_release",
+         "tests/test_rpc.py::test_two_overlapping_lease_watches_closing_one_releases_nothing",
+         "tests/test_rpc.py::test_a_client_that_dies_is_released_after_its_lease"),
+        "client leases: counting watches, arming, expiry, release"),
+    "revalidation": Target(
+        ("devices/graph.py", "devices/device.py", "runtime/api.py", "runtime/graph.py"),
+        (cls(G, "TaskGraph"), cls(G, "GraphTable"), cls(D, "Device", "_launch_task"), cls(D, "Device", "_plan"),
+         cls(D, "LaunchPlan"), fn(D, "_plan_key"), cls(R, "AllocTable"), cls(R, "Stream", "launch"),
+         cls(R, "Device", "check_range"), cls(R, "Device", "alloc_gen"), cls(R, "Device", "free"),
+         cls(R, "Device", "malloc"), cls(RG, "Graph", "execute_async"), cls(RG, "Graph", "__init__"),
+         cls(RG, "Graph", "_ranges"), cls(RG, "Graph", "_stale")),
+        ("tests/test_graph.py", "tests/test_streams.py", "tests/test_bad_input.py"),
+        "graph / launch-plan revalidation (device) and the runtime's check cache and graph replay check (host)"),
+    "faults": Target(
+        ("devices/faults.py",),
+        (cls(F, "Param"), cls(F, "FaultKind"), fn(F, "_check_ecc"), fn(F, "_check_peer"), fn(F, "fault_kind"),
+         cls(F, "FaultState")),
+        ("tests/test_faults.py", "tests/test_device_model.py"),
+        "the fault state: the kind table's parameter checks, apply/clear/expiry, the readers"),
+}
+
+#: surviving mutants that cannot be killed because they behave exactly like the original:
+#: (target, function glob, a fragment of the mutated line) -> why
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("lease", f"*{M}Leases{M}__init__*", "self._closed = None"):
+        "None and False are both false: every use of _closed is a truth test",
+    ("lease", f"*{M}Leases{M}closed*", "self._open.get(owner, 1) - 1"):
+        "for an owner with no open watch both give n <= 0 (0 or -1): the release is armed either way",
+    ("lease", f"*{M}Leases{M}closed*", "self._armed.get(None), t"):
+        "the replaced timer is not cancelled, but when it fires _expire finds another timer armed and returns: "
+        "only a timer thread lives on until its grace period ends",
+    ("arena", "*x_attach__*", "count=3, offset=size"):
+        "the header is ARENA_HEADER (4096) bytes: reading 3 words of it still gives hdr[1], the device id",
+    ("arena", "*x_attach__*", "dtype=np.uint64, offset=size)"):
+        "without count numpy reads the whole 4096-byte header (a multiple of 8): hdr[1] is the same word",
+    ("arena", f"*{M}HbmArena{M}allocation_of*", "self.resolve(ptr, 1)"):
+        "resolve refuses a pointer at or past its allocation's end before the length matters, so 1 byte is "
+        "always left, and the ECC check reads max(nbytes, 1): 0 and 1 check the same",
+    ("arena", f"*{M}HbmArena{M}reset*", "self.epoch += 2"):
+        "epochs stay distinct and increasing, which is all that cached plans and views compare",
+    ("arena", f"*{M}HbmArena{M}typed_view*", "if (shape) or True else"):
+        "np.prod(()) is 1.0 and int() of it is 1: an empty shape counts one element either way",
+    ("arena", f"*{M}HbmArena{M}typed_view*", "np.prod(shape, dtype=None)"):
+        "np.prod of Python ints accumulates in int64 by default on 64-bit Linux: the same dtype",
+    ("arena", f"*{M}HbmArena{M}typed_view*", "np.prod(shape, ))"):
+        "np.prod of Python ints accumulates in int64 by default on 64-bit Linux: the same dtype",
+    ("faults", f"*{M}FaultState{M}_publish*", 'if t is not None else 1'):
+        "_task_fail is only the lock-free fast path of take_task_failure, which then looks the fault up "
+        "under the lock: with no task-fail fault active it returns False either way",
+    ("faults", f"*{M}FaultState{M}apply*", "p.pop(DURATION.name, None)"):
+        "the duration is only tested for truth (`if duration`): None and 0.0 both mean no deadline",
+    ("jobrunner", f"*{M}JobRunner{M}wait*", "left < 0"):
+        "left is a difference of monotonic clock readings taken at different times: exactly 0.0 only by "
+        "accident, and then the next loop (a wait of 0 s) returns False anyway",
+    ("jobrunner", f"*{M}JobRunner{M}wait*", "min(left, 1.1)"):
+        "the wait never exceeds the time left (min), and every outcome notifies the condition: the period "
+        "of the re-check changes nothing observable",
+    ("jobrunner", f"*{M}JobRunner{M}_requeue*", 'getattr(e, "code"'):
+        "the default is used only when e is None, i.e. no binding (attempt None), where the code is not "
+        "logged; a failed attempt always carries an AclError with its code",
+    ("jobrunner", f"*{M}JobRunner{M}_finish_error_locked*", "self._delivered and req.id in self.errors"):
+        "a request is in the queue at most once and leaves it delivered or failed: the guard against a "
+        "second outcome is never reached by JobRunner itself",
+}
+
+#: mutmut's exit-code verdicts (mutmut.stats.status_by_exit_code, 3.8)
+KILLED, SURVIVED, TIMEOUT = "killed", "survived", "timeout"
+NOT_RUN = "not run"     #: a run stopped by --cap-s before it reached the mutant
+
+
+def _verdict(code) -> str:
+    from mutmut.stats import status_by_exit_code
+    return status_by_exit_code[code]
+
+
+def copy_tree(dst: Path) -> None:
+    """The working tree (tracked and untracked files that git does not ignore) + the generated code."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for f in filter(None, files):
+        src = ROOT / f
+        if src.is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / f)
+    shutil.copytree(ROOT / "driver" / "_gen", dst / "driver" / "_gen")
+
+
+def configure(dst: Path, t: Target) -> None:
+    tests = ", ".join(json.dumps(x) for x in t.tests)
+    srcs = ", ".join(json.dumps(x) for x in t.files)
+    with open(dst / "pyproject.toml", "a", encoding="utf-8") as f:
+        f.write(f"""
+[tool.mutmut]
+source_paths = [{srcs}]
+also_copy = ["devices", "driver", "runtime", "proto"]
+pytest_add_cli_args_test_selection = [{tests}]
+pytest_add_cli_args = ["-m", "not cluster"]
+timeout_multiplier = 5.0
+use_git_change_detection = false
+""")
+
+
+def results(work: Path, t: Target) -> dict:
+    """Verdict of every mutant of the target's functions, from mutmut's .meta files (None: not run)."""
+    out: dict[str, str] = {}
+    for f in t.files:
+        meta = work / "mutants" / (f + ".meta")
+        if not meta.exists():
+            continue
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        for name, code in codes.items():
+            if any(fnmatch.fnmatch(name, g) for g in t.functions):
+                out[name] = _verdict(code) if code is not None else NOT_RUN
+    return out
+
+
+def show(work: Path, name: str, env: dict) -> str:
+    p = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=work, capture_output=True, text=True,
+                       env=env, timeout=120)
+    return p.stdout
+
+
+def equivalent_reason(target: str, name: str, diff: str) -> str | None:
+    added = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    for (tg, glob, fragment), why in EQUIVALENT.items():
+        if tg == target and fnmatch.fnmatch(name, glob) and any(fragment in ln for ln in added):
+            return why
+    return None
+
+
+def _mutmut(work: Path, env: dict, args: list[str], log: Path, cap_s: float | None) -> tuple[int, bool]:
+    """Run mutmut in its own process group (its forked test runners included); stop it all after cap_s."""
+    with open(log, "w") as lf:
+        p = subprocess.Popen([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, stdout=lf,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return p.wait(timeout=cap_s), False
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            return p.returncode, True
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def run_target(name: str, t: Target, jobs: int, keep: bool, cap_s: float | None = None) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"vnpu-mutation-{name}-"))
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               VNPU_HOME=str(work / ".vnpu-home"), PYTHONDONTWRITEBYTECODE="1")
+    env.pop("RAY_ADDRESS", None)
+    t0 = time.monotonic()
+    try:
+        copy_tree(work)
+        configure(work, t)
+        log = work / "mutmut.log"
+        rc, capped = _mutmut(work, env, ["run", "--max-children", str(jobs), *t.functions], log, cap_s)
+        verdicts = results(work, t)
+        not_run = sum(1 for v in verdicts.values() if v == NOT_RUN)
+        verdicts = {k: v for k, v in verdicts.items() if v != NOT_RUN}
+        if (rc != 0 and not capped) or not verdicts:
+            tail = log.read_text(errors="replace")[-3000:]
+            return {"target": name, "error": f"mutmut exited {rc}" + (" (capped)" if capped else ""),
+                    "log_tail": tail}
+        survivors, equivalent = [], []
+        for m, v in sorted(verdicts.items()):
+            if v not in (KILLED, TIMEOUT):
+                diff = show(work, m, env)
+                why = equivalent_reason(name, m, diff) if v == SURVIVED else None
+                (equivalent if why else survivors).append({"mutant": m, "verdict": v, "diff": diff.strip(),
+                                                          **({"equivalent": why} if why else {})})
+        counts = {v: sum(1 for x in verdicts.values() if x == v) for v in set(verdicts.values())}
+        total = len(verdicts)
+        killed = counts.get(KILLED, 0) + counts.get(TIMEOUT, 0)
+        denom = total - len(equivalent)
+        return {"target": name, "files": list(t.files), "mutants": total, "killed": counts.get(KILLED, 0),
+                "timeout": counts.get(TIMEOUT, 0), "survived": len(survivors), "equivalent": len(equivalent),
+                "other": {k: v for k, v in counts.items() if k not in (KILLED, TIMEOUT, SURVIVED)},
+                "kill_rate": killed / denom if denom else 0.0, "seconds": round(time.monotonic() - t0),
+                "not_run": not_run, "capped": capped,
+                "survivors": survivors, "equivalents": equivalent, "scratch": str(work) if keep else None}
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/mutation.sh", description=__doc__.split("\n\n")[0])
+    ap.add_argument("targets", nargs="*", help=f"targets (default: all): {', '.join(TARGETS)}")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATION_JOBS", "1")))
+    ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directories")
+    ap.add_argument("--goal", type=float, default=0.90)
+    ap.add_argument("--cap-s", type=float, default=None,
+                    help="stop each target after this many seconds; score the mutants checked by then")
+    a = ap.parse_args(argv)
+    bad = [x for x in a.targets if x not in TARGETS]
+    if bad:
+        print(f"mutation: error: unknown target {', '.join(bad)} (known: {', '.join(TARGETS)})", file=sys.stderr)
+        return 2
+    report = []
+    for name in a.targets or list(TARGETS):
+        t = TARGETS[name]
+        print(f"== {name}: {t.doc}", flush=True)
+        r = run_target(name, t, a.jobs, a.keep, a.cap_s)
+        report.append(r)
+        if "error" in r:
+            print(f"   FAILED: {r['error']}\n{r['log_tail']}", flush=True)
+            continue
+        for s in r["survivors"]:
+            print(f"   survived ({s['verdict']}): {s['mutant']}\n" + "\n".join("      " + ln for ln in
+                                                                            s["diff"].splitlines()[2:]), flush=True)
+        for s in r["equivalents"]:
+            print(f"   equivalent: {s['mutant']}: {s['equivalent']}", flush=True)
+        print(f"   {name}: {r['mutants']} mutants, {r['killed']} killed, {r['timeout']} timeout, {r['survived']} "
+              f"survived, {r['equivalent']} equivalent{', other ' + str(r['other']) if r['other'] else ''}: "
+              f"kill rate {100 * r['kill_rate']:.1f} % ({r['seconds']} s"
+              + (f"; stopped at the cap, {r['not_run']} mutants not run" if r["capped"] else "") + ")", flush=True)
+    print("\n" + f"{'target':<14} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} {'equiv':>6} {'rate':>7}"
+          f" {'not run':>8}")
+    ok = True
+    for r in report:
+        if "error" in r:
+            print(f"{r['target']:<14} error: {r['error']}")
+            ok = False
+            continue
+        ok = ok and r["kill_rate"] >= a.goal and not r["capped"]
+        print(f"{r['target']:<14} {r['mutants']:>8} {r['killed']:>7} {r['timeout']:>8} {r['survived']:>9} "
+              f"{r['equivalent']:>6} {100 * r['kill_rate']:>6.1f}% {r['not_run']:>8}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
