@@ -51,6 +51,7 @@ class Doubler:
         st["x"].free()
         st["y"].free()
         st["s"].destroy()
+        st["dev"].empty_cache()            # the tensors went back to the caching pool: to the driver too
 
 
 def inputs(i: int) -> np.ndarray:

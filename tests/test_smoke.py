@@ -1,4 +1,4 @@
-"""Smoke tier (marker ``smoke``; budget ~2 min on 2 cores: the cluster, SmolLM2 loads): every ``vnpu
+"""Smoke tier (marker ``smoke``; budget ~3 min on 2 cores: the cluster, SmolLM2 loads): every ``vnpu
 bench ... --json`` at a tiny size against one small ``vnpu up`` cluster reports verified results and exits
 0; a benchmark whose verification fails exits 1; one model job runs on the cluster backend.
 
@@ -28,6 +28,8 @@ BENCHES = {
     "infer": ["--tokens", "2", "--rounds", "1", "--no-multi", "--backend", "cluster"],
     "serve": ["--concurrency", "1", "--requests", "1", "--max-tokens", "2", "--backend", "cluster"],
     "sanitize": ["--tokens", "3", "--rounds", "1", "--sentences", "8", "--launches", "10"],   # in-process, ~25 s
+    "memory": ["--pairs", "20", "--raw-pairs", "20", "--steps", "20", "--seeds", "1", "--defrag-tensors", "2"],
+    "scale": ["--devices", "2", "--hbm-mb", "64", "--allreduce-bytes", "1K", "--iters", "1", "--no-baseline"],
 }
 
 

@@ -160,7 +160,9 @@ def bench(model: str, batch: int, seq: int, rounds: int, soc: str, backend: str)
             stream.destroy()
             m.unload()
             dev.empty_cache()                   # the inputs and outputs went back to the caching pool
-        res["hbm_back_to_baseline"] = dev.mem_info()[0] == free0
+        # at least as much free as before: what this run allocated is back (on a shared device another
+        # client's memory may come back meanwhile -- a process that just exited, released by its lease)
+        res["hbm_back_to_baseline"] = dev.mem_info()[0] >= free0
     # the same kernel graph in numpy computes the same numbers up to float32 rounding; onnxruntime's graph
     # differs more (fused kernels, other summation orders)
     res["verified"] = (max(res["max_abs_diff_vs_numpy_bound"].values()) <= VERIFY_NUMPY_ATOL

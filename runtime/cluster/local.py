@@ -148,11 +148,16 @@ def stop_devices(timeout: float = 30.0, actors: list | None = None) -> list[str]
         handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
     else:
         handles = list(actors)
-    try:
-        arenas = [w["arena"] for w in ray.get([h.where.remote() for h in handles], timeout=timeout)]
-        ray.get([h.shutdown.remote() for h in handles], timeout=timeout)
-    except Exception:  # noqa: BLE001 - a dead actor must not stop the teardown of the others
-        pass
+    live = []
+    for h, ref in [(h, h.where.remote()) for h in handles]:      # one at a time: a dead actor (a killed
+        try:                                                       # node's) must not stop the teardown of
+            arenas.append(ray.get(ref, timeout=timeout)["arena"])  # the others
+            live.append(h)
+        except Exception:  # noqa: BLE001
+            pass
+    for ref in [h.shutdown.remote() for h in live]:
+        with contextlib.suppress(Exception):
+            ray.get(ref, timeout=timeout)
     for h in handles:
         with contextlib.suppress(Exception):
             ray.kill(h, no_restart=True)
