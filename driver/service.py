@@ -462,6 +462,9 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
     def GraphInfo(self, request, context):
         return rms.JsonReply(json=json.dumps(self.device.graph_info(request.graph, owner=self._caller(context))))
 
+    def Profile(self, request, context):
+        return rms.JsonReply(json=json.dumps(self.device.profile(request.action, owner=self._caller(context))))
+
     def HcclInfo(self, request, context):
         return rms.JsonReply(json=json.dumps(self.device.hccl_info()))
 

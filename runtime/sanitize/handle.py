@@ -305,6 +305,9 @@ class SanitizedHandle:
         return self.inner.graph_info(gid)
 
     # ------------------------------------------------------------------ HCCL communicators
+    def profile(self, action: str) -> dict:
+        return self.inner.profile(action)
+
     def hccl_info(self) -> dict:
         return self.inner.hccl_info()
 

@@ -1,0 +1,160 @@
+"""The collector: one profile of one process -- host API records, launch flows, device task records.
+
+Host records are tuples appended to lists (``list.append`` is atomic under the GIL, so any thread may
+record without a lock): API calls ``(name, category, level, tid, t0, t1, depth, info)`` with ``depth`` 0
+for a call made by user code and more for calls made inside another recorded call (``acl.rt.malloc`` ->
+``Device.malloc``), and flows ``(device index, physical id, stream, seq, tid, t, op type)`` -- one per
+stream op handed to a device, numbered per stream in submission order from 0 at the start of the
+device's session, exactly as the device numbers its task records (:mod:`devices.profiling`), so that
+``(physical id, stream, seq)`` is the flow id that links a launch to its device task.
+
+Devices: :meth:`Collector.attach` flushes what the runtime device had queued and opens a session for
+this client on the device (``DeviceHandle.profile("start")``); :meth:`Collector.stop` closes every
+session and fetches its records.  Both are host-synchronous (one round trip per device).  Times are
+``time.perf_counter()`` seconds.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from devices.errors import AclError
+
+#: stream op types that become device tasks (event records and waits take no core and get no record)
+TASK_OPS = frozenset({"Launch", "CopyD2D", "Memset", "WriteH2D", "Collective", "ExecGraph"})
+
+
+@dataclass
+class RawProfile:
+    """What one process collected: the input of the exporters (``as_dict`` / ``from_dict`` for JSON)."""
+    pid: int
+    argv: list[str]
+    t_start: float
+    t_stop: float
+    api: list[tuple] = field(default_factory=list)
+    flows: list[tuple] = field(default_factory=list)
+    devices: list[dict] = field(default_factory=list)     #: {"index", "device", "tasks", "dropped"}
+    threads: dict[int, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"format": "vnpu-prof-raw/1", "pid": self.pid, "argv": self.argv, "t_start": self.t_start,
+                "t_stop": self.t_stop, "api": [list(a) for a in self.api], "flows": [list(f) for f in self.flows],
+                "devices": self.devices, "threads": {str(k): v for k, v in self.threads.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RawProfile":
+        return cls(int(d["pid"]), list(d.get("argv", [])), float(d["t_start"]), float(d["t_stop"]),
+                   [tuple(a) for a in d.get("api", [])], [tuple(f) for f in d.get("flows", [])],
+                   list(d.get("devices", [])), {int(k): v for k, v in d.get("threads", {}).items()})
+
+
+class Collector:
+    """Records of one profile (see the module docstring).  ``record_api`` / ``record_tasks`` follow
+    ``ACL_PROF_ACL_API`` / ``ACL_PROF_TASK_TIME`` (both on by default)."""
+
+    def __init__(self, record_api: bool = True, record_tasks: bool = True):
+        self.record_api = record_api
+        self.record_tasks = record_tasks
+        self.api: list[tuple] = []
+        self.flows: list[tuple] = []
+        self.calls = 0                       #: recording hook calls (tests count them)
+        self._tls = threading.local()
+        self._seq: dict[tuple[int, int], int] = {}
+        self._attached: dict[int, Any] = {}  #: id(runtime device) -> runtime device
+        self._lock = threading.Lock()
+        self._threads: dict[int, str] = {}
+        self.t_start = time.perf_counter()
+        self.t_stop = 0.0
+        self.stopped = False
+
+    # ------------------------------------------------------------------ hooks (any thread)
+    def call(self, name: str, cat: str, level: str, fn, args, kwargs, info):
+        """Run ``fn(*args, **kwargs)`` and record it as API ``name``."""
+        self.calls += 1
+        tls = self._tls
+        depth = getattr(tls, "depth", 0)
+        tls.depth = depth + 1
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            t1 = time.perf_counter()
+            tls.depth = depth
+            if self.record_api:
+                extra = None
+                if info is not None:
+                    try:
+                        extra = info(*args, **kwargs)
+                    except Exception:  # noqa: BLE001 - a profile never breaks the call it records
+                        extra = None
+                tid = threading.get_ident()
+                if tid not in self._threads:
+                    self._threads[tid] = threading.current_thread().name
+                self.api.append((name, cat, level, tid, t0, t1, depth, extra))
+
+    def submit(self, nops: int, t0: float, t1: float) -> None:
+        """A batch of ``nops`` stream ops was handed to a device (the doorbell)."""
+        self.calls += 1
+        if self.record_api:
+            depth = getattr(self._tls, "depth", 0)
+            self.api.append(("rtSubmit", "launch", "Runtime", threading.get_ident(), t0, t1, depth, {"ops": nops}))
+
+    def op(self, dev, op) -> None:
+        """Stream op ``op`` is about to be queued for runtime device ``dev``: note its flow."""
+        self.calls += 1
+        kind = type(op).__name__
+        if kind not in TASK_OPS or id(dev) not in self._attached:
+            return
+        key = (dev.physical_id, op.stream)
+        with self._lock:
+            n = self._seq.get(key, 0)
+            self._seq[key] = n + 1
+        name = getattr(op, "kernel", None) or kind
+        self.flows.append((dev.index, dev.physical_id, op.stream, n, threading.get_ident(), time.perf_counter(),
+                           name))
+
+    # ------------------------------------------------------------------ devices
+    def attach(self, dev) -> None:
+        """Open this client's session on runtime device ``dev`` (flushes its queued ops first: they
+        belong to no session).  Host-synchronous.  A device that cannot profile is skipped."""
+        with self._lock:
+            if self.stopped or id(dev) in self._attached or not self.record_tasks:
+                return
+            self._attached[id(dev)] = dev
+            for key in [k for k in self._seq if k[0] == dev.physical_id]:
+                del self._seq[key]
+        try:
+            dev.flush(raise_errors=False)
+            dev.handle.profile("start")
+        except (AclError, AttributeError) as e:
+            with self._lock:
+                self._attached.pop(id(dev), None)
+            print(f"vnpu prof: device {dev.index} not profiled: {e}", file=sys.stderr)
+
+    def stop(self) -> RawProfile:
+        """Close every device session (after sending what is queued) and return everything recorded."""
+        with self._lock:
+            if self.stopped:
+                raise RuntimeError("profile already stopped")
+            self.stopped = True
+            devs = list(self._attached.values())
+        devices = []
+        for dev in devs:
+            try:
+                dev.flush(raise_errors=False)     # tasks still running then are not in the profile
+            except AclError:
+                pass
+            try:
+                got = dev.handle.profile("stop")
+            except (AclError, AttributeError) as e:
+                print(f"vnpu prof: device {dev.index}: records lost: {e}", file=sys.stderr)
+                continue
+            devices.append({"index": dev.index, "device": got.get("device", dev.physical_id),
+                            "tasks": got.get("tasks", []), "dropped": got.get("dropped", 0)})
+        self.t_stop = time.perf_counter()
+        return RawProfile(os.getpid(), list(sys.argv), self.t_start, self.t_stop, list(self.api), list(self.flows),
+                          devices, dict(self._threads))
