@@ -27,6 +27,8 @@ from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
 from . import graph as _graph
 from . import sanitize as _sanitize
+from . import profiler as _profiler
+from .profiler import hooks as _prof
 from .backend import Backend, DeviceHandle, create_backend, parse_visible_devices
 
 
@@ -47,6 +49,7 @@ class Runtime:
         self.batch_size = batch_size or int(os.environ.get("VNPU_LAUNCH_BATCH", default_batch))
         self._devices: dict[int, Device] = {}
         self._lock = threading.Lock()
+        _profiler.from_environment()          # under `vnpu prof` (VNPU_PROF): profile this client
 
     def device_count(self) -> int:
         return len(self.physical)
@@ -76,6 +79,7 @@ class Runtime:
                 d.queue.flush(raise_errors=d is raise_for)
 
     def close(self) -> None:
+        _profiler.runtime_closing(list(self._devices.values()))    # a running profile keeps their records
         for d in list(self._devices.values()):
             d.queue.flush(raise_errors=False)
             if self.sanitizer is not None:
@@ -146,7 +150,11 @@ class LaunchQueue:
 
     def put(self, op) -> None:
         if self.batch_size == 1:
+            prof = _prof.ACTIVE
+            t0 = _now() if prof is not None else 0.0
             self.handle.submit((op,))
+            if prof is not None:
+                prof.submit(1, t0, _now())
             self.batches_sent += 1
             self.ops_sent += 1
             return
@@ -174,8 +182,12 @@ class LaunchQueue:
             ops, self._ops = self._ops, []
             err, self._deferred = (self._deferred, None) if raise_errors else (None, self._deferred)
             if ops:
+                prof = _prof.ACTIVE
+                t0 = _now() if prof is not None else 0.0
                 try:
                     self.handle.submit(ops)
+                    if prof is not None:
+                        prof.submit(len(ops), t0, _now())
                 except AclError as e:
                     if not raise_errors:
                         self._deferred = self._deferred or e
@@ -272,6 +284,7 @@ class Device:
         self.sanitizer = rt.sanitizer         # sees every op enqueued here (None: nothing is watched)
         self._default: Stream | None = None
         self._lock = threading.Lock()
+        _prof.note_device(self)               # a running profile attaches it (runtime.profiler)
 
     def __repr__(self) -> str:
         return f"<vnpu Device {self.index} (physical {self.physical_id})>"
@@ -296,11 +309,13 @@ class Device:
         self.live_events.add(e.eid)
         return e
 
+    @_prof.api("Device.malloc")
     def malloc(self, nbytes: int, policy: int = 0) -> int:
         ptr = self.handle.malloc(nbytes, policy)
         self.allocs.add(ptr, int(nbytes))
         return ptr
 
+    @_prof.api("Device.free")
     def free(self, ptr: int) -> None:
         """Free device memory (after sending queued ops; does not wait for them to run)."""
         self.queue.flush()
@@ -310,6 +325,7 @@ class Device:
     # -------------------------------------------------------------- pointer-level memory (host-synchronous)
     # Like aclrtMemcpy / aclrtMemset: the ops queued so far are sent first, but the streams are NOT
     # waited for -- synchronize the stream that produces (or still reads) the memory.
+    @_prof.api("Device.memcpy_h2d", info=_prof.h2d_info)
     def memcpy_h2d(self, dst: int, data) -> None:
         """Copy host bytes (bytes, memoryview or an array, all of it) to device memory at ``dst``; blocks
         the host until the bytes are on the device."""
@@ -318,6 +334,7 @@ class Device:
         self.handle.memcpy_h2d(int(dst), data)
         self.host_stats.h2d_s += _now() - t0
 
+    @_prof.api("Device.memcpy_d2h", info=_prof.d2h_info)
     def memcpy_d2h(self, src: int, nbytes: int, out: np.ndarray | None = None) -> np.ndarray:
         """``nbytes`` of device memory at ``src`` as a new uint8 array, or copied into ``out`` (a
         writable C-contiguous array of exactly ``nbytes`` bytes, returned).  Blocks the host."""
@@ -331,12 +348,14 @@ class Device:
         self.host_stats.d2h_s += _now() - t0
         return res if out is None else out
 
+    @_prof.api("Device.memcpy_d2d", info=_prof.sized_info)
     def memcpy_d2d(self, dst: int, src: int, nbytes: int) -> None:
         """Copy ``nbytes`` within this device's memory now (the stream-ordered form is
         :meth:`Stream.copy`)."""
         self.queue.flush()
         self.handle.memcpy_d2d(int(dst), int(src), int(nbytes))
 
+    @_prof.api("Device.memset", info=_prof.sized_info)
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         """Set ``nbytes`` at ``ptr`` to ``value & 0xFF`` now (the stream-ordered form is
         :meth:`Stream.memset`)."""
@@ -373,6 +392,7 @@ class Device:
                stream: "Stream | None" = None) -> None:
         (stream or self.default_stream).launch(kernel, inputs, outputs, attrs, block_dim)
 
+    @_prof.api("Device.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all this device's streams are done."""
         self._captures.check_sync()
@@ -446,6 +466,9 @@ class Stream:
         if cap is not None:
             cap.take(op)
             return
+        prof = _prof.ACTIVE
+        if prof is not None:
+            prof.op(dev, op)
         dev.queue.put(op)
 
     def _failed(self, err: AclError, ranges: tuple = ()) -> None:
@@ -483,6 +506,7 @@ class Stream:
         """0 none, 1 active, 2 invalidated (aclmdlRICaptureStatus)."""
         return self.device._captures.status(self.sid)
 
+    @_prof.api("Stream.launch")
     def launch(self, kernel: str, inputs: Sequence = (), outputs: Sequence = (), attrs: dict | None = None,
                block_dim: int = 0) -> None:
         """Queue a kernel launch (returns at once; only orders the device).  Shapes and dtypes of
@@ -529,6 +553,7 @@ class Stream:
                                    "(cross-device ordering goes through HCCL)")
         self.enqueue(Wait(self.sid, event.eid, 0))
 
+    @_prof.api("Stream.copy", info=_prof.sized_info)
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         """Stream-ordered device-to-device copy on this device."""
         try:
@@ -540,6 +565,7 @@ class Stream:
             raise
         self.enqueue(CopyD2D(self.sid, int(dst), int(src), int(nbytes)))
 
+    @_prof.api("Stream.memset", info=_prof.sized_info)
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         """Stream-ordered memset of this device's memory (only orders the device)."""
         try:
@@ -550,6 +576,7 @@ class Stream:
             raise
         self.enqueue(Memset(self.sid, int(ptr), int(value), int(nbytes)))
 
+    @_prof.api("Stream.write", info=_prof.write_info)
     def write(self, dst: int, data: bytes) -> None:
         """Stream-ordered host-to-device copy; ``data`` is captured now."""
         try:
@@ -560,6 +587,7 @@ class Stream:
             raise
         self.enqueue(WriteH2D(self.sid, int(dst), bytes(data)))
 
+    @_prof.api("Stream.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all work queued on this stream is done; raises its first task error."""
         self.device._captures.check_sync(self.sid)
@@ -569,6 +597,9 @@ class Stream:
             dev.rt.flush_all(skip=dev)
             ops = dev.queue.take()
             if ops:
+                prof = _prof.ACTIVE
+                if prof is not None:
+                    prof.submit(len(ops), _now(), _now())
                 dev.handle.synchronize_stream(self.sid, timeout_ms, ops=ops)    # one round trip
             else:
                 dev.handle.synchronize_stream(self.sid, timeout_ms)
@@ -614,6 +645,7 @@ class Event:
             raise AclError("event and stream belong to different devices", code=ACL_ERROR_RT_STREAM_CONTEXT)
         stream.enqueue(Record(stream.sid, self.eid))
 
+    @_prof.api("Event.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until the latest record has completed."""
         t0 = _now()

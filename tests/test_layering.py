@@ -36,7 +36,7 @@ PACKAGES = ("devices", "driver", "runtime")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("device model", ("devices",)),
     ("driver", ("driver",)),
-    ("runtime core", ("runtime", "runtime.api", "runtime.backend", "runtime.graph", "runtime.hccl",
+    ("runtime core", ("runtime", "runtime.api", "runtime.backend", "runtime.graph", "runtime.hccl", "runtime.profiler",
                       "runtime.acl", "runtime.models", "runtime.atc", "runtime.offline",
                       "runtime.sanitize")),
     ("runtime cluster", ("runtime.cluster",)),

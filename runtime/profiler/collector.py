@@ -67,6 +67,7 @@ class Collector:
         self._attached: dict[int, Any] = {}  #: id(runtime device) -> runtime device
         self._lock = threading.Lock()
         self._threads: dict[int, str] = {}
+        self._devices: list[dict] = []       #: records of sessions closed early (detach)
         self.t_start = time.perf_counter()
         self.t_stop = 0.0
         self.stopped = False
@@ -135,6 +136,13 @@ class Collector:
                 self._attached.pop(id(dev), None)
             print(f"vnpu prof: device {dev.index} not profiled: {e}", file=sys.stderr)
 
+    def detach(self, devs) -> None:
+        """Close the sessions of runtime devices ``devs`` now and keep their records (a runtime that is
+        closing while the profile still runs)."""
+        with self._lock:
+            mine = [self._attached.pop(id(d)) for d in devs if id(d) in self._attached]
+        self._devices.extend(self._fetch(mine))
+
     def stop(self) -> RawProfile:
         """Close every device session (after sending what is queued) and return everything recorded."""
         with self._lock:
@@ -142,6 +150,13 @@ class Collector:
                 raise RuntimeError("profile already stopped")
             self.stopped = True
             devs = list(self._attached.values())
+            self._attached.clear()
+        devices = self._devices + self._fetch(devs)
+        self.t_stop = time.perf_counter()
+        return RawProfile(os.getpid(), list(sys.argv), self.t_start, self.t_stop, list(self.api), list(self.flows),
+                          devices, dict(self._threads))
+
+    def _fetch(self, devs) -> list[dict]:
         devices = []
         for dev in devs:
             try:
@@ -155,6 +170,4 @@ class Collector:
                 continue
             devices.append({"index": dev.index, "device": got.get("device", dev.physical_id),
                             "tasks": got.get("tasks", []), "dropped": got.get("dropped", 0)})
-        self.t_stop = time.perf_counter()
-        return RawProfile(os.getpid(), list(sys.argv), self.t_start, self.t_stop, list(self.api), list(self.flows),
-                          devices, dict(self._threads))
+        return devices

@@ -22,7 +22,8 @@ _devices: "weakref.WeakSet[Any]" = weakref.WeakSet()
 #: API category by name fragment, first match wins (the breakdown's rows); anything else is "other"
 CATEGORIES: tuple[tuple[str, str], ...] = (
     ("synchronize", "sync"), ("malloc", "alloc"), ("free", "alloc"), ("memcpy", "copy"), ("memset", "copy"),
-    ("launch", "launch"), ("replay", "launch"), ("execute", "launch"), ("submit", "launch"),
+    ("write", "copy"), ("copy", "copy"), ("launch", "launch"), ("replay", "launch"), ("execute", "launch"),
+    ("submit", "launch"),
 )
 
 
@@ -68,3 +69,25 @@ def api(name: str, level: str = "Runtime", info: Callable[..., dict] | None = No
             return c.call(name, cat, level, fn, args, kwargs, info)
         return call
     return deco
+
+
+def nbytes_of(data: Any) -> int:
+    """Bytes in a host buffer argument (bytes, memoryview, numpy array)."""
+    n = getattr(data, "nbytes", None)
+    return int(n) if n is not None else len(data)
+
+
+def h2d_info(_self, _dst, data, *_a, **_k) -> dict:
+    return {"bytes": nbytes_of(data), "pinned": False}
+
+
+def sized_info(_self, _ptr, _src_or_value, nbytes, *_a, **_k) -> dict:
+    return {"bytes": int(nbytes)}
+
+
+def d2h_info(_self, _src, nbytes, *_a, **_k) -> dict:
+    return {"bytes": int(nbytes), "pinned": False}
+
+
+def write_info(_self, _dst, data, *_a, **_k) -> dict:
+    return {"bytes": nbytes_of(data), "pinned": False, "async": True}
