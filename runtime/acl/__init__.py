@@ -61,7 +61,7 @@ import json
 from devices.errors import AclError
 from runtime import api
 
-from . import mdl, rt, util  # noqa: F401 - acl.rt, acl.util, acl.mdl
+from . import mdl, prof, rt, util  # noqa: F401 - acl.rt, acl.util, acl.mdl, acl.prof
 from .applog import app_log  # noqa: F401 - acl.app_log
 from .buffers import (create_data_buffer, data_type_size, destroy_data_buffer,  # noqa: F401 - acl.*
                       get_data_buffer_addr, get_data_buffer_size, get_data_buffer_size_v2, update_data_buffer)
@@ -122,6 +122,13 @@ from .constants import (  # noqa: F401 - acl.ACL_* (every constant of .constants
     ACL_STREAM_STATUS_COMPLETE, ACL_STREAM_STATUS_NOT_READY, ACL_STREAM_STATUS_RESERVED, ACL_STRING, ACL_SUCCESS,
     ACL_UINT1, ACL_UINT16, ACL_UINT32, ACL_UINT64, ACL_UINT8, ACL_UNKNOWN_RANK, ACL_VERSION, ACL_WARNING,
     STREAM_PRIORITY_GREATEST, STREAM_PRIORITY_LEAST,
+    ACL_PROF_ACL_API, ACL_PROF_TASK_TIME, ACL_PROF_AICORE_METRICS, ACL_PROF_AICPU, ACL_PROF_L2CACHE,
+    ACL_PROF_HCCL_TRACE, ACL_PROF_TRAINING_TRACE, ACL_PROF_MSPROFTX, ACL_PROF_RUNTIME_API, ACL_PROF_GE_API_L0,
+    ACL_PROF_TASK_TIME_L0, ACL_PROF_TASK_MEMORY, ACL_PROF_TASK_TIME_L2, ACL_PROF_OP_ATTR, ACL_PROF_TASK_TIME_L3,
+    ACL_PROF_GE_API_L1, ACL_PROF_API_STATS, ACL_AICORE_ARITHMETIC_UTILIZATION, ACL_AICORE_PIPE_UTILIZATION,
+    ACL_AICORE_MEMORY_BANDWIDTH, ACL_AICORE_L0B_AND_WIDTH, ACL_AICORE_RESOURCE_CONFLICT_RATIO, ACL_AICORE_MEMORY_UB,
+    ACL_AICORE_L2_CACHE, ACL_AICORE_PIPE_EXECUTE_UTILIZATION, ACL_AICORE_MEMORY_ACCESS, ACL_AICORE_NONE,
+    ACL_PROF_STORAGE_LIMIT, ACL_PROF_SYS_HARDWARE_MEM_FREQ,
 )
 from .state import STATE, teardown
 from .tensor_desc import (create_tensor_desc, destroy_tensor_desc, get_tensor_desc_dim,  # noqa: F401 - acl.*

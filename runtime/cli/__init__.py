@@ -13,7 +13,7 @@ from devices.errors import AclError
 from runtime.cliargs import Parser, UsageError, report
 
 #: command groups, in the order ``vnpu --help`` lists them
-COMMANDS = ("cluster", "token", "smi", "demo", "run", "serve", "atc", "chaos", "sanitize", "bench")
+COMMANDS = ("cluster", "token", "smi", "demo", "run", "serve", "atc", "chaos", "sanitize", "prof", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,13 +50,14 @@ def active() -> Collector | None:
     return hooks.ACTIVE
 
 
-def start(record_api: bool = True, record_tasks: bool = True) -> Collector:
-    """Start profiling this process (host-synchronous: opens a session on every runtime device alive;
-    devices made later join when they are made).  Raises RuntimeError when a profile already runs."""
+def start(record_api: bool = True, record_tasks: bool = True, devices: set[int] | None = None) -> Collector:
+    """Start profiling this process (host-synchronous: opens a session on every runtime device alive --
+    those with user ids in ``devices`` when given; devices made later join when they are made).  Raises
+    RuntimeError when a profile already runs."""
     with _lock:
         if hooks.ACTIVE is not None:
             raise RuntimeError("a profile is already running in this process")
-        c = Collector(record_api, record_tasks)
+        c = Collector(record_api, record_tasks, devices)
         hooks.set_active(c)
     for dev in hooks.live_devices():
         c.attach(dev)
