@@ -37,7 +37,7 @@ from .hostcost import REFERENCE, HostCostSpec
 
 __all__ = ["ENV", "Breakdown", "Collector", "Exported", "HostCostSpec", "Profile", "RawProfile", "REFERENCE",
            "active", "export", "from_environment", "modeled_breakdown", "modeled_timeline", "new_prof_dir",
-           "profile", "read_raws", "start", "stop", "wall_breakdown", "write_raw"]
+           "profile", "read_raws", "recording", "start", "stop", "wall_breakdown", "write_raw"]
 
 #: set by ``vnpu prof``: the PROF_* folder where each runtime client leaves its records
 ENV = "VNPU_PROF"
@@ -50,14 +50,15 @@ def active() -> Collector | None:
     return hooks.ACTIVE
 
 
-def start(record_api: bool = True, record_tasks: bool = True, devices: set[int] | None = None) -> Collector:
+def start(record_api: bool = True, record_tasks: bool = True, devices: set[int] | None = None,
+          runtime=None) -> Collector:
     """Start profiling this process (host-synchronous: opens a session on every runtime device alive --
-    those with user ids in ``devices`` when given; devices made later join when they are made).  Raises
-    RuntimeError when a profile already runs."""
+    only those with user ids in ``devices`` / of ``runtime`` when given; devices made later join when
+    they are made).  Raises RuntimeError when a profile already runs."""
     with _lock:
         if hooks.ACTIVE is not None:
             raise RuntimeError("a profile is already running in this process")
-        c = Collector(record_api, record_tasks, devices)
+        c = Collector(record_api, record_tasks, devices, runtime)
         hooks.set_active(c)
     for dev in hooks.live_devices():
         c.attach(dev)
@@ -89,12 +90,13 @@ class Profile:
 
 
 @contextlib.contextmanager
-def profile(output: str = ".", record_api: bool = True, record_tasks: bool = True):
+def profile(output: str = ".", record_api: bool = True, record_tasks: bool = True, runtime=None):
     """Profile the block and write a ``PROF_*`` folder under ``output`` (msprof's layout, see
-    :mod:`.export`); the summary is in ``p.result.summary``.  The block's exceptions pass through (the
-    profile is still written)."""
+    :mod:`.export`); the summary is in ``p.result.summary``.  ``runtime``: profile only that runtime's
+    devices (default: every runtime of the process).  The block's exceptions pass through (the profile
+    is still written)."""
     p = Profile(output)
-    start(record_api, record_tasks)
+    start(record_api, record_tasks, runtime=runtime)
     try:
         yield p
     finally:
@@ -102,6 +104,18 @@ def profile(output: str = ".", record_api: bool = True, record_tasks: bool = Tru
         prof_dir = new_prof_dir(output)
         write_raw(prof_dir, p.raw)
         p.result = export(prof_dir, [p.raw])
+
+
+@contextlib.contextmanager
+def recording(record_api: bool = True, record_tasks: bool = True):
+    """Profile the block in memory only: yields a :class:`Profile` whose ``raw`` is set afterwards (no
+    files; the exporters and :mod:`.analysis` take it)."""
+    p = Profile("")
+    start(record_api, record_tasks)
+    try:
+        yield p
+    finally:
+        p.raw = stop()
 
 
 def from_environment() -> Collector | None:

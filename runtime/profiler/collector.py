@@ -56,10 +56,12 @@ class Collector:
     """Records of one profile (see the module docstring).  ``record_api`` / ``record_tasks`` follow
     ``ACL_PROF_ACL_API`` / ``ACL_PROF_TASK_TIME`` (both on by default)."""
 
-    def __init__(self, record_api: bool = True, record_tasks: bool = True, devices: set[int] | None = None):
+    def __init__(self, record_api: bool = True, record_tasks: bool = True, devices: set[int] | None = None,
+                 runtime: Any = None):
         self.record_api = record_api
         self.record_tasks = record_tasks
         self.only = devices                  #: user device ids to profile (None: all)
+        self.runtime = runtime               #: the one runtime whose devices are profiled (None: all)
         self.api: list[tuple] = []
         self.flows: list[tuple] = []
         self.calls = 0                       #: recording hook calls (tests count them)
@@ -127,6 +129,8 @@ class Collector:
             if self.stopped or id(dev) in self._attached or not self.record_tasks:
                 return
             if self.only is not None and dev.index not in self.only:
+                return
+            if self.runtime is not None and getattr(dev, "rt", None) is not self.runtime:
                 return
             self._attached[id(dev)] = dev
             for key in [k for k in self._seq if k[0] == dev.physical_id]:
