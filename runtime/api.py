@@ -154,7 +154,7 @@ class LaunchQueue:
             t0 = _now() if prof is not None else 0.0
             self.handle.submit((op,))
             if prof is not None:
-                prof.submit(1, t0, _now())
+                prof.submit(self.handle.id, 1, t0, _now())
             self.batches_sent += 1
             self.ops_sent += 1
             return
@@ -187,7 +187,7 @@ class LaunchQueue:
                 try:
                     self.handle.submit(ops)
                     if prof is not None:
-                        prof.submit(len(ops), t0, _now())
+                        prof.submit(self.handle.id, len(ops), t0, _now())
                 except AclError as e:
                     if not raise_errors:
                         self._deferred = self._deferred or e
@@ -599,7 +599,8 @@ class Stream:
             if ops:
                 prof = _prof.ACTIVE
                 if prof is not None:
-                    prof.submit(len(ops), _now(), _now())
+                    now = _now()
+                    prof.submit(dev.physical_id, len(ops), now, now)
                 dev.handle.synchronize_stream(self.sid, timeout_ms, ops=ops)    # one round trip
             else:
                 dev.handle.synchronize_stream(self.sid, timeout_ms)

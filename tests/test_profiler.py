@@ -102,11 +102,13 @@ def test_trace_is_well_formed_and_every_launch_has_its_task(profiled):
     launches = [f for f in p.raw.flows if f[6] in ("matmul", "add")]
     assert len(launches) == issued["matmul"] + issued["add"]
     tasks = {(d["device"], t["stream"], t["seq"]): t for d in p.raw.devices for t in d["tasks"]}
-    for f in p.raw.flows:
+    task_flows = [f for f in p.raw.flows if f[3] >= 0]
+    assert {f[6] for f in p.raw.flows if f[3] < 0} == {"Record", "Wait"}
+    for f in task_flows:
         t = tasks[(f[1], f[2], f[3])]                               # the flow's task exists ...
         assert t["name"] == f[6] or t["op_type"] in ("Memset", "MemcpyAsync")
         assert t["start"] >= f[5]                                   # ... and ran after it was launched
-    assert len(starts) == len(p.raw.flows)
+    assert len(starts) == len(task_flows) == len(tasks)
     for fid, s in starts.items():
         f = ends[fid]
         assert f["ts"] >= s["ts"] and f["bp"] == "e"
@@ -177,10 +179,10 @@ def test_modeled_replay_charges_the_sourced_costs():
             "error": "", "blocks": []}
     raw = RawProfile(1, [], 0.0, 1.0,
                      api=[("Stream.launch", "launch", "Runtime", 1, 0.1, 0.2, 0, None),
-                          ("rtSubmit", "launch", "Runtime", 1, 0.15, 0.16, 1, {"ops": 1}),
+                          ("rtSubmit", "launch", "Runtime", 1, 0.18, 0.19, 1, {"ops": 1, "device": 0}),
                           ("Device.synchronize", "sync", "Runtime", 1, 0.3, 0.4, 0, None),
                           ("Device.memcpy_h2d", "copy", "Runtime", 1, 0.5, 0.6, 0, {"bytes": 1 << 20, "pinned": False})],
-                     flows=[(0, 0, 1, 0, 1, 0.17, "k")],
+                     flows=[(0, 0, 1, 0, 1, 0.17, "k", -1)],
                      devices=[{"index": 0, "device": 0, "tasks": [task], "dropped": 0}])
     m = modeled_timeline(raw)
     launch = REFERENCE.launch_pack_s + REFERENCE.submit_s

@@ -8,9 +8,10 @@ compute: a launch hidden behind running kernels costs nothing.
 
 **Modeled clock** (:func:`modeled_timeline`): the same program replayed on the reference chip.  The host
 calls are taken in the order they were made, each charged by :class:`~runtime.profiler.hostcost.HostCostSpec`
-(user code between calls costs 0); each device task starts when its launch has been charged and its
-stream is free, and lasts its modeled duration from the device's cost model (:mod:`devices.chip`); a
-synchronize waits for the device's work so far, then pays its own cost.  The pieces are counted the same
+(user code between calls costs 0); ops reach the device with the submit (doorbell) that carried them;
+each device task starts then, once its stream is free (event records and waits order streams), and
+lasts its modeled duration from the device's cost model (:mod:`devices.chip`); a synchronize waits for
+the device's work so far, then pays its own cost.  The pieces are counted the same
 way as on the wall clock.  Pure computation over a :class:`~runtime.profiler.collector.RawProfile`.
 """
 from __future__ import annotations
@@ -121,7 +122,8 @@ class ModeledTimeline:
 
 
 def modeled_timeline(raw: RawProfile, spec: HostCostSpec = REFERENCE) -> ModeledTimeline:
-    """Replay one process's profile on the modeled clock (see the module docstring)."""
+    """Replay one process's profile on the modeled clock (see the module docstring).  Ops reach a device
+    with the submit (doorbell) that carried them; event records and waits order the streams."""
     tasks: dict[tuple[int, int, int], dict] = {}
     for d in raw.devices:
         for t in d["tasks"]:
@@ -129,17 +131,19 @@ def modeled_timeline(raw: RawProfile, spec: HostCostSpec = REFERENCE) -> Modeled
     # items in host order: (time, order, kind, payload); a sync's wait happens at its end
     items: list[tuple[float, int, str, tuple]] = []
     for a in raw.api:
-        if a[6] == 0:
+        if a[0] == "rtSubmit":
+            items.append((a[4], 2, "submit", a))
+        elif a[6] == 0:
             items.append((a[4], 1, "call", a))
             if a[1] == "sync":
                 items.append((a[5], 0, "sync_end", a))
-        elif a[0] == "rtSubmit":
-            items.append((a[4], 2, "submit", a))
     for f in raw.flows:
-        items.append((f[5], 3, "flow", f))
+        items.append((f[5], 3, "op", f))
     items.sort(key=lambda x: (x[0], x[1]))
     h = 0.0
+    pending: dict[int, list[tuple]] = {}
     stream_free: dict[tuple[int, int], float] = {}
+    event_at: dict[tuple[int, int], float] = {}
     dev_done = 0.0
     host_iv: list[tuple[str, str, float, float]] = []
     dev_iv: list[tuple[float, float, str]] = []
@@ -160,22 +164,37 @@ def modeled_timeline(raw: RawProfile, spec: HostCostSpec = REFERENCE) -> Modeled
                 cost = spec.call()
             host_iv.append((name, cat, h, h + cost))
             h += cost
+        elif kind == "op":
+            pending.setdefault(p[1], []).append(p)
         elif kind == "submit":
             cost = spec.submit()
             host_iv.append(("rtSubmit", "launch", h, h + cost))
             h += cost
-        elif kind == "flow":
-            key = (p[1], p[2], p[3])
-            t = tasks.get(key)
-            if t is None:
-                continue
-            dur = max(0.0, t["model_end"] - t["model_start"])
-            start = max(h, stream_free.get((p[1], p[2]), 0.0))
-            end = start + dur
-            stream_free[(p[1], p[2])] = end
-            dev_done = max(dev_done, end)
-            placed[key] = (start, end)
-            dev_iv.append((start, end, _task_cat(t)))
+            info = p[7] or {}
+            phys = info.get("device")
+            queue = pending.get(phys, [])
+            n = int(info.get("ops", 0))
+            batch, pending[phys] = queue[:n], queue[n:]
+            for f in batch:
+                skey = (f[1], f[2])
+                if f[3] < 0:                     # an event record or wait
+                    ev = (f[1], f[7] if len(f) > 7 else -1)
+                    if f[6] == "Record":
+                        event_at[ev] = max(h, stream_free.get(skey, 0.0))
+                    elif f[6] == "Wait":
+                        stream_free[skey] = max(stream_free.get(skey, 0.0), event_at.get(ev, 0.0))
+                    continue
+                key = (f[1], f[2], f[3])
+                t = tasks.get(key)
+                if t is None:
+                    continue
+                dur = max(0.0, t["model_end"] - t["model_start"])
+                start = max(h, stream_free.get(skey, 0.0))
+                end = start + dur
+                stream_free[skey] = end
+                dev_done = max(dev_done, end)
+                placed[key] = (start, end)
+                dev_iv.append((start, end, _task_cat(t)))
         else:                                    # sync_end: wait for the device, then the call's own cost
             h = max(h, dev_done)
             cost = spec.sync()

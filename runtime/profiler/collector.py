@@ -3,10 +3,12 @@
 Host records are tuples appended to lists (``list.append`` is atomic under the GIL, so any thread may
 record without a lock): API calls ``(name, category, level, tid, t0, t1, depth, info)`` with ``depth`` 0
 for a call made by user code and more for calls made inside another recorded call (``acl.rt.malloc`` ->
-``Device.malloc``), and flows ``(device index, physical id, stream, seq, tid, t, op type)`` -- one per
-stream op handed to a device, numbered per stream in submission order from 0 at the start of the
-device's session, exactly as the device numbers its task records (:mod:`devices.profiling`), so that
-``(physical id, stream, seq)`` is the flow id that links a launch to its device task.
+``Device.malloc``), and flows ``(device index, physical id, stream, seq, tid, t, op name, event)`` -- one
+per stream op queued for a device; ops that become device tasks are numbered per stream in submission
+order from 0 at the start of the device's session, exactly as the device numbers its task records
+(:mod:`devices.profiling`), so that ``(physical id, stream, seq)`` is the flow id that links a launch to
+its device task (event records and waits: seq -1 and their event id).  Submits ``rtSubmit`` (a batch
+handed to a device: the doorbell) are API records with ``{"ops", "device"}``.
 
 Devices: :meth:`Collector.attach` flushes what the runtime device had queued and opens a session for
 this client on the device (``DeviceHandle.profile("start")``); :meth:`Collector.stop` closes every
@@ -100,26 +102,33 @@ class Collector:
                     self._threads[tid] = threading.current_thread().name
                 self.api.append((name, cat, level, tid, t0, t1, depth, extra))
 
-    def submit(self, nops: int, t0: float, t1: float) -> None:
-        """A batch of ``nops`` stream ops was handed to a device (the doorbell)."""
+    def submit(self, device: int, nops: int, t0: float, t1: float) -> None:
+        """A batch of ``nops`` stream ops was handed to physical device ``device`` (the doorbell)."""
         self.calls += 1
         if self.record_api:
             depth = getattr(self._tls, "depth", 0)
-            self.api.append(("rtSubmit", "launch", "Runtime", threading.get_ident(), t0, t1, depth, {"ops": nops}))
+            self.api.append(("rtSubmit", "launch", "Runtime", threading.get_ident(), t0, t1, depth,
+                             {"ops": nops, "device": device}))
 
     def op(self, dev, op) -> None:
-        """Stream op ``op`` is about to be queued for runtime device ``dev``: note its flow."""
+        """Stream op ``op`` is about to be queued for runtime device ``dev``: note it.  Ops that become
+        device tasks get their stream's next ``seq`` (the flow id); event records and waits get seq -1
+        and their event (the modeled replay orders streams with them)."""
         self.calls += 1
-        kind = type(op).__name__
-        if kind not in TASK_OPS or id(dev) not in self._attached:
+        if id(dev) not in self._attached:
             return
-        key = (dev.physical_id, op.stream)
-        with self._lock:
-            n = self._seq.get(key, 0)
-            self._seq[key] = n + 1
+        kind = type(op).__name__
+        if kind in TASK_OPS:
+            key = (dev.physical_id, op.stream)
+            with self._lock:
+                n = self._seq.get(key, 0)
+                self._seq[key] = n + 1
+            event = -1
+        else:
+            n, event = -1, int(getattr(op, "event", -1))
         name = getattr(op, "kernel", None) or kind
         self.flows.append((dev.index, dev.physical_id, op.stream, n, threading.get_ident(), time.perf_counter(),
-                           name))
+                           name, event))
 
     # ------------------------------------------------------------------ devices
     def attach(self, dev) -> None:

@@ -170,8 +170,8 @@ def trace_events(raws: list[RawProfile], models: list[ModeledTimeline], origin: 
                                "ts": _us(b0, origin), "dur": round((b1 - b0) * 1e6, 3),
                                "args": {"block": b, "core": core, "Task Id": t["seq"], "Stream Id": sid}})
         for f in raw.flows:
-            _, phys, sid, seq, tid, t, _name = f
-            hit = starts.get((phys, sid, seq))
+            phys, sid, seq, tid, t = f[1], f[2], f[3], f[4], f[5]
+            hit = starts.get((phys, sid, seq)) if seq >= 0 else None
             if hit is None:
                 continue
             flow_id += 1
