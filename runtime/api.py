@@ -578,12 +578,15 @@ class Stream:
 
     @_prof.api("Stream.write", info=_prof.write_info)
     def write(self, dst: int, data: bytes) -> None:
-        """Stream-ordered host-to-device copy; ``data`` is captured now."""
+        """Stream-ordered host-to-device copy of all of ``data`` (bytes, memoryview or a C-contiguous
+        array); the bytes are captured now.  From a pinned buffer (:func:`runtime.hostbuf.pinned_empty`)
+        it is an asynchronous copy at pinned bandwidth on the modeled clock."""
+        n = data.nbytes if isinstance(data, (np.ndarray, memoryview)) else len(data)
         try:
             _own_ptr(dst, self.device)
-            self.device.check_range(dst, len(data))
+            self.device.check_range(dst, n)
         except AclError as e:
-            self._failed(e, ((dst, len(data)),))
+            self._failed(e, ((dst, n),))
             raise
         self.enqueue(WriteH2D(self.sid, int(dst), bytes(data)))
 

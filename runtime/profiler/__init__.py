@@ -107,11 +107,11 @@ def profile(output: str = ".", record_api: bool = True, record_tasks: bool = Tru
 
 
 @contextlib.contextmanager
-def recording(record_api: bool = True, record_tasks: bool = True):
+def recording(record_api: bool = True, record_tasks: bool = True, runtime=None):
     """Profile the block in memory only: yields a :class:`Profile` whose ``raw`` is set afterwards (no
-    files; the exporters and :mod:`.analysis` take it)."""
+    files; the exporters and :mod:`.analysis` take it).  ``runtime``: only that runtime's devices."""
     p = Profile("")
-    start(record_api, record_tasks)
+    start(record_api, record_tasks, runtime=runtime)
     try:
         yield p
     finally:

@@ -14,6 +14,8 @@ import functools
 import weakref
 from typing import Any, Callable
 
+from runtime import hostbuf
+
 #: the process's collector while a profile runs (set by runtime.profiler; read by every hook)
 ACTIVE: Any = None
 
@@ -78,16 +80,16 @@ def nbytes_of(data: Any) -> int:
 
 
 def h2d_info(_self, _dst, data, *_a, **_k) -> dict:
-    return {"bytes": nbytes_of(data), "pinned": False}
+    return {"bytes": nbytes_of(data), "pinned": hostbuf.is_pinned(data)}
 
 
 def sized_info(_self, _ptr, _src_or_value, nbytes, *_a, **_k) -> dict:
     return {"bytes": int(nbytes)}
 
 
-def d2h_info(_self, _src, nbytes, *_a, **_k) -> dict:
-    return {"bytes": int(nbytes), "pinned": False}
+def d2h_info(_self, _src, nbytes, out=None, *_a, **_k) -> dict:
+    return {"bytes": int(nbytes), "pinned": out is not None and hostbuf.is_pinned(out)}
 
 
 def write_info(_self, _dst, data, *_a, **_k) -> dict:
-    return {"bytes": nbytes_of(data), "pinned": False, "async": True}
+    return {"bytes": nbytes_of(data), "pinned": hostbuf.is_pinned(data), "async": True}
