@@ -133,6 +133,12 @@ BAD = [
     ("bench serve --concurrency 0", ["bench", "serve", "--concurrency", "1,0"], "--concurrency"),
     ("bench serve --concurrency x", ["bench", "serve", "--concurrency", "x"], "--concurrency"),
     ("bench serve --requests 0", ["bench", "serve", "--requests", "0"], "--requests"),
+    ("bench overhead --steps 0", ["bench", "overhead", "--steps", "0"], "--steps"),
+    ("bench overhead --hidden 4", ["bench", "overhead", "--hidden", "4"], "--hidden"),
+    ("bench overhead --rounds -1", ["bench", "overhead", "--rounds=-1"], "--rounds"),
+    # prof
+    ("prof without a command", ["prof"], "no command"),
+    ("prof --output is a file", ["prof", "--output", "{binary}", "--", "true"], "--output"),
     # cluster, smi, demo, serve
     ("up --devices 0", ["up", "--devices", "0"], "--devices"),
     ("up --hbm-mb 0", ["up", "--hbm-mb", "0"], "--hbm-mb"),
