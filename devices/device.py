@@ -259,7 +259,10 @@ class Device:
             self.sched.enqueue(sid, run, owner)
 
     def _profile_task(self, session, op: StreamOp, task: Task, owner) -> None:
-        unit = self.kernels.lookup(op.kernel, owner).unit if isinstance(op, Launch) else "vector"
+        unit = "vector"
+        if isinstance(op, Launch):
+            plan = self._plans.get(_plan_key(op, owner))
+            unit = plan.kernel.unit if plan is not None else self.kernels.lookup(op.kernel, owner).unit
         self.prof.attach(session, op, task, time.perf_counter(), unit)
 
     @_live

@@ -36,7 +36,7 @@ class TaskRecord:
                  "enqueued", "blocks", "model_start", "model_end", "error", "_session")
 
     def __init__(self, session: "_Session", stream: int, seq: int, name: str, op_type: str, task_type: str,
-                 block_dim: int, inputs: list, outputs: list, enqueued: float):
+                 block_dim: int, inputs: tuple, outputs: tuple, enqueued: float):
         self._session = session
         self.stream, self.seq, self.name, self.op_type, self.task_type = stream, seq, name, op_type, task_type
         self.block_dim, self.inputs, self.outputs, self.enqueued = block_dim, inputs, outputs, enqueued
@@ -59,8 +59,9 @@ class TaskRecord:
         starts = [b[2] for b in self.blocks]
         ends = [b[3] for b in self.blocks]
         return {"stream": self.stream, "seq": self.seq, "name": self.name, "op_type": self.op_type,
-                "task_type": self.task_type, "block_dim": self.block_dim, "inputs": self.inputs,
-                "outputs": self.outputs, "enqueued": self.enqueued,
+                "task_type": self.task_type, "block_dim": self.block_dim,
+                "inputs": [_desc(d) for d in self.inputs], "outputs": [_desc(d) for d in self.outputs],
+                "enqueued": self.enqueued,
                 "start": min(starts) if starts else self.enqueued, "end": max(ends) if ends else self.enqueued,
                 "model_start": self.model_start, "model_end": self.model_end, "error": self.error,
                 "blocks": [list(b) for b in self.blocks]}
@@ -136,14 +137,13 @@ class TaskProfiler:
             return
         name = task.name or kind
         block_dim = task.blocks
-        ins: list = []
-        outs: list = []
+        ins: tuple = ()
+        outs: tuple = ()
         op_type = type(op).__name__
         if op_type == "Launch":
             task_type = _TASK_TYPES.get(unit, "AI_VECTOR_CORE")
             op_type = op.kernel
-            ins = [_desc(d) for d in op.inputs]
-            outs = [_desc(d) for d in op.outputs]
+            ins, outs = op.inputs, op.outputs          # frozen TensorDescs: turned into lists when fetched
         elif op_type == "Collective":
             task_type = "HCCL"
             op_type = f"hcom_{op.op}"

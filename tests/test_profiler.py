@@ -196,6 +196,38 @@ def test_modeled_replay_charges_the_sourced_costs():
     assert m.tasks[(0, 1, 0)] == pytest.approx((launch, launch + 20e-6))
 
 
+def _task(stream: int, seq: int, dur: float, task_type: str = "AI_CORE") -> dict:
+    return {"stream": stream, "seq": seq, "name": "k", "op_type": "k", "task_type": task_type, "block_dim": 1,
+            "inputs": [], "outputs": [], "enqueued": 0.0, "start": 0.0, "end": 0.0, "model_start": 0.0,
+            "model_end": dur, "error": "", "blocks": []}
+
+
+def test_modeled_replay_orders_streams_by_events_and_overlaps_copies():
+    """A 50 us copy on stream 2, an event, a wait on stream 1 and a 100 us kernel there, one batch: the
+    kernel starts when the copy ends; a second kernel of stream 1 overlapping the next copy hides it."""
+    raw = RawProfile(1, [], 0.0, 1.0,
+                     api=[("Stream.write", "copy", "Runtime", 1, 0.10, 0.11, 0, {"bytes": 8, "pinned": True, "async": True}),
+                          ("Stream.launch", "launch", "Runtime", 1, 0.20, 0.21, 0, None),
+                          ("Stream.write", "copy", "Runtime", 1, 0.30, 0.31, 0, {"bytes": 8, "pinned": True, "async": True}),
+                          ("rtSubmit", "launch", "Runtime", 1, 0.40, 0.41, 0, {"ops": 5, "device": 0})],
+                     flows=[(0, 0, 2, 0, 1, 0.105, "WriteH2D", -1), (0, 0, 2, -1, 1, 0.106, "Record", 9),
+                            (0, 0, 1, -1, 1, 0.107, "Wait", 9), (0, 0, 1, 0, 1, 0.205, "matmul", -1),
+                            (0, 0, 2, 1, 1, 0.305, "WriteH2D", -1)],
+                     devices=[{"index": 0, "device": 0, "dropped": 0,
+                               "tasks": [_task(2, 0, 50e-6, "MEMCPY"), _task(1, 0, 100e-6), _task(2, 1, 50e-6, "MEMCPY")]}])
+    m = modeled_timeline(raw)
+    host = 3 * REFERENCE.copy_call_s - REFERENCE.copy_call_s + REFERENCE.launch_pack_s + REFERENCE.submit_s
+    c0 = m.tasks[(0, 2, 0)]
+    k = m.tasks[(0, 1, 0)]
+    c1 = m.tasks[(0, 2, 1)]
+    assert c0[0] == pytest.approx(host) and k[0] == pytest.approx(c0[1])       # the wait held the kernel
+    assert c1[0] == pytest.approx(c0[1]) and c1[1] < k[1]                     # the next copy hides under it
+    b = m.breakdown
+    assert b.seconds["compute"] == pytest.approx(100e-6)
+    assert b.seconds["copy"] == pytest.approx(2 * REFERENCE.copy_call_s + 50e-6)   # calls + the exposed copy
+    assert sum(b.seconds.values()) == pytest.approx(b.total)
+
+
 def test_sweep_gives_overlaps_to_compute_first():
     b = sweep([(0.0, 4.0, "launch"), (1.0, 3.0, "compute"), (5.0, 6.0, "sync")], 0.0, 10.0, "wall")
     assert b.seconds["compute"] == 2.0 and b.seconds["launch"] == 2.0 and b.seconds["sync"] == 1.0

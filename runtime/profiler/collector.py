@@ -26,6 +26,9 @@ from typing import Any
 
 from devices.errors import AclError
 
+_now = time.perf_counter
+_ident = threading.get_ident
+
 #: stream op types that become device tasks (event records and waits take no core and get no record)
 TASK_OPS = frozenset({"Launch", "CopyD2D", "Memset", "WriteH2D", "Collective", "ExecGraph"})
 
@@ -84,11 +87,11 @@ class Collector:
         tls = self._tls
         depth = getattr(tls, "depth", 0)
         tls.depth = depth + 1
-        t0 = time.perf_counter()
+        t0 = _now()
         try:
             return fn(*args, **kwargs)
         finally:
-            t1 = time.perf_counter()
+            t1 = _now()
             tls.depth = depth
             if self.record_api:
                 extra = None
@@ -97,7 +100,7 @@ class Collector:
                         extra = info(*args, **kwargs)
                     except Exception:  # noqa: BLE001 - a profile never breaks the call it records
                         extra = None
-                tid = threading.get_ident()
+                tid = _ident()
                 if tid not in self._threads:
                     self._threads[tid] = threading.current_thread().name
                 self.api.append((name, cat, level, tid, t0, t1, depth, extra))
