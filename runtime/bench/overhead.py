@@ -24,6 +24,7 @@ variant 4 alternated with and without profiling, medians of each.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -314,6 +315,8 @@ def profiler_cost(spec: DecoderSpec, rounds: int, steps: int) -> dict:
     rt = _runtime(v, spec)
     on: list[float] = []
     off: list[float] = []
+    cpu_on: list[float] = []
+    cpu_off: list[float] = []
     try:
         dev = rt.device(0)
         dec = Decoder(dev, spec)
@@ -323,23 +326,26 @@ def profiler_cost(spec: DecoderSpec, rounds: int, steps: int) -> dict:
             profiled = i % 2 == 1
             if profiled:                          # steady state: starting and fetching are not decode time
                 with profiler.recording(runtime=rt):
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     for _ in range(steps):
                         r.step()
-                    dt = time.perf_counter() - t0
+                    dt, dc = time.perf_counter() - t0, time.process_time() - c0
             else:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(steps):
                     r.step()
-                dt = time.perf_counter() - t0
+                dt, dc = time.perf_counter() - t0, time.process_time() - c0
             (on if profiled else off).append(steps * spec.tokens / dt)
+            (cpu_on if profiled else cpu_off).append(dc / steps)
         r.close()
         dec.free()
     finally:
         rt.close()
     m_on, m_off = statistics.median(on), statistics.median(off)
+    c_on, c_off = statistics.median(cpu_on), statistics.median(cpu_off)
     return {"tokens_per_s_off": m_off, "tokens_per_s_on": m_on, "cost": 1.0 - m_on / m_off, "rounds": rounds,
-            "steps_per_round": steps}
+            "steps_per_round": steps, "cpu_ms_per_step_off": c_off * 1e3, "cpu_ms_per_step_on": c_on * 1e3,
+            "cpu_cost": c_on / c_off - 1.0, "load_average": os.getloadavg()[0]}
 
 
 def _row(r: Result, b: Breakdown) -> str:
@@ -396,5 +402,7 @@ def run(a) -> int:
     for name, cost in costs:
         print(f"\nprofiler cost on a decode run of {name} (variant 4, {cost['rounds']} alternated rounds of "
               f"{cost['steps_per_round']} steps, medians): {cost['tokens_per_s_off']:.0f} tokens/s off, "
-              f"{cost['tokens_per_s_on']:.0f} on -> {cost['cost']:+.1%} throughput cost (goal <= 5 %)")
+              f"{cost['tokens_per_s_on']:.0f} on -> {cost['cost']:+.1%} throughput cost (goal <= 5 %); process CPU "
+              f"{cost['cpu_ms_per_step_off']:.2f} -> {cost['cpu_ms_per_step_on']:.2f} ms/step ({cost['cpu_cost']:+.1%}); "
+              f"load average {cost['load_average']:.1f} on {os.cpu_count()} cores")
     return 0

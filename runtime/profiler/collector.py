@@ -68,70 +68,40 @@ class Collector:
         self.only = devices                  #: user device ids to profile (None: all)
         self.runtime = runtime               #: the one runtime whose devices are profiled (None: all)
         self.api: list[tuple] = []
-        self.flows: list[tuple] = []
-        self.calls = 0                       #: recording hook calls (tests count them)
-        self._tls = threading.local()
-        self._seq: dict[tuple[int, int], int] = {}
+        self._ops: list[tuple] = []          #: (runtime device, op type, stream, kernel, event, thread, time)
         self._attached: dict[int, Any] = {}  #: id(runtime device) -> runtime device
         self._lock = threading.Lock()
-        self._threads: dict[int, str] = {}
         self._devices: list[dict] = []       #: records of sessions closed early (detach)
         self.t_start = time.perf_counter()
         self.t_stop = 0.0
         self.stopped = False
 
     # ------------------------------------------------------------------ hooks (any thread)
+    # Kept to a few appends each: nesting depth, flow numbering and thread names are worked out once, in
+    # stop() (a call nests in another when it lies inside it on the same thread).
     def call(self, name: str, cat: str, level: str, fn, args, kwargs, info):
         """Run ``fn(*args, **kwargs)`` and record it as API ``name``."""
-        self.calls += 1
-        tls = self._tls
-        depth = getattr(tls, "depth", 0)
-        tls.depth = depth + 1
         t0 = _now()
         try:
             return fn(*args, **kwargs)
         finally:
             t1 = _now()
-            tls.depth = depth
             if self.record_api:
-                extra = None
-                if info is not None:
-                    try:
-                        extra = info(*args, **kwargs)
-                    except Exception:  # noqa: BLE001 - a profile never breaks the call it records
-                        extra = None
-                tid = _ident()
-                if tid not in self._threads:
-                    self._threads[tid] = threading.current_thread().name
-                self.api.append((name, cat, level, tid, t0, t1, depth, extra))
+                self.api.append((name, cat, level, _ident(), t0, t1, 0,
+                                 None if info is None else _info(info, args, kwargs)))
 
     def submit(self, device: int, nops: int, t0: float, t1: float) -> None:
         """A batch of ``nops`` stream ops was handed to physical device ``device`` (the doorbell)."""
-        self.calls += 1
         if self.record_api:
-            depth = getattr(self._tls, "depth", 0)
-            self.api.append(("rtSubmit", "launch", "Runtime", threading.get_ident(), t0, t1, depth,
-                             {"ops": nops, "device": device}))
+            self.api.append(("rtSubmit", "launch", "Runtime", _ident(), t0, t1, 0, {"ops": nops, "device": device}))
 
     def op(self, dev, op) -> None:
-        """Stream op ``op`` is about to be queued for runtime device ``dev``: note it.  Ops that become
-        device tasks get their stream's next ``seq`` (the flow id); event records and waits get seq -1
-        and their event (the modeled replay orders streams with them)."""
-        self.calls += 1
-        if id(dev) not in self._attached:
-            return
-        kind = type(op).__name__
-        if kind in TASK_OPS:
-            key = (dev.physical_id, op.stream)
-            with self._lock:
-                n = self._seq.get(key, 0)
-                self._seq[key] = n + 1
-            event = -1
-        else:
-            n, event = -1, int(getattr(op, "event", -1))
-        name = getattr(op, "kernel", None) or kind
-        self.flows.append((dev.index, dev.physical_id, op.stream, n, threading.get_ident(), time.perf_counter(),
-                           name, event))
+        """Stream op ``op`` is about to be queued for runtime device ``dev``: note it (numbered in
+        :meth:`stop`: ops that become device tasks get their stream's next ``seq``, the flow id; event
+        records and waits get seq -1 and their event, which orders streams in the modeled replay)."""
+        if id(dev) in self._attached:          # not the op itself: a WriteH2D holds its bytes
+            self._ops.append((dev, type(op).__name__, op.stream, getattr(op, "kernel", None),
+                              getattr(op, "event", -1), _ident(), _now()))
 
     # ------------------------------------------------------------------ devices
     def attach(self, dev) -> None:
@@ -145,8 +115,7 @@ class Collector:
             if self.runtime is not None and getattr(dev, "rt", None) is not self.runtime:
                 return
             self._attached[id(dev)] = dev
-            for key in [k for k in self._seq if k[0] == dev.physical_id]:
-                del self._seq[key]
+            self._ops.append((dev, None, 0, None, -1, 0, 0.0))   # its session starts: numbering restarts
         try:
             dev.flush(raise_errors=False)
             dev.handle.profile("start")
@@ -172,8 +141,11 @@ class Collector:
             self._attached.clear()
         devices = self._devices + self._fetch(devs)
         self.t_stop = time.perf_counter()
-        return RawProfile(os.getpid(), list(sys.argv), self.t_start, self.t_stop, list(self.api), list(self.flows),
-                          devices, dict(self._threads))
+        api = _with_depths(list(self.api))
+        names = {t.ident: t.name for t in threading.enumerate()}
+        threads = {tid: names.get(tid, f"thread {tid}") for tid in {a[3] for a in api}}
+        return RawProfile(os.getpid(), list(sys.argv), self.t_start, self.t_stop, api, _flows(list(self._ops)),
+                          devices, threads)
 
     def _fetch(self, devs) -> list[dict]:
         devices = []
@@ -190,3 +162,48 @@ class Collector:
             devices.append({"index": dev.index, "device": got.get("device", dev.physical_id),
                             "tasks": got.get("tasks", []), "dropped": got.get("dropped", 0)})
         return devices
+
+
+def _info(info, args, kwargs):
+    try:
+        return info(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - a profile never breaks the call it records
+        return None
+
+
+def _with_depths(api: list[tuple]) -> list[tuple]:
+    """Set each record's depth: how many records of its thread it lies inside."""
+    out = []
+    by_thread: dict[int, list[tuple]] = {}
+    for a in api:
+        by_thread.setdefault(a[3], []).append(a)
+    for recs in by_thread.values():
+        recs.sort(key=lambda a: (a[4], -a[5]))
+        stack: list[float] = []
+        for a in recs:
+            while stack and a[4] >= stack[-1]:
+                stack.pop()
+            out.append(a[:6] + (len(stack),) + a[7:])
+            stack.append(a[5])
+    out.sort(key=lambda a: a[4])
+    return out
+
+
+def _flows(ops: list[tuple]) -> list[tuple]:
+    """Number the noted ops as the devices number their task records (see the module docstring)."""
+    seq: dict[tuple[int, int], int] = {}
+    out = []
+    for dev, kind, stream, kernel, event, tid, t in ops:
+        if kind is None:                      # a session (re)started on this device
+            for key in [k for k in seq if k[0] == dev.physical_id]:
+                del seq[key]
+            continue
+        if kind in TASK_OPS:
+            key = (dev.physical_id, stream)
+            n = seq.get(key, 0)
+            seq[key] = n + 1
+            event = -1
+        else:
+            n, event = -1, int(event)
+        out.append((dev.index, dev.physical_id, stream, n, tid, t, kernel or kind, event))
+    return out
