@@ -25,7 +25,7 @@ from typing import Any
 #: records kept per session before later ones are only counted (bounds a forgotten session's memory)
 MAX_RECORDS = 1 << 19
 
-#: scheduler task name prefix / kind -> msprof Task Type
+#: a kernel's unit -> msprof Task Type
 _TASK_TYPES = {"cube": "AI_CORE", "vector": "AI_VECTOR_CORE"}
 
 

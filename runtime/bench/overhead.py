@@ -182,7 +182,9 @@ class Run:
     # -- pieces
     def _alloc_acts(self) -> dict:
         d = self.dev
-        if self.v.pool:
+        if self.pool_used:           # blocks of the caching pool, for work on the compute stream
+            return {k: d.empty(shape, stream=self.s) for k, shape in self.dec.shapes().items()}
+        if self.v.pool:              # no pool on this branch: plain tensors (made once, see __init__)
             return {k: d.empty(shape) for k, shape in self.dec.shapes().items()}
         return {k: _desc(d.malloc(_nbytes(shape)), shape) for k, shape in self.dec.shapes().items()}
 
