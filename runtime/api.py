@@ -149,8 +149,10 @@ class LaunchQueue:
         self.ops_sent = 0
 
     def put(self, op) -> None:
+        prof = _prof.ACTIVE
+        if prof is not None:
+            prof.op(self, op)                 # the profiler's flow (runtime.profiler)
         if self.batch_size == 1:
-            prof = _prof.ACTIVE
             t0 = _now() if prof is not None else 0.0
             self.handle.submit((op,))
             if prof is not None:
@@ -466,9 +468,6 @@ class Stream:
         if cap is not None:
             cap.take(op)
             return
-        prof = _prof.ACTIVE
-        if prof is not None:
-            prof.op(dev, op)
         dev.queue.put(op)
 
     def _failed(self, err: AclError, ranges: tuple = ()) -> None:

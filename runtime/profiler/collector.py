@@ -70,6 +70,7 @@ class Collector:
         self.api: list[tuple] = []
         self._ops: list[tuple] = []          #: (runtime device, op type, stream, kernel, event, thread, time)
         self._attached: dict[int, Any] = {}  #: id(runtime device) -> runtime device
+        self._queues: dict[int, Any] = {}    #: id(its launch queue) -> the runtime device
         self._lock = threading.Lock()
         self._devices: list[dict] = []       #: records of sessions closed early (detach)
         self.t_start = time.perf_counter()
@@ -95,11 +96,13 @@ class Collector:
         if self.record_api:
             self.api.append(("rtSubmit", "launch", "Runtime", _ident(), t0, t1, 0, {"ops": nops, "device": device}))
 
-    def op(self, dev, op) -> None:
-        """Stream op ``op`` is about to be queued for runtime device ``dev``: note it (numbered in
-        :meth:`stop`: ops that become device tasks get their stream's next ``seq``, the flow id; event
-        records and waits get seq -1 and their event, which orders streams in the modeled replay)."""
-        if id(dev) in self._attached:          # not the op itself: a WriteH2D holds its bytes
+    def op(self, queue, op) -> None:
+        """Stream op ``op`` enters launch queue ``queue`` (every op a runtime device sends passes one:
+        the program's and the memory pool's alike): note it (numbered in :meth:`stop`: ops that become
+        device tasks get their stream's next ``seq``, the flow id; event records and waits get seq -1 and
+        their event, which orders streams in the modeled replay)."""
+        dev = self._queues.get(id(queue))
+        if dev is not None:                    # not the op itself: a WriteH2D holds its bytes
             self._ops.append((dev, type(op).__name__, op.stream, getattr(op, "kernel", None),
                               getattr(op, "event", -1), _ident(), _now()))
 
@@ -115,6 +118,7 @@ class Collector:
             if self.runtime is not None and getattr(dev, "rt", None) is not self.runtime:
                 return
             self._attached[id(dev)] = dev
+            self._queues[id(dev.queue)] = dev
             self._ops.append((dev, None, 0, None, -1, 0, 0.0))   # its session starts: numbering restarts
         try:
             dev.flush(raise_errors=False)
@@ -122,6 +126,7 @@ class Collector:
         except (AclError, AttributeError) as e:
             with self._lock:
                 self._attached.pop(id(dev), None)
+                self._queues.pop(id(dev.queue), None)
             print(f"vnpu prof: device {dev.index} not profiled: {e}", file=sys.stderr)
 
     def detach(self, devs) -> None:
@@ -129,6 +134,8 @@ class Collector:
         closing while the profile still runs)."""
         with self._lock:
             mine = [self._attached.pop(id(d)) for d in devs if id(d) in self._attached]
+            for d in mine:
+                self._queues.pop(id(d.queue), None)
         self._devices.extend(self._fetch(mine))
 
     def stop(self) -> RawProfile:
@@ -139,6 +146,7 @@ class Collector:
             self.stopped = True
             devs = list(self._attached.values())
             self._attached.clear()
+            self._queues.clear()
         devices = self._devices + self._fetch(devs)
         self.t_stop = time.perf_counter()
         api = _with_depths(list(self.api))
