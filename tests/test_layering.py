@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("driver", ("driver",)),
     ("runtime core", ("runtime", "runtime.api", "runtime.backend", "runtime.graph", "runtime.hccl", "runtime.profiler",
                       "runtime.acl", "runtime.models", "runtime.atc", "runtime.offline",
-                      "runtime.sanitize")),
+                      "runtime.sanitize", "runtime.observe")),
     ("runtime cluster", ("runtime.cluster",)),
     ("serving", ("runtime.serve",)),
     ("benchmarks", ("runtime.bench",)),

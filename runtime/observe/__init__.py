@@ -1,0 +1,1 @@
+"""Observability: the metrics history and event log a server keeps (:mod:`runtime.observe.history`)."""
