@@ -235,6 +235,34 @@ def test_sweep_gives_overlaps_to_compute_first():
     assert "runtime-bound" in b.verdict()
 
 
+def test_collectives_are_hccl_tasks_on_their_own_rows(tmp_path):
+    from runtime import hccl
+    rt = _local_rt(2)
+    with runtime_scope(rt):
+        devs = rt.devices()
+        xs = [d.from_numpy(np.full(256, i + 1, np.float32)) for i, d in enumerate(devs)]
+        comms = hccl.comm_init_all(devs, hccl.CommOptions(exec_timeout_s=30))
+        try:
+            with profiler.profile(str(tmp_path)) as p:
+                for c, x in zip(comms, xs):
+                    c.all_reduce(x)
+                for d in devs:
+                    d.synchronize()
+            np.testing.assert_array_equal(xs[0].numpy(), np.full(256, 3, np.float32))
+        finally:
+            for c in comms:
+                c.destroy()
+    rows = [r for r in _read_csv(p.result.op_summary) if r["Task Type"] == "HCCL"]
+    assert sorted(int(r["Device_id"]) for r in rows) == [0, 1]
+    assert all(r["OP Type"] == "hcom_allreduce" and r["Task ID"] == "N/A" and r["Stream ID"] == "N/A" for r in rows)
+    with open(p.result.trace, encoding="utf-8") as f:
+        ev = json.load(f)["traceEvents"]
+    lanes = {(e["pid"], e["tid"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"
+             and e["args"]["name"] == "Collectives (HCCL)"}
+    assert len(lanes) == 2                                   # one collectives row per device
+    assert sum(1 for e in ev if e["ph"] == "X" and (e["pid"], e["tid"]) in lanes) == 2
+
+
 # ---------------------------------------------------------------------------------------------- off
 def test_profiler_off_takes_no_profiling_path(monkeypatch):
     """Count calls of every recording hook (host and device): none while off; some while on."""
