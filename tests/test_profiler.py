@@ -402,6 +402,10 @@ def test_vnpu_prof_on_a_user_script(tmp_path):
             d.synchronize()
             assert c.numpy().reshape(-1)[0] > 0
             c.free()
+        import subprocess, sys                   # a second runtime client, started by this one
+        subprocess.run([sys.executable, "-c", "import numpy as np; from runtime import api; d = api.device(0); "
+                        "x = d.from_numpy(np.ones(8, np.float32)); d.launch('add', [x, x], [x]); d.synchronize()"],
+                       check=True)
         print("user script done")
     """))
     out = tmp_path / "out"
@@ -410,15 +414,16 @@ def test_vnpu_prof_on_a_user_script(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "user script done" in r.stdout
     assert "verdict:" in r.stdout and "launch" in r.stdout and "compute" in r.stdout
+    assert "2 runtime client(s)" in r.stdout                    # the script and the process it started
     dirs = glob.glob(str(out / "PROF_*"))
     assert len(dirs) == 1 and os.path.basename(dirs[0]).count("_") == 3
     msout = os.path.join(dirs[0], "mindstudio_profiler_output")
     rows = _read_csv(glob.glob(os.path.join(msout, "op_summary_*.csv"))[0])
-    assert [r["OP Type"] for r in rows] == ["matmul", "gelu"] * 6
+    assert sorted(r["OP Type"] for r in rows) == sorted(["matmul", "gelu"] * 6 + ["add"])
     with open(glob.glob(os.path.join(msout, "msprof_*.json"))[0], encoding="utf-8") as f:
         assert json.load(f)["traceEvents"]
     assert glob.glob(os.path.join(msout, "api_statistic_*.csv"))
-    assert glob.glob(os.path.join(dirs[0], "host", "data", "vnpu_prof_*.json"))
+    assert len(glob.glob(os.path.join(dirs[0], "host", "data", "vnpu_prof_*.json"))) == 2
 
 
 def test_vnpu_prof_exits_with_the_commands_status_and_refuses_bad_flags(tmp_path):
