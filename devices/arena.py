@@ -57,6 +57,16 @@ _HUGE_POLICIES = {ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_HUGE_ONLY, ACL_MEM_M
                   ACL_MEM_MALLOC_HUGE_ONLY_P2P}
 _HUGE_PAGE = 2 << 20
 ALIGN = 64
+
+# Placement hints (where in the arena a block goes; the allocation itself is the same either way).  Not a
+# CANN concept: the caching pool passes them so that long-lived segments pack at the top of the arena and
+# short-lived ones at the bottom, which keeps the free space between them in one piece.  Best fit and
+# address-ordered first fit are the two classic low-fragmentation policies (Johnstone & Wilson, "The
+# memory fragmentation problem: solved?", ISMM 1998); top-down first fit is the mirror image of the latter.
+PLACEMENT_BEST_FIT = 0      #: the smallest free range that fits, block at its bottom (default, as before)
+PLACEMENT_LOW = 1           #: the lowest free range that fits, block at its bottom (short-lived segments)
+PLACEMENT_HIGH = 2          #: the highest free range that fits, block at its top (long-lived segments)
+PLACEMENTS = {PLACEMENT_BEST_FIT: "best-fit", PLACEMENT_LOW: "low", PLACEMENT_HIGH: "high"}
 #: bytes after the arena in its segment: [0:8] = the arena generation (uint64), [8:16] = the device id,
 #: [16:24] = :data:`ARENA_MAGIC` (whoever maps a segment checks that it is the device it means)
 ARENA_HEADER = 4096
@@ -126,26 +136,43 @@ class Allocator:
         self.used = 0
         self.peak = 0
 
-    def alloc(self, nbytes: int) -> int | None:
+    def alloc(self, nbytes: int, placement: int = PLACEMENT_BEST_FIT) -> int | None:
+        """Start of a new block of ``nbytes`` (a multiple of :data:`ALIGN`), or None when no free range
+        holds it.  ``placement`` picks the range and the end of it the block takes (see PLACEMENT_*)."""
+        if placement == PLACEMENT_HIGH:
+            for start in reversed(self._free_starts):
+                size = self._free[start]
+                at = (start + size - nbytes) // ALIGN * ALIGN
+                if at >= start:
+                    return self._take(start, at, nbytes)
+            return None
         best, best_size = None, None
         for start in self._free_starts:
             size = self._free[start]
             if size >= nbytes and (best_size is None or size < best_size):
                 best, best_size = start, size
-                if size == nbytes:
+                if size == nbytes or placement == PLACEMENT_LOW:
                     break
         if best is None:
             return None
-        i = bisect.bisect_left(self._free_starts, best)
+        return self._take(best, best, nbytes)
+
+    def _take(self, start: int, at: int, nbytes: int) -> int:
+        """Carve ``[at, at + nbytes)`` out of the free range that begins at ``start``."""
+        size = self._free.pop(start)
+        i = bisect.bisect_left(self._free_starts, start)
         del self._free_starts[i]
-        del self._free[best]
-        if best_size > nbytes:
-            rest = best + nbytes
-            self._free[rest] = best_size - nbytes
-            self._free_starts.insert(i, rest)
+        end = start + size
+        if at > start:
+            self._free[start] = at - start
+            self._free_starts.insert(i, start)
+            i += 1
+        if at + nbytes < end:
+            self._free[at + nbytes] = end - at - nbytes
+            self._free_starts.insert(i, at + nbytes)
         self.used += nbytes
         self.peak = max(self.peak, self.used)
-        return best
+        return at
 
     def release(self, start: int, nbytes: int) -> None:
         i = bisect.bisect_left(self._free_starts, start)
@@ -225,13 +252,17 @@ class HbmArena:
 
     # ---- allocation ----
     def malloc(self, size: int, policy: int = ACL_MEM_MALLOC_HUGE_FIRST, owner="", *, quota: int = 0,
-               charge=None) -> int:
+               charge=None, placement: int = PLACEMENT_BEST_FIT) -> int:
         """Allocate for ``owner``; ``quota`` (> 0) caps the bytes the tenant of ``charge`` (default: the
-        owner) holds in this arena -- beyond it, ACL_ERROR_RT_MEMORY_ALLOCATION as for an exhausted HBM."""
+        owner) holds in this arena -- beyond it, ACL_ERROR_RT_MEMORY_ALLOCATION as for an exhausted HBM.
+        ``placement`` is a hint of where in the arena (PLACEMENT_*)."""
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool) or size <= 0:
             raise InvalidParamError(f"malloc size must be a positive integer, got {size!r}")
         if not isinstance(policy, (int, np.integer)) or policy < 0:
             raise AclError(f"invalid malloc policy {policy!r}", code=ACL_ERROR_RT_INVALID_MALLOC_TYPE)
+        if isinstance(placement, bool) or placement not in PLACEMENTS:
+            raise InvalidParamError(f"unknown placement hint {placement!r} (known: "
+                                    + ", ".join(f"{k} = {v}" for k, v in PLACEMENTS.items()) + ")")
         size = int(size)
         reserved = block_size(size, int(policy))
         charged = owner if charge is None else charge
@@ -241,7 +272,7 @@ class HbmArena:
                 raise MemoryAllocationError(
                     f"device {self.device_id}: tenant {tenant_of(charged)!r} holds {self._usage.get(charged)} B "
                     f"of its {quota} B HBM quota; {size} B ({reserved} B reserved) do not fit")
-            off = self._alloc.alloc(reserved)
+            off = self._alloc.alloc(reserved, int(placement))
             if off is None:
                 raise MemoryAllocationError(
                     f"device {self.device_id}: cannot allocate {size} B ({reserved} B reserved); "

@@ -128,8 +128,11 @@ class Device:
 
     # ------------------------------------------------------------------ memory (host-synchronous)
     @_live
-    def malloc(self, size: int, policy: int = 0, owner="") -> int:
-        return self.arena.malloc(size, policy, owner, quota=self.config.quota.limit("hbm_bytes", owner))
+    def malloc(self, size: int, policy: int = 0, owner="", placement: int = 0) -> int:
+        """``placement``: where in the arena (:data:`devices.arena.PLACEMENT_BEST_FIT` / ``_LOW`` /
+        ``_HIGH``), a hint the caching pool passes for short- and long-lived segments."""
+        return self.arena.malloc(size, policy, owner, quota=self.config.quota.limit("hbm_bytes", owner),
+                                 placement=placement)
 
     @_live
     def free(self, ptr: int, owner=None) -> None:
@@ -391,6 +394,14 @@ class Device:
     @_live
     def graph_destroy(self, gid: int, owner=None) -> None:
         self.graphs.destroy(gid, owner)
+
+    @_live
+    def graph_rebind(self, gid: int, moves, owner=None) -> int:
+        """Re-point a graph's captured ops after memory moved (live defragmentation): every pointer
+        inside an ``(old, new, nbytes)`` range is remapped to the same offset from ``new``, and the ops
+        are validated and bound again (host-synchronous).  Returns how many pointers changed; a remap
+        that leaves an op invalid raises its launch-time error and keeps the graph as it was."""
+        return self.graphs.rebind(gid, owner, moves)
 
     @_live
     def graph_info(self, gid: int, owner=None) -> dict:

@@ -19,12 +19,14 @@ waits and host-to-device writes of pageable data are refused at capture
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Callable, Iterable
 
-from .errors import ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, CaptureError, InvalidHandleError
+from .errors import ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, CaptureError, InvalidHandleError, InvalidParamError
+from .kernel import TensorDesc
 from .tasks import Collective, CopyD2D, Launch, Memset
 from .tenancy import same_tenant
 
@@ -84,6 +86,24 @@ class TaskGraph:
             for b in range(s.blocks):
                 run(b)
 
+    def rebind(self, moves: "PointerMap") -> int:
+        """Remap the captured ops' pointers through ``moves`` and bind them again (the graph object, its
+        id and replay count stay); returns how many pointers changed.  An op the remap leaves invalid
+        raises its launch-time error and the graph keeps its old ops."""
+        ops, changed = remap_ops(self.ops, moves)
+        if not changed:
+            return 0
+        with self._lock:
+            old = self.ops
+            self.ops = ops
+            try:
+                self.steps, self.gen = self._bind()
+            except BaseException:
+                self.ops = old
+                raise
+            self.duration = sum(s.duration for s in self.steps)
+        return changed
+
     def info(self) -> dict:
         """What aclmdlRIDebugPrint shows: the tasks in order."""
         return {"graph": self.gid, "tasks": len(self.steps), "replays": self.replays,
@@ -113,6 +133,10 @@ class GraphTable:
             raise InvalidHandleError(f"unknown graph (model run instance) {gid!r}")
         return g
 
+    def rebind(self, gid: int, owner, moves) -> int:
+        """See :meth:`TaskGraph.rebind`; ``moves`` are ``(old, new, nbytes)`` triples."""
+        return self.get(gid, owner).rebind(PointerMap(moves))
+
     def destroy(self, gid: int, owner) -> None:
         """Forget a graph; replays already queued still run (they hold it)."""
         with self._lock:
@@ -133,3 +157,73 @@ class GraphTable:
 
     def __len__(self) -> int:
         return len(self._graphs)
+
+
+# ---------------------------------------------------------------------------------------------- remapping
+class PointerMap:
+    """Moved memory ranges: ``(old, new, nbytes)``; :meth:`map` sends a pointer inside ``[old, old +
+    nbytes)`` to the same offset from ``new`` and leaves any other pointer alone.  Ranges must not overlap."""
+
+    def __init__(self, moves: Iterable[tuple[int, int, int]]):
+        rows = sorted((int(o), int(n), int(k)) for o, n, k in moves)
+        for o, n, k in rows:
+            if k <= 0 or o < 0 or n < 0:
+                raise InvalidParamError(f"bad moved range (old 0x{o:x}, new 0x{n:x}, {k} B)")
+        for (o1, _, k1), (o2, _, _) in zip(rows, rows[1:]):
+            if o1 + k1 > o2:
+                raise InvalidParamError(f"moved ranges overlap at 0x{o2:x}")
+        self._starts = [o for o, _, _ in rows]
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def map(self, ptr: int) -> int:
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        if i >= 0:
+            o, n, k = self._rows[i]
+            if ptr < o + k:
+                return n + (ptr - o)
+        return ptr
+
+
+def _remap_desc(d: TensorDesc, m: PointerMap) -> TensorDesc:
+    p = m.map(d.ptr)
+    return d if p == d.ptr else TensorDesc(p, d.shape, d.dtype)
+
+
+def _remap_launch(op: Launch, m: PointerMap) -> tuple[Launch, int]:
+    ins = tuple(_remap_desc(d, m) for d in op.inputs)
+    outs = tuple(_remap_desc(d, m) for d in op.outputs)
+    n = sum(a is not b for a, b in zip(ins + outs, op.inputs + op.outputs))
+    return (replace(op, inputs=ins, outputs=outs) if n else op), n
+
+
+def _remap_copy(op: CopyD2D, m: PointerMap) -> tuple[CopyD2D, int]:
+    dst, src = m.map(op.dst), m.map(op.src)
+    return replace(op, dst=dst, src=src), (dst != op.dst) + (src != op.src)
+
+
+def _remap_memset(op: Memset, m: PointerMap) -> tuple[Memset, int]:
+    ptr = m.map(op.ptr)
+    return replace(op, ptr=ptr), int(ptr != op.ptr)
+
+
+def _remap_collective(op: Collective, m: PointerMap) -> tuple[Collective, int]:
+    send = m.map(op.send) if op.send else 0          # 0 = no buffer (recv of a send, ...)
+    recv = m.map(op.recv) if op.recv else 0
+    return replace(op, send=send, recv=recv), (send != op.send) + (recv != op.recv)
+
+
+#: op type -> remap(op, moves) -> (op, pointers changed); one entry per capturable op
+_REMAP: dict = {Launch: _remap_launch, CopyD2D: _remap_copy, Memset: _remap_memset, Collective: _remap_collective}
+
+
+def remap_ops(ops: tuple, moves: PointerMap) -> tuple[tuple, int]:
+    """``ops`` with every pointer sent through ``moves``, and how many pointers changed."""
+    out, changed = [], 0
+    for op in ops:
+        new, n = _REMAP[type(op)](op, moves)
+        out.append(new if n else op)
+        changed += int(n)
+    return tuple(out), changed

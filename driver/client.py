@@ -299,8 +299,10 @@ class RemoteDevice:
         self._rpc(self._dms.Revoke, req)
 
     # ------------------------------------------------------------------ memory (RMS)
-    def malloc(self, size: int, policy: int = 0) -> int:
-        return self._rpc(self._rms.Malloc, _request(rms.MallocRequest, size=size, policy=policy)).ptr
+    def malloc(self, size: int, policy: int = 0, placement: int = 0) -> int:
+        """One device allocation; ``placement`` is the arena hint (devices.arena.PLACEMENT_*)."""
+        return self._rpc(self._rms.Malloc, _request(rms.MallocRequest, size=size, policy=policy,
+                                                    placement=placement)).ptr
 
     def free(self, ptr: int) -> None:
         self._rpc(self._rms.Free, _request(rms.FreeRequest, ptr=ptr))
@@ -471,6 +473,10 @@ class RemoteDevice:
 
     def graph_destroy(self, gid: int) -> None:
         self._rpc(self._rms.GraphDestroy, _request(rms.GraphRequest, graph=gid))
+
+    def graph_rebind(self, gid: int, moves) -> int:
+        """Re-point a graph's ops after memory moved (``(old, new, nbytes)`` triples); host-synchronous."""
+        return self._rpc(self._rms.GraphRebind, wire.graph_rebind_request(gid, moves)).value
 
     def graph_info(self, gid: int) -> dict:
         return json.loads(self._rpc(self._rms.GraphInfo, _request(rms.GraphRequest, graph=gid)).json)

@@ -317,7 +317,8 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
 
     # ---- memory
     def Malloc(self, request, context):
-        return rms.MallocReply(ptr=self.device.malloc(request.size, request.policy, owner=self._leased(context)))
+        return rms.MallocReply(ptr=self.device.malloc(request.size, request.policy, owner=self._leased(context),
+                                                      placement=request.placement))
 
     def Free(self, request, context):
         self.device.free(request.ptr, owner=self._caller(context))
@@ -464,6 +465,10 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
 
     def Profile(self, request, context):
         return rms.JsonReply(json=json.dumps(self.device.profile(request.action, owner=self._caller(context))))
+
+    def GraphRebind(self, request, context):
+        return rms.IntReply(value=self.device.graph_rebind(request.graph, wire.moves_from_pb(request.moves),
+                                                           owner=self._caller(context)))
 
     def HcclInfo(self, request, context):
         return rms.JsonReply(json=json.dumps(self.device.hccl_info()))

@@ -546,3 +546,16 @@ def op_wire_bytes(op) -> int:
     if type(op) is WriteH2D:
         return len(op.data) + 32
     return 256
+
+
+# ---------------------------------------------------------------- moved ranges (live defragmentation)
+def graph_rebind_request(gid: int, moves) -> "rms_pb2.GraphRebindRequest":
+    """``(old, new, nbytes)`` triples -> ``GraphRebindRequest`` (bad values: InvalidParamError 107000)."""
+    try:
+        return rms_pb2.GraphRebindRequest(graph=gid, moves=[{"old": o, "new": n, "nbytes": k} for o, n, k in moves])
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InvalidParamError(f"cannot encode moved ranges: {e}") from None
+
+
+def moves_from_pb(ms) -> list[tuple[int, int, int]]:
+    return [(m.old, m.new, m.nbytes) for m in ms]

@@ -5,6 +5,11 @@ batches (:class:`LaunchQueue`): the host never waits for the device when it laun
 flushed when the host synchronizes, reads device memory, queries or waits on an event, or when a batch
 fills up; with the in-process backend the batch size is 1 (queuing is already cheap there).
 
+Memory: tensors (:meth:`Device.empty`, :meth:`Device.from_numpy`) come from the device's caching pool
+(:mod:`runtime.memory`, configured by ``VNPU_ALLOC_CONF``): they are relocatable handles whose ``ptr`` is
+read when work is enqueued, so :meth:`Device.defragment` can move them (and re-bind captured graphs).
+``Device.malloc``/``free`` stay raw driver calls (one allocation each, as ``aclrtMalloc``), never moved.
+
 Errors are typed exceptions from :mod:`devices.errors` that carry the CANN code (``e.code``).
 """
 from __future__ import annotations
@@ -13,15 +18,15 @@ import contextlib
 import os
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from devices.arena import is_device_ptr, ptr_device
-from devices.errors import (ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_UNSUPPORTED_DATA_TYPE, AclError,
-                            InvalidDeviceError, InvalidHandleError, InvalidParamError, MemoryAccessError,
-                            UnsupportedError)
+from devices.errors import (ACL_ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_UNSUPPORTED_DATA_TYPE,
+                            AclError, CaptureError, InvalidDeviceError, InvalidHandleError, InvalidParamError,
+                            MemoryAccessError, UnsupportedError)
 from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
 from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
@@ -30,6 +35,10 @@ from . import sanitize as _sanitize
 from . import profiler as _profiler
 from .profiler import hooks as _prof
 from .backend import Backend, DeviceHandle, create_backend, parse_visible_devices
+from .memory import (SHORT, AllocConfig, CachingAllocator, DefragReport, Handle, HandleAllocator, HandleStreamOrder,
+                     render_summary)
+
+DTYPES_ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
 
 
 # ---------------------------------------------------------------------------------------------- runtime
@@ -82,6 +91,8 @@ class Runtime:
         _profiler.runtime_closing(list(self._devices.values()))    # a running profile keeps their records
         for d in list(self._devices.values()):
             d.queue.flush(raise_errors=False)
+        for d in list(self._devices.values()):
+            d.close_pool()                                # cached pool segments are not the program's leaks
             if self.sanitizer is not None:
                 self.sanitizer.release(d.handle)          # leak check: what the program still holds
         self.backend.close()
@@ -166,6 +177,11 @@ class LaunchQueue:
         if full:
             self.flush()
 
+    def defer(self, err: AclError) -> None:
+        """Report ``err`` at this device's next flush (an asynchronous error found on the host)."""
+        with self._lock:
+            self._deferred = self._deferred or err
+
     def take(self) -> list:
         """The queued ops, handed over for the caller to send (counted as one batch); a deferred
         error of an earlier flush is raised instead (after sending them)."""
@@ -228,7 +244,9 @@ _now = __import__("time").perf_counter
 class AllocTable:
     """Host-side mirror of the allocations made through this runtime, so that a launch whose tensor
     overruns its allocation fails at launch time even when launches are batched (the device checks
-    again when the batch arrives; pointers the table does not know are left to the device)."""
+    again when the batch arrives; pointers the table does not know are left to the device).  Raw
+    allocations are listed here; memory of the device's caching pool is checked by the pool (``pool``),
+    block by block (the device only sees the pool's segments)."""
 
     def __init__(self):
         import bisect
@@ -236,7 +254,14 @@ class AllocTable:
         self._starts: list[int] = []
         self._sizes: dict[int, int] = {}
         self._lock = threading.Lock()
-        self.gen = 0          #: bumped on every free: cached launch checks are good while unchanged
+        self._gen = 0
+        self.pool: CachingAllocator | None = None
+
+    @property
+    def gen(self) -> int:
+        """Changes on every free (raw or pool) and move: cached launch checks are good while unchanged."""
+        pool = self.pool
+        return self._gen + (pool.gen if pool is not None else 0)
 
     def add(self, ptr: int, size: int) -> None:
         with self._lock:
@@ -247,9 +272,12 @@ class AllocTable:
         with self._lock:
             if self._sizes.pop(ptr, None) is not None:
                 del self._starts[self._bisect.bisect_left(self._starts, ptr)]
-            self.gen += 1
+            self._gen += 1
 
     def check(self, ptr: int, nbytes: int) -> None:
+        pool = self.pool
+        if pool is not None and pool.check(ptr, nbytes):
+            return
         with self._lock:
             i = self._bisect.bisect_right(self._starts, ptr) - 1
             if i < 0:
@@ -284,7 +312,12 @@ class Device:
         self.live_events: set[int] = set()    # name unknown ones fail at enqueue, not at the next flush
         self._captures = _graph.CaptureTable()            # open stream captures (aclmdlRI)
         self.sanitizer = rt.sanitizer         # sees every op enqueued here (None: nothing is watched)
+        #: streams with work queued since the host last saw them idle (the pool's fence hint)
+        self.busy_streams: set[int] = set()
+        #: captured graphs of this device (re-bound when defragmentation moves memory they use)
+        self.graphs: "weakref.WeakSet[_graph.Graph]" = weakref.WeakSet()
         self._default: Stream | None = None
+        self._pool: CachingAllocator | None = None
         self._lock = threading.Lock()
         _prof.note_device(self)               # a running profile attaches it (runtime.profiler)
 
@@ -313,13 +346,19 @@ class Device:
 
     @_prof.api("Device.malloc")
     def malloc(self, nbytes: int, policy: int = 0) -> int:
+        """One raw driver allocation (``aclrtMalloc``; host-synchronous): not from the pool, never moved."""
         ptr = self.handle.malloc(nbytes, policy)
         self.allocs.add(ptr, int(nbytes))
         return ptr
 
     @_prof.api("Device.free")
     def free(self, ptr: int) -> None:
-        """Free device memory (after sending queued ops; does not wait for them to run)."""
+        """Free a raw allocation of :meth:`malloc` (after sending queued ops; does not wait for them to
+        run).  Pool memory is freed through its Tensor."""
+        pool = self._pool
+        if pool is not None and isinstance(ptr, int) and pool.owns(ptr):
+            raise InvalidParamError(f"0x{ptr:x} is memory of the caching pool (a Tensor's), not a raw allocation: "
+                                    "free the Tensor")
         self.queue.flush()
         self.handle.free(ptr)
         self.allocs.remove(ptr)
@@ -376,18 +415,135 @@ class Device:
         for this device's next flush or synchronize."""
         self.queue.flush(raise_errors=raise_errors)
 
-    def empty(self, shape: Sequence[int], dtype="float32") -> "Tensor":
+    def defer_error(self, err: AclError) -> None:
+        """Raise ``err`` at this device's next flush or synchronize (an asynchronous error the host
+        found itself, e.g. a graph replay over freed pool memory that it did not send)."""
+        self.queue.defer(err)
+
+    # -------------------------------------------------------------- the caching pool
+    @property
+    def pool(self) -> CachingAllocator:
+        """This device's caching allocator (created on first use, configured by ``VNPU_ALLOC_CONF``; under
+        a sanitizer it does not cache: every tensor is a driver allocation of its own, freed at once)."""
+        pool = self._pool
+        if pool is None:
+            with self._lock:
+                if self._pool is None:
+                    order = HandleStreamOrder(self.handle, put=self.queue.put,
+                                              flush=lambda: self.queue.flush(raise_errors=False))
+                    cfg = AllocConfig.from_env()
+                    if self.sanitizer is not None:      # it must see every tensor's bounds and free, as
+                        cfg = replace(cfg, caching=False)   # compute-sanitizer runs with PyTorch's caching off
+                    self._pool = CachingAllocator(HandleAllocator(self.handle), order, cfg,
+                                                  device=self.index, quiet=self._stream_quiet)
+                    self.allocs.pool = self._pool
+                pool = self._pool
+        return pool
+
+    @property
+    def relocations(self) -> int:
+        """How many defragmentations moved this device's pool memory (cached descriptors are stale when it
+        changes; tensors themselves always know where they are)."""
+        pool = self._pool
+        return pool.relocations if pool is not None else 0
+
+    def _stream_quiet(self, sid: int) -> bool:
+        """Nothing was queued on ``sid`` since the host last saw it idle (a stream or device synchronize)."""
+        return sid not in self.busy_streams
+
+    def stream_destroyed(self, sid: int) -> None:
+        """Stream ``sid`` is gone: the pool stops ordering against it."""
+        self.live_streams.discard(sid)
+        self.busy_streams.discard(sid)
+        if self._pool is not None:
+            self._pool.stream_destroyed(sid)
+
+    def alloc(self, nbytes: int, stream: "Stream | None" = None, lifetime: str = SHORT,
+              pinned: bool = False) -> Handle:
+        """A block of the caching pool for work on ``stream`` (default: the default stream).
+        ``lifetime``: "short" (activations) or "long" (weights, KV caches: packed at the top of HBM);
+        ``pinned``: never moved by :meth:`defragment`.  Returns at once unless the pool must call the
+        driver (an RPC on the cluster backend)."""
+        s = stream if stream is not None else (self._default or self.default_stream)
+        if s.__class__ is not Stream or s.device is not self:
+            raise InvalidParamError(f"{s!r} is not a stream of {self!r}")
+        return (self._pool or self.pool).malloc(nbytes, s.sid, lifetime, pinned)
+
+    def empty(self, shape: Sequence[int], dtype="float32", *, stream: "Stream | None" = None,
+              lifetime: str = SHORT, pinned: bool = False) -> "Tensor":
+        """An uninitialised tensor from the caching pool (see :meth:`alloc`)."""
         shape = _shape(shape)
         dt = _dtype(dtype)
-        nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize)
-        return Tensor(self, self.malloc(nbytes), shape, dt, owned=True)
+        n = DTYPES_ITEMSIZE[dt]
+        for x in shape:
+            n *= x
+        return Tensor(self, None, shape, dt, owned=True, handle=self.alloc(max(1, n), stream, lifetime, pinned))
 
-    def from_numpy(self, arr: np.ndarray) -> "Tensor":
-        """Allocate and upload (host-synchronous)."""
+    def from_numpy(self, arr: np.ndarray, *, stream: "Stream | None" = None, lifetime: str = SHORT) -> "Tensor":
+        """Allocate from the pool and upload (host-synchronous)."""
         arr = np.ascontiguousarray(arr)
-        t = self.empty(arr.shape, arr.dtype.name)
-        t.copy_from(arr)
+        t = self.empty(arr.shape, arr.dtype.name, stream=stream, lifetime=lifetime)
+        try:
+            t.copy_from(arr)
+        except BaseException:
+            t.free()
+            raise
         return t
+
+    def memory_stats(self) -> dict:
+        """The pool's counters, ``torch.npu.memory_stats()`` keys (``allocated_bytes.all.current`` ...)."""
+        return self.pool.memory_stats()
+
+    def memory_summary(self, abbreviated: bool = False) -> str:
+        """The pool's counters as a table (``torch.npu.memory_summary()``)."""
+        return render_summary(self.pool.memory_stats(), self.index, abbreviated)
+
+    def memory_snapshot(self) -> list[dict]:
+        """The pool's segments and blocks (``torch.npu.memory_snapshot()``)."""
+        return self.pool.snapshot()
+
+    def memory_allocated(self) -> int:
+        return self.pool.memory_stats()["allocated_bytes.all.current"]
+
+    def memory_reserved(self) -> int:
+        return self.pool.memory_stats()["reserved_bytes.all.current"]
+
+    def reset_peak_memory_stats(self) -> None:
+        self.pool.reset_peak_stats()
+
+    def empty_cache(self, timeout_ms: float = -1) -> int:
+        """Give the pool's unused cached segments back to the driver (host-blocking: waits for the work
+        queued on their streams; with ``timeout_ms`` >= 0 what is not done by then stays cached).
+        Returns how many segments went back."""
+        return self.pool.empty_cache(timeout_ms) if self._pool is not None else 0
+
+    def defragment(self) -> DefragReport:
+        """Live defragmentation: move this runtime's pool blocks so the arena's free space is contiguous.
+
+        Blocks the host for the whole move (the pause in the report): each block's copy is ordered after
+        the work queued on the streams that use it (device events), runs device-to-device, never through
+        the host, and is waited for; tensors are updated in place (their ``ptr`` changes) and captured
+        graphs that use moved memory are re-bound in place.  Pinned tensors, raw ``malloc`` memory
+        (``acl.rt.malloc``) and other clients' memory never move.  Refused (107027) while a capture is
+        open on the device; other threads must not enqueue work on this device meanwhile."""
+        open_caps = self._captures.open_streams()
+        if open_caps:
+            raise CaptureError(f"cannot defragment {self!r} while stream(s) {open_caps} capture",
+                               code=ACL_ERROR_RT_STREAM_CAPTURED)
+        return self.pool.defragment(rebind=self._rebind_graphs)
+
+    def _rebind_graphs(self, moves: list[tuple[int, int, int]]) -> int:
+        return sum(g.rebind(moves) for g in list(self.graphs))
+
+    def close_pool(self) -> None:
+        """Return the pool's cached memory and its events (the runtime closes; live tensors stay)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self.allocs.pool = None
+            try:
+                pool.close()
+            except AclError:
+                pass
 
     def launch(self, kernel: str, inputs: Sequence["Tensor | TensorDesc"] = (),
                outputs: Sequence["Tensor | TensorDesc"] = (), attrs: dict | None = None, block_dim: int = 0,
@@ -399,6 +555,7 @@ class Device:
         """Block the host until all this device's streams are done."""
         self._captures.check_sync()
         t0 = _now()
+        self.busy_streams.clear()
         try:
             self.rt.flush_all(raise_for=self)
             self.handle.synchronize_device(timeout_ms)
@@ -468,6 +625,7 @@ class Stream:
         if cap is not None:
             cap.take(op)
             return
+        dev.busy_streams.add(self.sid)
         dev.queue.put(op)
 
     def _failed(self, err: AclError, ranges: tuple = ()) -> None:
@@ -494,7 +652,7 @@ class Stream:
     def end_capture(self) -> "_graph.Graph":
         """aclmdlRICaptureEnd: stop capturing and build the graph on the device (host-synchronous)."""
         cap = self.device._captures.end(self.sid)
-        return _graph.Graph(self.device, self.device.handle.graph_create(cap.ops), len(cap.ops))
+        return _graph.Graph(self.device, self.device.handle.graph_create(cap.ops), tuple(cap.ops))
 
     def capture(self, mode: int = _graph.CAPTURE_MODE_GLOBAL):
         """``with stream.capture() as cap: ...`` -- begin/end around a block; ``cap.graph`` afterwards
@@ -595,6 +753,7 @@ class Stream:
         self.device._captures.check_sync(self.sid)
         t0 = _now()
         dev = self.device
+        dev.busy_streams.discard(self.sid)
         try:
             dev.rt.flush_all(skip=dev)
             ops = dev.queue.take()
@@ -627,7 +786,7 @@ class Stream:
         self.device._captures.discard(self.sid)
         self.device.handle.destroy_stream(self.sid)
         self._destroyed = True
-        self.device.live_streams.discard(self.sid)
+        self.device.stream_destroyed(self.sid)
 
 
 # ---------------------------------------------------------------------------------------------- event
@@ -681,19 +840,50 @@ class Event:
 
 # ---------------------------------------------------------------------------------------------- tensor
 class Tensor:
-    """A typed view of device memory."""
+    """A typed view of device memory.
 
-    def __init__(self, dev: Device, ptr: int, shape: tuple[int, ...], dtype: str, owned: bool = False):
+    Tensors of :meth:`Device.empty` / :meth:`Device.from_numpy` own a block of the device's caching pool
+    and are relocatable: ``ptr`` (and ``desc``) are read when work is enqueued and change when
+    :meth:`Device.defragment` moves the block (views follow their base).  A tensor made over a raw
+    pointer (``Tensor(dev, ptr, shape, dtype)``) never moves.  Descriptors or pointers kept by the caller
+    are not updated: take them again after a defragmentation, or :meth:`pin` the tensor."""
+
+    def __init__(self, dev: Device, ptr: int | None, shape: tuple[int, ...], dtype: str, owned: bool = False, *,
+                 handle: Handle | None = None, offset: int = 0):
+        if handle is None and not isinstance(ptr, (int, np.integer)):
+            raise InvalidParamError(f"a tensor needs a device pointer or a pool handle, got {ptr!r}")
         self.device = dev
-        self.ptr = ptr
+        self._raw = int(ptr) if handle is None and ptr is not None else 0     # a raw tensor's address
+        self._handle = handle
+        self._offset = int(offset)
         self.shape = tuple(shape)
         self.dtype = dtype
         self._owned = owned
         self._freed = False
-        self.desc = TensorDesc(ptr, self.shape, dtype)
+        self._desc: TensorDesc | None = None
 
     def __repr__(self) -> str:
         return f"<vnpu Tensor {self.shape} {self.dtype} on device {self.device.index} @0x{self.ptr:x}>"
+
+    @property
+    def ptr(self) -> int:
+        """Where the bytes are now (read it when enqueuing work: defragmentation may move them)."""
+        h = self._handle
+        return self._raw if h is None else h.ptr + self._offset
+
+    @property
+    def desc(self) -> TensorDesc:
+        """A launch argument for the tensor as it is now."""
+        p = self.ptr
+        d = self._desc
+        if d is None or d.ptr != p:
+            d = self._desc = TensorDesc(p, self.shape, self.dtype)
+        return d
+
+    @property
+    def handle(self) -> Handle | None:
+        """The pool block under the tensor (None for a tensor over a raw pointer)."""
+        return self._handle
 
     @property
     def numel(self) -> int:
@@ -704,30 +894,72 @@ class Tensor:
         return self.numel * np.dtype(self.dtype).itemsize
 
     def view(self, shape: Sequence[int], dtype: str | None = None, offset_bytes: int = 0) -> "Tensor":
-        """Another tensor over the same memory (no copy, not owned)."""
-        return Tensor(self.device, self.ptr + offset_bytes, _shape(shape), _dtype(dtype or self.dtype))
+        """Another tensor over the same memory (no copy, not owned; moves with its base)."""
+        shape, dt = _shape(shape), _dtype(dtype or self.dtype)
+        if self._handle is not None:
+            return Tensor(self.device, None, shape, dt, handle=self._handle, offset=self._offset + offset_bytes)
+        return Tensor(self.device, self.ptr + offset_bytes, shape, dt)
+
+    def record_stream(self, stream: Stream) -> None:
+        """``stream`` uses this tensor too: when it is freed, its memory is not handed out again before
+        the work queued on ``stream`` by then has completed (``torch.Tensor.record_stream``).  Only
+        bookkeeping: returns at once."""
+        if not isinstance(stream, Stream) or stream.device is not self.device:
+            raise InvalidParamError(f"{stream!r} is not a stream of {self.device!r}")
+        if self._handle is not None:
+            self.device.pool.record_stream(self._handle, stream.sid)
+
+    def pin(self) -> None:
+        """Never move this tensor (its address was handed to something defragmentation cannot update)."""
+        if self._handle is not None:
+            self.device.pool.pin(self._handle)
+
+    def check_access(self, nbytes: int) -> None:
+        """Host-side: the pool's block is live and holds ``nbytes`` from this tensor's start."""
+        h = self._handle
+        if h is None:
+            return
+        if h.freed:
+            raise MemoryAccessError(f"{self!r}: its memory was freed (use after free)")
+        if self._offset < 0 or self._offset + nbytes > h.nbytes:
+            raise MemoryAccessError(f"access of {nbytes} B at offset {self._offset} overruns the tensor's "
+                                    f"{h.nbytes} B allocation at 0x{h.ptr:x}")
 
     def copy_from(self, arr: np.ndarray) -> None:
-        """Host-synchronous upload of ``arr`` (same number of bytes)."""
+        """Host-synchronous upload of ``arr`` (same number of bytes).  Pool memory freed by an earlier
+        owner whose stream still had work queued is waited for first."""
         arr = np.ascontiguousarray(arr, dtype=self.dtype)
         if arr.nbytes != self.nbytes:
             raise InvalidParamError(f"host array has {arr.nbytes} B, tensor {self.shape} {self.dtype} "
                                     f"has {self.nbytes} B")
-        self.device.memcpy_h2d(self.ptr, arr)
+        self.check_access(arr.nbytes)
+        dev = self.device
+        if self._handle is not None:
+            dev.flush()
+            dev.pool.host_fence(self._handle)
+            dev.check_range(self.ptr, arr.nbytes)
+        dev.memcpy_h2d(self.ptr, arr)
 
     def numpy(self, stream: Stream | None = None) -> np.ndarray:
         """Wait for ``stream`` (default: the whole device), then copy to the host."""
+        self.check_access(self.nbytes)
         if stream is not None:
             stream.synchronize()
         else:
             self.device.synchronize()
+        if self._handle is not None:
+            self.device.check_range(self.ptr, self.nbytes)
         raw = self.device.memcpy_d2h(self.ptr, self.nbytes)
         return raw.view(self.dtype).reshape(self.shape)
 
     def free(self) -> None:
+        """Give the memory back (to the pool: reused at once on its stream; a raw pointer: to the driver)."""
         if self._owned and not self._freed:
             self._freed = True
-            self.device.free(self.ptr)
+            if self._handle is not None:
+                self.device.pool.free(self._handle)
+            else:
+                self.device.free(self._raw)
 
 
 # ---------------------------------------------------------------------------------------------- callbacks
@@ -843,7 +1075,26 @@ def _shape(shape) -> tuple[int, ...]:
     return out
 
 
+_DTYPE_NAMES: dict = {}     # dtype argument (hashable) -> checked name: the tensor hot path skips numpy
+
+
 def _dtype(dtype) -> str:
+    try:
+        hit = _DTYPE_NAMES.get(dtype)
+    except TypeError:
+        hit = None
+    if hit is not None:
+        return hit
+    name = _dtype_name(dtype)
+    try:
+        if len(_DTYPE_NAMES) < 256:
+            _DTYPE_NAMES[dtype] = name
+    except TypeError:
+        pass
+    return name
+
+
+def _dtype_name(dtype) -> str:
     try:
         name = np.dtype(dtype).name
     except TypeError:
@@ -869,6 +1120,7 @@ def _desc(x, dev: Device) -> TensorDesc:
     if isinstance(x, Tensor):
         if x.device is not dev and x.device.physical_id != dev.physical_id:
             raise InvalidParamError(f"{x!r} lives on device {x.device.index}, not device {dev.index}")
+        x.check_access(x.nbytes)
         return x.desc
     if isinstance(x, TensorDesc):
         return x

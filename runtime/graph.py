@@ -29,6 +29,7 @@ from devices.errors import (ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, ACL_ERROR_RT_
                             ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD, ACL_ERROR_RT_STREAM_CAPTURED,
                             ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_RT_STREAM_NOT_CAPTURED, AclError, CaptureError,
                             InvalidHandleError, InvalidParamError)
+from devices.graph import PointerMap, remap_ops
 from devices.tasks import Collective, CopyD2D, ExecGraph, Launch, Memset
 
 from .profiler import hooks as _prof
@@ -121,6 +122,10 @@ class CaptureTable:
         with self._lock:
             return self._caps.pop(sid, None)
 
+    def open_streams(self) -> list[int]:
+        """The streams that capture now."""
+        return sorted(self._caps)
+
     def discard_all(self) -> int:
         """Forget every open capture; returns how many there were."""
         with self._lock:
@@ -171,13 +176,18 @@ def capture(stream, mode: int = CAPTURE_MODE_GLOBAL):
 
 
 class Graph:
-    """A captured model run instance on one device (``aclmdlRI``)."""
+    """A captured model run instance on one device (``aclmdlRI``).  It keeps its ops so that live
+    defragmentation can re-point them in place (:meth:`rebind`); the device lists it in ``dev.graphs``."""
 
-    def __init__(self, dev, gid: int, nops: int):
+    def __init__(self, dev, gid: int, ops: tuple):
         self.device = dev
         self.gid = gid
-        self.num_tasks = nops
+        self.ops = tuple(ops)
+        self.num_tasks = len(self.ops)
+        self.rebinds = 0
         self._destroyed = False
+        self._checked_gen = -1
+        dev.graphs.add(self)
 
     def __repr__(self) -> str:
         return f"<vnpu Graph {self.gid} on device {self.device.index}: {self.num_tasks} tasks>"
@@ -186,14 +196,68 @@ class Graph:
         if self._destroyed:
             raise InvalidHandleError(f"graph {self.gid} was destroyed")
 
+    def _ranges(self):
+        """The device memory the captured ops touch: (ptr, nbytes) pairs (collectives: their buffers'
+        starts only; the device checks their extents)."""
+        for op in self.ops:
+            if isinstance(op, Launch):
+                for d in op.inputs + op.outputs:
+                    yield d.ptr, d.nbytes
+            elif isinstance(op, CopyD2D):
+                yield op.dst, op.nbytes
+                yield op.src, op.nbytes
+            elif isinstance(op, Memset):
+                yield op.ptr, op.nbytes
+            elif isinstance(op, Collective):
+                for p in (op.send, op.recv):
+                    if p:
+                        yield p, 0
+
+    def _stale(self) -> AclError | None:
+        """A replay must not touch caching-pool memory freed since the capture (the device cannot tell:
+        the pool keeps the segment).  Checked on the host whenever the device's memory changed since the
+        last check (free or move)."""
+        dev = self.device
+        gen = dev.allocs.gen
+        if gen == self._checked_gen:
+            return None
+        for ptr, n in self._ranges():
+            try:
+                dev.check_range(ptr, n)
+            except AclError as e:
+                return e
+        self._checked_gen = gen
+        return None
+
     @_prof.api("Graph.execute_async")
     def execute_async(self, stream) -> None:
         """aclmdlRIExecuteAsync: queue one replay on ``stream`` (returns at once; only orders the device).
-        Errors of the replayed ops surface at the stream's next synchronize."""
+        Errors of the replayed ops surface at the stream's next synchronize (also a replay over pool
+        memory freed since the capture, which the host catches and does not send)."""
         self._live()
         if stream.device is not self.device:
             raise AclError("graph and stream belong to different devices", code=ACL_ERROR_RT_STREAM_CONTEXT)
+        err = self._stale()
+        if err is not None:
+            self.device.defer_error(type(err)(f"graph {self.gid} replay: {err.detail}", code=err.code))
+            return
         stream.enqueue(ExecGraph(stream.sid, self.gid))
+
+    def rebind(self, moves) -> int:
+        """Memory moved (``(old, new, nbytes)`` ranges, from :meth:`runtime.api.Device.defragment`):
+        re-point the captured ops that use it, here and on the device, in place -- the graph object and
+        its id stay, replays queued later use the new addresses.  Host-synchronous; returns 1 if the
+        graph changed, else 0."""
+        if self._destroyed:
+            return 0
+        ops, changed = remap_ops(self.ops, PointerMap(moves))
+        if not changed:
+            return 0
+        self.device.flush()
+        self.device.handle.graph_rebind(self.gid, list(moves))
+        self.ops = ops
+        self.rebinds += 1
+        return 1
 
     def execute(self, timeout_ms: float = -1) -> None:
         """aclmdlRIExecute: replay on the device's default stream and block the host until it is done."""
@@ -219,4 +283,5 @@ class Graph:
             return
         self.device.flush(raise_errors=False)
         self._destroyed = True
+        self.device.graphs.discard(self)
         self.device.handle.graph_destroy(self.gid)

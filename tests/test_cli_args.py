@@ -130,6 +130,13 @@ BAD = [
     ("bench launch --repeat 0", ["bench", "launch", "--repeat", "0"], "--repeat"),
     ("bench infer --tokens 0", ["bench", "infer", "--tokens", "0"], "--tokens"),
     ("bench infer --rounds 0", ["bench", "infer", "--rounds", "0"], "--rounds"),
+    ("bench memory --pairs 0", ["bench", "memory", "--pairs", "0"], "--pairs"),
+    ("bench memory --raw-pairs x", ["bench", "memory", "--raw-pairs", "x"], "--raw-pairs"),
+    ("bench memory --steps -1", ["bench", "memory", "--steps=-1"], "--steps"),
+    ("bench memory --defrag-tensors 1", ["bench", "memory", "--defrag-tensors", "1"], "--defrag-tensors"),
+    ("bench memory --defrag-tensors 500", ["bench", "memory", "--defrag-tensors", "500"], "--defrag-tensors"),
+    ("bench memory --seed -1", ["bench", "memory", "--seed=-1"], "--seed"),
+    ("bench memory --seeds 0", ["bench", "memory", "--seeds", "0"], "--seeds"),
     ("bench serve --concurrency 0", ["bench", "serve", "--concurrency", "1,0"], "--concurrency"),
     ("bench serve --concurrency x", ["bench", "serve", "--concurrency", "x"], "--concurrency"),
     ("bench serve --requests 0", ["bench", "serve", "--requests", "0"], "--requests"),
@@ -167,6 +174,13 @@ def test_bad_argument_exits_2_with_one_line_before_any_work(name, argv, word, fi
     assert err.endswith("\n") and err.count("\n") == 1, f"not one line: {err!r}"
     assert word in err, err
     assert err.startswith("vnpu"), err
+
+
+def test_bad_alloc_conf_exits_2_with_one_line_before_any_work(tripwires, capsys, monkeypatch):
+    monkeypatch.setenv("VNPU_ALLOC_CONF", "expandable_segments:True")
+    rc, out, err = _cli(["bench", "memory", "--pairs", "1"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, (rc, out, err)
+    assert err.startswith("vnpu: error 107000") and "VNPU_ALLOC_CONF: expandable_segments" in err, err
 
 
 def test_help_still_works(capsys):

@@ -421,6 +421,8 @@ def test_small_collectives_reuse_the_communicators_buffers(rt, pool):
     devs = rt.devices()
     n = len(devs)
     engines = [rt.backend.device(d.physical_id) for d in devs]
+    for d in devs:
+        d.empty_cache()                   # the driver's view below: no cached pool segments on either side
     used0 = [d.mem_info() for d in devs]
     x = np.arange(n * 300, dtype=np.float32).reshape(n, 300)
     ts = [pool.put(d, x[r]) for r, d in enumerate(devs)]
@@ -439,6 +441,8 @@ def test_small_collectives_reuse_the_communicators_buffers(rt, pool):
         assert [e.arena.gen for e in engines] == gens                     # nothing freed
         assert [e.hccl.stats["messages"] - m for e, m in zip(engines, msgs)] == [10 * (n - 1)] * n
     pool.free()
+    for d in devs:
+        d.empty_cache()
     assert [d.mem_info() for d in devs] == used0                          # destroy returned them
 
 

@@ -36,9 +36,9 @@ PACKAGES = ("devices", "driver", "runtime")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("device model", ("devices",)),
     ("driver", ("driver",)),
-    ("runtime core", ("runtime", "runtime.api", "runtime.backend", "runtime.graph", "runtime.hccl", "runtime.profiler",
-                      "runtime.acl", "runtime.models", "runtime.atc", "runtime.offline",
-                      "runtime.sanitize", "runtime.observe")),
+    ("runtime core", ("runtime", "runtime.api", "runtime.backend", "runtime.graph", "runtime.hccl",
+                      "runtime.acl", "runtime.memory", "runtime.profiler", "runtime.models", "runtime.atc",
+                      "runtime.offline", "runtime.sanitize", "runtime.observe")),
     ("runtime cluster", ("runtime.cluster",)),
     ("serving", ("runtime.serve",)),
     ("benchmarks", ("runtime.bench",)),

@@ -11,6 +11,14 @@ from conftest import make_local_runtime
 from devices.errors import AclError, InvalidDeviceError, InvalidParamError, MemoryAllocationError
 from runtime.models import GenerateJob, sample_token
 from runtime.models.common import hbm_used
+
+
+def settled_hbm(devs) -> list[int]:
+    """HBM in use once the caching pools gave back what they cached (a job's close empties the pool,
+    also of what other jobs cached on the same device)."""
+    for d in devs:
+        d.empty_cache()
+    return hbm_used(devs)
 from runtime.models.tokenizer import gguf_tokenizer
 from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
 
@@ -215,7 +223,7 @@ def test_sample_token_filters():
 @pytest.mark.parametrize("parallel,n", [("tp", 3), ("pp", 2)])
 def test_parallel_modes_give_identical_tokens(rt3, prompts, greedy_1dev, parallel, n):
     devs = rt3.devices()
-    before = hbm_used(devs)
+    before = settled_hbm(devs)
     job = GenerateJob(rt3, "smollm2", devices=n, parallel=parallel, max_len=256)
     try:
         res = job.generate(prompts[:1], max_new_tokens=16)
@@ -228,15 +236,21 @@ def test_parallel_modes_give_identical_tokens(rt3, prompts, greedy_1dev, paralle
 
 # ---------------------------------------------------------------------------------------------- memory
 def test_generate_frees_its_buffers(rt3, job1, prompts):
+    """A call's buffers go back to the caching pool (allocated bytes as before), and the next call of
+    the same shape reuses them: nothing more is reserved from the driver."""
     dev = rt3.device(0)
-    used = hbm_used([dev])
+    allocated = dev.memory_allocated()
     job1.generate(prompts, max_new_tokens=3)
-    assert hbm_used([dev]) == used
+    assert dev.memory_allocated() == allocated
+    reserved, used, mallocs = dev.memory_reserved(), hbm_used([dev]), dev.memory_stats()["num_device_alloc"]
+    job1.generate(prompts, max_new_tokens=3)
+    assert dev.memory_allocated() == allocated
+    assert (dev.memory_reserved(), hbm_used([dev]), dev.memory_stats()["num_device_alloc"]) == (reserved, used, mallocs)
 
 
 def test_close_returns_hbm(rt3):
     devs = rt3.devices()
-    before = hbm_used(devs)
+    before = settled_hbm(devs)
     job = GenerateJob(rt3, "smollm2", devices=[2], parallel="none", max_len=64)
     assert hbm_used(devs)[2] > before[2] + (400 << 20)
     job.generate(["hi"], max_new_tokens=2)
@@ -277,7 +291,7 @@ def test_out_of_memory_is_clean():
     small = make_local_runtime(2, arena=256 << 20)
     try:
         devs = small.devices()
-        before = hbm_used(devs)
+        before = settled_hbm(devs)
         for parallel, n in (("none", 1), ("pp", 2)):
             with pytest.raises(MemoryAllocationError) as e:
                 GenerateJob(small, "smollm2", devices=n, parallel=parallel)
@@ -291,7 +305,7 @@ def test_kv_cache_that_does_not_fit_is_clean():
     small = make_local_runtime(1, arena=600 << 20)
     try:
         dev = small.device(0)
-        before = hbm_used([dev])
+        before = settled_hbm([dev])
         job = GenerateJob(small, "smollm2", devices=1, max_len=2048)
         try:
             with pytest.raises(AclError) as e:
@@ -324,3 +338,36 @@ def test_cli_generate(monkeypatch, capsys, greedy_1dev):
     assert main(["run", "generate", "--prompt", "hi", "--devices", "2", "--parallel", "none"]) == 2
     assert "107001" in capsys.readouterr().err                 # only 1 device exists
     assert main(["run", "generate", "--prompt", "", "--max-new-tokens", "2"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------- the caching pool
+def test_job_memory_is_placed_by_lifetime_and_survives_a_defragmentation(prompts, greedy_1dev):
+    """The job allocates its weights (and each call's KV history) long-lived, packed at the top of HBM,
+    and its activations short-lived, below them; a live defragmentation that moves the weights (a
+    long-lived filler above them freed: a hole large enough for a copy) keeps the job working: it
+    rebuilds its cached launch descriptors and gives the same greedy tokens."""
+    small = make_local_runtime(1, arena=1536 << 20)                # room for the weights twice over
+    try:
+        dev = small.device(0)
+        hi = dev.empty((600 << 20,), "uint8", lifetime="long")      # the top 600 MiB (never touched)
+        job = GenerateJob(small, "smollm2", devices=[0], parallel="none", max_len=256)
+        try:
+            assert [g.token_ids for g in job.generate(prompts, max_new_tokens=16)] == greedy_1dev
+            segs = dev.memory_snapshot()
+            long_ = [s for s in segs if s["lifetime"] == "long" and s["address"] != hi.ptr]
+            short = [s for s in segs if s["lifetime"] == "short"]
+            assert sum(s["allocated_size"] for s in long_) > (400 << 20)           # the weights
+            assert short and max(s["address"] + s["total_size"] for s in short) <= min(s["address"] for s in long_)
+            weights = max(long_, key=lambda s: s["allocated_size"])
+            hi.free()
+            rep = dev.defragment()
+            assert weights["address"] in {old for old, _, _ in rep.moves}           # the weights moved up
+            assert rep.bytes_moved >= weights["requested_size"] and rep.arena_fragmentation_after == 0.0
+            assert [g.token_ids for g in job.generate(prompts, max_new_tokens=16)] == greedy_1dev
+        finally:
+            job.close()
+            hi.free()                                                # a no-op when already freed
+        dev.empty_cache()
+        assert dev.mem_info()[0] == dev.mem_info()[1]
+    finally:
+        small.close()

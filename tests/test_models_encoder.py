@@ -15,6 +15,14 @@ from devices.errors import InvalidDeviceError, InvalidParamError, MemoryAllocati
 from fp32 import assert_within, gamma
 from runtime.models import EmbedJob
 from runtime.models.common import hbm_used
+
+
+def settled_hbm(devs) -> list[int]:
+    """HBM in use once the caching pools gave back what they cached (a job's close empties the pool,
+    also of what other jobs cached on the same device)."""
+    for d in devs:
+        d.empty_cache()
+    return hbm_used(devs)
 from runtime.models.weights import load_safetensors, minilm_l3_onnx, minilm_l6_dir
 
 ARENA = 256 << 20
@@ -116,7 +124,7 @@ def l6_single(rt):
 @pytest.mark.parametrize("parallel,n", [("dp", 1), ("dp", 2), ("tp", 2)])
 def test_l3_matches_onnxruntime(rt, ort_l3, parallel, n):
     devs = rt.devices()
-    before = hbm_used(devs)
+    before = settled_hbm(devs)
     with EmbedJob(rt, "minilm-l3", devices=n, parallel=parallel, batch_size=4) as job:
         got = job.embed(TEXTS)
         st = job.last_stats
@@ -172,7 +180,7 @@ def test_bad_input(rt):
     with pytest.raises(InvalidParamError):
         EmbedJob(rt, "minilm-l3", devices=0)
     devs = rt.devices()
-    before = hbm_used(devs)
+    before = settled_hbm(devs)
     with EmbedJob(rt, "minilm-l3", devices=1) as job:
         for bad in ([], [""], ["ok", "  "], "a string", [None]):
             with pytest.raises(InvalidParamError):
@@ -186,7 +194,7 @@ def test_out_of_memory_is_clean():
     small = make_local_runtime(2, arena=48 << 20)        # L6 weights alone are 91 MB
     try:
         devs = small.devices()
-        before = hbm_used(devs)
+        before = settled_hbm(devs)
         with pytest.raises(MemoryAllocationError) as e:
             EmbedJob(small, "minilm-l6", devices=2, parallel="dp")
         assert e.value.code == 207001

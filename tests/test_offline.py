@@ -33,6 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CNN_K, CNN_DEPTH = 72, 4                       # longest reduction (3x3x8) and chained reductions of the CNN
 
 
+def free_hbm(dev) -> int:
+    """The device's free HBM once the caching pool gave back what it caches (the tests' own tensors come
+    from the pool; the model's weights and workspace are raw allocations)."""
+    dev.empty_cache()
+    return dev.mem_info()[0]
+
+
 @pytest.fixture(scope="module")
 def rt():
     r = make_local_runtime(count=2, arena=160 << 20)
@@ -83,7 +90,7 @@ def test_minilm_through_vnpu_atc_and_the_device(rt, tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[-1] == "ATC run success, welcome to the next use."
     dev = rt.device(0)
-    free0 = dev.mem_info()[0]
+    free0 = free_hbm(dev)
     m = offline.load(f"{out}.om", dev)
     try:
         d = m.desc
@@ -111,7 +118,7 @@ def test_minilm_through_vnpu_atc_and_the_device(rt, tmp_path):
         stream.destroy()
     finally:
         m.unload()
-    assert dev.mem_info()[0] == free0
+    assert free_hbm(dev) == free0
 
 
 # ----------------------------------------------------------------------------------------- CNN
@@ -119,9 +126,9 @@ def test_minilm_through_vnpu_atc_and_the_device(rt, tmp_path):
 def test_cnn_at_every_gear_matches_onnxruntime(rt, cnn_om):
     model, blob = cnn_om
     dev = rt.device(0)
-    free0 = dev.mem_info()[0]
+    free0 = free_hbm(dev)
     m = offline.load_from_bytes(blob, dev)
-    assert dev.mem_info()[0] < free0 - m.hbm_bytes + 1                      # weights + workspace, once
+    assert free_hbm(dev) < free0 - m.hbm_bytes + 1                      # weights + workspace, once
     try:
         d = m.desc
         assert d.inputs[0].dims == (-1, 3, 16, 16) and d.inputs[0].format == "NCHW" and d.inputs[0].acl_format == 0
@@ -133,7 +140,7 @@ def test_cnn_at_every_gear_matches_onnxruntime(rt, cnn_om):
             assert_close(got, ort_run(model, {"x": x})[0], k=CNN_K, depth=CNN_DEPTH, what=f"batch {b}")
     finally:
         m.unload()
-    assert dev.mem_info()[0] == free0
+    assert free_hbm(dev) == free0
 
 
 def test_each_gear_is_one_graph_captured_once_and_replayed(rt, cnn_om):
@@ -161,7 +168,7 @@ def test_onnx_compiles_on_load(rt, tmp_path):
     path = tmp_path / "cnn.onnx"
     path.write_bytes(model.SerializeToString())
     dev = rt.device(1)
-    free0 = dev.mem_info()[0]
+    free0 = free_hbm(dev)
     m = offline.load(path, dev)                     # static shapes in the file: no input_shape needed
     try:
         assert m.desc.dynamic_batch == () and m.report["fused"]["conv_bn"] == 2
@@ -177,7 +184,7 @@ def test_onnx_compiles_on_load(rt, tmp_path):
         assert_close(m2.run([x], batch=3)[0], ref, k=CNN_K, depth=CNN_DEPTH)
     finally:
         m2.unload()
-    assert dev.mem_info()[0] == free0
+    assert free_hbm(dev) == free0
 
 
 def test_two_streams_never_share_the_workspace(rt, cnn_om):
@@ -276,7 +283,7 @@ def test_every_misuse_returns_its_code_and_the_device_keeps_working(rt, cnn_om):
 def test_unloaded_model_is_refused(rt, cnn_om):
     _, blob = cnn_om
     dev = rt.device(0)
-    free0 = dev.mem_info()[0]
+    free0 = free_hbm(dev)
     m = offline.load_from_bytes(blob, dev)
     mid = m.id
     assert offline.get_model(mid) is m
@@ -290,12 +297,12 @@ def test_unloaded_model_is_refused(rt, cnn_om):
         assert code_of(lambda: offline.get_model(10 ** 9)) == ACL_ERROR_GE_EXEC_MODEL_ID_INVALID
     finally:
         bufs.free()
-    assert dev.mem_info()[0] == free0
+    assert free_hbm(dev) == free0
 
 
 def test_bad_files_and_other_soc_are_refused(rt, tmp_path):
     dev = rt.device(0)
-    free0 = dev.mem_info()[0]
+    free0 = free_hbm(dev)
     assert code_of(lambda: offline.load(tmp_path / "missing.om", dev)) == ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
     assert code_of(lambda: offline.load(tmp_path, dev)) == ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID
     atc_file = tmp_path / "resnet50_huawei.om"
@@ -310,7 +317,7 @@ def test_bad_files_and_other_soc_are_refused(rt, tmp_path):
     with pytest.raises(AclError, match="Ascend310P3") as ei:
         offline.load_from_bytes(blob, dev)
     assert ei.value.code == ACL_ERROR_GE_LOAD_MODEL
-    assert dev.mem_info()[0] == free0                                       # nothing left behind
+    assert free_hbm(dev) == free0                                       # nothing left behind
 
 
 # ----------------------------------------------------------------------------------------- a real device actor
@@ -324,7 +331,7 @@ def test_offline_model_on_a_device_actor(cnn_om):
     r = Runtime(cluster.backend())
     try:
         dev = r.device(0)
-        free0 = dev.mem_info()[0]
+        free0 = free_hbm(dev)
         m = offline.load_from_bytes(blob, dev)
         bufs = Buffers(dev, m, 4, seed=9)
         s = dev.stream()
@@ -339,7 +346,7 @@ def test_offline_model_on_a_device_actor(cnn_om):
         bufs.free()
         s.destroy()
         m.unload()
-        assert dev.mem_info()[0] == free0
+        assert free_hbm(dev) == free0
     finally:
         r.close()
         cluster.close()

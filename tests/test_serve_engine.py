@@ -284,3 +284,54 @@ def test_tensor_parallel_engine_equals_one_device(engine):
         rt3.close()
     one = [solo(engine, ids, sp) for ids, sp in reqs]
     assert sum(compare(a, b, tolerance(engine, one)) for a, b in zip(one, tp)) <= 1
+
+
+# ---------------------------------------------------------------------------------------------- the caching pool
+def test_engine_survives_a_live_defragmentation():
+    """The engine's weights and KV region (long-lived) and activations (short-lived) come from the pool.
+    While requests run on the engine thread, ``paused()`` holds it between two steps and a defragmentation
+    moves all of that memory (fillers below and above freed, the upper one large enough for the
+    weights), re-binds the captured decode graphs in place and the KV cache's descriptors follow: the
+    requests finish with the tokens and logprobs of an undisturbed run."""
+    r = Runtime(LocalBackend(1, DeviceConfig(arena_bytes=1536 << 20)))
+    try:
+        d = r.device(0)
+        lo = d.empty((16 << 20,), "uint8")                           # free space below the activations ...
+        hi = d.empty((600 << 20,), "uint8", lifetime="long")         # ... and above the weights, once freed
+        e = GenerateEngine(r, "smollm2", [0], EngineConfig(max_num_seqs=2, max_num_batched_tokens=32,
+                                                            max_model_len=64, num_gpu_blocks_override=16))
+        try:
+            reqs = [(e.encode(prompt(i, 4 + 5 * i)), SamplingParams(max_tokens=20, temperature=0, logprobs=2,
+                                                                    ignore_eos=True)) for i in range(2)]
+            first = [h.result(0) for h in run_until_done(e, {0: reqs})]
+            graphs, captures = e.snapshot().graphs, e.snapshot().captures
+            assert graphs >= 1
+            s0 = e.snapshot().steps
+            handles = [e.add_request(ids, sp) for ids, sp in reqs]   # both in the first step, as above:
+            e.start()                                                # the same batches, bit-identical results
+            assert e.wait_until(lambda s: s.steps >= s0 + 2, 120)   # prefill done, decoding
+            with e.paused(60):
+                running = e.snapshot().running
+                live = {b["address"]: s["lifetime"] for s in d.memory_snapshot() for b in s["blocks"]
+                        if b["state"] == "active_allocated"}
+                lo.free()
+                hi.free()
+                rep = d.defragment()
+            assert running == 2                                       # mid-request (18 steps of margin)
+            moved = [live[old] for old, _, _ in rep.moves]
+            assert moved.count("long") >= 2 and "short" in moved     # weights, KV region, activations
+            assert rep.bytes_moved > (400 << 20) and rep.graphs_rebound == graphs
+            assert rep.arena_fragmentation_after == 0.0
+            again = [h.result(120) for h in handles]
+            assert (e.snapshot().graphs, e.snapshot().captures) == (graphs, captures)   # replayed, not recaptured
+            for a, b in zip(first, again):
+                assert a.token_ids == b.token_ids
+                assert [x.top for x in a.logprobs] == [x.top for x in b.logprobs]
+        finally:
+            e.shutdown()
+            lo.free()                                                # no-ops when already freed
+            hi.free()
+        d.empty_cache()
+        assert d.mem_info()[0] == d.mem_info()[1]
+    finally:
+        r.close()

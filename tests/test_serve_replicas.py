@@ -72,6 +72,9 @@ def test_replicas_behind_the_routes_scale_out_and_drain_on_scale_in(cluster):
         reps = out["replicas"]
         assert len(reps) == 2 and sorted(d for r in reps for d in r["devices"]) == [0, 1]    # a device group each
         assert len({r["pid"] for r in reps}) == 2 and ray.available_resources().get("NPU", 0) == 0
+        defrag = post(srv, "/admin/defragment", {})["devices"]         # each replica compacts its own device
+        assert sorted(d["replica"] for d in defrag) == sorted(r["name"] for r in reps)
+        assert all(d["arena_fragmentation_after"] <= d["arena_fragmentation_before"] for d in defrag)
 
         texts, firsts = [None] * 4, threading.Barrier(5)
 

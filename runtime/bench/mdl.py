@@ -156,6 +156,7 @@ def bench(model: str, batch: int, seq: int, rounds: int, soc: str, backend: str)
                     x.free()
             stream.destroy()
             m.unload()
+            dev.empty_cache()                   # the inputs and outputs went back to the caching pool
         res["hbm_back_to_baseline"] = dev.mem_info()[0] == free0
     med = {k: statistics.median(v) for k, v in t.items() if v}
     cmed = {k: statistics.median(v) for k, v in cpu.items() if v}

@@ -1,7 +1,7 @@
 """The ``vnpu`` command line.  One module per command group, each with ``register(subparsers)``;
 commands that need devices use the running cluster (``vnpu up``) or start an embedded one for their own
-run.  Every command checks its arguments before doing work (:mod:`runtime.cliargs`): a bad one exits 2
-with one line on stderr."""
+run.  Every command checks its arguments before doing work (:mod:`runtime.cliargs`), and the caching
+pool's ``VNPU_ALLOC_CONF`` with them: a bad one exits 2 with one line on stderr."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,7 @@ import sys
 
 from devices.errors import AclError
 from runtime.cliargs import Parser, UsageError, report
+from runtime.memory import AllocConfig
 
 #: command groups, in the order ``vnpu --help`` lists them
 COMMANDS = ("cluster", "token", "smi", "demo", "run", "serve", "atc", "chaos", "sanitize", "prof", "bench")
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:              # --help (0) or a bad argument (2, its one line already printed)
         return e.code if isinstance(e.code, int) else 2
     try:
+        AllocConfig.from_env()           # a bad VNPU_ALLOC_CONF fails here, before any work, not mid-run
         return a.fn(a) or 0
     except UsageError as e:
         return report(e)

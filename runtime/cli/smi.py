@@ -1,4 +1,8 @@
-"""``vnpu smi``: an npu-smi-like device table (and its JSON form) from the devices' telemetry."""
+"""``vnpu smi``: an npu-smi-like device table (and its JSON form) from the devices' telemetry.
+
+HBM fragmentation is the arena's (all clients together): 1 - largest free block / free bytes; an
+allocation larger than the largest free block fails even when enough is free (``Device.defragment()``
+compacts a client's pool memory)."""
 from __future__ import annotations
 
 import json
@@ -37,7 +41,8 @@ def collect(rt: Runtime) -> list[dict]:
             "npu": i, "physical_id": dev.physical_id, "name": info.short_name, "chip": info.chip,
             "health": health, "reasons": reasons, "power_w": t["power_w"], "temperature_c": t["temperature_c"],
             "aicore_util": t["aicore_util_avg"], "hbm_used_mb": t["hbm_used"] / 2**20,
-            "hbm_total_mb": t["hbm_total"] / 2**20, "tasks_run": t["tasks_run"], "bus_id": info.bus_id,
+            "hbm_total_mb": t["hbm_total"] / 2**20, "hbm_largest_free_mb": t["hbm_largest_free"] / 2**20,
+            "fragmentation": t["fragmentation"], "tasks_run": t["tasks_run"], "bus_id": info.bus_id,
             "address": addr,
         })
     return rows
@@ -54,13 +59,14 @@ def render(rows: list[dict], version: str = "vnpu 0.1.0") -> str:
            "| " + f"npu-smi ({version})".ljust(sum(_W) + 1) + "|",
            sep,
            line("NPU   Name", "Health", "Power(W)    Temp(C)     Tasks"),
-           line("Chip  Node", "Bus-Id", "AICore(%)   HBM-Usage(MB)"),
+           line("Chip  Node", "Bus-Id", "AICore(%)   HBM-Usage(MB)        HBM-Frag"),
            dsep]
     for r in rows:
         out.append(line(f"{r['npu']:<5} {r['name']}", r["health"],
                         f"{r['power_w']:<11.1f} {r['temperature_c']:<11.0f} {r['tasks_run']}"))
+        usage = f"{r['hbm_used_mb']:.0f} / {r['hbm_total_mb']:.0f}"
         out.append(line(f"{r['physical_id']:<5} {r['address']}", r["bus_id"],
-                        f"{r['aicore_util']:<11.0f} {r['hbm_used_mb']:.0f} / {r['hbm_total_mb']:.0f}"))
+                        f"{r['aicore_util']:<11.0f} {usage:<20} {r['fragmentation']:.2f}"))
         out.append(dsep)
     return "\n".join(out)
 

@@ -68,6 +68,10 @@ class History:
 
 
 # ---------------------------------------------------------------------------------------------- workloads
+#: how long releasing a workload waits for the device's queued work before it leaves memory cached
+RELEASE_WAIT_MS = 1000.0
+
+
 class MlpWorkload:
     """A small self-contained 'embedding' model: ``rmsnorm(gelu(x @ W1) @ W2) * gamma`` per request,
     with built-in kernels (matmul, gelu, rmsnorm); :meth:`reference` is the numpy result."""
@@ -119,6 +123,10 @@ class MlpWorkload:
         if s is not None:
             with contextlib.suppress(Exception):
                 s.destroy()
+        dev = st.get("dev")
+        if dev is not None:                     # the tensors went back to the caching pool: to the driver too
+            with contextlib.suppress(Exception):
+                dev.empty_cache(timeout_ms=RELEASE_WAIT_MS)   # a hung device keeps them (and its worker)
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         h = x.astype(np.float32) @ self.w1

@@ -139,7 +139,7 @@ class BertRank:
         b.add("ids", (T,), "int32")
         b.add("mask", (T,))
         b.add("poolw", (T,))
-        b.allocate()
+        b.allocate(self.lc.stream)                  # activations: short-lived, for work on the rank's stream
         self.buf = b
         self.pack = HostPack(b, ["ids", "mask", "poolw"])
         self.cap_tokens, self.cap_batch = T, B

@@ -32,8 +32,10 @@ def td(t, shape=None, offset_bytes: int = 0) -> TensorDesc:
 class Block:
     """One device allocation carved into aligned, non-owned tensor views (weights or activations).
 
-    ``plan`` lays out (name, shape, dtype) entries; :meth:`allocate` makes the single allocation, so an
-    out-of-memory error happens at one place and leaves nothing behind.
+    ``plan`` lays out (name, shape, dtype) entries; :meth:`allocate` makes the single allocation (from
+    the device's caching pool, with a lifetime hint: weights and KV caches "long", activations "short"),
+    so an out-of-memory error happens at one place and leaves nothing behind.  The views follow the
+    allocation when defragmentation moves it.
     """
 
     def __init__(self, dev):
@@ -48,8 +50,9 @@ class Block:
         self.entries[name] = (self.size, shape, dtype)
         self.size += align(max(1, nbytes_of(shape, dtype)))
 
-    def allocate(self) -> "Block":
-        self.base = self.dev.empty((max(ALIGN, self.size),), "uint8")
+    def allocate(self, stream=None, lifetime: str = "short") -> "Block":
+        """Allocate for work on ``stream`` (default: the device's default stream)."""
+        self.base = self.dev.empty((max(ALIGN, self.size),), "uint8", stream=stream, lifetime=lifetime)
         for name, (off, shape, dtype) in self.entries.items():
             self.views[name] = self.base.view(shape, dtype, off)
         return self
@@ -69,12 +72,13 @@ class Block:
                 self.views = {}
 
 
-def upload_block(dev, arrays: dict[str, np.ndarray]) -> Block:
-    """Allocate one block for ``arrays`` and upload them (host-synchronous)."""
+def upload_block(dev, arrays: dict[str, np.ndarray], lifetime: str = "long") -> Block:
+    """Allocate one block for ``arrays`` (weights: long-lived by default) and upload them
+    (host-synchronous)."""
     b = Block(dev)
     for k, a in arrays.items():
         b.add(k, a.shape, a.dtype.name)
-    b.allocate()
+    b.allocate(lifetime=lifetime)
     try:
         for k, a in arrays.items():
             b.upload(k, a)
@@ -161,6 +165,23 @@ def pick_devices(rt, n) -> list:
     if n > have:
         raise InvalidDeviceError(f"the job asks for {n} devices but only {have} exist")
     return [rt.device(i) for i in range(n)]
+
+
+class DescCache:
+    """Launch arguments built once from tensors (the hot loops skip per-launch descriptor objects), built
+    again after a defragmentation moved memory (``dev.relocations`` changed)."""
+
+    def __init__(self, dev, build):
+        self.dev, self._build = dev, build
+        self._seen = -1
+        self.value = None
+
+    def get(self):
+        r = self.dev.relocations
+        if r != self._seen:
+            self.value = self._build()
+            self._seen = r
+        return self.value
 
 
 def hbm_used(devs) -> list[int]:
@@ -261,8 +282,11 @@ class JobBase:
     _closed: bool = False
 
     def _teardown(self) -> None:
-        """Destroy the job's communicators, then close its ranks (all of them, even when some fail)."""
+        """Destroy the job's communicators, then close its ranks (all of them, even when some fail), then
+        give the devices' cached pool memory back to the driver (the job's HBM is free again)."""
         c = Closer()
+        for d in getattr(self, "devices", ()):
+            c.push(d.empty_cache)
         for comm in self._comms:
             c.push(comm.destroy)
         for r in self.ranks:

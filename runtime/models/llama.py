@@ -49,7 +49,7 @@ import numpy as np
 from devices.errors import AclError, InvalidParamError
 from runtime import hccl
 
-from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
+from .common import (Block, Closer, DescCache, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
                      td, upload_block)
 from .tokenizer import GgufBpeTokenizer, gguf_tokenizer
 from .weights import LlamaConfig, llama_layer, llama_output, load_gguf_cached, smollm2_gguf
@@ -113,7 +113,8 @@ class LlamaRank:
             self.prev, self.next = comm.rank - 1, comm.rank + 1
         self.lc = Launcher(dev)
         self.w: Block | None = None
-        self.buf: Block | None = None
+        self.buf: Block | None = None                        # this call's activations and step inputs (short-lived)
+        self.kv: Block | None = None                         # this call's KV history (long-lived)
         self.packs: dict[str, HostPack] = {}
         self.graph = None                                    # this call's captured decode step
         self.graph_counts = (0, 0)                           # (launches, collectives) inside it
@@ -124,12 +125,26 @@ class LlamaRank:
             raise
         self.chunk = spec.hq // spec.hkv + 2            # rope chunks of Hkv heads per token row
         self.W = spec.hq + 2 * spec.hkv                  # heads per H row
-        self.wd = {k: t.desc for k, t in self.w.views.items()}     # launch arguments, built once
+        self._wd = DescCache(dev, self._weight_descs)   # launch arguments, built once (again after a move)
+        self._kvd = DescCache(dev, self._kv_descs)
+
+    def _weight_descs(self) -> dict:
+        spec, cfg = self.spec, self.cfg
+        wd = {k: t.desc for k, t in self.w.views.items()}
         for i in spec.layers:
-            t = self.wd[f"{i}.wgu"]
-            self.wd[f"{i}.wgu2"] = td(t, (2 * spec.ff, cfg.d_model))  # gate|up rows as one matrix
+            wd[f"{i}.wgu2"] = td(wd[f"{i}.wgu"], (2 * spec.ff, cfg.d_model))  # gate|up rows as one matrix
         if spec.head:
-            self.wd["head"] = td(self.wd["embd"], (spec.v1 - spec.v0, cfg.d_model), spec.v0 * cfg.d_model * 4)
+            wd["head"] = td(wd["embd"], (spec.v1 - spec.v0, cfg.d_model), spec.v0 * cfg.d_model * 4)
+        return wd
+
+    def _kv_descs(self) -> tuple[dict, dict]:
+        dh = self.cfg.head_dim
+        hist = {i: self.kv[f"H{i}"].desc for i in self.spec.layers}
+        return hist, {i: td(h, (self.cap * self.B * self.W, dh)) for i, h in hist.items()}
+
+    @property
+    def wd(self) -> dict:
+        return self._wd.get()
 
     # -------------------------------------------------------------- weights
     def _host_weights(self, host: dict) -> dict[str, np.ndarray]:
@@ -159,9 +174,10 @@ class LlamaRank:
         cfg, sp = self.cfg, self.spec
         d, dh = cfg.d_model, cfg.head_dim
         b = Block(self.dev)
+        kv = Block(self.dev)
         Mp = B * P
         for i in sp.layers:
-            b.add(f"H{i}", (cap, B, self.W, dh))
+            kv.add(f"H{i}", (cap, B, self.W, dh))
         n_p = B * sp.hq * P + 2 * B * sp.hkv * P
         for tag, M in (("p", Mp), ("d", B)):
             b.add(f"x2{tag}", (2, M, d))
@@ -187,26 +203,40 @@ class LlamaRank:
         b.add("slotd", (1,), "int32")                 # the cache slot this step writes
         b.add("lensd", (B,), "int32")                 # slots attended: [pad_b, slot]
         b.add("padsd", (B,), "int32")
-        self.buf = b
+        self.buf, self.kv = b, kv
         self.B, self.P, self.cap = B, P, cap
-        return b.size
+        return b.size + kv.size
 
     def allocate(self) -> None:
-        self.buf.allocate()
+        """This call's buffers, for work on the rank's stream: the KV history long-lived (packed with the
+        weights at the top of HBM), activations and step inputs short-lived."""
+        self.kv.allocate(self.lc.stream, lifetime="long")
+        try:
+            self.buf.allocate(self.lc.stream)
+        except BaseException:
+            self.kv.free()
+            raise
         self.packs = {"p": HostPack(self.buf, ["idsp", "posp", "maskp", "gidsp"]),
                       "d": HostPack(self.buf, ["idsd", "posd", "slotd", "lensd", "padsd"])}
         self.graph = None
-        dh = self.cfg.head_dim
-        self.hist = {i: self.buf[f"H{i}"].desc for i in self.spec.layers}
-        self.table = {i: td(h, (self.cap * self.B * self.W, dh)) for i, h in self.hist.items()}
+        self._kvd = DescCache(self.dev, self._kv_descs)
+
+    @property
+    def hist(self) -> dict:
+        return self._kvd.get()[0]
+
+    @property
+    def table(self) -> dict:
+        return self._kvd.get()[1]
 
     def release(self) -> None:
         if self.graph is not None:
             g, self.graph = self.graph, None
             g.destroy()
-        if self.buf is not None:
-            self.buf.free()
-        self.buf = None
+        for blk in (self.buf, self.kv):
+            if blk is not None:
+                blk.free()
+        self.buf = self.kv = None
         self.packs = {}
 
     # -------------------------------------------------------------- step inputs
@@ -316,15 +346,16 @@ class LlamaRank:
             self.comm.recv(x, self.prev, stream=lc.stream)
             lc.collectives += 1
         x2d, h2d = td(x2), td(h2)
+        hist, table = self.hist, self.table
         for i in sp.layers:
-            H = self.hist[i]
+            H = hist[i]
             lc("rmsnorm", [td(x), w[f"{i}.an"]], [h0 if single else h2d], eps=eps)
             if tag == "p":
                 slot = td(H, (M, W * dh))
                 rv = td(slot, (M, self.chunk, sp.hkv, dh))
                 lc("matmul", [h0, w[f"{i}.wqkv"]], [slot], transpose_b=True)
                 lc("rope", [rv, pos], [rv], **rope_attrs)
-                lc("embedding", [self.table[i], gids], [gv])
+                lc("embedding", [table[i], gids], [gv])
                 lc("attention", qkv, [att], causal=True, q_offset=0)
                 lc("transpose", [att], [att2t], perm=(2, 0, 1, 3))
             else:

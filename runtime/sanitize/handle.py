@@ -99,10 +99,10 @@ class SanitizedHandle:
         self.inner.close()
 
     # ------------------------------------------------------------------ memory (host-synchronous)
-    def malloc(self, size: int, policy: int = 0) -> int:
+    def malloc(self, size: int, policy: int = 0, placement: int = 0) -> int:
         site = self.session.site()
         try:
-            ptr = self.inner.malloc(size, policy)
+            ptr = self.inner.malloc(size, policy, placement=placement)
         except AclError as e:
             self._refused(e, site)
             raise
@@ -303,6 +303,13 @@ class SanitizedHandle:
 
     def graph_info(self, gid: int) -> dict:
         return self.inner.graph_info(gid)
+
+    def graph_rebind(self, gid: int, moves) -> int:
+        n = self.inner.graph_rebind(gid, moves)
+        if n:
+            with self.session.lock:
+                self.tracker.graph_rebound(gid, moves)
+        return n
 
     # ------------------------------------------------------------------ HCCL communicators
     def profile(self, action: str) -> dict:

@@ -24,6 +24,7 @@ _ROOT = _RUNTIME.parent
 #: directories and files whose frames are the runtime's own (skipped, the outermost names the API entry)
 INTERNAL = tuple(str(p) for p in (
     _RUNTIME / "sanitize", _RUNTIME / "acl", _RUNTIME / "offline", _RUNTIME / "api.py", _RUNTIME / "graph.py",
+    _RUNTIME / "memory",
     _RUNTIME / "hccl.py", _RUNTIME / "backend.py", _RUNTIME / "cluster" / "remote.py",
     _RUNTIME / "cluster" / "failover.py", _RUNTIME / "profiler", _ROOT / "devices", _ROOT / "driver"))
 #: frames skipped on the way out that never name the API entry: the acl calling convention's wrapper (the

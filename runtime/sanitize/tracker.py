@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from devices.graph import PointerMap, remap_ops
 from devices.access import op_accesses, op_label
 from devices.tasks import Collective, ExecGraph, Record, Wait
 
@@ -59,10 +60,11 @@ class EventState:
 
 
 class GraphState:
-    __slots__ = ("gid", "site", "footprint", "steps")
+    __slots__ = ("gid", "site", "footprint", "steps", "ops")
 
-    def __init__(self, gid: int, site: int, footprint: Footprint, steps: int):
+    def __init__(self, gid: int, site: int, footprint: Footprint, steps: int, ops: list | None = None):
         self.gid, self.site, self.footprint, self.steps = gid, site, footprint, steps
+        self.ops = ops or []            #: (op, capture site) in capture order (re-bound after a defragmentation)
 
 
 class DeviceTracker:
@@ -134,7 +136,15 @@ class DeviceTracker:
     def graph_created(self, gid: int, ops: list, site: int) -> None:
         """``ops``: ``(op, capture site)`` in capture order."""
         steps = [(Step(i, op_label(op), s), op_accesses(op, self._comm(op))) for i, (op, s) in enumerate(ops)]
-        self.graphs[gid] = GraphState(gid, site, build_footprint(steps), len(ops))
+        self.graphs[gid] = GraphState(gid, site, build_footprint(steps), len(ops), list(ops))
+
+    def graph_rebound(self, gid: int, moves) -> None:
+        """The pool's defragmentation moved memory the graph uses: its footprint follows the remapped ops."""
+        g = self.graphs.get(gid)
+        if g is None:
+            return
+        pm = PointerMap(moves)
+        self.graph_created(gid, [(remap_ops((op,), pm)[0][0], site) for op, site in g.ops], g.site)
 
     def graph_destroyed(self, gid: int) -> None:
         self.graphs.pop(gid, None)

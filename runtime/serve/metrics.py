@@ -10,7 +10,12 @@ has its own :class:`prometheus_client.CollectorRegistry`.
 Beyond vLLM's set: the fallback chain (``vnpu:engine_placement`` = index of the chain entry in use,
 ``vnpu:engine_rebinds``), the scheduler mode's current batch limit (``vnpu:scheduler_max_num_seqs``), and
 per-tenant series (:class:`TenantMetrics`: requests by status, tokens, quota refusals, requests in
-flight).  Tenant labels are why ``/metrics`` needs an admin key when tenants are configured.
+flight), and memory (:class:`MemoryCollector`, label ``id``): the arena's fragmentation
+(``vnpu:hbm_fragmentation`` = 1 - largest free range / free bytes, all clients of the device, as ``vnpu
+smi`` shows it) and this server's caching pool per device (``vnpu:memory_pool_*``: reserved, allocated,
+largest free block and fragmentation of the pool's own segments, alloc retries, OOMs, defragmentations
+and bytes they moved -- ``Device.memory_stats()``).  Tenant labels are why ``/metrics`` needs an admin
+key when tenants are configured.
 """
 from __future__ import annotations
 
@@ -161,6 +166,53 @@ class NpuCollector:
         yield from fams.values()
 
 
+class MemoryCollector:
+    """Fragmentation of each device's arena and the server's caching pool on it, read at scrape (the
+    self-healing policy's ``defragment`` trigger watches these).  A device without a pool yet reports
+    zeros for the pool; an unreachable one is left out of the arena gauge."""
+
+    #: (metric suffix, ``memory_stats()`` key, help): gauges
+    POOL_GAUGES = (("reserved_bytes", "reserved_bytes.all.current", "Bytes the caching pool holds from the driver."),
+                   ("allocated_bytes", "allocated_bytes.all.current", "Bytes of live tensors in the caching pool."),
+                   ("inactive_split_bytes", "inactive_split_bytes.all.current",
+                    "Free bytes inside split segments of the caching pool."),
+                   ("largest_free_block_bytes", "largest_free_block",
+                    "Largest free block inside the caching pool's segments."),
+                   ("fragmentation", "fragmentation",
+                    "1 - largest free block / free bytes inside the caching pool's segments."))
+    #: (metric name without _total, ``memory_stats()`` key, help): counters
+    POOL_COUNTERS = (("alloc_retries", "num_alloc_retries", "Allocations that freed the cache and retried."),
+                     ("ooms", "num_ooms", "Allocations that failed with out of memory after the retry."),
+                     ("defragmentations", "num_defragmentations", "Live defragmentations that ran."),
+                     ("defrag_moved_bytes", "defrag_bytes_moved", "Bytes live defragmentations moved."))
+
+    def __init__(self, rt):
+        self.rt = rt
+
+    def collect(self):
+        hbm = GaugeMetricFamily(P + "hbm_fragmentation", "1 - largest free HBM range / free HBM of the device "
+                                "(all clients).", labels=("id",))
+        gauges = [(GaugeMetricFamily(P + "memory_pool_" + n, doc, labels=("id",)), key)
+                  for n, key, doc in self.POOL_GAUGES]
+        counters = [(CounterMetricFamily(P + "memory_pool_" + n, doc, labels=("id",)), key)
+                    for n, key, doc in self.POOL_COUNTERS]
+        for i in range(self.rt.device_count()):
+            dev = self.rt.device(i)
+            try:
+                hbm.add_metric([str(i)], dev.telemetry()["fragmentation"])
+            except Exception:  # noqa: BLE001 - an unreachable device is left out, not a failed scrape
+                pass
+            try:
+                st = dev.memory_stats()
+            except Exception:  # noqa: BLE001 - e.g. a bad VNPU_ALLOC_CONF: the pool has no stats to give
+                continue
+            for fam, key in gauges + counters:
+                fam.add_metric([str(i)], st[key])
+        yield hbm
+        for fam, _ in gauges + counters:
+            yield fam
+
+
 class TenantMetrics:
     """Per-tenant counters (fed by the HTTP layer) and the in-flight gauge (read from the quotas)."""
 
@@ -194,4 +246,5 @@ def make_registry(rt, engines: dict, max_model_len: int = 8192, quotas=None,
     reg.register(EngineCollector(engines))
     if rt is not None:
         reg.register(NpuCollector(rt))
+        reg.register(MemoryCollector(rt))
     return reg, logger, TenantMetrics(reg, quotas, tenants)

@@ -178,6 +178,9 @@ class ReplicaBody:
     def fallback(self, model: str):
         return self.svc.fallback(model, "requested through the front")
 
+    def defragment(self, timeout: float | None = 60.0) -> list[dict]:
+        return self.svc.defragment(timeout)
+
     def restore(self, model: str):
         return self.svc.restore(model)
 
@@ -605,6 +608,18 @@ class ReplicaService(Frontend):
             reps = list(self.replicas.values())
         for r in reps:
             r.handle.throttle.remote(factor).result(timeout_s=60)
+        return out
+
+    def defragment(self, timeout: float | None = 60.0) -> list[dict]:
+        """Live defragmentation in every replica that is not failed (each holds its engines between steps
+        and compacts its own devices: :meth:`runtime.serve.server.Service.defragment`), one replica after
+        the other; one report per replica device, with the replica's name (blocks the caller)."""
+        with self._cv:
+            reps = [r for r in self.replicas.values() if r.state != "failed"]
+        out = []
+        for r in reps:
+            for d in r.handle.defragment.remote(timeout).result(timeout_s=600):
+                out.append({"replica": r.name, **d})
         return out
 
     def fallback(self, model: str, reason: str = "requested", timeout: float | None = None):

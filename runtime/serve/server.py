@@ -8,7 +8,7 @@ server binds loopback unless told otherwise -- and refuses a non-loopback addres
 The service holds the HTTP tenants (:mod:`.tenants`: keys, priority classes, quotas) and the engines;
 generation engines get their fallback chain (:mod:`.engine.placement`) and share one CPU fallback device.
 The admin operations the self-healing layer drives are methods here: :meth:`Service.fallback`,
-:meth:`Service.restore`, :meth:`Service.state_dict` (and, with Ray Serve replicas,
+:meth:`Service.restore`, :meth:`Service.defragment`, :meth:`Service.state_dict` (and, with Ray Serve replicas,
 :class:`runtime.serve.replicas.ReplicaService` adds ``scale_out``/``scale_in``).
 
 Blocking: :meth:`Server.start` returns once the socket is bound (engines may still be loading, see
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import ExitStack
 from typing import Callable
 
 from .api import build_app
@@ -189,6 +190,31 @@ class Frontend:
                 e.set_throttle(factor)
         self._event({"kind": "throttle", "factor": factor, "t": time.monotonic()})
         return {"throttle": factor}
+
+    def defragment(self, timeout: float | None = 60.0) -> list[dict]:
+        """Live defragmentation of every device the engines run on (the memory pool's
+        :meth:`runtime.api.Device.defragment`): every engine is held between two steps (requests keep
+        queuing, running ones resume where they were), each device is compacted once -- the engines'
+        weights, KV caches and activations move, captured decode graphs are re-bound in place -- then
+        the engines go on.  Blocks the caller for the pause (:class:`Unavailable` when an engine does not
+        reach a step boundary within ``timeout`` s; nothing moved then).  One report per device
+        (``device``: ``npu:<index>``, or ``cpu:0`` for the CPU fallback, then the
+        :class:`runtime.memory.DefragReport` fields)."""
+        engines = [e for e in list(self.engines.values()) if hasattr(e, "paused")]
+        out = []
+        with ExitStack() as held:
+            for e in engines:
+                held.enter_context(e.paused(timeout))
+            devs: dict[int, object] = {}
+            for e in engines:
+                for d in e.devices:
+                    devs.setdefault(id(d), d)
+            for d in devs.values():
+                rep = d.defragment()
+                out.append({"device": f"{'npu' if d.rt is self.rt else 'cpu'}:{d.index}", **rep.as_dict()})
+        self._event({"kind": "defragment", "devices": len(out), "bytes_moved": sum(r["bytes_moved"] for r in out),
+                     "pause_s": max((r["pause_s"] for r in out), default=0.0), "t": time.monotonic()})
+        return out
 
     def set_mode(self, model: str, mode) -> None:
         """Switch ``model``'s scheduler mode (a :class:`runtime.serve.engine.modes.ModeConfig`) from its next

@@ -243,6 +243,10 @@ def build_app(service) -> FastAPI:
     async def admin_restore(model_id: str, tenant: Tenant = Depends(admin_of)):
         return asdict(await _blocking(service.restore, model_id))
 
+    @app.post("/admin/defragment")
+    async def admin_defragment(tenant: Tenant = Depends(admin_of)):
+        return {"devices": await _blocking(service.defragment)}
+
     @app.post("/admin/throttle")
     async def admin_throttle(body: P.ThrottleRequest, tenant: Tenant = Depends(admin_of)):
         return await _blocking(service.throttle, body.factor)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -79,6 +80,7 @@ class EmbedEngine:
         self._stopping = False
         self._accepting = True
         self._busy = 0
+        self._pauses = 0                              #: holders of paused(): no batch starts meanwhile
         self.error: str | None = None
         self.batches: list[int] = []                  #: texts per batch run (dynamic batching at work)
 
@@ -118,6 +120,7 @@ class EmbedEngine:
                 if left <= 0:
                     break
                 self._cv.wait(left)
+            self._cv.wait_for(lambda: self._stopping or not self._pauses)
             batch, n = [], 0
             while self._q and (not batch or n + len(self._q[0].texts) <= self.max_batch_size):
                 it = self._q.popleft()
@@ -179,6 +182,23 @@ class EmbedEngine:
         with self._cv:
             self._accepting = False
         return self.wait_idle(timeout)
+
+    @contextmanager
+    def paused(self, timeout: float | None = None):
+        """Hold the engine between two batches for the ``with`` block: nothing of it runs on its devices
+        meanwhile (requests keep queuing), e.g. for a live defragmentation.  Blocks the caller until the
+        running batch is done (:class:`Unavailable` after ``timeout`` seconds)."""
+        with self._cv:
+            self._pauses += 1
+            idle = self._cv.wait_for(lambda: self._busy == 0, timeout)
+        try:
+            if not idle:
+                raise Unavailable(f"the {self.model} engine did not finish its batch within {timeout} s")
+            yield self
+        finally:
+            with self._cv:
+                self._pauses -= 1
+                self._cv.notify_all()
 
     def shutdown(self) -> None:
         with self._cv:

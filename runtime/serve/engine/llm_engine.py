@@ -34,6 +34,7 @@ import math
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -174,6 +175,7 @@ class GenerateEngine:
             self.stop_ids.add(0)
         self._lock = threading.Condition()
         self._inbox: deque = deque()
+        self._resumes: list[threading.Event] = []   #: holders of paused() (released at shutdown)
         self._handles: dict[str, RequestHandle] = {}
         self._requests: dict[str, Request] = {}
         self._unfinished = 0
@@ -260,6 +262,10 @@ class GenerateEngine:
                     x[2].set_exception(Unavailable(f"the {self.model} engine is shutting down"))
                 else:
                     self._run_rebind(*x)
+            elif kind == "pause":                        # held between two steps until the holder resumes
+                held, resume = x
+                held.set()
+                resume.wait()
             else:
                 req = self._requests.get(x)
                 if req is not None and req.status is not Status.FINISHED:
@@ -546,6 +552,31 @@ class GenerateEngine:
         else:
             fut.set_result(res)
 
+    @contextmanager
+    def paused(self, timeout: float | None = None):
+        """Hold the engine between two steps for the ``with`` block: nothing of it runs on its devices
+        meanwhile (requests keep queuing; none is dropped), e.g. for a live defragmentation of those
+        devices.  Blocks the caller until the engine thread reaches a step boundary (:class:`Unavailable`
+        after ``timeout`` seconds); without an engine thread the caller is the one stepping: no wait."""
+        held, resume = threading.Event(), threading.Event()
+        with self._lock:
+            if self._stopping:
+                raise Unavailable(f"the {self.model} engine is shutting down")
+            threaded = self._thread is not None and self.error is None     # a failed engine runs nothing
+            if threaded:
+                self._resumes.append(resume)
+                self._inbox.append(("pause", (held, resume)))
+                self._lock.notify_all()
+        try:
+            if threaded and not held.wait(timeout):
+                raise Unavailable(f"the {self.model} engine did not reach a step boundary within {timeout} s")
+            yield self
+        finally:
+            resume.set()
+            with self._lock:
+                if resume in self._resumes:
+                    self._resumes.remove(resume)
+
     def _auto_fallback(self, why: str) -> None:
         """A device of the placement is lost: move down the chain (the engine fails when nothing is left)."""
         if self.index + 1 >= len(self.chain):
@@ -659,7 +690,7 @@ class GenerateEngine:
         def ready():
             n = len(self.scheduler.running) + len(self.scheduler.waiting) + sum(1 for k, _ in self._inbox if k == "add")
             return self._stopping or n >= lim.max_num_seqs or self.clock() >= deadline or any(
-                k == "rebind" for k, _ in self._inbox)
+                k in ("rebind", "pause") for k, _ in self._inbox)
         with self._lock:
             while not ready():
                 self._lock.wait(max(0.0, deadline - self.clock()))
@@ -689,6 +720,8 @@ class GenerateEngine:
         with self._lock:
             self._accepting = False
             self._stopping = True
+            for resume in self._resumes:                 # a holder that shuts the engine down lets it go
+                resume.set()
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join()

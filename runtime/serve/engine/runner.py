@@ -76,7 +76,7 @@ class _Rank:
     def __init__(self, rank: LlamaRank, cfg: LlamaConfig, ecfg: EngineConfig):
         self.rank, self.cfg, self.ecfg = rank, cfg, ecfg
         sp = rank.spec
-        self.dev, self.lc, self.w = rank.dev, rank.lc, rank.wd
+        self.dev, self.lc = rank.dev, rank.lc
         self.hq, self.hkv, self.ff = sp.hq, sp.hkv, sp.ff
         self.W, self.C = rank.W, rank.chunk
         self.vr = sp.v1 - sp.v0
@@ -89,7 +89,7 @@ class _Rank:
                             ("hsel", (r, d)), ("hf", (r, d)), ("logits", (r, self.vr))):
             b.add(name, shape)
         b.add("inp", (self.layout(n, r)[1],), "uint8")
-        self.act = b.allocate()
+        self.act = b.allocate(self.lc.stream)           # activations: short-lived, on the rank's stream
         self.kv: KvCache | None = None
         self.graphs: dict[int, object] = {}
 
@@ -138,7 +138,7 @@ class _Rank:
     # -------------------------------------------------------------- launches
     def forward(self, n: int, r: int) -> None:
         """Issue one forward pass of ``n`` rows, sampling ``r`` of them (only orders the device)."""
-        cfg, lc, w, a = self.cfg, self.lc, self.w, self.act
+        cfg, lc, w, a = self.cfg, self.lc, self.rank.wd, self.act
         d, dh, ff, hq, hkv, W = cfg.d_model, cfg.head_dim, self.ff, self.hq, self.hkv, self.W
         lay, _ = self.layout(n, r)
         inp = a["inp"].ptr
@@ -255,6 +255,7 @@ class ModelRunner:
             return e.num_gpu_blocks_override
         fits = []
         for rk in self.ranks:
+            rk.dev.empty_cache()            # memory the pool caches counts as free for the KV cache
             free, total = rk.dev.mem_info()
             budget = e.gpu_memory_utilization * total - (total - free)
             fits.append(int(budget // kv_bytes_per_block(self.cfg.n_layers, e.block_size, rk.hkv, self.cfg.head_dim)))
@@ -294,6 +295,8 @@ class ModelRunner:
 
     def close(self) -> None:
         c = Closer()
+        for dev in self.devices:            # last: what the ranks freed went to the pools; back to the driver
+            c.push(dev.empty_cache)
         for comm in self.comms:
             c.push(comm.destroy)
         for rk in self.ranks:
