@@ -97,13 +97,14 @@ class Decoder:
         rng = np.random.default_rng(spec.seed)
         t, h, f = spec.tokens, spec.hidden, spec.ffn
         self.layers = []
+        self.host: list[dict] = []                #: the same weights on the host (the reference's)
         for _ in range(spec.layers):
-            self.layers.append({
-                "gamma": dev.from_numpy(np.ones(h, np.float32)),
-                "w1": dev.from_numpy((rng.standard_normal((h, f), np.float32) / np.sqrt(h)).astype(np.float32)),
-                "w2": dev.from_numpy((rng.standard_normal((f, h), np.float32) / np.sqrt(f)).astype(np.float32)),
-                "bias": dev.from_numpy(np.full((t, h), 0.01, np.float32)),
-            })
+            w = {"gamma": np.ones(h, np.float32),
+                 "w1": (rng.standard_normal((h, f), np.float32) / np.sqrt(h)).astype(np.float32),
+                 "w2": (rng.standard_normal((f, h), np.float32) / np.sqrt(f)).astype(np.float32),
+                 "bias": np.full((t, h), 0.01, np.float32)}
+            self.host.append(w)
+            self.layers.append({k: dev.from_numpy(v) for k, v in w.items()})
         self.x_host = rng.standard_normal((t, h), np.float32)
         self.gate_host = [rng.random((t, f), np.float32) for _ in range(spec.layers)]
 
@@ -123,6 +124,16 @@ class Decoder:
         launch("matmul", [u, w["w2"]], [v], bd)
         launch("add", [x, v], [x])
         launch("add", [x, w["bias"]], [x])
+
+    def reference(self) -> np.ndarray:
+        """One step's output (every step decodes the same inputs) in float64 numpy."""
+        x = self.x_host.astype(np.float64)
+        for w, gate in zip(self.host, self.gate_host):
+            h = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w["gamma"]
+            u = h @ w["w1"].astype(np.float64)
+            u = u / (1.0 + np.exp(-u)) * gate
+            x = x + u @ w["w2"].astype(np.float64) + w["bias"]
+        return x
 
     def free(self) -> None:
         for w in self.layers:
@@ -266,6 +277,8 @@ class Result:
     submits_per_step: float
     allocator: str
     host_launch_step_s: float = 0.0     #: modeled host time in launches and submits, hidden or not
+    max_error: float = float("nan")     #: of the last step's output against the float64 reference
+    verified: bool = False              #: within :data:`TOLERANCE` of it
 
 
     def as_dict(self) -> dict:
@@ -273,7 +286,13 @@ class Result:
                 "modeled_step_us": self.modeled_step_s * 1e6, "wall_step_ms": self.wall_step_s * 1e3,
                 "compute_wall_step_ms": self.compute_wall_step_s * 1e3, "ops_per_step": self.ops_per_step,
                 "submits_per_step": self.submits_per_step, "allocator": self.allocator,
-                "host_launch_step_us": self.host_launch_step_s * 1e6}
+                "host_launch_step_us": self.host_launch_step_s * 1e6, "max_error": self.max_error,
+                "verified": self.verified}
+
+
+#: float32 kernels against the float64 reference: sums of up to ``ffn`` products (blocked matmuls) round
+#: at ~sqrt(K) * 6e-8 relative; 1e-4 of the output's scale leaves a wide margin and still catches a wrong op
+TOLERANCE = 1e-4
 
 
 def _runtime(v: Variant, spec: DecoderSpec) -> Runtime:
@@ -293,6 +312,9 @@ def measure(v: Variant, spec: DecoderSpec, steps: int) -> Result:
         with profiler.recording(runtime=rt) as p:
             for _ in range(steps):
                 r.step()
+        out = np.asarray(r.last).reshape(-1).view(np.float32).reshape(spec.tokens, spec.hidden)
+        ref = dec.reference()
+        err = float(np.max(np.abs(out - ref)))
         r.close()
         dec.free()
     finally:
@@ -308,7 +330,8 @@ def measure(v: Variant, spec: DecoderSpec, steps: int) -> Result:
     alloc = "caching pool" if r.pool_used else ("buffers made once (no pool on this branch)" if v.pool
                                                  else "driver malloc/free")
     return Result(v.name, model, wall, model.total / steps, wall.total / steps, compute / steps,
-                  len(tasks) / steps, submits / steps, alloc, host_launch / steps)
+                  len(tasks) / steps, submits / steps, alloc, host_launch / steps, err,
+                  err <= TOLERANCE * max(1.0, float(np.max(np.abs(ref)))))
 
 
 def profiler_cost(spec: DecoderSpec, rounds: int, steps: int) -> dict:
@@ -363,10 +386,11 @@ def run(a) -> int:
         tiny = replace(spec, tokens=1, hidden=64, ffn=128, block_dim=1)     # launch-bound: tiny ops
         costs.append(("a launch-bound tiny decoder (1 x 64, ffn 128)", profiler_cost(tiny, a.rounds, 4 * a.steps)))
     naive = results[0]
+    verified = all(r.verified for r in results)
     if a.json:
         print(json.dumps({"spec": spec.__dict__, "results": [r.as_dict() for r in results], "published": PUBLISHED,
-                          "profiler_cost": {name: c for name, c in costs}}, indent=1))
-        return 0
+                          "profiler_cost": {name: c for name, c in costs}, "verified": verified}))
+        return 0 if verified else 1
     print(f"vnpu bench overhead: {spec.layers} layers x 7 ops, {spec.tokens} tokens x hidden {spec.hidden}, "
           f"ffn {spec.ffn}; {a.steps} profiled steps per variant")
     head = " ".join(f"{c:>6s}" for c in CATEGORIES)
@@ -407,4 +431,7 @@ def run(a) -> int:
               f"{cost['tokens_per_s_on']:.0f} on -> {cost['cost']:+.1%} throughput cost (goal <= 5 %); process CPU "
               f"{cost['cpu_ms_per_step_off']:.2f} -> {cost['cpu_ms_per_step_on']:.2f} ms/step ({cost['cpu_cost']:+.1%}); "
               f"load average {cost['load_average']:.1f} on {os.cpu_count()} cores")
-    return 0
+    print(f"\noutputs vs a float64 numpy reference: " + "; ".join(f"{r.variant.split()[0]}: {r.max_error:.1e}"
+                                                                 for r in results)
+          + f"  -> {'OK' if verified else 'WRONG'}")
+    return 0 if verified else 1
