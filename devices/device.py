@@ -32,6 +32,7 @@ from .faults import CLEAR, FaultState
 from .health import Condition, HealthCondition, HealthReport
 from .kernel import KernelRunner, KernelTable, check_launch, default_block_dim, register_user_kernel
 from .node import node_id
+from .profiling import TaskProfiler
 from .scheduler import Scheduler, Task
 from .hccl import CollectiveOp, HcclEngine
 from .graph import GraphTable
@@ -115,6 +116,7 @@ class Device:
         self.hccl = HcclEngine(self)
         self._plans: dict = {}
         self.graphs = GraphTable()
+        self.prof = TaskProfiler(config.device_id)   #: task records for profiling owners (devices.profiling)
         self.default_stream = self.sched.create_stream(0)
 
     # ------------------------------------------------------------------ info
@@ -246,14 +248,38 @@ class Device:
         synchronize of the stream."""
         run: list[Task] = []
         sid = None
+        prof = self.prof.session(owner) if self.prof.active else None
         for op in ops:
             if sid is not None and op.stream != sid:
                 self.sched.enqueue(sid, run, owner)
                 run = []
             sid = op.stream
-            run.append(self._task(op, owner))
+            task = self._task(op, owner)
+            if prof is not None:
+                self._profile_task(prof, op, task, owner)
+            run.append(task)
         if run:
             self.sched.enqueue(sid, run, owner)
+
+    def _profile_task(self, session, op: StreamOp, task: Task, owner) -> None:
+        unit = "vector"
+        if isinstance(op, Launch):
+            plan = self._plans.get(_plan_key(op, owner))
+            unit = plan.kernel.unit if plan is not None else self.kernels.lookup(op.kernel, owner).unit
+        self.prof.attach(session, op, task, time.perf_counter(), unit)
+
+    @_live
+    def profile(self, action: str, owner=None) -> dict:
+        """Profiling of ``owner``'s own tasks on this device (:mod:`devices.profiling`): ``start`` opens
+        its session (records from the next submitted task on), ``stop`` closes it and returns its task
+        records (``{"device", "tasks", "dropped"}``).  Host-synchronous; another owner's tasks are never
+        recorded for it."""
+        if action == "start":
+            self.prof.start(owner)
+            return {"device": self.id, "tasks": [], "dropped": 0}
+        if action == "stop":
+            return self.prof.stop(owner)
+        raise InvalidParamError(f"unknown profile action {action!r} (start | stop)")
 
     def _task(self, op: StreamOp, owner) -> Task:
         if isinstance(op, Launch):
@@ -339,6 +365,7 @@ class Device:
         ``timeout_s``), events, registered kernels, then its memory.  Memory stays allocated if its work
         does not finish in time (a hung device)."""
         graphs = self.graphs.drop_owner(owner)
+        self.prof.release(owner)
         self.hccl.drop_owner(owner, cancel_only=True)
         quiet = self.sched.drop_owner(owner, timeout_s)
         comms = self.hccl.drop_owner(owner)

@@ -57,6 +57,7 @@ class Task:
     done_blocks: int = 0
     error: AclError | None = None
     stream: "Stream | None" = None
+    prof: Any = None        #: a devices.profiling.TaskRecord while its owner profiles (else None)
 
 
 @dataclass
@@ -402,6 +403,8 @@ class Scheduler:
                     threading.Event().wait(max(0.0, deadline - time.perf_counter()))
                 dt = time.perf_counter() - t0
             self.busy_s[core] += dt
+            if t.prof is not None:
+                t.prof.block(b, core, t0, t0 + dt)
             with lock:
                 if epoch != self._epoch:
                     self._idle.notify_all()      # aborted while it ran: nothing to complete (quiesce waits)
@@ -417,8 +420,11 @@ class Scheduler:
         s.running = None
         s.tasks_done += 1
         self.tasks_run += 1
+        m0 = s.model_time
         s.model_time += t.duration * self._faults.slow_factor()
         self.model_now = max(self.model_now, s.model_time)
+        if t.prof is not None:
+            t.prof.finish(m0, s.model_time, t.error)
         if t.error is not None and s.error is None:
             s.error = t.error
         if self._on_task_done is not None:

@@ -481,6 +481,12 @@ class RemoteDevice:
     def graph_info(self, gid: int) -> dict:
         return json.loads(self._rpc(self._rms.GraphInfo, _request(rms.GraphRequest, graph=gid)).json)
 
+    # ------------------------------------------------------------------ profiling
+    def profile(self, action: str) -> dict:
+        """Start or stop profiling this client's own tasks on the device (host-synchronous); ``stop``
+        returns the task records (see :meth:`devices.device.Device.profile`)."""
+        return json.loads(self._rpc(self._rms.Profile, _request(rms.ProfileRequest, action=action)).json)
+
     def _ship_user_kernels(self, ops) -> None:
         """User kernels live in this process's registry: send each one (by value) to the device the
         first time a launch names it, or again after it was re-registered."""

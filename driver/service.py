@@ -463,6 +463,9 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
     def GraphInfo(self, request, context):
         return rms.JsonReply(json=json.dumps(self.device.graph_info(request.graph, owner=self._caller(context))))
 
+    def Profile(self, request, context):
+        return rms.JsonReply(json=json.dumps(self.device.profile(request.action, owner=self._caller(context))))
+
     def GraphRebind(self, request, context):
         return rms.IntReply(value=self.device.graph_rebind(request.graph, wire.moves_from_pb(request.moves),
                                                            owner=self._caller(context)))

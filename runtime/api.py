@@ -32,6 +32,8 @@ from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
 from . import graph as _graph
 from . import sanitize as _sanitize
+from . import profiler as _profiler
+from .profiler import hooks as _prof
 from .backend import Backend, DeviceHandle, create_backend, parse_visible_devices
 from .memory import (SHORT, AllocConfig, CachingAllocator, DefragReport, Handle, HandleAllocator, HandleStreamOrder,
                      render_summary)
@@ -56,6 +58,7 @@ class Runtime:
         self.batch_size = batch_size or int(os.environ.get("VNPU_LAUNCH_BATCH", default_batch))
         self._devices: dict[int, Device] = {}
         self._lock = threading.Lock()
+        _profiler.from_environment()          # under `vnpu prof` (VNPU_PROF): profile this client
 
     def device_count(self) -> int:
         return len(self.physical)
@@ -85,6 +88,7 @@ class Runtime:
                 d.queue.flush(raise_errors=d is raise_for)
 
     def close(self) -> None:
+        _profiler.runtime_closing(list(self._devices.values()))    # a running profile keeps their records
         for d in list(self._devices.values()):
             d.queue.flush(raise_errors=False)
         for d in list(self._devices.values()):
@@ -156,8 +160,14 @@ class LaunchQueue:
         self.ops_sent = 0
 
     def put(self, op) -> None:
+        prof = _prof.ACTIVE
+        if prof is not None:
+            prof.op(self, op)                 # the profiler's flow (runtime.profiler)
         if self.batch_size == 1:
+            t0 = _now() if prof is not None else 0.0
             self.handle.submit((op,))
+            if prof is not None:
+                prof.submit(self.handle.id, 1, t0, _now())
             self.batches_sent += 1
             self.ops_sent += 1
             return
@@ -190,8 +200,12 @@ class LaunchQueue:
             ops, self._ops = self._ops, []
             err, self._deferred = (self._deferred, None) if raise_errors else (None, self._deferred)
             if ops:
+                prof = _prof.ACTIVE
+                t0 = _now() if prof is not None else 0.0
                 try:
                     self.handle.submit(ops)
+                    if prof is not None:
+                        prof.submit(self.handle.id, len(ops), t0, _now())
                 except AclError as e:
                     if not raise_errors:
                         self._deferred = self._deferred or e
@@ -332,6 +346,7 @@ class Device:
         self._default: Stream | None = None
         self._pool: CachingAllocator | None = None
         self._lock = threading.Lock()
+        _prof.note_device(self)               # a running profile attaches it (runtime.profiler)
 
     def __repr__(self) -> str:
         return f"<vnpu Device {self.index} (physical {self.physical_id})>"
@@ -356,12 +371,14 @@ class Device:
         self.live_events.add(e.eid)
         return e
 
+    @_prof.api("Device.malloc")
     def malloc(self, nbytes: int, policy: int = 0) -> int:
         """One raw driver allocation (``aclrtMalloc``; host-synchronous): not from the pool, never moved."""
         ptr = self.handle.malloc(nbytes, policy)
         self.allocs.add(ptr, int(nbytes))
         return ptr
 
+    @_prof.api("Device.free")
     def free(self, ptr: int) -> None:
         """Free a raw allocation of :meth:`malloc` (after sending queued ops; does not wait for them to
         run).  Pool memory is freed through its Tensor."""
@@ -376,6 +393,7 @@ class Device:
     # -------------------------------------------------------------- pointer-level memory (host-synchronous)
     # Like aclrtMemcpy / aclrtMemset: the ops queued so far are sent first, but the streams are NOT
     # waited for -- synchronize the stream that produces (or still reads) the memory.
+    @_prof.api("Device.memcpy_h2d", info=_prof.h2d_info)
     def memcpy_h2d(self, dst: int, data) -> None:
         """Copy host bytes (bytes, memoryview or an array, all of it) to device memory at ``dst``; blocks
         the host until the bytes are on the device."""
@@ -384,6 +402,7 @@ class Device:
         self.handle.memcpy_h2d(int(dst), data)
         self.host_stats.h2d_s += _now() - t0
 
+    @_prof.api("Device.memcpy_d2h", info=_prof.d2h_info)
     def memcpy_d2h(self, src: int, nbytes: int, out: np.ndarray | None = None) -> np.ndarray:
         """``nbytes`` of device memory at ``src`` as a new uint8 array, or copied into ``out`` (a
         writable C-contiguous array of exactly ``nbytes`` bytes, returned).  Blocks the host."""
@@ -397,12 +416,14 @@ class Device:
         self.host_stats.d2h_s += _now() - t0
         return res if out is None else out
 
+    @_prof.api("Device.memcpy_d2d", info=_prof.sized_info)
     def memcpy_d2d(self, dst: int, src: int, nbytes: int) -> None:
         """Copy ``nbytes`` within this device's memory now (the stream-ordered form is
         :meth:`Stream.copy`)."""
         self.queue.flush()
         self.handle.memcpy_d2d(int(dst), int(src), int(nbytes))
 
+    @_prof.api("Device.memset", info=_prof.sized_info)
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         """Set ``nbytes`` at ``ptr`` to ``value & 0xFF`` now (the stream-ordered form is
         :meth:`Stream.memset`)."""
@@ -563,6 +584,7 @@ class Device:
                stream: "Stream | None" = None) -> None:
         (stream or self.default_stream).launch(kernel, inputs, outputs, attrs, block_dim)
 
+    @_prof.api("Device.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all this device's streams are done."""
         self._captures.check_sync()
@@ -675,6 +697,7 @@ class Stream:
         """0 none, 1 active, 2 invalidated (aclmdlRICaptureStatus)."""
         return self.device._captures.status(self.sid)
 
+    @_prof.api("Stream.launch")
     def launch(self, kernel: str, inputs: Sequence = (), outputs: Sequence = (), attrs: dict | None = None,
                block_dim: int = 0) -> None:
         """Queue a kernel launch (returns at once; only orders the device).  Shapes and dtypes of
@@ -721,6 +744,7 @@ class Stream:
                                    "(cross-device ordering goes through HCCL)")
         self.enqueue(Wait(self.sid, event.eid, 0))
 
+    @_prof.api("Stream.copy", info=_prof.sized_info)
     def copy(self, dst: int, src: int, nbytes: int) -> None:
         """Stream-ordered device-to-device copy on this device."""
         try:
@@ -732,6 +756,7 @@ class Stream:
             raise
         self.enqueue(CopyD2D(self.sid, int(dst), int(src), int(nbytes)))
 
+    @_prof.api("Stream.memset", info=_prof.sized_info)
     def memset(self, ptr: int, value: int, nbytes: int) -> None:
         """Stream-ordered memset of this device's memory (only orders the device)."""
         try:
@@ -742,16 +767,21 @@ class Stream:
             raise
         self.enqueue(Memset(self.sid, int(ptr), int(value), int(nbytes)))
 
+    @_prof.api("Stream.write", info=_prof.write_info)
     def write(self, dst: int, data: bytes) -> None:
-        """Stream-ordered host-to-device copy; ``data`` is captured now."""
+        """Stream-ordered host-to-device copy of all of ``data`` (bytes, memoryview or a C-contiguous
+        array); the bytes are captured now.  From a pinned buffer (:func:`runtime.hostbuf.pinned_empty`)
+        it is an asynchronous copy at pinned bandwidth on the modeled clock."""
+        n = data.nbytes if isinstance(data, (np.ndarray, memoryview)) else len(data)
         try:
             _own_ptr(dst, self.device)
-            self.device.check_range(dst, len(data))
+            self.device.check_range(dst, n)
         except AclError as e:
-            self._failed(e, ((dst, len(data)),))
+            self._failed(e, ((dst, n),))
             raise
         self.enqueue(WriteH2D(self.sid, int(dst), bytes(data)))
 
+    @_prof.api("Stream.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all work queued on this stream is done; raises its first task error."""
         self.device._captures.check_sync(self.sid)
@@ -762,6 +792,10 @@ class Stream:
             dev.rt.flush_all(skip=dev)
             ops = dev.queue.take()
             if ops:
+                prof = _prof.ACTIVE
+                if prof is not None:
+                    now = _now()
+                    prof.submit(dev.physical_id, len(ops), now, now)
                 dev.handle.synchronize_stream(self.sid, timeout_ms, ops=ops)    # one round trip
             else:
                 dev.handle.synchronize_stream(self.sid, timeout_ms)
@@ -807,6 +841,7 @@ class Event:
             raise AclError("event and stream belong to different devices", code=ACL_ERROR_RT_STREAM_CONTEXT)
         stream.enqueue(Record(stream.sid, self.eid))
 
+    @_prof.api("Event.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until the latest record has completed."""
         t0 = _now()

@@ -32,6 +32,8 @@ from devices.errors import (ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, ACL_ERROR_RT_
 from devices.graph import PointerMap, remap_ops
 from devices.tasks import Collective, CopyD2D, ExecGraph, Launch, Memset
 
+from .profiler import hooks as _prof
+
 #: aclmdlRICaptureMode
 CAPTURE_MODE_GLOBAL, CAPTURE_MODE_THREAD_LOCAL, CAPTURE_MODE_RELAXED = 0, 1, 2
 #: aclmdlRICaptureStatus
@@ -227,6 +229,7 @@ class Graph:
         self._checked_gen = gen
         return None
 
+    @_prof.api("Graph.execute_async")
     def execute_async(self, stream) -> None:
         """aclmdlRIExecuteAsync: queue one replay on ``stream`` (returns at once; only orders the device).
         Errors of the replayed ops surface at the stream's next synchronize (also a replay over pool

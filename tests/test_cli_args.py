@@ -144,6 +144,12 @@ BAD = [
     ("bench sanitize --rounds 0", ["bench", "sanitize", "--rounds", "0"], "--rounds"),
     ("bench sanitize --sentences 0", ["bench", "sanitize", "--sentences", "0"], "--sentences"),
     ("bench sanitize --launches x", ["bench", "sanitize", "--launches", "x"], "--launches"),
+    ("bench overhead --steps 0", ["bench", "overhead", "--steps", "0"], "--steps"),
+    ("bench overhead --hidden 4", ["bench", "overhead", "--hidden", "4"], "--hidden"),
+    ("bench overhead --rounds -1", ["bench", "overhead", "--rounds=-1"], "--rounds"),
+    # prof
+    ("prof without a command", ["prof"], "no command"),
+    ("prof --output is a file", ["prof", "--output", "{binary}", "--", "true"], "--output"),
     # cluster, smi, demo, serve
     ("up --devices 0", ["up", "--devices", "0"], "--devices"),
     ("up --hbm-mb 0", ["up", "--hbm-mb", "0"], "--hbm-mb"),

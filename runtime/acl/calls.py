@@ -30,7 +30,9 @@ from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_INVALID_PARAM, A
                             AclError)
 
 from runtime import sanitize
+from runtime.profiler import hooks
 
+from . import profinfo
 from .state import STATE
 
 log = logging.getLogger("vnpu.acl")
@@ -56,9 +58,17 @@ def acl_call(outs: tuple = (), init: bool = True) -> Callable[[Callable], Callab
     ``None`` (no outputs), one value (one output) or a tuple (several outputs)."""
     def deco(fn: Callable) -> Callable:
         name = call_name(fn)
+        cat = hooks.category_of(name)
+        info = profinfo.INFO.get(name)
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
+            prof = hooks.ACTIVE
+            if prof is not None:                   # the profiler records the call (AscendCL level)
+                return prof.call(name, cat, "AscendCL", run, args, kwargs, info)
+            return run(*args, **kwargs)
+
+        def run(*args, **kwargs):
             try:
                 if init and not STATE.initialized:
                     raise AclError("acl.init() has not been called", code=ACL_ERROR_UNINITIALIZE)

@@ -20,7 +20,7 @@ from devices import errors
 from devices.arena import is_device_ptr, ptr_device
 from devices.errors import AclError, InvalidHandleError, InvalidParamError
 from devices.kernel import ACL_DTYPE, DTYPES, TensorDesc, lookup, register_user_kernel
-from runtime import api, sanitize
+from runtime import api, hostbuf, sanitize
 
 from . import hostmem
 from .args import as_int, host_range, host_view, invalid
@@ -202,6 +202,7 @@ def malloc_host(size):
     start = (-raw.ctypes.data) % 64
     buf = raw[start:start + size]
     hostmem.register(buf.ctypes.data, size, buf, "malloc_host")
+    hostbuf.register(buf)                                # page-locked for the runtime (modeled pinned copies)
     san = sanitize.current()
     if san is not None:                                  # host buffer history (memcheck, leakcheck)
         san.host_allocated(buf.ctypes.data, size)

@@ -312,6 +312,9 @@ class SanitizedHandle:
         return n
 
     # ------------------------------------------------------------------ HCCL communicators
+    def profile(self, action: str) -> dict:
+        return self.inner.profile(action)
+
     def hccl_info(self) -> dict:
         return self.inner.hccl_info()
 

@@ -26,11 +26,13 @@ INTERNAL = tuple(str(p) for p in (
     _RUNTIME / "sanitize", _RUNTIME / "acl", _RUNTIME / "offline", _RUNTIME / "api.py", _RUNTIME / "graph.py",
     _RUNTIME / "memory",
     _RUNTIME / "hccl.py", _RUNTIME / "backend.py", _RUNTIME / "cluster" / "remote.py",
-    _RUNTIME / "cluster" / "failover.py", _ROOT / "devices", _ROOT / "driver"))
+    _RUNTIME / "cluster" / "failover.py", _RUNTIME / "profiler", _ROOT / "devices", _ROOT / "driver"))
 #: frames skipped on the way out that never name the API entry: the acl calling convention's wrapper (the
 #: acl function it wraps is the entry) and the standard library (``with stream.capture():`` ends the
-#: capture from contextlib's ``__exit__``; the caller is the program's ``with`` line)
-TRANSPARENT = (str(_RUNTIME / "acl" / "calls.py"), sysconfig.get_paths()["stdlib"] + os.sep)
+#: capture from contextlib's ``__exit__``; the caller is the program's ``with`` line), and the profiler's hook
+#: wrapper around runtime entry points (the function it wraps is the entry)
+TRANSPARENT = (str(_RUNTIME / "acl" / "calls.py"), str(_RUNTIME / "profiler" / "hooks.py"),
+               sysconfig.get_paths()["stdlib"] + os.sep)
 
 
 @dataclass(frozen=True)

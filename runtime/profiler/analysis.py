@@ -1,0 +1,231 @@
+"""Where the time went: the launch / alloc / copy / sync / compute / idle breakdown, on both clocks.
+
+**Wall clock** (:func:`wall_breakdown`): the profile's span is cut at every start and end of a device
+task and of a host API call made by user code (depth 0); each piece goes to the first category active in
+it, in the order compute (a kernel or collective running on a device) > copy (a device copy task) > the
+host call's category (launch, alloc, copy, sync, other) > idle.  Device work that overlaps host calls is
+compute: a launch hidden behind running kernels costs nothing.
+
+**Modeled clock** (:func:`modeled_timeline`): the same program replayed on the reference chip.  The host
+calls are taken in the order they were made, each charged by :class:`~runtime.profiler.hostcost.HostCostSpec`
+(user code between calls costs 0); ops reach the device with the submit (doorbell) that carried them;
+each device task starts then, once its stream is free (event records and waits order streams), and
+lasts its modeled duration from the device's cost model (:mod:`devices.chip`); a synchronize waits for
+the device's work so far, then pays its own cost.  The pieces are counted the same
+way as on the wall clock.  Pure computation over a :class:`~runtime.profiler.collector.RawProfile`.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .collector import RawProfile
+from .hostcost import REFERENCE, HostCostSpec
+
+#: breakdown rows, in the order they are printed; PRIORITY decides overlaps (first wins)
+CATEGORIES = ("launch", "alloc", "copy", "sync", "compute", "other", "idle")
+PRIORITY = ("compute", "dcopy", "launch", "alloc", "copy", "sync", "other")
+#: device compute share below which a program is runtime-bound (issue 16)
+RUNTIME_BOUND = 0.60
+
+
+@dataclass
+class Breakdown:
+    """Seconds per category over ``total`` seconds (``clock``: wall | modeled)."""
+    clock: str
+    total: float
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def share(self, cat: str) -> float:
+        return self.seconds.get(cat, 0.0) / self.total if self.total > 0 else 0.0
+
+    def shares(self) -> dict[str, float]:
+        return {c: self.share(c) for c in CATEGORIES}
+
+    @property
+    def compute_share(self) -> float:
+        return self.share("compute")
+
+    def verdict(self) -> str:
+        c = self.compute_share
+        if c < RUNTIME_BOUND:
+            return (f"runtime-bound: device compute is {c:.0%} of the {self.clock} time (< {RUNTIME_BOUND:.0%}); "
+                    f"the runtime, not the kernels, is the bottleneck")
+        return f"compute-bound: device compute is {c:.0%} of the {self.clock} time (>= {RUNTIME_BOUND:.0%})"
+
+    def as_dict(self) -> dict:
+        return {"clock": self.clock, "total_s": self.total, "seconds": dict(self.seconds), "shares": self.shares(),
+                "verdict": self.verdict()}
+
+
+def sweep(intervals: Iterable[tuple[float, float, str]], t0: float, t1: float, clock: str) -> Breakdown:
+    """Cut [t0, t1] at every interval boundary and give each piece to its highest-priority active
+    category (:data:`PRIORITY`); uncovered time is idle.  The seconds add up to ``t1 - t0``."""
+    rank = {c: i for i, c in enumerate(PRIORITY)}
+    points: list[tuple[float, int, int]] = []
+    for s, e, cat in intervals:
+        s, e = max(s, t0), min(e, t1)
+        if e > s:
+            points.append((s, 1, rank[cat]))
+            points.append((e, -1, rank[cat]))
+    points.sort()
+    active = [0] * len(PRIORITY)
+    secs = {c: 0.0 for c in CATEGORIES}
+    prev = t0
+    for t, delta, r in points:
+        if t > prev:
+            top = next((i for i, n in enumerate(active) if n > 0), None)
+            cat = "idle" if top is None else PRIORITY[top]
+            secs["copy" if cat == "dcopy" else cat] += t - prev
+            prev = t
+        active[r] += delta
+    if t1 > prev:
+        top = next((i for i, n in enumerate(active) if n > 0), None)
+        cat = "idle" if top is None else PRIORITY[top]
+        secs["copy" if cat == "dcopy" else cat] += t1 - prev
+    return Breakdown(clock, t1 - t0, secs)
+
+
+def _task_cat(task: dict) -> str:
+    return "dcopy" if task.get("task_type") == "MEMCPY" else "compute"
+
+
+def top_level(raw: RawProfile) -> list[tuple]:
+    """The API calls user code made (depth 0), in time order."""
+    return sorted((a for a in raw.api if a[6] == 0), key=lambda a: a[4])
+
+
+def wall_breakdown(raws: list[RawProfile]) -> Breakdown:
+    """The wall-clock breakdown over every process's profile span (see the module docstring)."""
+    ivs: list[tuple[float, float, str]] = []
+    for raw in raws:
+        for a in top_level(raw):
+            ivs.append((a[4], a[5], a[1]))
+        for d in raw.devices:
+            for t in d["tasks"]:
+                ivs.append((t["start"], t["end"], _task_cat(t)))
+    if not raws:
+        return Breakdown("wall", 0.0, {c: 0.0 for c in CATEGORIES})
+    t0 = min(r.t_start for r in raws)
+    t1 = max(r.t_stop for r in raws)
+    return sweep(ivs, t0, t1, "wall")
+
+
+@dataclass
+class ModeledTimeline:
+    """The modeled replay: host calls ``(name, category, start, end)``, device tasks keyed like the
+    flows ``(physical id, stream, seq) -> (start, end)`` in modeled seconds from 0, and the breakdown."""
+    host: list[tuple[str, str, float, float]]
+    tasks: dict[tuple[int, int, int], tuple[float, float]]
+    breakdown: Breakdown
+
+
+def modeled_timeline(raw: RawProfile, spec: HostCostSpec = REFERENCE) -> ModeledTimeline:
+    """Replay one process's profile on the modeled clock (see the module docstring).  Ops reach a device
+    with the submit (doorbell) that carried them; event records and waits order the streams."""
+    tasks: dict[tuple[int, int, int], dict] = {}
+    for d in raw.devices:
+        for t in d["tasks"]:
+            tasks[(d["device"], t["stream"], t["seq"])] = t
+    # items in host order: (time, order, kind, payload); a sync's wait happens at its end
+    items: list[tuple[float, int, str, tuple]] = []
+    for a in raw.api:
+        if a[0] == "rtSubmit":
+            items.append((a[4], 2, "submit", a))
+        elif a[6] == 0:
+            items.append((a[4], 1, "call", a))
+            if a[1] == "sync":
+                items.append((a[5], 0, "sync_end", a))
+    for f in raw.flows:
+        items.append((f[5], 3, "op", f))
+    items.sort(key=lambda x: (x[0], x[1]))
+    h = 0.0
+    pending: dict[int, list[tuple]] = {}
+    stream_free: dict[tuple[int, int], float] = {}
+    event_at: dict[tuple[int, int], float] = {}
+    dev_done = 0.0
+    host_iv: list[tuple[str, str, float, float]] = []
+    dev_iv: list[tuple[float, float, str]] = []
+    placed: dict[tuple[int, int, int], tuple[float, float]] = {}
+    for _, _, kind, p in items:
+        if kind == "call":
+            name, cat = p[0], p[1]
+            info = p[7] or {}
+            if cat == "launch":
+                cost = spec.launch()
+            elif cat == "alloc":
+                cost = spec.alloc(name)
+            elif cat == "copy":
+                cost = spec.copy(int(info.get("bytes", 0)), bool(info.get("pinned")), bool(info.get("async")))
+            elif cat == "sync":
+                continue                         # charged at its end, after what rode on it was launched
+            else:
+                cost = spec.call()
+            host_iv.append((name, cat, h, h + cost))
+            h += cost
+        elif kind == "op":
+            pending.setdefault(p[1], []).append(p)
+        elif kind == "submit":
+            cost = spec.submit()
+            host_iv.append(("rtSubmit", "launch", h, h + cost))
+            h += cost
+            info = p[7] or {}
+            phys = info.get("device")
+            queue = pending.get(phys, [])
+            n = int(info.get("ops", 0))
+            batch, pending[phys] = queue[:n], queue[n:]
+            for f in batch:
+                skey = (f[1], f[2])
+                if f[3] < 0:                     # an event record or wait
+                    ev = (f[1], f[7] if len(f) > 7 else -1)
+                    if f[6] == "Record":
+                        event_at[ev] = max(h, stream_free.get(skey, 0.0))
+                    elif f[6] == "Wait":
+                        stream_free[skey] = max(stream_free.get(skey, 0.0), event_at.get(ev, 0.0))
+                    continue
+                key = (f[1], f[2], f[3])
+                t = tasks.get(key)
+                if t is None:
+                    continue
+                dur = max(0.0, t["model_end"] - t["model_start"])
+                start = max(h, stream_free.get(skey, 0.0))
+                end = start + dur
+                stream_free[skey] = end
+                dev_done = max(dev_done, end)
+                placed[key] = (start, end)
+                dev_iv.append((start, end, _task_cat(t)))
+        else:                                    # sync_end: wait for the device, then the call's own cost
+            h = max(h, dev_done)
+            cost = spec.sync()
+            host_iv.append((p[0], "sync", h, h + cost))
+            h += cost
+    total = max(h, dev_done)
+    ivs = [(s, e, c) for s, e, c in dev_iv] + [(s, e, cat) for _, cat, s, e in host_iv]
+    return ModeledTimeline(host_iv, placed, sweep(ivs, 0.0, total, "modeled"))
+
+
+def modeled_breakdown(raws: list[RawProfile], spec: HostCostSpec = REFERENCE) -> Breakdown:
+    """The modeled breakdown summed over processes (each replayed on its own host)."""
+    secs = {c: 0.0 for c in CATEGORIES}
+    total = 0.0
+    for raw in raws:
+        b = modeled_timeline(raw, spec).breakdown
+        total += b.total
+        for c, v in b.seconds.items():
+            secs[c] += v
+    return Breakdown("modeled", total, secs)
+
+
+def top_ops(raws: list[RawProfile], n: int = 10) -> list[tuple[str, int, float, float]]:
+    """(op type, count, total wall s, total modeled s) of the device tasks, largest wall total first."""
+    acc: dict[str, list] = {}
+    for raw in raws:
+        for d in raw.devices:
+            for t in d["tasks"]:
+                a = acc.setdefault(t["op_type"], [0, 0.0, 0.0])
+                a[0] += 1
+                a[1] += t["end"] - t["start"]
+                a[2] += t["model_end"] - t["model_start"]
+    rows = [(k, v[0], v[1], v[2]) for k, v in acc.items()]
+    return heapq.nlargest(n, rows, key=lambda r: r[2])
