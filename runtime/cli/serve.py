@@ -106,6 +106,8 @@ def _cmd_serve(a) -> int:
             else:
                 svc = Service(rt, cfg.models, cfg.tenants)
             sampler = Sampler(svc, history, rt)
+            from runtime.serve.heal import SelfHealing
+            healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt)
             srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated)
             loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)
 
