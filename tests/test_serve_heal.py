@@ -337,3 +337,86 @@ def test_unavailable_actions_say_why(env):
     assert acts["slow"].result.startswith("unavailable: this server runs its engines in-process")
     assert acts["slow"].value > 0.002
     assert acts["frag"].result.startswith("unavailable: live defragmentation needs the memory pool")
+
+
+# ---------------------------------------------------------------------------------------------- reconfigure
+CONFIG = f"""
+models:
+  - model: smollm2@0
+    fallback: [1, cpu]
+    engine: {{max_num_seqs: 2, max_num_batched_tokens: 32, max_model_len: 64, num_gpu_blocks_override: 16}}
+tenants:
+  - {{name: ops, api_keys: [{ADMIN}], admin: true}}
+  - {{name: app, api_keys: [{USER}]}}
+"""
+
+
+def post(srv, path, body, key=ADMIN):
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(srv.url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture
+def reconf(env):
+    from runtime.serve.reconfigure import Reconfigurer
+    rt, srv, sampler, hist, clk, policy = env
+    rc = Reconfigurer(srv.service, parse_config(CONFIG), CONFIG, None, hist)
+    yield rc
+    srv.service.reconfigurer = None
+    srv.service.set_mode("smollm2", parse_config(CONFIG).models[0].engine.mode)
+
+
+def test_reconfigure_applies_mid_stream_without_dropping_it_and_is_a_manual_intervention(env, reconf):
+    rt, srv, sampler, hist, clk, policy = env
+    eng = srv.service.engines["smollm2"]
+    assert eng.config.mode.mode == "conservative"
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key=USER, max_retries=0)
+    s = c.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=24, temperature=0, stream=True,
+                             extra_body={"ignore_eos": True}, stream_options={"include_usage": True})
+    chunks, answer = 0, None
+    for ch in s:
+        if ch.choices:
+            chunks += 1
+        if chunks == 1 and answer is None:                      # mid-stream
+            answer = post(srv, "/admin/reconfigure", {"set": ["models.smollm2.scheduler.mode=ultra_low_latency",
+                                                              "models.smollm2.scheduler.low_latency_batch=1"]})
+        if ch.usage is not None:
+            assert ch.usage.completion_tokens == 24             # every token of the stream arrived
+    st, body = answer
+    assert st == 200 and body["result"] == "ok", body
+    assert eng.config.mode.mode == "ultra_low_latency" and eng.config.mode.low_latency_batch == 1
+    ev = hist.event(body["event_id"])
+    assert (ev.kind, ev.manual, ev.source, ev.result) == ("config", True, "admin ops", "ok")
+    assert "mode 'conservative' -> 'ultra_low_latency'" in ev.diagnosis
+    assert post(srv, "/admin/reconfigure", {"set": ["slo.target_p99_ms=1"]}, key=USER)[0] == 403
+    assert reconf.rollback("operator").startswith("rolled back: smollm2 scheduler")
+    assert eng.config.mode.mode == "conservative"
+
+
+def test_reconfigure_refuses_bad_or_restart_only_changes_and_rolls_back_a_failed_health_check(env, reconf):
+    rt, srv, sampler, hist, clk, policy = env
+    eng = srv.service.engines["smollm2"]
+    n0 = len(hist.events(kinds=["config"]))
+    for body, words in (({"set": ["models.smollm2.scheduler.mode=fastest"]}, "scheduler"),
+                        ({"set": ["models.smollm2.engine.max_num_seqs=4"]}, "max_num_seqs cannot change without a restart"),
+                        ({"set": ["models.llama.engine.max_num_seqs=4"]}, "no item named 'llama'"),
+                        ({"set": ["nonsense"]}, "expected key=value"),
+                        ({"config": "models: [minilm-l6]"}, "the models served cannot change"),
+                        ({"config": "server: {port: 1}"}, "server.port cannot change")):
+        st, err = post(srv, "/admin/reconfigure", body)
+        assert st == 400 and words in err["error"]["message"], err
+    assert eng.config.mode.mode == "conservative" and len(hist.events(kinds=["config"])) == n0   # nothing changed
+    rt.device(0).handle.inject_fault("task-fail", count=1)     # the new config's probe fails
+    st, body = post(srv, "/admin/reconfigure", {"set": ["models.smollm2.scheduler.mode=ultra_low_latency"]})
+    assert st == 200 and body["result"].startswith("failed: health check: smollm2: probe failed") and \
+        body["result"].endswith("rolled back")
+    assert eng.config.mode.mode == "conservative"
+    assert hist.event(body["event_id"]).result == body["result"]
+    assert ask(srv).choices[0].finish_reason == "length"
