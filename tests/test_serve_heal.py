@@ -245,6 +245,8 @@ def test_a_killed_device_is_restarted_warmed_and_returned_as_a_spare(env):
     tick_for(sampler, clk, 1)
     (fault,) = [e for e in since(hist, t0, ["fault"]) if e.source == "npu:0"]
     assert "device 0 is Lost" in fault.diagnosis
+    (moved,) = [e for e in since(hist, t0, ["fault"]) if e.source == "engine"]     # the engine moved off it
+    assert "device 0 is lost" in moved.diagnosis and "to npu 1" in moved.diagnosis and moved.result == "ok"
     (act,) = since(hist, t0, ["action"])
     assert act.result == "ok", act.result
     assert act.detail["device"] == 0 and act.detail["warmup_runs"] == 3 and act.detail["spares"] == [0]

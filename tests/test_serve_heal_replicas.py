@@ -69,6 +69,8 @@ self_healing:
         assert act.trigger == "slow" and act.result == "ok" and act.value > 1.0
         assert act.detail["added"] and act.duration_s >= 3.0
         assert hist.samples("replicas")[-1][1] == 1.0                           # sampled before the action
+        added = [e for e in hist.events(kinds=["lifecycle"]) if e.source == "replicas"]
+        assert len(added) == 2 and added[-1].detail["replica"] == act.detail["added"][0]   # initial + scale-out
         before = {r["name"]: r["requests"] for r in svc.replica_views()}
         s = cl.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=8, temperature=0,
                                   stream=True, extra_body={"ignore_eos": True})

@@ -51,6 +51,11 @@ OUTCOMES: dict[str, tuple[bool, bool, bool]] = {
 }
 
 
+#: front event kind -> its lifecycle line
+REPLICA_EVENTS: dict[str, str] = {"replica_added": "replica {replica} added on devices {devices}",
+                                  "replica_removed": "replica {replica} removed (drained: {drained})"}
+
+
 def percentile(xs: list[float], p: float) -> float:
     """The nearest-rank ``p``-th percentile of ``xs`` (NaN when empty)."""
     if not xs:
@@ -114,8 +119,14 @@ class Sampler:
                 self._win.ttfts.extend(stats.time_to_first_tokens)
 
     def engine_event(self, ev: dict) -> None:
-        """An engine or front event; automatic re-binds are faults the engine detected."""
+        """An engine or front event: automatic re-binds are faults the engine detected; replica changes are
+        lifecycle events (whoever asked for one records the action or manual intervention itself)."""
         kind = ev.get("kind")
+        if kind in REPLICA_EVENTS:
+            self.history.record_event("lifecycle", ts=self.clock(), source="replicas",
+                                      diagnosis=REPLICA_EVENTS[kind].format(**ev),
+                                      detail={k: v for k, v in ev.items() if k != "t"})
+            return
         if kind not in ("fallback", "restore"):
             return
         reason = str(ev.get("reason", ""))
