@@ -36,7 +36,7 @@ from runtime.models import DECODER_MODELS, ENCODER_MODELS
 
 from .engine.config import EngineConfig
 from .engine.modes import ModeConfig
-from .engine.placement import Placement, parse_placement
+from .engine.placement import DeviceNamedTwice, Placement, device_list, parse_placement
 from .heal.spec import SelfHealingSpec
 from .tenants import Quota, Tenant, TenantRegistry, parse_key
 
@@ -110,19 +110,12 @@ class ServeConfig:
 # ---------------------------------------------------------------------------------------------- specs
 def parse_devices(text: str, where: str = "") -> tuple[int, ...]:
     """``"2"`` -> (2,), ``"0-2"`` -> (0, 1, 2), ``"0,2"`` -> (0, 2)."""
-    out: list[int] = []
     try:
-        for part in str(text).split(","):
-            a, _, b = part.strip().partition("-")
-            lo, hi = int(a), int(b) if b else int(a)
-            if lo < 0 or hi < lo:
-                raise ValueError
-            out.extend(range(lo, hi + 1))
+        return device_list(text)
+    except DeviceNamedTwice:
+        raise ConfigError(f"{where}device list {text!r} names a device twice") from None
     except ValueError:
         raise ConfigError(f"{where}bad device list {text!r} (use 0, 0-2 or 0,2)") from None
-    if len(set(out)) != len(out):
-        raise ConfigError(f"{where}device list {text!r} names a device twice")
-    return tuple(out)
 
 
 def parse_model_spec(spec: str, where: str = "") -> tuple[str, tuple[int, ...] | None]:

@@ -55,25 +55,37 @@ class Placement:
         return f"npu {','.join(map(str, d))}" + (f" (tp={len(d)})" if len(d) > 1 else "")
 
 
+class DeviceNamedTwice(ValueError):
+    """A device list that names a device twice."""
+
+
+def device_list(text) -> tuple[int, ...]:
+    """``"2"`` / ``2`` -> (2,), ``"0-2"`` -> (0, 1, 2), ``"0,2"`` -> (0, 2); ValueError (with the reason) for
+    anything else, a device named twice included."""
+    if isinstance(text, bool):
+        raise ValueError("not a device list")
+    out: list[int] = []
+    for part in str(text).split(","):
+        a, _, b = part.strip().partition("-")
+        lo, hi = int(a), int(b) if b else int(a)
+        if lo < 0 or hi < lo:
+            raise ValueError("not a device list")
+        out.extend(range(lo, hi + 1))
+    if len(set(out)) != len(out):
+        raise DeviceNamedTwice(text)
+    return tuple(out)
+
+
 def parse_placement(text, where: str = "") -> Placement:
     """``"cpu"``, ``3``, ``"3"``, ``"0-2"`` or ``"0,2"``."""
     if isinstance(text, str) and text.strip().lower() == "cpu":
         return Placement(cpu=True)
-    if isinstance(text, bool):
-        raise InvalidParamError(f"{where}bad placement {text!r} (use cpu, 3, 0-2 or 0,2)")
-    out: list[int] = []
     try:
-        for part in str(text).split(","):
-            a, _, b = part.strip().partition("-")
-            lo, hi = int(a), int(b) if b else int(a)
-            if lo < 0 or hi < lo:
-                raise ValueError
-            out.extend(range(lo, hi + 1))
+        return Placement(device_list(text))
+    except DeviceNamedTwice:
+        raise InvalidParamError(f"{where}placement {text!r} names a device twice") from None
     except ValueError:
         raise InvalidParamError(f"{where}bad placement {text!r} (use cpu, 3, 0-2 or 0,2)") from None
-    if len(set(out)) != len(out):
-        raise InvalidParamError(f"{where}placement {text!r} names a device twice")
-    return Placement(tuple(out))
 
 
 class DeviceBinder:
