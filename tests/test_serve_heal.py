@@ -252,6 +252,8 @@ def test_a_killed_device_is_restarted_warmed_and_returned_as_a_spare(env):
     assert act.detail["device"] == 0 and act.detail["warmup_runs"] == 3 and act.detail["spares"] == [0]
     assert act.detail["engines_moved"] == {"smollm2": "npu 1"} and act.duration_s is not None
     assert h.ctx.spares == {0}
+    assert srv.service.state_dict()["self_healing"] == {"enabled": True, "triggers": ["dead"], "active": {},
+                                                        "spares": [0]}
     new = rt.device(0)
     assert new is not old and not new.is_lost and new.health()[0] == "OK"
     assert eng.index == 1 and ask(srv).choices[0].finish_reason == "length"     # served by the fallback

@@ -73,6 +73,7 @@ class Frontend:
         self.observers: list = []                #: the sampler(s): request outcomes and events go there
         self.history = None                      #: the History the observers record into (admin routes read it)
         self.reconfigurer = None                 #: a runtime.serve.reconfigure.Reconfigurer (POST /admin/reconfigure)
+        self.healing = None                      #: a runtime.serve.heal.SelfHealing (its state in /admin/state)
         self._cv = threading.Condition()
 
     def _event(self, ev: dict) -> None:
@@ -241,6 +242,8 @@ class Frontend:
         """The server's state for operators: lifecycle, engines (placement, chain, limits), tenants' usage."""
         out = {"state": self.state, "throttle": self.quotas.admission, "models": {},
                "tenants": [self.quotas.usage(t) for t in self.tenants.tenants], "events": list(self.events[-50:])}
+        if self.healing is not None:
+            out["self_healing"] = self.healing.state()
         for n, e in list(self.engines.items()):
             d = {"kind": e.kind}
             if e.kind == "generate" and hasattr(e, "chain"):

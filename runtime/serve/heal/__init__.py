@@ -23,6 +23,13 @@ class SelfHealing:
         self.engine = PolicyEngine(spec, self.ctx, history, server)
         self.sampler = sampler
         sampler.listen(self.engine.on_tick)
+        service.healing = self
+
+    def state(self) -> dict:
+        """For ``/admin/state``: enabled, the triggers, the actions in effect, the spare devices."""
+        spec = self.engine.spec
+        return {"enabled": spec.enabled, "triggers": [t.name for t in spec.triggers], "active": self.active(),
+                "spares": sorted(self.ctx.spares)}
 
     def update(self, spec: SelfHealingSpec) -> None:
         self.engine.update(spec)
@@ -33,3 +40,5 @@ class SelfHealing:
     def close(self) -> None:
         """Stop listening to the sampler (active actions stay as they are)."""
         self.sampler.unlisten(self.engine.on_tick)
+        if getattr(self.ctx.service, "healing", None) is self:
+            self.ctx.service.healing = None
