@@ -121,6 +121,8 @@ def test_a_failed_task_is_a_server_error_and_the_engine_keeps_serving(served):
     complete(srv)                                              # the next one is served on the same placement
     server, _ = sampler.tick(1011.0)
     assert server["error_rate"] == pytest.approx(0.5)
+    (ev,) = hist.events(since=1011, kinds=["fault"])
+    assert ev.source == "engine" and ev.diagnosis == "smollm2: 1 step(s) failed on npu 0 (their requests failed)"
     eng = srv.service.engines["smollm2"]
     assert eng.failed_steps == 1 and eng.index == 0 and eng.error is None
 

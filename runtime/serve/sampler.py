@@ -19,8 +19,9 @@ into one sample per metric of :data:`runtime.observe.history.METRICS`:
 - per device (scope ``npu:<id>``): ``hbm_used_bytes``, ``hbm_fragmentation``, ``device_temperature_c``,
   ``device_power_w``, ``aicore_util``, ``device_health`` (:data:`HEALTH_CODES`; 4 = lost).
 
-A device whose health level gets worse (or that is lost) between two ticks is a ``fault`` event; an
-engine's automatic re-bind is a ``fault`` event too (what was detected and where the engine went).
+A device whose health level gets worse (or that is lost) between two ticks is a ``fault`` event; so are an
+engine's automatic re-bind (what was detected and where the engine went) and steps that failed since the
+last tick (task exceptions: their requests failed).
 Listeners (:meth:`Sampler.listen`, e.g. the policy engine) get every tick's samples at the tick's time.
 
 Clock: ``clock`` gives wall-clock seconds for the History; tests drive :meth:`tick` with explicit times and
@@ -92,6 +93,7 @@ class Sampler:
         self._win = _Window()
         self._last_tick: float | None = None
         self._health: dict[int, int] = {}            # device -> last health code seen
+        self._failed: dict[str, int] = {}            # engine -> failed steps seen
         self._listeners: list[Callable[[float, dict, dict], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -166,6 +168,7 @@ class Sampler:
             "shed_rate": w.shed / w.arrived if w.arrived else math.nan,
         }
         server.update(self.service.gauges())
+        self._failed_steps(now)
         devices = self._devices(now)
         self.history.record_samples(now, server)
         for d, s in devices.items():
@@ -177,6 +180,22 @@ class Sampler:
             except Exception:  # noqa: BLE001 - a listener must not stop the sampling
                 log.exception("sampler listener failed")
         return server, devices
+
+    def _failed_steps(self, now: float) -> None:
+        """Engine steps that failed since the last tick (task exceptions on a healthy placement): one
+        ``fault`` event per engine and tick."""
+        for name, e in list(self.service.engines.items()):
+            n = getattr(e, "failed_steps", None)
+            if n is None:
+                continue
+            before = self._failed.get(name, 0)
+            self._failed[name] = n
+            if n > before:
+                self.history.record_event("fault", ts=now, source="engine",
+                                          diagnosis=f"{name}: {n - before} step(s) failed on {e.placement} "
+                                                    f"(their requests failed)",
+                                          detail={"model": name, "failed_steps": n - before,
+                                                  "placement": str(e.placement)})
 
     def _devices(self, now: float) -> dict[int, dict]:
         out: dict[int, dict] = {}

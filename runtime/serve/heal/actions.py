@@ -122,7 +122,7 @@ def _probe_all(ctx: Context, models: list[str]) -> Callable[[], tuple[bool, str]
             ok, why = probe(ctx, m)
             if not ok:
                 return False, why
-        return True, "; ".join(probe_line for probe_line in (f"{m} ok" for m in models))
+        return True, "; ".join(f"{m} ok" for m in models)
     return check
 
 
