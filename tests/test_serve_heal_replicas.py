@@ -89,3 +89,27 @@ self_healing:
         hist.close()
         rt.close()
         c.close()
+
+
+def test_a_killed_cluster_device_is_restarted_by_ray_and_warmed():
+    """``restart_device`` on the cluster backend: a killed device actor (its process dies) comes back
+    through Ray's actor restart; the runtime reconnects, resets and warms it (checked results)."""
+    from runtime.cluster import ClusterSpec, LocalCluster
+    from runtime.cluster.failover import wait_polled
+    from runtime.serve.heal.actions import warm
+    import threading
+    c = LocalCluster(ClusterSpec(devices=2, arena_bytes=1 << 28), max_restarts=3)
+    rt = Runtime(c.backend())
+    try:
+        old = rt.device(1)
+        pid_before = c.where[1]["pid"] if "pid" in c.where[1] else None
+        old.handle.inject_fault("kill")
+        assert wait_polled(threading.Condition(), lambda: old.is_lost, 60)
+        new = rt.restart_device(1)
+        assert new is not old and not new.is_lost and new.health()[0] == "OK"
+        assert warm(new, 3) >= 0.0
+        assert rt.backend.where[1]["pid"] != pid_before
+        assert not rt.device(0).is_lost and warm(rt.device(0), 1) >= 0.0       # the other device untouched
+    finally:
+        rt.close()
+        c.close()
