@@ -6,7 +6,8 @@ failed check) and how to release it when the trigger's condition has cleared (hy
 throttle is lifted, a fallback restored.
 
 - ``throttle {by: 20%, for: 5m}``: admit ``1 - by`` of the load (every engine's batch and queue, every
-  tenant's quota) for at least ``for``; released: admission back to 1;
+  tenant's quota) for at least ``for``; released: admission back to 1 -- or to the strictest throttle
+  another trigger (another hot device) still holds;
 - ``fallback {model}``: the model's engine (every generation model if none) one step down its chain;
   checked by a probe generation there; undone / released by ``restore``;
 - ``restore {model}``: back to the first placement (when healthy);
@@ -76,6 +77,7 @@ class Context:
     warmup_requests: int = 3
     reconfigurer: object = None
     spares: set = field(default_factory=set)
+    throttles: dict = field(default_factory=dict)    #: trigger@scope -> admission factor it holds
 
 
 class Action:
@@ -141,16 +143,25 @@ class Throttle(Action):
     def run(self, ctx: Context, fired: Fired) -> Outcome:
         by = fired.params.get("by", 0.2)
         svc = ctx.service
+        key = f"{fired.trigger}@{fired.scope}"
         before = svc.quotas.admission
-        svc.throttle(round(1.0 - by, 6))
+
+        def admit() -> float:                    # the strictest throttle in effect (several can be)
+            f = min(ctx.throttles.values(), default=1.0)
+            svc.throttle(f)
+            return f
+        ctx.throttles[key] = round(1.0 - by, 6)
+        now = admit()
+
+        def lift() -> str:
+            ctx.throttles.pop(key, None)
+            return f"admission back to {admit():g}"
 
         def check():
             st, body = svc.health()
             return st == 200, f"health {st} {body.get('status')}"
-        return Outcome(f"admission {before:g} -> {1 - by:g} for >= {fired.params.get('for', 300.0):g} s",
-                       {"factor": 1 - by, "before": before}, check=check,
-                       undo=lambda: (svc.throttle(before), f"admission back to {before:g}")[1],
-                       release=lambda: (svc.throttle(1.0), "admission back to 1")[1],
+        return Outcome(f"admission {before:g} -> {now:g} for >= {fired.params.get('for', 300.0):g} s",
+                       {"factor": now, "before": before}, check=check, undo=lift, release=lift,
                        hold_s=fired.params.get("for", 300.0))
 
 
