@@ -10,6 +10,17 @@ Devices: the running cluster, or an embedded one with as many devices as the mod
 requests, running ones finish) and exits 0.  Bad flags or config: one line on stderr, exit 2 -- among them
 an open server (no tenants with API keys) on a non-loopback ``--host`` without ``--allow-unauthenticated``.
 
+State: the server samples its metrics every second into ``$VNPU_HOME/serve/history.sqlite`` (kept across
+restarts) and writes ``$VNPU_HOME/serve/server.json`` (URL, pid, History; mode 0600; removed on a clean
+stop) so that ``vnpu monitor`` / ``diagnose`` / ``serve reconfigure`` find it.  The config's
+``self_healing`` section runs a policy engine on those samples (:mod:`runtime.serve.heal`).
+
+    vnpu serve reconfigure --set models.smollm2.scheduler.mode=adaptive --set slo.target_p99_ms=500
+    vnpu serve reconfigure -f new-serve.yaml --url http://127.0.0.1:8000      # admin key: VNPU_API_KEY
+
+``reconfigure`` exits 0 when applied, 1 when the new config failed its health check and was rolled back,
+2 when refused (invalid, or a key that needs a restart: one line on stderr).
+
 ``--replicas R`` (or ``server.replicas``) > 1 runs the engines as R Ray Serve replicas on the cluster (each
 claims its devices as the Ray resource ``NPU``), behind this process's HTTP routes; the default (1) serves
 in this process with no Ray Serve hop.

@@ -10,6 +10,12 @@ Bearer``; 401 otherwise), looks models up as that tenant may see them, runs the 
 effective priority, and holds a quota ticket from admission until the response (or the stream) ends,
 when it is settled to the tokens really used.  ``/metrics`` and ``/admin/*`` need an admin key (403);
 ``/health`` is open (probes); ``/v1/usage`` shows the caller its own usage only.
+
+Observability (admin): every model request's outcome goes to the service's sampler (:func:`outcome_of`:
+served, server error, client error, shed); ``GET /admin/history/samples|events|latest`` read the
+server's History, ``POST /admin/events`` records an operator command's event, ``POST /admin/reconfigure``
+changes the running config; the admin commands (fallback, restore, throttle, replicas, reconfigure) are
+recorded as manual interventions.
 """
 from __future__ import annotations
 
