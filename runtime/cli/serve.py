@@ -151,9 +151,10 @@ def _cmd_serve(a) -> int:
             finally:
                 if loader.is_alive() or loader.ident is not None:
                     loader.join()
-                sampler.stop()
-                svc.close()
                 serverfile.remove(state_dir())
+                sampler.stop()
+                healing.close()
+                svc.close()
             if svc.error is not None:
                 history.record_event("lifecycle", source="server", diagnosis=f"server failed: {svc.error}",
                                      result=f"failed: {svc.error}")
