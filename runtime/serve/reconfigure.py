@@ -25,7 +25,6 @@ import yaml
 
 from .config import ConfigError, ServeConfig, parse_config
 from .heal.actions import Context, probe
-from .tenants import TenantRegistry
 
 
 class Reconfigurer:
