@@ -267,6 +267,25 @@ def _pin_temperature(dev, celsius_wanted: float, base: float) -> None:
     dev.handle.inject_fault("overheat", celsius=max(0.0, celsius_wanted - base))
 
 
+def test_approaching_a_threshold_is_a_risk_event_once(env):
+    rt, srv, sampler, hist, clk, policy = env
+    dev = rt.device(2)
+    dev.handle.inject_fault("overheat", celsius=50)
+    base = dev.telemetry()["temperature_c"] - 50
+    policy("""
+  triggers:
+    - {name: thermal, metric: device_temperature_c, condition: "> 85", action: throttle, aggregate: last}
+""")
+    t0 = clk.t
+    tick_for(sampler, clk, 3, every=lambda k: _pin_temperature(dev, 80.0, base))
+    (risk,) = since(hist, t0, ["risk"])
+    assert risk.detail["scope"] == "npu:2" and risk.value == pytest.approx(80.0, abs=0.2)
+    assert "device_temperature_c on npu:2 reached 80" in risk.diagnosis and "0.94 of the 85 threshold" in risk.diagnosis
+    tick_for(sampler, clk, 1, every=lambda k: _pin_temperature(dev, 60.0, base))     # below the release: re-armed
+    tick_for(sampler, clk, 1, every=lambda k: _pin_temperature(dev, 81.0, base))
+    assert len(since(hist, t0, ["risk"])) == 2 and since(hist, t0, ["action"]) == []
+
+
 def test_oscillation_around_the_threshold_does_not_flap(env):
     rt, srv, sampler, hist, clk, policy = env
     dev = rt.device(2)

@@ -4,6 +4,7 @@
       enabled: true
       max_actions_per_hour: 20          # guardrail over all triggers
       hysteresis: 10%                   # default release threshold: the condition's opposite, moved by this
+      risk: 90%                         # a "risk" event when a window reaches this share of a threshold
       flapping: {window: 10m, max_fires: 3, hold: 30m}
       triggers:
         - {name: thermal, metric: device_temperature_c, condition: "> 85", window: 10s, action: throttle,
@@ -27,7 +28,7 @@ from .spec import (AGGREGATES, AlertSpec, FlappingSpec, RecoverySpec, SelfHealin
                    parse_condition, parse_duration, parse_fraction)
 
 TRIGGER_KEYS = ("name", "metric", "condition", "action", "window", "params", "release", "aggregate", "cooldown")
-ROOT_KEYS = ("enabled", "triggers", "recovery", "alerts", "max_actions_per_hour", "hysteresis", "flapping")
+ROOT_KEYS = ("enabled", "triggers", "recovery", "alerts", "max_actions_per_hour", "hysteresis", "flapping", "risk")
 RECOVERY_KEYS = ("warmup_requests", "health_check", "rollback_on_failure", "cooldown")
 FLAPPING_KEYS = ("window", "max_fires", "hold")
 ALERT_KEYS = ("kind", "path", "url", "timeout")
@@ -132,7 +133,7 @@ def parse_self_healing(node, where: str, slo) -> SelfHealingSpec:
         triggers=tuple(triggers), recovery=rec, alerts=tuple(alerts),
         max_actions_per_hour=_get(d, "max_actions_per_hour", _int(1), where, p, 20),
         hysteresis=_get(d, "hysteresis", lambda v: parse_fraction(v, "hysteresis"), where, p, 0.1),
-        flapping=fl)
+        flapping=fl, risk_ratio=_get(d, "risk", lambda v: parse_fraction(v, "risk"), where, p, 0.9))
 
 
 def _trigger(node, where: str, path: str, slo: dict) -> TriggerSpec:

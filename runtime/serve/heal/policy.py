@@ -15,6 +15,10 @@ trigger's window (one window per device for a device metric), and then per trigg
   and the window meets the *release* condition (hysteresis: not the firing threshold), the action is
   released (throttle lifted, engine restored) and a ``recovery`` event records the whole episode.
 
+A window that reaches ``risk_ratio`` (90 %) of an upper-bound trigger's threshold without firing is a
+``risk`` event ("hbm_fragmentation on npu:1 reached 0.63, 0.90 of the 0.7 threshold of frag"), once per
+approach.
+
 Every action, release, suppression and flapping hold goes to the alert sinks (:mod:`.alerts`) and is an
 ``alert`` event with the delivery results.  Time is the tick's (injectable: tests replay minutes in
 milliseconds); an action's own run time is added to its durations.
@@ -57,6 +61,7 @@ class _State:
     fires: deque = field(default_factory=deque)
     held_until: float = -math.inf
     suppressed: bool = False
+    risky: bool = False
     release_failed: str = ""
 
 
@@ -122,8 +127,27 @@ class PolicyEngine:
             return
         if not t.condition.holds(agg):
             st.suppressed = False
+            self._risk(t, scope, st, now, agg)
             return
+        st.risky = False
         self._fire(t, scope, st, now, agg)
+
+    def _risk(self, t: TriggerSpec, scope: str, st: _State, now: float, agg: float) -> None:
+        """An upper-bound trigger whose window reached ``risk_ratio`` of its threshold without firing: one
+        ``risk`` event per approach (again after falling back below the release threshold)."""
+        c = t.condition
+        if c.op not in (">", ">=") or c.threshold <= 0:
+            return
+        ratio = agg / c.threshold
+        if ratio >= self.spec.risk_ratio and not st.risky:
+            st.risky = True
+            self.history.record_event("risk", ts=now, source="policy", trigger=t.name, value=agg,
+                                      diagnosis=f"{t.metric}{_at(scope)} reached {agg:.4g}, {ratio:.2f} of the "
+                                                f"{c.threshold:g} threshold of {t.name}",
+                                      detail={"scope": scope, "metric": t.metric, "threshold": c.threshold,
+                                              "ratio": ratio})
+        elif st.risky and t.release_condition(self.spec.hysteresis).holds(agg) and ratio < self.spec.risk_ratio:
+            st.risky = False
 
     # -------------------------------------------------------------- guardrails and firing
     def _cooldown(self, t: TriggerSpec) -> float:

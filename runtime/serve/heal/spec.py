@@ -180,3 +180,4 @@ class SelfHealingSpec:
     max_actions_per_hour: int = 20
     hysteresis: float = 0.1
     flapping: FlappingSpec = field(default_factory=FlappingSpec)
+    risk_ratio: float = 0.9                          #: a "risk" event at this share of a threshold
