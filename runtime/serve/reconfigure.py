@@ -69,7 +69,10 @@ class Reconfigurer:
         new = parse_config(text, "reconfigure")
         old = self.cfg
         if "models" not in doc:                          # what the command line chose stays as it is
-            new = dataclasses.replace(new, models=old.models)
+            models = tuple(dataclasses.replace(m, engine=dataclasses.replace(
+                m.engine, mode=dataclasses.replace(m.engine.mode, target_p99_ms=new.slo.target_p99_ms)))
+                if m.kind == "generate" else m for m in old.models)           # (the SLO the modes plan for)
+            new = dataclasses.replace(new, models=models)
         if "server" not in doc:
             new = dataclasses.replace(new, host=old.host, port=old.port, replicas=old.replicas,
                                       allow_unauthenticated=old.allow_unauthenticated)
