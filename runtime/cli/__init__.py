@@ -13,7 +13,8 @@ from devices.errors import AclError
 from runtime.cliargs import Parser, UsageError, report
 
 #: command groups, in the order ``vnpu --help`` lists them
-COMMANDS = ("cluster", "token", "smi", "demo", "run", "serve", "atc", "chaos", "sanitize", "bench")
+COMMANDS = ("cluster", "token", "smi", "demo", "run", "serve", "atc", "chaos", "sanitize", "bench", "monitor",
+            "diagnose", "postmortem", "stress")
 
 
 def build_parser() -> argparse.ArgumentParser:
