@@ -1,0 +1,170 @@
+"""vnpu stress-test: rate profiles and arrivals (pure), the open loop on an injectable clock, and a real
+run: a 5-minute profile on a 60x clock against a real server (real HTTP, in-process devices) with faults
+from the chaos injector, checked by the independent history checker."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime.cluster.history import check
+from runtime.stress.loadgen import OpenLoop, Outcome, ScaledClock
+from runtime.stress.profiles import PROFILES, ProfileError, arrivals, builtin, from_doc
+
+
+# ---------------------------------------------------------------------------------------------- profiles
+@pytest.mark.parametrize("name", list(PROFILES))
+def test_arrivals_follow_the_rate_curve(name):
+    p = builtin(name, 20.0, 600.0)
+    even = arrivals(p, poisson=False)
+    assert abs(len(even) - p.expected()) <= 1.0
+    assert even == sorted(even) and 0 <= even[0] and even[-1] < 600.0
+    # in every minute the count follows the integral of the rate
+    for k in range(10):
+        got = sum(1 for t in even if 60 * k <= t < 60 * (k + 1))
+        assert abs(got - p.expected(60 * k, 60 * (k + 1))) <= 1.5, (k, got)
+    pois = arrivals(p, seed=3)
+    n = p.expected()
+    assert abs(len(pois) - n) <= 5 * np.sqrt(n)          # Poisson: within 5 sigma
+    assert arrivals(p, seed=3) == pois and arrivals(p, seed=4) != pois
+
+
+def test_profile_shapes():
+    assert builtin("steady", 10, 100).rate(50) == 10
+    b = builtin("burst", 40, 120)                         # period 20 s, bursts in its last 2 s
+    assert b.rate(5) == 10 and b.rate(19) == 40
+    d = builtin("diurnal", 10, 100)
+    assert d.rate(0) == pytest.approx(1.0) and d.rate(50) == pytest.approx(10.0)
+    s = builtin("spike", 8, 100)
+    assert s.rate(10) == 2 and s.rate(47) == 8 and s.rate(60) == 2
+
+
+def test_yaml_profiles_and_their_errors():
+    p = from_doc({"points": [{"at": "0s", "rate": 2}, {"at": "1m", "rate": "50%"}]}, rate=40, duration_s=60)
+    assert p.rate(0) == 2 and p.rate(60) == 20 and p.rate(30) == pytest.approx(11)
+    st = from_doc({"step": True, "points": [{"at": 0, "rate": 2}, {"at": 30, "rate": 6}]}, 1, 60)
+    assert st.rate(29) == 2 and st.rate(31) == 6
+    for bad in ({"points": []}, {"points": [{"at": "5s", "rate": 1}]}, [{"at": 0, "rate": -1}],
+                [{"at": 0, "rate": 0}], [{"at": 0, "rate": 1}, {"at": "bogus", "rate": 1}], "text"):
+        with pytest.raises(ProfileError):
+            from_doc(bad, 1, 60)
+    with pytest.raises(ProfileError):
+        builtin("nope", 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------- open loop
+class FakeClock:
+    """Time moves only when the generator waits (no real sleeping)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def wait_until(self, deadline):
+        self.t = max(self.t, deadline)
+
+
+def test_open_loop_sends_at_the_arrivals_whatever_the_server_does():
+    clk = FakeClock()
+    arr = [0.5 * i for i in range(40)]
+    calls = {}
+
+    def send(rid, key):
+        calls[rid] = calls.get(rid, 0) + 1
+        if rid % 10 == 3:
+            return Outcome("shed", 429, error="rate_limit_exceeded")
+        if rid % 10 == 5 and calls[rid] == 1:                # a 503 that succeeds on its retry
+            return Outcome("retry", 503, error="service_unavailable", server_failure=True)
+        if rid % 10 == 7:                                     # never works: given up after 3 tries
+            return Outcome("retry", 500, error="boom", server_failure=True)
+        return Outcome("ok", 200, digest=f"d{key}", value=key)
+
+    g = OpenLoop(arr, send, lambda rid: str(rid % 4), clock=clk, wait_until=clk.wait_until, workers=4)
+    g.run(drain_s=30)
+    left = {r.rid: r.dispatched for r in g.records}
+    assert [left[i] for i in range(40)] == pytest.approx(arr, abs=1e-9)      # open loop: on schedule
+    assert all(r.sent >= r.intended for r in g.records)
+    outs = {r.rid: r.outcome for r in g.records}
+    assert sum(o == "shed" for o in outs.values()) == 4 and sum(o == "failed" for o in outs.values()) == 4
+    assert calls[5] == 2 and calls[7] == 3 and calls[3] == 1                 # sheds are not retried
+    res = check(g.history)
+    assert res["counts"]["lost"] == 0 and res["counts"]["duplicated"] == 0
+    assert res["by_kind"].get("failed") == 8                                 # the shed + the given-up
+    r = g.rates()
+    assert r["intended"] == r["sent"] == 40 and r["intended_rate"] == pytest.approx(2.0)
+
+
+def test_unfinished_requests_are_lost_in_the_check():
+    import threading
+    gate = threading.Event()
+
+    def send(rid, key):
+        if rid == 2:
+            gate.wait(5)                                      # hangs past the drain
+        return Outcome("ok", 200, digest="x")
+    clk = FakeClock()
+    g = OpenLoop([0.0, 0.1, 0.2, 0.3], send, str, clock=clk, wait_until=clk.wait_until, workers=4)
+    g.run(drain_s=0.3)
+    gate.set()
+    res = check([h for h in g.history])
+    assert res["counts"]["lost"] == 1
+
+
+# ---------------------------------------------------------------------------------------------- real server
+ADMIN = "sk-ops-stress-0123456789"
+
+
+@pytest.fixture(scope="module")
+def server():
+    from devices.device import DeviceConfig
+    from runtime.api import Runtime
+    from runtime.backend import LocalBackend
+    from runtime.serve.config import model_spec
+    from runtime.serve.server import Server, Service
+    from runtime.serve.tenants import Tenant, key_digest
+    rt = Runtime(LocalBackend(2, DeviceConfig(arena_bytes=256 << 20)))
+    svc = Service(rt, (model_spec("minilm-l3", (0,), None),), (Tenant("ops", (key_digest(ADMIN),), admin=True),))
+    srv = Server(svc).start()
+    try:
+        svc.load()
+        yield rt, srv
+    finally:
+        srv.stop()
+        rt.close()
+
+
+@pytest.mark.serve
+def test_a_five_minute_profile_with_faults_runs_in_seconds_against_a_real_server(server, tmp_path):
+    from runtime.observe.history import History
+    from runtime.observe.source import FileSource
+    from runtime.stress.faults import DeviceInjector
+    from runtime.stress.run import StressConfig, run_stress, summary_lines
+    rt, srv = server
+    clk = ScaledClock(60.0)                                 # 5 min of profile in ~5 s
+    prof = builtin("burst", 0.6, 300.0)
+    h = History(tmp_path / "h.sqlite")
+    cfg = StressConfig(url=srv.url, api_key=ADMIN, profile=prof, faults=("overheat", "slow"), every_s=60.0,
+                       fault_devices=(0,), distinct_inputs=4, workers=16, target_p99_ms=10_000.0, drain_s=60)
+    rep = run_stress(cfg, DeviceInjector(rt, seed=1), FileSource(h), clock=clk, wait_until=clk.wait_until)
+    rq, r = rep["requests"], rep["rates"]
+    assert r["intended"] == len(arrivals(prof)) and r["sent"] == r["intended"]
+    assert rq["ok"] + rq["shed"] + rq["failed"] + rq["client_errors"] + rq["unfinished"] == rq["sent"]
+    assert rq["lost"] == 0 and rq["duplicated"] == 0 and rep["check"]["counts"]["submitted"] == rq["sent"]
+    assert rq["ok"] == rq["sent"], summary_lines(rep)               # nothing here sheds or fails
+    assert rq["differs_from_reference"] == 0                          # embeddings within tolerance
+    # the faults were injected through the chaos injector (the device reports them) and logged as events
+    assert [(f["kind"], f["device"], f["injected"]) for f in rep["faults"]] == [("overheat", 0, True),
+                                                                             ("slow", 0, True),
+                                                                             ("overheat", 0, True),
+                                                                             ("slow", 0, True)]
+    evs = h.events(kinds=["fault"])
+    assert [e.detail["fault"] for e in evs] == ["overheat", "slow", "overheat", "slow"]
+    # no self-healing in this server: each fault is reported undetected, with advice
+    assert all(f["detected_after_s"] is None for f in rep["faults"])
+    assert any("was not detected" in a for a in rep["advice"])
+    assert rep["capacity_rate"] is not None and rep["capacity_rate"] > 0
+    text = "\n".join(summary_lines(rep))
+    assert "lost 0, duplicated 0" in text
+    rt.devices()[0].handle.inject_fault("clear")
+    h.close()
