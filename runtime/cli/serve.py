@@ -89,7 +89,15 @@ def _cmd_serve(a) -> int:
         return _fail("--replicas > 1 runs Ray Serve replicas on the cluster; unset VNPU_BACKEND=local")
     need = a.devices or devices_needed(cfg.models) * cfg.replicas
     from runtime.cli.run import job_runtime
+    from runtime.cluster.discovery import state_dir
+    from runtime.observe.history import History, HistoryError, default_path
+    from runtime.serve import serverfile
+    from runtime.serve.sampler import Sampler
     from runtime.serve.server import Server, Service
+    try:
+        history = History(default_path(state_dir()))
+    except (HistoryError, OSError) as e:
+        return _fail(f"cannot open the metrics history: {e}")
     try:
         with job_runtime(need) as rt:
             if cfg.replicas > 1:
@@ -97,11 +105,16 @@ def _cmd_serve(a) -> int:
                 svc = ReplicaService(cfg.models, cfg.replicas, cfg.tenants)
             else:
                 svc = Service(rt, cfg.models, cfg.tenants)
+            sampler = Sampler(svc, history, rt)
             srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated)
             loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)
 
             def bound(s):
                 print(f"vnpu serve: listening on {s.url}", flush=True)
+                serverfile.write(state_dir(), s.url, history.path)
+                history.record_event("lifecycle", source="server", diagnosis=f"server started on {s.url}",
+                                     detail={"pid": os.getpid(), "url": s.url})
+                sampler.start()
                 loader.start()
 
             try:
@@ -109,11 +122,18 @@ def _cmd_serve(a) -> int:
             finally:
                 if loader.is_alive() or loader.ident is not None:
                     loader.join()
+                sampler.stop()
                 svc.close()
+                serverfile.remove(state_dir())
             if svc.error is not None:
+                history.record_event("lifecycle", source="server", diagnosis=f"server failed: {svc.error}",
+                                     result=f"failed: {svc.error}")
                 return _fail(svc.error)
+            history.record_event("lifecycle", source="server", diagnosis="server stopped (drained)", result="ok")
     except AclError as e:
         return _fail(f"{e.code} {e.name}: {e.detail}")
+    finally:
+        history.close()
     print("vnpu serve: drained, bye", flush=True)
     return 0
 

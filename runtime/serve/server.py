@@ -69,11 +69,47 @@ class Frontend:
         self.error: str | None = None
         self.created = int(time.time())
         self.events: list[dict] = []             #: engine re-binds and replica changes, in order
+        self.stat_loggers: list = [self.stat_logger]
+        self.observers: list = []                #: the sampler(s): request outcomes and events go there
+        self.history = None                      #: the History the observers record into (admin routes read it)
         self._cv = threading.Condition()
 
     def _event(self, ev: dict) -> None:
         with self._cv:
             self.events.append(ev)
+        for o in list(self.observers):
+            try:
+                o.engine_event(ev)
+            except Exception:  # noqa: BLE001 - an observer must not break the engine
+                log.exception("observer failed on an event")
+
+    # -------------------------------------------------------------- observability
+    def attach_observer(self, obs) -> None:
+        """``obs`` (a :class:`runtime.serve.sampler.Sampler`) hears request outcomes (``observe``), engine
+        step stats (``record``, engines built from now on) and events (``engine_event``); its ``history``
+        backs the ``/admin/history`` routes."""
+        self.observers.append(obs)
+        self.stat_loggers.append(obs)
+        self.history = obs.history
+
+    def observe(self, outcome: str, latency_s: float | None = None) -> None:
+        """The HTTP layer: one request ended (see :data:`runtime.serve.sampler.OUTCOMES`)."""
+        for o in list(self.observers):
+            o.observe(outcome, latency_s)
+
+    def gauges(self) -> dict[str, float]:
+        """Server-wide gauges now: requests waiting and running, KV-cache use (the fullest engine), the
+        admission factor, serving replicas."""
+        waiting = running = 0
+        kv = 0.0
+        for e in list(self.engines.values()):
+            if getattr(e, "kind", None) == "generate" and hasattr(e, "snapshot"):
+                s = e.snapshot()
+                waiting += s.waiting
+                running += s.running
+                kv = max(kv, s.kv_usage)
+        return {"queue_depth": waiting, "running": running, "kv_cache_usage": kv,
+                "throttle": self.quotas.admission, "replicas": getattr(self, "replica_count", 1)}
 
     # -------------------------------------------------------------- lifecycle
     def load(self) -> None:
@@ -225,7 +261,7 @@ class Service(Frontend):
     def _load(self) -> None:
         """Build and start every engine (blocking: weights upload, KV cache, graph captures)."""
         for spec in self.specs:
-            eng = ENGINE_BUILDERS[spec.kind](self.rt, spec, [self.stat_logger], self.binder, [self._event])
+            eng = ENGINE_BUILDERS[spec.kind](self.rt, spec, self.stat_loggers, self.binder, [self._event])
             self.engines[spec.name] = eng
             eng.start()
             log.info("serving %s on devices %s", spec.name, list(spec.devices))

@@ -159,6 +159,7 @@ class GenerateEngine:
         self.last_batch = 0
         self.events: list[dict] = []
         self.rebinds = 0
+        self.failed_steps = 0                    #: steps that failed on a healthy placement (their requests failed)
         self.index = 0
         self.runner: ModelRunner | None = None
         try:
@@ -293,9 +294,9 @@ class GenerateEngine:
             logits = self.runner.execute(inputs)
         except AclError as e:
             lost = self.binder.lost(self.chain[self.index])
-            if lost is None:
-                self._fail(e)
-                raise
+            if lost is None:                             # a failed attempt (task exception): its requests fail
+                self._fail_step(out, e)
+                return []
             self._auto_fallback(f"{lost} ({type(e).__name__}: {e})")       # the step never happened
             return []
         except Exception as e:  # noqa: BLE001 - a device failure fails the requests, not the server
@@ -464,6 +465,19 @@ class GenerateEngine:
         st.kv_usage = self.blocks.pool.usage
         for lg in self.stat_loggers:
             lg.record(self.model, st)
+
+    def _fail_step(self, out: SchedulerOutput, e: AclError) -> None:
+        """A step failed on a healthy placement (a task exception, not a lost device): the requests of that
+        step fail (HTTP 500 / an error chunk), the others keep their place, and the engine keeps serving --
+        whether to move elsewhere is the self-healing policy's call (error rate over a window), not one
+        failed task's."""
+        msg = f"{type(e).__name__}: {e}"
+        self.failed_steps += 1
+        log.warning("engine %s: a step failed on %s (%s); %d request(s) failed", self.model, self.placement, msg,
+                    len(out.scheduled))
+        for s in out.scheduled:
+            if s.request.request_id in self._requests:
+                self._finish(s.request, "error", msg)
 
     def _fail(self, e: Exception) -> None:
         msg = f"{type(e).__name__}: {e}"
