@@ -192,7 +192,8 @@ class HttpSource(HistorySource):
 
     def events(self, since=None, until=None, kinds=None, limit=None):
         ks = ",".join(kinds) if kinds is not None else None
-        doc = self._call("GET", "/admin/history/events", {"since": since, "kinds": ks, "limit": limit})
+        doc = self._call("GET", "/admin/history/events", {"since": since, "until": until, "kinds": ks,
+                                                          "limit": limit})
         out = [Event(**{**e, "detail": e.get("detail") or {}}) for e in doc.get("events", [])]
         return [e for e in out if until is None or e.ts <= until]
 
