@@ -57,7 +57,7 @@ class HistorySource:
         raise NotImplementedError
 
     def record_event(self, kind: str, *, diagnosis: str = "", detail: dict | None = None,
-                     manual: bool = False) -> int | None:
+                     manual: bool = False, source: str = "operator") -> int | None:
         raise NotImplementedError
 
     def now(self) -> float:
@@ -132,8 +132,8 @@ class FileSource(HistorySource):
         except KeyError:
             raise SourceError(f"no event {event_id} in {self.where}") from None
 
-    def record_event(self, kind, *, diagnosis="", detail=None, manual=False):
-        return self.h.record_event(kind, source="operator", diagnosis=diagnosis, detail=detail, manual=manual)
+    def record_event(self, kind, *, diagnosis="", detail=None, manual=False, source="operator"):
+        return self.h.record_event(kind, source=source, diagnosis=diagnosis, detail=detail, manual=manual)
 
     def now(self):
         span = self.h.span()
@@ -197,8 +197,8 @@ class HttpSource(HistorySource):
         out = [Event(**{**e, "detail": e.get("detail") or {}}) for e in doc.get("events", [])]
         return [e for e in out if until is None or e.ts <= until]
 
-    def record_event(self, kind, *, diagnosis="", detail=None, manual=False):
-        doc = self._call("POST", "/admin/events", body={"kind": kind, "diagnosis": diagnosis,
+    def record_event(self, kind, *, diagnosis="", detail=None, manual=False, source="operator"):
+        doc = self._call("POST", "/admin/events", body={"kind": kind, "diagnosis": diagnosis, "source": source,
                                                         "detail": dict(detail or {}), "manual": manual})
         return doc.get("id")
 

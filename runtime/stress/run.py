@@ -181,7 +181,8 @@ def run_stress(cfg: StressConfig, inject: Callable[[str, int], dict] | None = No
 
     def record_fault(f: dict) -> None:
         if source is not None:
-            source.record_event("fault", diagnosis=f"stress-test injected {f['kind']} on npu:{f['device']}",
+            source.record_event("fault", source="stress-test",
+                                diagnosis=f"stress-test injected {f['kind']} on npu:{f['device']}",
                                 detail={"device": f["device"], "fault": f["kind"], "injected_by": "stress-test",
                                         "ok": f.get("ok", True)})
 
@@ -190,13 +191,14 @@ def run_stress(cfg: StressConfig, inject: Callable[[str, int], dict] | None = No
     driver = FaultDriver(plan, inject or (lambda k, d: {}), clock, record_fault)
     wall0 = time.time()
     if source is not None:
-        _safe(lambda: source.record_event("lifecycle", diagnosis=f"stress-test started: profile {cfg.profile.name}",
+        _safe(lambda: source.record_event("lifecycle", source="stress-test",
+                                          diagnosis=f"stress-test started: profile {cfg.profile.name}",
                                           detail={"profile": cfg.profile.name, "faults": list(cfg.faults)}))
     gen.run(cfg.drain_s, on_arrival=driver.on_arrival)
     driver.join()
     wall1 = time.time()
     if source is not None:
-        _safe(lambda: source.record_event("lifecycle", diagnosis="stress-test ended"))
+        _safe(lambda: source.record_event("lifecycle", source="stress-test", diagnosis="stress-test ended"))
     return build_report(cfg, model, kind, gen, driver.fired, plan, reference, source, wall0, wall1)
 
 
@@ -251,7 +253,7 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
             samples_peak["_error"] = (0.0, str(e))
     if target is None and isinstance(slo.get("target_p99_ms"), (int, float)):
         target = float(slo["target_p99_ms"])
-    own = lambda e: (e.detail or {}).get("injected_by") == "stress-test" or e.source == "operator"  # noqa: E731
+    own = lambda e: e.source == "stress-test" or (e.detail or {}).get("injected_by") == "stress-test"  # noqa: E731
     actions = [e for e in events if e.kind in ("trigger", "action", "recovery") and not e.manual]
     manual = [e for e in events if e.manual and not own(e)]
 
