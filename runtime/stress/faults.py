@@ -51,6 +51,12 @@ class DeviceInjector:
         w = self.where.get(self.devices[device].physical_id) or self.where.get(device) or {}
         return int(w.get("pid", 0) or 0)
 
+    def alive(self, device: int) -> bool:
+        try:
+            return not self.devices[device].is_lost()
+        except Exception:  # noqa: BLE001 - a device that cannot say is not a target
+            return False
+
     def __call__(self, kind: str, device: int) -> dict:
         from runtime.cluster.chaos import CAMPAIGN_PARAMS, inject
         params = CAMPAIGN_PARAMS[kind](self.rng, self.cfg, None, device)
@@ -62,8 +68,12 @@ class FaultDriver:
     RPC to a hung device must not hold the arrivals back)."""
 
     def __init__(self, plan: list[Scheduled], inject: Callable[[str, int], dict], clock: Callable[[], float],
-                 record: Callable[[dict], None] | None = None):
+                 record: Callable[[dict], None] | None = None, seed: int = 0):
+        """``inject(kind, device)``; when it has an ``alive(device)`` method, a planned victim that is already
+        lost (killed by an earlier fault, not restarted) is replaced by a live one of the plan's devices."""
         self.plan, self.inject, self.clock, self.record = list(plan), inject, clock, record
+        self.rng = random.Random(seed + 1)
+        self.devices = sorted({f.device for f in self.plan})
         self.fired: list[dict] = []
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -79,6 +89,11 @@ class FaultDriver:
 
     def _fire(self, f: Scheduled) -> None:
         import time
+        alive = getattr(self.inject, "alive", None)
+        if alive is not None and not alive(f.device):
+            live = [d for d in self.devices if alive(d)]
+            if live:
+                f = Scheduled(f.at, f.kind, self.rng.choice(live))
         wall = time.time()
         try:
             r = self.inject(f.kind, f.device)

@@ -188,7 +188,7 @@ def run_stress(cfg: StressConfig, inject: Callable[[str, int], dict] | None = No
 
     plan = schedule(tuple(cfg.faults), cfg.every_s, cfg.profile.duration_s, cfg.fault_devices, cfg.seed) \
         if inject is not None and cfg.faults else []
-    driver = FaultDriver(plan, inject or (lambda k, d: {}), clock, record_fault)
+    driver = FaultDriver(plan, inject or (lambda k, d: {}), clock, record_fault, cfg.seed)
     wall0 = time.time()
     if source is not None:
         _safe(lambda: source.record_event("lifecycle", source="stress-test",
@@ -259,15 +259,19 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
 
     # faults: detection and recovery from the server's events
     faults = []
-    for f in sorted(fired, key=lambda f: f["at"]):
+    order = sorted(fired, key=lambda f: f["at"])
+    for i, f in enumerate(order):
         t = f["wall"]
         dev = f["device"]
-        nxt = [e for e in events if e.ts >= t and not own(e)]
-        on_dev = [e for e in nxt if _dev(e) in (dev, None)]
-        det = next((e for e in on_dev if e.kind in ("fault", "trigger", "action", "alert")), None)
+        # detection: the server's first event about this device before the next fault was injected (an
+        # event that names no device counts only then too); recovery: its first recovery / successful action
+        # on the device after that, at any later time
+        t_next = order[i + 1]["wall"] if i + 1 < len(order) else wall1 + 60.0
+        mine = [e for e in events if e.ts >= t and not own(e) and _dev(e) in (dev, None)]
+        det = next((e for e in mine if e.ts < t_next and e.kind in ("fault", "trigger", "action", "alert")), None)
         rec = None
         if det is not None:
-            rec = next((e for e in on_dev if e.ts >= det.ts and (e.kind == "recovery" or
+            rec = next((e for e in mine if e.ts >= det.ts and (e.kind == "recovery" or
                         (e.kind == "action" and e.result == "ok"))), None)
         faults.append({"at_s": f["at"], "kind": f["kind"], "device": dev, "injected": f.get("ok", True),
                        "error": f.get("error"),
