@@ -185,3 +185,33 @@ def test_a_five_minute_profile_with_faults_runs_in_seconds_against_a_real_server
     assert rep["manual_interventions"] == []
     assert rep["capacity_rate"] is not None and rep["capacity_rate"] > 0
     assert "lost 0, duplicated 0" in text
+
+
+def test_faults_follow_the_schedule_and_skip_lost_victims():
+    from runtime.stress.faults import FaultDriver, Scheduled, schedule
+    plan = schedule(("kill", "hang", "overheat"), 20.0, 120.0, (0, 1, 2, 3), seed=0)
+    assert [(f.at, f.kind) for f in plan] == [(20.0, "kill"), (40.0, "hang"), (60.0, "overheat"), (80.0, "kill"),
+                                              (100.0, "hang")]
+    assert schedule(("kill",), 20.0, 120.0, (0, 1, 2, 3), seed=0) == schedule(("kill",), 20.0, 120.0, (0, 1, 2, 3))
+
+    class Injector:
+        def __init__(self):
+            self.lost, self.calls = set(), []
+
+        def alive(self, d):
+            return d not in self.lost
+
+        def __call__(self, kind, d):
+            self.calls.append((kind, d))
+            if kind == "kill":
+                self.lost.add(d)
+            return {"kind": kind, "device": d, "t": 0.0, "params": {}}
+
+    inj = Injector()
+    drv = FaultDriver([Scheduled(1.0, "kill", 0), Scheduled(2.0, "hang", 0), Scheduled(3.0, "ecc", 1)], inj,
+                      clock=lambda: 0.0)
+    for t in (1.0, 2.0, 3.0):
+        drv.on_arrival(t)
+        drv.join()
+    assert inj.calls == [("kill", 0), ("hang", 1), ("ecc", 1)]        # the lost device 0 is not hit again
+    assert [f["device"] for f in drv.fired] == [0, 1, 1]
