@@ -17,8 +17,11 @@ in this process with no Ray Serve hop.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sys
 import threading
+from pathlib import Path
 
 from runtime.cliargs import bind_host, int_in, positive_int, text_file
 
@@ -39,6 +42,18 @@ def register(sub) -> None:
     s.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve without API keys on a non-loopback --host (refused otherwise)")
     s.set_defaults(fn=_cmd_serve)
+    ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure}")
+    r = ops.add_parser("reconfigure", help="change a running server's scheduler, tenants, slo and self-healing "
+                                           "without a restart (validated, health-checked, rolled back on failure)")
+    what = r.add_mutually_exclusive_group(required=True)
+    what.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                      help="a setting over the running config, e.g. models.smollm2.scheduler.mode=latency "
+                           "(repeatable)")
+    what.add_argument("-f", "--file", type=text_file, default=None, help="a whole new serve.yaml")
+    r.add_argument("--url", default=None, help="the server (default: the one in $VNPU_HOME/serve/server.json)")
+    r.add_argument("--api-key", default=None, help="an admin key (default: $VNPU_API_KEY)")
+    r.add_argument("--json", action="store_true", help="print the server's answer as JSON")
+    r.set_defaults(fn=_cmd_reconfigure)
 
 
 def _fail(msg: str) -> int:
@@ -84,7 +99,6 @@ def _cmd_serve(a) -> int:
     except (AclError, ValueError) as e:
         return _fail(getattr(e, "detail", str(e)))
     from runtime.serve.config import devices_needed
-    import os
     if cfg.replicas > 1 and os.environ.get("VNPU_BACKEND", "") == "local":
         return _fail("--replicas > 1 runs Ray Serve replicas on the cluster; unset VNPU_BACKEND=local")
     need = a.devices or devices_needed(cfg.models) * cfg.replicas
@@ -106,6 +120,10 @@ def _cmd_serve(a) -> int:
             else:
                 svc = Service(rt, cfg.models, cfg.tenants)
             sampler = Sampler(svc, history, rt)
+            from runtime.serve.heal import SelfHealing
+            from runtime.serve.reconfigure import Reconfigurer
+            healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt)
+            Reconfigurer(svc, cfg, Path(a.config).read_text() if a.config else "", healing, history)
             srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated)
             loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)
 
@@ -152,3 +170,48 @@ def _load(svc, srv) -> None:
             where = f"{n} Ray Serve replicas, each on {where}"
         print(f"vnpu serve: {spec.name} on {where}", flush=True)
     print("vnpu serve: ready", flush=True)
+
+
+def _cmd_reconfigure(a) -> int:
+    """POST /admin/reconfigure to the running server: exit 0 applied, 1 rolled back, 2 refused."""
+    import urllib.error
+    import urllib.request
+
+    from runtime.cluster.discovery import state_dir
+    from runtime.serve import serverfile
+    prog = "vnpu serve reconfigure"
+    url = a.url
+    if url is None:
+        info = serverfile.read(state_dir())
+        if info is None:
+            print(f"{prog}: error: no running server in {state_dir()} (start vnpu serve, or give --url)",
+                  file=sys.stderr)
+            return 2
+        url = info["url"]
+    key = a.api_key or os.environ.get("VNPU_API_KEY")
+    if not key:
+        print(f"{prog}: error: an admin key is needed (--api-key or VNPU_API_KEY)", file=sys.stderr)
+        return 2
+    body = {"config": Path(a.file).read_text() if a.file else None, "set": a.set or []}
+    req = urllib.request.Request(url.rstrip("/") + "/admin/reconfigure", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Authorization": f"Bearer {key}",
+                                                         "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        try:
+            msg = json.loads(e.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            msg = f"HTTP {e.code}"
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+        return 2
+    except (urllib.error.URLError, OSError) as e:
+        print(f"{prog}: error: cannot reach {url}: {getattr(e, 'reason', e)}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{prog}: {out['result']}: {'; '.join(out['changes']) or 'no change'} "
+              f"({out['health_check']}; event {out['event_id']})")
+    return 0 if out["result"] == "ok" else 1

@@ -13,7 +13,8 @@ into one sample per metric of :data:`runtime.observe.history.METRICS`:
 - ``error_rate``: server-side failures (5xx, engine errors, a failed stream) / requests that ended.  Client
   errors (4xx) and shed requests (429 over quota, 503 queue full or not admitting) are not errors, so one
   abusive tenant cannot make the server look broken;
-- ``shed_rate``: shed / every request that arrived at a model route;
+- ``shed_rate``: shed / every request that arrived at a model route (no sample for either rate when no
+  request ended / arrived: a rate of nothing is not 0);
 - ``queue_depth``, ``running``, ``kv_cache_usage`` (the highest of the engines), ``throttle``, ``replicas``;
 - per device (scope ``npu:<id>``): ``hbm_used_bytes``, ``hbm_fragmentation``, ``device_temperature_c``,
   ``device_power_w``, ``aicore_util``, ``device_health`` (:data:`HEALTH_CODES`; 4 = lost).
@@ -131,6 +132,9 @@ class Sampler:
         """``fn(ts, server_samples, {device: samples})`` after every tick."""
         self._listeners.append(fn)
 
+    def unlisten(self, fn: Callable[[float, dict, dict], None]) -> None:
+        self._listeners.remove(fn)
+
     # -------------------------------------------------------------- sampling
     def tick(self, now: float | None = None) -> tuple[dict, dict]:
         """Take one sample of everything at ``now`` (default: the clock), record it, tell the listeners;
@@ -147,8 +151,8 @@ class Sampler:
             "p95_latency_ms": percentile(w.latencies, 95) * 1e3,
             "p99_latency_ms": percentile(w.latencies, 99) * 1e3,
             "ttft_p99_ms": percentile(w.ttfts, 99) * 1e3,
-            "error_rate": w.errors / w.ended if w.ended else 0.0,
-            "shed_rate": w.shed / w.arrived if w.arrived else 0.0,
+            "error_rate": w.errors / w.ended if w.ended else math.nan,
+            "shed_rate": w.shed / w.arrived if w.arrived else math.nan,
         }
         server.update(self.service.gauges())
         devices = self._devices(now)

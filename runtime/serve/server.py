@@ -72,6 +72,7 @@ class Frontend:
         self.stat_loggers: list = [self.stat_logger]
         self.observers: list = []                #: the sampler(s): request outcomes and events go there
         self.history = None                      #: the History the observers record into (admin routes read it)
+        self.reconfigurer = None                 #: a runtime.serve.reconfigure.Reconfigurer (POST /admin/reconfigure)
         self._cv = threading.Condition()
 
     def _event(self, ev: dict) -> None:
@@ -225,6 +226,11 @@ class Frontend:
                 e.set_throttle(factor)
         self._event({"kind": "throttle", "factor": factor, "t": time.monotonic()})
         return {"throttle": factor}
+
+    def set_tenants(self, tenants: tuple[Tenant, ...]) -> None:
+        """Replace the tenants (keys, classes, quotas) for requests from now on; requests in flight keep the
+        tenant they were admitted as."""
+        self.tenants = TenantRegistry(tuple(tenants))
 
     def set_mode(self, model: str, mode) -> None:
         """Switch ``model``'s scheduler mode (a :class:`runtime.serve.engine.modes.ModeConfig`) from its next

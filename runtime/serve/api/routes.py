@@ -302,10 +302,10 @@ def build_app(service) -> FastAPI:
 
     @app.post("/admin/reconfigure")
     async def admin_reconfigure(body: P.ReconfigureRequest, tenant: Tenant = Depends(admin_of)):
-        fn = getattr(service, "reconfigure", None)
-        if fn is None:
+        rc = service.reconfigurer
+        if rc is None:
             raise InvalidRequest("this server cannot be reconfigured (it was started without a config manager)")
-        return await _blocking(fn, body.config, list(body.set), f"admin {tenant.name}")
+        return await _blocking(rc.apply, body.config, list(body.set), f"admin {tenant.name}")
 
     # -------------------------------------------------------------- history (vnpu monitor / diagnose / postmortem)
     def history():
