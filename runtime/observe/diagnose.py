@@ -203,8 +203,10 @@ def _event_scope(e: Event) -> str:
     for k in ("device", "npu", "physical"):
         if isinstance(d.get(k), int):
             return f"npu:{d[k]}"
-    s = d.get("scope")
-    return s if isinstance(s, str) else ""
+    for s in (d.get("scope"), e.source):
+        if isinstance(s, str) and s.startswith("npu:"):
+            return s
+    return ""
 
 
 def diagnose(src, opts: Options = Options()) -> Diagnosis:

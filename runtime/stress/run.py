@@ -119,7 +119,8 @@ class Client:
         return Outcome("client-error", status, error=f"{status} {code}: {msg}"[:200])
 
 
-def _model_of(client: Client, want: str | None) -> tuple[str, str]:
+def _model_of(client: Client, want: str | None) -> tuple[str, str, dict]:
+    """(model, kind, the server's state) from ``/admin/state``."""
     st, doc = client.call("GET", "/admin/state", timeout=30)
     if st != 200:
         raise StressError(f"{client.url}/admin/state: HTTP {st} (an admin key is needed: --api-key or "
@@ -130,7 +131,7 @@ def _model_of(client: Client, want: str | None) -> tuple[str, str]:
     name = want or next(iter(models))
     if name not in models:
         raise StressError(f"{client.url} does not serve {name!r} (it serves {', '.join(models)})")
-    return name, models[name].get("kind", "generate")
+    return name, models[name].get("kind", "generate"), doc
 
 
 def _body(kind: str, model: str, text: str, max_tokens: int) -> tuple[str, dict]:
@@ -149,7 +150,7 @@ def run_stress(cfg: StressConfig, inject: Callable[[str, int], dict] | None = No
     """Run the stress test (blocks for the profile's duration plus the drain) and return the report."""
     client = Client(cfg.url, cfg.api_key, cfg.timeout_s)
     try:
-        model, kind = _model_of(client, cfg.model)
+        model, kind, state = _model_of(client, cfg.model)
     except OSError as e:
         raise StressError(f"cannot reach the server at {cfg.url}: {getattr(e, 'reason', e)}") from None
     inputs = [INPUTS[i % len(INPUTS)] + ("" if i < len(INPUTS) else f" ({i})") for i in range(cfg.distinct_inputs)]
@@ -199,7 +200,8 @@ def run_stress(cfg: StressConfig, inject: Callable[[str, int], dict] | None = No
     wall1 = time.time()
     if source is not None:
         _safe(lambda: source.record_event("lifecycle", source="stress-test", diagnosis="stress-test ended"))
-    return build_report(cfg, model, kind, gen, driver.fired, plan, reference, source, wall0, wall1)
+    slo = state.get("slo") if isinstance(state.get("slo"), dict) else {}
+    return build_report(cfg, model, kind, gen, driver.fired, plan, reference, source, wall0, wall1, slo)
 
 
 def _safe(fn) -> None:
@@ -217,7 +219,9 @@ def _same(kind: str, a, b) -> bool:
 
 
 def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired: list[dict], plan, reference: dict,
-                 source, wall0: float, wall1: float) -> dict:
+                 source, wall0: float, wall1: float, slo: dict | None = None) -> dict:
+    """The report (see the module doc); the p99 target: ``cfg.target_p99_ms``, else the server's ``slo``
+    (from ``/admin/state``, else from the newest event that carries one)."""
     from runtime.cluster.history import check
     chk = check(gen.history)
     recs = gen.records
@@ -230,7 +234,8 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
     target = cfg.target_p99_ms
 
     # server's account
-    events, samples_peak, slo = [], {}, {}
+    events, samples_peak = [], {}
+    slo = dict(slo or {})
     if source is not None:
         try:
             events = [e for e in source.events(wall0 - 1.0, None) if e.ts <= wall1 + 60.0]
@@ -244,7 +249,7 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
                             peak = (v, scope)
                 if peak is not None:
                     samples_peak[m] = peak
-            for e in reversed(source.events(until=wall1)):
+            for e in ([] if slo else reversed(source.events(until=wall1))):
                 if isinstance((e.detail or {}).get("slo"), dict):
                     slo = e.detail["slo"]
                     break
@@ -277,7 +282,7 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
                        "error": f.get("error"),
                        "detected_after_s": None if det is None else det.ts - t,
                        "detected_by": None if det is None else f"#{det.id} {det.kind}: {det.diagnosis}",
-                       "recovered_after_s": None if rec is None else rec.ts - t,
+                       "recovered_after_s": None if rec is None else _recovered_at(det, rec) - t,
                        "recovered_by": None if rec is None else f"#{rec.id} {rec.kind}: {rec.diagnosis}"})
 
     # windows: capacity where the p99 holds
@@ -334,11 +339,25 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
     return rep
 
 
+def _recovered_at(det, rec) -> float:
+    """When ``rec`` recovered the fault ``det`` detected: a ``recovery`` event's time; an ``action`` event is
+    recorded when its trigger fires and its ``duration_s`` runs from the condition's onset (the detection,
+    for a device trigger) to the end of the action -- so ``det.ts + duration_s``, and never before ``rec.ts``."""
+    if rec.kind == "action" and rec.duration_s is not None:
+        return max(rec.ts, det.ts + rec.duration_s)
+    return rec.ts
+
+
 def _dev(e) -> int | None:
+    """The device an event is about: ``detail.device`` (the sampler), else a ``npu:<id>`` scope (the policy
+    engine's ``detail.scope``) or source; None when it names none."""
     d = e.detail or {}
     for k in ("device", "npu", "physical"):
         if isinstance(d.get(k), int):
             return d[k]
+    for s in (d.get("scope"), e.source):
+        if isinstance(s, str) and s.startswith("npu:") and s[4:].isdigit():
+            return int(s[4:])
     return None
 
 
