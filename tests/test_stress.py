@@ -215,3 +215,40 @@ def test_faults_follow_the_schedule_and_skip_lost_victims():
         drv.join()
     assert inj.calls == [("kill", 0), ("hang", 1), ("ecc", 1)]        # the lost device 0 is not hit again
     assert [f["device"] for f in drv.fired] == [0, 1, 1]
+
+
+def test_faults_are_matched_to_the_servers_detection_and_recovery(tmp_path):
+    """The report's detection/recovery of each fault comes from the server's events: the first event about
+    the device before the next fault (the stress test's own notes do not count), and the first recovery,
+    successful action or engine re-bind away from the device."""
+    from runtime.observe.history import History
+    from runtime.observe.source import FileSource
+    from runtime.stress.run import StressConfig, build_report
+    clk = FakeClock()
+    g = OpenLoop([0.0, 1.0], lambda rid, key: Outcome("ok", 200, digest="d", value="x"), str, clock=clk,
+                 wait_until=clk.wait_until, workers=1)
+    g.run(drain_s=5)
+    h = History(tmp_path / "h.sqlite")
+    w = 1000.0
+    h.record_event("fault", ts=w + 0.1, source="stress-test", detail={"device": 2, "injected_by": "stress-test"})
+    h.record_event("fault", ts=w + 0.5, source="npu:2", diagnosis="device 2 is Lost", detail={"device": 2})
+    h.record_event("fault", ts=w + 3.0, source="engine", diagnosis="smollm2 moved from npu 0-2 to npu 4",
+                   result="ok", detail={"kind": "fallback", "ok": True, "previous": "npu 0-2 (tp=3)"})
+    h.record_event("fault", ts=w + 20.4, source="npu:0", diagnosis="device 0 is Critical", detail={"device": 0})
+    h.record_event("action", ts=w + 22.0, source="policy", trigger="thermal", diagnosis="throttle", result="ok",
+                   duration_s=2.5, detail={"scope": "npu:0"})
+    h.record_event("fault", ts=w + 45.0, source="npu:1", diagnosis="device 1 is Alarm", detail={"device": 1})
+    fired = [{"kind": "kill", "device": 2, "at": 20.0, "wall": w, "ok": True},
+             {"kind": "overheat", "device": 0, "at": 40.0, "wall": w + 20.0, "ok": True},
+             {"kind": "hang", "device": 1, "at": 60.0, "wall": w + 40.0, "ok": True},
+             {"kind": "ecc", "device": 3, "at": 80.0, "wall": w + 60.0, "ok": False, "error": "lost"}]
+    cfg = StressConfig(url="http://127.0.0.1:9", api_key=None, profile=builtin("steady", 1, 100))
+    rep = build_report(cfg, "m", "generate", g, fired, [], {"0": "x", "1": "x"}, FileSource(h), w - 5, w + 70)
+    f = {x["kind"]: x for x in rep["faults"]}
+    assert f["kill"]["detected_after_s"] == pytest.approx(0.5) and "Lost" in f["kill"]["detected_by"]
+    assert f["kill"]["recovered_after_s"] == pytest.approx(3.0) and "moved" in f["kill"]["recovered_by"]
+    assert f["overheat"]["detected_after_s"] == pytest.approx(0.4)
+    assert f["overheat"]["recovered_after_s"] == pytest.approx(0.4 + 2.5)          # onset + the action's duration
+    assert f["hang"]["detected_after_s"] == pytest.approx(5.0) and f["hang"]["recovered_after_s"] is None
+    assert f["ecc"]["injected"] is False and f["ecc"]["detected_after_s"] is None
+    h.close()

@@ -53,7 +53,7 @@ class DeviceInjector:
 
     def alive(self, device: int) -> bool:
         try:
-            return not self.devices[device].is_lost()
+            return not bool(self.devices[device].is_lost)
         except Exception:  # noqa: BLE001 - a device that cannot say is not a target
             return False
 

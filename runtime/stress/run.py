@@ -276,8 +276,10 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
         det = next((e for e in mine if e.ts < t_next and e.kind in ("fault", "trigger", "action", "alert")), None)
         rec = None
         if det is not None:
-            rec = next((e for e in mine if e.ts >= det.ts and (e.kind == "recovery" or
-                        (e.kind == "action" and e.result == "ok"))), None)
+            rec = next((e for e in events if e.ts >= det.ts and not own(e) and
+                        ((_dev(e) in (dev, None) and (e.kind == "recovery" or (e.kind == "action" and
+                                                                             e.result == "ok")))
+                         or (e.ts < t_next and _rebound_from(e, dev)))), None)
         faults.append({"at_s": f["at"], "kind": f["kind"], "device": dev, "injected": f.get("ok", True),
                        "error": f.get("error"),
                        "detected_after_s": None if det is None else det.ts - t,
@@ -339,6 +341,19 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
     return rep
 
 
+def _rebound_from(e, dev: int) -> bool:
+    """An engine's automatic re-bind away from a placement that held ``dev`` (the sampler's ``fault`` event
+    from the engine, ``ok``): the engine serves again elsewhere -- the fault's recovery for the requests."""
+    d = e.detail or {}
+    if e.source != "engine" or d.get("kind") != "fallback" or not d.get("ok"):
+        return False
+    import re
+    held: set[int] = set()
+    for a, b in re.findall(r"(\d+)(?:-(\d+))?", str(d.get("previous", "")).split("(")[0]):
+        held.update(range(int(a), int(b or a) + 1))
+    return dev in held
+
+
 def _recovered_at(det, rec) -> float:
     """When ``rec`` recovered the fault ``det`` detected: a ``recovery`` event's time; an ``action`` event is
     recorded when its trigger fires and its ``duration_s`` runs from the condition's onset (the detection,
@@ -378,6 +393,9 @@ def advice(rep: dict) -> list[str]:
         out.append(f"{rq['lost']} lost / {rq['duplicated']} duplicated requests: exactly-once broke "
                    f"(vnpu chaos check on the --json report's history)")
     tgt = rep["target_p99_ms"]
+    if tgt is None:
+        out.append("no p99 target known (the server's state names no slo): give --target-p99-ms for the "
+                   "capacity figure")
     if tgt is not None and lat["p99"] is not None and lat["p99"] > tgt:
         cap = rep["capacity_rate"]
         out.append(f"p99 {lat['p99']:.0f} ms is above the {tgt:.0f} ms target" +
