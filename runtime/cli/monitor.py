@@ -73,8 +73,9 @@ def render(view):
                 cells.append(f"{v:.3g}" if m == "hbm_fragmentation" else f"{v:.0f}")
         dt.add_row(scope, *cells)
     et = Table(title="recent events", box=box.SIMPLE_HEAD, title_justify="left")
-    for c in ("#", "time", "kind", "source", "what", "result"):
-        et.add_column(c, overflow="fold")
+    for c, lo, hi in (("#", 3, 5), ("time", 8, 8), ("kind", 9, 18), ("source", 11, 12), ("what", 20, 56),
+                      ("result", 8, 24)):
+        et.add_column(c, no_wrap=True, overflow="ellipsis", min_width=lo, max_width=hi)
     for e in view.events:
         et.add_row(str(e.id), time.strftime("%H:%M:%S", time.gmtime(e.ts)), e.kind + (" (manual)" if e.manual else ""),
                    e.source, e.diagnosis or e.trigger, e.result)
