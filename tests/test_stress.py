@@ -238,10 +238,14 @@ def test_faults_are_matched_to_the_servers_detection_and_recovery(tmp_path):
     h.record_event("action", ts=w + 22.0, source="policy", trigger="thermal", diagnosis="throttle", result="ok",
                    duration_s=2.5, detail={"scope": "npu:0"})
     h.record_event("fault", ts=w + 45.0, source="npu:1", diagnosis="device 1 is Alarm", detail={"device": 1})
+    # a recovery on device 1 after the next fault on device 1 belongs to that fault, not to the hang
+    h.record_event("recovery", ts=w + 85.0, source="policy", diagnosis="released", result="ok",
+                   detail={"scope": "npu:1"})
     fired = [{"kind": "kill", "device": 2, "at": 20.0, "wall": w, "ok": True},
              {"kind": "overheat", "device": 0, "at": 40.0, "wall": w + 20.0, "ok": True},
              {"kind": "hang", "device": 1, "at": 60.0, "wall": w + 40.0, "ok": True},
-             {"kind": "ecc", "device": 3, "at": 80.0, "wall": w + 60.0, "ok": False, "error": "lost"}]
+             {"kind": "ecc", "device": 3, "at": 80.0, "wall": w + 60.0, "ok": False, "error": "lost"},
+             {"kind": "slow", "device": 1, "at": 100.0, "wall": w + 80.0, "ok": True}]
     cfg = StressConfig(url="http://127.0.0.1:9", api_key=None, profile=builtin("steady", 1, 100))
     rep = build_report(cfg, "m", "generate", g, fired, [], {"0": "x", "1": "x"}, FileSource(h), w - 5, w + 70)
     f = {x["kind"]: x for x in rep["faults"]}
@@ -251,4 +255,5 @@ def test_faults_are_matched_to_the_servers_detection_and_recovery(tmp_path):
     assert f["overheat"]["recovered_after_s"] == pytest.approx(0.4 + 2.5)          # onset + the action's duration
     assert f["hang"]["detected_after_s"] == pytest.approx(5.0) and f["hang"]["recovered_after_s"] is None
     assert f["ecc"]["injected"] is False and f["ecc"]["detected_after_s"] is None
+    assert f["slow"]["detected_after_s"] is None                     # the recovery is no detection
     h.close()

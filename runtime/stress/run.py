@@ -274,9 +274,11 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
         t_next = order[i + 1]["wall"] if i + 1 < len(order) else wall1 + 60.0
         mine = [e for e in events if e.ts >= t and not own(e) and _dev(e) in (dev, None)]
         det = next((e for e in mine if e.ts < t_next and e.kind in ("fault", "trigger", "action", "alert")), None)
+        # recovery: before the next fault on the same device (a later fault's recovery is not this one's)
+        t_same = next((g["wall"] for g in order[i + 1:] if g["device"] == dev), wall1 + 60.0)
         rec = None
         if det is not None:
-            rec = next((e for e in events if e.ts >= det.ts and not own(e) and
+            rec = next((e for e in events if det.ts <= e.ts < t_same and not own(e) and
                         ((_dev(e) in (dev, None) and (e.kind == "recovery" or (e.kind == "action" and
                                                                              e.result == "ok")))
                          or (e.ts < t_next and _rebound_from(e, dev)))), None)
