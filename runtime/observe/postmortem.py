@@ -116,7 +116,7 @@ def analyse(src, since: float, until: float, targets: Targets | None = None) -> 
             "p99_share_above_target": float((p99 > tg.p99_ms).mean()) if p99.size else None,
             "p99_met": None if not p99.size else bool(np.percentile(p99, 99) <= tg.p99_ms),
             "self_heal_actions": len(actions),
-            "self_heal_failed": sum(1 for x in actions if x.result.startswith("failed")),
+            "self_heal_failed": sum(1 for x in actions if x.result not in ("ok", "")),   # failed, unavailable
             "recovery_s_max": max(recov) if recov else None,
             "recovery_s_mean": _mean(recov),
             "manual_interventions": len(manual),
@@ -144,7 +144,7 @@ def summary_lines(pm: dict) -> list[str]:
            f"p99 latency: target {t['p99_ms']:.0f} ms, actual {_f(a['p99_ms'], '.0f')} ms ({ok(a['p99_met'])}), "
            f"worst second {_f(a['p99_worst_second_ms'], '.0f')} ms, above target "
            f"{_f(a['p99_share_above_target'], '.1%')} of the time",
-           f"faults {a['faults']}, self-healing actions {a['self_heal_actions']} ({a['self_heal_failed']} failed, "
+           f"faults {a['faults']}, self-healing actions {a['self_heal_actions']} ({a['self_heal_failed']} not ok, "
            f"recovery max {_f(a['recovery_s_max'], '.1f')} s, mean {_f(a['recovery_s_mean'], '.1f')} s), "
            f"manual interventions {a['manual_interventions']}",
            f"utilization: AI Core {_f(a['aicore_util_mean'], '.0f')} %, KV cache "

@@ -406,6 +406,13 @@ def advice(rep: dict) -> list[str]:
         if f["injected"] and f["detected_after_s"] is None:
             out.append(f"{f['kind']} on npu:{f['device']} at +{f['at_s']:.0f} s was not detected by the server "
                        f"(no event): enable a self_healing trigger for it")
+        elif f["injected"] and f["recovered_after_s"] is None:
+            out.append(f"{f['kind']} on npu:{f['device']} at +{f['at_s']:.0f} s was detected but no recovery was "
+                       f"recorded: check its trigger's action (vnpu postmortem --since ...)")
+    failed = [e for e in rep["self_healing"] if e["kind"] == "action" and e["result"] not in ("ok", "")]
+    if failed:
+        out.append(f"{len(failed)} self-healing action(s) did not succeed, e.g. {failed[0]['diagnosis']}: "
+                   f"{failed[0]['result']}")
     for rk in rep["risks"]:
         out.append(f"risk: {rk['text']}: act before the threshold (lower it, or defragment/throttle earlier)")
     if rep["manual_interventions"]:
