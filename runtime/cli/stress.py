@@ -9,6 +9,7 @@ manual interventions the server recorded, the risks it saw, and advice (:mod:`ru
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -92,25 +93,22 @@ def _cmd(a) -> int:
         fail("no running server (no $VNPU_HOME/serve/server.json): give --url", prog)
     key = a.api_key or os.environ.get("VNPU_API_KEY") or (doc or {}).get("admin_key") or None
     faults = tuple(a.faults or ())
-    rt_ctx = None
     if faults:
         from runtime.cluster.discovery import read_state
         if os.environ.get("VNPU_BACKEND", "") == "local" or read_state() is None:
             fail("--faults needs the cluster the server runs on (vnpu up, then vnpu serve); in-process devices "
                  "of another process cannot be reached", prog)
-        from runtime.cluster import cluster_runtime
-        rt_ctx = cluster_runtime()
-    try:
-        if rt_ctx is not None:
-            rt = rt_ctx.__enter__()
+    with contextlib.ExitStack() as stack:
+        inject, devs = None, ()
+        if faults:
+            from runtime.cluster import cluster_runtime
             from runtime.stress.faults import DeviceInjector
+            rt = stack.enter_context(cluster_runtime())
             inject = DeviceInjector(rt, a.seed)
             n = rt.device_count()
             devs = a.fault_devices or tuple(range(max(1, n - 1)))
             if max(devs) >= n:
                 fail(f"argument --fault-devices: the cluster has {n} devices", prog)
-        else:
-            inject, devs = None, ()
         cfg = StressConfig(url=url, api_key=key, profile=profile, model=a.model, faults=faults, every_s=a.every,
                            fault_devices=devs, seed=a.seed, max_tokens=a.max_tokens, timeout_s=a.timeout,
                            workers=a.workers, target_p99_ms=a.target_p99_ms)
@@ -119,9 +117,6 @@ def _cmd(a) -> int:
             rep = run_stress(cfg, inject, src, out=(lambda s: print(s, file=sys.stderr, flush=True)))
         except StressError as e:
             fail(str(e), prog)
-    finally:
-        if rt_ctx is not None:
-            rt_ctx.__exit__(None, None, None)
     lines = summary_lines(rep)
     if a.report:
         if a.report.endswith(".json"):

@@ -130,7 +130,7 @@ def diagnosis_markdown(d) -> str:
         for ln in summary_lines(d, top=8)) + "\n"
 
 
-def lines_html(title: str, lines: list[str], plots: list[str] = ()) -> str:  # type: ignore[assignment]
+def lines_html(title: str, lines: list[str], plots: Iterable[str] = ()) -> str:
     """A plain report page: lines as paragraphs, then plots."""
     return html_page(title, [f"<p>{html.escape(ln)}</p>" for ln in lines] + list(plots))
 
