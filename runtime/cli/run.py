@@ -100,29 +100,34 @@ def _cmd_embed(a) -> int:
 
 # ---------------------------------------------------------------------------------------------- generate
 class Progress:
-    """A one-line progress bar on stderr (tokens done / expected, rate); silent when stderr is not a
-    terminal, except for a final line."""
+    """A progress bar on stderr (tokens done / expected, rate, elapsed) drawn by ``rich.progress``; on a
+    non-terminal stderr nothing is redrawn, only a final line is written."""
 
-    def __init__(self, total: int, width: int = 30):
+    def __init__(self, total: int):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TaskProgressColumn, TextColumn,
+                                   TimeElapsedColumn)
+        from runtime.cli.console import stderr_console
         import time
         self._time = time.perf_counter
-        self.total, self.width, self.n, self.t0 = total, width, 0, self._time()
-        self.tty = sys.stderr.isatty()
+        self.total, self.n, self.t0 = total, 0, self._time()
+        self.console = stderr_console()
+        self.tty = self.console.is_terminal
+        self.bar = Bar(TextColumn("tokens"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+                       TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=self.console,
+                       transient=True, disable=not self.tty)
+        self.task = self.bar.add_task("generate", total=total, rate="")
+        self.bar.start()
 
-    def _line(self) -> str:
-        frac = min(1.0, self.n / self.total) if self.total else 1.0
-        fill = int(frac * self.width)
-        rate = self.n / max(1e-9, self._time() - self.t0)
-        return f"[{'#' * fill}{'.' * (self.width - fill)}] {self.n}/{self.total} tokens {rate:.1f} tok/s"
+    def _rate(self) -> float:
+        return self.n / max(1e-9, self._time() - self.t0)
 
     def step(self) -> None:
         self.n += 1
-        if self.tty:
-            sys.stderr.write("\r" + self._line())
-            sys.stderr.flush()
+        self.bar.update(self.task, advance=1, rate=f"{self._rate():.1f} tok/s")
 
     def done(self) -> None:
-        sys.stderr.write(("\r" if self.tty else "") + self._line() + "\n")
+        self.bar.stop()
+        sys.stderr.write(f"{self.n}/{self.total} tokens {self._rate():.1f} tok/s\n")
         sys.stderr.flush()
 
 
