@@ -12,7 +12,8 @@ policy run in seconds (no sleeps).  Each test builds its own policy (a ``self_he
   kept as a spare; the engine goes back to it on ``restore`` and serves;
 - hysteresis: a temperature wandering 84/86 around an 85 trigger fires once and is not released; wide
   swings with no hold are caught by the flapping guard (held, one alert), max actions per hour suppresses;
-- scale_out on an in-process server, defragment without the memory pool: ``unavailable``, said clearly.
+- fragmentation -> defragment (the memory pool's live defragmentation) while requests are served;
+- scale_out on an in-process server: ``unavailable``, said clearly.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import http.server
 import json
 import threading
 
+import numpy as np
 import openai
 import pytest
 
@@ -351,7 +353,6 @@ def test_unavailable_actions_say_why(env):
   triggers:
     - {name: slow, metric: p99_latency_ms, condition: "> 2 * slo.target_p99_ms", action: scale_out,
        params: {replicas: +1}}
-    - {name: frag, metric: hbm_fragmentation, condition: ">= 0", action: defragment}
 """, slo="slo: {target_p99_ms: 0.001}\n")
     t0 = clk.t
     ask(srv)
@@ -359,7 +360,63 @@ def test_unavailable_actions_say_why(env):
     acts = {a.trigger: a for a in since(hist, t0, ["action"])}
     assert acts["slow"].result.startswith("unavailable: this server runs its engines in-process")
     assert acts["slow"].value > 0.002
-    assert acts["frag"].result.startswith("unavailable: live defragmentation needs the memory pool")
+
+
+def test_fragmentation_defragments_while_serving(env):
+    """Fragmentation -> defragment: 12 MiB tensors fill device 0's free HBM below SmolLM2's weights, every
+    other one is freed and the pool's cache emptied (holes all over the arena: hbm_fragmentation well
+    above the 0.7 trigger); once the whole window is above it (aggregate min), the policy runs the pool's live defragmentation
+    while a request is in flight: the event reports the bytes moved and the fragmentation before/after,
+    the sampled fragmentation drops below the trigger, the kept tensors hold their values, and the
+    server answers the in-flight and later requests exactly as before (greedy)."""
+    rt, srv, sampler, hist, clk, policy = env
+    policy("""
+  triggers:
+    - {name: frag, metric: hbm_fragmentation, condition: "> 0.7", window: 3s, aggregate: min,
+       action: defragment}
+""")
+    dev = rt.device(0)
+    before = ask(srv, max_tokens=8).choices[0].text
+    tick_for(sampler, clk, 1)
+    assert sampler.history.latest("npu:0")["pool_fragmentation"][1] >= 0.0
+    size = 12 << 20
+    free = dev.mem_info()[0]
+    ts = [dev.from_numpy(np.full(size // 4, k, np.float32)) for k in range(free // size - 2)]
+    kept = ts[1::2]
+    try:
+        for t in ts[0::2]:
+            t.free()
+        dev.empty_cache()
+        frag0 = dev.telemetry()["fragmentation"]
+        assert frag0 > 0.7
+        t0 = clk.t
+        tick_for(sampler, clk, 3)                                     # the window still has a cold sample
+        assert since(hist, t0, ["action"]) == []
+        result: dict = {}
+        th = threading.Thread(target=lambda: result.setdefault("text", ask(srv, max_tokens=8).choices[0].text))
+        th.start()
+        tick_for(sampler, clk, 1)
+        th.join(120)
+        acts = since(hist, t0, ["action"])
+        assert len(acts) == 1 and acts[0].trigger == "frag" and acts[0].result == "ok", acts
+        d = acts[0].detail
+        assert acts[0].value > 0.7 and d["bytes_moved"] >= size and d["pause_s"] > 0
+        b, a = d["fragmentation"]["npu:0"]
+        assert b == pytest.approx(frag0) and a < 0.7 and a < b
+        assert "fragmentation" in d["summary"] and "ok" in d["health_check"]
+        tick_for(sampler, clk, 1)
+        assert hist.latest("npu:0")["hbm_fragmentation"][1] == pytest.approx(dev.telemetry()["fragmentation"])
+        assert hist.latest("npu:0")["hbm_fragmentation"][1] < 0.7
+        for k, t in zip(range(1, len(ts), 2), kept):
+            assert np.all(t.numpy() == k)
+        assert result.get("text") == before
+        assert ask(srv, max_tokens=8).choices[0].text == before
+        tick_for(sampler, clk, 4)
+        assert len(since(hist, t0, ["action"])) == 1                 # below the trigger: nothing more to do
+    finally:
+        for t in kept:
+            t.free()
+        dev.empty_cache()
 
 
 # ---------------------------------------------------------------------------------------------- reconfigure

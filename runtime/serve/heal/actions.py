@@ -16,8 +16,10 @@ throttle is lifted, a fallback restored.
   ``recovery.warmup_requests`` kernel runs, and returned as a *spare* (engines go back with ``restore``);
 - ``scale_out {replicas: +1}`` / ``scale_in {replicas: 1}``: Ray Serve replicas (a server with replicas);
   a scale-out is released by a scale-in of as many;
-- ``defragment``: the memory pool's live defragmentation -- reported ``unavailable`` until the pool
-  (issue 12) is part of this build;
+- ``defragment {timeout: 60s}``: the memory pool's live defragmentation (the server's ``defragment()``:
+  every engine held between two steps, each of its devices compacted once; per replica with replicas);
+  the event holds the bytes moved, the pause and each device's fragmentation before/after; checked:
+  no device's fragmentation grew, the server is healthy and its generation models serve a probe;
 - ``rollback``: the previous config (the reconfigure manager's).
 
 Blocking: every action blocks its caller (the policy engine's tick) until done: re-binds upload a model,
@@ -301,14 +303,40 @@ class ScaleIn(Action):
 
 class Defragment(Action):
     name = "defragment"
-    params = {}
+    params = {"timeout": (lambda v: parse_duration(v, "defragment.timeout"), 60.0)}
 
     def run(self, ctx: Context, fired: Fired) -> Outcome:
-        fn = getattr(ctx.service, "defragment", None)
+        svc = ctx.service
+        fn = getattr(svc, "defragment", None)
         if fn is None:
-            raise ActionUnavailable("live defragmentation needs the memory pool (issue 12), which this build "
-                                    "does not have")
-        return Outcome("defragmented", dict(fn(fired.device)))
+            raise ActionUnavailable("this server has no memory pool to defragment")
+        reports = list(fn(fired.params.get("timeout", 60.0)))    # per device (per replica and device)
+        if not reports:
+            raise ActionUnavailable("no engine runs on a device with a memory pool")
+        moved = sum(int(r.get("bytes_moved", 0)) for r in reports)
+        pause = max(float(r.get("pause_s", 0.0)) for r in reports)
+
+        def where(r: dict) -> str:
+            return f"{r['replica']}/{r['device']}" if "replica" in r else str(r.get("device"))
+        frag = {where(r): [r.get("arena_fragmentation_before"), r.get("arena_fragmentation_after")] for r in reports}
+        pool = {where(r): [r.get("pool_fragmentation_before"), r.get("pool_fragmentation_after")] for r in reports}
+        mine = [r for r in reports if r.get("device") == fired.scope] or reports
+        worst = max(mine, key=lambda r: float(r.get("arena_fragmentation_before", 0.0)))
+        summary = (f"moved {moved / 2 ** 20:.1f} MiB on {len(reports)} device(s), pause {pause * 1e3:.1f} ms; "
+                   f"{where(worst)} fragmentation {worst['arena_fragmentation_before']:.3f} -> "
+                   f"{worst['arena_fragmentation_after']:.3f}")
+
+        def check():
+            bad = [f"{k} {b:.3f} -> {a:.3f}" for k, (b, a) in frag.items()
+                   if b is not None and a is not None and a > b + 1e-9]
+            if bad:
+                return False, "fragmentation grew: " + ", ".join(bad)
+            st, body = svc.health()
+            if st != 200:
+                return False, f"health {st} {body.get('status')}"
+            return _probe_all(ctx, _generate_models(ctx, None))()
+        return Outcome(summary, {"bytes_moved": moved, "pause_s": pause, "fragmentation": frag,
+                                 "pool_fragmentation": pool, "devices": reports}, check=check)
 
 
 class Rollback(Action):
