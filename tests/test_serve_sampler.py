@@ -4,7 +4,8 @@ loopback, driven by the official ``openai`` client and plain HTTP; the sampler t
 - Request outcomes: served requests count in qps and latency, a 400 and a 429 do not count as errors (the
   429 is shed), a failed task (fault ``task-fail``) is a 500 and an error -- and the engine keeps serving.
   The latency percentiles are bounded by what the client measured (an independent clock).
-- Device metrics per device scope; a device that overheats is a ``fault`` event.
+- Device metrics per device scope; a device that overheats or hangs is a ``fault`` event, and a ``recovery``
+  event (with the time since its fault) once it is healthy again.
 - ``/admin/history/*`` return what the History holds (admin only; unknown metric 400); ``POST /admin/events``
   records an operator's event; an admin throttle through the routes is a manual intervention.
 - ``server.json``: mode 0600, names this process, a stale one (dead pid) reads as none, removal only by
@@ -142,8 +143,39 @@ def test_an_overheating_device_is_sampled_and_a_fault_event(served):
         assert len(hist.events(kinds=["fault"])) == n0 + 1
     finally:
         rt.device(1).handle.clear_fault("overheat")
+    r0 = len(hist.events(kinds=["recovery"]))
     _, devices = sampler.tick(1023.0)
     assert devices[1]["device_health"] == 0
+    rec = hist.events(kinds=["recovery"])[r0:]                 # cooled down: a recovery, 2 s after its fault
+    assert [e.source for e in rec] == ["npu:1"] and rec[0].result == "ok"
+    assert rec[0].duration_s == pytest.approx(2.0) and rec[0].detail["fault_event"] == faults[0].id
+    assert "device 1 is OK again" in rec[0].diagnosis
+    sampler.tick(1024.0)
+    assert len(hist.events(kinds=["recovery"])) == r0 + 1       # healthy stays quiet
+
+
+def test_a_hang_that_clears_is_a_fault_then_a_recovery(served):
+    """A hang detected by the sampler (the device's heartbeats stop) and cleared by itself later is a
+    ``fault`` then a ``recovery`` event with the time between them -- what ``vnpu stress-test`` reports as
+    the fault's detection and recovery."""
+    rt, srv, sampler, hist = served
+    sampler.tick(1025.0)
+    f0, r0 = len(hist.events(kinds=["fault"])), len(hist.events(kinds=["recovery"]))
+    rt.device(1).handle.inject_fault("hang")
+    try:
+        _, devices = sampler.tick(1026.0)
+        assert devices[1]["device_health"] >= 2
+        faults = hist.events(kinds=["fault"])[f0:]
+        assert [e.source for e in faults] == ["npu:1"] and "hang" in faults[0].diagnosis
+        sampler.tick(1027.5)
+        assert len(hist.events(kinds=["recovery"])) == r0
+    finally:
+        rt.device(1).handle.clear_fault("hang")
+    _, devices = sampler.tick(1029.0)
+    assert devices[1]["device_health"] == 0
+    rec = hist.events(kinds=["recovery"])[r0:]
+    assert [e.source for e in rec] == ["npu:1"] and rec[0].detail["fault_event"] == faults[0].id
+    assert rec[0].duration_s == pytest.approx(3.0) and rec[0].detail["previous"] != "OK"
 
 
 def test_history_routes_read_what_the_history_holds(served):

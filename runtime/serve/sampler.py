@@ -16,12 +16,14 @@ into one sample per metric of :data:`runtime.observe.history.METRICS`:
 - ``shed_rate``: shed / every request that arrived at a model route (no sample for either rate when no
   request ended / arrived: a rate of nothing is not 0);
 - ``queue_depth``, ``running``, ``kv_cache_usage`` (the highest of the engines), ``throttle``, ``replicas``;
-- per device (scope ``npu:<id>``): ``hbm_used_bytes``, ``hbm_fragmentation``, ``device_temperature_c``,
+- per device (scope ``npu:<id>``): ``hbm_used_bytes``, ``hbm_fragmentation`` (the arena: every client),
+  ``pool_fragmentation`` (the server's caching pool on it, ``memory_stats()``), ``device_temperature_c``,
   ``device_power_w``, ``aicore_util``, ``device_health`` (:data:`HEALTH_CODES`; 4 = lost).
 
-A device whose health level gets worse (or that is lost) between two ticks is a ``fault`` event; so are an
-engine's automatic re-bind (what was detected and where the engine went) and steps that failed since the
-last tick (task exceptions: their requests failed).
+A device whose health level gets worse (or that is lost) between two ticks is a ``fault`` event, one whose
+level gets better a ``recovery`` event (``duration_s``: since the first fault of the episode).  An engine's
+automatic re-bind (what was detected and where the engine went) and steps that failed since the last tick
+(task exceptions: their requests failed) are ``fault`` events too.
 Listeners (:meth:`Sampler.listen`, e.g. the policy engine) get every tick's samples at the tick's time.
 
 Clock: ``clock`` gives wall-clock seconds for the History; tests drive :meth:`tick` with explicit times and
@@ -93,6 +95,7 @@ class Sampler:
         self._win = _Window()
         self._last_tick: float | None = None
         self._health: dict[int, int] = {}            # device -> last health code seen
+        self._episode: dict[int, tuple] = {}         # device -> (event id, ts) of its first fault since OK
         self._failed: dict[str, int] = {}            # engine -> failed steps seen
         self._listeners: list[Callable[[float, dict, dict], None]] = []
         self._stop = threading.Event()
@@ -218,17 +221,47 @@ class Sampler:
             out[i] = {"hbm_used_bytes": t["hbm_used"], "hbm_fragmentation": t["fragmentation"],
                       "device_temperature_c": t["temperature_c"], "device_power_w": t["power_w"],
                       "aicore_util": t["aicore_util_avg"], "device_health": code}
+            pool = self._pool_fragmentation(dev)
+            if pool is not None:
+                out[i]["pool_fragmentation"] = pool
             self._health_change(i, code, level, reasons, now)
         return out
 
+    @staticmethod
+    def _pool_fragmentation(dev) -> float | None:
+        """The caching pool's own fragmentation on ``dev`` (``memory_stats()["fragmentation"]``, the pool the
+        engines allocate from); None when the device has no pool to report (no sample, not 0)."""
+        try:
+            return float(dev.memory_stats()["fragmentation"])
+        except Exception:  # noqa: BLE001 - e.g. a bad VNPU_ALLOC_CONF: the pool has no stats to give
+            return None
+
     def _health_change(self, dev: int, code: int, level: str, reasons: list[str], now: float) -> None:
+        """A worse level than the last tick's is a ``fault`` event (the first of an episode is remembered);
+        a better one a ``recovery`` event with the time since the episode's first fault (``duration_s``):
+        a hang that clears, an overheat that cools, a restarted device.  Back at OK ends the episode."""
         before = self._health.get(dev, 0)
         self._health[dev] = code
+        names = {c: n for n, c in HEALTH_CODES.items()}
         if code > before:
             why = "; ".join(str(r) for r in reasons if r) or level
-            self.history.record_event("fault", ts=now, source=device_scope(dev),
-                                      diagnosis=f"device {dev} is {level}: {why}",
-                                      detail={"device": dev, "level": level, "reasons": list(reasons)})
+            eid = self.history.record_event("fault", ts=now, source=device_scope(dev),
+                                            diagnosis=f"device {dev} is {level}: {why}",
+                                            detail={"device": dev, "level": level, "reasons": list(reasons)})
+            self._episode.setdefault(dev, (eid, now))
+        elif code < before:
+            eid, t0 = self._episode.get(dev, (None, None))
+            took = None if t0 is None else now - t0
+            prev = names.get(before, str(before))
+            rest = f" (still: {'; '.join(str(r) for r in reasons if r)})" if code and reasons else ""
+            self.history.record_event("recovery", ts=now, source=device_scope(dev),
+                                      diagnosis=f"device {dev} is {level} again (was {prev})"
+                                                + (f" {took:.1f} s after its fault" if took is not None else "") + rest,
+                                      result="ok" if code == 0 else "partial", duration_s=took,
+                                      detail={"device": dev, "level": level, "previous": prev, "fault_event": eid,
+                                              "reasons": list(reasons)})
+            if code == 0:
+                self._episode.pop(dev, None)
 
     # -------------------------------------------------------------- the thread
     def start(self) -> "Sampler":
