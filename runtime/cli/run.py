@@ -22,9 +22,10 @@ from runtime.cliargs import (fail, int_at_least, nonneg_float, nonneg_int, posit
 
 
 @contextlib.contextmanager
-def job_runtime(devices: int):
+def job_runtime(devices: int, device_restarts: int = 0):
     """The runtime a job runs on: the cluster backend, or in-process devices with VNPU_BACKEND=local
-    (``VNPU_DEVICES`` of them, default 4: asking for more is an error, as on a cluster)."""
+    (``VNPU_DEVICES`` of them, default 4: asking for more is an error, as on a cluster).  An embedded
+    cluster's device actors are restarted by Ray ``device_restarts`` times (-1: always)."""
     if os.environ.get("VNPU_BACKEND", "") == "local":
         from runtime.api import Runtime, runtime_scope
         from runtime.backend import LocalBackend
@@ -32,7 +33,7 @@ def job_runtime(devices: int):
             yield rt
     else:
         from runtime.cluster import cluster_runtime
-        with cluster_runtime(devices=devices) as rt:
+        with cluster_runtime(devices=devices, device_restarts=device_restarts) as rt:
             yield rt
 
 

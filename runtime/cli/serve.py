@@ -5,7 +5,9 @@
     vnpu serve --config serve.yaml --replicas 2          # two Ray Serve replicas behind the same routes
 
 Devices: the running cluster, or an embedded one with as many devices as the models need
-(``VNPU_BACKEND=local``: in-process devices).  Prints ``vnpu serve: listening on URL`` once bound (port
+(``VNPU_BACKEND=local``: in-process devices).  An embedded cluster's device actors are restarted by Ray
+(``--device-restarts``; default: always when ``self_healing`` has a ``restart_device`` trigger) so that
+the action can take a killed device back; on a running cluster that takes ``vnpu up --device-restarts N``.  Prints ``vnpu serve: listening on URL`` once bound (port
 0 picks a free port) and ``vnpu serve: ready`` once the engines are loaded; SIGTERM/SIGINT drains (no new
 requests, running ones finish) and exits 0.  Bad flags or config: one line on stderr, exit 2 -- among them
 an open server (no tenants with API keys) on a non-loopback ``--host`` without ``--allow-unauthenticated``.
@@ -48,6 +50,10 @@ def register(sub) -> None:
     s.add_argument("--port", type=int_in(0, 65535), default=None, help="port (default 8000; 0 = any free port)")
     s.add_argument("--devices", type=positive_int, default=None, help="devices of an embedded cluster (default: "
                                                                           "what the models need)")
+    s.add_argument("--device-restarts", type=int_in(-1, 1_000_000), default=None, metavar="N",
+                   help="an embedded cluster's device actors are restarted by Ray up to N times (-1: always); "
+                        "default: always when self_healing has a restart_device trigger, else never (a running "
+                        "cluster keeps what `vnpu up --device-restarts` gave it)")
     s.add_argument("--replicas", type=positive_int, default=None,
                    help="Ray Serve replicas of the engines (default 1: in this process, no Ray Serve)")
     s.add_argument("--allow-unauthenticated", action="store_true",
@@ -113,6 +119,7 @@ def _cmd_serve(a) -> int:
     if cfg.replicas > 1 and os.environ.get("VNPU_BACKEND", "") == "local":
         return _fail("--replicas > 1 runs Ray Serve replicas on the cluster; unset VNPU_BACKEND=local")
     need = a.devices or devices_needed(cfg.models) * cfg.replicas
+    restarts = a.device_restarts if a.device_restarts is not None else device_restarts_for(cfg)
     from runtime.cli.run import job_runtime
     from runtime.cluster.discovery import state_dir
     from runtime.observe.history import History, HistoryError, default_path
@@ -124,7 +131,7 @@ def _cmd_serve(a) -> int:
     except (HistoryError, OSError) as e:
         return _fail(f"cannot open the metrics history: {e}")
     try:
-        with job_runtime(need) as rt:
+        with job_runtime(need, device_restarts=restarts) as rt:
             if cfg.replicas > 1:
                 from runtime.serve.replicas import ReplicaService
                 svc = ReplicaService(cfg.models, cfg.replicas, cfg.tenants)
@@ -166,6 +173,14 @@ def _cmd_serve(a) -> int:
         history.close()
     print("vnpu serve: drained, bye", flush=True)
     return 0
+
+
+def device_restarts_for(cfg) -> int:
+    """Ray's ``max_restarts`` for the device actors of an embedded cluster: -1 (always) when the enabled
+    self-healing policy has a ``restart_device`` trigger -- the action takes a killed device back once Ray
+    has started its actor again -- else 0 (a killed device stays lost; the engines' fallback chain serves)."""
+    sh = cfg.self_healing
+    return -1 if sh.enabled and any(t.action == "restart_device" for t in sh.triggers) else 0
 
 
 def _load(svc, srv) -> None:

@@ -93,7 +93,8 @@ class RemoteBackend:
                 threading.Event().wait(0.2)          # poll the restart (an external process), bounded
             except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                 raise UnsupportedError(f"device actor {actor_name(physical_id)} is gone and Ray does not restart "
-                                       f"it (start the cluster with actor restarts): {type(e).__name__}") from None
+                                       f"it (start the cluster with `vnpu up --device-restarts N`): "
+                                       f"{type(e).__name__}") from None
         old = self._devices[physical_id]
         try:
             old.close()
