@@ -480,6 +480,27 @@ def test_reconfigure_applies_mid_stream_without_dropping_it_and_is_a_manual_inte
     assert eng.config.mode.mode == "conservative"
 
 
+def get(srv, path, key=ADMIN):
+    import urllib.request
+    req = urllib.request.Request(srv.url + path, headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.status, json.loads(r.read())
+
+
+def test_admin_state_has_the_running_slo(env, reconf):
+    """``/admin/state`` carries the server's ``slo`` (what stress-test and postmortem hold it to), and a
+    reconfigured one from then on."""
+    rt, srv, sampler, hist, clk, policy = env
+    st, body = get(srv, "/admin/state")
+    assert st == 200 and body["slo"] == {"target_p99_ms": None, "availability": None}
+    st, ans = post(srv, "/admin/reconfigure", {"set": ["slo.target_p99_ms=750", "slo.availability=99.5%"]})
+    assert st == 200 and ans["result"] == "ok", ans
+    body = get(srv, "/admin/state")[1]
+    assert body["slo"]["target_p99_ms"] == 750 and body["slo"]["availability"] == pytest.approx(0.995)
+    reconf.rollback("operator")
+    assert get(srv, "/admin/state")[1]["slo"]["target_p99_ms"] is None
+
+
 def test_reconfigure_refuses_bad_or_restart_only_changes_and_rolls_back_a_failed_health_check(env, reconf):
     rt, srv, sampler, hist, clk, policy = env
     eng = srv.service.engines["smollm2"]

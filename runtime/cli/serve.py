@@ -149,7 +149,7 @@ def _cmd_serve(a) -> int:
                 print(f"vnpu serve: listening on {s.url}", flush=True)
                 serverfile.write(state_dir(), s.url, history.path)
                 history.record_event("lifecycle", source="server", diagnosis=f"server started on {s.url}",
-                                     detail={"pid": os.getpid(), "url": s.url})
+                                     detail={"pid": os.getpid(), "url": s.url, "slo": dataclasses.asdict(cfg.slo)})
                 sampler.start()
                 loader.start()
 

@@ -17,6 +17,7 @@ until a drain completes; :meth:`Server.stop` drains, stops uvicorn, then frees e
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -264,9 +265,16 @@ class Frontend:
         step on, without dropping anything."""
         self.engine(model, "generate").set_mode(mode)
 
+    def slo(self) -> dict:
+        """The running config's ``slo`` (``target_p99_ms``, ``availability`` as a fraction; None where not
+        set; what reconfigure changed included); {} when the server keeps no config."""
+        rc = self.reconfigurer
+        return dataclasses.asdict(rc.cfg.slo) if rc is not None else {}
+
     def state_dict(self) -> dict:
-        """The server's state for operators: lifecycle, engines (placement, chain, limits), tenants' usage."""
-        out = {"state": self.state, "throttle": self.quotas.admission, "models": {},
+        """The server's state for operators: lifecycle, the ``slo`` it is held to, engines (placement,
+        chain, limits), tenants' usage."""
+        out = {"state": self.state, "throttle": self.quotas.admission, "slo": self.slo(), "models": {},
                "tenants": [self.quotas.usage(t) for t in self.tenants.tenants], "events": list(self.events[-50:])}
         if self.healing is not None:
             out["self_healing"] = self.healing.state()
