@@ -265,6 +265,37 @@ def test_a_killed_device_is_restarted_warmed_and_returned_as_a_spare(env):
     assert len(since(hist, t0, ["action"])) == 1
 
 
+def test_restart_after_the_engine_moved_itself_does_not_move_it_again(env):
+    """The engine sees the loss first (a request's step) and re-binds to npu 1 by itself; the policy's
+    restart_device, which then acts on device 0, must not push the engine one more step down its chain
+    (to the CPU) -- it is already off device 0 (the cause of a spurious "npu 4 -> cpu (device 2 is lost)"
+    re-bind in a stress run: the action read the placement before the engine's own re-bind)."""
+    rt, srv, sampler, hist, clk, policy = env
+    policy("""
+  triggers:
+    - {name: dead, metric: device_health, condition: "== lost", action: restart_device}
+  recovery: {warmup_requests: 1}
+""")
+    eng = srv.service.engines["smollm2"]
+    t0 = clk.t
+    rt.device(0).handle.inject_fault("kill")
+    assert ask(srv).choices[0].finish_reason == "length"            # the engine's own re-bind served it
+    assert eng.index == 1
+    tick_for(sampler, clk, 1)
+    (act,) = since(hist, t0, ["action"])
+    assert act.result == "ok", act.result
+    assert act.detail["engines_moved"] == {} and eng.index == 1
+    # the race itself: an action that read the placement (npu 0) just before the engine's own re-bind
+    # asks for the move afterwards -- decided on the engine thread: nothing moves
+    n = eng.rebinds
+    res = srv.service.fallback("smollm2", "automatic: device 0 is lost", away_from=0)
+    assert not res.moved and res.reason == "already off device 0" and res.placement == "npu 1"
+    assert eng.index == 1 and eng.rebinds == n
+    assert ask(srv).choices[0].finish_reason == "length"
+    res = srv.service.fallback("smollm2", "requested", away_from=1)   # still on 1: moves (to the CPU)
+    assert res.moved and eng.placement.cpu
+
+
 def _pin_temperature(dev, celsius_wanted: float, base: float) -> None:
     dev.handle.inject_fault("overheat", celsius=max(0.0, celsius_wanted - base))
 

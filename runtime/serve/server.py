@@ -212,9 +212,11 @@ class Frontend:
                 for n, e in self.engines.items() if tenant is None or tenant.may_use(n)]
 
     # -------------------------------------------------------------- admin (self-healing drives these)
-    def fallback(self, model: str, reason: str = "requested", timeout: float | None = None):
-        """Move ``model``'s engine one step down its fallback chain (blocks until re-bound)."""
-        return self.engine(model, "generate").fallback(reason, timeout)
+    def fallback(self, model: str, reason: str = "requested", timeout: float | None = None,
+                 away_from: int | None = None):
+        """Move ``model``'s engine one step down its fallback chain (blocks until re-bound); with
+        ``away_from``, only if it still runs on that device (see :meth:`GenerateEngine.fallback`)."""
+        return self.engine(model, "generate").fallback(reason, timeout, away_from)
 
     def restore(self, model: str, timeout: float | None = None):
         """Move ``model``'s engine back to its first placement when healthy (blocks until re-bound)."""

@@ -519,11 +519,14 @@ class GenerateEngine:
             except Exception as e:  # noqa: BLE001 - a lost device cannot free; the others were freed
                 log.info("engine %s: releasing %s: %s", self.model, self.chain[self.index], e)
 
-    def fallback(self, reason: str = "requested", timeout: float | None = None) -> RebindResult:
+    def fallback(self, reason: str = "requested", timeout: float | None = None,
+                 away_from: int | None = None) -> RebindResult:
         """Move to the next usable entry of the chain and replay the unfinished requests there (between
         steps; blocks until done).  :class:`Unavailable` when no entry is left (the engine keeps running
-        where it is)."""
-        return self._request_rebind("fallback", reason, timeout)
+        where it is).  ``away_from``: move only while the placement uses that device -- decided on the
+        engine thread, between steps, so that a caller who saw the engine on a lost device does not move
+        it a second time after the engine's own automatic re-bind (``moved`` False then)."""
+        return self._request_rebind("fallback", reason, timeout, away_from)
 
     def restore(self, timeout: float | None = None) -> RebindResult:
         """Move back to the first entry of the chain when it is healthy (no device lost, none in an
@@ -532,24 +535,29 @@ class GenerateEngine:
         healthy (the engine stays where it is)."""
         return self._request_rebind("restore", "requested", timeout)
 
-    def _request_rebind(self, kind: str, reason: str, timeout: float | None) -> RebindResult:
+    def _request_rebind(self, kind: str, reason: str, timeout: float | None,
+                        away_from: int | None = None) -> RebindResult:
         fut: Future = Future()
         with self._lock:
             if self._stopping:
                 raise Unavailable(f"the {self.model} engine is shutting down")
             threaded = self._thread is not None
             if threaded:
-                self._inbox.append(("rebind", (kind, reason, fut)))
+                self._inbox.append(("rebind", (kind, reason, fut, away_from)))
                 self._lock.notify_all()
         if not threaded:
-            self._run_rebind(kind, reason, fut)
+            self._run_rebind(kind, reason, fut, away_from)
         return fut.result(timeout)
 
-    def _run_rebind(self, kind: str, reason: str, fut: Future) -> None:
+    def _run_rebind(self, kind: str, reason: str, fut: Future, away_from: int | None = None) -> None:
         try:
             if self.error is not None:
                 raise Unavailable(f"the {self.model} engine failed: {self.error}")
-            if kind == "fallback":
+            here = self.chain[self.index]
+            if kind == "fallback" and away_from is not None and (here.cpu or away_from not in here.devices):
+                res = RebindResult(False, self.index, self.index, str(self.placement),
+                                   f"already off device {away_from}", 0, 0.0)
+            elif kind == "fallback":
                 if self.index + 1 >= len(self.chain):
                     raise Unavailable(f"the {self.model} engine runs on the last entry of its fallback chain "
                                       f"({self.placement})")

@@ -238,7 +238,10 @@ class RestartDevice(Action):
             pl = getattr(e, "placement", None)
             if pl is not None and i in getattr(pl, "devices", ()):
                 try:
-                    moved[name] = ctx.service.fallback(name, f"automatic: device {i} is lost").placement
+                    # away_from: the engine may have re-bound itself meanwhile (it saw the loss first);
+                    # then it stays where it went
+                    moved[name] = ctx.service.fallback(name, f"automatic: device {i} is lost",
+                                                       away_from=i).placement
                 except Exception as x:  # noqa: BLE001 - recorded; the restart goes on
                     moved[name] = f"failed: {x}"
         from devices.errors import UnsupportedError
