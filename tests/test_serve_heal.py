@@ -575,3 +575,21 @@ def test_throttles_of_two_hot_devices_compose(env):
     rt.device(2).handle.clear_fault("overheat")
     tick_for(sampler, clk, 1)
     assert srv.service.quotas.admission == 1.0 and len(since(hist, t0, ["recovery"])) == 2
+
+
+def test_closing_a_service_whose_device_was_killed_closes_the_rest(tmp_path):
+    """SIGTERM after a device kill: the service shuts down what it can -- the encoder whose device is lost
+    has nothing left to free there -- without an error (``vnpu serve`` then exits 0 and removes
+    server.json); the other device's memory is all given back."""
+    rt = Runtime(LocalBackend(2, DeviceConfig(arena_bytes=256 << 20)))
+    try:
+        svc = Service(rt, (model_spec("minilm-l3", (1,), None), model_spec("minilm-l6", (0,), None)))
+        svc.load()
+        rt.device(1).handle.inject_fault("kill")
+        assert rt.device(1).is_lost
+        svc.close()                                                   # no error raised
+        assert svc.state == "stopped" and svc.engines == {}
+        free, total = rt.device(0).mem_info()
+        assert free == total
+    finally:
+        rt.close()
