@@ -12,7 +12,10 @@ throttle is lifted, a fallback restored.
   checked by a probe generation there; undone / released by ``restore``;
 - ``restore {model}``: back to the first placement (when healthy);
 - ``restart_device``: the device of the trigger's scope: engines still bound to it move down their
-  chain first, the device is restarted (runtime backend), health-checked, warmed with
+  chain first (only those still on it when their engine thread gets to it: an engine that re-bound
+  itself stays where it went), the device is restarted (``Runtime.restart_device``: in-process devices;
+  on a cluster, device actors that Ray restarts -- ``vnpu up --device-restarts N``, or the embedded
+  cluster of a ``vnpu serve`` whose policy has this action), health-checked, warmed with
   ``recovery.warmup_requests`` kernel runs, and returned as a *spare* (engines go back with ``restore``);
 - ``scale_out {replicas: +1}`` / ``scale_in {replicas: 1}``: Ray Serve replicas (a server with replicas);
   a scale-out is released by a scale-in of as many;
