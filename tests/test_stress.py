@@ -256,4 +256,31 @@ def test_faults_are_matched_to_the_servers_detection_and_recovery(tmp_path):
     assert f["hang"]["detected_after_s"] == pytest.approx(5.0) and f["hang"]["recovered_after_s"] is None
     assert f["ecc"]["injected"] is False and f["ecc"]["detected_after_s"] is None
     assert f["slow"]["detected_after_s"] is None                     # the recovery is no detection
+    assert [e["id"] for e in rep["self_healing"]] == [5, 7]          # the policy's action and release
+    h.close()
+
+
+def test_a_hang_that_clears_is_recovered_by_the_devices_own_recovery_event(tmp_path):
+    """The sampler's ``recovery`` event (source ``npu:<id>``: the device's health back to OK) recovers a hang
+    that no policy acted on; it is listed with the fault but is no self-healing action."""
+    from runtime.observe.history import History
+    from runtime.observe.source import FileSource
+    from runtime.stress.run import StressConfig, build_report
+    clk = FakeClock()
+    g = OpenLoop([0.0], lambda rid, key: Outcome("ok", 200, digest="d", value="x"), str, clock=clk,
+                 wait_until=clk.wait_until, workers=1)
+    g.run(drain_s=5)
+    h = History(tmp_path / "h.sqlite")
+    w = 1000.0
+    fid = h.record_event("fault", ts=w + 0.7, source="npu:0", diagnosis="device 0 is Critical: cores hung",
+                         detail={"device": 0, "level": "Critical"})
+    h.record_event("recovery", ts=w + 2.9, source="npu:0", diagnosis="device 0 is OK again (was Critical)",
+                   result="ok", duration_s=2.2, detail={"device": 0, "level": "OK", "fault_event": fid})
+    fired = [{"kind": "hang", "device": 0, "at": 40.0, "wall": w, "ok": True}]
+    cfg = StressConfig(url="http://127.0.0.1:9", api_key=None, profile=builtin("steady", 1, 100))
+    rep = build_report(cfg, "m", "generate", g, fired, [], {"0": "x"}, FileSource(h), w - 5, w + 10)
+    (f,) = rep["faults"]
+    assert f["detected_after_s"] == pytest.approx(0.7)
+    assert f["recovered_after_s"] == pytest.approx(2.9) and "OK again" in f["recovered_by"]
+    assert rep["self_healing"] == []
     h.close()

@@ -259,7 +259,10 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
     if target is None and isinstance(slo.get("target_p99_ms"), (int, float)):
         target = float(slo["target_p99_ms"])
     own = lambda e: e.source == "stress-test" or (e.detail or {}).get("injected_by") == "stress-test"  # noqa: E731
-    actions = [e for e in events if e.kind in ("trigger", "action", "recovery") and not e.manual]
+    # the policy engine's triggers, actions and releases; a device's own return to health (the sampler's
+    # recovery event, source npu:<id>) recovers a fault but is no self-healing action
+    actions = [e for e in events if e.kind in ("trigger", "action", "recovery") and not e.manual
+               and e.source == "policy"]
     manual = [e for e in events if e.manual and not own(e)]
 
     # faults: detection and recovery from the server's events
