@@ -79,6 +79,19 @@ class Runtime:
     def devices(self) -> list["Device"]:
         return [self.device(i) for i in range(self.device_count())]
 
+    def restart_device(self, index: int) -> "Device":
+        """Restart device ``index`` through the backend (a lost or sick device comes back empty and
+        healthy) and return its new :class:`Device`; the old object stays lost.  UnsupportedError when the
+        backend cannot restart devices.  Host-blocking for the restart."""
+        restart = getattr(self.backend, "restart", None)
+        if restart is None:
+            raise UnsupportedError(f"the {self.backend.name} backend cannot restart a device")
+        self.device(index)                                   # range check
+        with self._lock:
+            self._devices.pop(index, None)
+        restart(self.physical[index])
+        return self.device(index)
+
     def flush_all(self, raise_for: "Device | None" = None, skip: "Device | None" = None) -> None:
         """Send every device's queued ops (cross-device waits may depend on any of them), but
         ``skip``'s.  Errors of other devices are kept for their own next flush; ``raise_for``'s are

@@ -135,6 +135,17 @@ class LocalBackend:
                 return d
         raise InvalidDeviceError(f"no device {physical_id}")
 
+    def restart(self, physical_id: int) -> Device:
+        """Power-cycle device ``physical_id``: close it (a lost device still closes) and put a fresh one
+        with the same configuration in its place (empty HBM, no faults)."""
+        with self._lock:
+            for k, d in enumerate(self._devices):
+                if d.id == physical_id:
+                    d.close()
+                    self._devices[k] = Device(d.config)
+                    return self._devices[k]
+        raise InvalidDeviceError(f"no device {physical_id}")
+
     def close(self) -> None:
         for d in self._devices:
             d.close()

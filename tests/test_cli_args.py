@@ -153,6 +153,8 @@ BAD = [
     # cluster, smi, demo, serve
     ("up --devices 0", ["up", "--devices", "0"], "--devices"),
     ("up --hbm-mb 0", ["up", "--hbm-mb", "0"], "--hbm-mb"),
+    ("up --device-restarts -2", ["up", "--device-restarts=-2"], "--device-restarts"),
+    ("up --device-restarts x", ["up", "--device-restarts", "x"], "--device-restarts"),
     ("up --config missing", ["up", "--config", "{missing}"], "missing.txt"),
     ("up --config binary", ["up", "--config", "{binary}"], "not text"),
     ("up --config latin-1", ["up", "--config", "{latin1}"], "UTF-8"),
@@ -162,6 +164,7 @@ BAD = [
     ("demo --max-new-tokens 0", ["demo", "--max-new-tokens", "0"], "--max-new-tokens"),
     ("serve --port 70000", ["serve", "--port", "70000"], "--port"),
     ("serve --tp 0", ["serve", "--tp", "0"], "--tp"),
+    ("serve --device-restarts -5", ["serve", "--device-restarts=-5"], "--device-restarts"),
     ("serve --host not an address", ["serve", "--host", "256.1.2.3"], "--host"),
     ("serve --host of another machine", ["serve", "--host", "192.0.2.254"], "--host"),
     ("serve --devices 0", ["serve", "--devices", "0"], "--devices"),

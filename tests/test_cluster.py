@@ -177,3 +177,60 @@ def test_up_smi_down_leave_nothing_behind(tmp_path):
     assert not os.path.exists(temp_dir)
     assert not (tmp_path / "home" / "cluster.json").exists()
     assert not (tmp_path / "home" / "token").exists()
+
+
+RESTART_SCRIPT = r"""
+import json, threading
+from runtime.api import Runtime
+from runtime.cluster.remote import RemoteBackend
+from runtime.cluster.failover import wait_polled
+from runtime.serve.heal.actions import warm
+rt = Runtime(RemoteBackend.connect())
+old = rt.device(1)
+pid = rt.backend.where[1]["pid"]
+old.handle.inject_fault("kill")
+assert wait_polled(threading.Condition(), lambda: old.is_lost, 60)
+lost_after_kill = old.is_lost
+new = rt.restart_device(1)
+out = {"lost_after_kill": lost_after_kill, "old_still_lost": old.is_lost, "pid_before": pid,
+       "pid_after": rt.backend.where[1]["pid"], "health": new.health()[0], "warm_s": warm(new, 3),
+       "other_ok": not rt.device(0).is_lost and warm(rt.device(0), 1) >= 0,
+       "hbm_total": new.telemetry()["hbm_total"]}
+rt.close()
+print(json.dumps(out))
+"""
+
+
+def test_up_with_device_restarts_lets_a_killed_device_come_back(tmp_path):
+    """``vnpu up --device-restarts -1``: Ray starts a killed device actor again (same id and HBM size, a new
+    process); the runtime that saw it lost keeps its old handle lost, and ``Runtime.restart_device`` (what
+    the self-healing ``restart_device`` action calls) takes the new one back, healthy and warm (checked
+    kernel results).  ``down`` leaves nothing behind, the killed process's segment included."""
+    env = dict(os.environ, VNPU_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    env.pop("VNPU_TOKEN", None)
+    seg0 = _segments()
+    run = lambda *a: subprocess.run(VNPU + list(a), cwd=ROOT, env=env, capture_output=True, text=True,  # noqa: E731
+                                    timeout=240)
+    temp_dir = None
+    try:
+        up = run("up", "--devices", "2", "--hbm-mb", "64", "--device-restarts", "-1")
+        assert up.returncode == 0, up.stderr
+        assert "device actors restarted by Ray" in up.stdout
+        st = json.loads((tmp_path / "home" / "cluster.json").read_text())
+        temp_dir = st["temp_dir"]
+        assert st["device_restarts"] == -1
+        other = run("up", "--devices", "2", "--device-restarts", "2")          # not what is up: refused
+        assert other.returncode == 2 and "device restarts -1" in other.stderr
+        p = subprocess.run([sys.executable, "-c", RESTART_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=240)
+        assert p.returncode == 0, p.stderr[-3000:]
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        assert r["lost_after_kill"] and r["old_still_lost"]
+        assert r["pid_after"] != r["pid_before"] and r["health"] == "OK" and r["other_ok"]
+        assert r["hbm_total"] == 64 << 20
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stderr
+    leaked = {s for s in _segments() - seg0 if not _pid_alive(int(os.path.basename(s).split("_")[1]))}
+    assert not leaked, f"segments of dead device processes left: {leaked}"
+    assert temp_dir and not _procs_with(temp_dir), "processes of the cluster still running"

@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                       "runtime.offline", "runtime.sanitize", "runtime.observe")),
     ("runtime cluster", ("runtime.cluster",)),
     ("serving", ("runtime.serve",)),
+    ("operations", ("runtime.stress",)),
     ("benchmarks", ("runtime.bench",)),
     ("command line", ("runtime.cli",)),
 )

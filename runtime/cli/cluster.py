@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from runtime.cliargs import fail, positive_int, text_file
+from runtime.cliargs import fail, int_in, positive_int, text_file
 
 
 def register(sub) -> None:
@@ -17,6 +17,9 @@ def register(sub) -> None:
     up.add_argument("--no-shm-fast-path", action="store_true",
                     help="no arena is a /dev/shm segment: isolates processes of one Unix user (copies and "
                          "same-node HCCL go over gRPC)")
+    up.add_argument("--device-restarts", type=int_in(-1, 1_000_000), default=0, metavar="N",
+                    help="Ray restarts a killed device actor up to N times (-1: always), so that a server's "
+                         "self-healing restart_device can take it back (default 0: a killed device stays lost)")
     up.set_defaults(fn=_cmd_up)
     down = sub.add_parser("down", help="stop the local cluster and remove everything it created")
     down.set_defaults(fn=_cmd_down)
@@ -36,18 +39,21 @@ def _cmd_up(a) -> int:
     if a.no_user_kernels or a.no_shm_fast_path:
         spec = replace(spec, policy=replace(spec.policy, user_kernels=spec.policy.user_kernels and not a.no_user_kernels,
                                             shm_fast_path=spec.policy.shm_fast_path and not a.no_shm_fast_path))
-    st, started = cluster_up(spec)
+    st, started = cluster_up(spec, device_restarts=a.device_restarts)
     if not started:
         asked = {"devices": spec.devices if (a.devices or a.config) else None,            # what the flags asked
                  "arena_bytes": spec.arena_bytes if (a.hbm_mb or a.config) else None,
-                 "chip": spec.chip if a.config else None}
+                 "chip": spec.chip if a.config else None,
+                 "device_restarts": a.device_restarts if a.device_restarts else None}
         if any(v is not None and st.get(k) != v for k, v in asked.items()):
             print(f"vnpu up: error: a cluster of {st['devices']} devices ({st['arena_bytes'] >> 20} MiB HBM each, "
-                  f"{st['chip']}) is already up at {st['ray_address']}; run `vnpu down` first", file=sys.stderr)
+                  f"{st['chip']}, device restarts {st.get('device_restarts', 0)}) is already up at {st['ray_address']}; run `vnpu down` first", file=sys.stderr)
             return 2
         print(f"vnpu cluster is already up at {st['ray_address']} ({st['devices']} devices)")
         return 0
-    print(f"vnpu cluster up: Ray at {st['ray_address']}, {st['devices']} x {st['chip']}")
+    restarts = {0: "", -1: ", device actors restarted by Ray"}.get(a.device_restarts,
+                                                                   f", device actors restarted up to {a.device_restarts}x")
+    print(f"vnpu cluster up: Ray at {st['ray_address']}, {st['devices']} x {st['chip']}{restarts}")
     for w in st["where"]:
         print(f"  npu{w['device_id']}: {w['address']}  pid {w['pid']}  arena /dev/shm/{w['arena']} "
               f"({w['arena_bytes'] >> 20} MiB)")

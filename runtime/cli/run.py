@@ -22,9 +22,10 @@ from runtime.cliargs import (fail, int_at_least, nonneg_float, nonneg_int, posit
 
 
 @contextlib.contextmanager
-def job_runtime(devices: int):
+def job_runtime(devices: int, device_restarts: int = 0):
     """The runtime a job runs on: the cluster backend, or in-process devices with VNPU_BACKEND=local
-    (``VNPU_DEVICES`` of them, default 4: asking for more is an error, as on a cluster)."""
+    (``VNPU_DEVICES`` of them, default 4: asking for more is an error, as on a cluster).  An embedded
+    cluster's device actors are restarted by Ray ``device_restarts`` times (-1: always)."""
     if os.environ.get("VNPU_BACKEND", "") == "local":
         from runtime.api import Runtime, runtime_scope
         from runtime.backend import LocalBackend
@@ -32,7 +33,7 @@ def job_runtime(devices: int):
             yield rt
     else:
         from runtime.cluster import cluster_runtime
-        with cluster_runtime(devices=devices) as rt:
+        with cluster_runtime(devices=devices, device_restarts=device_restarts) as rt:
             yield rt
 
 
@@ -100,29 +101,34 @@ def _cmd_embed(a) -> int:
 
 # ---------------------------------------------------------------------------------------------- generate
 class Progress:
-    """A one-line progress bar on stderr (tokens done / expected, rate); silent when stderr is not a
-    terminal, except for a final line."""
+    """A progress bar on stderr (tokens done / expected, rate, elapsed) drawn by ``rich.progress``; on a
+    non-terminal stderr nothing is redrawn, only a final line is written."""
 
-    def __init__(self, total: int, width: int = 30):
+    def __init__(self, total: int):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TaskProgressColumn, TextColumn,
+                                   TimeElapsedColumn)
+        from runtime.cli.console import stderr_console
         import time
         self._time = time.perf_counter
-        self.total, self.width, self.n, self.t0 = total, width, 0, self._time()
-        self.tty = sys.stderr.isatty()
+        self.total, self.n, self.t0 = total, 0, self._time()
+        self.console = stderr_console()
+        self.tty = self.console.is_terminal
+        self.bar = Bar(TextColumn("tokens"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+                       TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=self.console,
+                       transient=True, disable=not self.tty)
+        self.task = self.bar.add_task("generate", total=total, rate="")
+        self.bar.start()
 
-    def _line(self) -> str:
-        frac = min(1.0, self.n / self.total) if self.total else 1.0
-        fill = int(frac * self.width)
-        rate = self.n / max(1e-9, self._time() - self.t0)
-        return f"[{'#' * fill}{'.' * (self.width - fill)}] {self.n}/{self.total} tokens {rate:.1f} tok/s"
+    def _rate(self) -> float:
+        return self.n / max(1e-9, self._time() - self.t0)
 
     def step(self) -> None:
         self.n += 1
-        if self.tty:
-            sys.stderr.write("\r" + self._line())
-            sys.stderr.flush()
+        self.bar.update(self.task, advance=1, rate=f"{self._rate():.1f} tok/s")
 
     def done(self) -> None:
-        sys.stderr.write(("\r" if self.tty else "") + self._line() + "\n")
+        self.bar.stop()
+        sys.stderr.write(f"{self.n}/{self.total} tokens {self._rate():.1f} tok/s\n")
         sys.stderr.flush()
 
 

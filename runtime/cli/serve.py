@@ -5,10 +5,23 @@
     vnpu serve --config serve.yaml --replicas 2          # two Ray Serve replicas behind the same routes
 
 Devices: the running cluster, or an embedded one with as many devices as the models need
-(``VNPU_BACKEND=local``: in-process devices).  Prints ``vnpu serve: listening on URL`` once bound (port
+(``VNPU_BACKEND=local``: in-process devices).  An embedded cluster's device actors are restarted by Ray
+(``--device-restarts``; default: always when ``self_healing`` has a ``restart_device`` trigger) so that
+the action can take a killed device back; on a running cluster that takes ``vnpu up --device-restarts N``.  Prints ``vnpu serve: listening on URL`` once bound (port
 0 picks a free port) and ``vnpu serve: ready`` once the engines are loaded; SIGTERM/SIGINT drains (no new
 requests, running ones finish) and exits 0.  Bad flags or config: one line on stderr, exit 2 -- among them
 an open server (no tenants with API keys) on a non-loopback ``--host`` without ``--allow-unauthenticated``.
+
+State: the server samples its metrics every second into ``$VNPU_HOME/serve/history.sqlite`` (kept across
+restarts) and writes ``$VNPU_HOME/serve/server.json`` (URL, pid, History; mode 0600; removed on a clean
+stop) so that ``vnpu monitor`` / ``diagnose`` / ``serve reconfigure`` find it.  The config's
+``self_healing`` section runs a policy engine on those samples (:mod:`runtime.serve.heal`).
+
+    vnpu serve reconfigure --set models.smollm2.scheduler.mode=adaptive --set slo.target_p99_ms=500
+    vnpu serve reconfigure -f new-serve.yaml --url http://127.0.0.1:8000      # admin key: VNPU_API_KEY
+
+``reconfigure`` exits 0 when applied, 1 when the new config failed its health check and was rolled back,
+2 when refused (invalid, or a key that needs a restart: one line on stderr).
 
 ``--replicas R`` (or ``server.replicas``) > 1 runs the engines as R Ray Serve replicas on the cluster (each
 claims its devices as the Ray resource ``NPU``), behind this process's HTTP routes; the default (1) serves
@@ -17,8 +30,11 @@ in this process with no Ray Serve hop.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sys
 import threading
+from pathlib import Path
 
 from runtime.cliargs import bind_host, int_in, positive_int, text_file
 
@@ -34,11 +50,27 @@ def register(sub) -> None:
     s.add_argument("--port", type=int_in(0, 65535), default=None, help="port (default 8000; 0 = any free port)")
     s.add_argument("--devices", type=positive_int, default=None, help="devices of an embedded cluster (default: "
                                                                           "what the models need)")
+    s.add_argument("--device-restarts", type=int_in(-1, 1_000_000), default=None, metavar="N",
+                   help="an embedded cluster's device actors are restarted by Ray up to N times (-1: always); "
+                        "default: always when self_healing has a restart_device trigger, else never (a running "
+                        "cluster keeps what `vnpu up --device-restarts` gave it)")
     s.add_argument("--replicas", type=positive_int, default=None,
                    help="Ray Serve replicas of the engines (default 1: in this process, no Ray Serve)")
     s.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve without API keys on a non-loopback --host (refused otherwise)")
     s.set_defaults(fn=_cmd_serve)
+    ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure}")
+    r = ops.add_parser("reconfigure", help="change a running server's scheduler, tenants, slo and self-healing "
+                                           "without a restart (validated, health-checked, rolled back on failure)")
+    what = r.add_mutually_exclusive_group(required=True)
+    what.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
+                      help="a setting over the running config, e.g. models.smollm2.scheduler.mode=latency "
+                           "(repeatable)")
+    what.add_argument("-f", "--file", type=text_file, default=None, help="a whole new serve.yaml")
+    r.add_argument("--url", default=None, help="the server (default: the one in $VNPU_HOME/serve/server.json)")
+    r.add_argument("--api-key", default=None, help="an admin key (default: $VNPU_API_KEY)")
+    r.add_argument("--json", action="store_true", help="print the server's answer as JSON")
+    r.set_defaults(fn=_cmd_reconfigure)
 
 
 def _fail(msg: str) -> int:
@@ -84,24 +116,41 @@ def _cmd_serve(a) -> int:
     except (AclError, ValueError) as e:
         return _fail(getattr(e, "detail", str(e)))
     from runtime.serve.config import devices_needed
-    import os
     if cfg.replicas > 1 and os.environ.get("VNPU_BACKEND", "") == "local":
         return _fail("--replicas > 1 runs Ray Serve replicas on the cluster; unset VNPU_BACKEND=local")
     need = a.devices or devices_needed(cfg.models) * cfg.replicas
+    restarts = a.device_restarts if a.device_restarts is not None else device_restarts_for(cfg)
     from runtime.cli.run import job_runtime
+    from runtime.cluster.discovery import state_dir
+    from runtime.observe.history import History, HistoryError, default_path
+    from runtime.serve import serverfile
+    from runtime.serve.sampler import Sampler
     from runtime.serve.server import Server, Service
     try:
-        with job_runtime(need) as rt:
+        history = History(default_path(state_dir()))
+    except (HistoryError, OSError) as e:
+        return _fail(f"cannot open the metrics history: {e}")
+    try:
+        with job_runtime(need, device_restarts=restarts) as rt:
             if cfg.replicas > 1:
                 from runtime.serve.replicas import ReplicaService
                 svc = ReplicaService(cfg.models, cfg.replicas, cfg.tenants)
             else:
                 svc = Service(rt, cfg.models, cfg.tenants)
+            sampler = Sampler(svc, history, rt)
+            from runtime.serve.heal import SelfHealing
+            from runtime.serve.reconfigure import Reconfigurer
+            healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt)
+            Reconfigurer(svc, cfg, Path(a.config).read_text() if a.config else "", healing, history)
             srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated)
             loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)
 
             def bound(s):
                 print(f"vnpu serve: listening on {s.url}", flush=True)
+                serverfile.write(state_dir(), s.url, history.path)
+                history.record_event("lifecycle", source="server", diagnosis=f"server started on {s.url}",
+                                     detail={"pid": os.getpid(), "url": s.url, "slo": dataclasses.asdict(cfg.slo)})
+                sampler.start()
                 loader.start()
 
             try:
@@ -109,13 +158,29 @@ def _cmd_serve(a) -> int:
             finally:
                 if loader.is_alive() or loader.ident is not None:
                     loader.join()
+                serverfile.remove(state_dir())
+                sampler.stop()
+                healing.close()
                 svc.close()
             if svc.error is not None:
+                history.record_event("lifecycle", source="server", diagnosis=f"server failed: {svc.error}",
+                                     result=f"failed: {svc.error}")
                 return _fail(svc.error)
+            history.record_event("lifecycle", source="server", diagnosis="server stopped (drained)", result="ok")
     except AclError as e:
         return _fail(f"{e.code} {e.name}: {e.detail}")
+    finally:
+        history.close()
     print("vnpu serve: drained, bye", flush=True)
     return 0
+
+
+def device_restarts_for(cfg) -> int:
+    """Ray's ``max_restarts`` for the device actors of an embedded cluster: -1 (always) when the enabled
+    self-healing policy has a ``restart_device`` trigger -- the action takes a killed device back once Ray
+    has started its actor again -- else 0 (a killed device stays lost; the engines' fallback chain serves)."""
+    sh = cfg.self_healing
+    return -1 if sh.enabled and any(t.action == "restart_device" for t in sh.triggers) else 0
 
 
 def _load(svc, srv) -> None:
@@ -132,3 +197,48 @@ def _load(svc, srv) -> None:
             where = f"{n} Ray Serve replicas, each on {where}"
         print(f"vnpu serve: {spec.name} on {where}", flush=True)
     print("vnpu serve: ready", flush=True)
+
+
+def _cmd_reconfigure(a) -> int:
+    """POST /admin/reconfigure to the running server: exit 0 applied, 1 rolled back, 2 refused."""
+    import urllib.error
+    import urllib.request
+
+    from runtime.cluster.discovery import state_dir
+    from runtime.serve import serverfile
+    prog = "vnpu serve reconfigure"
+    url = a.url
+    if url is None:
+        info = serverfile.read(state_dir())
+        if info is None:
+            print(f"{prog}: error: no running server in {state_dir()} (start vnpu serve, or give --url)",
+                  file=sys.stderr)
+            return 2
+        url = info["url"]
+    key = a.api_key or os.environ.get("VNPU_API_KEY")
+    if not key:
+        print(f"{prog}: error: an admin key is needed (--api-key or VNPU_API_KEY)", file=sys.stderr)
+        return 2
+    body = {"config": Path(a.file).read_text() if a.file else None, "set": a.set or []}
+    req = urllib.request.Request(url.rstrip("/") + "/admin/reconfigure", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Authorization": f"Bearer {key}",
+                                                         "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        try:
+            msg = json.loads(e.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            msg = f"HTTP {e.code}"
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+        return 2
+    except (urllib.error.URLError, OSError) as e:
+        print(f"{prog}: error: cannot reach {url}: {getattr(e, 'reason', e)}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{prog}: {out['result']}: {'; '.join(out['changes']) or 'no change'} "
+              f"({out['health_check']}; event {out['event_id']})")
+    return 0 if out["result"] == "ok" else 1

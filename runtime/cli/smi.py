@@ -23,11 +23,12 @@ def _cmd_smi(a) -> int:
     from runtime.cluster import cluster_runtime
     with cluster_runtime(devices=a.devices) as rt:
         rows = collect(rt)
-    print(to_json(rows) if a.json else render(rows))
+    if a.json:
+        print(to_json(rows))
+    else:
+        from runtime.cli.console import stdout_console
+        stdout_console().print(table(rows))
     return 0
-
-_W = (27, 15, 52)
-
 
 def collect(rt: Runtime) -> list[dict]:
     """One row per visible device: telemetry plus where the device lives."""
@@ -48,27 +49,29 @@ def collect(rt: Runtime) -> list[dict]:
     return rows
 
 
-def render(rows: list[dict], version: str = "vnpu 0.1.0") -> str:
-    sep = "+" + "+".join("-" * w for w in _W) + "+"
-    dsep = "+" + "+".join("=" * w for w in _W) + "+"
-
-    def line(*cols):
-        return "|" + "|".join(f" {c:<{w - 1}}" for c, w in zip(cols, _W)) + "|"
-
-    out = ["+" + "-" * (sum(_W) + 2) + "+",
-           "| " + f"npu-smi ({version})".ljust(sum(_W) + 1) + "|",
-           sep,
-           line("NPU   Name", "Health", "Power(W)    Temp(C)     Tasks"),
-           line("Chip  Node", "Bus-Id", "AICore(%)   HBM-Usage(MB)        HBM-Frag"),
-           dsep]
+def table(rows: list[dict], version: str = "vnpu 0.1.0"):
+    """npu-smi's layout as a rich table: two lines per device (NPU/name/health/power/temp/tasks, then
+    chip/node/bus/AI Core/HBM usage/HBM fragmentation)."""
+    from rich import box
+    from rich.table import Table
+    t = Table(title=f"npu-smi ({version})", box=box.ASCII2, show_lines=True, title_justify="left")
+    t.add_column("NPU   Name\nChip  Node", no_wrap=True)
+    t.add_column("Health\nBus-Id", no_wrap=True)
+    t.add_column("Power(W)    Temp(C)     Tasks\nAICore(%)   HBM-Usage(MB)        HBM-Frag", no_wrap=True)
     for r in rows:
-        out.append(line(f"{r['npu']:<5} {r['name']}", r["health"],
-                        f"{r['power_w']:<11.1f} {r['temperature_c']:<11.0f} {r['tasks_run']}"))
+        health = r["health"] if r["health"] == "OK" else f"[bold red]{r['health']}[/]"
         usage = f"{r['hbm_used_mb']:.0f} / {r['hbm_total_mb']:.0f}"
-        out.append(line(f"{r['physical_id']:<5} {r['address']}", r["bus_id"],
-                        f"{r['aicore_util']:<11.0f} {usage:<20} {r['fragmentation']:.2f}"))
-        out.append(dsep)
-    return "\n".join(out)
+        t.add_row(f"{r['npu']:<5} {r['name']}\n{r['physical_id']:<5} {r['address']}",
+                  f"{health}\n{r['bus_id']}",
+                  f"{r['power_w']:<11.1f} {r['temperature_c']:<11.0f} {r['tasks_run']}\n"
+                  f"{r['aicore_util']:<11.0f} {usage:<20} {r['fragmentation']:.2f}")
+    return t
+
+
+def render(rows: list[dict], version: str = "vnpu 0.1.0") -> str:
+    """The table as plain text (what ``vnpu smi`` prints when stdout is not a terminal)."""
+    from runtime.cli.console import to_text
+    return to_text(table(rows, version))
 
 
 def to_json(rows: list[dict]) -> str:

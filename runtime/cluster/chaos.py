@@ -138,18 +138,25 @@ CAMPAIGN_PARAMS = {
 
 
 def _inject(pool: DevicePool, rng: random.Random, cfg: ChaosConfig, kind: str, victim: int) -> dict:
-    h = pool.handle(victim)
     params = CAMPAIGN_PARAMS[kind](rng, cfg, pool, victim)
     pid = pool.phys[victim].where.get("pid", 0)
+    return dict(inject(pool.handle(victim), kind, params, pid), device=victim)
+
+
+def inject(handle, kind: str, params: dict, pid: int = 0) -> dict:
+    """THE fault injector (``vnpu chaos`` and ``vnpu stress-test``): ``kill`` of a device whose actor process
+    ``pid`` is known and alive on this machine is a real SIGKILL of that process; every other fault (and a
+    kill without a pid, e.g. an in-process device) goes through the device's ``inject_fault``.  Returns
+    ``{"kind", "t" (monotonic), "params"}``."""
     if kind == "kill" and pid and _alive(pid) and _is_actor_process(pid):
         # the device process dies for real (SIGKILL), not through the device's own kill switch
         import signal
         t = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        return {"kind": kind, "device": victim, "t": t, "params": {"signal": "SIGKILL", "pid": pid}}
+        return {"kind": kind, "t": t, "params": {"signal": "SIGKILL", "pid": pid}}
     t = time.monotonic()
-    h.inject_fault(kind, **params)
-    return {"kind": kind, "device": victim, "t": t, "params": params}
+    handle.inject_fault(kind, **params)
+    return {"kind": kind, "t": t, "params": params}
 
 
 def _is_actor_process(pid: int) -> bool:

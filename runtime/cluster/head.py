@@ -3,7 +3,7 @@
 ``vnpu up`` starts ``python -m runtime.cluster.head`` in a session of its own.  The head starts Ray with
 the public ``ray.init`` -- bound to loopback, no dashboard UI, no Ray client server (``ray start --head``
 always starts one, on the node's external address) -- starts the device actors (detached, named
-``npu<id>``), reports where they are on a pipe that ``vnpu up`` reads, and then holds the Ray session
+``npu<id>``; restartable by Ray with ``--device-restarts``), reports where they are on a pipe that ``vnpu up`` reads, and then holds the Ray session
 until SIGTERM/SIGINT.  On that signal it shuts the device actors down (servers closed, arenas unlinked),
 calls ``ray.shutdown()`` (which stops the Ray processes it started) and exits; ``vnpu down`` sends the
 signal, waits for the head to end, and stops anything of the cluster still running (its temp dir names
@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chip", required=True)
     p.add_argument("--arena-bytes", type=int, required=True)
     p.add_argument("--cores", type=int, default=None)
+    p.add_argument("--device-restarts", type=int, default=0,
+                   help="Ray restarts a killed device actor this often (-1: always; 0: a killed device stays lost)")
     p.add_argument("--ready-fd", type=int, required=True, help="write one JSON line here once the devices serve")
     a = p.parse_args(argv)
     import ray
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                        runtime_env={"env_vars": dict(BLAS_ENV)})
         for sig in (signal.SIGTERM, signal.SIGINT):               # after ray.init: it installs its own
             signal.signal(sig, lambda *_: stop.set())
-        where, _actors = start_devices(spec, load_token(), detached=True)
+        where, _actors = start_devices(spec, load_token(), detached=True, max_restarts=a.device_restarts)
         ready.write(json.dumps({"ray_address": ctx.address_info["gcs_address"], "where": where,
                                 "head_pid": os.getpid(), "head_start": process_start(os.getpid())}) + "\n")
         ready.close()

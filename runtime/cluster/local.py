@@ -240,9 +240,15 @@ class LocalCluster:
 UP_TIMEOUT_S = 240.0
 
 
-def cluster_up(spec: ClusterSpec) -> tuple[dict, bool]:
+def cluster_up(spec: ClusterSpec, device_restarts: int = 0) -> tuple[dict, bool]:
     """Start the detached local cluster (a head process of its own, :mod:`runtime.cluster.head`); returns
-    (state, started_now).  A cluster that is already up is returned as it is (started_now False)."""
+    (state, started_now).  A cluster that is already up is returned as it is (started_now False).
+
+    ``device_restarts``: Ray's ``max_restarts`` of the device actors (-1: always).  0 (the default): a
+    killed device stays lost for good (failover moves work off it).  N: Ray starts a killed device actor
+    again -- the same name, id, chip and HBM size, empty -- and a runtime that saw it lost takes it back
+    with ``Runtime.restart_device`` (the self-healing ``restart_device`` action); until then the runtime's
+    handle stays lost, so failover behaves as without restarts."""
     st = read_state()
     if st is not None and _ray_alive(st):
         return st, False
@@ -252,7 +258,8 @@ def cluster_up(spec: ClusterSpec) -> tuple[dict, bool]:
     token = new_token()
     rfd, wfd = os.pipe()
     cmd = [sys.executable, "-m", "runtime.cluster.head", f"--temp-dir={temp_dir}", f"--devices={spec.devices}",
-           f"--chip={spec.chip}", f"--arena-bytes={spec.arena_bytes}", f"--ready-fd={wfd}"]
+           f"--chip={spec.chip}", f"--arena-bytes={spec.arena_bytes}", f"--ready-fd={wfd}",
+           f"--device-restarts={int(device_restarts)}"]
     if spec.cores:
         cmd.append(f"--cores={spec.cores}")
     env = dict(os.environ, **BLAS_ENV, VNPU_TOKEN=token)     # the head's devices take this cluster's token
@@ -280,7 +287,8 @@ def cluster_up(spec: ClusterSpec) -> tuple[dict, bool]:
         raise AclError(f"the cluster did not start: {tail or 'no output'}", code=ACL_ERROR_RT_DEV_SETUP_ERROR)
     ready = json.loads(line)
     st = {"ray_address": ready["ray_address"], "temp_dir": temp_dir, "devices": spec.devices, "chip": spec.chip,
-          "arena_bytes": spec.arena_bytes, "started": time.time(), "head_pid": ready["head_pid"],
+          "arena_bytes": spec.arena_bytes, "device_restarts": int(device_restarts), "started": time.time(),
+          "head_pid": ready["head_pid"],
           "head_start": ready["head_start"], "where": ready["where"]}
     state_file().write_text(json.dumps(st, indent=1))
     return st, True
@@ -334,15 +342,17 @@ def _ray_alive(st: dict) -> bool:
 
 
 @contextlib.contextmanager
-def cluster_runtime(devices: int | None = None, spec: ClusterSpec | None = None):
-    """A runtime over the running cluster, or over an embedded one started (and stopped) for this run."""
+def cluster_runtime(devices: int | None = None, spec: ClusterSpec | None = None, device_restarts: int = 0):
+    """A runtime over the running cluster, or over an embedded one started (and stopped) for this run
+    (``device_restarts``: its device actors' ``max_restarts``, see :func:`cluster_up`; the running cluster
+    keeps what ``vnpu up`` gave it)."""
     from runtime.api import Runtime, runtime_scope
     emb = None
     if read_state() is not None and _ray_alive(read_state()):
         backend = RemoteBackend.connect()
     else:
         spec = spec or ClusterSpec(devices=devices or 4)
-        emb = LocalCluster(spec)
+        emb = LocalCluster(spec, max_restarts=device_restarts)
         backend = emb.backend()
     try:
         with runtime_scope(Runtime(backend)) as rt:

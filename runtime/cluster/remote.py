@@ -32,6 +32,7 @@ class RemoteBackend:
         copies, see driver.client); True / False force it."""
         self.client_id = client_id or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.token = token
+        self._timeout_s, self._same_node = timeout_s, same_node
         self.where = {w["device_id"]: w for w in where}
         self._on_close = on_close
         self._devices: dict[int, RemoteDevice] = {}
@@ -65,6 +66,46 @@ class RemoteBackend:
         d = self._devices.get(physical_id)
         if d is None:
             raise InvalidDeviceError(f"no device {physical_id} in the cluster")
+        return d
+
+    def restart(self, physical_id: int, timeout_s: float = 120.0) -> RemoteDevice:
+        """Bring device ``physical_id`` back: wait for its actor (Ray restarts a killed one when the cluster
+        was started with ``max_restarts``), connect to where it is now, take a lease, and reset it (aborting
+        what hangs, dropping old allocations and faults).  UnsupportedError when Ray will not restart it."""
+        import ray
+
+        from devices.errors import UnsupportedError
+        from driver.host import actor_name
+        if physical_id not in self._devices:
+            raise InvalidDeviceError(f"no device {physical_id} in the cluster")
+        import threading
+        import time
+        deadline = time.monotonic() + timeout_s
+        while True:                                  # while Ray restarts the actor, calls are "unavailable"
+            try:
+                actor = ray.get_actor(actor_name(physical_id), namespace=NAMESPACE)
+                w = ray.get(actor.where.remote(), timeout=max(0.1, deadline - time.monotonic()))
+                break
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise UnsupportedError(f"device actor {actor_name(physical_id)} did not come back within "
+                                           f"{timeout_s:g} s") from None
+                threading.Event().wait(0.2)          # poll the restart (an external process), bounded
+            except (ValueError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                raise UnsupportedError(f"device actor {actor_name(physical_id)} is gone and Ray does not restart "
+                                       f"it (start the cluster with `vnpu up --device-restarts N`): "
+                                       f"{type(e).__name__}") from None
+        old = self._devices[physical_id]
+        try:
+            old.close()
+        except Exception:  # noqa: BLE001 - the old channel may point at a dead process
+            pass
+        d = RemoteDevice(w["address"], self.token, physical_id, client_id=self.client_id, timeout_s=self._timeout_s,
+                         same_node=self._same_node)
+        d.open_lease(LEASE_BEAT_MS)
+        d.reset()
+        self._devices[physical_id] = d
+        self.where[physical_id] = w
         return d
 
     def close(self) -> None:

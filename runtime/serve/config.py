@@ -37,6 +37,7 @@ from runtime.models import DECODER_MODELS, ENCODER_MODELS
 from .engine.config import EngineConfig
 from .engine.modes import ModeConfig
 from .engine.placement import DeviceNamedTwice, Placement, device_list, parse_placement
+from .heal.spec import SelfHealingSpec
 from .tenants import Quota, Tenant, TenantRegistry, parse_key
 
 #: model name -> engine kind (a registry: the server builds engines by kind)
@@ -100,6 +101,7 @@ class ServeConfig:
     slo: SloConfig = field(default_factory=SloConfig)
     allow_unauthenticated: bool = False
     replicas: int = 1
+    self_healing: SelfHealingSpec = field(default_factory=SelfHealingSpec)
 
     def registry(self) -> TenantRegistry:
         return TenantRegistry(self.tenants)
@@ -208,7 +210,7 @@ SLO_SCHEMA = {"target_p99_ms": (_NUM, None), "availability": (_STR, None)}
 QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None)}
 TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin")
 MODEL_KEYS = {"model", "tp", "engine", "batching", "fallback", "scheduler"}
-ROOT_KEYS = ("server", "slo", "tenants", "models")
+ROOT_KEYS = ("server", "slo", "tenants", "models", "self_healing")
 
 
 def _line(node) -> int:
@@ -326,6 +328,13 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
             raise ConfigError(f"{where}line {_line(v)}: tenants: tenants have priority classes {sorted(classes)} but "
                               f"model {fcfs[0]} schedules fcfs (which refuses priorities); set its "
                               f"engine.scheduling_policy: priority")
+    if "self_healing" in nodes:
+        from .heal.config import parse_self_healing
+        from .heal.spec import SpecError
+        try:
+            cfg = dataclasses.replace(cfg, self_healing=parse_self_healing(nodes["self_healing"][1], where, cfg.slo))
+        except SpecError as e:
+            raise ConfigError(getattr(e, "detail", str(e))) from None
     return dataclasses.replace(cfg, models=tuple(models), tenants=tuple(tenants))
 
 

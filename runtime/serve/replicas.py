@@ -622,7 +622,8 @@ class ReplicaService(Frontend):
                 out.append({"replica": r.name, **d})
         return out
 
-    def fallback(self, model: str, reason: str = "requested", timeout: float | None = None):
+    def fallback(self, model: str, reason: str = "requested", timeout: float | None = None,
+                 away_from: int | None = None):
         raise InvalidParamError("with replicas, fall back per replica (each has its own chain)")
 
     def restore(self, model: str, timeout: float | None = None):

@@ -17,6 +17,7 @@ until a drain completes; :meth:`Server.stop` drains, stops uvicorn, then frees e
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -70,11 +71,49 @@ class Frontend:
         self.error: str | None = None
         self.created = int(time.time())
         self.events: list[dict] = []             #: engine re-binds and replica changes, in order
+        self.stat_loggers: list = [self.stat_logger]
+        self.observers: list = []                #: the sampler(s): request outcomes and events go there
+        self.history = None                      #: the History the observers record into (admin routes read it)
+        self.reconfigurer = None                 #: a runtime.serve.reconfigure.Reconfigurer (POST /admin/reconfigure)
+        self.healing = None                      #: a runtime.serve.heal.SelfHealing (its state in /admin/state)
         self._cv = threading.Condition()
 
     def _event(self, ev: dict) -> None:
         with self._cv:
             self.events.append(ev)
+        for o in list(self.observers):
+            try:
+                o.engine_event(ev)
+            except Exception:  # noqa: BLE001 - an observer must not break the engine
+                log.exception("observer failed on an event")
+
+    # -------------------------------------------------------------- observability
+    def attach_observer(self, obs) -> None:
+        """``obs`` (a :class:`runtime.serve.sampler.Sampler`) hears request outcomes (``observe``), engine
+        step stats (``record``, engines built from now on) and events (``engine_event``); its ``history``
+        backs the ``/admin/history`` routes."""
+        self.observers.append(obs)
+        self.stat_loggers.append(obs)
+        self.history = obs.history
+
+    def observe(self, outcome: str, latency_s: float | None = None) -> None:
+        """The HTTP layer: one request ended (see :data:`runtime.serve.sampler.OUTCOMES`)."""
+        for o in list(self.observers):
+            o.observe(outcome, latency_s)
+
+    def gauges(self) -> dict[str, float]:
+        """Server-wide gauges now: requests waiting and running, KV-cache use (the fullest engine), the
+        admission factor, serving replicas."""
+        waiting = running = 0
+        kv = 0.0
+        for e in list(self.engines.values()):
+            if getattr(e, "kind", None) == "generate" and hasattr(e, "snapshot"):
+                s = e.snapshot()
+                waiting += s.waiting
+                running += s.running
+                kv = max(kv, s.kv_usage)
+        return {"queue_depth": waiting, "running": running, "kv_cache_usage": kv,
+                "throttle": self.quotas.admission, "replicas": getattr(self, "replica_count", 1)}
 
     # -------------------------------------------------------------- lifecycle
     def load(self) -> None:
@@ -173,9 +212,11 @@ class Frontend:
                 for n, e in self.engines.items() if tenant is None or tenant.may_use(n)]
 
     # -------------------------------------------------------------- admin (self-healing drives these)
-    def fallback(self, model: str, reason: str = "requested", timeout: float | None = None):
-        """Move ``model``'s engine one step down its fallback chain (blocks until re-bound)."""
-        return self.engine(model, "generate").fallback(reason, timeout)
+    def fallback(self, model: str, reason: str = "requested", timeout: float | None = None,
+                 away_from: int | None = None):
+        """Move ``model``'s engine one step down its fallback chain (blocks until re-bound); with
+        ``away_from``, only if it still runs on that device (see :meth:`GenerateEngine.fallback`)."""
+        return self.engine(model, "generate").fallback(reason, timeout, away_from)
 
     def restore(self, model: str, timeout: float | None = None):
         """Move ``model``'s engine back to its first placement when healthy (blocks until re-bound)."""
@@ -216,15 +257,29 @@ class Frontend:
                      "pause_s": max((r["pause_s"] for r in out), default=0.0), "t": time.monotonic()})
         return out
 
+    def set_tenants(self, tenants: tuple[Tenant, ...]) -> None:
+        """Replace the tenants (keys, classes, quotas) for requests from now on; requests in flight keep the
+        tenant they were admitted as."""
+        self.tenants = TenantRegistry(tuple(tenants))
+
     def set_mode(self, model: str, mode) -> None:
         """Switch ``model``'s scheduler mode (a :class:`runtime.serve.engine.modes.ModeConfig`) from its next
         step on, without dropping anything."""
         self.engine(model, "generate").set_mode(mode)
 
+    def slo(self) -> dict:
+        """The running config's ``slo`` (``target_p99_ms``, ``availability`` as a fraction; None where not
+        set; what reconfigure changed included); {} when the server keeps no config."""
+        rc = self.reconfigurer
+        return dataclasses.asdict(rc.cfg.slo) if rc is not None else {}
+
     def state_dict(self) -> dict:
-        """The server's state for operators: lifecycle, engines (placement, chain, limits), tenants' usage."""
-        out = {"state": self.state, "throttle": self.quotas.admission, "models": {},
+        """The server's state for operators: lifecycle, the ``slo`` it is held to, engines (placement,
+        chain, limits), tenants' usage."""
+        out = {"state": self.state, "throttle": self.quotas.admission, "slo": self.slo(), "models": {},
                "tenants": [self.quotas.usage(t) for t in self.tenants.tenants], "events": list(self.events[-50:])}
+        if self.healing is not None:
+            out["self_healing"] = self.healing.state()
         for n, e in list(self.engines.items()):
             d = {"kind": e.kind}
             if e.kind == "generate" and hasattr(e, "chain"):
@@ -251,7 +306,7 @@ class Service(Frontend):
     def _load(self) -> None:
         """Build and start every engine (blocking: weights upload, KV cache, graph captures)."""
         for spec in self.specs:
-            eng = ENGINE_BUILDERS[spec.kind](self.rt, spec, [self.stat_logger], self.binder, [self._event])
+            eng = ENGINE_BUILDERS[spec.kind](self.rt, spec, self.stat_loggers, self.binder, [self._event])
             self.engines[spec.name] = eng
             eng.start()
             log.info("serving %s on devices %s", spec.name, list(spec.devices))

@@ -81,6 +81,24 @@ class ScaleRequest(_Req):
     replicas: int
 
 
+class EventRequest(BaseModel):
+    """``POST /admin/events``: an operator command's event (``stress-test``, the CLI) for the History."""
+    model_config = ConfigDict(extra="forbid")
+    kind: str = "manual"
+    diagnosis: str = ""
+    detail: dict = {}
+    manual: bool = True
+    source: str = ""
+    result: str = ""
+
+
+class ReconfigureRequest(BaseModel):
+    """``POST /admin/reconfigure``: a whole ``serve.yaml`` (``config``) or ``key=value`` settings (``set``)."""
+    model_config = ConfigDict(extra="forbid")
+    config: str | None = None
+    set: list[str] = []
+
+
 # ---------------------------------------------------------------------------------------------- responses
 def now() -> int:
     return int(time.time())

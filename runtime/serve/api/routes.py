@@ -10,6 +10,12 @@ Bearer``; 401 otherwise), looks models up as that tenant may see them, runs the 
 effective priority, and holds a quota ticket from admission until the response (or the stream) ends,
 when it is settled to the tokens really used.  ``/metrics`` and ``/admin/*`` need an admin key (403);
 ``/health`` is open (probes); ``/v1/usage`` shows the caller its own usage only.
+
+Observability (admin): every model request's outcome goes to the service's sampler (:func:`outcome_of`:
+served, server error, client error, shed); ``GET /admin/history/samples|events|latest`` read the
+server's History, ``POST /admin/events`` records an operator command's event, ``POST /admin/reconfigure``
+changes the running config; the admin commands (fallback, restore, throttle, replicas, reconfigure) are
+recorded as manual interventions.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import time
 import uuid
 from typing import AsyncIterator
 
@@ -28,13 +35,34 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.errors import InvalidRequest, ServeError
+from ..engine.errors import InvalidRequest, QueueFull, ServeError
 from ..engine.request import RequestOutput, SamplingParams, merge_outputs
 from ..tenants import Forbidden, RateLimited, Tenant
 from . import protocol as P
 from .errors import error_body, error_response, from_exception
 
 MAX_STOP = 4
+
+#: the routes whose requests the sampler counts (qps, latency, error and shed rates)
+MODEL_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+
+#: the event kinds the History holds (``POST /admin/events`` accepts these)
+EVENT_KINDS = ("fault", "trigger", "action", "recovery", "config", "alert", "manual", "lifecycle", "risk")
+
+#: exception classes that mean "shed by admission control" (not a server failure)
+SHED = (RateLimited, QueueFull)
+
+
+def outcome_of(status: int, exc: BaseException | None, admitted: bool) -> str:
+    """A model request's outcome for the sampler: ``ok``; ``shed`` (over quota, queue full, or a 503
+    before admission -- the server not admitting); ``client`` (4xx); ``error`` (any other 5xx)."""
+    if status < 400:
+        return "ok"
+    if isinstance(exc, SHED) or status == 429 or (status == 503 and not admitted):
+        return "shed"
+    if status < 500:
+        return "client"
+    return "error"
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -154,11 +182,15 @@ def build_app(service) -> FastAPI:
     @app.middleware("http")
     async def request_id(request: Request, call_next):
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        t0 = time.monotonic()
         resp = await call_next(request)
         resp.headers["x-request-id"] = rid
         t = getattr(request.state, "tenant", None)
         if t is not None:
             tm.requests.labels(t.name, str(resp.status_code)).inc()
+        if request.url.path in MODEL_ROUTES and not getattr(request.state, "streaming", False):
+            service.observe(outcome_of(resp.status_code, getattr(request.state, "exc", None),
+                                       getattr(request.state, "admitted", False)), time.monotonic() - t0)
         return resp
 
     async def tenant_of(request: Request) -> Tenant:
@@ -173,12 +205,15 @@ def build_app(service) -> FastAPI:
             raise Forbidden(f"tenant {t.name} has no admin key; this endpoint needs one")
         return t
 
-    def admit(tenant: Tenant, tokens: int):
+    def admit(tenant: Tenant, tokens: int, request: Request | None = None):
         try:
-            return service.quotas.admit(tenant, tokens)
+            ticket = service.quotas.admit(tenant, tokens)
         except RateLimited as e:
             tm.rate_limited.labels(tenant.name, e.limit).inc()
             raise
+        if request is not None:
+            request.state.admitted = True
+        return ticket
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError):
@@ -197,10 +232,12 @@ def build_app(service) -> FastAPI:
 
     @app.exception_handler(ServeError)
     async def serve_error(request: Request, exc: ServeError):
+        request.state.exc = exc
         return from_exception(exc)
 
     @app.exception_handler(Exception)
     async def other_error(request: Request, exc: Exception):
+        request.state.exc = exc
         return from_exception(exc)
 
     # -------------------------------------------------------------- plain routes
@@ -235,13 +272,23 @@ def build_app(service) -> FastAPI:
     async def _blocking(fn, *args):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
+    def manual(tenant: Tenant, what: str, detail: dict | None = None, result: str = "ok") -> None:
+        """An operator's command through the admin routes: a manual intervention in the History."""
+        if service.history is not None:
+            service.history.record_event("manual", source=f"admin {tenant.name}", manual=True, diagnosis=what,
+                                         result=result, detail=detail or {})
+
     @app.post("/admin/models/{model_id}/fallback")
     async def admin_fallback(model_id: str, tenant: Tenant = Depends(admin_of)):
-        return asdict(await _blocking(service.fallback, model_id, f"admin {tenant.name}"))
+        res = asdict(await _blocking(service.fallback, model_id, f"admin {tenant.name}"))
+        manual(tenant, f"fallback {model_id}: {res['placement']}", res)
+        return res
 
     @app.post("/admin/models/{model_id}/restore")
     async def admin_restore(model_id: str, tenant: Tenant = Depends(admin_of)):
-        return asdict(await _blocking(service.restore, model_id))
+        res = asdict(await _blocking(service.restore, model_id))
+        manual(tenant, f"restore {model_id}: {res['placement']}", res)
+        return res
 
     @app.post("/admin/defragment")
     async def admin_defragment(tenant: Tenant = Depends(admin_of)):
@@ -249,7 +296,9 @@ def build_app(service) -> FastAPI:
 
     @app.post("/admin/throttle")
     async def admin_throttle(body: P.ThrottleRequest, tenant: Tenant = Depends(admin_of)):
-        return await _blocking(service.throttle, body.factor)
+        res = await _blocking(service.throttle, body.factor)
+        manual(tenant, f"throttle to {body.factor:g}", res)
+        return res
 
     @app.post("/admin/replicas")
     async def admin_replicas(body: P.ScaleRequest, tenant: Tenant = Depends(admin_of)):
@@ -257,7 +306,60 @@ def build_app(service) -> FastAPI:
         if scale is None:
             raise InvalidRequest("this server runs its engines in-process (start it with --replicas for Ray "
                                  "Serve replicas)", "replicas")
-        return await _blocking(scale, body.replicas)
+        res = await _blocking(scale, body.replicas)
+        manual(tenant, f"scale to {body.replicas} replica(s)", {"replicas": body.replicas})
+        return res
+
+    @app.post("/admin/reconfigure")
+    async def admin_reconfigure(body: P.ReconfigureRequest, tenant: Tenant = Depends(admin_of)):
+        rc = service.reconfigurer
+        if rc is None:
+            raise InvalidRequest("this server cannot be reconfigured (it was started without a config manager)")
+        return await _blocking(rc.apply, body.config, list(body.set), f"admin {tenant.name}")
+
+    # -------------------------------------------------------------- history (vnpu monitor / diagnose / postmortem)
+    def history():
+        h = service.history
+        if h is None:
+            raise InvalidRequest("this server keeps no metrics history", None, "no_history")
+        return h
+
+    @app.get("/admin/history/samples")
+    async def history_samples(metric: str, since: float | None = None, until: float | None = None, scope: str = "",
+                              tenant: Tenant = Depends(admin_of)):
+        try:
+            pts = await _blocking(history().samples, metric, since, until, scope)
+        except ValueError as e:                              # an unknown metric
+            raise InvalidRequest(str(e), "metric") from None
+        return {"metric": metric, "scope": scope, "points": [[t, v] for t, v in pts]}
+
+    @app.get("/admin/history/events")
+    async def history_events(since: float | None = None, until: float | None = None, kinds: str | None = None,
+                             limit: int | None = None, tenant: Tenant = Depends(admin_of)):
+        if limit is not None and limit < 1:
+            raise InvalidRequest(f"limit must be >= 1, got {limit}", "limit")
+        ks = [k for k in kinds.split(",") if k] if kinds else None
+        evs = await _blocking(history().events, since, until, ks, limit)
+        return {"events": [e.to_dict() for e in evs]}
+
+    @app.get("/admin/history/latest")
+    async def history_latest(tenant: Tenant = Depends(admin_of)):
+        h = history()
+
+        def read():
+            devs = sorted({s for m in ("device_health", "device_temperature_c") for s in h.scopes(m) if s})
+            return {"server": {m: list(v) for m, v in h.latest("").items()},
+                    "devices": {d: {m: list(v) for m, v in h.latest(d).items()} for d in devs}}
+        return await _blocking(read)
+
+    @app.post("/admin/events")
+    async def post_event(body: P.EventRequest, tenant: Tenant = Depends(admin_of)):
+        if body.kind not in EVENT_KINDS:
+            raise InvalidRequest(f"unknown event kind {body.kind!r} (known: {', '.join(EVENT_KINDS)})", "kind")
+        eid = await _blocking(lambda: history().record_event(
+            body.kind, source=body.source or f"admin {tenant.name}", manual=body.manual, diagnosis=body.diagnosis,
+            result=body.result, detail=body.detail))
+        return {"id": eid}
 
     # -------------------------------------------------------------- generation
     @app.post("/v1/completions")
@@ -315,7 +417,7 @@ def build_app(service) -> FastAPI:
         priority = tenant.effective_priority(body.priority)
         for x in ids:
             eng.check(x, params, prompt_param)           # all prompts checked before any is queued
-        ticket = admit(tenant, sum(len(x) + params.max_tokens for x in ids))
+        ticket = admit(tenant, sum(len(x) + params.max_tokens for x in ids), request)
         sub = _Submitted(eng, asyncio.get_running_loop())
         try:
             for i, x in enumerate(ids):
@@ -329,8 +431,13 @@ def build_app(service) -> FastAPI:
         ptoks = sum(len(x) for x in ids)
         if body.stream:
             include = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(_stream(eng, sub, rid, body.model, created, chat, include, len(ids),
-                                             lambda c: _settle(ticket, tenant, body.model, ptoks, c)),
+            request.state.streaming = True
+            t0 = time.monotonic()
+
+            def settle(c: int, outcome: str) -> None:
+                _settle(ticket, tenant, body.model, ptoks, c)
+                service.observe(outcome, time.monotonic() - t0)
+            return StreamingResponse(_stream(eng, sub, rid, body.model, created, chat, include, len(ids), settle),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         outs: list[RequestOutput] = []
         try:
@@ -357,13 +464,14 @@ def build_app(service) -> FastAPI:
         ptoks = sum(h.prompt_tokens for h in sub.handles)
         ctoks = [0] * n
         offsets = [0] * n
-        finished = False
+        finished = failed = False
         try:
             if chat:
                 yield _sse(chunk(rid, model, created, [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                         "logprobs": None, "finish_reason": None}]))
             async for i, o in sub.outputs():
                 if o.finish_reason == "error":
+                    failed = True
                     yield _sse(error_body(f"the engine failed: {o.error}", "server_error"))
                     continue
                 ctoks[i] = o.completion_tokens
@@ -387,7 +495,7 @@ def build_app(service) -> FastAPI:
         finally:
             if not finished:                                  # the client went away: free its KV blocks
                 sub.abort()
-            settle(sum(ctoks))
+            settle(sum(ctoks), "error" if failed else "ok" if finished else "client")
 
     # -------------------------------------------------------------- embeddings
     @app.post("/v1/embeddings")
@@ -402,7 +510,7 @@ def build_app(service) -> FastAPI:
                                  f"supported", "dimensions")
         texts = [texts] if isinstance(texts, str) else texts
         counts = eng.check(texts)
-        ticket = admit(tenant, sum(counts))
+        ticket = admit(tenant, sum(counts), request)
         used = 0
         try:
             fut = eng.submit(texts, sum(counts))

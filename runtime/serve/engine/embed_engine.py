@@ -9,6 +9,7 @@ thread blocks on the device for each batch.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -19,11 +20,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from devices.errors import InvalidParamError
+from devices.errors import AclError, InvalidParamError
 from runtime.models.bert import ENCODER_MODELS, EmbedJob
 
 from .errors import InvalidRequest, QueueFull, Unavailable
 from .stats import FinishedRequest, StatLogger, StepStats
+
+log = logging.getLogger("vnpu.serve")
 
 
 def check_texts(tok, texts, max_len: int, model: str) -> list[int]:
@@ -213,4 +216,12 @@ class EmbedEngine:
         for it in left:
             if it.future.set_running_or_notify_cancel():
                 it.future.set_exception(Unavailable(f"the {self.model} engine shut down"))
-        self.job.close()
+        try:
+            self.job.close()                     # every rank and device is tried, even when one fails
+        except AclError as e:
+            lost = [d.index for d in self.devices if d.is_lost]
+            if not lost:
+                raise
+            # a lost device's memory went with it: nothing is left to free there (not a failed shutdown)
+            log.info("engine %s: device(s) %s lost; closed what was left (%s)", self.model,
+                     ",".join(map(str, lost)), e)

@@ -160,6 +160,7 @@ class GenerateEngine:
         self.last_batch = 0
         self.events: list[dict] = []
         self.rebinds = 0
+        self.failed_steps = 0                    #: steps that failed on a healthy placement (their requests failed)
         self.index = 0
         self.runner: ModelRunner | None = None
         try:
@@ -299,9 +300,9 @@ class GenerateEngine:
             logits = self.runner.execute(inputs)
         except AclError as e:
             lost = self.binder.lost(self.chain[self.index])
-            if lost is None:
-                self._fail(e)
-                raise
+            if lost is None:                             # a failed attempt (task exception): its requests fail
+                self._fail_step(out, e)
+                return []
             self._auto_fallback(f"{lost} ({type(e).__name__}: {e})")       # the step never happened
             return []
         except Exception as e:  # noqa: BLE001 - a device failure fails the requests, not the server
@@ -471,6 +472,19 @@ class GenerateEngine:
         for lg in self.stat_loggers:
             lg.record(self.model, st)
 
+    def _fail_step(self, out: SchedulerOutput, e: AclError) -> None:
+        """A step failed on a healthy placement (a task exception, not a lost device): the requests of that
+        step fail (HTTP 500 / an error chunk), the others keep their place, and the engine keeps serving --
+        whether to move elsewhere is the self-healing policy's call (error rate over a window), not one
+        failed task's."""
+        msg = f"{type(e).__name__}: {e}"
+        self.failed_steps += 1
+        log.warning("engine %s: a step failed on %s (%s); %d request(s) failed", self.model, self.placement, msg,
+                    len(out.scheduled))
+        for s in out.scheduled:
+            if s.request.request_id in self._requests:
+                self._finish(s.request, "error", msg)
+
     def _fail(self, e: Exception) -> None:
         msg = f"{type(e).__name__}: {e}"
         log.error("engine %s failed: %s", self.model, msg)
@@ -505,11 +519,14 @@ class GenerateEngine:
             except Exception as e:  # noqa: BLE001 - a lost device cannot free; the others were freed
                 log.info("engine %s: releasing %s: %s", self.model, self.chain[self.index], e)
 
-    def fallback(self, reason: str = "requested", timeout: float | None = None) -> RebindResult:
+    def fallback(self, reason: str = "requested", timeout: float | None = None,
+                 away_from: int | None = None) -> RebindResult:
         """Move to the next usable entry of the chain and replay the unfinished requests there (between
         steps; blocks until done).  :class:`Unavailable` when no entry is left (the engine keeps running
-        where it is)."""
-        return self._request_rebind("fallback", reason, timeout)
+        where it is).  ``away_from``: move only while the placement uses that device -- decided on the
+        engine thread, between steps, so that a caller who saw the engine on a lost device does not move
+        it a second time after the engine's own automatic re-bind (``moved`` False then)."""
+        return self._request_rebind("fallback", reason, timeout, away_from)
 
     def restore(self, timeout: float | None = None) -> RebindResult:
         """Move back to the first entry of the chain when it is healthy (no device lost, none in an
@@ -518,24 +535,29 @@ class GenerateEngine:
         healthy (the engine stays where it is)."""
         return self._request_rebind("restore", "requested", timeout)
 
-    def _request_rebind(self, kind: str, reason: str, timeout: float | None) -> RebindResult:
+    def _request_rebind(self, kind: str, reason: str, timeout: float | None,
+                        away_from: int | None = None) -> RebindResult:
         fut: Future = Future()
         with self._lock:
             if self._stopping:
                 raise Unavailable(f"the {self.model} engine is shutting down")
             threaded = self._thread is not None
             if threaded:
-                self._inbox.append(("rebind", (kind, reason, fut)))
+                self._inbox.append(("rebind", (kind, reason, fut, away_from)))
                 self._lock.notify_all()
         if not threaded:
-            self._run_rebind(kind, reason, fut)
+            self._run_rebind(kind, reason, fut, away_from)
         return fut.result(timeout)
 
-    def _run_rebind(self, kind: str, reason: str, fut: Future) -> None:
+    def _run_rebind(self, kind: str, reason: str, fut: Future, away_from: int | None = None) -> None:
         try:
             if self.error is not None:
                 raise Unavailable(f"the {self.model} engine failed: {self.error}")
-            if kind == "fallback":
+            here = self.chain[self.index]
+            if kind == "fallback" and away_from is not None and (here.cpu or away_from not in here.devices):
+                res = RebindResult(False, self.index, self.index, str(self.placement),
+                                   f"already off device {away_from}", 0, 0.0)
+            elif kind == "fallback":
                 if self.index + 1 >= len(self.chain):
                     raise Unavailable(f"the {self.model} engine runs on the last entry of its fallback chain "
                                       f"({self.placement})")

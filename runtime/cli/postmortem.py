@@ -1,0 +1,58 @@
+"""``vnpu postmortem``: target vs actual (availability, p99, self-healing actions, manual interventions,
+utilization) and the timeline of an incident (``--event ID``) or a window (``--since T``); see
+:mod:`runtime.observe.postmortem`.
+
+    vnpu postmortem --event 42
+    vnpu postmortem --since 1h --json
+"""
+from __future__ import annotations
+
+import json
+
+from runtime.cli.reader import add_source_args, open_from_args, resolve_since, since
+from runtime.cliargs import float_in, nonneg_int, writable_file
+
+
+def register(sub) -> None:
+    p = sub.add_parser("postmortem", help="SLO target vs actual and the timeline of an incident")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--event", type=nonneg_int, default=None, help="the incident this event belongs to")
+    g.add_argument("--since", type=since, default=None, help="a window up to now (1h, 30m, or a time; default 1h)")
+    p.add_argument("--target-p99-ms", type=float_in(0.0, lo_open=True), default=None,
+                   help="the p99 target (default: the server's slo.target_p99_ms)")
+    p.add_argument("--availability", type=float_in(0.0, 1.0, lo_open=True), default=None,
+                   help="the availability target as a fraction, e.g. 0.995 (default: the server's slo)")
+    p.add_argument("--output", type=writable_file, default=None, help="also write the report (.html or .md)")
+    p.add_argument("--json", action="store_true")
+    add_source_args(p)
+    p.set_defaults(fn=_cmd)
+
+
+def _cmd(a) -> int:
+    from runtime.cliargs import fail
+    from runtime.observe.postmortem import analyse, incident_window, summary_lines, targets_of
+    from runtime.observe.source import SourceError
+    if a.output and not a.output.endswith((".html", ".htm", ".md")):
+        fail(f"argument --output: {a.output} is neither .html nor .md", "vnpu postmortem")
+    with open_from_args(a, "vnpu postmortem") as src:
+        try:
+            if a.event is not None:
+                lo, hi, _ = incident_window(src, a.event)
+            else:
+                hi = src.now()
+                lo = resolve_since(a.since or ("ago", 3600.0), hi)
+            tg = targets_of(src.events(until=hi), a.target_p99_ms, a.availability)
+            pm = analyse(src, lo, hi, tg)
+        except SourceError as e:
+            fail(str(e), "vnpu postmortem")
+    lines = summary_lines(pm)
+    if a.output:
+        from runtime.observe import report
+        text = (report.lines_html("vnpu postmortem", lines) if a.output.endswith((".html", ".htm"))
+                else "# vnpu postmortem\n\n```\n" + "\n".join(lines) + "\n```\n")
+        report.write(a.output, text)
+    if a.json:
+        print(json.dumps(pm, indent=1))
+    else:
+        print("\n".join(lines))
+    return 0

@@ -1,0 +1,136 @@
+"""``vnpu stress-test``: an open-loop load (arrivals follow the profile's rate curve) against a running
+server, faults injected by ``vnpu chaos``'s injector, the request history checked by the independent
+checker; reports intended vs achieved rate, lost/duplicated/failed/shed requests, latency and the capacity
+at which the p99 target holds, every fault with its detection and recovery, the self-healing actions and
+manual interventions the server recorded, the risks it saw, and advice (:mod:`runtime.stress.run`).
+
+    vnpu stress-test --profile burst --duration 2m --rate 20 --faults kill,hang,overheat --every 20s
+    vnpu stress-test --profile profile.yaml --duration 5m --report stress.html --json
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+from runtime.cliargs import choices_list, duration, float_in, int_at_least, positive_int, writable_file
+
+
+def register(sub) -> None:
+    from runtime.stress.faults import STRESS_FAULTS
+    s = sub.add_parser("stress-test", help="open-loop load + faults against a running server; capacity, risks, "
+                                           "self-healing report")
+    s.add_argument("--profile", default="steady", help="steady | burst | diurnal | spike | a profile .yaml")
+    s.add_argument("--duration", type=duration, default="5m", help="length of the load (e.g. 2m, 300s)")
+    s.add_argument("--rate", type=float_in(0.0, lo_open=True), default=10.0, help="peak requests/s (default 10)")
+    s.add_argument("--faults", type=choices_list(STRESS_FAULTS, "fault kind"), default=None,
+                   help=f"comma-separated among {','.join(STRESS_FAULTS)} (default: none)")
+    s.add_argument("--every", type=duration, default="30s", help="one fault every ... (default 30s)")
+    s.add_argument("--fault-devices", type=_devices, default=None,
+                   help="devices the faults hit, e.g. 0-3 (default: all of the cluster's but the last, a spare)")
+    s.add_argument("--model", default=None, help="the model to load (default: the server's first)")
+    s.add_argument("--max-tokens", type=positive_int, default=8)
+    s.add_argument("--target-p99-ms", type=float_in(0.0, lo_open=True), default=None,
+                   help="p99 target (default: the server's slo.target_p99_ms)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--workers", type=int_at_least(1), default=64, help="concurrent requests in flight at most")
+    s.add_argument("--timeout", type=duration, default="60s", help="per request")
+    s.add_argument("--report", type=writable_file, default=None, help="write an HTML (or .json) report")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--url", help="the server (default: the one in $VNPU_HOME/serve/server.json)")
+    s.add_argument("--api-key", help="an admin key (default: $VNPU_API_KEY)")
+    s.set_defaults(fn=_cmd)
+
+
+def _devices(s: str) -> tuple[int, ...]:
+    import argparse
+    out: list[int] = []
+    try:
+        for part in s.split(","):
+            if "-" in part:
+                a, b = part.split("-", 1)
+                out += range(int(a), int(b) + 1)
+            elif part.strip():
+                out.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a device list (e.g. 0-3 or 0,2)") from None
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a device list (e.g. 0-3 or 0,2)")
+    return tuple(dict.fromkeys(out))
+
+
+def _profile(a):
+    from runtime.cliargs import fail, read_text
+    from runtime.stress.profiles import PROFILES, ProfileError, builtin, from_doc
+    try:
+        if a.profile in PROFILES:
+            return builtin(a.profile, a.rate, a.duration)
+        if a.profile.endswith((".yaml", ".yml")):
+            import yaml
+            try:
+                doc = yaml.safe_load(read_text(a.profile))
+            except yaml.YAMLError as e:
+                fail(f"argument --profile: {a.profile}: {' '.join(str(e).split())}", "vnpu stress-test")
+            return from_doc(doc, a.rate, a.duration, os.path.basename(a.profile))
+        raise ProfileError(f"unknown profile {a.profile!r} (known: {', '.join(PROFILES)}, or a .yaml file)")
+    except (ProfileError, ValueError) as e:
+        fail(f"argument --profile: {e}", "vnpu stress-test")
+
+
+def _cmd(a) -> int:
+    from runtime.cliargs import fail
+    from runtime.cluster.discovery import state_dir
+    from runtime.observe.source import HttpSource, read_server_file
+    from runtime.stress.run import StressConfig, StressError, run_stress, summary_lines
+    prog = "vnpu stress-test"
+    if a.report and not a.report.endswith((".html", ".htm", ".json")):
+        fail(f"argument --report: {a.report} is neither .html nor .json", prog)
+    profile = _profile(a)
+    doc = read_server_file(state_dir())
+    url = a.url or (doc or {}).get("url")
+    if not url:
+        fail("no running server (no $VNPU_HOME/serve/server.json): give --url", prog)
+    key = a.api_key or os.environ.get("VNPU_API_KEY") or (doc or {}).get("admin_key") or None
+    faults = tuple(a.faults or ())
+    if faults:
+        from runtime.cluster.discovery import read_state
+        if os.environ.get("VNPU_BACKEND", "") == "local" or read_state() is None:
+            fail("--faults needs the cluster the server runs on (vnpu up, then vnpu serve); in-process devices "
+                 "of another process cannot be reached", prog)
+    with contextlib.ExitStack() as stack:
+        inject, devs = None, ()
+        if faults:
+            from runtime.cluster import cluster_runtime
+            from runtime.stress.faults import DeviceInjector
+            rt = stack.enter_context(cluster_runtime())
+            inject = DeviceInjector(rt, a.seed)
+            n = rt.device_count()
+            devs = a.fault_devices or tuple(range(max(1, n - 1)))
+            if max(devs) >= n:
+                fail(f"argument --fault-devices: the cluster has {n} devices", prog)
+        cfg = StressConfig(url=url, api_key=key, profile=profile, model=a.model, faults=faults, every_s=a.every,
+                           fault_devices=devs, seed=a.seed, max_tokens=a.max_tokens, timeout_s=a.timeout,
+                           workers=a.workers, target_p99_ms=a.target_p99_ms)
+        src = HttpSource(url, key) if key else None
+        try:
+            rep = run_stress(cfg, inject, src, out=(lambda s: print(s, file=sys.stderr, flush=True)))
+        except StressError as e:
+            fail(str(e), prog)
+    lines = summary_lines(rep)
+    if a.report:
+        if a.report.endswith(".json"):
+            with open(a.report, "w") as f:
+                json.dump(rep, f, indent=1, default=str)
+        else:
+            from runtime.stress.report import stress_html
+            with open(a.report, "w") as f:
+                f.write(stress_html(rep, lines))
+    if a.json:
+        print(json.dumps({k: v for k, v in rep.items() if k != "history"}, indent=1, default=str))
+    else:
+        print("\n".join(lines))
+        if a.report:
+            print(f"report: {a.report}")
+    r = rep["requests"]
+    return 0 if r["lost"] == 0 and r["duplicated"] == 0 else 1

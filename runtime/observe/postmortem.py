@@ -1,0 +1,166 @@
+"""``vnpu postmortem``: target vs actual over an incident (or a window) and its timeline, from the history.
+
+The window: ``--since T`` (to now), or ``--event ID``: the incident that event belongs to -- the event and
+every event that follows within ``gap_s`` of the previous one (a fault, the trigger it fires, the action,
+the recovery), extended by each event's ``duration_s``, with ``margin_s`` on both sides.
+
+Actual figures (server-wide samples, one a second):
+
+- availability: ``1 - sum(error_rate * qps) / sum(qps)`` -- server-side failures only; shed requests are
+  reported apart (``shed``), as the SLO counts what was admitted;
+- p99: the 99th percentile of the per-second p99 samples, the worst second, and the share of seconds above
+  the target;
+- self-healing actions (``action`` events not manual), manual interventions (``manual`` events), their
+  results and detection-to-recovery times;
+- utilization: mean AI Core % over devices and time, mean KV-cache use, mean replicas.
+
+Targets come from ``--target-p99-ms`` / ``--availability``, else from the newest ``config``/``lifecycle``
+event whose detail carries ``slo``, else the defaults of the serve config (800 ms, 99.5 %).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .history import Event
+
+DEFAULT_TARGET_P99_MS = 800.0
+DEFAULT_AVAILABILITY = 0.995
+
+
+@dataclass(frozen=True)
+class Targets:
+    p99_ms: float = DEFAULT_TARGET_P99_MS
+    availability: float = DEFAULT_AVAILABILITY
+    origin: str = "default"
+
+
+def _pct(s) -> float | None:
+    if isinstance(s, (int, float)):
+        return float(s) / 100.0 if s > 1 else float(s)
+    if isinstance(s, str) and s.strip():
+        t = s.strip()
+        try:
+            return float(t[:-1]) / 100.0 if t.endswith("%") else _pct(float(t))
+        except ValueError:
+            return None
+    return None
+
+
+def targets_of(events: list[Event], p99_ms: float | None = None, availability: float | None = None) -> Targets:
+    """The SLO: explicit values, else the newest event with ``detail.slo``, else the defaults."""
+    slo: dict = {}
+    origin = "default"
+    for e in reversed(events):
+        d = (e.detail or {}).get("slo")
+        if isinstance(d, dict):
+            slo, origin = d, f"event #{e.id}"
+            break
+    tp = p99_ms if p99_ms is not None else slo.get("target_p99_ms")
+    av = availability if availability is not None else _pct(slo.get("availability"))
+    return Targets(float(tp) if isinstance(tp, (int, float)) else DEFAULT_TARGET_P99_MS,
+                   float(av) if isinstance(av, (int, float)) else DEFAULT_AVAILABILITY,
+                   "command line" if (p99_ms is not None or availability is not None) else origin)
+
+
+def incident_window(src, event_id: int, gap_s: float = 120.0, margin_s: float = 60.0) -> tuple[float, float, list[Event]]:
+    """(start, end, chain of events) of the incident ``event_id`` belongs to."""
+    first = src.event(event_id)
+    later = src.events(since=first.ts)
+    chain, end = [first], first.ts + (first.duration_s or 0.0)
+    for e in later:
+        if e.id == first.id or e.ts < first.ts:
+            continue
+        if e.ts - end > gap_s:
+            break
+        chain.append(e)
+        end = max(end, e.ts + (e.duration_s or 0.0))
+    return first.ts - margin_s, end + margin_s, chain
+
+
+def _mean(xs) -> float | None:
+    return float(np.mean(xs)) if len(xs) else None
+
+
+def analyse(src, since: float, until: float, targets: Targets | None = None) -> dict:
+    """The postmortem of ``[since, until]`` as a dict (what ``--json`` prints)."""
+    events = src.events(since, until)
+    tg = targets or targets_of(src.events(until=until))
+    qps = dict(src.samples("qps", since, until))
+    err = src.samples("error_rate", since, until)
+    shed = src.samples("shed_rate", since, until)
+    w = np.array([qps.get(t, 0.0) for t, _ in err])
+    e = np.array([v for _, v in err])
+    failed_share = float((w * e).sum() / w.sum()) if w.sum() > 0 else (float(e.mean()) if e.size else None)
+    ws = np.array([qps.get(t, 0.0) for t, _ in shed])
+    s = np.array([v for _, v in shed])
+    shed_share = float((ws * s).sum() / ws.sum()) if ws.sum() > 0 else (float(s.mean()) if s.size else None)
+    p99 = np.array([v for _, v in src.samples("p99_latency_ms", since, until)])
+    util = [v for d in src.devices() for _, v in src.samples("aicore_util", since, until, d)]
+    actions = [x for x in events if x.kind == "action" and not x.manual]
+    manual = [x for x in events if x.manual]
+    recov = [x.duration_s for x in actions if x.duration_s is not None]
+    availability = None if failed_share is None else 1.0 - failed_share
+    out = {
+        "window": {"since": since, "until": until, "seconds": until - since},
+        "target": {"p99_ms": tg.p99_ms, "availability": tg.availability, "from": tg.origin},
+        "actual": {
+            "availability": availability,
+            "availability_met": None if availability is None else availability >= tg.availability,
+            "requests": float(sum(qps.values())),
+            "shed": shed_share,
+            "p99_ms": float(np.percentile(p99, 99)) if p99.size else None,
+            "p99_worst_second_ms": float(p99.max()) if p99.size else None,
+            "p99_share_above_target": float((p99 > tg.p99_ms).mean()) if p99.size else None,
+            "p99_met": None if not p99.size else bool(np.percentile(p99, 99) <= tg.p99_ms),
+            "self_heal_actions": len(actions),
+            "self_heal_failed": sum(1 for x in actions if x.result not in ("ok", "")),   # failed, unavailable
+            "recovery_s_max": max(recov) if recov else None,
+            "recovery_s_mean": _mean(recov),
+            "manual_interventions": len(manual),
+            "faults": sum(1 for x in events if x.kind == "fault"),
+            "aicore_util_mean": _mean(util),
+            "kv_cache_usage_mean": _mean([v for _, v in src.samples("kv_cache_usage", since, until)]),
+            "replicas_mean": _mean([v for _, v in src.samples("replicas", since, until)]),
+        },
+        "timeline": [x.to_dict() for x in events],
+    }
+    return out
+
+
+def _f(v, fmt: str, none: str = "n/a") -> str:
+    return none if v is None else format(v, fmt)
+
+
+def summary_lines(pm: dict) -> list[str]:
+    w, t, a = pm["window"], pm["target"], pm["actual"]
+    ts = lambda x: time.strftime("%H:%M:%S", time.gmtime(x))  # noqa: E731
+    ok = lambda b: "n/a" if b is None else ("met" if b else "MISSED")  # noqa: E731
+    out = [f"postmortem {ts(w['since'])} .. {ts(w['until'])} UTC ({w['seconds']:.0f} s); targets from {t['from']}",
+           f"availability: target {t['availability']:.2%}, actual "
+           f"{_f(a['availability'], '.3%')} ({ok(a['availability_met'])}); shed {_f(a['shed'], '.2%')}",
+           f"p99 latency: target {t['p99_ms']:.0f} ms, actual {_f(a['p99_ms'], '.0f')} ms ({ok(a['p99_met'])}), "
+           f"worst second {_f(a['p99_worst_second_ms'], '.0f')} ms, above target "
+           f"{_f(a['p99_share_above_target'], '.1%')} of the time",
+           f"faults {a['faults']}, self-healing actions {a['self_heal_actions']} ({a['self_heal_failed']} not ok, "
+           f"recovery max {_f(a['recovery_s_max'], '.1f')} s, mean {_f(a['recovery_s_mean'], '.1f')} s), "
+           f"manual interventions {a['manual_interventions']}",
+           f"utilization: AI Core {_f(a['aicore_util_mean'], '.0f')} %, KV cache "
+           f"{_f(a['kv_cache_usage_mean'], '.0%')}, replicas {_f(a['replicas_mean'], '.1f')}",
+           "timeline:"]
+    t0 = w["since"]
+    for e in pm["timeline"]:
+        extra = []
+        if e["trigger"]:
+            extra.append(f"trigger {e['trigger']}" + (f"={e['value']:.4g}" if e["value"] is not None else ""))
+        if e["result"]:
+            extra.append(e["result"])
+        if e["duration_s"] is not None:
+            extra.append(f"{e['duration_s']:.1f} s to recover")
+        out.append(f"  +{e['ts'] - t0:7.1f} s  #{e['id']:<4} {e['kind']:<9}{' (manual)' if e['manual'] else ''} "
+                   f"{e['source'] or '-'}: {e['diagnosis'] or '-'}" + (f"  [{'; '.join(extra)}]" if extra else ""))
+    if not pm["timeline"]:
+        out.append("  (no events)")
+    return out

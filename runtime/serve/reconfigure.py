@@ -1,0 +1,229 @@
+"""Reconfiguring a running server: a new ``serve.yaml`` (or ``key=value`` settings over the current one),
+validated first, applied without a restart and without dropping a request, health-checked, rolled back
+when the check fails, and recorded as a manual intervention (``config`` event, ``manual=True``).
+
+What applies live: every model's scheduler mode (``models[].scheduler``: from the engine's next step on),
+the tenants (keys, priority classes, quotas, admin), the ``slo``, and the ``self_healing`` section (the
+policy engine keeps the state of triggers that keep their name).  What needs a restart -- ``server``,
+the models served, their devices, fallback chains, engine and batching limits -- is refused by name,
+before anything changes.
+
+``key=value`` paths are dotted; a list element is named by its index or its name (a model's name without
+``@devices``, a tenant's or trigger's ``name``): ``models.smollm2.scheduler.mode=latency``,
+``self_healing.triggers.thermal.condition='> 90'``, ``slo.target_p99_ms=500``.  Values are YAML.
+
+Blocking: :meth:`Reconfigurer.apply` blocks for the mode switches and the health check (one probe
+generation per model).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import yaml
+
+from .config import ConfigError, ServeConfig, parse_config
+from .heal.actions import Context, probe
+
+
+class Reconfigurer:
+    """The running config of ``service`` (``text``: its YAML) and how to change it; ``healing``: the
+    server's :class:`runtime.serve.heal.SelfHealing` (None: none runs); ``history``: where changes are
+    recorded; ``health_check``: probe every generation model after a change."""
+
+    def __init__(self, service, cfg: ServeConfig, text: str = "", healing=None, history=None,
+                 health_check: bool = True):
+        self.service = service
+        self.cfg = cfg
+        self.text = text
+        self.healing = healing
+        self.history = history
+        self.health_check = health_check
+        self.previous: list[tuple[ServeConfig, str]] = []
+        self._lock = threading.Lock()
+        service.reconfigurer = self
+        if healing is not None:
+            healing.ctx.reconfigurer = self
+
+    # -------------------------------------------------------------- the new config
+    def propose(self, config_text: str | None = None, sets: list[str] | tuple[str, ...] = ()) -> tuple[ServeConfig, str]:
+        """The validated config of ``config_text`` (or the current one) with ``sets`` applied
+        (ConfigError otherwise), and its YAML."""
+        try:
+            doc = yaml.safe_load(config_text if config_text is not None else self.text or "") or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"reconfigure: not valid YAML: {getattr(e, 'problem', e)}") from None
+        if not isinstance(doc, dict):
+            raise ConfigError("reconfigure: the config must be a mapping")
+        for s in sets:
+            key, eq, raw = str(s).partition("=")
+            if not eq or not key.strip():
+                raise ConfigError(f"--set {s!r}: expected key=value (e.g. slo.target_p99_ms=500)")
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                raise ConfigError(f"--set {s!r}: the value is not valid YAML") from None
+            _set_path(doc, key.strip().split("."), value, key.strip())
+        text = yaml.safe_dump(doc, sort_keys=False)
+        new = parse_config(text, "reconfigure")
+        old = self.cfg
+        if "models" not in doc:                          # what the command line chose stays as it is
+            models = tuple(dataclasses.replace(m, engine=dataclasses.replace(
+                m.engine, mode=dataclasses.replace(m.engine.mode, target_p99_ms=new.slo.target_p99_ms)))
+                if m.kind == "generate" else m for m in old.models)           # (the SLO the modes plan for)
+            new = dataclasses.replace(new, models=models)
+        if "server" not in doc:
+            new = dataclasses.replace(new, host=old.host, port=old.port, replicas=old.replicas,
+                                      allow_unauthenticated=old.allow_unauthenticated)
+        self._check_live(new)
+        return new, text
+
+    def _check_live(self, new: ServeConfig) -> None:
+        old = self.cfg
+        for f in ("host", "port", "allow_unauthenticated", "replicas"):
+            if getattr(new, f) != getattr(old, f):
+                raise ConfigError(f"reconfigure: server.{f} cannot change without a restart")
+        if [m.name for m in new.models] != [m.name for m in old.models]:
+            raise ConfigError(f"reconfigure: the models served cannot change without a restart "
+                              f"({', '.join(m.name for m in old.models)})")
+        running = {s.name: s for s in self.service.specs}
+        for m in new.models:
+            o = running[m.name]
+            if m.devices is not None and m.devices != o.devices:
+                raise ConfigError(f"reconfigure: models.{m.name}: the devices cannot change without a restart")
+            if m.fallback != o.fallback:
+                raise ConfigError(f"reconfigure: models.{m.name}.fallback cannot change without a restart")
+            if m.kind == "generate":
+                a = dataclasses.replace(m.engine, mode=o.engine.mode)
+                if a != o.engine:
+                    diff = [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(o.engine, f.name)]
+                    raise ConfigError(f"reconfigure: models.{m.name}.engine.{diff[0]} cannot change without a restart "
+                                      f"(live: scheduler, tenants, slo, self_healing)")
+            elif m.batching != o.batching:
+                raise ConfigError(f"reconfigure: models.{m.name}.batching cannot change without a restart")
+
+    # -------------------------------------------------------------- applying
+    def apply(self, config_text: str | None = None, sets: list[str] | tuple[str, ...] = (), who: str = "operator",
+              manual: bool = True) -> dict:
+        """Validate, apply, health-check (rolled back when it fails); returns ``{"result", "changes",
+        "event_id", ...}``.  ConfigError (nothing changed) for a bad or non-live config."""
+        with self._lock:
+            new, text = self.propose(config_text, sets)
+            changes = self._changes(self.cfg, new)
+            t0 = time.monotonic()
+            old = (self.cfg, self.text)
+            self._install(new, text)
+            ok, why = self._check()
+            result = "ok"
+            if not ok:
+                self._install(*old)
+                result = f"failed: health check: {why}; rolled back"
+            else:
+                self.previous.append(old)
+            took = time.monotonic() - t0
+            eid = None
+            if self.history is not None:
+                eid = self.history.record_event(
+                    "config", source=who, manual=manual, result=result, duration_s=took,
+                    diagnosis=f"reconfigure: {'; '.join(changes) or 'no change'}",
+                    detail={"changes": changes, "set": list(sets), "file": config_text is not None,
+                            "health_check": why})
+            return {"result": result, "changes": changes, "health_check": why, "event_id": eid, "seconds": took}
+
+    def rollback(self, who: str = "operator") -> str:
+        """Back to the config before the last change (the ``rollback`` action)."""
+        with self._lock:
+            if not self.previous:
+                raise ConfigError("no previous config to roll back to")
+            cfg, text = self.previous.pop()
+            changes = self._changes(self.cfg, cfg)
+            self._install(cfg, text)
+        if self.history is not None:
+            self.history.record_event("config", source=who, manual=not who.startswith("policy"), result="ok",
+                                      diagnosis=f"rollback: {'; '.join(changes) or 'no change'}",
+                                      detail={"changes": changes})
+        return f"rolled back: {'; '.join(changes) or 'no change'}"
+
+    def _install(self, cfg: ServeConfig, text: str) -> None:
+        svc = self.service
+        for m in cfg.models:
+            if m.kind == "generate" and m.name in svc.engines:
+                cur = getattr(svc.engines[m.name], "config", None)
+                if cur is None or getattr(cur, "mode", None) != m.engine.mode:
+                    svc.set_mode(m.name, m.engine.mode)
+        if cfg.tenants != self.cfg.tenants:
+            svc.set_tenants(cfg.tenants)
+        if self.healing is not None and cfg.self_healing != self.cfg.self_healing:
+            self.healing.update(cfg.self_healing)
+        self.cfg, self.text = cfg, text
+
+    def _check(self) -> tuple[bool, str]:
+        st, body = self.service.health()
+        if st != 200:
+            return False, f"health {st} {body.get('status')}"
+        if not self.health_check:
+            return True, "health 200"
+        ctx = Context(self.service)
+        for name, e in list(self.service.engines.items()):
+            if getattr(e, "kind", None) == "generate":
+                ok, why = probe(ctx, name)
+                if not ok:
+                    return False, why
+        return True, "health 200, every model served a probe"
+
+    @staticmethod
+    def _changes(old: ServeConfig, new: ServeConfig) -> list[str]:
+        out = []
+        om = {m.name: m for m in old.models}
+        for m in new.models:
+            o = om.get(m.name)
+            if o is not None and m.kind == "generate" and o.engine.mode != m.engine.mode:
+                a, b = o.engine.mode, m.engine.mode
+                diff = [f"{f.name} {getattr(a, f.name)!r} -> {getattr(b, f.name)!r}" for f in dataclasses.fields(a)
+                        if getattr(a, f.name) != getattr(b, f.name)]
+                out.append(f"{m.name} scheduler: {', '.join(diff)}")
+        if old.tenants != new.tenants:
+            out.append(f"tenants: {', '.join(t.name for t in new.tenants) or 'none'}")
+        if old.slo != new.slo:
+            out.append(f"slo: {dataclasses.asdict(new.slo)}")
+        if old.self_healing != new.self_healing:
+            out.append(f"self_healing: {len(new.self_healing.triggers)} trigger(s), "
+                       f"{'enabled' if new.self_healing.enabled else 'disabled'}")
+        return out
+
+
+def _set_path(doc, parts: list[str], value, key: str) -> None:
+    node = doc
+    for i, p in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            idx = _find(node, p, key)
+            if last:
+                node[idx] = value
+                return
+            node = node[idx]
+        elif isinstance(node, dict):
+            if last:
+                node[p] = value
+                return
+            if p not in node or node[p] is None:
+                node[p] = {}
+            node = node[p]
+        else:
+            raise ConfigError(f"--set {key}: {'.'.join(parts[:i]) or 'the config'} is not a mapping or a list")
+
+
+def _find(items: list, p: str, key: str) -> int:
+    if p.isdigit():
+        if int(p) >= len(items):
+            raise ConfigError(f"--set {key}: index {p} is out of range ({len(items)} item(s))")
+        return int(p)
+    for k, it in enumerate(items):
+        name = it.get("name", str(it.get("model", "")).partition("@")[0]) if isinstance(it, dict) else \
+            str(it).partition("@")[0]
+        if name == p:
+            if not isinstance(it, dict):                # "smollm2@0" -> {model: smollm2@0}
+                items[k] = {"model": it}
+            return k
+    raise ConfigError(f"--set {key}: no item named {p!r}")

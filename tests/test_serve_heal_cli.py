@@ -1,0 +1,142 @@
+"""``vnpu serve`` as operators run it (serve tier): the real command in a subprocess (in-process devices,
+``VNPU_BACKEND=local``), its state directory, ``vnpu serve reconfigure``, and a restart.
+
+- ``server.json`` (mode 0600) names the URL, pid and History of the running server and is gone after a
+  clean stop; the sampler thread fills the History in the state directory;
+- ``vnpu serve reconfigure --set`` finds the server through ``server.json``, applies, exits 0; the change is
+  a manual intervention; without an admin key it exits 2 with one line;
+- the History survives the restart: the second server serves the first one's samples and events;
+- a bad ``self_healing`` section: exit 2, one line naming the key and its line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.serve
+
+ADMIN = "sk-ops-0123456789"
+CONFIG = f"""
+slo: {{target_p99_ms: 2000}}
+models:
+  - model: smollm2@0
+    engine: {{max_num_seqs: 2, max_num_batched_tokens: 32, max_model_len: 64, num_gpu_blocks_override: 16}}
+tenants:
+  - {{name: ops, api_keys: [{ADMIN}], admin: true}}
+self_healing:
+  triggers:
+    - {{name: thermal, metric: device_temperature_c, condition: "> 85", window: 10s, action: throttle}}
+"""
+
+
+def vnpu_env(home):
+    return dict(os.environ, VNPU_HOME=str(home), VNPU_BACKEND="local", VNPU_DEVICES="1", OPENBLAS_NUM_THREADS="1",
+                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+class Serve:
+    """``vnpu serve`` in a subprocess; its stdout lines in a queue."""
+
+    def __init__(self, home, cfg):
+        self.p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg), "--port", "0"],
+                                  env=vnpu_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [self.lines.put(x) for x in self.p.stdout], daemon=True).start()
+        self.url = None
+
+    def wait_for(self, word: str, timeout: float = 240.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            if "listening on" in line:
+                self.url = line.rsplit(" ", 1)[1].strip()
+            if word in line:
+                return line
+
+    def stop(self) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        try:
+            return self.p.wait(120)
+        finally:
+            if self.p.poll() is None:
+                self.p.kill()
+                self.p.wait()
+
+
+def get(url, path):
+    req = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {ADMIN}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def until(pred, timeout=60.0):
+    """Poll ``pred`` (a server-side condition over HTTP) until it holds or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError("condition not met before the deadline")
+
+
+def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):
+    home = tmp_path / "home"
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(CONFIG)
+    s = Serve(home, cfg)
+    try:
+        s.wait_for("vnpu serve: ready")
+        sj = home / "serve" / "server.json"
+        assert stat.S_IMODE(os.stat(sj).st_mode) == 0o600
+        info = json.loads(sj.read_text())
+        assert info == {"url": s.url, "pid": s.p.pid, "history": str(home / "serve" / "history.sqlite")}
+        until(lambda: "qps" in get(s.url, "/admin/history/latest")["server"])
+        r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "reconfigure", "--set",
+                            "self_healing.triggers.thermal.condition='> 90'"], env=vnpu_env(home), capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "admin key" in r.stderr
+        r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "reconfigure", "--set",
+                            "self_healing.triggers.thermal.condition='> 90'"], env=dict(vnpu_env(home), VNPU_API_KEY=ADMIN),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("vnpu serve reconfigure: ok: self_healing: 1 trigger(s), enabled")
+        first = get(s.url, "/admin/history/events?kinds=config")["events"]
+        assert len(first) == 1 and first[0]["manual"] and first[0]["source"] == "admin ops"
+        t_first = get(s.url, "/admin/history/latest")["server"]["qps"][0]
+    finally:
+        assert s.stop() == 0
+    assert not (home / "serve" / "server.json").exists()
+    s2 = Serve(home, cfg)
+    try:
+        s2.wait_for("vnpu serve: ready")
+        ev = get(s2.url, "/admin/history/events?kinds=config,lifecycle")["events"]
+        assert ev[0] == first[0] or first[0] in ev                       # the first run's change is still there
+        life = [e["diagnosis"] for e in ev if e["kind"] == "lifecycle"]
+        assert life[0].startswith("server started on ") and life[1] == "server stopped (drained)"
+        assert life[2] == f"server started on {s2.url}"
+        pts = get(s2.url, f"/admin/history/samples?metric=qps&until={t_first}")["points"]
+        assert pts and pts[-1][0] == t_first                             # the first run's samples
+    finally:
+        assert s2.stop() == 0
+
+
+def test_a_bad_self_healing_section_exits_2_with_one_line(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("models: [smollm2]\nself_healing:\n  triggers:\n    - {name: t, metric: temp, condition: '> 1', "
+                   "action: throttle}\n")
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg), "--port", "0"],
+                       env=vnpu_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "line 4: self_healing.triggers[0].metric: unknown metric 'temp'" in r.stderr

@@ -1,0 +1,232 @@
+"""The server's sampler and history routes on a live server (serve tier): SmolLM2 on device 0 served on
+loopback, driven by the official ``openai`` client and plain HTTP; the sampler ticks on explicit times.
+
+- Request outcomes: served requests count in qps and latency, a 400 and a 429 do not count as errors (the
+  429 is shed), a failed task (fault ``task-fail``) is a 500 and an error -- and the engine keeps serving.
+  The latency percentiles are bounded by what the client measured (an independent clock).
+- Device metrics per device scope; a device that overheats or hangs is a ``fault`` event, and a ``recovery``
+  event (with the time since its fault) once it is healthy again.
+- ``/admin/history/*`` return what the History holds (admin only; unknown metric 400); ``POST /admin/events``
+  records an operator's event; an admin throttle through the routes is a manual intervention.
+- ``server.json``: mode 0600, names this process, a stale one (dead pid) reads as none, removal only by
+  its owner.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import openai
+import pytest
+
+from devices.device import DeviceConfig
+from runtime.api import Runtime
+from runtime.backend import LocalBackend
+from runtime.observe.history import History
+from runtime.serve import serverfile
+from runtime.serve.config import model_spec
+from runtime.serve.engine import EngineConfig
+from runtime.serve.engine.placement import Placement
+from runtime.serve.sampler import Sampler, percentile
+from runtime.serve.server import Server, Service
+from runtime.serve.tenants import Quota, Tenant, key_digest
+
+pytestmark = pytest.mark.serve
+
+ADMIN, USER, TINY = "sk-ops-0123456789", "sk-app-0123456789", "sk-tiny-0123456789"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    rt = Runtime(LocalBackend(2, DeviceConfig(arena_bytes=1 << 30)))
+    spec = model_spec("smollm2", (0,), 1, EngineConfig(max_num_seqs=2, max_num_batched_tokens=32, max_model_len=64,
+                                                       num_gpu_blocks_override=16),
+                      fallback=(Placement((1,)),))
+    tenants = (Tenant("ops", (key_digest(ADMIN),), admin=True), Tenant("app", (key_digest(USER),)),
+               Tenant("tiny", (key_digest(TINY),), quota=Quota(tokens_per_minute=40)))
+    svc = Service(rt, (spec,), tenants)
+    hist = History(tmp_path_factory.mktemp("hist") / "history.sqlite")
+    sampler = Sampler(svc, hist, rt)                  # no thread: the test ticks
+    srv = Server(svc).start()
+    try:
+        svc.load()
+        yield rt, srv, sampler, hist
+    finally:
+        srv.stop()
+        hist.close()
+        rt.close()
+
+
+def http(srv, path, body=None, key=ADMIN, method=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(srv.url + path, data=data, method=method or ("POST" if data else "GET"),
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def complete(srv, key=USER, max_tokens=4):
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0)
+    t0 = time.monotonic()
+    c.completions.create(model="smollm2", prompt="Hello there", max_tokens=max_tokens, temperature=0)
+    return time.monotonic() - t0
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile(list(range(1, 101)), 99) == 99
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([], 99) != percentile([], 99)            # NaN
+
+
+def test_outcomes_latency_and_shed_are_counted_apart(served):
+    rt, srv, sampler, hist = served
+    sampler.tick(1000.0)                                       # start a fresh window
+    lat = [complete(srv) for _ in range(3)]
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key=USER, max_retries=0)
+    with pytest.raises(openai.BadRequestError):                # a client error: not an error, not shed
+        c.completions.create(model="smollm2", prompt="x", max_tokens=4, temperature=5)
+    tiny = openai.OpenAI(base_url=srv.url + "/v1", api_key=TINY, max_retries=0)
+    for _ in range(3):                                         # 40 tokens a minute; each asks for more: shed
+        with pytest.raises(openai.RateLimitError):
+            tiny.completions.create(model="smollm2", prompt="Hello there", max_tokens=60, temperature=0)
+    server, devices = sampler.tick(1002.0)
+    assert server["qps"] == pytest.approx(3 / 2.0)
+    assert server["error_rate"] == 0.0
+    assert server["shed_rate"] == pytest.approx(3 / 7)
+    assert 0 < server["p50_latency_ms"] <= server["p95_latency_ms"] <= server["p99_latency_ms"]
+    assert server["p99_latency_ms"] <= max(lat) * 1e3                # the server's clock runs inside the client's
+    assert server["ttft_p99_ms"] > 0
+    assert (server["throttle"], server["replicas"], server["queue_depth"]) == (1.0, 1, 0)
+    assert set(devices) == {0, 1} and devices[0]["device_health"] == 0
+    assert devices[0]["hbm_used_bytes"] > devices[1]["hbm_used_bytes"]          # the model lives on device 0
+    assert hist.samples("qps", since=1002, until=1002) == [(1002.0, server["qps"])]
+    assert hist.latest("npu:0")["hbm_used_bytes"] == (1002.0, float(devices[0]["hbm_used_bytes"]))
+
+
+def test_a_failed_task_is_a_server_error_and_the_engine_keeps_serving(served):
+    rt, srv, sampler, hist = served
+    sampler.tick(1010.0)
+    rt.device(0).handle.inject_fault("task-fail", count=1)
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key=USER, max_retries=0)
+    with pytest.raises(openai.InternalServerError):
+        c.completions.create(model="smollm2", prompt="Hello there", max_tokens=4, temperature=0)
+    complete(srv)                                              # the next one is served on the same placement
+    server, _ = sampler.tick(1011.0)
+    assert server["error_rate"] == pytest.approx(0.5)
+    (ev,) = hist.events(since=1011, kinds=["fault"])
+    assert ev.source == "engine" and ev.diagnosis == "smollm2: 1 step(s) failed on npu 0 (their requests failed)"
+    eng = srv.service.engines["smollm2"]
+    assert eng.failed_steps == 1 and eng.index == 0 and eng.error is None
+
+
+def test_an_overheating_device_is_sampled_and_a_fault_event(served):
+    rt, srv, sampler, hist = served
+    sampler.tick(1020.0)
+    n0 = len(hist.events(kinds=["fault"]))
+    rt.device(1).handle.inject_fault("overheat", celsius=60)
+    try:
+        _, devices = sampler.tick(1021.0)
+        assert devices[1]["device_temperature_c"] > 85 and devices[1]["device_health"] >= 2
+        assert devices[0]["device_temperature_c"] < 85
+        faults = hist.events(kinds=["fault"])[n0:]
+        assert [e.source for e in faults] == ["npu:1"] and "temperature" in faults[0].diagnosis
+        sampler.tick(1022.0)                                   # still hot: no second event
+        assert len(hist.events(kinds=["fault"])) == n0 + 1
+    finally:
+        rt.device(1).handle.clear_fault("overheat")
+    r0 = len(hist.events(kinds=["recovery"]))
+    _, devices = sampler.tick(1023.0)
+    assert devices[1]["device_health"] == 0
+    rec = hist.events(kinds=["recovery"])[r0:]                 # cooled down: a recovery, 2 s after its fault
+    assert [e.source for e in rec] == ["npu:1"] and rec[0].result == "ok"
+    assert rec[0].duration_s == pytest.approx(2.0) and rec[0].detail["fault_event"] == faults[0].id
+    assert "device 1 is OK again" in rec[0].diagnosis
+    sampler.tick(1024.0)
+    assert len(hist.events(kinds=["recovery"])) == r0 + 1       # healthy stays quiet
+
+
+def test_a_hang_that_clears_is_a_fault_then_a_recovery(served):
+    """A hang detected by the sampler (the device's heartbeats stop) and cleared by itself later is a
+    ``fault`` then a ``recovery`` event with the time between them -- what ``vnpu stress-test`` reports as
+    the fault's detection and recovery."""
+    rt, srv, sampler, hist = served
+    sampler.tick(1025.0)
+    f0, r0 = len(hist.events(kinds=["fault"])), len(hist.events(kinds=["recovery"]))
+    rt.device(1).handle.inject_fault("hang")
+    try:
+        _, devices = sampler.tick(1026.0)
+        assert devices[1]["device_health"] >= 2
+        faults = hist.events(kinds=["fault"])[f0:]
+        assert [e.source for e in faults] == ["npu:1"] and "hang" in faults[0].diagnosis
+        sampler.tick(1027.5)
+        assert len(hist.events(kinds=["recovery"])) == r0
+    finally:
+        rt.device(1).handle.clear_fault("hang")
+    _, devices = sampler.tick(1029.0)
+    assert devices[1]["device_health"] == 0
+    rec = hist.events(kinds=["recovery"])[r0:]
+    assert [e.source for e in rec] == ["npu:1"] and rec[0].detail["fault_event"] == faults[0].id
+    assert rec[0].duration_s == pytest.approx(3.0) and rec[0].detail["previous"] != "OK"
+
+
+def test_history_routes_read_what_the_history_holds(served):
+    rt, srv, sampler, hist = served
+    sampler.tick(1030.0)
+    st, body = http(srv, "/admin/history/samples?metric=qps&since=1000&until=1030")
+    assert st == 200 and body["metric"] == "qps" and body["scope"] == ""
+    assert [tuple(p) for p in body["points"]] == hist.samples("qps", 1000, 1030)
+    st, body = http(srv, "/admin/history/samples?" + urllib.parse.urlencode(
+        {"metric": "device_temperature_c", "scope": "npu:1", "since": 1020, "until": 1023}))
+    assert st == 200 and [tuple(p) for p in body["points"]] == hist.samples("device_temperature_c", 1020, 1023,
+                                                                             "npu:1")
+    assert http(srv, "/admin/history/samples?metric=qpz")[0] == 400
+    assert http(srv, "/admin/history/samples?metric=qps", key=USER)[0] == 403
+    assert http(srv, "/admin/history/latest", key="sk-nobody-000000000")[0] == 401
+    st, latest = http(srv, "/admin/history/latest")
+    assert st == 200 and latest["server"]["qps"] == list(hist.latest()["qps"])
+    assert set(latest["devices"]) == {"npu:0", "npu:1"}
+    assert latest["devices"]["npu:1"]["device_health"] == list(hist.latest("npu:1")["device_health"])
+    st, body = http(srv, "/admin/events", {"kind": "manual", "diagnosis": "stress-test started",
+                                           "detail": {"profile": "burst"}})
+    assert st == 200
+    ev = hist.event(body["id"])
+    assert (ev.kind, ev.manual, ev.diagnosis, ev.detail, ev.source) == \
+        ("manual", True, "stress-test started", {"profile": "burst"}, "admin ops")
+    assert http(srv, "/admin/events", {"kind": "gossip"})[0] == 400
+    assert http(srv, "/admin/events", {"kind": "manual"}, key=USER)[0] == 403
+    assert http(srv, "/admin/throttle", {"factor": 0.5})[0] == 200
+    assert http(srv, "/admin/throttle", {"factor": 1.0})[0] == 200
+    st, body = http(srv, "/admin/history/events?kinds=manual,fault&limit=3")
+    evs = body["events"]
+    assert st == 200 and len(evs) == 3 and [e["diagnosis"] for e in evs[-2:]] == ["throttle to 0.5",
+                                                                                  "throttle to 1"]
+    assert all(e["manual"] for e in evs[-2:]) and evs == [e.to_dict() for e in hist.events(kinds=["manual", "fault"],
+                                                                                          limit=3)]
+    assert http(srv, "/admin/history/events?limit=0")[0] == 400
+
+
+def test_server_file_is_private_names_its_process_and_goes_away(tmp_path):
+    p = serverfile.write(tmp_path, "http://127.0.0.1:1234", str(tmp_path / "h.sqlite"))
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
+    assert serverfile.read(tmp_path) == {"url": "http://127.0.0.1:1234", "pid": os.getpid(),
+                                         "history": str(tmp_path / "h.sqlite")}
+    serverfile.remove(tmp_path, pid=os.getpid() + 1)           # not its owner: left alone
+    assert p.exists()
+    serverfile.remove(tmp_path)
+    assert not p.exists() and serverfile.read(tmp_path) is None
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    serverfile.write(tmp_path, "http://127.0.0.1:1", None, pid=int(dead.stdout))
+    assert serverfile.read(tmp_path) is None                  # its process is gone
+    p.write_text("{not json")
+    assert serverfile.read(tmp_path) is None
