@@ -114,7 +114,9 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     handles (a non-detached actor lives only as long as its handle)."""
     import ray
 
+    from . import bytecode
     from .placement import slots_for
+    bytecode.warm()          # once here rather than in every device process (see runtime.cluster.bytecode)
     cls = remote_class(max_restarts=max_restarts)
     # no runtime_env unless a device needs its own environment (a simulated node identity): a worker with a
     # runtime_env waits for Ray's runtime-env agent and cannot be a prestarted one, which doubles the start
