@@ -17,11 +17,12 @@ def _pyc_source_mtime(src: str) -> int | None:
             head = f.read(16)
     except FileNotFoundError:
         return None
-    assert head[:4] == importlib.util.MAGIC_NUMBER
+    assert head[:4] == importlib.util.MAGIC_NUMBER and head[4:8] == b"\0\0\0\0"      # timestamp-validated
     return struct.unpack("<I", head[8:12])[0]
 
 
 def test_warm_writes_missing_and_stale_bytecode(tmp_path, monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)       # (it would make compileall write hash-based pycs)
     pkg = tmp_path / "vnpu_bc_probe"
     (pkg / "sub").mkdir(parents=True)
     files = [pkg / "__init__.py", pkg / "a.py", pkg / "sub" / "__init__.py", pkg / "sub" / "b.py"]
@@ -54,7 +55,8 @@ def test_warm_reports_what_it_cannot_compile(tmp_path, monkeypatch):
     assert bytecode.warm(("vnpu_no_such_package_xyz",)) is False
 
 
-def test_device_packages_are_current_after_warm():
+def test_device_packages_are_current_after_warm(monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
     assert bytecode.warm() is True
     import driver.host
     src = driver.host.__file__
