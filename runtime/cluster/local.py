@@ -150,15 +150,28 @@ def stop_devices(timeout: float = 30.0, actors: list | None = None) -> list[str]
         handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
     else:
         handles = list(actors)
-    try:
-        arenas = [w["arena"] for w in ray.get([h.where.remote() for h in handles], timeout=timeout)]
-        ray.get([h.shutdown.remote() for h in handles], timeout=timeout)
-    except Exception:  # noqa: BLE001 - a dead actor must not stop the teardown of the others
-        pass
+    # each actor on its own: a dead one (its node killed) must not keep the live ones from closing their
+    # servers and unlinking their arenas (killed at once, they would leave their segments behind)
+    arenas = [w["arena"] for w in _each(ray, [h.where.remote() for h in handles], timeout) if w]
+    _each(ray, [h.shutdown.remote() for h in handles], timeout)
     for h in handles:
         with contextlib.suppress(Exception):
             ray.kill(h, no_restart=True)
     return arenas
+
+
+def _each(ray, refs: list, timeout: float) -> list:
+    """The result of each of ``refs`` (None for one that failed or was not done within ``timeout``,
+    shared by all)."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+    done = set(ready)
+    out = []
+    for r in refs:
+        try:
+            out.append(ray.get(r, timeout=0) if r in done else None)
+        except Exception:  # noqa: BLE001 - a dead or failing actor: the others go on
+            out.append(None)
+    return out
 
 
 def owned_segments(pids) -> list[str]:
