@@ -106,6 +106,7 @@ def test_bench_scale_smoke():
     mem = row["memory"]
     assert mem["n"] == 4 and 0 < mem["pss_median"] <= mem["rss_median"] <= mem["rss_max"]
     assert row["plain_actors"]["rss_median"] > 0
+    assert mem["cpu_s_median"] > 0 and row["plain_actors"]["cpu_s_median"] > 0     # read from /proc
     ar = row["allreduce"]
     assert ar["wrong"] == 0 and ar["count"] == (1 << 20) // 4 and ar["time_us"] > 0
     assert row["bound"]["t1_us"] > 0

@@ -6,6 +6,9 @@ For each device count (``--devices 4,16,32,64``), on a fresh embedded Ray cluste
 - **start**: the time from asking Ray for the device actors (all at once) until every one serves gRPC;
   baseline: the same number of empty Ray actors (``num_cpus=0``) started the same way in the same cluster
   just before (what Ray itself costs per actor process);
+- **CPU per device**: CPU time (user + system, ``/proc/<pid>/stat``) each device process has used by the time
+  every one serves, median; baseline: an empty actor's worker.  Unlike the start time it hardly depends on
+  what else the machine runs (it includes the earliest ones' idle time until the last serves: ~6 ms/s);
 - **memory per device**: RSS and PSS (``/proc/<pid>/smaps_rollup``: shared pages split among the processes
   that map them) of each device process, median and max; baseline: an empty actor's;
 - **AllReduce** of ``--allreduce-bytes`` (float32) across all devices: median time per operator (issue on
@@ -52,12 +55,22 @@ def proc_memory(pid: int) -> dict:
     return out
 
 
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (0.0 when it cannot be read)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
 def _mem_summary(pids: list[int]) -> dict:
+    cpu = [proc_cpu_s(p) for p in pids]            # first: the memory reads below cost CPU of their own
     mems = [proc_memory(p) for p in pids]
     rss = [m["rss"] for m in mems]
     pss = [m["pss"] for m in mems]
     return {"rss_median": statistics.median(rss), "rss_max": max(rss), "pss_median": statistics.median(pss),
-            "pss_total": sum(pss), "n": len(pids)}
+            "pss_total": sum(pss), "cpu_s_median": statistics.median(cpu), "n": len(pids)}
 
 
 def _plain_actors(n: int) -> dict:
@@ -171,9 +184,10 @@ def run(a) -> int:
         print(f"# vnpu bench scale: this machine: {machine['cores']} cores, {machine['memory_gib']} GiB; "
               f"{a.hbm_mb} MiB HBM per device; AllReduce {nbytes} B float32", file=out)
         print(f"#{'devices':>8} {'ray up':>7} {'start':>8} {'plain':>8} {'x plain':>8} {'RSS/dev':>8} {'PSS/dev':>8} "
-              f"{'plain RSS':>9} {'AllReduce':>10} {'algo':>8} {'bound 1T':>9} {'bound NT':>9} {'#wrong':>7}\n"
+              f"{'plain RSS':>9} {'CPU/dev':>8} {'plain CPU':>9} "
+              f"{'AllReduce':>10} {'algo':>8} {'bound 1T':>9} {'bound NT':>9} {'#wrong':>7}\n"
               f"#{'':>8} {'(s)':>7} {'(s)':>8} {'(s)':>8} {'':>8} {'(MiB)':>8} {'(MiB)':>8} {'(MiB)':>9} "
-              f"{'(us)':>10} {'':>8} {'(us)':>9} {'(us)':>9} {'':>7}", file=out, flush=True)
+              f"{'(s)':>8} {'(s)':>9} {'(us)':>10} {'':>8} {'(us)':>9} {'(us)':>9} {'':>7}", file=out, flush=True)
     rows = []
     for n in counts:
         row = _one(n, a, nbytes)
@@ -184,7 +198,8 @@ def run(a) -> int:
             ratio = f"{row['start_s'] / pl['start_s']:.2f}x" if pl else "-"
             print(f" {n:>8} {row['ray_up_s']:>7.1f} {row['start_s']:>8.1f} {pl.get('start_s', float('nan')):>8.1f} "
                   f"{ratio:>8} {_mib(mem['rss_median']):>8} {_mib(mem['pss_median']):>8} "
-                  f"{_mib(pl['rss_median']) if pl else '-':>9} {ar['time_us']:>10.0f} {ar['algo']:>8} "
+                  f"{_mib(pl['rss_median']) if pl else '-':>9} {mem['cpu_s_median']:>8.2f} "
+                  f"{format(pl['cpu_s_median'], '.2f') if pl else '-':>9} {ar['time_us']:>10.0f} {ar['algo']:>8} "
                   f"{bd['t1_us']:>9.0f} {bd['tn_us']:>9.0f} {ar['wrong']:>7}", file=out, flush=True)
     wrong = sum(r["allreduce"]["wrong"] for r in rows)
     if a.json:
@@ -192,9 +207,10 @@ def run(a) -> int:
                           "verified": bool(rows) and not wrong}))
     else:
         print(f"# start: from asking Ray for every device actor at once until all serve gRPC; plain: as many empty "
-              f"Ray actors, same cluster, just before\n# AllReduce results {'OK' if not wrong else 'WRONG'} "
+              f"Ray actors, same cluster, just before; CPU: CPU time of each process once all serve, "
+              f"median\n# AllReduce results {'OK' if not wrong else 'WRONG'} "
               f"({wrong} bad elements)", file=out)
     return 0 if rows and not wrong else 1
 
 
-__all__ = ["register", "run", "proc_memory"]
+__all__ = ["register", "run", "proc_memory", "proc_cpu_s"]

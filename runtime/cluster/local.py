@@ -114,7 +114,9 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     handles (a non-detached actor lives only as long as its handle)."""
     import ray
 
+    from . import bytecode
     from .placement import slots_for
+    bytecode.warm()          # once here rather than in every device process (see runtime.cluster.bytecode)
     cls = remote_class(max_restarts=max_restarts)
     # no runtime_env unless a device needs its own environment (a simulated node identity): a worker with a
     # runtime_env waits for Ray's runtime-env agent and cannot be a prestarted one, which doubles the start
@@ -148,20 +150,28 @@ def stop_devices(timeout: float = 30.0, actors: list | None = None) -> list[str]
         handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
     else:
         handles = list(actors)
-    live = []
-    for h, ref in [(h, h.where.remote()) for h in handles]:      # one at a time: a dead actor (a killed
-        try:                                                       # node's) must not stop the teardown of
-            arenas.append(ray.get(ref, timeout=timeout)["arena"])  # the others
-            live.append(h)
-        except Exception:  # noqa: BLE001
-            pass
-    for ref in [h.shutdown.remote() for h in live]:
-        with contextlib.suppress(Exception):
-            ray.get(ref, timeout=timeout)
+    # each actor on its own: a dead one (its node killed) must not keep the live ones from closing their
+    # servers and unlinking their arenas (killed at once, they would leave their segments behind)
+    arenas = [w["arena"] for w in _each(ray, [h.where.remote() for h in handles], timeout) if w]
+    _each(ray, [h.shutdown.remote() for h in handles], timeout)
     for h in handles:
         with contextlib.suppress(Exception):
             ray.kill(h, no_restart=True)
     return arenas
+
+
+def _each(ray, refs: list, timeout: float) -> list:
+    """The result of each of ``refs`` (None for one that failed or was not done within ``timeout``,
+    shared by all)."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+    done = set(ready)
+    out = []
+    for r in refs:
+        try:
+            out.append(ray.get(r, timeout=0) if r in done else None)
+        except Exception:  # noqa: BLE001 - a dead or failing actor: the others go on
+            out.append(None)
+    return out
 
 
 def owned_segments(pids) -> list[str]:
