@@ -628,3 +628,146 @@ def test_attach_checks_the_name_and_whose_hbm_it_is(arena):
             attach(other.name, other.size, device_id=other.device_id)
     finally:
         other.close()
+
+
+# ------------------------------------------------------------------------------------------ what a rejection says
+def test_every_rejection_carries_its_cann_code_and_the_detail_a_user_reads(arena):
+    """The detail of each refusal is what a user debugging a bad pointer reads (``AclError.detail``, the
+    text after the ``[code NAME]`` prefix): which pointer, which device, how many bytes were asked and how
+    many are left.  Each one is pinned exactly, with its class and CANN code."""
+    from devices.arena import ptr_device
+    from devices.errors import ACL_ERROR_RT_NO_PERMISSION
+    from devices.tenancy import Owner
+    d = arena.device_id
+    p = arena.malloc(300)                                    # block 384 B at offset 0 of a fresh arena
+    q = arena.malloc(64)
+    owned = arena.malloc(64, owner=Owner("alice", "a1"))
+    arena.free(q)
+    assert off(p) == 0 and block_size(300) == 384
+    free_now = arena.stats().free
+    cases = [
+        (lambda: arena.malloc(0), InvalidParamError, 107000, "malloc size must be a positive integer, got 0"),
+        (lambda: arena.malloc(True), InvalidParamError, 107000, "malloc size must be a positive integer, got True"),
+        (lambda: arena.malloc(64, policy=-1), AclError, 107018, "invalid malloc policy -1"),
+        (lambda: arena.malloc(64, placement=3), InvalidParamError, 107000,
+         "unknown placement hint 3 (known: 0 = best-fit, 1 = low, 2 = high)"),
+        (lambda: arena.malloc(2 * MIB), MemoryAllocationError, 207001,
+         f"device {d}: cannot allocate {2 * MIB} B ({2 * MIB} B reserved); free {free_now} B, "
+         f"largest free block {arena.stats().largest_free} B"),
+        (lambda: arena.free(p + 64), InvalidParamError, 107000,
+         f"free of 0x{p + 64:x}: not the start of an allocation on device {d}"),
+        (lambda: arena.free(q), type(error_for_code(207002)), 207002, f"double free of 0x{q:x} on device {d}"),
+        (lambda: arena.free(owned, Owner("bob", "b1")), AclError, ACL_ERROR_RT_NO_PERMISSION,
+         f"0x{owned:x} belongs to another tenant"),
+        (lambda: arena.view(owned, 1, Owner("bob", "b1")), AclError, ACL_ERROR_RT_NO_PERMISSION,
+         f"0x{owned:x} belongs to another tenant"),
+        (lambda: arena.view(p, 301), MemoryAccessError, 107000,
+         f"access of 301 B at 0x{p:x} overruns its allocation (300 B at 0x{p:x}, 300 B left)"),
+        (lambda: arena.view(p + 299, 2), MemoryAccessError, 107000,
+         f"access of 2 B at 0x{p + 299:x} overruns its allocation (300 B at 0x{p:x}, 1 B left)"),
+        (lambda: arena.view(p + 300, 1), MemoryAccessError, 107000,
+         f"0x{p + 300:x} is past the end of the 300 B allocation at 0x{p:x}"),
+        (lambda: arena.view(q + 8, 1), MemoryAccessError, 107000,
+         f"0x{q + 8:x} on device {d} points to freed memory (use after free)"),
+        (lambda: arena.view(make_ptr(d, 512 * KIB), 1), MemoryAccessError, 107000,
+         f"0x{make_ptr(d, 512 * KIB):x} on device {d} points to no live allocation"),
+        (lambda: arena.resolve(p, -1), InvalidParamError, 107000, "negative length -1"),
+        (lambda: arena.view(make_ptr(d + 1, 0), 1), MemoryAccessError, 107000,
+         f"pointer 0x{make_ptr(d + 1, 0):x} belongs to device {d + 1}, not device {d}"),
+        (lambda: ptr_device(12345), InvalidParamError, 107000, "0x3039 is not a device pointer"),
+        (lambda: ptr_device("p"), InvalidParamError, 107000, "'p' is not a device pointer"),
+        (lambda: arena.typed_view(p + 2, (2,), np.float32), type(error_for_code(107008)), 107008,
+         f"0x{p + 2:x} is not aligned to 4 B for float32"),
+    ]
+    for call, cls, code, detail in cases:
+        with pytest.raises(AclError) as ei:
+            call()
+        assert (type(ei.value), ei.value.code, ei.value.detail) == (cls, code, detail)
+    # and none of them changed anything: the same allocations, the same free space
+    assert [a.offset for a in arena.live_allocations()] == [off(p), off(owned)]
+    assert arena.stats().free == free_now
+    arena.close()
+    with pytest.raises(AclError) as ei:
+        arena.malloc(64)
+    assert (ei.value.code, ei.value.detail) == (207004, f"device {d} arena is closed")
+
+
+def test_free_checks_the_tenant_and_a_reset_epoch(arena):
+    """Another tenant's free is refused and frees nothing (the same tenant's other client may free); a
+    free naming the current epoch frees, one naming an epoch a reset ended is a no-op -- the offset may
+    hold someone else's allocation by now."""
+    from devices.tenancy import Owner
+    p = arena.malloc(64, owner=Owner("alice", "a1"))
+    with pytest.raises(AclError) as ei:
+        arena.free(p, Owner("bob", "b1"))
+    assert ei.value.code == 207006
+    assert arena.stats().allocations == 1 and arena.used_by(Owner("alice", "a1")) == block_size(64)
+    arena.free(p, Owner("alice", "a2"), epoch=arena.epoch)
+    assert arena.stats().allocations == 0 and arena.used_by(Owner("alice")) == 0
+    old = arena.malloc(64)
+    stale = arena.epoch
+    arena.reset()
+    new = arena.malloc(64)
+    assert new == old                                      # the same offset, another allocation
+    arena.free(old, epoch=stale)                           # the allocation it names is gone: nothing happens
+    assert [a.offset for a in arena.live_allocations()] == [off(new)]
+    arena.free(new, epoch=arena.epoch)
+    assert arena.stats().allocations == 0
+
+
+def test_quota_is_reserved_bytes_per_charged_tenant_up_to_the_byte(arena):
+    """``quota`` caps the reserved bytes of the charged tenant: an allocation that brings it to exactly
+    the quota fits, one byte of block more does not (207001 with the tenant's numbers); ``charge`` moves
+    the count to another tenant; 0 means no quota; a free gives the bytes back to whoever was charged."""
+    b = block_size(100)                                       # 192
+    q = 2 * b
+    x = arena.malloc(100, owner="t", quota=q)
+    y = arena.malloc(100, owner="t", quota=q)                 # exactly at the quota
+    assert arena.used_by("t") == q
+    with pytest.raises(MemoryAllocationError) as ei:
+        arena.malloc(1, owner="t", quota=q)
+    assert ei.value.detail == (f"device {arena.device_id}: tenant 't' holds {q} B of its {q} B HBM quota; "
+                               f"1 B ({block_size(1)} B reserved) do not fit")
+    arena.malloc(100, owner="t", quota=q + b)                 # a larger quota: fits again
+    arena.malloc(100, owner="t")                              # no quota: no limit
+    assert arena.used_by("t") == 4 * b
+    arena.free(x)
+    assert arena.used_by("t") == 3 * b
+    # charged to another tenant: counts there, not against the owner
+    c = arena.malloc(100, owner="u", charge="payer", quota=b)
+    assert arena.used_by("payer") == b and arena.used_by("u") == 0
+    with pytest.raises(MemoryAllocationError) as ei:
+        arena.malloc(100, owner="u", charge="payer", quota=b)
+    assert "tenant 'payer' holds 192 B of its 192 B HBM quota" in ei.value.detail
+    arena.malloc(100, owner="u", quota=b)                     # u's own count is empty
+    arena.free(c)
+    assert arena.used_by("payer") == 0 and arena.used_by("u") == b
+    arena.free(y)
+
+
+def test_ecc_poison_fails_exactly_the_accesses_that_touch_it():
+    """An ECC range ``[s, e)`` fails every access that overlaps it -- a zero-length access at a poisoned
+    byte included -- with 507054 and where, and no access that ends at ``s`` or starts at ``e``."""
+    from devices.faults import FaultState
+    size = 64 * KIB
+    fs = FaultState(size, 7)
+    a = HbmArena(next(_dev_ids), size, faults=fs)
+    try:
+        p = a.malloc(256)
+        other = a.malloc(256)
+        a.view(p, 256)[:] = 9
+        fs.apply("ecc", {"offset": off(p) + 64, "length": 16})         # bytes 64..79 of p
+        bad = [(p, 256), (p + 63, 2), (p + 79, 1), (p + 64, 0), (p + 70, 4), (p + 79, 0)]
+        good = [(p, 64), (p + 63, 1), (p + 80, 16), (p + 80, 0), (p + 48, 16), (other, 256)]
+        for ptr, n in bad:
+            with pytest.raises(AclError) as ei:
+                a.resolve(ptr, n)
+            assert (ei.value.code, ei.value.detail) == (
+                507054, f"uncorrectable HBM ECC error at device {a.device_id} offset 0x{off(p) + 64:x}"), (ptr - p, n)
+        for ptr, n in good:
+            assert a.resolve(ptr, n) == off(ptr)
+        assert bytes(a.view(p + 80, 4)) == b"\x09" * 4
+        fs.clear("ecc")
+        assert bytes(a.view(p, 256)) == b"\x09" * 256
+    finally:
+        a.close()
