@@ -771,3 +771,42 @@ def test_ecc_poison_fails_exactly_the_accesses_that_touch_it():
         assert bytes(a.view(p, 256)) == b"\x09" * 256
     finally:
         a.close()
+
+
+def test_every_overwritten_canary_is_counted_at_its_free(arena):
+    """The guard bytes between an allocation's end and its block's end are checked at free: each
+    allocation whose guard was written (a kernel writing past the end, seen through the raw mapping)
+    counts once, an intact one not at all."""
+    ps = [arena.malloc(100) for _ in range(4)]
+    for p in ps[:3]:
+        arena.buf[off(p) + 100 + 5] ^= 0xFF                 # one byte of the guard, past the accessible end
+    arena.free(ps[3])
+    assert arena.stats().canary_violations == 0
+    for i, p in enumerate(ps[:3]):
+        arena.free(p)
+        assert arena.stats().canary_violations == i + 1
+
+
+def test_the_freed_history_keeps_the_last_65536_frees():
+    """Double-free and use-after-free diagnoses remember the most recent 65536 freed starts (bounded
+    memory on a long-lived device): after one free more, the oldest is forgotten -- freeing it again is
+    "not the start of an allocation" (107000) and reading it "no live allocation" -- the next oldest and the
+    newest are still known."""
+    n = 65536 + 1
+    a = HbmArena(next(_dev_ids), (n + 1) * 64, shared=False)
+    try:
+        ps = [a.malloc(1) for _ in range(n)]                 # 64 B blocks, never reused below
+        for p in ps:
+            a.free(p)
+        codes = []
+        for p in (ps[0], ps[1], ps[-1]):
+            with pytest.raises(AclError) as ei:
+                a.free(p)
+            codes.append(ei.value.code)
+        assert codes == [107000, 207002, 207002]
+        with pytest.raises(MemoryAccessError, match="no live allocation"):
+            a.view(ps[0], 1)
+        with pytest.raises(MemoryAccessError, match="use after free"):
+            a.view(ps[1], 1)
+    finally:
+        a.close()
