@@ -11,7 +11,7 @@ import pytest
 from devices.arena import ptr_offset
 from devices.errors import (ACL_ERROR_RT_AICORE_EXCEPTION, ACL_ERROR_RT_PARAM_INVALID, AclError, CaptureError,
                             InvalidHandleError, InvalidParamError, KernelError, MemoryAccessError)
-from devices.kernel import TensorDesc
+from devices.kernel import TensorDesc, register_user_kernel
 from devices.tasks import ExecGraph, Launch
 from fp32 import assert_within, matmul_bound
 from runtime.api import Runtime
@@ -395,3 +395,139 @@ def test_device_rejects_uncapturable_ops(rt):
     with pytest.raises(KernelError):
         dev.handle.graph_create([Launch(dev.default_stream.sid, "no_such_kernel")])
     e0.destroy()
+
+
+# ---------------------------------------------------------------------------------------------- plans and steps
+def tg_fill_one(ctx, out):
+    out[0:out.size] = 1
+
+
+def tg_fill_two(ctx, out):
+    out[0:out.size] = 2
+
+
+def tg_fill_from_attr(ctx, out, vals=None):
+    out[0:out.size] = float(np.asarray(vals).sum())
+
+
+def tg_write_input(ctx, src, out):
+    out[0:out.size] = 3
+    src[0:src.size] = 99                         # inputs are read-only to a kernel
+
+
+def tg_block_info(ctx, out, tag=0):
+    """out[3 * b: 3 * b + 3] = (block_dim, device_id, tag) of block b."""
+    out[3 * ctx.block_idx:3 * ctx.block_idx + 3] = np.array([ctx.block_dim, ctx.device_id, tag], np.float32)
+
+
+for _fn in (tg_fill_one, tg_write_input, tg_block_info, tg_fill_from_attr):
+    register_user_kernel(_fn.__name__, _fn, replace=True)
+
+
+def test_a_kernel_registered_again_under_its_name_is_planned_again(dev):
+    """The device caches a plan per distinct launch; a kernel replaced under the same name (the same
+    launch, another function) is looked up and planned again: the new code runs."""
+    s = dev.stream()
+    x = dev.from_numpy(np.zeros(8, np.float32))
+    try:
+        register_user_kernel("tg_versioned", tg_fill_one, replace=True)
+        s.launch("tg_versioned", [], [x])
+        s.synchronize(SYNC_MS)
+        np.testing.assert_array_equal(x.numpy(), np.ones(8, np.float32))
+        register_user_kernel("tg_versioned", tg_fill_two, replace=True)
+        s.launch("tg_versioned", [], [x])
+        s.synchronize(SYNC_MS)
+        np.testing.assert_array_equal(x.numpy(), np.full(8, 2.0, np.float32))
+    finally:
+        x.free()
+        s.destroy()
+
+
+def test_launches_whose_attrs_cannot_be_keyed_each_run_with_their_own(dev):
+    """A launch whose attribute values are unhashable (a numpy array) is never served a cached plan:
+    two such launches that differ only in the array each see their own values."""
+    s = dev.stream()
+    x = dev.from_numpy(np.zeros(4, np.float32))
+    try:
+        for vals, want in ((np.array([1.0, 2.0]), 3.0), (np.array([5.0, 6.0]), 11.0), (np.array([1.0, 2.0]), 3.0)):
+            s.launch("tg_fill_from_attr", [], [x], attrs={"vals": vals})
+            s.synchronize(SYNC_MS)
+            np.testing.assert_array_equal(x.numpy(), np.full(4, want, np.float32))
+    finally:
+        x.free()
+        s.destroy()
+
+
+def test_a_kernel_sees_its_block_dim_device_and_attrs_and_cannot_write_its_inputs(dev):
+    """What the bound plan hands each block: its block_dim, the device id and the launch's attrs -- the
+    same on the first run (plan built) and the second (plan and views reused); a kernel writing one of its
+    inputs fails with an AI Core exception and the input keeps its bytes."""
+    s = dev.stream()
+    out = dev.from_numpy(np.zeros(12, np.float32))
+    src = dev.from_numpy(np.full(4, 7.0, np.float32))
+    o2 = dev.from_numpy(np.zeros(4, np.float32))
+    try:
+        for _ in range(2):
+            out.copy_from(np.zeros(12, np.float32))
+            s.launch("tg_block_info", [], [out], attrs={"tag": 5}, block_dim=4)
+            s.synchronize(SYNC_MS)
+            np.testing.assert_array_equal(out.numpy(), np.tile(np.array([4, dev.index, 5], np.float32), 4))
+        for _ in range(2):
+            s.launch("tg_write_input", [src], [o2])
+            with pytest.raises(AclError) as e:
+                s.synchronize(SYNC_MS)
+            assert e.value.code == ACL_ERROR_RT_AICORE_EXCEPTION and "read-only" in e.value.detail, e.value
+            np.testing.assert_array_equal(src.numpy(), np.full(4, 7.0, np.float32))
+    finally:
+        for t in (out, src, o2):
+            t.free()
+        s.destroy()
+
+
+def _modeled_ms(dev, s, enqueue) -> float:
+    e0, e1 = dev.event(), dev.event()
+    try:
+        s.record(e0)
+        enqueue()
+        s.record(e1)
+        s.synchronize(SYNC_MS)
+        return e0.elapsed(e1).modeled_ms
+    finally:
+        e0.destroy()
+        e1.destroy()
+
+
+def test_graph_info_is_the_bound_graph_and_its_modeled_time(dev):
+    """aclmdlRIDebugPrint's content, exactly: the graph id, its tasks in order with their names and block
+    counts, the replays so far (0 before the first), and the modeled time of one replay -- the time that
+    events around a replay measure, and the sum of the same ops launched eagerly."""
+    s = dev.stream()
+    a = dev.from_numpy(np.ones(4096, np.float32))
+    b = dev.from_numpy(np.zeros(4096, np.float32))
+    ops = [lambda: s.launch("add", [a, a], [b], block_dim=3), lambda: s.memset(b.ptr, 0, 1024),
+           lambda: s.copy(a.ptr, b.ptr, 2048), lambda: s.launch("tg_block_info", [], [b], block_dim=2)]
+    s.begin_capture()
+    for op in ops:
+        op()
+    g = s.end_capture()
+    try:
+        eager_ms = sum(_modeled_ms(dev, s, op) for op in ops)
+        replay_ms = _modeled_ms(dev, s, lambda: g.execute_async(s))
+        info = g.info()
+        assert info == {"graph": g.gid, "tasks": 4, "replays": 1, "modeled_us": info["modeled_us"],
+                        "steps": [{"name": "add", "blocks": 3}, {"name": "memset", "blocks": 1},
+                                  {"name": "memcpy_d2d", "blocks": 1}, {"name": "tg_block_info", "blocks": 2}]}
+        assert eager_ms > 0
+        assert info["modeled_us"] == pytest.approx(replay_ms * 1e3, abs=1e-3)
+        assert info["modeled_us"] == pytest.approx(eager_ms * 1e3, abs=1e-3)
+        g2 = s.begin_capture() or s.end_capture()       # an empty graph: no steps, no time, no replays
+        try:
+            assert g2.info() == {"graph": g2.gid, "tasks": 0, "replays": 0, "modeled_us": 0.0, "steps": []}
+            assert g2.gid == g.gid + 1
+        finally:
+            g2.destroy()
+    finally:
+        g.destroy()
+        a.free()
+        b.free()
+        s.destroy()
