@@ -810,3 +810,67 @@ def test_the_freed_history_keeps_the_last_65536_frees():
             a.view(ps[1], 1)
     finally:
         a.close()
+
+
+# ------------------------------------------------------------------------------------------ placement
+def test_placements_choose_the_range_and_its_end():
+    """Free ranges [0, 512), [640, 768) and [896, 4096): best fit takes the smallest range that fits (the
+    lowest of equal ones) at its bottom, PLACEMENT_LOW the lowest range that fits, PLACEMENT_HIGH the top of
+    the highest one; what is left of a range stays free, in address order."""
+    from devices.arena import PLACEMENT_HIGH, PLACEMENT_LOW
+    def layout():
+        al = Allocator(4096)
+        assert [al.alloc(n) for n in (512, 128, 128, 128)] == [0, 512, 640, 768]
+        al.release(0, 512)
+        al.release(640, 128)
+        assert al.free_ranges() == [(0, 512), (640, 128), (896, 3200)]
+        return al
+    al = layout()
+    assert al.alloc(64) == 640 and al.free_ranges() == [(0, 512), (704, 64), (896, 3200)]
+    al = layout()
+    assert al.alloc(64, PLACEMENT_LOW) == 0 and al.free_ranges() == [(64, 448), (640, 128), (896, 3200)]
+    al = layout()
+    assert al.alloc(192, PLACEMENT_HIGH) == 3904 and al.free_ranges() == [(0, 512), (640, 128), (896, 3008)]
+    assert al.used == 256 + 192
+    al = layout()
+    assert al.alloc(4096, PLACEMENT_HIGH) is None and al.alloc(4096) is None
+    # equal ranges: best fit takes the lowest
+    al = Allocator(1024)
+    assert [al.alloc(n) for n in (256, 64, 256, 64)] == [0, 256, 320, 576]
+    al.release(0, 256)
+    al.release(320, 256)
+    assert al.alloc(128) == 0 and al.free_ranges() == [(128, 128), (320, 256), (640, 384)]
+
+
+def test_high_placement_aligns_down_and_keeps_both_remainders():
+    """An arena whose size is not a multiple of 64: a high block starts 64-aligned below the top, the
+    bytes under it and the few above it both stay free; a block that fills its range exactly leaves none."""
+    from devices.arena import PLACEMENT_HIGH
+    al = Allocator(1000)
+    assert al.alloc(64) == 0 and al.alloc(64) == 64
+    al.release(0, 64)
+    assert al.alloc(64, PLACEMENT_HIGH) == 896
+    assert al.free_ranges() == [(0, 64), (128, 768), (960, 40)]
+    assert al.alloc(64, PLACEMENT_HIGH) == 832          # the top range (40 B) is too small now
+    assert al.free_ranges() == [(0, 64), (128, 704), (960, 40)]
+    al = Allocator(1024)
+    assert [al.alloc(n) for n in (128, 128, 768)] == [0, 128, 256]
+    al.release(0, 128)
+    assert al.alloc(128, PLACEMENT_HIGH) == 0 and al.free_ranges() == []
+
+
+def test_malloc_owner_policy_and_placement_arguments(arena):
+    """A malloc without an owner belongs to the anonymous in-process tenant ""; a policy that is not a
+    non-negative integer is 107018 (a string too), a placement hint must be one of the table's (True is
+    not 1)."""
+    p = arena.malloc(64)
+    assert arena.live_allocations()[0].owner == "" and arena.used_by("") == block_size(64)
+    for policy in ("huge", -1, 1.5):
+        with pytest.raises(AclError) as ei:
+            arena.malloc(64, policy=policy)
+        assert (ei.value.code, ei.value.detail) == (107018, f"invalid malloc policy {policy!r}")
+    with pytest.raises(InvalidParamError) as ei:
+        arena.malloc(64, placement=True)
+    assert ei.value.detail == "unknown placement hint True (known: 0 = best-fit, 1 = low, 2 = high)"
+    assert arena.stats().allocations == 1
+    arena.free(p)
