@@ -873,4 +873,8 @@ def test_malloc_owner_policy_and_placement_arguments(arena):
         arena.malloc(64, placement=True)
     assert ei.value.detail == "unknown placement hint True (known: 0 = best-fit, 1 = low, 2 = high)"
     assert arena.stats().allocations == 1
+    from devices.arena import PLACEMENT_HIGH
+    top = arena.malloc(64, placement=PLACEMENT_HIGH)            # the hint reaches the allocator
+    assert off(top) == arena.size - block_size(64)
+    arena.free(top)
     arena.free(p)
