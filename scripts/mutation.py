@@ -18,7 +18,10 @@ process) -- mutants never reach Ray actors or subprocesses, and ``-m "not cluste
 Usage: ``scripts/mutation.sh [target ...]`` (default: every target); ``--json FILE`` also writes the
 numbers; ``--keep`` keeps the scratch directories (``mutmut results`` / ``mutmut show NAME`` there);
 ``--cap-s N`` stops each target's run after N seconds and scores the mutants checked by then (mutmut
-records each verdict as it comes; the rest are reported as ``not_run`` -- a partial score, said so).
+records each verdict as it comes; the rest are reported as ``not_run`` -- a partial score, said so);
+``--resume DIR`` (one target) takes a scratch directory kept by ``--keep``, refreshes its copy of the
+working tree (new tests) and runs only the mutants that survived there or were not run, then scores the
+whole directory (the mutants killed before keep their verdict: the mutated code has not changed).
 """
 from __future__ import annotations
 
@@ -173,7 +176,7 @@ def copy_tree(dst: Path) -> None:
         if src.is_file():
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst / f)
-    shutil.copytree(ROOT / "driver" / "_gen", dst / "driver" / "_gen")
+    shutil.copytree(ROOT / "driver" / "_gen", dst / "driver" / "_gen", dirs_exist_ok=True)
 
 
 def configure(dst: Path, t: Target) -> None:
@@ -240,8 +243,10 @@ def _mutmut(work: Path, env: dict, args: list[str], log: Path, cap_s: float | No
                 p.wait()
 
 
-def run_target(name: str, t: Target, jobs: int, keep: bool, cap_s: float | None = None) -> dict:
-    work = Path(tempfile.mkdtemp(prefix=f"vnpu-mutation-{name}-"))
+def run_target(name: str, t: Target, jobs: int, keep: bool, cap_s: float | None = None,
+               resume: Path | None = None) -> dict:
+    work = resume or Path(tempfile.mkdtemp(prefix=f"vnpu-mutation-{name}-"))
+    keep = keep or resume is not None
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                VNPU_HOME=str(work / ".vnpu-home"), PYTHONDONTWRITEBYTECODE="1")
     env.pop("RAY_ADDRESS", None)
@@ -250,7 +255,11 @@ def run_target(name: str, t: Target, jobs: int, keep: bool, cap_s: float | None 
         copy_tree(work)
         configure(work, t)
         log = work / "mutmut.log"
-        rc, capped = _mutmut(work, env, ["run", "--max-children", str(jobs), *t.functions], log, cap_s)
+        names = list(t.functions)
+        if resume is not None:       # only what survived or was not run (a killed mutant stays killed)
+            names = sorted(m for m, v in results(work, t).items() if v in (SURVIVED, NOT_RUN))
+        rc, capped = (_mutmut(work, env, ["run", "--max-children", str(jobs), *names], log, cap_s) if names
+                      else (0, False))
         verdicts = results(work, t)
         not_run = sum(1 for v in verdicts.values() if v == NOT_RUN)
         verdicts = {k: v for k, v in verdicts.items() if v != NOT_RUN}
@@ -258,7 +267,8 @@ def run_target(name: str, t: Target, jobs: int, keep: bool, cap_s: float | None 
             tail = log.read_text(errors="replace")[-3000:]
             return {"target": name, "error": f"mutmut exited {rc}" + (" (capped)" if capped else ""),
                     "log_tail": tail}
-        survivors, equivalent = [], []
+        survivors: list[dict] = []
+        equivalent: list[dict] = []
         for m, v in sorted(verdicts.items()):
             if v not in (KILLED, TIMEOUT):
                 diff = show(work, m, env)
@@ -289,7 +299,13 @@ def main(argv=None) -> int:
     ap.add_argument("--goal", type=float, default=0.90)
     ap.add_argument("--cap-s", type=float, default=None,
                     help="stop each target after this many seconds; score the mutants checked by then")
+    ap.add_argument("--resume", metavar="DIR", type=Path, default=None,
+                    help="(one target) a scratch directory kept by --keep: re-run its survivors and the "
+                         "mutants not run, against the current tests")
     a = ap.parse_args(argv)
+    if a.resume is not None and (len(a.targets) != 1 or not (a.resume / "mutants").is_dir()):
+        print("mutation: error: --resume takes one target and a directory kept by --keep", file=sys.stderr)
+        return 2
     bad = [x for x in a.targets if x not in TARGETS]
     if bad:
         print(f"mutation: error: unknown target {', '.join(bad)} (known: {', '.join(TARGETS)})", file=sys.stderr)
@@ -298,7 +314,7 @@ def main(argv=None) -> int:
     for name in a.targets or list(TARGETS):
         t = TARGETS[name]
         print(f"== {name}: {t.doc}", flush=True)
-        r = run_target(name, t, a.jobs, a.keep, a.cap_s)
+        r = run_target(name, t, a.jobs, a.keep, a.cap_s, a.resume)
         report.append(r)
         if "error" in r:
             print(f"   FAILED: {r['error']}\n{r['log_tail']}", flush=True)
