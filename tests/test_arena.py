@@ -878,3 +878,61 @@ def test_malloc_owner_policy_and_placement_arguments(arena):
     assert off(top) == arena.size - block_size(64)
     arena.free(top)
     arena.free(p)
+
+
+# ------------------------------------------------------------------------------------------ the segment
+def test_arena_size_bounds_and_an_anonymous_arena():
+    """Sizes from 1 B to the 40-bit offset field are arenas; 0, negative and larger ones are refused with
+    the size named.  An anonymous arena (``shared=False``) has no name or path and says it is not shared."""
+    from devices.arena import _OFF_MASK
+    for size in (0, -1, _OFF_MASK + 1):
+        with pytest.raises(InvalidParamError) as ei:
+            HbmArena(next(_dev_ids), size, shared=False)
+        assert ei.value.detail == f"arena size {size} out of range"
+    one = HbmArena(next(_dev_ids), 1, shared=False)
+    try:
+        assert (one.size, one.shared, one.name, one.path) == (1, False, "", "")
+        assert one.stats().free == 1
+    finally:
+        one.close()
+    assert one.buf is None
+
+
+def test_a_shared_arena_is_a_private_named_segment_and_sweeps_dead_ones():
+    """A shared arena's segment is mode 0600 whatever the umask, named for this process and the device
+    (``vnpu_<pid>_<start>_<device>_<token>``), and creating one first removes segments that dead processes
+    of this user left behind."""
+    import subprocess
+    import sys
+    from devices import segments
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    start = segments.process_start(child.pid)
+    child.stdin.close()
+    child.wait()
+    dead = f"{segments.PREFIX}{child.pid}_{start}_0_deadbeef"
+    with open(os.path.join("/dev/shm", dead), "wb") as f:
+        f.write(b"\0" * 64)
+    old = os.umask(0)
+    try:
+        a = HbmArena(next(_dev_ids), 64 * KIB)
+    finally:
+        os.umask(old)
+    try:
+        assert not os.path.exists(os.path.join("/dev/shm", dead))
+        assert a.shared is True and a.path == os.path.join("/dev/shm", a.name)
+        assert os.stat(a.path).st_mode & 0o777 == 0o600
+        pid, st, dev, _token = a.name[len(segments.PREFIX):].split("_")
+        assert (int(pid), int(st), int(dev)) == (os.getpid(), segments.process_start(os.getpid()), a.device_id)
+    finally:
+        a.close()
+    assert a.buf is None and not os.path.exists(a.path)
+
+
+def test_an_arena_never_closed_is_unlinked_when_its_process_exits():
+    """A process that exits without closing its arena (normal exit, not SIGKILL) leaves no segment."""
+    import subprocess
+    import sys
+    code = "from devices.arena import HbmArena; a = HbmArena(3, 4096); print(a.path, flush=True)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    path = out.stdout.strip()
+    assert path.startswith("/dev/shm/") and not os.path.exists(path)
