@@ -138,6 +138,26 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "np.prod of Python ints accumulates in int64 by default on 64-bit Linux: the same dtype",
     ("arena", f"*{M}HbmArena{M}typed_view*", "np.prod(shape, ))"):
         "np.prod of Python ints accumulates in int64 by default on 64-bit Linux: the same dtype",
+    ("arena", f"*{M}HbmArena{M}_bump*", "self.gen += 2"):
+        "generations are only compared for equality with a cached one (plans, views, same-node clients' "
+        "range checks): steps of 2 keep them distinct and increasing",
+    ("arena", f"*{M}HbmArena{M}_forget_freed*", "bisect.bisect_left(fs, off + nbytes, )"):
+        "lo=i is only a search hint: off + nbytes > off, so the insertion point is at or after i either way",
+    ("arena", f"*{M}Allocator{M}_take*", "i += 2"):
+        "a free remainder above the block exists only when the range ends off the 64 B grid, i.e. the "
+        "arena's last range (blocks start and end on the grid): no free range follows it, so inserting one "
+        "index further still appends it",
+    ("arena", f"*{M}HbmArena{M}__init__*", "self._hdr = np.frombuffer(self._mm, dtype=np.uint64, offset=size)"):
+        "without count the header view is all 512 words of the 4096-byte header: words 0 and 1 are the same",
+    ("arena", f"*{M}HbmArena{M}__init__*", "os.O_CREAT | os.O_EXCL | os.O_RDWR, )"):
+        "the fchmod(fd, 0o600) that follows sets the mode whatever the creation mode and umask (tested)",
+    ("arena", f"*{M}HbmArena{M}__init__*", "os.O_CREAT | os.O_EXCL | os.O_RDWR, 385)"):
+        "the fchmod(fd, 0o600) that follows sets the mode whatever the creation mode and umask (tested)",
+    ("arena", f"*{M}HbmArena{M}close*", "segments.untrack(None)"):
+        "close has unlinked the segment already; the exit hook skips names that are gone (names carry a "
+        "random token: never reused)",
+    ("arena", f"*{M}HbmArena{M}resolve*", "write: bool = True"):
+        "resolve does not read `write` (kept for the access API's signature)",
     ("faults", f"*{M}FaultState{M}_publish*", 'if t is not None else 1'):
         "_task_fail is only the lock-free fast path of take_task_failure, which then looks the fault up "
         "under the lock: with no task-fail fault active it returns False either way",
