@@ -160,6 +160,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "resolve does not read `write` (kept for the access API's signature)",
     ("arena", f"*{M}HbmArena{M}view*", "write: bool = True"):
         "view only passes `write` on to resolve, which does not read it",
+    ("arena", f"*{M}HbmArena{M}view*", "self.resolve(ptr, nbytes, owner, None)"):
+        "view only passes `write` on to resolve, which does not read it",
+    ("arena", f"*{M}HbmArena{M}view*", "self.resolve(ptr, nbytes, owner, )"):
+        "view only passes `write` on to resolve, which does not read it",
     ("faults", f"*{M}FaultState{M}_publish*", 'if t is not None else 1'):
         "_task_fail is only the lock-free fast path of take_task_failure, which then looks the fault up "
         "under the lock: with no task-fail fault active it returns False either way",
