@@ -669,6 +669,8 @@ def test_every_rejection_carries_its_cann_code_and_the_detail_a_user_reads(arena
          f"0x{p + 300:x} is past the end of the 300 B allocation at 0x{p:x}"),
         (lambda: arena.view(q + 8, 1), MemoryAccessError, 107000,
          f"0x{q + 8:x} on device {d} points to freed memory (use after free)"),
+        (lambda: arena.view(q + 64, 1), MemoryAccessError, 107000,          # the freed one's 64 B ended there
+         f"0x{q + 64:x} on device {d} points to no live allocation"),
         (lambda: arena.view(make_ptr(d, 512 * KIB), 1), MemoryAccessError, 107000,
          f"0x{make_ptr(d, 512 * KIB):x} on device {d} points to no live allocation"),
         (lambda: arena.resolve(p, -1), InvalidParamError, 107000, "negative length -1"),
