@@ -153,6 +153,15 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "the fchmod(fd, 0o600) that follows sets the mode whatever the creation mode and umask (tested)",
     ("arena", f"*{M}HbmArena{M}__init__*", "os.O_CREAT | os.O_EXCL | os.O_RDWR, 385)"):
         "the fchmod(fd, 0o600) that follows sets the mode whatever the creation mode and umask (tested)",
+    ("arena", f"*{M}HbmArena{M}__init__*", "dtype=np.uint64, count=3, offset=size)"):
+        "the header is 4096 bytes: a 3-word view of it still has words 0 and 1 where they were",
+    ("arena", f"*{M}HbmArena{M}__init__*", "self._closed = None"):
+        "None and False are both false: every use of _closed is a truth test",
+    ("arena", f"*{M}HbmArena{M}__init__*", "self.epoch = 1"):
+        "an epoch is only compared for equality with one a caller read from the same arena earlier",
+    ("arena", f"*{M}Allocator{M}__init__*", "{0: total} if (total) or True else {}"):
+        "an empty allocator's {0: 0} entry has no start listed: nothing iterates it, and largest_free is 0 "
+        "either way",
     ("arena", f"*{M}HbmArena{M}close*", "segments.untrack(None)"):
         "close has unlinked the segment already; the exit hook skips names that are gone (names carry a "
         "random token: never reused)",

@@ -938,3 +938,27 @@ def test_an_arena_never_closed_is_unlinked_when_its_process_exits():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     path = out.stdout.strip()
     assert path.startswith("/dev/shm/") and not os.path.exists(path)
+
+
+def test_a_fresh_arena_publishes_its_generation_and_records_each_blocks_policy(arena):
+    """Before any change the header already holds the arena's generation (a same-node client that maps it
+    then must agree with the device); every allocation records the policy it was made with, next to the
+    bytes that policy reserved."""
+    from devices.arena import ACL_MEM_MALLOC_HUGE_ONLY, header_gen
+    assert header_gen(arena.buf, arena.size) == arena.gen == 0
+    p = arena.malloc(100, policy=ACL_MEM_MALLOC_NORMAL_ONLY)
+    q = arena.malloc(2 * MIB // 4 + 1, policy=ACL_MEM_MALLOC_NORMAL_ONLY)
+    assert [(a.policy, a.size, a.reserved) for a in arena.live_allocations()] == [
+        (ACL_MEM_MALLOC_NORMAL_ONLY, 100, block_size(100)),
+        (ACL_MEM_MALLOC_NORMAL_ONLY, 2 * MIB // 4 + 1, block_size(2 * MIB // 4 + 1))]
+    arena.free(q)
+    assert arena.allocation_of(p + 99).policy == ACL_MEM_MALLOC_NORMAL_ONLY
+    r = arena.malloc(64, policy=ACL_MEM_MALLOC_HUGE_ONLY)
+    assert arena.allocation_of(r).policy == ACL_MEM_MALLOC_HUGE_ONLY
+    assert header_gen(arena.buf, arena.size) == arena.gen == 1
+
+
+def test_an_empty_allocator_has_nothing_to_give():
+    al = Allocator(0)
+    assert al.free_ranges() == [] and al.alloc(64) is None and al.alloc(64, 2) is None
+    assert (al.free_bytes, al.largest_free, al.used) == (0, 0, 0)
