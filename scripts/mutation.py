@@ -103,7 +103,7 @@ TARGETS: dict[str, Target] = {
          cls(R, "Device", "check_range"), cls(R, "Device", "alloc_gen"), cls(R, "Device", "free"),
          cls(R, "Device", "malloc"), cls(RG, "Graph", "execute_async"), cls(RG, "Graph", "__init__"),
          cls(RG, "Graph", "_ranges"), cls(RG, "Graph", "_stale")),
-        ("tests/test_graph.py", "tests/test_streams.py", "tests/test_bad_input.py"),
+        ("tests/test_graph.py", "tests/test_streams.py", "tests/test_bad_input.py", "tests/test_host_checks.py"),
         "graph / launch-plan revalidation (device) and the runtime's check cache and graph replay check (host)"),
     "faults": Target(
         ("devices/faults.py",),
