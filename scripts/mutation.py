@@ -173,6 +173,26 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "view only passes `write` on to resolve, which does not read it",
     ("arena", f"*{M}HbmArena{M}view*", "self.resolve(ptr, nbytes, owner, )"):
         "view only passes `write` on to resolve, which does not read it",
+    ("revalidation", f"*{M}TaskGraph{M}_bind*", "gen = None"):
+        "the graph then validates and binds again on every replay (None never equals the arena's "
+        "generation): the same checks and results, only more host work per replay",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}__init__*", "self._destroyed = None"):
+        "None and False are both false: every use of _destroyed is a truth test",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}__init__*", "self._checked_gen = None"):
+        "the initial value only has to differ from every generation (>= 0): None does",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}__init__*", "self._checked_gen = -2"):
+        "the initial value only has to differ from every generation (>= 0): -2 does",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}_stale*", "self._checked_gen = None"):
+        "the host check then runs on every replay instead of once per generation: the same verdicts",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}_ranges*", "yield p, 1"):
+        "a collective's buffer pointer is its buffer's start: 0 or 1 byte from there are both inside a live "
+        "allocation (every allocation has >= 1 B) or both in freed memory; the device checks the extents",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}execute_async*", 'err.detail}", code=None)'):
+        "every error the host range check raises is a MemoryAccessError, whose default code (107000) is "
+        "the code it carries",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}execute_async*", 'err.detail}", )'):
+        "every error the host range check raises is a MemoryAccessError, whose default code (107000) is "
+        "the code it carries",
     ("faults", f"*{M}FaultState{M}_publish*", 'if t is not None else 1'):
         "_task_fail is only the lock-free fast path of take_task_failure, which then looks the fault up "
         "under the lock: with no task-fail fault active it returns False either way",

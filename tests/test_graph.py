@@ -377,7 +377,7 @@ def test_graph_and_stream_of_different_devices(rt):
     try:
         with pytest.raises(AclError) as e:
             g.execute_async(s1)
-        assert e.value.code == 107003
+        assert (e.value.code, e.value.detail) == (107003, "graph and stream belong to different devices")
     finally:
         g.destroy()
         s0.destroy()
@@ -391,7 +391,8 @@ def test_device_rejects_uncapturable_ops(rt):
     e0 = dev.event()
     with pytest.raises(CaptureError) as e:
         dev.handle.graph_create([Record(dev.default_stream.sid, e0.eid)])
-    assert e.value.code == 107030
+    assert (e.value.code, e.value.detail) == (107030, "a Record cannot be part of a captured graph (capturable: "
+                                                      "kernel launches, D2D copies, memsets, HCCL operators)")
     with pytest.raises(KernelError):
         dev.handle.graph_create([Launch(dev.default_stream.sid, "no_such_kernel")])
     e0.destroy()
@@ -502,23 +503,26 @@ def test_graph_info_is_the_bound_graph_and_its_modeled_time(dev):
     counts, the replays so far (0 before the first), and the modeled time of one replay -- the time that
     events around a replay measure, and the sum of the same ops launched eagerly."""
     s = dev.stream()
-    a = dev.from_numpy(np.ones(4096, np.float32))
-    b = dev.from_numpy(np.zeros(4096, np.float32))
-    ops = [lambda: s.launch("add", [a, a], [b], block_dim=3), lambda: s.memset(b.ptr, 0, 1024),
-           lambda: s.copy(a.ptr, b.ptr, 2048), lambda: s.launch("tg_block_info", [], [b], block_dim=2)]
+    a = dev.from_numpy(np.ones(1 << 22, np.float32))                    # 16 MiB: the graph models > 1 ms
+    b = dev.from_numpy(np.zeros(1 << 22, np.float32))
+    ops = [lambda: s.launch("add", [a, a], [b], block_dim=3)] * 40 + [
+        lambda: s.memset(b.ptr, 0, 1024), lambda: s.copy(a.ptr, b.ptr, 2048),
+        lambda: s.launch("tg_block_info", [], [b], block_dim=2)]
     s.begin_capture()
     for op in ops:
         op()
     g = s.end_capture()
     try:
+        assert (g.num_tasks, g.rebinds, g.info()["replays"]) == (43, 0, 0)
         eager_ms = sum(_modeled_ms(dev, s, op) for op in ops)
         replay_ms = _modeled_ms(dev, s, lambda: g.execute_async(s))
         info = g.info()
-        assert info == {"graph": g.gid, "tasks": 4, "replays": 1, "modeled_us": info["modeled_us"],
-                        "steps": [{"name": "add", "blocks": 3}, {"name": "memset", "blocks": 1},
-                                  {"name": "memcpy_d2d", "blocks": 1}, {"name": "tg_block_info", "blocks": 2}]}
-        assert eager_ms > 0
-        assert info["modeled_us"] == pytest.approx(replay_ms * 1e3, abs=1e-3)
+        assert info == {"graph": g.gid, "tasks": 43, "replays": 1, "modeled_us": info["modeled_us"],
+                        "steps": [{"name": "add", "blocks": 3}] * 40 + [
+                            {"name": "memset", "blocks": 1}, {"name": "memcpy_d2d", "blocks": 1},
+                            {"name": "tg_block_info", "blocks": 2}]}
+        assert info["modeled_us"] > 1000.0
+        assert info["modeled_us"] == round(replay_ms * 1e3, 3)        # microseconds, to the nanosecond
         assert info["modeled_us"] == pytest.approx(eager_ms * 1e3, abs=1e-3)
         g2 = s.begin_capture() or s.end_capture()       # an empty graph: no steps, no time, no replays
         try:
@@ -531,3 +535,56 @@ def test_graph_info_is_the_bound_graph_and_its_modeled_time(dev):
         a.free()
         b.free()
         s.destroy()
+
+
+def test_the_first_replay_after_a_free_is_checked(rt):
+    """A graph whose memory was freed between its capture and its first replay (one free: the runtime's
+    generation is 1 then) is refused on the host like any later replay; nothing is sent."""
+    dev = Runtime(rt.backend, batch_size=64).device(0)
+    assert dev.alloc_gen == 0
+    s = dev.stream()
+    x = dev.from_numpy(np.ones(64, np.float32))
+    s.begin_capture()
+    s.launch("add", [x, x], [x])
+    g = s.end_capture()
+    try:
+        x.free()
+        assert dev.alloc_gen == 1
+        dev.flush()
+        sent = dev.queue.ops_sent
+        g.execute_async(s)
+        with pytest.raises(MemoryAccessError) as e:
+            dev.flush()
+        assert e.value.code == ACL_ERROR_RT_PARAM_INVALID and e.value.detail.startswith(f"graph {g.gid} replay: ")
+        assert dev.queue.ops_sent == sent and g.info()["replays"] == 0
+    finally:
+        g.destroy()
+        s.destroy()
+
+
+def test_device_graphs_belong_to_their_tenant():
+    """On the device, a graph is its creator's tenant's: another tenant's calls name an unknown graph
+    (107017, nothing changes), another client of the same tenant may use and destroy it.  Ids start at 1
+    (0 is no graph)."""
+    from devices.device import Device, local_config
+    from devices.errors import ACL_ERROR_RT_INVALID_HANDLE
+    from devices.tenancy import Owner
+    alice, alice2, bob = Owner("alice", "a1"), Owner("alice", "a2"), Owner("bob", "b1")
+    d = Device(local_config(90, arena_bytes=1 << 20))
+    try:
+        p = d.malloc(256, owner=alice)
+        sid = d.create_stream(owner=alice)
+        x = TensorDesc(p, (64,), "float32")
+        gid = d.graph_create([Launch(sid, "add", (x, x), (x,))], owner=alice)
+        assert gid == 1
+        for call in (lambda: d.graph_info(gid, owner=bob), lambda: d.graph_destroy(gid, owner=bob)):
+            with pytest.raises(InvalidHandleError) as e:
+                call()
+            assert (e.value.code, e.value.detail) == (ACL_ERROR_RT_INVALID_HANDLE,
+                                                      f"unknown graph (model run instance) {gid}")
+        assert d.graph_info(gid, owner=alice2)["tasks"] == 1          # still there, for alice's other client
+        d.graph_destroy(gid, owner=alice2)
+        with pytest.raises(InvalidHandleError):
+            d.graph_info(gid, owner=alice)
+    finally:
+        d.close()
