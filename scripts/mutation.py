@@ -193,6 +193,17 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("revalidation", f"runtime.graph.*{M}Graph{M}execute_async*", 'err.detail}", )'):
         "every error the host range check raises is a MemoryAccessError, whose default code (107000) is "
         "the code it carries",
+    ("revalidation", f"*{M}Device{M}_plan__*", "gen = None"):
+        "a plan stamped None never matches the arena's generation: every launch is planned again (the "
+        "same checks and results, more host work)",
+    ("revalidation", f"*{M}Device{M}_plan__*", "self.cost.kernel(work, block_dim), owner, None)"):
+        "a plan stamped None never matches the arena's generation: every launch is planned again (the "
+        "same checks and results, more host work)",
+    ("revalidation", f"*{M}Device{M}_plan__*", "dict(op.attrs) if (op.attrs) or True else {}"):
+        "Launch.attrs is a dict (default {}): dict({}) is {} too",
+    ("revalidation", f"*{M}LaunchPlan{M}runner*", "cached = None"):
+        "the views are then bound again on every run, each time checked against the arena: the same "
+        "verdicts and results, more host work",
     ("faults", f"*{M}FaultState{M}_publish*", 'if t is not None else 1'):
         "_task_fail is only the lock-free fast path of take_task_failure, which then looks the fault up "
         "under the lock: with no task-fail fault active it returns False either way",

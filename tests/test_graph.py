@@ -588,3 +588,84 @@ def test_device_graphs_belong_to_their_tenant():
             d.graph_info(gid, owner=alice)
     finally:
         d.close()
+
+
+# ---------------------------------------------------------------------------------------------- device plans
+def _device(dev_id: int, arena: int = 64 << 20):
+    from devices.device import Device, local_config
+    return Device(local_config(dev_id, arena_bytes=arena))
+
+
+def _priced_ms(d, sid: int, op) -> float:
+    """Modeled time of one op on device ``d``, between two events around it."""
+    from devices.tasks import Record
+    e0, e1 = d.create_event(), d.create_event()
+    d.submit([Record(sid, e0), op, Record(sid, e1)])
+    d.synchronize_stream(sid, SYNC_MS)
+    return d.event_elapsed(e0, e1)[1]
+
+
+def test_a_launch_is_priced_on_its_own_work_and_split_by_the_default_block_rule():
+    """A launch's modeled time is the device's cost model applied to the kernel's work (a cube kernel's
+    flops; a user kernel's bytes), with block_dim 0 meaning the default rule on this chip's cores and host
+    threads -- the graph step shows the block count chosen."""
+    from devices.chip import Work
+    from devices.kernel import default_block_dim, lookup
+    d = _device(92)
+    try:
+        sid = d.create_stream()
+        a, b = d.malloc(512 * 512 * 4), d.malloc(512 * 512 * 4)
+        ta, tb = TensorDesc(a, (512, 512), "float32"), TensorDesc(b, (512, 512), "float32")
+        mm = Launch(sid, "matmul", (ta, ta), (tb,), block_dim=4)
+        k = lookup("matmul")
+        want = d.cost.kernel(k.work((ta, ta), (tb,), {}), 4) * 1e3
+        assert _priced_ms(d, sid, mm) == pytest.approx(want, rel=1e-9)
+        assert want > d.cost.kernel(Work(bytes=3 * 512 * 512 * 4), 4) * 1e3 * 1.5     # priced on flops, not bytes
+        big = d.malloc(8 << 20)
+        tbig = TensorDesc(big, (2 << 20,), "float32")
+        user = Launch(sid, "tg_fill_one", (), (tbig,))
+        assert _priced_ms(d, sid, user) == pytest.approx(d.cost.kernel(Work(bytes=8 << 20), 1) * 1e3, rel=1e-9)
+        add = Launch(sid, "add", (tbig, tbig), (tbig,))                             # block_dim 0: the default
+        expect = default_block_dim(lookup("add"), (tbig, tbig), (tbig,), {}, d.spec.ai_cores,
+                                   d.config.host_threads)
+        assert expect > 1
+        gid = d.graph_create([add])
+        assert d.graph_info(gid)["steps"] == [{"name": "add", "blocks": expect}]
+    finally:
+        d.close()
+
+
+def test_plans_check_the_callers_tenant_when_made_and_when_run():
+    """A launch is planned for its caller: another tenant's memory is refused at submit (207006, nothing
+    queued), a tenant's own kernel is found for it; a launch planned while its memory was its caller's
+    and run after that memory went to another tenant fails when it runs and leaves those bytes alone."""
+    from devices.errors import ACL_ERROR_RT_NO_PERMISSION
+    from devices.tenancy import Owner
+    alice, bob = Owner("alice", "a1"), Owner("bob", "b1")
+    d = _device(93, 1 << 20)
+    try:
+        d.register_kernel("tg_alice_fill", tg_fill_two, owner=alice)
+        pa = d.malloc(256, owner=alice)
+        sa, sb = d.create_stream(owner=alice), d.create_stream(owner=bob)
+        xa = TensorDesc(pa, (64,), "float32")
+        with pytest.raises(AclError) as e:
+            d.submit([Launch(sb, "add", (xa, xa), (xa,))], owner=bob)
+        assert e.value.code == ACL_ERROR_RT_NO_PERMISSION
+        d.synchronize_stream(sb, SYNC_MS, owner=bob)                 # nothing was queued
+        d.submit([Launch(sa, "tg_alice_fill", (), (xa,))], owner=alice)
+        d.synchronize_stream(sa, SYNC_MS, owner=alice)
+        assert d.memcpy_d2h(pa, 256, owner=alice).view(np.float32).tolist() == [2.0] * 64
+        # planned for alice, run after her memory became bob's
+        d.inject_fault("hang")
+        d.submit([Launch(sa, "tg_alice_fill", (), (xa,))], owner=alice)
+        d.free(pa, owner=alice)
+        pb = d.malloc(256, owner=bob)
+        assert pb == pa
+        d.memcpy_h2d(pb, np.full(64, 9.0, np.float32), owner=bob)
+        d.clear_fault("hang")
+        with pytest.raises(AclError) as e:
+            d.synchronize_stream(sa, SYNC_MS, owner=alice)
+        assert e.value.code == ACL_ERROR_RT_NO_PERMISSION, e.value
+        assert d.memcpy_d2h(pb, 256, owner=bob).view(np.float32).tolist() == [9.0] * 64
+    finally:
+        d.close()
