@@ -204,6 +204,26 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("revalidation", f"*{M}LaunchPlan{M}runner*", "cached = None"):
         "the views are then bound again on every run, each time checked against the arena: the same "
         "verdicts and results, more host work",
+    ("revalidation", f"*{M}LaunchPlan{M}runner*", "cached[1] == arena.gen"):
+        "a KernelRunner never equals an int: the views are bound again on every run (same verdicts and "
+        "results, more host work)",
+    ("revalidation", f"*{M}LaunchPlan{M}runner*", "a.flags.writeable = None"):
+        "numpy takes the truth value: None makes the view read-only like False",
+    ("revalidation", f"*{M}Device{M}_launch_task*", "len(self._plans) > 4096"):
+        "the bound of the plan cache (memory only): a cleared or larger cache plans again or hits, with "
+        "the same checks and results",
+    ("revalidation", f"*{M}Device{M}_launch_task*", "len(self._plans) >= 4097"):
+        "the bound of the plan cache (memory only): a cleared or larger cache plans again or hits, with "
+        "the same checks and results",
+    ("revalidation", f"*{M}Device{M}_launch_task*", "if key is None:"):
+        "the plan cache then misses (or is never consulted) and the launch is planned again: the same "
+        "checks and results, more host work",
+    ("revalidation", f"*{M}Device{M}_launch_task*", "self._plans.get(key) if key is None else None"):
+        "the plan cache then misses (or is never consulted) and the launch is planned again: the same "
+        "checks and results, more host work",
+    ("revalidation", f"*{M}Device{M}_launch_task*", "self._plans.get(None)"):
+        "the plan cache then misses (or is never consulted) and the launch is planned again: the same "
+        "checks and results, more host work",
     ("faults", f"*{M}FaultState{M}_publish*", 'if t is not None else 1'):
         "_task_fail is only the lock-free fast path of take_task_failure, which then looks the fault up "
         "under the lock: with no task-fail fault active it returns False either way",
