@@ -124,3 +124,39 @@ def test_a_runtime_free_is_checked_on_the_host_and_pool_memory_is_not_freed_raw(
         finally:
             dev.free(p)
             dev.free(q)
+
+
+def test_the_host_counts_each_accepted_launch_once_and_caches_only_good_checks(rt):
+    """``host_stats.launches`` counts launches the host accepted (a refused one is not queued, not
+    counted); a refused launch is not remembered as checked: the same bad launch is refused again, and
+    the good one that follows is accepted and runs."""
+    dev = rt.device(0)
+    s = dev.stream()
+    x = dev.from_numpy(np.ones(64, np.float32))
+    small = dev.from_numpy(np.ones(16, np.float32))
+    try:
+        before = dev.host_stats.launches
+        for _ in range(3):
+            s.launch("add", [x, x], [x])
+        assert dev.host_stats.launches == before + 3
+        bad = _over_desc(small)
+        for _ in range(2):
+            with pytest.raises(MemoryAccessError) as ei:
+                s.launch("add", [bad, bad], [bad])
+            assert ei.value.detail.startswith(f"access of 256 B at 0x{small.ptr:x} overruns")
+        assert dev.host_stats.launches == before + 3
+        s.launch("add", [small, small], [small])
+        s.synchronize(20_000)
+        np.testing.assert_array_equal(x.numpy(), np.full(64, 8.0, np.float32))
+        np.testing.assert_array_equal(small.numpy(), np.full(16, 2.0, np.float32))
+        assert dev.host_stats.launches == before + 4
+    finally:
+        x.free()
+        small.free()
+        s.destroy()
+
+
+def _over_desc(t):
+    """A descriptor that claims 64 float32 at a 16-element tensor's address."""
+    from devices.kernel import TensorDesc
+    return TensorDesc(t.ptr, (64,), "float32")
