@@ -141,6 +141,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("arena", f"*{M}HbmArena{M}_bump*", "self.gen += 2"):
         "generations are only compared for equality with a cached one (plans, views, same-node clients' "
         "range checks): steps of 2 keep them distinct and increasing",
+    ("arena", f"*{M}HbmArena{M}free*", "self._freed.popitem(last=None)"):
+        "popitem takes the truth value of last: None pops the oldest entry like False",
     ("arena", f"*{M}HbmArena{M}_forget_freed*", "bisect.bisect_left(fs, off + nbytes, )"):
         "lo=i is only a search hint: off + nbytes > off, so the insertion point is at or after i either way",
     ("arena", f"*{M}Allocator{M}_take*", "i += 2"):
