@@ -934,8 +934,12 @@ def test_an_arena_never_closed_is_unlinked_when_its_process_exits():
     """A process that exits without closing its arena (normal exit, not SIGKILL) leaves no segment."""
     import subprocess
     import sys
+    import devices
     code = "from devices.arena import HbmArena; a = HbmArena(3, 4096); print(a.path, flush=True)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(devices.__file__)))    # the code this test imported
+    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=here, env=env)
     path = out.stdout.strip()
     assert path.startswith("/dev/shm/") and not os.path.exists(path)
 
