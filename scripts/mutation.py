@@ -226,6 +226,48 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("revalidation", f"*{M}Device{M}_launch_task*", "self._plans.get(None)"):
         "the plan cache then misses (or is never consulted) and the launch is planned again: the same "
         "checks and results, more host work",
+    ("revalidation", f"*{M}Device{M}_plan__*", "block_dim or 2)"):
+        "check_launch only checks that block_dim is in [1, 65535]: 1 and 2 both are",
+    ("revalidation", f"*{M}Stream{M}launch*", "block_dim or 2)"):
+        "check_launch only checks that block_dim is in [1, 65535]: 1 and 2 both are",
+    ("revalidation", f"*{M}LaunchPlan{M}runner*", "gen = None"):
+        "views stamped None never match the arena's generation: they are bound again on every run (same "
+        "verdicts and results, more host work)",
+    ("revalidation", f"*{M}AllocTable{M}add*", "bisect_right(fs, ptr) - 2)"):
+        "freed ranges are disjoint (an allocation forgets those it overlaps, and later frees come from "
+        "allocations disjoint from it): the range before the one at or below ptr ends before it, and the "
+        "overlap test skips it",
+    ("revalidation", f"*{M}Stream{M}launch*", "key = None"):
+        "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "tuple(sorted(attrs.items())) if (attrs) or True else ()"):
+        "attrs is a dict here: sorted items of an empty one are () as well",
+    ("revalidation", f"*{M}Stream{M}launch*", "tuple(None) if attrs else ()"):
+        "the TypeError is caught as for unhashable attrs: no caching, " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "tuple(sorted(None)) if attrs else ()"):
+        "the TypeError is caught as for unhashable attrs: no caching, " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "hit[1] != dev.allocs.gen"):
+        "a KernelDef never equals an int: " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "or hit[1] is k:"):
+        "only a user kernel can change under its name (built-ins are immutable), and check_launch checks "
+        "nothing kernel-specific for user kernels; the ranges are keyed on the generation: a changed kernel "
+        "would pass the same checks, an unchanged one is " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "if key is None:"):
+        "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "len(dev.checked) >= 8192"):
+        "the bound of the check cache (memory only): " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "len(dev.checked) > 8193"):
+        "the bound of the check cache (memory only): " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "dev.checked[key] = None"):
+        "an entry of None reads as a miss: " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
     ("faults", f"*{M}FaultState{M}_publish*", 'if t is not None else 1'):
         "_task_fail is only the lock-free fast path of take_task_failure, which then looks the fault up "
         "under the lock: with no task-fail fault active it returns False either way",

@@ -631,6 +631,15 @@ def test_a_launch_is_priced_on_its_own_work_and_split_by_the_default_block_rule(
         assert expect > 1
         gid = d.graph_create([add])
         assert d.graph_info(gid)["steps"] == [{"name": "add", "blocks": expect}]
+        # a kernel whose work depends on its attrs (transposes): priced and split on them
+        q = d.malloc(8 * 64 * 64 * 4)
+        t3 = TensorDesc(q, (8, 64, 64), "float32")
+        attrs = {"transpose_a": True, "transpose_b": False}
+        bmm = Launch(sid, "batch_matmul", (t3, t3), (t3,), attrs)
+        kb = lookup("batch_matmul")
+        blocks = default_block_dim(kb, (t3, t3), (t3,), attrs, d.spec.ai_cores, d.config.host_threads)
+        assert _priced_ms(d, sid, bmm) == pytest.approx(
+            d.cost.kernel(kb.work((t3, t3), (t3,), attrs), blocks) * 1e3, rel=1e-9)
     finally:
         d.close()
 

@@ -160,3 +160,40 @@ def _over_desc(t):
     """A descriptor that claims 64 float32 at a 16-element tensor's address."""
     from devices.kernel import TensorDesc
     return TensorDesc(t.ptr, (64,), "float32")
+
+
+def test_launch_defaults_other_devices_and_the_host_time_it_accounts(rt):
+    """A launch without block_dim leaves the split to the device's default rule (a large add gets more
+    than one block); a pointer of another device is refused at the call with both devices named; the host
+    time spent queuing launches only grows, by no more than the time the calls took."""
+    import time
+    from devices.kernel import TensorDesc
+    dev, other = rt.device(0), rt.device(1)
+    s = dev.stream()
+    big = dev.from_numpy(np.ones(1 << 21, np.float32))
+    far = other.from_numpy(np.ones(64, np.float32))
+    try:
+        s.begin_capture()
+        s.launch("add", [big, big], [big])
+        g = s.end_capture()
+        info = g.info()
+        assert info["steps"][0]["name"] == "add" and info["steps"][0]["blocks"] > 1
+        g.destroy()
+        d = TensorDesc(far.ptr, (64,), "float32")
+        with pytest.raises(MemoryAccessError) as ei:
+            s.launch("add", [d, d], [d])
+        assert ei.value.detail == (f"pointer 0x{far.ptr:x} belongs to device {other.physical_id}, not device "
+                                   f"{dev.physical_id}")
+        hs = dev.host_stats
+        t0, before = time.perf_counter(), hs.launch_s
+        seen = [before]
+        for _ in range(20):
+            s.launch("add", [big, big], [big])
+            seen.append(hs.launch_s)
+        total = time.perf_counter() - t0
+        assert seen == sorted(seen) and 0.0 < seen[-1] - before <= total
+        s.synchronize(20_000)
+    finally:
+        big.free()
+        far.free()
+        s.destroy()
