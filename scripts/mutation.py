@@ -18,7 +18,10 @@ process) -- mutants never reach Ray actors or subprocesses, and ``-m "not cluste
 Usage: ``scripts/mutation.sh [target ...]`` (default: every target); ``--json FILE`` also writes the
 numbers; ``--keep`` keeps the scratch directories (``mutmut results`` / ``mutmut show NAME`` there);
 ``--cap-s N`` stops each target's run after N seconds and scores the mutants checked by then (mutmut
-records each verdict as it comes; the rest are reported as ``not_run`` -- a partial score, said so).
+records each verdict as it comes; the rest are reported as ``not_run`` -- a partial score, said so);
+``--resume DIR`` (one target) takes a scratch directory kept by ``--keep``, refreshes its copy of the
+working tree (new tests) and runs only the mutants that survived there or were not run, then scores the
+whole directory (the mutants killed before keep their verdict: the mutated code has not changed).
 """
 from __future__ import annotations
 
@@ -100,7 +103,7 @@ TARGETS: dict[str, Target] = {
          cls(R, "Device", "check_range"), cls(R, "Device", "alloc_gen"), cls(R, "Device", "free"),
          cls(R, "Device", "malloc"), cls(RG, "Graph", "execute_async"), cls(RG, "Graph", "__init__"),
          cls(RG, "Graph", "_ranges"), cls(RG, "Graph", "_stale")),
-        ("tests/test_graph.py", "tests/test_streams.py", "tests/test_bad_input.py"),
+        ("tests/test_graph.py", "tests/test_streams.py", "tests/test_bad_input.py", "tests/test_host_checks.py"),
         "graph / launch-plan revalidation (device) and the runtime's check cache and graph replay check (host)"),
     "faults": Target(
         ("devices/faults.py",),
@@ -135,6 +138,136 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "np.prod of Python ints accumulates in int64 by default on 64-bit Linux: the same dtype",
     ("arena", f"*{M}HbmArena{M}typed_view*", "np.prod(shape, ))"):
         "np.prod of Python ints accumulates in int64 by default on 64-bit Linux: the same dtype",
+    ("arena", f"*{M}HbmArena{M}_bump*", "self.gen += 2"):
+        "generations are only compared for equality with a cached one (plans, views, same-node clients' "
+        "range checks): steps of 2 keep them distinct and increasing",
+    ("arena", f"*{M}HbmArena{M}free*", "self._freed.popitem(last=None)"):
+        "popitem takes the truth value of last: None pops the oldest entry like False",
+    ("arena", f"*{M}HbmArena{M}_forget_freed*", "bisect.bisect_left(fs, off + nbytes, )"):
+        "lo=i is only a search hint: off + nbytes > off, so the insertion point is at or after i either way",
+    ("arena", f"*{M}Allocator{M}_take*", "i += 2"):
+        "a free remainder above the block exists only when the range ends off the 64 B grid, i.e. the "
+        "arena's last range (blocks start and end on the grid): no free range follows it, so inserting one "
+        "index further still appends it",
+    ("arena", f"*{M}HbmArena{M}__init__*", "self._hdr = np.frombuffer(self._mm, dtype=np.uint64, offset=size)"):
+        "without count the header view is all 512 words of the 4096-byte header: words 0 and 1 are the same",
+    ("arena", f"*{M}HbmArena{M}__init__*", "os.O_CREAT | os.O_EXCL | os.O_RDWR, )"):
+        "the fchmod(fd, 0o600) that follows sets the mode whatever the creation mode and umask (tested)",
+    ("arena", f"*{M}HbmArena{M}__init__*", "os.O_CREAT | os.O_EXCL | os.O_RDWR, 385)"):
+        "the fchmod(fd, 0o600) that follows sets the mode whatever the creation mode and umask (tested)",
+    ("arena", f"*{M}HbmArena{M}__init__*", "dtype=np.uint64, count=3, offset=size)"):
+        "the header is 4096 bytes: a 3-word view of it still has words 0 and 1 where they were",
+    ("arena", f"*{M}HbmArena{M}__init__*", "self._closed = None"):
+        "None and False are both false: every use of _closed is a truth test",
+    ("arena", f"*{M}HbmArena{M}__init__*", "self.epoch = 1"):
+        "an epoch is only compared for equality with one a caller read from the same arena earlier",
+    ("arena", f"*{M}Allocator{M}__init__*", "{0: total} if (total) or True else {}"):
+        "an empty allocator's {0: 0} entry has no start listed: nothing iterates it, and largest_free is 0 "
+        "either way",
+    ("arena", f"*{M}HbmArena{M}close*", "segments.untrack(None)"):
+        "close has unlinked the segment already; the exit hook skips names that are gone (names carry a "
+        "random token: never reused)",
+    ("arena", f"*{M}HbmArena{M}resolve*", "write: bool = True"):
+        "resolve does not read `write` (kept for the access API's signature)",
+    ("arena", f"*{M}HbmArena{M}view*", "write: bool = True"):
+        "view only passes `write` on to resolve, which does not read it",
+    ("arena", f"*{M}HbmArena{M}view*", "self.resolve(ptr, nbytes, owner, None)"):
+        "view only passes `write` on to resolve, which does not read it",
+    ("arena", f"*{M}HbmArena{M}view*", "self.resolve(ptr, nbytes, owner, )"):
+        "view only passes `write` on to resolve, which does not read it",
+    ("revalidation", f"*{M}TaskGraph{M}_bind*", "gen = None"):
+        "the graph then validates and binds again on every replay (None never equals the arena's "
+        "generation): the same checks and results, only more host work per replay",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}__init__*", "self._destroyed = None"):
+        "None and False are both false: every use of _destroyed is a truth test",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}__init__*", "self._checked_gen = None"):
+        "the initial value only has to differ from every generation (>= 0): None does",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}__init__*", "self._checked_gen = -2"):
+        "the initial value only has to differ from every generation (>= 0): -2 does",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}_stale*", "self._checked_gen = None"):
+        "the host check then runs on every replay instead of once per generation: the same verdicts",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}_ranges*", "yield p, 1"):
+        "a collective's buffer pointer is its buffer's start: 0 or 1 byte from there are both inside a live "
+        "allocation (every allocation has >= 1 B) or both in freed memory; the device checks the extents",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}execute_async*", 'err.detail}", code=None)'):
+        "every error the host range check raises is a MemoryAccessError, whose default code (107000) is "
+        "the code it carries",
+    ("revalidation", f"runtime.graph.*{M}Graph{M}execute_async*", 'err.detail}", )'):
+        "every error the host range check raises is a MemoryAccessError, whose default code (107000) is "
+        "the code it carries",
+    ("revalidation", f"*{M}Device{M}_plan__*", "gen = None"):
+        "a plan stamped None never matches the arena's generation: every launch is planned again (the "
+        "same checks and results, more host work)",
+    ("revalidation", f"*{M}Device{M}_plan__*", "self.cost.kernel(work, block_dim), owner, None)"):
+        "a plan stamped None never matches the arena's generation: every launch is planned again (the "
+        "same checks and results, more host work)",
+    ("revalidation", f"*{M}Device{M}_plan__*", "dict(op.attrs) if (op.attrs) or True else {}"):
+        "Launch.attrs is a dict (default {}): dict({}) is {} too",
+    ("revalidation", f"*{M}LaunchPlan{M}runner*", "cached = None"):
+        "the views are then bound again on every run, each time checked against the arena: the same "
+        "verdicts and results, more host work",
+    ("revalidation", f"*{M}LaunchPlan{M}runner*", "cached[1] == arena.gen"):
+        "a KernelRunner never equals an int: the views are bound again on every run (same verdicts and "
+        "results, more host work)",
+    ("revalidation", f"*{M}LaunchPlan{M}runner*", "a.flags.writeable = None"):
+        "numpy takes the truth value: None makes the view read-only like False",
+    ("revalidation", f"*{M}Device{M}_launch_task*", "len(self._plans) > 4096"):
+        "the bound of the plan cache (memory only): a cleared or larger cache plans again or hits, with "
+        "the same checks and results",
+    ("revalidation", f"*{M}Device{M}_launch_task*", "len(self._plans) >= 4097"):
+        "the bound of the plan cache (memory only): a cleared or larger cache plans again or hits, with "
+        "the same checks and results",
+    ("revalidation", f"*{M}Device{M}_launch_task*", "if key is None:"):
+        "the plan cache then misses (or is never consulted) and the launch is planned again: the same "
+        "checks and results, more host work",
+    ("revalidation", f"*{M}Device{M}_launch_task*", "self._plans.get(key) if key is None else None"):
+        "the plan cache then misses (or is never consulted) and the launch is planned again: the same "
+        "checks and results, more host work",
+    ("revalidation", f"*{M}Device{M}_launch_task*", "self._plans.get(None)"):
+        "the plan cache then misses (or is never consulted) and the launch is planned again: the same "
+        "checks and results, more host work",
+    ("revalidation", f"*{M}Device{M}_plan__*", "block_dim or 2)"):
+        "check_launch only checks that block_dim is in [1, 65535]: 1 and 2 both are",
+    ("revalidation", f"*{M}Stream{M}launch*", "block_dim or 2)"):
+        "check_launch only checks that block_dim is in [1, 65535]: 1 and 2 both are",
+    ("revalidation", f"*{M}LaunchPlan{M}runner*", "gen = None"):
+        "views stamped None never match the arena's generation: they are bound again on every run (same "
+        "verdicts and results, more host work)",
+    ("revalidation", f"*{M}AllocTable{M}add*", "bisect_right(fs, ptr) - 2)"):
+        "freed ranges are disjoint (an allocation forgets those it overlaps, and later frees come from "
+        "allocations disjoint from it): the range before the one at or below ptr ends before it, and the "
+        "overlap test skips it",
+    ("revalidation", f"*{M}Stream{M}launch*", "key = None"):
+        "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "tuple(sorted(attrs.items())) if (attrs) or True else ()"):
+        "attrs is a dict here: sorted items of an empty one are () as well",
+    ("revalidation", f"*{M}Stream{M}launch*", "tuple(None) if attrs else ()"):
+        "the TypeError is caught as for unhashable attrs: no caching, " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "tuple(sorted(None)) if attrs else ()"):
+        "the TypeError is caught as for unhashable attrs: no caching, " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "hit[1] != dev.allocs.gen"):
+        "a KernelDef never equals an int: " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "or hit[1] is k:"):
+        "only a user kernel can change under its name (built-ins are immutable), and check_launch checks "
+        "nothing kernel-specific for user kernels; the ranges are keyed on the generation: a changed kernel "
+        "would pass the same checks, an unchanged one is " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "if key is None:"):
+        "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "len(dev.checked) >= 8192"):
+        "the bound of the check cache (memory only): " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "len(dev.checked) > 8193"):
+        "the bound of the check cache (memory only): " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
+    ("revalidation", f"*{M}Stream{M}launch*", "dev.checked[key] = None"):
+        "an entry of None reads as a miss: " + "the host check cache then misses (or is bypassed) and the launch is checked again: the same "
+        "verdicts, more host work",
     ("faults", f"*{M}FaultState{M}_publish*", 'if t is not None else 1'):
         "_task_fail is only the lock-free fast path of take_task_failure, which then looks the fault up "
         "under the lock: with no task-fail fault active it returns False either way",
@@ -173,7 +306,7 @@ def copy_tree(dst: Path) -> None:
         if src.is_file():
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst / f)
-    shutil.copytree(ROOT / "driver" / "_gen", dst / "driver" / "_gen")
+    shutil.copytree(ROOT / "driver" / "_gen", dst / "driver" / "_gen", dirs_exist_ok=True)
 
 
 def configure(dst: Path, t: Target) -> None:
@@ -240,8 +373,10 @@ def _mutmut(work: Path, env: dict, args: list[str], log: Path, cap_s: float | No
                 p.wait()
 
 
-def run_target(name: str, t: Target, jobs: int, keep: bool, cap_s: float | None = None) -> dict:
-    work = Path(tempfile.mkdtemp(prefix=f"vnpu-mutation-{name}-"))
+def run_target(name: str, t: Target, jobs: int, keep: bool, cap_s: float | None = None,
+               resume: Path | None = None) -> dict:
+    work = resume or Path(tempfile.mkdtemp(prefix=f"vnpu-mutation-{name}-"))
+    keep = keep or resume is not None
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                VNPU_HOME=str(work / ".vnpu-home"), PYTHONDONTWRITEBYTECODE="1")
     env.pop("RAY_ADDRESS", None)
@@ -250,7 +385,11 @@ def run_target(name: str, t: Target, jobs: int, keep: bool, cap_s: float | None 
         copy_tree(work)
         configure(work, t)
         log = work / "mutmut.log"
-        rc, capped = _mutmut(work, env, ["run", "--max-children", str(jobs), *t.functions], log, cap_s)
+        names = list(t.functions)
+        if resume is not None:       # only what survived or was not run (a killed mutant stays killed)
+            names = sorted(m for m, v in results(work, t).items() if v in (SURVIVED, NOT_RUN))
+        rc, capped = (_mutmut(work, env, ["run", "--max-children", str(jobs), *names], log, cap_s) if names
+                      else (0, False))
         verdicts = results(work, t)
         not_run = sum(1 for v in verdicts.values() if v == NOT_RUN)
         verdicts = {k: v for k, v in verdicts.items() if v != NOT_RUN}
@@ -258,7 +397,8 @@ def run_target(name: str, t: Target, jobs: int, keep: bool, cap_s: float | None 
             tail = log.read_text(errors="replace")[-3000:]
             return {"target": name, "error": f"mutmut exited {rc}" + (" (capped)" if capped else ""),
                     "log_tail": tail}
-        survivors, equivalent = [], []
+        survivors: list[dict] = []
+        equivalent: list[dict] = []
         for m, v in sorted(verdicts.items()):
             if v not in (KILLED, TIMEOUT):
                 diff = show(work, m, env)
@@ -289,7 +429,13 @@ def main(argv=None) -> int:
     ap.add_argument("--goal", type=float, default=0.90)
     ap.add_argument("--cap-s", type=float, default=None,
                     help="stop each target after this many seconds; score the mutants checked by then")
+    ap.add_argument("--resume", metavar="DIR", type=Path, default=None,
+                    help="(one target) a scratch directory kept by --keep: re-run its survivors and the "
+                         "mutants not run, against the current tests")
     a = ap.parse_args(argv)
+    if a.resume is not None and (len(a.targets) != 1 or not (a.resume / "mutants").is_dir()):
+        print("mutation: error: --resume takes one target and a directory kept by --keep", file=sys.stderr)
+        return 2
     bad = [x for x in a.targets if x not in TARGETS]
     if bad:
         print(f"mutation: error: unknown target {', '.join(bad)} (known: {', '.join(TARGETS)})", file=sys.stderr)
@@ -298,7 +444,7 @@ def main(argv=None) -> int:
     for name in a.targets or list(TARGETS):
         t = TARGETS[name]
         print(f"== {name}: {t.doc}", flush=True)
-        r = run_target(name, t, a.jobs, a.keep, a.cap_s)
+        r = run_target(name, t, a.jobs, a.keep, a.cap_s, a.resume)
         report.append(r)
         if "error" in r:
             print(f"   FAILED: {r['error']}\n{r['log_tail']}", flush=True)

@@ -628,3 +628,341 @@ def test_attach_checks_the_name_and_whose_hbm_it_is(arena):
             attach(other.name, other.size, device_id=other.device_id)
     finally:
         other.close()
+
+
+# ------------------------------------------------------------------------------------------ what a rejection says
+def test_every_rejection_carries_its_cann_code_and_the_detail_a_user_reads(arena):
+    """The detail of each refusal is what a user debugging a bad pointer reads (``AclError.detail``, the
+    text after the ``[code NAME]`` prefix): which pointer, which device, how many bytes were asked and how
+    many are left.  Each one is pinned exactly, with its class and CANN code."""
+    from devices.arena import ptr_device
+    from devices.errors import ACL_ERROR_RT_NO_PERMISSION
+    from devices.tenancy import Owner
+    d = arena.device_id
+    p = arena.malloc(300)                                    # block 384 B at offset 0 of a fresh arena
+    q = arena.malloc(64)
+    owned = arena.malloc(64, owner=Owner("alice", "a1"))
+    arena.free(q)
+    assert off(p) == 0 and block_size(300) == 384
+    free_now = arena.stats().free
+    cases = [
+        (lambda: arena.malloc(0), InvalidParamError, 107000, "malloc size must be a positive integer, got 0"),
+        (lambda: arena.malloc(True), InvalidParamError, 107000, "malloc size must be a positive integer, got True"),
+        (lambda: arena.malloc(64, policy=-1), AclError, 107018, "invalid malloc policy -1"),
+        (lambda: arena.malloc(64, placement=3), InvalidParamError, 107000,
+         "unknown placement hint 3 (known: 0 = best-fit, 1 = low, 2 = high)"),
+        (lambda: arena.malloc(2 * MIB), MemoryAllocationError, 207001,
+         f"device {d}: cannot allocate {2 * MIB} B ({2 * MIB} B reserved); free {free_now} B, "
+         f"largest free block {arena.stats().largest_free} B"),
+        (lambda: arena.free(p + 64), InvalidParamError, 107000,
+         f"free of 0x{p + 64:x}: not the start of an allocation on device {d}"),
+        (lambda: arena.free(q), type(error_for_code(207002)), 207002, f"double free of 0x{q:x} on device {d}"),
+        (lambda: arena.free(owned, Owner("bob", "b1")), AclError, ACL_ERROR_RT_NO_PERMISSION,
+         f"0x{owned:x} belongs to another tenant"),
+        (lambda: arena.view(owned, 1, Owner("bob", "b1")), AclError, ACL_ERROR_RT_NO_PERMISSION,
+         f"0x{owned:x} belongs to another tenant"),
+        (lambda: arena.view(p, 301), MemoryAccessError, 107000,
+         f"access of 301 B at 0x{p:x} overruns its allocation (300 B at 0x{p:x}, 300 B left)"),
+        (lambda: arena.view(p + 299, 2), MemoryAccessError, 107000,
+         f"access of 2 B at 0x{p + 299:x} overruns its allocation (300 B at 0x{p:x}, 1 B left)"),
+        (lambda: arena.view(p + 300, 1), MemoryAccessError, 107000,
+         f"0x{p + 300:x} is past the end of the 300 B allocation at 0x{p:x}"),
+        (lambda: arena.view(q + 8, 1), MemoryAccessError, 107000,
+         f"0x{q + 8:x} on device {d} points to freed memory (use after free)"),
+        (lambda: arena.view(q + 64, 1), MemoryAccessError, 107000,          # the freed one's 64 B ended there
+         f"0x{q + 64:x} on device {d} points to no live allocation"),
+        (lambda: arena.view(make_ptr(d, 512 * KIB), 1), MemoryAccessError, 107000,
+         f"0x{make_ptr(d, 512 * KIB):x} on device {d} points to no live allocation"),
+        (lambda: arena.resolve(p, -1), InvalidParamError, 107000, "negative length -1"),
+        (lambda: arena.view(make_ptr(d + 1, 0), 1), MemoryAccessError, 107000,
+         f"pointer 0x{make_ptr(d + 1, 0):x} belongs to device {d + 1}, not device {d}"),
+        (lambda: ptr_device(12345), InvalidParamError, 107000, "0x3039 is not a device pointer"),
+        (lambda: ptr_device("p"), InvalidParamError, 107000, "'p' is not a device pointer"),
+        (lambda: arena.typed_view(p + 2, (2,), np.float32), type(error_for_code(107008)), 107008,
+         f"0x{p + 2:x} is not aligned to 4 B for float32"),
+    ]
+    for call, cls, code, detail in cases:
+        with pytest.raises(AclError) as ei:
+            call()
+        assert (type(ei.value), ei.value.code, ei.value.detail) == (cls, code, detail)
+    # and none of them changed anything: the same allocations, the same free space
+    assert [a.offset for a in arena.live_allocations()] == [off(p), off(owned)]
+    assert arena.stats().free == free_now
+    arena.close()
+    with pytest.raises(AclError) as ei:
+        arena.malloc(64)
+    assert (ei.value.code, ei.value.detail) == (207004, f"device {d} arena is closed")
+
+
+def test_free_checks_the_tenant_and_a_reset_epoch(arena):
+    """Another tenant's free is refused and frees nothing (the same tenant's other client may free); a
+    free naming the current epoch frees, one naming an epoch a reset ended is a no-op -- the offset may
+    hold someone else's allocation by now."""
+    from devices.tenancy import Owner
+    p = arena.malloc(64, owner=Owner("alice", "a1"))
+    with pytest.raises(AclError) as ei:
+        arena.free(p, Owner("bob", "b1"))
+    assert ei.value.code == 207006
+    assert arena.stats().allocations == 1 and arena.used_by(Owner("alice", "a1")) == block_size(64)
+    arena.free(p, Owner("alice", "a2"), epoch=arena.epoch)
+    assert arena.stats().allocations == 0 and arena.used_by(Owner("alice")) == 0
+    old = arena.malloc(64)
+    stale = arena.epoch
+    arena.reset()
+    new = arena.malloc(64)
+    assert new == old                                      # the same offset, another allocation
+    arena.free(old, epoch=stale)                           # the allocation it names is gone: nothing happens
+    assert [a.offset for a in arena.live_allocations()] == [off(new)]
+    arena.free(new, epoch=arena.epoch)
+    assert arena.stats().allocations == 0
+
+
+def test_quota_is_reserved_bytes_per_charged_tenant_up_to_the_byte(arena):
+    """``quota`` caps the reserved bytes of the charged tenant: an allocation that brings it to exactly
+    the quota fits, one byte of block more does not (207001 with the tenant's numbers); ``charge`` moves
+    the count to another tenant; 0 means no quota; a free gives the bytes back to whoever was charged."""
+    b = block_size(100)                                       # 192
+    q = 2 * b
+    x = arena.malloc(100, owner="t", quota=q)
+    y = arena.malloc(100, owner="t", quota=q)                 # exactly at the quota
+    assert arena.used_by("t") == q
+    with pytest.raises(MemoryAllocationError) as ei:
+        arena.malloc(1, owner="t", quota=q)
+    assert ei.value.detail == (f"device {arena.device_id}: tenant 't' holds {q} B of its {q} B HBM quota; "
+                               f"1 B ({block_size(1)} B reserved) do not fit")
+    arena.malloc(100, owner="t", quota=q + b)                 # a larger quota: fits again
+    arena.malloc(100, owner="t")                              # no quota: no limit
+    assert arena.used_by("t") == 4 * b
+    arena.free(x)
+    assert arena.used_by("t") == 3 * b
+    # charged to another tenant: counts there, not against the owner
+    c = arena.malloc(100, owner="u", charge="payer", quota=b)
+    assert arena.used_by("payer") == b and arena.used_by("u") == 0
+    with pytest.raises(MemoryAllocationError) as ei:
+        arena.malloc(100, owner="u", charge="payer", quota=b)
+    assert "tenant 'payer' holds 192 B of its 192 B HBM quota" in ei.value.detail
+    arena.malloc(100, owner="u", quota=b)                     # u's own count is empty
+    arena.free(c)
+    assert arena.used_by("payer") == 0 and arena.used_by("u") == b
+    arena.free(y)
+
+
+def test_ecc_poison_fails_exactly_the_accesses_that_touch_it():
+    """An ECC range ``[s, e)`` fails every access that overlaps it -- a zero-length access at a poisoned
+    byte included -- with 507054 and where, and no access that ends at ``s`` or starts at ``e``."""
+    from devices.faults import FaultState
+    size = 64 * KIB
+    fs = FaultState(size, 7)
+    a = HbmArena(next(_dev_ids), size, faults=fs)
+    try:
+        p = a.malloc(256)
+        other = a.malloc(256)
+        a.view(p, 256)[:] = 9
+        fs.apply("ecc", {"offset": off(p) + 64, "length": 16})         # bytes 64..79 of p
+        bad = [(p, 256), (p + 63, 2), (p + 79, 1), (p + 64, 0), (p + 70, 4), (p + 79, 0)]
+        good = [(p, 64), (p + 63, 1), (p + 80, 16), (p + 80, 0), (p + 48, 16), (other, 256)]
+        for ptr, n in bad:
+            with pytest.raises(AclError) as ei:
+                a.resolve(ptr, n)
+            assert (ei.value.code, ei.value.detail) == (
+                507054, f"uncorrectable HBM ECC error at device {a.device_id} offset 0x{off(p) + 64:x}"), (ptr - p, n)
+        for ptr, n in good:
+            assert a.resolve(ptr, n) == off(ptr)
+        assert bytes(a.view(p + 80, 4)) == b"\x09" * 4
+        fs.clear("ecc")
+        assert bytes(a.view(p, 256)) == b"\x09" * 256
+    finally:
+        a.close()
+
+
+def test_every_overwritten_canary_is_counted_at_its_free(arena):
+    """The guard bytes between an allocation's end and its block's end are checked at free: each
+    allocation whose guard was written (a kernel writing past the end, seen through the raw mapping)
+    counts once, an intact one not at all."""
+    ps = [arena.malloc(100) for _ in range(4)]
+    for p in ps[:3]:
+        arena.buf[off(p) + 100 + 5] ^= 0xFF                 # one byte of the guard, past the accessible end
+    arena.free(ps[3])
+    assert arena.stats().canary_violations == 0
+    for i, p in enumerate(ps[:3]):
+        arena.free(p)
+        assert arena.stats().canary_violations == i + 1
+
+
+def test_the_freed_history_keeps_the_last_65536_frees():
+    """Double-free and use-after-free diagnoses remember the most recent 65536 freed starts (bounded
+    memory on a long-lived device): after one free more, the oldest is forgotten -- freeing it again is
+    "not the start of an allocation" (107000) and reading it "no live allocation" -- the next oldest and the
+    newest are still known."""
+    n = 65536 + 1
+    a = HbmArena(next(_dev_ids), (n + 1) * 64, shared=False)
+    try:
+        ps = [a.malloc(1) for _ in range(n)]                 # 64 B blocks, never reused below
+        for p in ps:
+            a.free(p)
+        codes = []
+        for p in (ps[0], ps[1], ps[-1]):
+            with pytest.raises(AclError) as ei:
+                a.free(p)
+            codes.append(ei.value.code)
+        assert codes == [107000, 207002, 207002]
+        with pytest.raises(MemoryAccessError, match="no live allocation"):
+            a.view(ps[0], 1)
+        with pytest.raises(MemoryAccessError, match="use after free"):
+            a.view(ps[1], 1)
+    finally:
+        a.close()
+
+
+# ------------------------------------------------------------------------------------------ placement
+def test_placements_choose_the_range_and_its_end():
+    """Free ranges [0, 512), [640, 768) and [896, 4096): best fit takes the smallest range that fits (the
+    lowest of equal ones) at its bottom, PLACEMENT_LOW the lowest range that fits, PLACEMENT_HIGH the top of
+    the highest one; what is left of a range stays free, in address order."""
+    from devices.arena import PLACEMENT_HIGH, PLACEMENT_LOW
+    def layout():
+        al = Allocator(4096)
+        assert [al.alloc(n) for n in (512, 128, 128, 128)] == [0, 512, 640, 768]
+        al.release(0, 512)
+        al.release(640, 128)
+        assert al.free_ranges() == [(0, 512), (640, 128), (896, 3200)]
+        return al
+    al = layout()
+    assert al.alloc(64) == 640 and al.free_ranges() == [(0, 512), (704, 64), (896, 3200)]
+    al = layout()
+    assert al.alloc(64, PLACEMENT_LOW) == 0 and al.free_ranges() == [(64, 448), (640, 128), (896, 3200)]
+    al = layout()
+    assert al.alloc(192, PLACEMENT_HIGH) == 3904 and al.free_ranges() == [(0, 512), (640, 128), (896, 3008)]
+    assert al.used == 256 + 192
+    al = layout()
+    assert al.alloc(4096, PLACEMENT_HIGH) is None and al.alloc(4096) is None
+    # equal ranges: best fit takes the lowest
+    al = Allocator(1024)
+    assert [al.alloc(n) for n in (256, 64, 256, 64)] == [0, 256, 320, 576]
+    al.release(0, 256)
+    al.release(320, 256)
+    assert al.alloc(128) == 0 and al.free_ranges() == [(128, 128), (320, 256), (640, 384)]
+
+
+def test_high_placement_aligns_down_and_keeps_both_remainders():
+    """An arena whose size is not a multiple of 64: a high block starts 64-aligned below the top, the
+    bytes under it and the few above it both stay free; a block that fills its range exactly leaves none."""
+    from devices.arena import PLACEMENT_HIGH
+    al = Allocator(1000)
+    assert al.alloc(64) == 0 and al.alloc(64) == 64
+    al.release(0, 64)
+    assert al.alloc(64, PLACEMENT_HIGH) == 896
+    assert al.free_ranges() == [(0, 64), (128, 768), (960, 40)]
+    assert al.alloc(64, PLACEMENT_HIGH) == 832          # the top range (40 B) is too small now
+    assert al.free_ranges() == [(0, 64), (128, 704), (960, 40)]
+    al = Allocator(1024)
+    assert [al.alloc(n) for n in (128, 128, 768)] == [0, 128, 256]
+    al.release(0, 128)
+    assert al.alloc(128, PLACEMENT_HIGH) == 0 and al.free_ranges() == []
+
+
+def test_malloc_owner_policy_and_placement_arguments(arena):
+    """A malloc without an owner belongs to the anonymous in-process tenant ""; a policy that is not a
+    non-negative integer is 107018 (a string too), a placement hint must be one of the table's (True is
+    not 1)."""
+    p = arena.malloc(64)
+    assert arena.live_allocations()[0].owner == "" and arena.used_by("") == block_size(64)
+    for policy in ("huge", -1, 1.5):
+        with pytest.raises(AclError) as ei:
+            arena.malloc(64, policy=policy)
+        assert (ei.value.code, ei.value.detail) == (107018, f"invalid malloc policy {policy!r}")
+    with pytest.raises(InvalidParamError) as ei:
+        arena.malloc(64, placement=True)
+    assert ei.value.detail == "unknown placement hint True (known: 0 = best-fit, 1 = low, 2 = high)"
+    assert arena.stats().allocations == 1
+    from devices.arena import PLACEMENT_HIGH
+    top = arena.malloc(64, placement=PLACEMENT_HIGH)            # the hint reaches the allocator
+    assert off(top) == arena.size - block_size(64)
+    arena.free(top)
+    arena.free(p)
+
+
+# ------------------------------------------------------------------------------------------ the segment
+def test_arena_size_bounds_and_an_anonymous_arena():
+    """Sizes from 1 B to the 40-bit offset field are arenas; 0, negative and larger ones are refused with
+    the size named.  An anonymous arena (``shared=False``) has no name or path and says it is not shared."""
+    from devices.arena import _OFF_MASK
+    for size in (0, -1, _OFF_MASK + 1):
+        with pytest.raises(InvalidParamError) as ei:
+            HbmArena(next(_dev_ids), size, shared=False)
+        assert ei.value.detail == f"arena size {size} out of range"
+    one = HbmArena(next(_dev_ids), 1, shared=False)
+    try:
+        assert (one.size, one.shared, one.name, one.path) == (1, False, "", "")
+        assert one.stats().free == 1
+    finally:
+        one.close()
+    assert one.buf is None
+
+
+def test_a_shared_arena_is_a_private_named_segment_and_sweeps_dead_ones():
+    """A shared arena's segment is mode 0600 whatever the umask, named for this process and the device
+    (``vnpu_<pid>_<start>_<device>_<token>``), and creating one first removes segments that dead processes
+    of this user left behind."""
+    import subprocess
+    import sys
+    from devices import segments
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    start = segments.process_start(child.pid)
+    child.stdin.close()
+    child.wait()
+    dead = f"{segments.PREFIX}{child.pid}_{start}_0_deadbeef"
+    with open(os.path.join("/dev/shm", dead), "wb") as f:
+        f.write(b"\0" * 64)
+    old = os.umask(0)
+    try:
+        a = HbmArena(next(_dev_ids), 64 * KIB)
+    finally:
+        os.umask(old)
+    try:
+        assert not os.path.exists(os.path.join("/dev/shm", dead))
+        assert a.shared is True and a.path == os.path.join("/dev/shm", a.name)
+        assert os.stat(a.path).st_mode & 0o777 == 0o600
+        pid, st, dev, _token = a.name[len(segments.PREFIX):].split("_")
+        assert (int(pid), int(st), int(dev)) == (os.getpid(), segments.process_start(os.getpid()), a.device_id)
+    finally:
+        a.close()
+    assert a.buf is None and not os.path.exists(a.path)
+
+
+def test_an_arena_never_closed_is_unlinked_when_its_process_exits():
+    """A process that exits without closing its arena (normal exit, not SIGKILL) leaves no segment."""
+    import subprocess
+    import sys
+    import devices
+    code = "from devices.arena import HbmArena; a = HbmArena(3, 4096); print(a.path, flush=True)"
+    here = os.path.dirname(os.path.dirname(os.path.abspath(devices.__file__)))    # the code this test imported
+    env = dict(os.environ, PYTHONPATH=here + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=here, env=env)
+    path = out.stdout.strip()
+    assert path.startswith("/dev/shm/") and not os.path.exists(path)
+
+
+def test_a_fresh_arena_publishes_its_generation_and_records_each_blocks_policy(arena):
+    """Before any change the header already holds the arena's generation (a same-node client that maps it
+    then must agree with the device); every allocation records the policy it was made with, next to the
+    bytes that policy reserved."""
+    from devices.arena import ACL_MEM_MALLOC_HUGE_ONLY, header_gen
+    assert header_gen(arena.buf, arena.size) == arena.gen == 0
+    p = arena.malloc(100, policy=ACL_MEM_MALLOC_NORMAL_ONLY)
+    q = arena.malloc(2 * MIB // 4 + 1, policy=ACL_MEM_MALLOC_NORMAL_ONLY)
+    assert [(a.policy, a.size, a.reserved) for a in arena.live_allocations()] == [
+        (ACL_MEM_MALLOC_NORMAL_ONLY, 100, block_size(100)),
+        (ACL_MEM_MALLOC_NORMAL_ONLY, 2 * MIB // 4 + 1, block_size(2 * MIB // 4 + 1))]
+    arena.free(q)
+    assert arena.allocation_of(p + 99).policy == ACL_MEM_MALLOC_NORMAL_ONLY
+    r = arena.malloc(64, policy=ACL_MEM_MALLOC_HUGE_ONLY)
+    assert arena.allocation_of(r).policy == ACL_MEM_MALLOC_HUGE_ONLY
+    assert header_gen(arena.buf, arena.size) == arena.gen == 1
+
+
+def test_an_empty_allocator_has_nothing_to_give():
+    al = Allocator(0)
+    assert al.free_ranges() == [] and al.alloc(64) is None and al.alloc(64, 2) is None
+    assert (al.free_bytes, al.largest_free, al.used) == (0, 0, 0)

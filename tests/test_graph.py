@@ -11,7 +11,7 @@ import pytest
 from devices.arena import ptr_offset
 from devices.errors import (ACL_ERROR_RT_AICORE_EXCEPTION, ACL_ERROR_RT_PARAM_INVALID, AclError, CaptureError,
                             InvalidHandleError, InvalidParamError, KernelError, MemoryAccessError)
-from devices.kernel import TensorDesc
+from devices.kernel import TensorDesc, register_user_kernel
 from devices.tasks import ExecGraph, Launch
 from fp32 import assert_within, matmul_bound
 from runtime.api import Runtime
@@ -377,7 +377,7 @@ def test_graph_and_stream_of_different_devices(rt):
     try:
         with pytest.raises(AclError) as e:
             g.execute_async(s1)
-        assert e.value.code == 107003
+        assert (e.value.code, e.value.detail) == (107003, "graph and stream belong to different devices")
     finally:
         g.destroy()
         s0.destroy()
@@ -391,7 +391,290 @@ def test_device_rejects_uncapturable_ops(rt):
     e0 = dev.event()
     with pytest.raises(CaptureError) as e:
         dev.handle.graph_create([Record(dev.default_stream.sid, e0.eid)])
-    assert e.value.code == 107030
+    assert (e.value.code, e.value.detail) == (107030, "a Record cannot be part of a captured graph (capturable: "
+                                                      "kernel launches, D2D copies, memsets, HCCL operators)")
     with pytest.raises(KernelError):
         dev.handle.graph_create([Launch(dev.default_stream.sid, "no_such_kernel")])
     e0.destroy()
+
+
+# ---------------------------------------------------------------------------------------------- plans and steps
+def tg_fill_one(ctx, out):
+    out[0:out.size] = 1
+
+
+def tg_fill_two(ctx, out):
+    out[0:out.size] = 2
+
+
+def tg_fill_from_attr(ctx, out, vals=None):
+    out[0:out.size] = float(np.asarray(vals).sum())
+
+
+def tg_write_input(ctx, src, out):
+    out[0:out.size] = 3
+    src[0:src.size] = 99                         # inputs are read-only to a kernel
+
+
+def tg_block_info(ctx, out, tag=0):
+    """out[3 * b: 3 * b + 3] = (block_dim, device_id, tag) of block b."""
+    out[3 * ctx.block_idx:3 * ctx.block_idx + 3] = np.array([ctx.block_dim, ctx.device_id, tag], np.float32)
+
+
+for _fn in (tg_fill_one, tg_write_input, tg_block_info, tg_fill_from_attr):
+    register_user_kernel(_fn.__name__, _fn, replace=True)
+
+
+def test_a_kernel_registered_again_under_its_name_is_planned_again(dev):
+    """The device caches a plan per distinct launch; a kernel replaced under the same name (the same
+    launch, another function) is looked up and planned again: the new code runs."""
+    s = dev.stream()
+    x = dev.from_numpy(np.zeros(8, np.float32))
+    try:
+        register_user_kernel("tg_versioned", tg_fill_one, replace=True)
+        s.launch("tg_versioned", [], [x])
+        s.synchronize(SYNC_MS)
+        np.testing.assert_array_equal(x.numpy(), np.ones(8, np.float32))
+        register_user_kernel("tg_versioned", tg_fill_two, replace=True)
+        s.launch("tg_versioned", [], [x])
+        s.synchronize(SYNC_MS)
+        np.testing.assert_array_equal(x.numpy(), np.full(8, 2.0, np.float32))
+    finally:
+        x.free()
+        s.destroy()
+
+
+def test_launches_whose_attrs_cannot_be_keyed_each_run_with_their_own(dev):
+    """A launch whose attribute values are unhashable (a numpy array) is never served a cached plan:
+    two such launches that differ only in the array each see their own values."""
+    s = dev.stream()
+    x = dev.from_numpy(np.zeros(4, np.float32))
+    try:
+        for vals, want in ((np.array([1.0, 2.0]), 3.0), (np.array([5.0, 6.0]), 11.0), (np.array([1.0, 2.0]), 3.0)):
+            s.launch("tg_fill_from_attr", [], [x], attrs={"vals": vals})
+            s.synchronize(SYNC_MS)
+            np.testing.assert_array_equal(x.numpy(), np.full(4, want, np.float32))
+    finally:
+        x.free()
+        s.destroy()
+
+
+def test_a_kernel_sees_its_block_dim_device_and_attrs_and_cannot_write_its_inputs(dev):
+    """What the bound plan hands each block: its block_dim, the device id and the launch's attrs -- the
+    same on the first run (plan built) and the second (plan and views reused); a kernel writing one of its
+    inputs fails with an AI Core exception and the input keeps its bytes."""
+    s = dev.stream()
+    out = dev.from_numpy(np.zeros(12, np.float32))
+    src = dev.from_numpy(np.full(4, 7.0, np.float32))
+    o2 = dev.from_numpy(np.zeros(4, np.float32))
+    try:
+        for _ in range(2):
+            out.copy_from(np.zeros(12, np.float32))
+            s.launch("tg_block_info", [], [out], attrs={"tag": 5}, block_dim=4)
+            s.synchronize(SYNC_MS)
+            np.testing.assert_array_equal(out.numpy(), np.tile(np.array([4, dev.index, 5], np.float32), 4))
+        for _ in range(2):
+            s.launch("tg_write_input", [src], [o2])
+            with pytest.raises(AclError) as e:
+                s.synchronize(SYNC_MS)
+            assert e.value.code == ACL_ERROR_RT_AICORE_EXCEPTION and "read-only" in e.value.detail, e.value
+            np.testing.assert_array_equal(src.numpy(), np.full(4, 7.0, np.float32))
+    finally:
+        for t in (out, src, o2):
+            t.free()
+        s.destroy()
+
+
+def _modeled_ms(dev, s, enqueue) -> float:
+    e0, e1 = dev.event(), dev.event()
+    try:
+        s.record(e0)
+        enqueue()
+        s.record(e1)
+        s.synchronize(SYNC_MS)
+        return e0.elapsed(e1).modeled_ms
+    finally:
+        e0.destroy()
+        e1.destroy()
+
+
+def test_graph_info_is_the_bound_graph_and_its_modeled_time(dev):
+    """aclmdlRIDebugPrint's content, exactly: the graph id, its tasks in order with their names and block
+    counts, the replays so far (0 before the first), and the modeled time of one replay -- the time that
+    events around a replay measure, and the sum of the same ops launched eagerly."""
+    s = dev.stream()
+    a = dev.from_numpy(np.ones(1 << 22, np.float32))                    # 16 MiB: the graph models > 1 ms
+    b = dev.from_numpy(np.zeros(1 << 22, np.float32))
+    ops = [lambda: s.launch("add", [a, a], [b], block_dim=3)] * 40 + [
+        lambda: s.memset(b.ptr, 0, 1024), lambda: s.copy(a.ptr, b.ptr, 2048),
+        lambda: s.launch("tg_block_info", [], [b], block_dim=2)]
+    s.begin_capture()
+    for op in ops:
+        op()
+    g = s.end_capture()
+    try:
+        assert (g.num_tasks, g.rebinds, g.info()["replays"]) == (43, 0, 0)
+        eager_ms = sum(_modeled_ms(dev, s, op) for op in ops)
+        replay_ms = _modeled_ms(dev, s, lambda: g.execute_async(s))
+        info = g.info()
+        assert info == {"graph": g.gid, "tasks": 43, "replays": 1, "modeled_us": info["modeled_us"],
+                        "steps": [{"name": "add", "blocks": 3}] * 40 + [
+                            {"name": "memset", "blocks": 1}, {"name": "memcpy_d2d", "blocks": 1},
+                            {"name": "tg_block_info", "blocks": 2}]}
+        assert info["modeled_us"] > 1000.0
+        assert info["modeled_us"] == round(replay_ms * 1e3, 3)        # microseconds, to the nanosecond
+        assert info["modeled_us"] == pytest.approx(eager_ms * 1e3, abs=1e-3)
+        g2 = s.begin_capture() or s.end_capture()       # an empty graph: no steps, no time, no replays
+        try:
+            assert g2.info() == {"graph": g2.gid, "tasks": 0, "replays": 0, "modeled_us": 0.0, "steps": []}
+            assert g2.gid == g.gid + 1
+        finally:
+            g2.destroy()
+    finally:
+        g.destroy()
+        a.free()
+        b.free()
+        s.destroy()
+
+
+def test_the_first_replay_after_a_free_is_checked(rt):
+    """A graph whose memory was freed between its capture and its first replay (one free: the runtime's
+    generation is 1 then) is refused on the host like any later replay; nothing is sent."""
+    dev = Runtime(rt.backend, batch_size=64).device(0)
+    assert dev.alloc_gen == 0
+    s = dev.stream()
+    x = dev.from_numpy(np.ones(64, np.float32))
+    s.begin_capture()
+    s.launch("add", [x, x], [x])
+    g = s.end_capture()
+    try:
+        x.free()
+        assert dev.alloc_gen == 1
+        dev.flush()
+        sent = dev.queue.ops_sent
+        g.execute_async(s)
+        with pytest.raises(MemoryAccessError) as e:
+            dev.flush()
+        assert e.value.code == ACL_ERROR_RT_PARAM_INVALID and e.value.detail.startswith(f"graph {g.gid} replay: ")
+        assert dev.queue.ops_sent == sent and g.info()["replays"] == 0
+    finally:
+        g.destroy()
+        s.destroy()
+
+
+def test_device_graphs_belong_to_their_tenant():
+    """On the device, a graph is its creator's tenant's: another tenant's calls name an unknown graph
+    (107017, nothing changes), another client of the same tenant may use and destroy it.  Ids start at 1
+    (0 is no graph)."""
+    from devices.device import Device, local_config
+    from devices.errors import ACL_ERROR_RT_INVALID_HANDLE
+    from devices.tenancy import Owner
+    alice, alice2, bob = Owner("alice", "a1"), Owner("alice", "a2"), Owner("bob", "b1")
+    d = Device(local_config(90, arena_bytes=1 << 20))
+    try:
+        p = d.malloc(256, owner=alice)
+        sid = d.create_stream(owner=alice)
+        x = TensorDesc(p, (64,), "float32")
+        gid = d.graph_create([Launch(sid, "add", (x, x), (x,))], owner=alice)
+        assert gid == 1
+        for call in (lambda: d.graph_info(gid, owner=bob), lambda: d.graph_destroy(gid, owner=bob)):
+            with pytest.raises(InvalidHandleError) as e:
+                call()
+            assert (e.value.code, e.value.detail) == (ACL_ERROR_RT_INVALID_HANDLE,
+                                                      f"unknown graph (model run instance) {gid}")
+        assert d.graph_info(gid, owner=alice2)["tasks"] == 1          # still there, for alice's other client
+        d.graph_destroy(gid, owner=alice2)
+        with pytest.raises(InvalidHandleError):
+            d.graph_info(gid, owner=alice)
+    finally:
+        d.close()
+
+
+# ---------------------------------------------------------------------------------------------- device plans
+def _device(dev_id: int, arena: int = 64 << 20):
+    from devices.device import Device, local_config
+    return Device(local_config(dev_id, arena_bytes=arena))
+
+
+def _priced_ms(d, sid: int, op) -> float:
+    """Modeled time of one op on device ``d``, between two events around it."""
+    from devices.tasks import Record
+    e0, e1 = d.create_event(), d.create_event()
+    d.submit([Record(sid, e0), op, Record(sid, e1)])
+    d.synchronize_stream(sid, SYNC_MS)
+    return d.event_elapsed(e0, e1)[1]
+
+
+def test_a_launch_is_priced_on_its_own_work_and_split_by_the_default_block_rule():
+    """A launch's modeled time is the device's cost model applied to the kernel's work (a cube kernel's
+    flops; a user kernel's bytes), with block_dim 0 meaning the default rule on this chip's cores and host
+    threads -- the graph step shows the block count chosen."""
+    from devices.chip import Work
+    from devices.kernel import default_block_dim, lookup
+    d = _device(92)
+    try:
+        sid = d.create_stream()
+        a, b = d.malloc(512 * 512 * 4), d.malloc(512 * 512 * 4)
+        ta, tb = TensorDesc(a, (512, 512), "float32"), TensorDesc(b, (512, 512), "float32")
+        mm = Launch(sid, "matmul", (ta, ta), (tb,), block_dim=4)
+        k = lookup("matmul")
+        want = d.cost.kernel(k.work((ta, ta), (tb,), {}), 4) * 1e3
+        assert _priced_ms(d, sid, mm) == pytest.approx(want, rel=1e-9)
+        assert want > d.cost.kernel(Work(bytes=3 * 512 * 512 * 4), 4) * 1e3 * 1.5     # priced on flops, not bytes
+        big = d.malloc(8 << 20)
+        tbig = TensorDesc(big, (2 << 20,), "float32")
+        user = Launch(sid, "tg_fill_one", (), (tbig,))
+        assert _priced_ms(d, sid, user) == pytest.approx(d.cost.kernel(Work(bytes=8 << 20), 1) * 1e3, rel=1e-9)
+        add = Launch(sid, "add", (tbig, tbig), (tbig,))                             # block_dim 0: the default
+        expect = default_block_dim(lookup("add"), (tbig, tbig), (tbig,), {}, d.spec.ai_cores,
+                                   d.config.host_threads)
+        assert expect > 1
+        gid = d.graph_create([add])
+        assert d.graph_info(gid)["steps"] == [{"name": "add", "blocks": expect}]
+        # a kernel whose work depends on its attrs (transposes): priced and split on them
+        q = d.malloc(8 * 64 * 64 * 4)
+        t3 = TensorDesc(q, (8, 64, 64), "float32")
+        attrs = {"transpose_a": True, "transpose_b": False}
+        bmm = Launch(sid, "batch_matmul", (t3, t3), (t3,), attrs)
+        kb = lookup("batch_matmul")
+        blocks = default_block_dim(kb, (t3, t3), (t3,), attrs, d.spec.ai_cores, d.config.host_threads)
+        assert _priced_ms(d, sid, bmm) == pytest.approx(
+            d.cost.kernel(kb.work((t3, t3), (t3,), attrs), blocks) * 1e3, rel=1e-9)
+    finally:
+        d.close()
+
+
+def test_plans_check_the_callers_tenant_when_made_and_when_run():
+    """A launch is planned for its caller: another tenant's memory is refused at submit (207006, nothing
+    queued), a tenant's own kernel is found for it; a launch planned while its memory was its caller's
+    and run after that memory went to another tenant fails when it runs and leaves those bytes alone."""
+    from devices.errors import ACL_ERROR_RT_NO_PERMISSION
+    from devices.tenancy import Owner
+    alice, bob = Owner("alice", "a1"), Owner("bob", "b1")
+    d = _device(93, 1 << 20)
+    try:
+        d.register_kernel("tg_alice_fill", tg_fill_two, owner=alice)
+        pa = d.malloc(256, owner=alice)
+        sa, sb = d.create_stream(owner=alice), d.create_stream(owner=bob)
+        xa = TensorDesc(pa, (64,), "float32")
+        with pytest.raises(AclError) as e:
+            d.submit([Launch(sb, "add", (xa, xa), (xa,))], owner=bob)
+        assert e.value.code == ACL_ERROR_RT_NO_PERMISSION
+        d.synchronize_stream(sb, SYNC_MS, owner=bob)                 # nothing was queued
+        d.submit([Launch(sa, "tg_alice_fill", (), (xa,))], owner=alice)
+        d.synchronize_stream(sa, SYNC_MS, owner=alice)
+        assert d.memcpy_d2h(pa, 256, owner=alice).view(np.float32).tolist() == [2.0] * 64
+        # planned for alice, run after her memory became bob's
+        d.inject_fault("hang")
+        d.submit([Launch(sa, "tg_alice_fill", (), (xa,))], owner=alice)
+        d.free(pa, owner=alice)
+        pb = d.malloc(256, owner=bob)
+        assert pb == pa
+        d.memcpy_h2d(pb, np.full(64, 9.0, np.float32), owner=bob)
+        d.clear_fault("hang")
+        with pytest.raises(AclError) as e:
+            d.synchronize_stream(sa, SYNC_MS, owner=alice)
+        assert e.value.code == ACL_ERROR_RT_NO_PERMISSION, e.value
+        assert d.memcpy_d2h(pb, 256, owner=bob).view(np.float32).tolist() == [9.0] * 64
+    finally:
+        d.close()
