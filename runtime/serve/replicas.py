@@ -120,7 +120,7 @@ class ReplicaBody:
         if ray.is_initialized():                        # (never start or join a Ray cluster from here)
             node = ray.get_runtime_context().get_node_id()
         return {"pid": os.getpid(), "node": node, "devices": [d.physical_id for d in self.rt.devices()],
-                "models": models}
+                "visible_devices": os.environ.get("ASCEND_RT_VISIBLE_DEVICES", ""), "models": models}
 
     async def generate(self, model: str, prompt_ids: list[int], params: SamplingParams, priority: int,
                        request_id: str):
@@ -230,7 +230,7 @@ class Replica:
     def view(self) -> dict:
         return {"name": self.name, "state": self.state, "in_flight": self.in_flight, "requests": self.requests,
                 "node": self.info.get("node", ""), "devices": self.info.get("devices", []),
-                "pid": self.info.get("pid")}
+                "visible_devices": self.info.get("visible_devices", ""), "pid": self.info.get("pid")}
 
 
 class RemoteGenerateEngine:
