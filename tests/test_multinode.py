@@ -1,4 +1,4 @@
-"""A real multi-node Ray cluster on this machine (tier ``multinode``, budget < 90 s on 2 cores).
+"""A real multi-node Ray cluster on this machine (tier ``multinode``, tier budget in tests/conftest.py).
 
 Three raylets (``ray.cluster_utils.Cluster``): a head with 2 NPUs and two workers with 2 NPUs each, every
 node with its own ``NPU`` resource and the labels cluster.yaml declares (chip, HBM size).  The device
