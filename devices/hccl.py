@@ -240,7 +240,7 @@ class HcclEngine:
         self._pending_joins: set[str] = set()
         self._lock = threading.Lock()
         self.aborted = False
-        self.stats = {"collectives": 0, "bytes_pulled": 0, "messages": 0, "aborts_sent": 0,
+        self.stats = {"collectives": 0, "bytes_pulled": 0, "bytes_pushed": 0, "messages": 0, "aborts_sent": 0,
                       f"bytes_{SAME_NODE}": 0, f"bytes_{CROSS_NODE}": 0}
         key = getattr(device.config, "link_key", b"") or PROCESS_LINK_KEY
         # same-node peers pull through mapped arenas -- only when this device's arena is a named segment
@@ -639,6 +639,9 @@ class HcclEngine:
         for q in range(n):          # a down link fails every operator of the communicator, on both ends,
             if q != r:              # also when this rank exchanges nothing with that peer directly
                 self._check_link(c, q, seq, range(n))
+        # every peer's memory writable here (the whole communicator on one node): the large AllReduce
+        # pushes its result (see devices.hccl_schedule); every rank decides the same, and says so below
+        push = algo == "mesh" and all(c.links[q].writable for q in range(n) if q != r)
         pro = prologue(op.op, n, r, op.count, algo, op.root)
         epi = epilogue(op.op, n, r, op.count, algo)
         try:
@@ -660,7 +663,7 @@ class HcclEngine:
             for src, so, dst, do, cnt in pro:
                 if bufs[src] != bufs[dst] or so != do:
                     self._move(me, bufs[src], so, me, bufs[dst], do, cnt, op.dtype, None)
-            sig = [op.op, op.count, op.dtype, op.redop, op.root, algo]
+            sig = [op.op, op.count, op.dtype, op.redop, op.root, algo, push]
             ready = self._barrier(c, seq, "ready", deadline, [bufs.get("send", 0), bufs.get("recv", 0),
                                                              bufs.get("work", 0), sig])
             peer_bufs = {}
@@ -671,13 +674,13 @@ class HcclEngine:
                 peer_bufs[q] = {"send": s_ptr, "recv": r_ptr, "work": w_ptr}
             peer_bufs[r] = bufs
             red = op.redop
-            for i, phase in enumerate(schedule(op.op, algo, n, r, op.count, op.root)):
+            for i, phase in enumerate(schedule(op.op, algo, n, r, op.count, op.root, push)):
                 if i:
                     self._barrier(c, seq, f"phase{i}", deadline)
                 for step in phase.steps:
                     if step.waits:
                         self._wait(c, list(step.waits), seq, deadline)
-                    self._pulls(c, step.pulls, peer_bufs, op.dtype, red, seq)
+                    self._pulls(c, step.pulls, peer_bufs, op.dtype, red, seq, step.pushes)
                     for q in step.signals:
                         self._post(c, q, seq, step.tag)
             for src, so, dst, do, cnt in epi:
@@ -693,10 +696,13 @@ class HcclEngine:
                 if ptr is not None:
                     self.arena.free(ptr, epoch=epoch)
 
-    def _pulls(self, c: Comm, pulls, peer_bufs: dict, dtype: str, redop: str, seq) -> None:
-        """Run one step's pulls.  Consecutive reducing pulls into the same range (the contributions of
-        every peer to one chunk) run as one group, segment by segment: each segment of the result is
-        built in cache from every peer's segment before the next one is started."""
+    def _pulls(self, c: Comm, pulls, peer_bufs: dict, dtype: str, redop: str, seq, pushes=()) -> None:
+        """Run one step's pulls, then its pushes.  Consecutive reducing pulls into the same range (the
+        contributions of every peer to one chunk) run as one group, segment by segment: each segment of
+        the result is built in cache from every peer's segment before the next one is started -- and,
+        where a push names that range, written to the push's peers right then, still in cache."""
+        mine = peer_bufs[c.rank]
+        left = list(pushes)
         i = 0
         while i < len(pulls):
             first, j = pulls[i], i + 1
@@ -704,12 +710,19 @@ class HcclEngine:
                 while j < len(pulls) and pulls[j].reduce and pulls[j].base is None and \
                         (pulls[j].dst, pulls[j].dst_off, pulls[j].count) == (first.dst, first.dst_off, first.count):
                     j += 1
-            mine = peer_bufs[c.rank]
             srcs = [(p.peer, peer_bufs[p.peer][p.src], p.src_off, mine[p.base] if p.base else None)
                     for p in pulls[i:j]]
+            fused = next((p for p in left if (p.buf, p.off, p.count) == (first.dst, first.dst_off, first.count)),
+                         None)
+            if fused is not None:
+                left.remove(fused)
             self._transfer(c, srcs, mine[first.dst], first.dst_off, first.count, dtype,
-                           redop if first.reduce else None, seq, range(c.size))
+                           redop if first.reduce else None, seq, range(c.size),
+                           [(q, peer_bufs[q][fused.buf]) for q in fused.peers] if fused else ())
             i = j
+        for p in left:              # a push of its own: one write of the range to each peer
+            self._transfer(c, [], mine[p.buf], p.off, p.count, dtype, None, seq, range(c.size),
+                           [(q, peer_bufs[q][p.buf]) for q in p.peers])
 
     def _read_into(self, c: Comm, peer: int, src_ptr: int, src_off: int, dst_ptr: int, dst_off: int, count: int,
                    dtype: str, redop: str | None, seq, ranks) -> None:
@@ -717,12 +730,14 @@ class HcclEngine:
         self._transfer(c, [(peer, src_ptr, src_off, None)], dst_ptr, dst_off, count, dtype, redop, seq, ranks)
 
     def _transfer(self, c: Comm, srcs: list, dst_ptr: int, dst_off: int, count: int, dtype: str,
-                  redop: str | None, seq, ranks) -> None:
+                  redop: str | None, seq, ranks, pushes=()) -> None:
         """``dst[dst_off:+count]`` (op)= each source in turn, segment by segment.  A source is ``(rank,
         ptr, element offset, base ptr or None)``, read through the link to that rank (or out of my own
         arena); with a base, the first reduction is ``dst = base op source`` (base at the source's
         offset).  Segments: cache-sized through zero-copy links, ``segment_bytes`` (one read each)
-        through the others.  ``seq``/``ranks``: the operator and its ranks (for link faults)."""
+        through the others.  ``pushes``: ``(rank, ptr)`` -- each finished segment is also written to
+        that rank's buffer at the same element offset (writable links only).  ``seq``/``ranks``: the
+        operator and its ranks (for link faults)."""
         if count <= 0:
             return
         me = self.arena.buf
@@ -746,11 +761,19 @@ class HcclEngine:
                     dptr, off = 0, 0
                 base = None if base_ptr is None else ptr_offset(base_ptr) + (src_off + done) * isz
                 self._move(data, dptr, off, me, dst_ptr, dst_off + done, k, dtype, redop, base)
+            if pushes:
+                at = ptr_offset(dst_ptr) + (dst_off + done) * isz
+                for peer, ptr in pushes:
+                    self._check_link(c, peer, seq, ranks)
+                    c.links[peer].write(c.cid, ptr + (dst_off + done) * isz, me[at:at + k * isz])
             done += k
         for peer, *_ in srcs:
             if peer != c.rank:
                 self.stats["bytes_pulled"] += count * isz
                 self.stats[f"bytes_{c.scopes[peer]}"] += count * isz
+        for peer, _ in pushes:
+            self.stats["bytes_pushed"] += count * isz
+            self.stats[f"bytes_{c.scopes[peer]}"] += count * isz
 
     @staticmethod
     def _move(src_mem, src_ptr, src_off, dst_mem, dst_ptr, dst_off, count, dtype, redop, base=None) -> None:

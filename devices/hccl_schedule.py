@@ -2,11 +2,16 @@
 
 A schedule is, per rank, a list of :class:`Phase`; phases are separated by a barrier of all ranks, and
 inside a phase each :class:`Step` first waits for named steps of given peers, then performs its pulls
-(read a range of a peer's buffer and copy or reduce it into a range of its own buffer), then signals the
-peers that wait for it.  Data always moves by *pull* from the peer's memory (the emulated HCCS/RDMA read),
-so a step's dependencies are exactly "the peer has finished writing what I read" (read-after-write);
-the phase barriers rule out write-after-read across phases, and each algorithm is written so that no
-write-after-read exists inside a phase.
+(read a range of a peer's buffer and copy or reduce it into a range of its own buffer), then its pushes
+(write a range of its own buffer into the same range of peers' buffers), then signals the peers that
+wait for it.  Data moves by *pull* from the peer's memory (the emulated HCCS/RDMA read), so a step's
+dependencies are "the peer has finished writing what I read" (read-after-write); the phase barriers rule
+out write-after-read across phases, and each algorithm is written so that no write-after-read exists
+inside a phase.  Only where every peer's memory is writable here (one node: mapped arenas) does the large
+AllReduce *push* (``schedule(..., push=True)``): each rank writes every segment of its reduced chunk into
+every rank's receive buffer while the segment is still in cache, so the result is read from memory once
+instead of once per rank; the closing barrier (every operator ends with one) orders those writes before
+any rank returns.
 
 Algorithms (reference 3.4): ``ring``, ``hd`` (recursive halving for reduce-scatter, doubling for
 all-gather; non-power-of-two counts fold the extra ranks into partners first), ``mesh`` (direct reads,
@@ -39,11 +44,22 @@ class Pull:
 
 
 @dataclass(frozen=True)
+class Push:
+    peers: tuple[int, ...]   #: ranks whose buffer is written
+    buf: str                 #: the same buffer on both sides: "recv"
+    off: int                 #: element offset (the same on both sides)
+    count: int               #: elements
+    #: the engine fuses a push with the step's reducing pulls of the same range: each segment is written
+    #: to the peers right after it is reduced, while it is in cache
+
+
+@dataclass(frozen=True)
 class Step:
     tag: str
     waits: tuple[tuple[int, str], ...] = ()     #: (peer, tag) that must have been signalled
     pulls: tuple[Pull, ...] = ()
     signals: tuple[int, ...] = ()               #: peers to tell that this step is done
+    pushes: tuple[Push, ...] = ()               #: after the pulls: my ``buf`` range into the peers' same range
 
 
 @dataclass(frozen=True)
@@ -177,10 +193,11 @@ def _hd_ag(r: int, p2: int, count: int, buf: str, prefix: str) -> list[Step]:
 
 
 # ------------------------------------------------------------------------------------ schedules
-def schedule(op: str, algo: str, n: int, r: int, count: int, root: int = 0) -> list[Phase]:
+def schedule(op: str, algo: str, n: int, r: int, count: int, root: int = 0, push: bool = False) -> list[Phase]:
     """The phases rank ``r`` of ``n`` runs for ``op``.  ``count`` is the element count of the op as
     HCCL defines it (AllReduce/Broadcast/Reduce: the whole buffer; AllGather: per-rank send count;
-    ReduceScatter: per-rank receive count; AlltoAll: per-peer block).
+    ReduceScatter: per-rank receive count; AlltoAll: per-peer block).  ``push``: peers' memory is writable
+    here (every rank of the communicator on one node); only the mesh AllReduce uses it.
 
     Buffers: "send" (the user's send buffer), "recv" (the user's receive buffer), "work" (a scratch
     buffer of the full reduce-scatter size, for ring/hd reduce-scatter).  Before phase 0 the engine has
@@ -190,7 +207,7 @@ def schedule(op: str, algo: str, n: int, r: int, count: int, root: int = 0) -> l
     if op == "barrier" or n == 1:
         return []
     if op == "allreduce":
-        return _allreduce(algo, n, r, count)
+        return _allreduce(algo, n, r, count, push)
     if op == "allgather":
         total = count * n
         ch = [(i * count, count) for i in range(n)]
@@ -224,7 +241,7 @@ def schedule(op: str, algo: str, n: int, r: int, count: int, root: int = 0) -> l
     raise ValueError(f"unknown collective {op!r}")
 
 
-def _allreduce(algo: str, n: int, r: int, count: int) -> list[Phase]:
+def _allreduce(algo: str, n: int, r: int, count: int, push: bool = False) -> list[Phase]:
     ch = chunks(count, n)
     if algo == "oneshot":
         # latency-optimal for small buffers: one round; every rank sums all inputs in rank order, so
@@ -240,8 +257,15 @@ def _allreduce(algo: str, n: int, r: int, count: int) -> list[Phase]:
         # reduce-scatter straight out of the send buffers: my chunk = my send + every peer's send (the
         # first pull's left operand is my own send buffer: no prologue copy); the engine runs the pulls
         # of one chunk segment by segment, so the partial sum stays in cache between them
-        rs = Step("rs", (), tuple(Pull(q, "send", off, ln, "recv", off, True, "send" if i == 0 else None)
-                                  for i, q in enumerate(others) if ln), tuple(others))
+        pulls = tuple(Pull(q, "send", off, ln, "recv", off, True, "send" if i == 0 else None)
+                      for i, q in enumerate(others) if ln)
+        if push:
+            # ... and write each reduced segment into every peer's receive buffer at once.  Hazards: my
+            # chunk of a peer's receive buffer is written by me only, and read by nobody but me (in place
+            # it is the peer's send chunk r, which only my reduction reads, segment by segment before the
+            # write); the operator's closing barrier orders my writes before the peer returns
+            return [Phase((Step("rs", (), pulls, (), (Push(tuple(others), "recv", off, ln),) if ln else ()),))]
+        rs = Step("rs", (), pulls, tuple(others))
         # then copy each peer's chunk as soon as that peer has reduced it (no barrier between the two
         # halves: a rank that finished early starts copying).  Hazards: peers read only my send buffer
         # (chunk p for peer p) and my chunk r; I write chunk q only after q signalled that its reduction

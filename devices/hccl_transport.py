@@ -11,7 +11,10 @@ code talks only to links -- it never asks which transport it has:
   peer's engine (host-blocking send; never waits for an answer);
 - ``probe()``: liveness -- raises :class:`~devices.errors.HcclError` ``HCCL_E_REMOTE`` when the peer is gone;
 - ``zero_copy``: whether ``read`` returns a view of the peer's memory (then the engine reads in
-  cache-sized segments; otherwise each read is one transfer of ``CommConfig.segment_bytes``).
+  cache-sized segments; otherwise each read is one transfer of ``CommConfig.segment_bytes``);
+- ``writable`` / ``write(comm, ptr, data)``: whether this device may write the peer's HBM directly (same
+  node: the mapped arena), and the write (host-blocking); the engine pushes only where every link is
+  writable.
 
 Any failure to reach a peer raises ``HCCL_E_REMOTE``.  What a device publishes so that peers can build
 links to it is each transport's :meth:`Transport.endpoint` (merged into ``HcclEngine.info()``).
@@ -64,8 +67,10 @@ class PeerLink(Protocol):
     """One device's way to one peer device (built when a communicator is built)."""
 
     zero_copy: bool
+    writable: bool
 
     def read(self, comm: str, ptr: int, nbytes: int) -> np.ndarray: ...
+    def write(self, comm: str, ptr: int, data: np.ndarray) -> None: ...
     def notify(self, msg: tuple) -> None: ...
     def probe(self) -> None: ...
 
@@ -144,6 +149,7 @@ class ShmLink:
     """A same-node peer: its arena mapped here (on first read), its doorbell for control messages."""
 
     zero_copy = True
+    writable = True
 
     def __init__(self, transport: "ShmTransport", peer):
         self._t = transport
@@ -152,6 +158,14 @@ class ShmLink:
     def read(self, comm: str, ptr: int, nbytes: int) -> np.ndarray:
         """A zero-copy view of the peer's HBM (the peer named the range in its own sealed control message;
         the pointer must be one of the peer's device)."""
+        return self._view(ptr, nbytes)
+
+    def write(self, comm: str, ptr: int, data: np.ndarray) -> None:
+        """Copy ``data`` into the peer's HBM at ``ptr`` (a range the peer named in its own sealed control
+        message for this operator; the pointer must be one of the peer's device)."""
+        np.copyto(self._view(ptr, data.nbytes), data.view(np.uint8))
+
+    def _view(self, ptr: int, nbytes: int) -> np.ndarray:
         try:
             dev = ptr_device(ptr)
         except AclError:

@@ -21,6 +21,8 @@ class GrpcLink:
     """One peer device on another node."""
 
     zero_copy = False        #: every read is one streamed HcclRead (a copy)
+    writable = False         #: peers across nodes are only read (pulled), never written
+
 
     def __init__(self, transport: "GrpcTransport", peer):
         self._t = transport
@@ -32,6 +34,10 @@ class GrpcLink:
             return self._t.client(p).hccl_read(comm, ptr, nbytes)
         except AclError as e:
             raise HcclError(f"read from rank {p.rank} (device {p.device_id}) failed: {e}", HCCL_E_REMOTE) from None
+
+    def write(self, comm: str, ptr: int, data) -> None:
+        raise HcclError(f"rank {self.peer.rank} (device {self.peer.device_id}) is on another node: its HBM is "
+                        f"read, not written", HCCL_E_NOT_SUPPORT)
 
     def notify(self, msg: tuple) -> None:
         p = self.peer

@@ -24,6 +24,7 @@ import pytest
 
 from conftest import make_local_runtime
 from devices.errors import (HCCL_E_PARA, HCCL_E_REMOTE, HCCL_E_TIMEOUT, HCCL_SUCCESS, AclError, HcclError)
+from devices.hccl_schedule import chunks
 from fp32 import assert_within, gamma, sum_bound
 from runtime import hccl
 
@@ -327,6 +328,25 @@ def test_large_buffers_in_segments(rt, pool, algo):
         drain(devs)
         for c in comms:
             c.destroy()
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_mesh_allreduce_on_one_node_pushes_each_chunk_once(rt, pool, inplace):
+    """On one node (peers' arenas mapped, so writable) the mesh AllReduce pushes: each rank reduces its
+    chunk out of every rank's send buffer and writes it into every peer's receive buffer -- per rank
+    exactly its chunk from each peer pulled and its chunk to each peer pushed, nothing else -- and the
+    result is the same as numpy's (exact: small integers)."""
+    devs = rt.devices()
+    n, count = len(devs), 300_007
+    with communicators(devs, "mesh") as comms:
+        before = [d.handle.hccl_info()["stats"] for d in devs]
+        run_and_check(comms, pool, "allreduce", count, inplace=inplace, seed=5)
+        after = [d.handle.hccl_info()["stats"] for d in devs]
+    chunk = [ln * 4 for _, ln in chunks(count, n)]
+    for key in ("bytes_pulled", "bytes_pushed"):
+        assert [a[key] - b[key] for a, b in zip(after, before)] == [(n - 1) * c for c in chunk], key
+    assert [a["bytes_same-node"] - b["bytes_same-node"] for a, b in zip(after, before)] == \
+        [2 * (n - 1) * c for c in chunk]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])

@@ -12,9 +12,12 @@ for its (peer, tag) messages, does its pulls and then posts its signals.  Messag
 keyed like the engine's ``(tag, from, to)`` and a wait consumes them.  The ranks run concurrently: the
 next action is taken from a runnable rank drawn by Hypothesis, so every test explores a random valid
 interleaving.  On top of the final-result check, a vector-clock race detector flags any pair of
-accesses to the same element (a rank's own write vs. a peer's read of it) that the messages do not
+accesses to the same element (a write vs. another rank's read or write of it) that the messages do not
 order — a write-after-read or read-before-write hazard shows up even when this interleaving happened
-to be harmless.  If no rank can move before every rank is done, the schedule deadlocks.
+to be harmless.  If no rank can move before every rank is done, the schedule deadlocks.  With
+``push=True`` (peers' memory writable: one node) a step's pushes write the pusher's range into peers'
+buffers after its pulls; the detector then also orders those remote writes against the owner's own
+reads and writes.
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from devices import hccl_schedule as hs
-from devices.hccl_schedule import ALGOS, OPS, Phase, Pull, Step, choose_algo, chunks, epilogue, prologue, schedule
+from devices.hccl_schedule import (ALGOS, OPS, Phase, Pull, Push, Step, choose_algo, chunks, epilogue, prologue,
+                                   schedule)
 
 JUNK = "junk"       # initial content of a non-send buffer element: ("junk", rank, storage, index)
 
@@ -91,8 +95,9 @@ class Deadlock(AssertionError):
 class Sim:
     """One collective on n ranks, executed action by action."""
 
-    def __init__(self, op: str, algo: str, n: int, count: int, root: int = 0, inplace: bool = False):
-        self.op, self.algo, self.n, self.count, self.root = op, algo, n, count, root
+    def __init__(self, op: str, algo: str, n: int, count: int, root: int = 0, inplace: bool = False,
+                 push: bool = False):
+        self.op, self.algo, self.n, self.count, self.root, self.push = op, algo, n, count, root, push
         sizes = buffer_sizes(op, n, count)
         self.alias = [aliases(op, n, r, count, inplace) for r in range(n)]
         # storage[r][name] = list of (content Counter); accesses tracked per element
@@ -105,10 +110,10 @@ class Sim:
             for i in range(sizes["send"]):
                 self.mem[r][storage][base + i] = Counter({(r, i): 1})
         self.initial_send = [list(m["send"]) for m in self.mem]
-        # race detection: vector clocks; per element the last write (clock of the owner) and the
-        # latest read clock of each peer
+        # race detection: vector clocks; per element the last write (writer, its clock) and the
+        # latest read clock of each rank that read it
         self.vc = [[0] * n for _ in range(n)]
-        self.last_write: dict[tuple, int] = {}
+        self.last_write: dict[tuple, tuple[int, int]] = {}
         self.reads: dict[tuple, dict[int, int]] = {}
         self.mailbox: dict[tuple, list[int]] = {}      # (tag, frm, to) -> sender's clock
         self.programs = [self._program(r) for r in range(n)]
@@ -127,7 +132,7 @@ class Sim:
         for src, so, dst, do, cnt in prologue(self.op, n, r, self.count, self.algo, self.root):
             prog.append(("local", src, so, dst, do, cnt))
         barrier("ready")
-        phases = schedule(self.op, self.algo, n, r, self.count, self.root)
+        phases = schedule(self.op, self.algo, n, r, self.count, self.root, self.push)
         assert all(isinstance(p, Phase) for p in phases)
         for i, phase in enumerate(phases):
             if i:
@@ -139,6 +144,9 @@ class Sim:
                 for p in step.pulls:
                     assert isinstance(p, Pull)
                     prog.append(("pull", p))
+                for p in step.pushes:
+                    assert isinstance(p, Push) and self.push, "a push where peers' memory is not writable"
+                    prog.append(("push", p))
                 if step.signals:
                     prog.append(("signal", tuple(step.signals), step.tag))
         for src, so, dst, do, cnt in epilogue(self.op, n, r, self.count, self.algo):
@@ -160,22 +168,24 @@ class Sim:
 
     def _read(self, actor: int, key: tuple) -> Counter:
         owner = key[0]
-        if actor != owner:
-            w = self.last_write.get(key)
-            if w is not None and self.vc[actor][owner] < w:
-                raise Race(f"rank {actor} reads {key} concurrently with rank {owner}'s write of it")
-            self.reads.setdefault(key, {})[actor] = self.vc[actor][actor]
+        w = self.last_write.get(key)
+        if w is not None and w[0] != actor and self.vc[actor][w[0]] < w[1]:
+            raise Race(f"rank {actor} reads {key} concurrently with rank {w[0]}'s write of it")
+        self.reads.setdefault(key, {})[actor] = self.vc[actor][actor]
         return self.mem[owner][key[1]][key[2]]
 
     def _write(self, actor: int, key: tuple, value: Counter) -> None:
         owner = key[0]
-        assert actor == owner, "a rank only ever writes its own memory (pull-based transport)"
+        assert actor == owner or self.push, "a rank only writes its own memory (pull-based transport)"
         for reader, clock in self.reads.get(key, {}).items():
-            if self.vc[actor][reader] < clock:
-                raise Race(f"rank {owner} overwrites {key} while rank {reader}'s read of it is unordered "
+            if reader != actor and self.vc[actor][reader] < clock:
+                raise Race(f"rank {actor} overwrites {key} while rank {reader}'s read of it is unordered "
                            f"(write-after-read)")
+        w = self.last_write.get(key)
+        if w is not None and w[0] != actor and self.vc[actor][w[0]] < w[1]:
+            raise Race(f"rank {actor} writes {key} concurrently with rank {w[0]}'s write of it")
         self.reads.pop(key, None)
-        self.last_write[key] = self.vc[actor][actor]
+        self.last_write[key] = (actor, self.vc[actor][actor])
         self.mem[owner][key[1]][key[2]] = value
 
     def _move(self, actor, src_owner, src, so, dst, do, cnt, reduce, base=None):
@@ -213,6 +223,13 @@ class Sim:
             assert p.count >= 0
             assert p.base is None or p.reduce, "a base is the left operand of a reduction"
             self._move(r, p.peer, p.src, p.src_off, p.dst, p.dst_off, p.count, p.reduce, p.base)
+        elif kind == "push":
+            p: Push = act[1]
+            vals = [self._read(r, k) for k in self._elem(r, p.buf, p.off, p.count)]
+            for q in p.peers:
+                assert 0 <= q < self.n and q != r, f"rank {r} pushes to {q}"
+                for k, v in zip(self._elem(q, p.buf, p.off, p.count), vals):
+                    self._write(r, k, Counter(v))
         elif kind == "signal":
             _, peers, tag = act
             for q in peers:
@@ -266,8 +283,8 @@ def effective_algo(op: str, n: int, algo: str) -> str:
     return choose_algo(op, n, 0, algo)
 
 
-def simulate(op, algo, n, count, root=0, inplace=False, choose=lambda k: 0) -> Sim:
-    sim = Sim(op, effective_algo(op, n, algo), n, count, root, inplace)
+def simulate(op, algo, n, count, root=0, inplace=False, choose=lambda k: 0, push=False) -> Sim:
+    sim = Sim(op, effective_algo(op, n, algo), n, count, root, inplace, push)
     sim.run(choose)
     sim.check(inplace)
     return sim
@@ -331,6 +348,43 @@ def test_schedule_exhaustive_small_counts(op, algo, n):
                 simulate(op, algo, n, count, root, choose=choose)
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=cases(), inplace=st.booleans(), data=st.data())
+def test_schedule_with_push_random_interleaving(case, inplace, data):
+    """Where peers' memory is writable (one node) the mesh AllReduce pushes its reduced chunk into every
+    rank's receive buffer: as correct, race- and deadlock-free as the pull schedules, in and out of
+    place (the other ops ignore ``push``)."""
+    op, algo, n, count, root = case
+    if inplace and op not in INPLACE_OPS:
+        inplace = False
+    simulate(op, algo, n, count, root, inplace=inplace, choose=lambda k: data.draw(st.integers(0, k - 1)), push=True)
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+@pytest.mark.parametrize("inplace", [False, True])
+def test_push_mesh_allreduce_exhaustive_small_counts(n, inplace):
+    orders = [lambda k: 0, lambda k: k - 1, lambda k: k // 2]
+    for count in list(range(0, n + 2)) + [2 * n + 1]:
+        for choose in orders:
+            simulate("allreduce", "mesh", n, count, inplace=inplace, choose=choose, push=True)
+
+
+def test_detector_catches_a_broken_push(monkeypatch):
+    """Self-test of the simulator's remote writes: a push of the whole buffer instead of the rank's own
+    chunk writes over chunks that their owners are still reducing -- a write-write or write-after-read
+    race (or a wrong result) that the detector must report."""
+    real = hs._allreduce
+
+    def whole(algo, n, r, count, push=False):
+        phases = real(algo, n, r, count, push)
+        return [Phase(tuple(Step(s.tag, s.waits, s.pulls, s.signals, tuple(Push(p.peers, p.buf, 0, count)
+                                                                             for p in s.pushes))
+                            for s in ph.steps)) for ph in phases]
+    monkeypatch.setattr(hs, "_allreduce", whole)
+    with pytest.raises((Race, AssertionError)):
+        simulate("allreduce", "mesh", 3, 6, choose=lambda k: 0, push=True)
+
+
 def test_alltoall_in_place_is_not_a_schedule_hazard_free_case():
     """In-place all-to-all (recv is send) is a hazard for a pull-based one-phase exchange: a peer may
     read my block q after I already overwrote it.  The race detector must see it (documents why the
@@ -370,6 +424,10 @@ def test_schedule_step_counts():
     assert steps("allreduce", "hd", 8) == 2 * 3
     assert steps("allreduce", "mesh", 8) == 1 + 7
     assert len(schedule("allreduce", "mesh", 8, 0, 64)) == 1         # no barrier between the halves
+    pushed = schedule("allreduce", "mesh", 8, 3, 64, push=True)        # one node: reduce and push, one step
+    assert len(pushed) == 1 and len(pushed[0].steps) == 1 and pushed[0].steps[0].signals == ()
+    assert pushed[0].steps[0].pushes == (Push((0, 1, 2, 4, 5, 6, 7), "recv", 24, 8),)
+    assert schedule("allreduce", "hd", 8, 3, 64, push=True) == schedule("allreduce", "hd", 8, 3, 64)
     assert steps("alltoall", "mesh", 8) == 1
     assert steps("allgather", "ring", 5) == 4
     assert steps("reducescatter", "hd", 16) == 4

@@ -124,6 +124,8 @@ def test_allreduce_across_real_nodes(rt, algo):
         assert sum(cross) > 0 and all(x >= 0 for x in cross)
         if algo in ("mesh", "oneshot"):              # every rank reads from every peer
             assert all(x > 0 for x in cross) and all(x > 0 for x in same)
+        # a communicator across nodes only pulls: a peer's HBM on another node is never written
+        assert [a["bytes_pushed"] - b["bytes_pushed"] for a, b in zip(after, before)] == [0] * len(devs)
     finally:
         for c in comms:
             c.destroy()
