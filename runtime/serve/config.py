@@ -39,7 +39,7 @@ from .engine.modes import ModeConfig
 from .engine.placement import DeviceNamedTwice, Placement, device_list, parse_placement
 from .heal.spec import SelfHealingSpec
 from .tenants import Quota, Tenant, TenantRegistry, parse_key
-from .yamlnodes import items
+from .yamlnodes import items, keyed
 from .yamlnodes import line as _line
 
 #: model name -> engine kind (a registry: the server builds engines by kind)
@@ -362,13 +362,7 @@ def _str_list(node, where: str, path: str) -> list[str]:
 
 
 def _tenant(node, where: str, path: str, models: list[str]) -> Tenant:
-    import yaml
-    if not isinstance(node, yaml.MappingNode):
-        raise ConfigError(f"{where}line {_line(node)}: {path}: expected a tenant (a mapping)")
-    keys = {k.value: (k, v) for k, v in node.value}
-    for key, (k, _) in keys.items():
-        if key not in TENANT_KEYS:
-            raise ConfigError(f"{where}line {_line(k)}: unknown key {path}.{key} (known: {', '.join(TENANT_KEYS)})")
+    keys = keyed(node, TENANT_KEYS, where, path, ConfigError, "a tenant (a mapping)")
     for req in ("name", "api_keys"):
         if req not in keys:
             raise ConfigError(f"{where}line {_line(node)}: {path}: the key '{req}' is required")
@@ -414,12 +408,7 @@ def _model(node, where: str, path: str, slo: SloConfig = SloConfig()) -> ModelSp
     if isinstance(node, yaml.ScalarNode):
         name, devs = parse_model_spec(node.value, f"{where}line {_line(node)}: {path}: ")
         return model_spec(name, devs, None)
-    if not isinstance(node, yaml.MappingNode):
-        raise ConfigError(f"{where}line {_line(node)}: {path}: expected a model (name@devices or a mapping)")
-    keys = {k.value: (k, v) for k, v in node.value}
-    for key, (k, _) in keys.items():
-        if key not in MODEL_KEYS:
-            raise ConfigError(f"{where}line {_line(k)}: unknown key {path}.{key} (known: {', '.join(sorted(MODEL_KEYS))})")
+    keys = keyed(node, sorted(MODEL_KEYS), where, path, ConfigError, "a model (name@devices or a mapping)")
     if "model" not in keys:
         raise ConfigError(f"{where}line {_line(node)}: {path}: the key 'model' (name[@devices]) is required")
     mnode = keys["model"][1]
