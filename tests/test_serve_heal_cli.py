@@ -19,9 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
+
+from serve_http import call
 
 pytestmark = pytest.mark.serve
 
@@ -75,9 +76,9 @@ class Serve:
 
 
 def get(url, path):
-    req = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {ADMIN}"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
+    st, body = call(url, path, ADMIN, timeout=60.0)
+    assert st == 200, (path, st, body)
+    return body
 
 
 def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):

@@ -13,14 +13,11 @@ loopback, driven by the official ``openai`` client and plain HTTP; the sampler t
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 import openai
 import pytest
@@ -36,6 +33,7 @@ from runtime.serve.engine.placement import Placement
 from runtime.serve.sampler import Sampler, percentile
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Quota, Tenant, key_digest
+from serve_http import call
 
 pytestmark = pytest.mark.serve
 
@@ -64,14 +62,7 @@ def served(tmp_path_factory):
 
 
 def http(srv, path, body=None, key=ADMIN, method=None, timeout=120.0):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(srv.url + path, data=data, method=method or ("POST" if data else "GET"),
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return call(srv.url, path, key, body, method, timeout)
 
 
 def complete(srv, key=USER, max_tokens=4):
