@@ -29,14 +29,20 @@ _open_lock = threading.Lock()
 _my_start: tuple[int, int] | None = None     #: (pid, start time) of the process that named segments
 
 
-def process_start(pid: int) -> int | None:
-    """The start time of process ``pid`` (clock ticks after boot), None when there is no such process."""
+def _stat_fields(pid: int) -> list[bytes]:
+    """``/proc/<pid>/stat`` from field 3 (the state) onwards -- after "pid (comm) ", whatever the command
+    name holds; empty when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2:].split()          # after "pid (comm) ": field 3 onwards
+        return []
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks after boot), None when there is no such process."""
+    fields = _stat_fields(pid)
     try:
         return int(fields[19])                              # field 22 = starttime
     except (IndexError, ValueError):
@@ -44,12 +50,7 @@ def process_start(pid: int) -> int | None:
 
 
 def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2:].split()
+    fields = _stat_fields(pid)
     return fields[0].decode() if fields else None
 
 

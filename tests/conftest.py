@@ -15,6 +15,7 @@ The test session's environment is fixed here, BEFORE anything imports numpy or R
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 for _k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -35,6 +36,18 @@ def make_local_runtime(count: int = 4, arena: int = TEST_ARENA, **kw) -> Runtime
     return Runtime(LocalBackend(count, DeviceConfig(arena_bytes=arena)), **kw)
 
 
+@contextlib.contextmanager
+def installed(r: Runtime):
+    """``r`` as the process runtime (:func:`runtime.api.set_runtime`) for the block; after it (also on
+    failure) the previous runtime is back and ``r`` is closed."""
+    old = set_runtime(r)
+    try:
+        yield r
+    finally:
+        set_runtime(old)
+        r.close()
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def rt(request):
     cluster = None
@@ -44,12 +57,10 @@ def rt(request):
         from runtime.cluster import ClusterSpec, LocalCluster
         cluster = LocalCluster(ClusterSpec(devices=4, arena_bytes=TEST_ARENA))
         r = Runtime(cluster.backend())
-    old = set_runtime(r)
     try:
-        yield r
+        with installed(r):
+            yield r
     finally:
-        set_runtime(old)
-        r.close()
         if cluster is not None:
             cluster.close()
 

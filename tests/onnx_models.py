@@ -76,6 +76,11 @@ def cnn(seed: int = 0, batch="N", hw: int = 16, classes: int = 10):
     return make_model(nodes, [x], [y], inits, name="cnn")
 
 
+def images(batch: int, seed: int = 0, hw: int = 16) -> np.ndarray:
+    """Random float32 inputs for :func:`cnn`: [batch, 3, hw, hw]."""
+    return np.random.default_rng(seed).standard_normal((batch, 3, hw, hw)).astype(np.float32)
+
+
 def layernorm_decomposed(d: int = 24, seed: int = 1):
     """x [2, 5, d] -> the LayerNorm pattern of older exporters (ReduceMean, Sub, Pow, ReduceMean, Add eps,
     Sqrt, Div, Mul gamma, Add beta), opset 13 (ReduceMean axes as an attribute)."""

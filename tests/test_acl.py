@@ -10,32 +10,27 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import make_local_runtime
+from acl_checks import ok
+from conftest import installed, make_local_runtime
 from devices.arena import ptr_device
 from runtime import acl
-from runtime.api import set_runtime
 
 WAIT_S = 10          # deadline for anything the tests wait on (only reached when something is broken)
 
 
-def _install(rt):
-    old = set_runtime(rt)
+def _reset_acl():
     acl.finalize()                 # drop state a failed test may have left (ret ignored)
     acl.get_recent_err_msg()
-    return old
 
 
 @pytest.fixture
 def fresh():
-    r = make_local_runtime()
-    old = _install(r)
-    try:
-        yield r
-    finally:
-        acl.finalize()
-        acl.get_recent_err_msg()
-        set_runtime(old)
-        r.close()
+    with installed(make_local_runtime()) as r:
+        _reset_acl()
+        try:
+            yield r
+        finally:
+            _reset_acl()
 
 
 @pytest.fixture
@@ -46,16 +41,6 @@ def dev0(fresh):
     ctx, ret = acl.rt.get_context()
     assert ret == 0
     yield ctx
-
-
-def ok(res):
-    """Unpack a pyACL result, asserting ret == 0 (with the error text on failure)."""
-    if isinstance(res, tuple):
-        *outs, ret = res
-    else:
-        outs, ret = [], res
-    assert ret == 0, f"ret {ret}: {acl.get_recent_err_msg()}"
-    return outs[0] if len(outs) == 1 else (tuple(outs) if outs else None)
 
 
 def axpy_kernel(ctx, x, y, out, alpha=1.0):
@@ -755,23 +740,21 @@ def test_model_run_instance_capture_and_replay(dev0):
 
 # ---------------------------------------------------------------------------------------------- visible devices
 def test_visible_devices_renumbering():
-    r = make_local_runtime(visible="1,3")
-    old = _install(r)
-    try:
-        ok(acl.init())
-        assert ok(acl.rt.get_device_count()) == 2
-        assert acl.rt.set_device(2) == acl.ACL_ERROR_RT_INVALID_DEVICEID
-        ok(acl.rt.set_device(1))
-        p = ok(acl.rt.malloc(128))
-        assert ptr_device(p) == 3                          # user id 1 is physical device 3
-        ok(acl.rt.set_device(0))
-        q = ok(acl.rt.malloc(128))
-        assert ptr_device(q) == 1
-        ok(acl.rt.memcpy(q, 128, p, 128, acl.ACL_MEMCPY_DEVICE_TO_DEVICE))
-        ok(acl.rt.free(p))
-        assert acl.get_soc_name() == "Ascend910B3"
-        ok(acl.finalize())
-    finally:
-        acl.finalize()
-        set_runtime(old)
-        r.close()
+    with installed(make_local_runtime(visible="1,3")):
+        _reset_acl()
+        try:
+            ok(acl.init())
+            assert ok(acl.rt.get_device_count()) == 2
+            assert acl.rt.set_device(2) == acl.ACL_ERROR_RT_INVALID_DEVICEID
+            ok(acl.rt.set_device(1))
+            p = ok(acl.rt.malloc(128))
+            assert ptr_device(p) == 3                          # user id 1 is physical device 3
+            ok(acl.rt.set_device(0))
+            q = ok(acl.rt.malloc(128))
+            assert ptr_device(q) == 1
+            ok(acl.rt.memcpy(q, 128, p, 128, acl.ACL_MEMCPY_DEVICE_TO_DEVICE))
+            ok(acl.rt.free(p))
+            assert acl.get_soc_name() == "Ascend910B3"
+            ok(acl.finalize())
+        finally:
+            acl.finalize()

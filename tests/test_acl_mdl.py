@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_local_runtime
-from onnx_models import assert_close, cnn, ort_run
+from acl_checks import ok
+from conftest import installed, make_local_runtime
+from onnx_models import assert_close, cnn, images, ort_run
 from runtime import acl
-from runtime.api import set_runtime
 from runtime.atc import DYNAMIC_INPUT_NAME, compile_model, make_options
 from runtime.models.weights import minilm_l3_onnx
 from test_atc import atc_header, token_inputs
@@ -62,13 +62,8 @@ def minilm_om(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rt():
-    r = make_local_runtime(count=2, arena=64 << 20)
-    old = set_runtime(r)
-    try:
+    with installed(make_local_runtime(count=2, arena=64 << 20)) as r:
         yield r
-    finally:
-        set_runtime(old)
-        r.close()
 
 
 @pytest.fixture
@@ -84,19 +79,6 @@ def ctx(rt):
     finally:
         acl.finalize()
         acl.get_recent_err_msg()
-
-
-def ok(res):
-    if isinstance(res, tuple):
-        *outs, ret = res
-    else:
-        outs, ret = [], res
-    assert ret == 0, f"ret {ret}: {acl.get_recent_err_msg()}"
-    return outs[0] if len(outs) == 1 else (tuple(outs) if outs else None)
-
-
-def images(b, seed=0):
-    return np.random.default_rng(seed).standard_normal((b, 3, 16, 16)).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------- the sample

@@ -12,15 +12,9 @@ import sys
 
 import pytest
 
+from runtime.cluster.procs import alive
+
 pytestmark = pytest.mark.cluster
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _foreign_dead_segment():
@@ -72,7 +66,7 @@ def test_chaos_cli_report(tmp_path):
     assert {"detection_latency_s", "recovery_latency_s", "availability_pct", "throughput"} <= set(r)
     # back to baseline, checked here as well as by the campaign itself
     assert r["hbm_back_to_baseline"] and r["clean"], r["leaks"]
-    assert not [pid for pid in r["device_pids_seen"] if _alive(pid)]
+    assert not [pid for pid in r["device_pids_seen"] if alive(pid)]
     assert not [a for a in r["arenas_seen"] if os.path.exists(os.path.join("/dev/shm", a))]
     if foreign:
         assert os.path.basename(foreign) in r["other_dead_pid_segments"]

@@ -9,15 +9,9 @@ import sys
 
 import pytest
 
+from runtime.cluster.procs import alive
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _chaos(*args, timeout=240):
@@ -78,5 +72,5 @@ def test_node_kill_campaign(tmp_path):
     assert r["submitted"] == r["completed"] + r["failed"] + r["lost"]
     assert r["lost"] == 0 and r["duplicated"] == 0 and r["correct"] and r["submitted"] > 0
     assert r["hbm_back_to_baseline"] and r["clean"], r["leaks"]
-    assert not [pid for pid in r["device_pids_seen"] if _alive(pid)]
+    assert not [pid for pid in r["device_pids_seen"] if alive(pid)]
     assert not [a for a in r["arenas_seen"] if os.path.exists(os.path.join("/dev/shm", a))]

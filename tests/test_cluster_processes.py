@@ -12,12 +12,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import select
 import subprocess
 import sys
 import time
 
 import pytest
+
+from runtime.cluster.procs import alive, wait_gone
 
 pytestmark = pytest.mark.cluster
 
@@ -25,14 +26,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------------------------------------- /proc
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def cluster_processes(temp_dir: str) -> dict[int, str]:
     """pid -> command line of every live process (not this one) that names ``temp_dir``."""
     out = {}
@@ -57,7 +50,7 @@ def cluster_processes(temp_dir: str) -> dict[int, str]:
                         continue
             except OSError:
                 continue
-        if hit and _alive(pid):
+        if hit and alive(pid):
             out[pid] = cmd[:200]
     return out
 
@@ -112,24 +105,6 @@ def non_loopback_listeners(pids) -> list[str]:
     return bad
 
 
-def _wait_gone(pids, timeout_s: float = 30.0) -> list[int]:
-    """Processes end asynchronously after a kill: wait (bounded) on a pidfd per process for each to exit."""
-    end = time.monotonic() + timeout_s
-    left = []
-    for p in pids:
-        try:
-            fd = os.pidfd_open(p)
-        except OSError:
-            continue                                   # already gone
-        try:
-            ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
-            if not ready and _alive(p):
-                left.append(p)
-        finally:
-            os.close(fd)
-    return left
-
-
 # ---------------------------------------------------------------------------------------------- tests
 def _vnpu(args, env, timeout=300):
     return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True,
@@ -173,8 +148,8 @@ def test_vnpu_up_down_loopback_only_and_nothing_left(tmp_path):
         mine = json.loads(emb.stdout.strip().splitlines()[-1])
         assert not set(mine["pids"]) & device_pids and mine["temp_dir"] != temp_dir
         assert mine["gcs"] != st["ray_address"], mine
-        assert all(_alive(p) for p in device_pids), "a LocalCluster killed devices of a cluster it did not start"
-        assert _wait_gone(mine["pids"]) == []
+        assert all(alive(p) for p in device_pids), "a LocalCluster killed devices of a cluster it did not start"
+        assert wait_gone(mine["pids"], 30.0) == []
         # a second `up` with another size is refused with one line (the cluster keeps running)
         again = _vnpu(["up", "--devices", "4"], env)
         assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stdout + again.stderr
@@ -184,7 +159,7 @@ def test_vnpu_up_down_loopback_only_and_nothing_left(tmp_path):
         took = time.monotonic() - t0
         assert down.returncode == 0, down.stdout + down.stderr
         print(f"[vnpu down] {took:.2f} s (command, including interpreter start)")
-        assert _wait_gone(procs) == [], {p: procs[p] for p in procs if _alive(p)}
+        assert wait_gone(procs, 30.0) == [], {p: procs[p] for p in procs if alive(p)}
         assert cluster_processes(temp_dir) == {}
         assert not os.path.exists(temp_dir)
         assert not [w["arena"] for w in st["where"] if os.path.exists(os.path.join("/dev/shm", w["arena"]))]
@@ -202,5 +177,5 @@ def test_local_cluster_loopback_only_and_nothing_left():
         assert non_loopback_listeners(list(procs) + [os.getpid()]) == []
     finally:
         c.close()
-    assert _wait_gone(procs) == [], {p: procs[p] for p in procs if _alive(p)}
+    assert wait_gone(procs, 30.0) == [], {p: procs[p] for p in procs if alive(p)}
     assert cluster_processes(c.temp_dir) == {}

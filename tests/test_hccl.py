@@ -14,7 +14,6 @@ waits on a ``threading.Event`` with a deadline) and threads are joined with dead
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import secrets
 import threading
@@ -26,9 +25,9 @@ from conftest import make_local_runtime
 from devices.errors import (HCCL_E_PARA, HCCL_E_REMOTE, HCCL_E_TIMEOUT, HCCL_SUCCESS, AclError, HcclError)
 from devices.hccl_schedule import chunks
 from fp32 import assert_within, gamma, sum_bound
+from hccl_ranks import GATE_TIMEOUT_S, Pool, communicators, drain, gate_stream, sync_error
 from runtime import hccl
 
-GATE_TIMEOUT_S = 20.0        # a gate nobody releases lets go by itself: a failing test cannot hang
 JOIN_TIMEOUT_S = 30.0
 ALGOS = ("ring", "hd", "mesh", "oneshot")
 DTYPES = ("float32", "float16", "int8", "int32", "int64", "bfloat16")
@@ -53,42 +52,10 @@ def devices_for(request, rt, n: int):
     return request.getfixturevalue("rt5").devices()[:n]
 
 
-class Pool:
-    """Device tensors of one test, freed at its end."""
-
-    def __init__(self):
-        self.tensors = []
-
-    def put(self, dev, arr):
-        t = dev.from_numpy(np.ascontiguousarray(arr))
-        self.tensors.append(t)
-        return t
-
-    def free(self):
-        for t in self.tensors:
-            with contextlib.suppress(AclError):
-                t.free()
-        self.tensors.clear()
-
-
 @pytest.fixture
 def pool():
-    p = Pool()
-    try:
+    with Pool() as p:
         yield p
-    finally:
-        p.free()
-
-
-@contextlib.contextmanager
-def communicators(devs, algo=None, timeout_s=30.0):
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(algo=algo, exec_timeout_s=timeout_s))
-    try:
-        yield comms
-    finally:
-        drain(devs)
-        for c in comms:
-            c.destroy()
 
 
 def comm_init_with(devs, **config):
@@ -113,32 +80,6 @@ def sync_all(devs):
             first = first or e
     if first is not None:
         raise first
-
-
-def drain(devs):
-    """Clear the sticky stream errors a failed test may leave (a failed stream skips later work)."""
-    for d in devs:
-        with contextlib.suppress(AclError):
-            d.synchronize()
-
-
-def sync_error(dev) -> HcclError:
-    """Synchronize ``dev``; it must raise an HcclError (its HcclResult in ``hccl_code``)."""
-    with pytest.raises(AclError) as ei:
-        dev.synchronize()
-    e = ei.value
-    assert isinstance(e, HcclError), \
-        f"a failed collective must reach the host as HcclError (with hccl_code), got {type(e).__name__}: {e}"
-    return e
-
-
-def gate_stream(stream, gate: threading.Event, started: threading.Event | None = None):
-    """Hold ``stream`` until ``gate`` is set (or GATE_TIMEOUT_S passes)."""
-    def hold():
-        if started is not None:
-            started.set()
-        gate.wait(GATE_TIMEOUT_S)
-    stream.launch_host_func(hold, blocking=True)
 
 
 # ------------------------------------------------------------------------------------------ host data

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from conftest import make_local_runtime
-from devices.errors import HCCL_E_PARA, HCCL_E_REMOTE, HcclError
+from devices.errors import HCCL_E_PARA, HCCL_E_REMOTE
 from devices.hccl import DIRECT_BARRIER_MAX
 from devices.hccl_schedule import MESH_MAX_RANKS, choose_algo
+from hccl_ranks import GATE_TIMEOUT_S, Pool, communicators, every_rank_fails, gate_stream
 from runtime import hccl
 
-GATE_TIMEOUT_S = 20.0
 N = 9
 
 
@@ -40,20 +40,14 @@ def _engines(rt, devs):
 @pytest.mark.parametrize("algo", ["mesh", "hd", "ring", "oneshot", None])
 def test_allreduce_on_many_ranks(rt9, n, algo):
     devs = rt9.devices()[:n]
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(algo=algo, exec_timeout_s=60))
     count = 3 * n + 1
-    xs = [d.from_numpy((np.arange(count) * (r + 1) % 13).astype(np.float32)) for r, d in enumerate(devs)]
     want = sum((np.arange(count) * (r + 1) % 13).astype(np.float32) for r in range(n))
-    try:
+    with Pool() as pool, communicators(devs, algo=algo, timeout_s=60) as comms:
+        xs = [pool.put(d, (np.arange(count) * (r + 1) % 13).astype(np.float32)) for r, d in enumerate(devs)]
         for c, x in zip(comms, xs):
             c.all_reduce(x)
         for x in xs:
             np.testing.assert_array_equal(x.numpy(), want)
-    finally:
-        for c in comms:
-            c.destroy()
-        for x in xs:
-            x.free()
 
 
 @pytest.mark.parametrize("n", [5, 8, 9])
@@ -64,9 +58,8 @@ def test_barrier_disseminates_beyond_the_direct_limit(rt9, n):
     assert n > DIRECT_BARRIER_MAX
     devs = rt9.devices()[:n]
     engines = _engines(rt9, devs)
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(algo="oneshot"))
-    xs = [d.from_numpy(np.full(16, r + 1.0, np.float32)) for r, d in enumerate(devs)]
-    try:
+    with Pool() as pool, communicators(devs, algo="oneshot") as comms:
+        xs = [pool.put(d, np.full(16, r + 1.0, np.float32)) for r, d in enumerate(devs)]
         before = [e.stats["messages"] for e in engines]
         for c, x in zip(comms, xs):
             c.all_reduce(x)
@@ -74,29 +67,15 @@ def test_barrier_disseminates_beyond_the_direct_limit(rt9, n):
             np.testing.assert_array_equal(x.numpy(), np.full(16, n * (n + 1) / 2, np.float32))
         sent = [e.stats["messages"] - b for e, b in zip(engines, before)]
         assert sent == [math.ceil(math.log2(n))] * n
-    finally:
-        for c in comms:
-            c.destroy()
-        for x in xs:
-            x.free()
 
 
 def test_mismatch_on_many_ranks_fails_every_rank(rt9):
     devs = rt9.devices()
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(exec_timeout_s=60))
-    xs = [d.from_numpy(np.ones(8 if r != 5 else 9, np.float32)) for r, d in enumerate(devs)]
-    try:
+    with Pool() as pool, communicators(devs, timeout_s=60) as comms:
+        xs = [pool.put(d, np.ones(8 if r != 5 else 9, np.float32)) for r, d in enumerate(devs)]
         for c, x in zip(comms, xs):
             c.all_reduce(x)
-        for d in devs:
-            with pytest.raises(HcclError) as ei:
-                d.synchronize()
-            assert ei.value.hccl_code == HCCL_E_PARA
-    finally:
-        for c in comms:
-            c.destroy()
-        for x in xs:
-            x.free()
+        every_rank_fails(devs, HCCL_E_PARA)
 
 
 def test_algorithm_for_large_allreduce_by_rank_count():
@@ -116,7 +95,7 @@ def test_lost_rank_fails_every_other_rank_with_remote_error():
         engines = _engines(r, devs)
         comms = hccl.comm_init_all(devs, hccl.CommOptions(exec_timeout_s=120, algo="mesh"))
         ts = [d.from_numpy(np.full(4096, i + 1.0, np.float32)) for i, d in enumerate(devs)]
-        devs[6].default_stream.launch_host_func(lambda: gate.wait(GATE_TIMEOUT_S), blocking=True)
+        gate_stream(devs[6].default_stream, gate)
         for c, t in zip(comms, ts):
             c.all_reduce(t)
         victim = r.backend.device(devs[6].physical_id)
@@ -125,12 +104,7 @@ def test_lost_rank_fails_every_other_rank_with_remote_error():
             assert mb._cv.wait_for(lambda: len(mb._msgs) >= 1, timeout=GATE_TIMEOUT_S)
         victim.close()
         gate.set()
-        for i, d in enumerate(devs):
-            if i == 6:
-                continue
-            with pytest.raises(HcclError) as ei:
-                d.synchronize()
-            assert ei.value.hccl_code == HCCL_E_REMOTE, (i, ei.value)
+        every_rank_fails([d for i, d in enumerate(devs) if i != 6], HCCL_E_REMOTE)
         assert sum(e.stats["aborts_sent"] for i, e in enumerate(engines) if i != 6) >= 1
         survivors = [d for i, d in enumerate(devs) if i != 6]
         fresh = hccl.comm_init_all(survivors, hccl.CommOptions(exec_timeout_s=60))
@@ -150,27 +124,19 @@ def test_link_down_fails_the_operator_on_many_ranks(rt9):
     other ranks, told by rank 0 -- and works again once the link is back."""
     from devices.errors import HCCL_E_NETWORK
     devs = rt9.devices()[:8]
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(algo="hd", exec_timeout_s=60))
-    xs = [d.from_numpy(np.ones(64, np.float32)) for d in devs]
     h0 = rt9.backend.device(devs[0].physical_id)
-    try:
-        h0.inject_fault("link-down", peer=devs[5].physical_id)
-        for c, x in zip(comms, xs):
-            c.all_reduce(x)
-        for d in devs:
-            with pytest.raises(HcclError) as ei:
-                d.synchronize()
-            assert ei.value.hccl_code == HCCL_E_NETWORK
-        h0.clear_fault()
-        ys = [d.from_numpy(np.full(64, 2.0, np.float32)) for d in devs]
-        xs += ys
-        for c, y in zip(comms, ys):
-            c.all_reduce(y)
-        for y in ys:
-            np.testing.assert_array_equal(y.numpy(), np.full(64, 16.0, np.float32))
-    finally:
-        h0.clear_fault()
-        for c in comms:
-            c.destroy()
-        for x in xs:
-            x.free()
+    with Pool() as pool, communicators(devs, algo="hd", timeout_s=60) as comms:
+        xs = [pool.put(d, np.ones(64, np.float32)) for d in devs]
+        try:
+            h0.inject_fault("link-down", peer=devs[5].physical_id)
+            for c, x in zip(comms, xs):
+                c.all_reduce(x)
+            every_rank_fails(devs, HCCL_E_NETWORK)
+            h0.clear_fault()
+            ys = [pool.put(d, np.full(64, 2.0, np.float32)) for d in devs]
+            for c, y in zip(comms, ys):
+                c.all_reduce(y)
+            for y in ys:
+                np.testing.assert_array_equal(y.numpy(), np.full(64, 16.0, np.float32))
+        finally:
+            h0.clear_fault()

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from devices.errors import HcclError
+from devices.errors import HCCL_E_PARA
 from fp32 import assert_within, sum_bound
-from runtime import hccl
+from hccl_ranks import Pool, communicators, every_rank_fails
 from runtime.api import Runtime
 from runtime.cluster import ClusterSpec, LocalCluster
 
@@ -38,30 +38,23 @@ def test_devices_report_two_nodes(rt):
 @pytest.mark.parametrize("count", [1, 1001, 300_000])
 def test_allreduce_across_nodes(rt, algo, count):
     devs = rt.devices()
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(algo=algo, exec_timeout_s=60))
     rng = np.random.default_rng(count)
     data = [rng.standard_normal(count).astype(np.float32) for _ in devs]
-    ts = [d.from_numpy(x) for d, x in zip(devs, data)]
-    try:
+    with Pool() as pool, communicators(devs, algo=algo, timeout_s=60) as comms:
+        ts = [pool.put(d, x) for d, x in zip(devs, data)]
         for c, t in zip(comms, ts):
             c.all_reduce(t)
         ref = np.sum(np.stack(data).astype(np.float64), axis=0)
         for t in ts:
             assert_within(t.numpy(), ref, sum_bound(np.stack(data), axis=0), algo)     # any summation order
-    finally:
-        for c in comms:
-            c.destroy()
-        for t in ts:
-            t.free()
 
 
 def test_allgather_broadcast_and_send_recv_across_nodes(rt):
     devs = rt.devices()
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(exec_timeout_s=60))
     n = len(devs)
-    xs = [d.from_numpy(np.full(5, r + 1, np.int32)) for r, d in enumerate(devs)]
-    outs = [d.empty((5 * n,), "int32") for d in devs]
-    try:
+    with Pool() as pool, communicators(devs, timeout_s=60) as comms:
+        xs = [pool.put(d, np.full(5, r + 1, np.int32)) for r, d in enumerate(devs)]
+        outs = [pool.empty(d, (5 * n,), "int32") for d in devs]
         for c, x, o in zip(comms, xs, outs):
             c.all_gather(x, o)
         expect = np.repeat(np.arange(1, n + 1, dtype=np.int32), 5)
@@ -71,37 +64,19 @@ def test_allgather_broadcast_and_send_recv_across_nodes(rt):
             c.broadcast(x, root=3)
         for x in xs:
             np.testing.assert_array_equal(x.numpy(), np.full(5, 4, np.int32))
-        payload = devs[0].from_numpy(np.arange(7, dtype=np.float32))
-        box = devs[3].empty((7,))                           # rank 0 (node 0) -> rank 3 (node 1)
+        payload = pool.put(devs[0], np.arange(7, dtype=np.float32))
+        box = pool.empty(devs[3], (7,))                     # rank 0 (node 0) -> rank 3 (node 1)
         comms[0].send(payload, 3)
         comms[3].recv(box, 0)
         np.testing.assert_array_equal(box.numpy(), np.arange(7, dtype=np.float32))
-        payload.free()
-        box.free()
-    finally:
-        for c in comms:
-            c.destroy()
-        for t in xs + outs:
-            t.free()
 
 
 def test_mismatch_across_nodes_fails_every_rank(rt):
     devs = rt.devices()[:2]           # one rank per node
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(exec_timeout_s=30))
-    a = devs[0].from_numpy(np.ones(8, np.float32))
-    b = devs[1].from_numpy(np.ones(9, np.float32))
-    try:
-        comms[0].all_reduce(a)
-        comms[1].all_reduce(b)
-        for d in devs:
-            with pytest.raises(HcclError) as ei:
-                d.synchronize()
-            assert ei.value.hccl_code == 1
-    finally:
-        for c in comms:
-            c.destroy()
-        a.free()
-        b.free()
+    with Pool() as pool, communicators(devs, timeout_s=30) as comms:
+        comms[0].all_reduce(pool.put(devs[0], np.ones(8, np.float32)))
+        comms[1].all_reduce(pool.put(devs[1], np.ones(9, np.float32)))
+        every_rank_fails(devs, HCCL_E_PARA)
 
 
 def test_one_definition_of_same_node(rt):
@@ -121,34 +96,20 @@ def test_link_down_across_nodes_fails_that_pair_only(rt):
     for d in devs:
         by_node.setdefault(d.handle.hccl_info()["node"], []).append(d)
     (a, b), (c, _) = by_node["sim-node-0"], by_node["sim-node-1"]
-    cross = hccl.comm_init_all([a, c], hccl.CommOptions(exec_timeout_s=60))
-    local = hccl.comm_init_all([a, b], hccl.CommOptions(exec_timeout_s=60))
-    ts = []
-    try:
+    with Pool() as pool, communicators([a, c], timeout_s=60) as cross, communicators([a, b], timeout_s=60) as local:
         c.handle.inject_fault("link-down", peer=a.physical_id, duration_ms=600_000)
-        xs = [a.from_numpy(np.ones(16, np.float32)), c.from_numpy(np.ones(16, np.float32))]
-        ts += xs
+        xs = [pool.put(a, np.ones(16, np.float32)), pool.put(c, np.ones(16, np.float32))]
         for comm, x in zip(cross, xs):
             comm.all_reduce(x)
-        for d in (a, c):
-            with pytest.raises(HcclError) as ei:
-                d.synchronize()
-            assert ei.value.hccl_code == HCCL_E_NETWORK
-        ys = [a.from_numpy(np.ones(16, np.float32)), b.from_numpy(np.full(16, 2.0, np.float32))]
-        ts += ys
+        every_rank_fails((a, c), HCCL_E_NETWORK)
+        ys = [pool.put(a, np.ones(16, np.float32)), pool.put(b, np.full(16, 2.0, np.float32))]
         for comm, y in zip(local, ys):
             comm.all_reduce(y)
         for y in ys:
             np.testing.assert_array_equal(y.numpy(), np.full(16, 3.0, np.float32))
         c.handle.clear_fault()
-        zs = [a.from_numpy(np.ones(16, np.float32)), c.from_numpy(np.full(16, 4.0, np.float32))]
-        ts += zs
+        zs = [pool.put(a, np.ones(16, np.float32)), pool.put(c, np.full(16, 4.0, np.float32))]
         for comm, z in zip(cross, zs):
             comm.all_reduce(z)
         for z in zs:
             np.testing.assert_array_equal(z.numpy(), np.full(16, 5.0, np.float32))
-    finally:
-        for comm in cross + local:
-            comm.destroy()
-        for t in ts:
-            t.free()

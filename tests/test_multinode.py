@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from devices.errors import HCCL_E_REMOTE, HcclError
+from devices.errors import HCCL_E_REMOTE
 from fp32 import assert_within, sum_bound
+from hccl_ranks import Pool, communicators, every_rank_fails
 from runtime import hccl
 from runtime.api import Runtime
 from runtime.cluster.failover import DevicePool, FailoverOptions
@@ -106,13 +107,12 @@ def test_allreduce_across_real_nodes(rt, algo):
     """Six ranks on three raylets: correct against numpy, and the cross-node bytes went over gRPC (the
     HCCL engine's per-transport counters), the same-node ones through shared memory."""
     devs = rt.devices()
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(algo=algo, exec_timeout_s=60))
     count = 100_003
     rng = np.random.default_rng(7)
     data = [rng.standard_normal(count).astype(np.float32) for _ in devs]
-    ts = [d.from_numpy(x) for d, x in zip(devs, data)]
-    before = [d.handle.hccl_info()["stats"] for d in devs]
-    try:
+    with Pool() as pool, communicators(devs, algo=algo, timeout_s=60) as comms:
+        ts = [pool.put(d, x) for d, x in zip(devs, data)]
+        before = [d.handle.hccl_info()["stats"] for d in devs]
         for c, t in zip(comms, ts):
             c.all_reduce(t)
         ref = np.sum(np.stack(data).astype(np.float64), axis=0)
@@ -126,35 +126,23 @@ def test_allreduce_across_real_nodes(rt, algo):
             assert all(x > 0 for x in cross) and all(x > 0 for x in same)
         # a communicator across nodes only pulls: a peer's HBM on another node is never written
         assert [a["bytes_pushed"] - b["bytes_pushed"] for a, b in zip(after, before)] == [0] * len(devs)
-    finally:
-        for c in comms:
-            c.destroy()
-        for t in ts:
-            t.free()
 
 
 def test_allgather_and_send_recv_between_worker_nodes(rt, cluster):
     workers = [n for n in cluster.alive_nodes() if not n.head]
     a, b = workers[0].devices[0], workers[1].devices[1]
     devs = [d for d in rt.devices() if d.physical_id in (a, b)]
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(exec_timeout_s=60))
-    xs = [d.from_numpy(np.full(7, r + 1, np.int32)) for r, d in enumerate(devs)]
-    outs = [d.empty((14,), "int32") for d in devs]
-    try:
+    with Pool() as pool, communicators(devs, timeout_s=60) as comms:
+        xs = [pool.put(d, np.full(7, r + 1, np.int32)) for r, d in enumerate(devs)]
+        outs = [pool.empty(d, (14,), "int32") for d in devs]
         for c, x, o in zip(comms, xs, outs):
             c.all_gather(x, o)
         for o in outs:
             np.testing.assert_array_equal(o.numpy(), np.repeat(np.array([1, 2], np.int32), 7))
         comms[1].send(outs[1], 0)
-        box = devs[0].empty((14,), "int32")
+        box = pool.empty(devs[0], (14,), "int32")
         comms[0].recv(box, 1)
         np.testing.assert_array_equal(box.numpy(), outs[1].numpy())
-        box.free()
-    finally:
-        for c in comms:
-            c.destroy()
-        for t in xs + outs:
-            t.free()
 
 
 def test_npu_task_sees_exactly_its_nodes_devices(cluster):
@@ -226,10 +214,7 @@ def test_node_removal_loses_its_devices_fails_collectives_everywhere_and_fails_o
             devs[i].queue.flush()
         gone = cluster.kill_node(victim.node_id)     # ... which dies (raylet and processes SIGKILLed)
         assert sorted(gone) == sorted(lost)
-        for i in survivors:                          # every survivor fails, with HCCL_E_REMOTE
-            with pytest.raises(HcclError) as ei:
-                devs[i].synchronize()
-            assert ei.value.hccl_code == HCCL_E_REMOTE, ei.value
+        every_rank_fails([devs[i] for i in survivors], HCCL_E_REMOTE)    # every survivor, with HCCL_E_REMOTE
         # failover: both lost devices detected, their logical ids now on the other worker's spares
         assert pool.wait_for(lambda p: all(p.bindings[lid].physical not in lost for lid in range(4)), 30)
         detected = {e["physical"] for e in pool.events if e["kind"] == "detected"}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import threading
 
 import pytest
 
@@ -30,6 +31,51 @@ def test_samples_round_trip_by_metric_scope_and_window(tmp_path):
     assert h.scopes("device_temperature_c") == ["npu:3"]
     assert h.latest() == {"qps": (109.0, 9.0), "p99_latency_ms": (109.0, 90.0)}
     assert h.span() == (100.0, 109.0)
+
+
+class Waiter(threading.Thread):
+    """``History.wait_newer`` on a thread of its own; ``result`` once it returned."""
+
+    def __init__(self, h, after, scope=""):
+        super().__init__(daemon=True)
+        self.h, self.after, self.scope, self.result = h, after, scope, None
+
+    def run(self):
+        self.result = self.h.wait_newer(self.after, 30.0, self.scope)
+
+
+def test_wait_newer_returns_on_a_newer_sample_its_deadline_or_close():
+    """A long poll's wait: True at once when the scope already has a newer sample, True when another thread
+    records one, False when the deadline passes without one, False when the store is closed (never the
+    full 30 s: the joins' deadlines are far below it).  Other scopes and older samples do not count."""
+    h = History(":memory:")
+    assert h.wait_newer(None, 0.01) is False                           # nothing recorded yet
+    h.record_samples(10.0, {"qps": 1.0})
+    assert h.wait_newer(None, 30.0) is True and h.wait_newer(9.0, 30.0) is True
+    assert h.wait_newer(10.0, 0.01) is False                           # not newer
+    w = Waiter(h, 10.0)
+    w.start()
+    h.record_samples(11.0, {"qps": 1.0}, scope=device_scope(0))         # another scope: still waiting
+    h.record_samples(10.5, {"qps": 1.0}, scope="npu:9")
+    h.record_samples(12.0, {"qps": 2.0})
+    w.join(10.0)
+    assert not w.is_alive() and w.result is True
+    w = Waiter(h, 12.0, scope=device_scope(0))
+    w.start()
+    h.record_samples(12.5, {"device_temperature_c": 40.0}, scope=device_scope(0))
+    w.join(10.0)
+    assert not w.is_alive() and w.result is True
+    w = Waiter(h, 12.5, scope=device_scope(0))
+    w.start()
+    h.record_tick(13.0, {"": {"qps": 3.0}, device_scope(0): {"device_temperature_c": 41.0}})   # one transaction
+    w.join(10.0)
+    assert not w.is_alive() and w.result is True
+    assert h.latest()["qps"] == (13.0, 3.0) and h.latest(device_scope(0))["device_temperature_c"] == (13.0, 41.0)
+    w = Waiter(h, 100.0)
+    w.start()
+    h.close()
+    w.join(10.0)
+    assert not w.is_alive() and w.result is False
 
 
 def test_non_finite_samples_are_skipped_and_unknown_names_refused(tmp_path):

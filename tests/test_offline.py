@@ -15,16 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import make_local_runtime
+from conftest import installed, make_local_runtime
 from devices.errors import (ACL_ERROR_GE_DATATYPE_INVALID, ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID,
                             ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID, ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID,
                             ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID, ACL_ERROR_GE_EXEC_MODEL_ID_INVALID,
                             ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, ACL_ERROR_GE_LOAD_MODEL, ACL_ERROR_GE_PARAM_INVALID,
                             ACL_ERROR_INVALID_PARAM, ACL_ERROR_MODEL_INPUT_NOT_MATCH, ACL_ERROR_MODEL_OUTPUT_NOT_MATCH,
                             ACL_ERROR_PARSE_MODEL, ACL_ERROR_RT_PARAM_INVALID, ACL_ERROR_RT_STREAM_CONTEXT, AclError)
-from onnx_models import assert_close, cnn, ort_run
+from onnx_models import assert_close, cnn, images, ort_run
 from runtime import offline
-from runtime.api import set_runtime
 from runtime.atc import compile_model, make_options
 from runtime.models.weights import minilm_l3_onnx
 from test_atc import atc_header, token_inputs
@@ -42,23 +41,14 @@ def free_hbm(dev) -> int:
 
 @pytest.fixture(scope="module")
 def rt():
-    r = make_local_runtime(count=2, arena=160 << 20)
-    old = set_runtime(r)
-    try:
+    with installed(make_local_runtime(count=2, arena=160 << 20)) as r:
         yield r
-    finally:
-        set_runtime(old)
-        r.close()
 
 
 @pytest.fixture(scope="module")
 def cnn_om():
     m = cnn(seed=4)
     return m, compile_model(m, make_options("x:-1,3,16,16", "1,2,4")).to_bytes()
-
-
-def images(b, seed=0):
-    return np.random.default_rng(seed).standard_normal((b, 3, 16, 16)).astype(np.float32)
 
 
 class Buffers:

@@ -143,20 +143,14 @@ def test_segment_names_carry_owner_pid_and_start_time():
 
 def test_runtime_installed_by_the_caller_is_not_closed_by_finalize():
     """acl.finalize closes only a runtime acl itself created (a caller's runtime stays usable)."""
-    from conftest import make_local_runtime
+    from conftest import installed, make_local_runtime
     from runtime import acl
-    from runtime.api import set_runtime
-    r = make_local_runtime(count=1, arena=1 << 20)
-    old = set_runtime(r)
-    try:
+    with installed(make_local_runtime(count=1, arena=1 << 20)) as r:
         assert acl.init() == 0 and acl.rt.set_device(0) == 0
         assert acl.rt.reset_device(0) == 0 and acl.finalize() == 0
         ptr = r.device(0).malloc(64)                           # still open
         r.device(0).free(ptr)
         assert r.device(0).handle.arena.name in _mine(os.getpid())   # its arena is still there
-    finally:
-        set_runtime(old)
-        r.close()
 
 
 def test_a_forked_child_names_its_segments_as_itself():

@@ -16,9 +16,7 @@ Such a case is counted and reported; the token count must match whatever happens
 from __future__ import annotations
 
 import glob
-import json
 import os
-import urllib.error
 import urllib.request
 
 import numpy as np
@@ -34,6 +32,7 @@ from runtime.serve.engine import EngineConfig
 from runtime.serve.engine.placement import Placement
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Quota, Tenant, key_digest
+from serve_http import call
 
 pytestmark = pytest.mark.serve
 
@@ -65,13 +64,7 @@ def client(served):
 
 
 def admin(srv, path, key=ADMIN):
-    req = urllib.request.Request(srv.url + path, data=b"{}", method="POST",
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return call(srv.url, path, key, {})
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from runtime.serve.heal import SelfHealing
 from runtime.serve.sampler import Sampler
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Tenant, key_digest
+from serve_http import call
 
 pytestmark = pytest.mark.serve
 
@@ -468,15 +469,7 @@ tenants:
 
 
 def post(srv, path, body, key=ADMIN):
-    import urllib.error
-    import urllib.request
-    req = urllib.request.Request(srv.url + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return call(srv.url, path, key, body)
 
 
 @pytest.fixture
@@ -517,10 +510,7 @@ def test_reconfigure_applies_mid_stream_without_dropping_it_and_is_a_manual_inte
 
 
 def get(srv, path, key=ADMIN):
-    import urllib.request
-    req = urllib.request.Request(srv.url + path, headers={"Authorization": f"Bearer {key}"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return r.status, json.loads(r.read())
+    return call(srv.url, path, key, timeout=60.0)
 
 
 def test_admin_state_has_the_running_slo(env, reconf):

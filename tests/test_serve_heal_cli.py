@@ -19,9 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
+
+from serve_http import call
 
 pytestmark = pytest.mark.serve
 
@@ -75,20 +76,9 @@ class Serve:
 
 
 def get(url, path):
-    req = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {ADMIN}"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read())
-
-
-def until(pred, timeout=60.0):
-    """Poll ``pred`` (a server-side condition over HTTP) until it holds or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError("condition not met before the deadline")
+    st, body = call(url, path, ADMIN, timeout=60.0)
+    assert st == 200, (path, st, body)
+    return body
 
 
 def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):
@@ -102,7 +92,8 @@ def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):
         assert stat.S_IMODE(os.stat(sj).st_mode) == 0o600
         info = json.loads(sj.read_text())
         assert info == {"url": s.url, "pid": s.p.pid, "history": str(home / "serve" / "history.sqlite")}
-        until(lambda: "qps" in get(s.url, "/admin/history/latest")["server"])
+        # a long poll: answers as soon as the sampler has recorded its first server-wide sample
+        assert "qps" in get(s.url, "/admin/history/latest?wait_s=30")["server"], "no sample within 30 s"
         r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "reconfigure", "--set",
                             "self_healing.triggers.thermal.condition='> 90'"], env=vnpu_env(home), capture_output=True,
                            text=True, timeout=300)

@@ -19,7 +19,6 @@ serve tier's time budget: the multi-node run makes every assertion the one-node 
 """
 from __future__ import annotations
 
-import json
 import threading
 import urllib.request
 
@@ -33,6 +32,7 @@ from runtime.serve.engine import EngineConfig
 from runtime.serve.replicas import ReplicaOptions, ReplicaService
 from runtime.serve.server import Server
 from runtime.serve.tenants import Tenant, key_digest
+from serve_http import call
 
 pytestmark = [pytest.mark.serve, pytest.mark.cluster, pytest.mark.multinode]
 
@@ -79,10 +79,9 @@ def _npus_free(n: int) -> bool:
 
 
 def post(srv, path, body):
-    req = urllib.request.Request(srv.url + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.loads(r.read())
+    st, answer = call(srv.url, path, ADMIN, body, timeout=600.0)
+    assert st == 200, (path, st, answer)
+    return answer
 
 
 def test_replicas_behind_the_routes_scale_out_and_drain_on_scale_in(cluster):

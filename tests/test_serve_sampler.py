@@ -13,13 +13,11 @@ loopback, driven by the official ``openai`` client and plain HTTP; the sampler t
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 import openai
 import pytest
@@ -35,6 +33,7 @@ from runtime.serve.engine.placement import Placement
 from runtime.serve.sampler import Sampler, percentile
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Quota, Tenant, key_digest
+from serve_http import call
 
 pytestmark = pytest.mark.serve
 
@@ -62,15 +61,8 @@ def served(tmp_path_factory):
         rt.close()
 
 
-def http(srv, path, body=None, key=ADMIN, method=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(srv.url + path, data=data, method=method or ("POST" if data else "GET"),
-                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+def http(srv, path, body=None, key=ADMIN, method=None, timeout=120.0):
+    return call(srv.url, path, key, body, method, timeout)
 
 
 def complete(srv, key=USER, max_tokens=4):
@@ -212,6 +204,35 @@ def test_history_routes_read_what_the_history_holds(served):
     assert all(e["manual"] for e in evs[-2:]) and evs == [e.to_dict() for e in hist.events(kinds=["manual", "fault"],
                                                                                           limit=3)]
     assert http(srv, "/admin/history/events?limit=0")[0] == 400
+
+
+def test_latest_is_a_long_poll_for_the_next_sample(served):
+    """``GET /admin/history/latest?after=T&wait_s=S``: a request waiting for a sample newer than T answers with
+    the one the next tick records; with a newer one already there it answers at once (a client deadline far
+    below S), and when S passes without one it answers with the newest samples as they are.  A wait_s out of
+    (0, 30] or ``after`` without ``wait_s``: 400."""
+    rt, srv, sampler, hist = served
+    sampler.tick(1040.0)
+    t = hist.latest()["qps"][0]
+    assert t == 1040.0
+    got: dict = {}
+    waiter = threading.Thread(target=lambda: got.update(r=http(srv, f"/admin/history/latest?after={t}&wait_s=30")),
+                              daemon=True)
+    waiter.start()
+    sampler.tick(1041.0)
+    waiter.join(60.0)
+    assert not waiter.is_alive()
+    st, body = got["r"]
+    assert st == 200 and body["server"]["qps"] == list(hist.latest()["qps"]) and body["server"]["qps"][0] == 1041.0
+    assert body["devices"]["npu:1"]["device_health"][0] == 1041.0
+    st, body = http(srv, f"/admin/history/latest?after={t}&wait_s=30", timeout=15.0)        # 1041 > t: at once
+    assert st == 200 and body["server"]["qps"][0] == 1041.0
+    st, body = http(srv, "/admin/history/latest?after=1041&wait_s=0.05")                    # none newer
+    assert st == 200 and body["server"]["qps"][0] == 1041.0
+    for q in ("wait_s=0", "wait_s=-1", "wait_s=31", "after=1041", "wait_s=nan"):
+        st, body = http(srv, f"/admin/history/latest?{q}")
+        assert st == 400, (q, st, body)
+    assert http(srv, "/admin/history/latest?wait_s=1", key=USER)[0] == 403
 
 
 def test_server_file_is_private_names_its_process_and_goes_away(tmp_path):

@@ -13,7 +13,7 @@ from .calls import acl_call, acl_value
 from .constants import (ACL_BF16, ACL_BOOL, ACL_COMPLEX32, ACL_COMPLEX128, ACL_DT_UNDEFINED, ACL_FLOAT,
                         ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E5M2, ACL_FLOAT8_E8M0, ACL_FLOAT16, ACL_HIFLOAT8, ACL_INT4,
                         ACL_INT8, ACL_INT16, ACL_INT32, ACL_STRING, ACL_UINT1, ACL_UINT8, ACL_UINT16, ACL_UINT32)
-from .state import STATE, DataBufferRecord, object_record
+from .state import STATE, DataBufferRecord, add_object, drop_object, object_record
 
 ACL_NAMESPACE = "acl"               # these are acl.* calls (runtime.acl.calls names them so)
 
@@ -33,19 +33,14 @@ def create_data_buffer(data, size):
     ptr, size = _addr(data), as_int(size, "size")
     if size < 0:
         raise ValueError(f"negative data buffer size {size}")
-    with STATE.lock:
-        rec = DataBufferRecord(STATE.new_handle(), ptr, size)
-        STATE.data_buffers[rec.handle] = rec
-    return rec.handle
+    return add_object(STATE.data_buffers, lambda h: DataBufferRecord(h, ptr, size))
 
 
 @acl_call(init=False)
 def destroy_data_buffer(data_buffer):
     """aclDestroyDataBuffer: forget the buffer (its memory is not freed; datasets that hold it refuse to
     run afterwards, see acl.mdl.execute)."""
-    with STATE.lock:
-        rec = object_record(STATE.data_buffers, data_buffer, "data buffer")
-        del STATE.data_buffers[rec.handle]
+    drop_object(STATE.data_buffers, data_buffer, "data buffer")
 
 
 @acl_call(init=False)

@@ -29,8 +29,8 @@ from runtime import offline
 from .args import as_int, host_view, invalid
 from .calls import acl_call, acl_value
 from .constants import ACL_DT_UNDEFINED, ACL_FORMAT_UNDEFINED, ACL_MAX_TENSOR_NAME_LEN
-from .state import (STATE, DatasetRecord, ModelDescRecord, ModelRecord, current_context, model_record,
-                    object_record, stream_record)
+from .state import (STATE, DatasetRecord, ModelDescRecord, ModelRecord, add_object, current_context, drop_object,
+                    model_record, object_record, stream_record)
 
 log = logging.getLogger("vnpu.acl")
 
@@ -82,17 +82,12 @@ def _register(model, c) -> int:
 @acl_value(0, init=False)
 def create_desc():
     """aclmdlCreateDesc -> an empty model description (filled by get_desc)."""
-    with STATE.lock:
-        rec = ModelDescRecord(STATE.new_handle())
-        STATE.model_descs[rec.handle] = rec
-    return rec.handle
+    return add_object(STATE.model_descs, ModelDescRecord)
 
 
 @acl_call(init=False)
 def destroy_desc(model_desc):
-    with STATE.lock:
-        rec = object_record(STATE.model_descs, model_desc, "model description")
-        del STATE.model_descs[rec.handle]
+    drop_object(STATE.model_descs, model_desc, "model description")
 
 
 @acl_call()
@@ -216,18 +211,13 @@ def get_dynamic_hw(model_desc, index):
 @acl_value(0, init=False)
 def create_dataset():
     """aclmdlCreateDataset -> an empty dataset handle."""
-    with STATE.lock:
-        rec = DatasetRecord(STATE.new_handle())
-        STATE.datasets[rec.handle] = rec
-    return rec.handle
+    return add_object(STATE.datasets, DatasetRecord)
 
 
 @acl_call(init=False)
 def destroy_dataset(dataset):
     """aclmdlDestroyDataset: forget the dataset (its data buffers and their memory stay)."""
-    with STATE.lock:
-        rec = object_record(STATE.datasets, dataset, "dataset")
-        del STATE.datasets[rec.handle]
+    drop_object(STATE.datasets, dataset, "dataset")
 
 
 @acl_call(outs=(0,), init=False)

@@ -213,6 +213,21 @@ def object_record(table: dict, handle, what: str):
     return rec
 
 
+def add_object(table: dict, make) -> int:
+    """Register a new model-layer object in ``table``: ``make(handle)`` builds its record under a fresh
+    handle (while the state lock is held); returns the handle."""
+    with STATE.lock:
+        rec = make(STATE.new_handle())
+        table[rec.handle] = rec
+    return rec.handle
+
+
+def drop_object(table: dict, handle, what: str) -> None:
+    """Forget the model-layer object ``handle`` of ``table`` (100000 for an unknown or destroyed one)."""
+    with STATE.lock:
+        del table[object_record(table, handle, what).handle]
+
+
 def context_record(handle) -> Context:
     c = STATE.contexts.get(as_int(handle, "context")) if handle is not None else None
     if c is None or not c.alive:

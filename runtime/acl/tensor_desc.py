@@ -13,7 +13,7 @@ from .args import as_int
 from .buffers import data_type_size
 from .calls import acl_call, acl_value
 from .constants import ACL_DT_UNDEFINED, ACL_FORMAT_UNDEFINED, ACL_MAX_DIM_CNT, ACL_UNKNOWN_RANK
-from .state import STATE, TensorDescRecord, object_record
+from .state import STATE, TensorDescRecord, add_object, object_record
 
 ACL_NAMESPACE = "acl"               # these are acl.* calls (runtime.acl.calls names them so)
 
@@ -34,10 +34,8 @@ def create_tensor_desc(data_type, dims, format):  # noqa: A002 - pyACL's paramet
     if len(shape) > ACL_MAX_DIM_CNT or any(d < -2 for d in shape) or (-2 in shape and shape != _UNKNOWN_RANK_DIMS):
         raise ValueError(f"invalid tensor dims {list(shape)} (at most {ACL_MAX_DIM_CNT} dims, each >= -1, "
                          "or [-2] for an unknown rank)")
-    with STATE.lock:
-        rec = TensorDescRecord(STATE.new_handle(), dt, None if shape == _UNKNOWN_RANK_DIMS else shape, fmt)
-        STATE.tensor_descs[rec.handle] = rec
-    return rec.handle
+    return add_object(STATE.tensor_descs,
+                      lambda h: TensorDescRecord(h, dt, None if shape == _UNKNOWN_RANK_DIMS else shape, fmt))
 
 
 def destroy_tensor_desc(desc) -> None:

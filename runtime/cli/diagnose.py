@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 
-from runtime.cli.reader import add_source_args, open_from_args, resolve_since, since
-from runtime.cliargs import writable_file
+from runtime.cli.reader import add_report_args, reading, report_kind, resolve_since, since
 
 
 def register(sub) -> None:
@@ -18,29 +17,20 @@ def register(sub) -> None:
     d.add_argument("--since", type=since, default=("ago", 3600.0), help="how far back (1h, 30m, or a time)")
     d.add_argument("--until", type=since, default=None, help="end of the window (default: now)")
     d.add_argument("--focus", choices=tuple(FOCUS), default=None)
-    d.add_argument("--output", type=writable_file, default=None, help="report.html or report.md")
-    d.add_argument("--json", action="store_true")
-    add_source_args(d)
+    add_report_args(d, "report.html or report.md")
     d.set_defaults(fn=_cmd)
 
 
 def _cmd(a) -> int:
-    from runtime.cliargs import fail
-    if a.output and not a.output.endswith((".html", ".htm", ".md")):
-        fail(f"argument --output: {a.output} is neither .html nor .md", "vnpu diagnose")
+    kind = report_kind(a, "vnpu diagnose")
     from runtime.observe.diagnose import Options, diagnose, summary_lines
-    from runtime.observe.source import SourceError
-    with open_from_args(a, "vnpu diagnose") as src:
-        try:
-            now = src.now()
-            until = resolve_since(a.until, now) if a.until else now
-            d = diagnose(src, Options(since=resolve_since(a.since, until), until=until, focus=a.focus))
-        except SourceError as e:
-            fail(str(e), "vnpu diagnose")
-    if a.output:
+    with reading(a, "vnpu diagnose") as src:
+        now = src.now()
+        until = resolve_since(a.until, now) if a.until else now
+        d = diagnose(src, Options(since=resolve_since(a.since, until), until=until, focus=a.focus))
+    if kind:
         from runtime.observe import report
-        text = report.diagnosis_html(d) if a.output.endswith((".html", ".htm")) else report.diagnosis_markdown(d)
-        report.write(a.output, text)
+        report.write(a.output, report.diagnosis_html(d) if kind == "html" else report.diagnosis_markdown(d))
     if a.json:
         print(json.dumps(d.to_dict(), indent=1))
     else:

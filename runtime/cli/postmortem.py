@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from runtime.cli.reader import add_source_args, open_from_args, resolve_since, since
-from runtime.cliargs import float_in, nonneg_int, writable_file
+from runtime.cli.reader import add_report_args, reading, report_kind, resolve_since, since
+from runtime.cliargs import float_in, nonneg_int
 
 
 def register(sub) -> None:
@@ -22,35 +22,26 @@ def register(sub) -> None:
                    help="the p99 target (default: the server's slo.target_p99_ms)")
     p.add_argument("--availability", type=float_in(0.0, 1.0, lo_open=True), default=None,
                    help="the availability target as a fraction, e.g. 0.995 (default: the server's slo)")
-    p.add_argument("--output", type=writable_file, default=None, help="also write the report (.html or .md)")
-    p.add_argument("--json", action="store_true")
-    add_source_args(p)
+    add_report_args(p, "also write the report (.html or .md)")
     p.set_defaults(fn=_cmd)
 
 
 def _cmd(a) -> int:
-    from runtime.cliargs import fail
     from runtime.observe.postmortem import analyse, incident_window, summary_lines, targets_of
-    from runtime.observe.source import SourceError
-    if a.output and not a.output.endswith((".html", ".htm", ".md")):
-        fail(f"argument --output: {a.output} is neither .html nor .md", "vnpu postmortem")
-    with open_from_args(a, "vnpu postmortem") as src:
-        try:
-            if a.event is not None:
-                lo, hi, _ = incident_window(src, a.event)
-            else:
-                hi = src.now()
-                lo = resolve_since(a.since or ("ago", 3600.0), hi)
-            tg = targets_of(src.events(until=hi), a.target_p99_ms, a.availability)
-            pm = analyse(src, lo, hi, tg)
-        except SourceError as e:
-            fail(str(e), "vnpu postmortem")
+    kind = report_kind(a, "vnpu postmortem")
+    with reading(a, "vnpu postmortem") as src:
+        if a.event is not None:
+            lo, hi, _ = incident_window(src, a.event)
+        else:
+            hi = src.now()
+            lo = resolve_since(a.since or ("ago", 3600.0), hi)
+        tg = targets_of(src.events(until=hi), a.target_p99_ms, a.availability)
+        pm = analyse(src, lo, hi, tg)
     lines = summary_lines(pm)
-    if a.output:
+    if kind:
         from runtime.observe import report
-        text = (report.lines_html("vnpu postmortem", lines) if a.output.endswith((".html", ".htm"))
-                else "# vnpu postmortem\n\n```\n" + "\n".join(lines) + "\n```\n")
-        report.write(a.output, text)
+        report.write(a.output, report.lines_html("vnpu postmortem", lines) if kind == "html"
+                     else "# vnpu postmortem\n\n```\n" + "\n".join(lines) + "\n```\n")
     if a.json:
         print(json.dumps(pm, indent=1))
     else:

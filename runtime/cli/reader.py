@@ -1,14 +1,16 @@
 """How an operator command (``monitor``, ``diagnose``, ``postmortem``, ``stress-test``) finds the history
 it reads: ``--history FILE`` | ``--url U`` (+ ``--api-key`` / ``$VNPU_API_KEY``) | the running server's
-file in the state directory (see :func:`runtime.observe.source.open_source`); and the time arguments
-(``--since 1h``, an ISO time, or epoch seconds)."""
+file in the state directory (see :func:`runtime.observe.source.open_source`); the time arguments
+(``--since 1h``, an ISO time, or epoch seconds); and what a reporting command (``diagnose``,
+``postmortem``) writes: ``--output FILE`` (.html or .md) and ``--json``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import re
 
-from runtime.cliargs import fail
+from runtime.cliargs import fail, writable_file
 
 _AGO = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)\s*")
 _UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -28,6 +30,42 @@ def open_from_args(a, prog: str):
         return open_source(state_dir(), history=a.history, url=a.url, api_key=a.api_key)
     except SourceError as e:
         fail(str(e), prog)
+
+
+@contextlib.contextmanager
+def reading(a, prog: str):
+    """The history the arguments name, open for the block (closed after it); a
+    :class:`~runtime.observe.source.SourceError` raised in the block is a usage error of ``prog`` (exit 2,
+    one line)."""
+    from runtime.observe.source import SourceError
+    with open_from_args(a, prog) as src:
+        try:
+            yield src
+        except SourceError as e:
+            fail(str(e), prog)
+
+
+_REPORT_KINDS = {".html": "html", ".htm": "html", ".md": "md"}
+
+
+def add_report_args(p, output_help: str) -> None:
+    """``--output FILE`` (a report page, .html or .md), ``--json`` and where the history is
+    (:func:`add_source_args`): the arguments every reporting command takes."""
+    p.add_argument("--output", type=writable_file, default=None, help=output_help)
+    p.add_argument("--json", action="store_true")
+    add_source_args(p)
+
+
+def report_kind(a, prog: str) -> str | None:
+    """``"html"`` or ``"md"`` by ``--output``'s suffix, None without ``--output``; any other suffix is a
+    usage error of ``prog``."""
+    if not a.output:
+        return None
+    for suffix, kind in _REPORT_KINDS.items():
+        if a.output.endswith(suffix):
+            return kind
+    fail(f"argument --output: {a.output} is neither .html nor .md", prog)
+    return None
 
 
 def since(s: str):

@@ -148,7 +148,7 @@ def inject(handle, kind: str, params: dict, pid: int = 0) -> dict:
     ``pid`` is known and alive on this machine is a real SIGKILL of that process; every other fault (and a
     kill without a pid, e.g. an in-process device) goes through the device's ``inject_fault``.  Returns
     ``{"kind", "t" (monotonic), "params"}``."""
-    if kind == "kill" and pid and _alive(pid) and _is_actor_process(pid):
+    if kind == "kill" and pid and procs.alive(pid) and _is_actor_process(pid):
         # the device process dies for real (SIGKILL), not through the device's own kill switch
         import signal
         t = time.monotonic()
@@ -207,20 +207,6 @@ def _named_actors() -> list[str]:
         return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                 if a.get("namespace") == NAMESPACE and a["name"].startswith(ACTOR_PREFIX)]
     return []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _settle(runner, timeout_s: float = 600.0) -> None:

@@ -36,6 +36,7 @@ from devices import segments
 from devices.errors import InvalidParamError
 from driver.host import BLAS_ENV, NAMESPACE
 
+from . import procs
 from .placement import CHIP_LABEL, HBM_LABEL
 from .remote import RemoteBackend
 
@@ -217,7 +218,7 @@ class MultiNodeCluster:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         self._cluster.remove_node(node.raylet, allow_graceful=False)
-        _wait_gone(pids, 10.0)
+        procs.wait_gone(pids, 10.0)
         return list(node.devices)
 
     def add_node(self, n: NodeSpec, first_id: int | None = None) -> ClusterNode:
@@ -238,7 +239,6 @@ class MultiNodeCluster:
         """Start a worker raylet, up to :data:`ADD_NODE_ATTEMPTS` times: Ray gives a new raylet a fixed
         30 s to register with the GCS, which a heavily loaded machine can miss; the processes of an attempt
         that timed out are killed before the next one (they would register later, unknown to us)."""
-        from . import procs
         for _ in range(ADD_NODE_ATTEMPTS - 1):
             with self._lock:
                 known = set().union(*(_node_pids(x.raylet) for x in self.nodes.values()))
@@ -252,7 +252,7 @@ class MultiNodeCluster:
                 for pid in stray:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
-                _wait_gone(stray, 10.0)
+                procs.wait_gone(stray, 10.0)
         return self._start_raylet(n)
 
     def _start_raylet(self, n: NodeSpec):
@@ -278,7 +278,6 @@ class MultiNodeCluster:
     def close(self) -> None:
         import ray
 
-        from . import procs
         from .local import owned_segments, remove_segments, stop_devices
         arenas = [w["arena"] for w in self.where]
         if ray.is_initialized():
@@ -345,25 +344,6 @@ def _kill_quietly(raylet) -> None:
     with contextlib.suppress(Exception):
         if raylet.any_processes_alive():
             raylet.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
-
-
-def _wait_gone(pids: set[int], timeout_s: float) -> bool:
-    """Wait (bounded) until none of ``pids`` runs any more (gone or a zombie)."""
-    done = threading.Event()
-    end = time.monotonic() + timeout_s
-    while any(_running(p) for p in pids):
-        if time.monotonic() >= end:
-            return False
-        done.wait(0.01)
-    return True
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _node_pids(raylet) -> set[int]:

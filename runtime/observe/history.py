@@ -14,8 +14,9 @@ writer cannot silently disagree.  Times are wall-clock seconds (``time.time()``)
 another clock (tests replay minutes of history in milliseconds).
 
 Thread safety: one connection guarded by a lock; every call is a short transaction (blocks the caller for
-the SQLite write, typically well under a millisecond in WAL mode).  Several processes may open the same
-file (SQLite's WAL locking); readers never block the writer.
+the SQLite write, typically well under a millisecond in WAL mode) -- except :meth:`History.wait_newer`,
+which blocks its caller (with a deadline) until another thread records a newer sample.  Several processes
+may open the same file (SQLite's WAL locking); readers never block the writer.
 """
 from __future__ import annotations
 
@@ -129,6 +130,7 @@ class History:
         self.retention_s = float(retention_s)
         self.clock = clock
         self._lock = threading.Lock()
+        self._recorded = threading.Condition(self._lock)     # notified by record_tick and close
         self._last_prune = float("-inf")
         if self.path != ":memory:":
             p = Path(self.path)
@@ -158,13 +160,20 @@ class History:
     def record_samples(self, ts: float, samples: Mapping[str, float], scope: str = "") -> None:
         """Record one sample per metric at ``ts`` (all in ``scope``); prunes expired samples at most once a
         minute.  NaN and infinite values are skipped (a percentile of no requests is not a number)."""
+        self.record_tick(ts, {scope: samples})
+
+    def record_tick(self, ts: float, by_scope: Mapping[str, Mapping[str, float]]) -> None:
+        """:meth:`record_samples` for several scopes at once (a sampler's tick: the server's metrics and each
+        device's), in one transaction: a reader -- a waiter in :meth:`wait_newer` too -- sees all of the
+        tick or none of it."""
         rows = []
-        for name, v in samples.items():
-            if name not in METRICS:
-                raise UnknownMetric(f"unknown metric {name!r} (known: {', '.join(METRICS)})")
-            v = float(v)
-            if v == v and v not in (float("inf"), float("-inf")):
-                rows.append((float(ts), name, scope, v))
+        for scope, samples in by_scope.items():
+            for name, v in samples.items():
+                if name not in METRICS:
+                    raise UnknownMetric(f"unknown metric {name!r} (known: {', '.join(METRICS)})")
+                v = float(v)
+                if v == v and v not in (float("inf"), float("-inf")):
+                    rows.append((float(ts), name, scope, v))
         with self._lock:
             db = self._conn()
             db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?)", rows)
@@ -172,6 +181,7 @@ class History:
                 db.execute("DELETE FROM samples WHERE ts < ?", (float(ts) - self.retention_s,))
                 self._last_prune = float(ts)
             db.commit()
+            self._recorded.notify_all()
 
     def record_event(self, kind: str, *, ts: float | None = None, source: str = "", manual: bool = False,
                      trigger: str = "", value: float | None = None, diagnosis: str = "", result: str = "",
@@ -232,6 +242,21 @@ class History:
                                         (scope,)).fetchall()
         return {m: (float(t), float(v)) for m, t, v in rows}
 
+    def wait_newer(self, after: float | None, timeout_s: float, scope: str = "") -> bool:
+        """Block the calling thread until ``scope`` has a sample newer than ``after`` (any sample if None)
+        -- recorded by another thread of this process -- or ``timeout_s`` passes, or the history is closed;
+        whether it has one.  What a long poll of the newest samples waits on."""
+        floor = float("-inf") if after is None else float(after)
+
+        def newer() -> bool:
+            if self._db is None:
+                return True
+            row = self._db.execute("SELECT MAX(ts) FROM samples WHERE scope=?", (scope,)).fetchone()
+            return row[0] is not None and float(row[0]) > floor
+        with self._recorded:
+            self._recorded.wait_for(newer, timeout=max(0.0, float(timeout_s)))
+            return self._db is not None and newer()
+
     def events(self, since: float | None = None, until: float | None = None,
                kinds: Iterable[str] | None = None, limit: int | None = None) -> list[Event]:
         """Events in ``[since, until]`` (of ``kinds`` if given), oldest first; ``limit`` keeps the newest."""
@@ -270,10 +295,12 @@ class History:
 
     # -------------------------------------------------------------- lifecycle
     def close(self) -> None:
+        """Close the store; threads in :meth:`wait_newer` return (False)."""
         with self._lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            self._recorded.notify_all()
 
     def __enter__(self) -> "History":
         return self

@@ -39,6 +39,8 @@ from .engine.modes import ModeConfig
 from .engine.placement import DeviceNamedTwice, Placement, device_list, parse_placement
 from .heal.spec import SelfHealingSpec
 from .tenants import Quota, Tenant, TenantRegistry, parse_key
+from .yamlnodes import items, keyed
+from .yamlnodes import line as _line
 
 #: model name -> engine kind (a registry: the server builds engines by kind)
 MODEL_KINDS: dict[str, str] = {**{m: "generate" for m in DECODER_MODELS}, **{m: "embed" for m in ENCODER_MODELS}}
@@ -213,10 +215,6 @@ MODEL_KEYS = {"model", "tp", "engine", "batching", "fallback", "scheduler"}
 ROOT_KEYS = ("server", "slo", "tenants", "models", "self_healing")
 
 
-def _line(node) -> int:
-    return node.start_mark.line + 1
-
-
 def _scalar(node, kind: str, minimum, nullable: bool, where: str):
     import yaml
     if not isinstance(node, yaml.ScalarNode):
@@ -300,13 +298,10 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
                                   replicas=s.get("replicas", 1))
     if "slo" in nodes:
         cfg = dataclasses.replace(cfg, slo=_slo(nodes["slo"][1], where))
-    models = []
+    models: list[ModelSpec] = []
     if "models" in nodes:
-        v = nodes["models"][1]
-        if not isinstance(v, yaml.SequenceNode):
-            raise ConfigError(f"{where}line {_line(v)}: models: expected a list of models")
-        for i, m in enumerate(v.value):
-            models.append(_model(m, where, f"models[{i}]", cfg.slo))
+        models = items(nodes["models"][1], where, "models", lambda m, at: _model(m, where, at, cfg.slo),
+                       ConfigError, "models")
     names = [m.name for m in models]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -314,10 +309,7 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
     tenants: list[Tenant] = []
     if "tenants" in nodes:
         v = nodes["tenants"][1]
-        if not isinstance(v, yaml.SequenceNode):
-            raise ConfigError(f"{where}line {_line(v)}: tenants: expected a list of tenants")
-        for i, t in enumerate(v.value):
-            tenants.append(_tenant(t, where, f"tenants[{i}]", names))
+        tenants = items(v, where, "tenants", lambda t, at: _tenant(t, where, at, names), ConfigError, "tenants")
         try:
             TenantRegistry(tuple(tenants))
         except InvalidParamError as e:
@@ -365,20 +357,12 @@ def _slo(node, where: str) -> SloConfig:
 
 
 def _str_list(node, where: str, path: str) -> list[str]:
-    import yaml
-    if not isinstance(node, yaml.SequenceNode):
-        raise ConfigError(f"{where}line {_line(node)}: {path}: expected a list")
-    return [str(_scalar(x, _STR, None, False, f"{where}line {_line(x)}: {path}[{i}]")) for i, x in enumerate(node.value)]
+    return items(node, where, path, lambda x, at: str(_scalar(x, _STR, None, False, f"{where}line {_line(x)}: {at}")),
+                 ConfigError)
 
 
 def _tenant(node, where: str, path: str, models: list[str]) -> Tenant:
-    import yaml
-    if not isinstance(node, yaml.MappingNode):
-        raise ConfigError(f"{where}line {_line(node)}: {path}: expected a tenant (a mapping)")
-    keys = {k.value: (k, v) for k, v in node.value}
-    for key, (k, _) in keys.items():
-        if key not in TENANT_KEYS:
-            raise ConfigError(f"{where}line {_line(k)}: unknown key {path}.{key} (known: {', '.join(TENANT_KEYS)})")
+    keys = keyed(node, TENANT_KEYS, where, path, ConfigError, "a tenant (a mapping)")
     for req in ("name", "api_keys"):
         if req not in keys:
             raise ConfigError(f"{where}line {_line(node)}: {path}: the key '{req}' is required")
@@ -424,12 +408,7 @@ def _model(node, where: str, path: str, slo: SloConfig = SloConfig()) -> ModelSp
     if isinstance(node, yaml.ScalarNode):
         name, devs = parse_model_spec(node.value, f"{where}line {_line(node)}: {path}: ")
         return model_spec(name, devs, None)
-    if not isinstance(node, yaml.MappingNode):
-        raise ConfigError(f"{where}line {_line(node)}: {path}: expected a model (name@devices or a mapping)")
-    keys = {k.value: (k, v) for k, v in node.value}
-    for key, (k, _) in keys.items():
-        if key not in MODEL_KEYS:
-            raise ConfigError(f"{where}line {_line(k)}: unknown key {path}.{key} (known: {', '.join(sorted(MODEL_KEYS))})")
+    keys = keyed(node, sorted(MODEL_KEYS), where, path, ConfigError, "a model (name@devices or a mapping)")
     if "model" not in keys:
         raise ConfigError(f"{where}line {_line(node)}: {path}: the key 'model' (name[@devices]) is required")
     mnode = keys["model"][1]

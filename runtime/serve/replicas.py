@@ -48,7 +48,7 @@ from .config import ModelSpec, devices_needed, place
 from .credentials import replica_env
 from .engine.embed_engine import check_texts
 from .engine.errors import ServeError, Unavailable
-from .engine.llm_engine import check_fits, encode_prompt
+from .engine.llm_engine import PromptChecks
 from .engine.request import RequestOutput, SamplingParams
 from .server import Frontend, Service
 from .tenants import Tenant
@@ -233,7 +233,7 @@ class Replica:
                 "visible_devices": self.info.get("visible_devices", ""), "pid": self.info.get("pid")}
 
 
-class RemoteGenerateEngine:
+class RemoteGenerateEngine(PromptChecks):
     """A generation model served by the replicas, with the in-process engine's surface for the routes."""
 
     kind = "generate"
@@ -250,22 +250,9 @@ class RemoteGenerateEngine:
         self.num_blocks = info["num_blocks"]
         self._streams: dict[str, object] = {}
 
-    def encode(self, prompt) -> list[int]:
-        return encode_prompt(self.tok, self.model_config.vocab, prompt)
-
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        return self.tok.encode(self.tok.render_chat(messages))
-
     @property
-    def capacity_tokens(self) -> int:
-        return min(self.config.max_model_len, (self.num_blocks - 1) * self.config.block_size)
-
-    def default_max_tokens(self, prompt_tokens: int) -> int:
-        return max(1, self.capacity_tokens - prompt_tokens)
-
-    def check(self, prompt_ids: list[int], params: SamplingParams, prompt_param: str = "prompt") -> None:
-        check_fits(len(prompt_ids), params.max_tokens, self.config.max_model_len, self.config.block_size,
-                   self.num_blocks, prompt_param)
+    def kv_blocks(self) -> int:
+        return self.num_blocks
 
     async def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                           on_output: Callable[[RequestOutput], None] | None = None, priority: int = 0,

@@ -173,9 +173,7 @@ class Sampler:
         server.update(self.service.gauges())
         self._failed_steps(now)
         devices = self._devices(now)
-        self.history.record_samples(now, server)
-        for d, s in devices.items():
-            self.history.record_samples(now, s, scope=device_scope(d))
+        self.history.record_tick(now, {"": server, **{device_scope(d): s for d, s in devices.items()}})
         self.ticks += 1
         for fn in list(self._listeners):
             try:

@@ -29,24 +29,15 @@ def write(state_dir: Path, url: str, history: str | None, pid: int | None = None
     return p
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def read(state_dir: Path) -> dict | None:
     """``{"url", "pid", "history"}`` of the running server, or None (no file, unreadable, or its process is
     gone)."""
+    from runtime.cluster.procs import alive          # (the cluster package imports gRPC: only when asked)
     try:
         info = json.loads(path(state_dir).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(info, dict) or not isinstance(info.get("pid"), int) or not _alive(info["pid"]):
+    if not isinstance(info, dict) or not isinstance(info.get("pid"), int) or not alive(info["pid"]):
         return None
     return info
 

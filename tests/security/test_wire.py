@@ -3,8 +3,10 @@ announced, an absurd D2H size, launches with absurd argument or attribute counts
 cores are stuck: each gets a clear answer and the device keeps serving."""
 from __future__ import annotations
 
+import queue
 import sys
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -176,23 +178,18 @@ def test_get_health_of_a_hung_device_says_it_is_hung(site):
     c = site.client(srv, SECRET)
     s, p = c.create_stream(), c.malloc(64)
     assert c.health()[0] == "OK"
+    beats: queue.Queue = queue.Queue()
+    watch = c.watch_health(20, beats.put)                # the device's heartbeats: waited on, never polled
     c.submit([Launch(s, "security_stuck_kernel", (TensorDesc(p, (4,), "float32"),), ())])
     try:
-        report = _wait_for(lambda: c.health_report(), lambda r: r.has(Condition.HANG), 10.0)
+        deadline = time.monotonic() + 10.0               # a beat once the task has run past hang_after_s
+        while not any(x.kind == Condition.HANG for x in beats.get(timeout=10.0).conditions):
+            assert time.monotonic() < deadline, "no heartbeat reported the hang"
+        report = c.health_report()
+        assert report.has(Condition.HANG)
         assert report.level == "Critical" and "security_stuck_kernel" in " ".join(report.reasons)
     finally:
         _release.set()
+        watch.stop()
     c.synchronize_stream(s, 10_000)
     assert not c.health_report().has(Condition.HANG)
-
-
-def _wait_for(get, pred, timeout: float):
-    import time
-    end = time.monotonic() + timeout
-    ev = threading.Event()
-    while True:
-        v = get()
-        if pred(v):
-            return v
-        assert time.monotonic() < end, f"condition not reached: {v}"
-        ev.wait(0.02)

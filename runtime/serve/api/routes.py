@@ -13,7 +13,8 @@ when it is settled to the tokens really used.  ``/metrics`` and ``/admin/*`` nee
 
 Observability (admin): every model request's outcome goes to the service's sampler (:func:`outcome_of`:
 served, server error, client error, shed); ``GET /admin/history/samples|events|latest`` read the
-server's History, ``POST /admin/events`` records an operator command's event, ``POST /admin/reconfigure``
+server's History (``latest?after=T&wait_s=S``: a long poll for the next sample, what a dashboard or a
+test waits on instead of polling), ``POST /admin/events`` records an operator command's event, ``POST /admin/reconfigure``
 changes the running config; the admin commands (fallback, restore, throttle, replicas, reconfigure) are
 recorded as manual interventions.
 """
@@ -48,6 +49,9 @@ MODEL_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embedd
 
 #: the event kinds the History holds (``POST /admin/events`` accepts these)
 EVENT_KINDS = ("fault", "trigger", "action", "recovery", "config", "alert", "manual", "lifecycle", "risk")
+
+#: the longest a ``GET /admin/history/latest?wait_s=`` long poll may wait (under common proxies' idle timeouts)
+MAX_HISTORY_WAIT_S = 30.0
 
 #: exception classes that mean "shed by admission control" (not a server failure)
 SHED = (RateLimited, QueueFull)
@@ -343,8 +347,18 @@ def build_app(service) -> FastAPI:
         return {"events": [e.to_dict() for e in evs]}
 
     @app.get("/admin/history/latest")
-    async def history_latest(tenant: Tenant = Depends(admin_of)):
+    async def history_latest(after: float | None = None, wait_s: float | None = None,
+                             tenant: Tenant = Depends(admin_of)):
+        """The newest sample of every metric.  A long poll with ``wait_s`` (at most
+        :data:`MAX_HISTORY_WAIT_S`): answers once the server has a sample newer than ``after`` (any sample
+        without it) or when ``wait_s`` has passed -- the newest samples either way."""
         h = history()
+        if wait_s is not None:
+            if not 0 < wait_s <= MAX_HISTORY_WAIT_S:
+                raise InvalidRequest(f"wait_s must be in (0, {MAX_HISTORY_WAIT_S:g}], got {wait_s:g}", "wait_s")
+            await _blocking(h.wait_newer, after, wait_s)
+        elif after is not None:
+            raise InvalidRequest("after goes with wait_s (a long poll)", "after")
 
         def read():
             devs = sorted({s for m in ("device_health", "device_temperature_c") for s in h.scopes(m) if s})

@@ -125,7 +125,46 @@ class RebindResult:
     replayed: int                        #: unfinished requests replayed on the new placement
     seconds: float
 
-class GenerateEngine:
+class PromptChecks:
+    """The routes' side of a generation model, before a request is queued: prompts to token ids
+    (``encode``; ``encode_chat`` with the chat template of the model's GGUF) and what could never run
+    (``check``, ``capacity_tokens``, ``default_max_tokens``).  One template for :class:`GenerateEngine` and a
+    model served by replicas (:class:`runtime.serve.replicas.RemoteGenerateEngine`): a subclass sets ``tok``,
+    ``model_config`` and ``config`` (its :class:`EngineConfig`) and gives :attr:`kv_blocks`.  Host-only."""
+
+    tok: object
+    model_config: LlamaConfig
+    config: EngineConfig
+
+    @property
+    def kv_blocks(self) -> int:
+        """Blocks of the whole KV cache (one of them is the null block)."""
+        raise NotImplementedError(f"{type(self).__name__} gives no kv_blocks")
+
+    def encode(self, prompt) -> list[int]:
+        """A prompt as token ids: raw text (no template) or a list of token ids."""
+        return encode_prompt(self.tok, self.model_config.vocab, prompt)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Messages rendered with the model's chat template (from its GGUF), then tokenized."""
+        return self.tok.encode(self.tok.render_chat(messages))  # type: ignore[attr-defined]
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens one request may hold at most: the context, or all usable KV blocks if fewer."""
+        return min(self.config.max_model_len, (self.kv_blocks - 1) * self.config.block_size)
+
+    def default_max_tokens(self, prompt_tokens: int) -> int:
+        return max(1, self.capacity_tokens - prompt_tokens)
+
+    def check(self, prompt_ids: list[int], params: SamplingParams, prompt_param: str = "prompt") -> None:
+        """Refuse what could never run: a prompt beyond the context, prompt + max_tokens beyond it, or
+        more KV blocks than the whole cache has."""
+        check_fits(len(prompt_ids), params.max_tokens, self.config.max_model_len, self.config.block_size,
+                   self.kv_blocks, prompt_param)
+
+
+class GenerateEngine(PromptChecks):
     """One causal LM served on ``devices`` (visible ids; tensor parallel over all of them)."""
 
     kind = "generate"
@@ -187,27 +226,10 @@ class GenerateEngine:
         self.error: str | None = None
         self.steps = 0
 
-    # ------------------------------------------------------------------ prompts
-    def encode(self, prompt) -> list[int]:
-        """A prompt as token ids: raw text (no template) or a list of token ids."""
-        return encode_prompt(self.tok, self.model_config.vocab, prompt)
-
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        """Messages rendered with the model's chat template (from its GGUF), then tokenized."""
-        return self.tok.encode(self.tok.render_chat(messages))
-
+    # ------------------------------------------------------------------ prompts (PromptChecks)
     @property
-    def capacity_tokens(self) -> int:
-        return min(self.config.max_model_len, self.blocks.capacity_tokens)
-
-    def default_max_tokens(self, prompt_tokens: int) -> int:
-        return max(1, self.capacity_tokens - prompt_tokens)
-
-    def check(self, prompt_ids: list[int], params: SamplingParams, prompt_param: str = "prompt") -> None:
-        """Refuse what could never run: a prompt beyond the context, prompt + max_tokens beyond it, or
-        more KV blocks than the whole cache has."""
-        check_fits(len(prompt_ids), params.max_tokens, self.config.max_model_len, self.config.block_size,
-                   self.blocks.pool.num_blocks, prompt_param)
+    def kv_blocks(self) -> int:
+        return self.blocks.pool.num_blocks
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,

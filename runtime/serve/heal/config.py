@@ -22,6 +22,8 @@ from dataclasses import fields
 
 from runtime.observe.history import METRICS
 
+from ..yamlnodes import items, keyed
+from ..yamlnodes import line as _line
 from .actions import ACTIONS
 from .alerts import REQUIRED, SINKS
 from .spec import (AGGREGATES, AlertSpec, FlappingSpec, RecoverySpec, SelfHealingSpec, SpecError, TriggerSpec,
@@ -34,21 +36,11 @@ FLAPPING_KEYS = ("window", "max_fires", "hold")
 ALERT_KEYS = ("kind", "path", "url", "timeout")
 
 
-def _line(node) -> int:
-    return node.start_mark.line + 1
-
-
 def _mapping(node, known: tuple[str, ...], where: str, path: str) -> dict:
     """key -> (python value, value node) of a mapping node with only ``known`` keys."""
     import yaml
-    if not isinstance(node, yaml.MappingNode):
-        raise SpecError(f"{where}line {_line(node)}: {path}: expected a mapping ({', '.join(known)})")
-    out = {}
-    for k, v in node.value:
-        if k.value not in known:
-            raise SpecError(f"{where}line {_line(k)}: unknown key {path}.{k.value} (known: {', '.join(known)})")
-        out[k.value] = (yaml.safe_load(yaml.serialize(v)), v)
-    return out
+    keys = keyed(node, known, where, path, SpecError, f"a mapping ({', '.join(known)})")
+    return {k: (yaml.safe_load(yaml.serialize(v)), v) for k, (_, v) in keys.items()}
 
 
 def _get(d: dict, key: str, read, where: str, path: str, default=None):
@@ -91,7 +83,6 @@ def _one_of(table, what: str):
 
 def parse_self_healing(node, where: str, slo) -> SelfHealingSpec:
     """The spec of a ``self_healing`` YAML node (``slo``: the config's SloConfig, for ``slo.<key>``)."""
-    import yaml
     slo_values = {f.name: getattr(slo, f.name) for f in fields(slo)}
     d = _mapping(node, ROOT_KEYS, where, "self_healing")
     p = "self_healing"
@@ -113,21 +104,15 @@ def parse_self_healing(node, where: str, slo) -> SelfHealingSpec:
     triggers: list[TriggerSpec] = []
     if "triggers" in d:
         tnode = d["triggers"][1]
-        if not isinstance(tnode, yaml.SequenceNode):
-            raise SpecError(f"{where}line {_line(tnode)}: {p}.triggers: expected a list of triggers")
-        for i, n in enumerate(tnode.value):
-            triggers.append(_trigger(n, where, f"{p}.triggers[{i}]", slo_values))
+        triggers = items(tnode, where, f"{p}.triggers", lambda n, at: _trigger(n, where, at, slo_values),
+                         SpecError, "triggers")
         names = [t.name for t in triggers]
         dup = next((x for x in names if names.count(x) > 1), None)
         if dup:
             raise SpecError(f"{where}line {_line(tnode)}: {p}.triggers: the name {dup!r} is used twice")
     alerts: list[AlertSpec] = []
     if "alerts" in d:
-        anode = d["alerts"][1]
-        if not isinstance(anode, yaml.SequenceNode):
-            raise SpecError(f"{where}line {_line(anode)}: {p}.alerts: expected a list of sinks")
-        for i, n in enumerate(anode.value):
-            alerts.append(_alert(n, where, f"{p}.alerts[{i}]"))
+        alerts = items(d["alerts"][1], where, f"{p}.alerts", lambda n, at: _alert(n, where, at), SpecError, "sinks")
     return SelfHealingSpec(
         enabled=_get(d, "enabled", _bool, where, p, bool(triggers)),
         triggers=tuple(triggers), recovery=rec, alerts=tuple(alerts),
