@@ -3,7 +3,9 @@
 
 Peers are reached through transports (:mod:`devices.hccl_transport`), one link per peer chosen when the
 communicator is built: shared memory on one node (a rank *pulls* ranges straight out of a peer's HBM arena,
-mapped from ``/dev/shm``, and rings its doorbell), gRPC between device actors across nodes.  Either way the
+mapped from ``/dev/shm``, and rings its doorbell; the large AllReduce of a communicator on one node also
+*pushes* its reduced chunk into the peers' receive buffers, at the pointers they named for the operator),
+gRPC between device actors across nodes (pull only).  Either way the
 data moves device to device, never through the user's process.  Control messages are small tuples
 ``(comm, seq, tag, from_rank, payload)``; the communicator id is a 128-bit random capability known only to
 its members, and messages for unknown communicators are dropped.
