@@ -21,6 +21,8 @@ import os
 import secrets
 import threading
 
+from . import procstat
+
 SHM_DIR = "/dev/shm"
 PREFIX = "vnpu_"
 
@@ -29,29 +31,9 @@ _open_lock = threading.Lock()
 _my_start: tuple[int, int] | None = None     #: (pid, start time) of the process that named segments
 
 
-def _stat_fields(pid: int) -> list[bytes]:
-    """``/proc/<pid>/stat`` from field 3 (the state) onwards -- after "pid (comm) ", whatever the command
-    name holds; empty when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return []
-    return stat[stat.rfind(b")") + 2:].split()
-
-
 def process_start(pid: int) -> int | None:
     """The start time of process ``pid`` (clock ticks after boot), None when there is no such process."""
-    fields = _stat_fields(pid)
-    try:
-        return int(fields[19])                              # field 22 = starttime
-    except (IndexError, ValueError):
-        return None
-
-
-def _state(pid: int) -> str | None:
-    fields = _stat_fields(pid)
-    return fields[0].decode() if fields else None
+    return procstat.start_time(pid)
 
 
 def new_name(device_id: int) -> str:
@@ -80,8 +62,7 @@ def owner(name: str) -> tuple[int, int | None] | None:
 
 def owner_alive(pid: int, start: int | None) -> bool:
     """Whether the process that created a segment still runs (not a zombie, same start time)."""
-    st = _state(pid)
-    if st is None or st == "Z":
+    if not procstat.alive(pid):
         return False
     return start is None or process_start(pid) == start
 

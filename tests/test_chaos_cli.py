@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from devices import procstat
 from runtime.cluster.procs import alive
 
 pytestmark = pytest.mark.cluster
@@ -22,8 +23,8 @@ def _foreign_dead_segment():
     "this pid with another start time": a process that is gone although its pid runs again."""
     if os.getuid() != 0:
         return None
-    with open(f"/proc/{os.getpid()}/stat") as f:
-        start = int(f.read().rsplit(")", 1)[1].split()[19])
+    start = procstat.start_time(os.getpid())
+    assert start is not None
     path = f"/dev/shm/vnpu_{os.getpid()}_{start + 7}_0_f0e1d2c3"
     with open(path, "wb") as f:
         f.write(b"x")

@@ -39,6 +39,7 @@ import time
 
 import numpy as np
 
+from devices import procstat
 from runtime.cliargs import fail, nonneg_int, positive_int, size
 
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
@@ -242,11 +243,9 @@ def _time_case(case: _Case, iters: int, warmup: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of a process of this machine so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` of this machine have used so far."""
+    return sum(procstat.cpu_seconds(p) or 0.0 for p in pids)
 
 
 def _device_pids(rt) -> list[int]:
@@ -256,12 +255,7 @@ def _device_pids(rt) -> list[int]:
     if not isinstance(where, dict):
         return []
     pids = [int(w.get("pid", 0)) for w in where.values()]
-    try:
-        for p in pids:
-            _cpu_s(p)
-    except (OSError, ValueError, IndexError):
-        return []
-    return pids
+    return pids if all(procstat.cpu_seconds(p) is not None for p in pids) else []
 
 
 def _measure(comms, streams, op, size, dtype, redop, iters, warmup, bound: bool = False,
@@ -284,10 +278,10 @@ def _measure(comms, streams, op, size, dtype, redop, iters, warmup, bound: bool 
             times, cpus = [], []
             for k in range(BOUND_ROUNDS):        # each round a full measurement (as many back-to-back
                 w = wu if k == 0 else 1          # operators as without the bound)
-                c0 = sum(_cpu_s(p) for p in pids) if pids else 0.0
+                c0 = _cpu_s(pids) if pids else 0.0
                 times.append(_time_case(case, it, w))
                 if pids:                         # what the device processes spent per operator (CPU time:
-                    cpus.append((sum(_cpu_s(p) for p in pids) - c0) / (it + w))   # less disturbed by load)
+                    cpus.append((_cpu_s(pids) - c0) / (it + w))   # less disturbed by load)
                 bd.round()
             t = statistics.median(times)
         wrong = case.wrong()

@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from devices import procstat
 from runtime.cliargs import fail, int_list, positive_int, size
 
 
@@ -55,17 +56,8 @@ def proc_memory(pid: int) -> dict:
     return out
 
 
-def proc_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far (0.0 when it cannot be read)."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return 0.0
-
-
 def _mem_summary(pids: list[int]) -> dict:
-    cpu = [proc_cpu_s(p) for p in pids]            # first: the memory reads below cost CPU of their own
+    cpu = [procstat.cpu_seconds(p) or 0.0 for p in pids]    # first: the memory reads below cost CPU of their own
     mems = [proc_memory(p) for p in pids]
     rss = [m["rss"] for m in mems]
     pss = [m["pss"] for m in mems]
@@ -213,4 +205,4 @@ def run(a) -> int:
     return 0 if rows and not wrong else 1
 
 
-__all__ = ["register", "run", "proc_memory", "proc_cpu_s"]
+__all__ = ["register", "run", "proc_memory"]

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from devices import segments
+from devices import procstat, segments
 from devices.errors import InvalidParamError
 from driver.host import BLAS_ENV, NAMESPACE
 
@@ -213,7 +213,7 @@ class MultiNodeCluster:
             node.alive = False
         # the node's processes all die together (a power loss): its raylet's worker processes -- the
         # device actors -- are SIGKILLed with the raylet, not left to notice its death on their own
-        pids = _descendants(_node_pids(node.raylet))
+        pids = procstat.descendants(_node_pids(node.raylet))
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -247,8 +247,8 @@ class MultiNodeCluster:
             except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
                 if "timed out during startup" not in str(e):
                     raise
-                mine = set(procs.cluster_processes(self.temp_dir)) & _children(os.getpid())
-                stray = _descendants(mine - known)
+                mine = set(procs.cluster_processes(self.temp_dir)) & procstat.children(os.getpid())
+                stray = procstat.descendants(mine - known)
                 for pid in stray:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
@@ -326,20 +326,6 @@ def _wait_names_free(ids, timeout_s: float) -> None:
         tick.wait(0.1)
 
 
-def _children(pid: int) -> set[int]:
-    """Direct children of process ``pid`` (from /proc)."""
-    out = set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.add(int(d))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
-
-
 def _kill_quietly(raylet) -> None:
     with contextlib.suppress(Exception):
         if raylet.any_processes_alive():
@@ -354,27 +340,6 @@ def _node_pids(raylet) -> set[int]:
             proc = getattr(info, "process", None)
             if proc is not None and proc.pid:
                 out.add(proc.pid)
-    return out
-
-
-def _descendants(roots: set[int]) -> set[int]:
-    """``roots`` and every process below them (from /proc; this process never included)."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = set(), list(roots)
-    while todo:
-        p = todo.pop()
-        if p in out or p == os.getpid():
-            continue
-        out.add(p)
-        todo += children.get(p, [])
     return out
 
 

@@ -15,14 +15,7 @@ import select
 import signal
 import time
 
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+from devices.procstat import alive      # (re-exported: whether a pid runs; a zombie does not)
 
 
 def _names(pid: int, temp_dir: str) -> bool:
