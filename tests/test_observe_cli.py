@@ -190,7 +190,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, word, tmp_path, capsys, monkeypa
 
 def test_open_source_finds_the_server_file_and_the_history(tmp_path, monkeypatch):
     import os
-    from runtime.serve import serverfile
+    from runtime.observe import serverfile
     monkeypatch.delenv("VNPU_API_KEY", raising=False)
     with pytest.raises(SourceError, match="no running server"):
         open_source(tmp_path)
@@ -200,6 +200,11 @@ def test_open_source_finds_the_server_file_and_the_history(tmp_path, monkeypatch
     serverfile.write(tmp_path, "http://127.0.0.1:9", str(hp), pid=os.getpid())
     s = open_source(tmp_path)
     assert isinstance(s, FileSource) and s.where == str(hp)               # no key: its file
+    doc = json.loads(serverfile.path(tmp_path).read_text())
+    serverfile.path(tmp_path).write_text(json.dumps({**doc, "admin_key": "sk-planted", "api_key": "sk-planted"}))
+    s = open_source(tmp_path)
+    assert isinstance(s, FileSource) and s.where == str(hp)               # a key in the file is not used
+    assert open_source(tmp_path, url="http://127.0.0.1:9").key is None    # (nor with --url)
     monkeypatch.setenv("VNPU_API_KEY", "sk-x")
     s = open_source(tmp_path)
     assert isinstance(s, HttpSource) and s.url == "http://127.0.0.1:9" and s.key == "sk-x"

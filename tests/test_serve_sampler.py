@@ -8,8 +8,8 @@ loopback, driven by the official ``openai`` client and plain HTTP; the sampler t
   event (with the time since its fault) once it is healthy again.
 - ``/admin/history/*`` return what the History holds (admin only; unknown metric 400); ``POST /admin/events``
   records an operator's event; an admin throttle through the routes is a manual intervention.
-- ``server.json``: mode 0600, names this process, a stale one (dead pid) reads as none, removal only by
-  its owner.
+- ``server.json``: mode 0600, names this process, a stale one (dead or zombie pid) reads as none, removal
+  only by its owner; it holds url, pid and history, never a key.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from devices.device import DeviceConfig
 from runtime.api import Runtime
 from runtime.backend import LocalBackend
 from runtime.observe.history import History
-from runtime.serve import serverfile
+from runtime.observe import serverfile
 from runtime.serve.config import model_spec
 from runtime.serve.engine import EngineConfig
 from runtime.serve.engine.placement import Placement
@@ -251,3 +251,32 @@ def test_server_file_is_private_names_its_process_and_goes_away(tmp_path):
     assert serverfile.read(tmp_path) is None                  # its process is gone
     p.write_text("{not json")
     assert serverfile.read(tmp_path) is None
+
+
+def test_server_file_holds_no_key_and_a_zombie_server_is_gone(tmp_path):
+    """The file has the url, pid and history and nothing else (no credential is ever written, and a key
+    put there by hand is not handed on); a server process that exited but is not reaped yet (a zombie)
+    counts as gone, as a dead one does."""
+    import json
+    import select
+    import subprocess
+    import sys
+    p = serverfile.write(tmp_path, "http://127.0.0.1:1234", None)
+    assert set(json.loads(p.read_text())) == {"url", "pid", "history"} == set(serverfile.FIELDS)
+    p.write_text(json.dumps({"url": "http://127.0.0.1:1234", "pid": os.getpid(), "history": None,
+                             "admin_key": "sk-planted-0123456789"}))
+    assert serverfile.read(tmp_path) == {"url": "http://127.0.0.1:1234", "pid": os.getpid(), "history": None}
+    for bad in (True, 0, -1, "1", None):
+        p.write_text(json.dumps({"url": "http://127.0.0.1:1234", "pid": bad, "history": None}))
+        assert serverfile.read(tmp_path) is None, bad
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    fd = os.pidfd_open(child.pid)
+    try:
+        serverfile.write(tmp_path, "http://127.0.0.1:1", None, pid=child.pid)
+        assert select.select([fd], [], [], 60)[0], "the child did not exit"     # exited, not reaped yet
+        with open(f"/proc/{child.pid}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] == "Z"                  # a zombie indeed
+        assert serverfile.read(tmp_path) is None
+    finally:
+        os.close(fd)
+        child.wait()

@@ -123,7 +123,7 @@ def _cmd_serve(a) -> int:
     from runtime.cli.run import job_runtime
     from runtime.cluster.discovery import state_dir
     from runtime.observe.history import History, HistoryError, default_path
-    from runtime.serve import serverfile
+    from runtime.observe import serverfile
     from runtime.serve.sampler import Sampler
     from runtime.serve.server import Server, Service
     try:
@@ -205,7 +205,7 @@ def _cmd_reconfigure(a) -> int:
     import urllib.request
 
     from runtime.cluster.discovery import state_dir
-    from runtime.serve import serverfile
+    from runtime.observe import serverfile
     prog = "vnpu serve reconfigure"
     url = a.url
     if url is None:

@@ -81,17 +81,18 @@ def _profile(a):
 def _cmd(a) -> int:
     from runtime.cliargs import fail
     from runtime.cluster.discovery import state_dir
-    from runtime.observe.source import HttpSource, read_server_file
+    from runtime.observe import serverfile
+    from runtime.observe.source import HttpSource
     from runtime.stress.run import StressConfig, StressError, run_stress, summary_lines
     prog = "vnpu stress-test"
     if a.report and not a.report.endswith((".html", ".htm", ".json")):
         fail(f"argument --report: {a.report} is neither .html nor .json", prog)
     profile = _profile(a)
-    doc = read_server_file(state_dir())
+    doc = serverfile.read(state_dir())
     url = a.url or (doc or {}).get("url")
     if not url:
         fail("no running server (no $VNPU_HOME/serve/server.json): give --url", prog)
-    key = a.api_key or os.environ.get("VNPU_API_KEY") or (doc or {}).get("admin_key") or None
+    key = a.api_key or os.environ.get("VNPU_API_KEY") or None
     faults = tuple(a.faults or ())
     if faults:
         from runtime.cluster.discovery import read_state

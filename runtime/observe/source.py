@@ -7,9 +7,10 @@ file (``--history FILE``) or over a running server's ``/admin/history/*`` routes
 no third-party client).  :func:`open_source` picks one the way every command does:
 
 1. ``--history FILE``: that file (it must exist: a typo does not create an empty history);
-2. ``--url U``: the server at ``U`` (key from ``--api-key``, else ``$VNPU_API_KEY``, else the server file);
+2. ``--url U``: the server at ``U`` (key from ``--api-key``, else ``$VNPU_API_KEY``);
 3. the server file ``<state dir>/serve/server.json`` written by a running ``vnpu serve`` (url, pid,
-   history path): its URL when a key is known, else its history file;
+   history path; :mod:`runtime.observe.serverfile`): its URL when a key is known, else its history file
+   (the file holds no key);
 4. the history file in the state directory (a stopped server's history).
 
 Blocking: every call of :class:`HttpSource` is one HTTP round trip (``timeout_s``); :class:`FileSource`
@@ -26,17 +27,13 @@ import urllib.request
 from pathlib import Path
 from typing import Iterable
 
+from . import serverfile
 from .history import METRICS, Event, History, HistoryError, UnknownMetric, default_path
 
 
 class SourceError(Exception):
     """No history to read (no file, no server), or the server refused / failed a read.  Its message is one
     line for the command to print."""
-
-
-def server_file(state_dir: Path) -> Path:
-    """Where a running ``vnpu serve`` says where it is: ``<state dir>/serve/server.json``."""
-    return Path(state_dir) / "serve" / "server.json"
 
 
 class HistorySource:
@@ -206,24 +203,6 @@ class HttpSource(HistorySource):
         return time.time()
 
 
-def read_server_file(state_dir: Path) -> dict | None:
-    """The running server's ``server.json`` (None when there is none, or its process is gone)."""
-    p = server_file(state_dir)
-    try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
-    pid = doc.get("pid")
-    if isinstance(pid, int) and pid > 0:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-    return doc if isinstance(doc, dict) else None
-
-
 def open_source(state_dir: Path, history: str | None = None, url: str | None = None,
                 api_key: str | None = None) -> HistorySource:
     """The source a command reads (see the module doc for the order).  Raises :class:`SourceError`."""
@@ -231,10 +210,9 @@ def open_source(state_dir: Path, history: str | None = None, url: str | None = N
         return FileSource(history)
     key = api_key or os.environ.get("VNPU_API_KEY") or None
     if url:
-        return HttpSource(url, key or _key_of(read_server_file(state_dir)))
-    doc = read_server_file(state_dir)
+        return HttpSource(url, key)
+    doc = serverfile.read(state_dir)
     if doc is not None:
-        key = key or _key_of(doc)
         if doc.get("url") and key:
             return HttpSource(str(doc["url"]), key)
         if doc.get("history") and Path(doc["history"]).is_file():
@@ -242,12 +220,6 @@ def open_source(state_dir: Path, history: str | None = None, url: str | None = N
     p = default_path(state_dir)
     if p.is_file():
         return FileSource(p)
-    raise SourceError(f"no running server (no {server_file(state_dir)}) and no history at {p}; "
+    raise SourceError(f"no running server (no {serverfile.path(state_dir)}) and no history at {p}; "
                       f"give --url or --history")
 
-
-def _key_of(doc: dict | None) -> str | None:
-    if not doc:
-        return None
-    k = doc.get("admin_key") or doc.get("api_key")
-    return str(k) if k else None

@@ -2,8 +2,11 @@
 find the running server -- its URL, pid, and the History file it records into.
 
 Written (mode 0600, atomically) by ``vnpu serve`` once its socket is bound; removed on a clean stop.  A file
-left behind by a server that died is recognised by its pid (:func:`read` returns None for it).  It holds no
-credential: commands still need an admin key (``--api-key`` / ``VNPU_API_KEY``).
+left behind by a server that died is recognised by its pid: :func:`read` returns None when that process is
+gone or a zombie (:func:`devices.procstat.alive`).  This module is the file's only reader and writer; it
+lives with the operator's commands that read it (:mod:`runtime.observe.source`), below the server that
+writes it.  It holds no credential (:func:`write` takes none): commands still need an admin key
+(``--api-key`` / ``VNPU_API_KEY``).
 """
 from __future__ import annotations
 
@@ -11,8 +14,14 @@ import json
 import os
 from pathlib import Path
 
+from devices import procstat
+
+#: the fields of the file (and nothing else: no key, no token)
+FIELDS = ("url", "pid", "history")
+
 
 def path(state_dir: Path) -> Path:
+    """``<state dir>/serve/server.json``."""
     return Path(state_dir) / "serve" / "server.json"
 
 
@@ -23,23 +32,25 @@ def write(state_dir: Path, url: str, history: str | None, pid: int | None = None
     tmp = p.with_name(f".server.json.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump({"url": url, "pid": pid or os.getpid(), "history": history}, f)
+        json.dump(dict(zip(FIELDS, (url, pid or os.getpid(), history))), f)
     os.chmod(tmp, 0o600)
     os.replace(tmp, p)
     return p
 
 
 def read(state_dir: Path) -> dict | None:
-    """``{"url", "pid", "history"}`` of the running server, or None (no file, unreadable, or its process is
-    gone)."""
-    from runtime.cluster.procs import alive          # (the cluster package imports gRPC: only when asked)
+    """``{"url", "pid", "history"}`` of the running server, or None (no file, unreadable, not a server file,
+    or its process is gone or a zombie).  One small file read, plus one of ``/proc/<pid>/stat``."""
     try:
         info = json.loads(path(state_dir).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(info, dict) or not isinstance(info.get("pid"), int) or not alive(info["pid"]):
+    if not isinstance(info, dict):
         return None
-    return info
+    pid = info.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not procstat.alive(pid):
+        return None
+    return {k: info.get(k) for k in FIELDS}
 
 
 def remove(state_dir: Path, pid: int | None = None) -> None:
@@ -54,3 +65,6 @@ def remove(state_dir: Path, pid: int | None = None) -> None:
             p.unlink()
         except FileNotFoundError:
             pass
+
+
+__all__ = ["FIELDS", "path", "write", "read", "remove"]
