@@ -486,6 +486,61 @@ print("CODES", repr(codes))
 """
 
 
+ACL_FINALIZE_SCRIPT = """
+import glob, sys
+from runtime import acl, profiler
+out = sys.argv[1]
+codes = {}
+def work():
+    stream, _ = acl.rt.create_stream()
+    ptr, _ = acl.rt.malloc(4096, acl.ACL_MEM_MALLOC_HUGE_FIRST)
+    acl.rt.memset_async(ptr, 4096, 0, 4096, stream)
+    acl.rt.synchronize_stream(stream)
+def tasks(d):
+    return len(list(open(glob.glob(d + "/mindstudio_profiler_output/op_summary_*.csv")[0]))[1:])
+assert acl.init() == 0 and acl.rt.set_device(0) == 0
+assert acl.prof.init(out + "/a") == 0
+cfg = acl.prof.create_config([0], acl.ACL_AICORE_PIPE_UTILIZATION, 0, acl.ACL_PROF_ACL_API | acl.ACL_PROF_TASK_TIME)
+assert acl.prof.start(cfg) == 0
+work()
+codes["finalize"] = acl.finalize()                    # with a profile running, never stopped
+codes["running_after"] = int(profiler.active() is not None)
+codes["written_a"] = tasks(acl.prof.last_output()) if (acl.prof.last_output() or "").startswith(out + "/a/") else -1
+codes["stop_after"] = acl.prof.stop(cfg)
+codes["prof_finalize_after"] = acl.prof.finalize()
+assert acl.init() == 0 and acl.rt.set_device(0) == 0
+codes["start_old_cfg"] = acl.prof.start(cfg)           # the old session is gone: prof.init first
+codes["prof_init_again"] = acl.prof.init(out + "/b")
+codes["old_cfg_gone"] = acl.prof.destroy_config(cfg)
+cfg2 = acl.prof.create_config([0], acl.ACL_AICORE_PIPE_UTILIZATION, 0, acl.ACL_PROF_TASK_TIME)
+codes["start_new"] = acl.prof.start(cfg2)
+work()
+assert acl.init() == 0                                 # count 2: the first finalize_reference keeps it
+codes["ref_1"] = acl.finalize_reference()
+codes["running_at_1"] = int(profiler.active() is not None)
+codes["ref_0"] = acl.finalize_reference()
+codes["running_at_0"] = int(profiler.active() is not None)
+codes["written_b"] = tasks(acl.prof.last_output()) if (acl.prof.last_output() or "").startswith(out + "/b/") else -1
+print("CODES", repr(codes))
+"""
+
+
+def test_acl_finalize_ends_the_profiling_session(tmp_path):
+    """aclFinalize calls MsprofFinalize: a profile left running is stopped and written, the session (init
+    path, configs) is gone -- an acl.prof call after it is 100001, and after acl.init again acl.prof.init
+    succeeds (not 100002) and a new profile starts (not 100042).  acl.finalize_reference ends it at 0 only."""
+    script = tmp_path / "acl_finalize.py"
+    script.write_text(ACL_FINALIZE_SCRIPT)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "prof")], env=_env(tmp_path), capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    codes = eval(r.stdout.split("CODES", 1)[1].strip())        # noqa: S307 - our own script's dict
+    assert codes == {"finalize": 0, "running_after": 0, "written_a": 1, "stop_after": 100001,
+                     "prof_finalize_after": 100001, "start_old_cfg": 100001, "prof_init_again": 0,
+                     "old_cfg_gone": 100000, "start_new": 0, "ref_1": (1, 0), "running_at_1": 1, "ref_0": (0, 0),
+                     "running_at_0": 0, "written_b": 1}
+
+
 def test_acl_prof_script_and_its_return_codes(tmp_path):
     script = tmp_path / "acl_prof.py"
     script.write_text(ACL_SCRIPT)

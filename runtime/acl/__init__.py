@@ -165,11 +165,13 @@ def finalize() -> None:
     """aclFinalize: release every context, stream, event, function handle and allocation made through
     this module, whatever the init count.  A runtime that ``acl.init`` created (none was installed) is
     closed too: its in-process devices and their ``/dev/shm`` arenas go, or its cluster clients and
-    leases; the next ``acl.init`` makes a new one."""
+    leases; the next ``acl.init`` makes a new one.  The ``acl.prof`` session ends too, as aclFinalize's
+    MsprofFinalize ends it: a running profile is stopped and written, and ``acl.prof.init`` is needed
+    again after the next ``acl.init``."""
     if STATE.init_count <= 0:
         raise AclError("acl is not initialized" + (" (already finalized)" if STATE.ever_init else ""),
                        code=ACL_ERROR_REPEAT_FINALIZE if STATE.ever_init else ACL_ERROR_UNINITIALIZE)
-    teardown()
+    _finalize_all()
 
 
 @acl_call(outs=(0,), init=False)
@@ -182,8 +184,17 @@ def finalize_reference() -> int:
         STATE.init_count -= 1
         left = STATE.init_count
     if left == 0:
-        teardown()
+        _finalize_all()
     return left
+
+
+def _finalize_all() -> None:
+    """aclFinalize's teardown: profiling first (MsprofFinalize: a running profile is written while its
+    devices are still open), then every acl resource and the runtime acl.init made."""
+    try:
+        prof.teardown()
+    finally:
+        teardown()
 
 
 def get_recent_err_msg() -> str:

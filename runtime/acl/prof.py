@@ -17,10 +17,16 @@ ACL_ERROR_INVALID_PARAM (100000); ``create_config`` with a bad device id, metric
 ``aicore_events`` or no known data type bit -> 0 (the C NULL); ``start`` while a profile runs ->
 ACL_ERROR_PROF_ALREADY_RUN (100042); ``stop`` of a config that is not running -> ACL_ERROR_PROF_NOT_RUN
 (100043).  All calls are host-synchronous (``start``/``stop`` make one round trip per device).
+
+``acl.finalize`` (and ``acl.finalize_reference`` reaching 0) ends the profiling session as aclFinalize does
+(it calls MsprofFinalize): a running profile is stopped and written, and the init path and configs are
+forgotten (:func:`teardown`) -- after it, any ``acl.prof`` call is 100001 (acl uninitialized), and after a
+new ``acl.init`` ``acl.prof.init`` is needed again and succeeds.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -44,6 +50,8 @@ _KNOWN_BITS = (_API_BITS | _TASK_BITS | ACL_PROF_AICORE_METRICS | ACL_PROF_AICPU
                | ACL_PROF_HCCL_TRACE | ACL_PROF_TRAINING_TRACE | ACL_PROF_MSPROFTX | ACL_PROF_TASK_MEMORY
                | ACL_PROF_OP_ATTR)
 _CONFIG_TYPES = (ACL_PROF_STORAGE_LIMIT, ACL_PROF_SYS_HARDWARE_MEM_FREQ)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -198,6 +206,27 @@ def finalize():
         _PROF.settings.clear()
     if running is not None:
         _write(profiler.stop(), path)
+
+
+def teardown() -> None:
+    """What ``acl.finalize`` does to profiling (aclFinalize calls MsprofFinalize): a profile still running
+    is stopped and written under the init path, and the session is gone -- init path, configs, settings --
+    so that after the next ``acl.init`` an ``acl.prof`` call needs ``acl.prof.init`` again (100001 before
+    it) and ``acl.prof.init`` succeeds.  Not a pyACL call (``acl.finalize`` calls it before it releases
+    the devices); a profile that cannot be written is logged, not raised, as CANN logs a failed
+    MsprofFinalize and finalizes all the same.  Host-blocking: one round trip per profiled device."""
+    with _PROF.lock:
+        running, path = _PROF.running, _PROF.path
+        _PROF.running = None
+        _PROF.path = None
+        _PROF.settings.clear()
+        _PROF.configs.clear()
+    if running is None or path is None:
+        return
+    try:
+        _write(profiler.stop(), path)
+    except (OSError, RuntimeError, AclError):
+        log.error("acl.finalize: the running profile could not be written under %s", path, exc_info=True)
 
 
 def last_output() -> str | None:
