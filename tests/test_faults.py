@@ -14,6 +14,7 @@ import os
 import queue
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -521,20 +522,31 @@ def test_health_conditions_travel_in_get_health_watch_and_telemetry(served):
     c = served.client(srv)
     beats: queue.Queue = queue.Queue()
     watch = c.watch_health(20, beats.put)
-    c.inject_fault("link-down", peer=3)
-    c.inject_fault("slow", factor=3)
-    want = {(Condition.LINK_DOWN, 3, 0.0), (Condition.SLOW, -1, 3.0)}
-    assert {(x.kind, x.peer, x.value) for x in c.health_report().conditions} == want
-    assert c.health_report() == dev.health_report()
-    assert {(x.kind, x.peer, x.value) for x in c.telemetry()["conditions"]} == want
-    while True:                                                  # a beat after the faults carries them
-        ev = beats.get(timeout=10)
-        if {(x.kind, x.peer, x.value) for x in ev.conditions} == want:
-            break
-    assert ev.health == "Warning" and "link to device 3 down" in ev.reasons
-    c.clear_fault()
-    assert c.health_report() == HealthReport("OK", ())
-    watch.stop()
+    try:
+        c.inject_fault("link-down", peer=3)
+        c.inject_fault("slow", factor=3)
+        want = {(Condition.LINK_DOWN, 3, 0.0), (Condition.SLOW, -1, 3.0)}
+        assert {(x.kind, x.peer, x.value) for x in c.health_report().conditions} == want
+        assert c.health_report() == dev.health_report()
+        assert {(x.kind, x.peer, x.value) for x in c.telemetry()["conditions"]} == want
+        end = time.monotonic() + 30                              # a beat after the faults carries them
+        seen = []
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"no health beat carried {want} within 30 s; beats seen: {seen[-5:]}")
+            try:
+                ev = beats.get(timeout=left)
+            except queue.Empty:
+                continue                                         # (the deadline check above ends it)
+            seen.append({(x.kind, x.peer, x.value) for x in ev.conditions})
+            if seen[-1] == want:
+                break
+        assert ev.health == "Warning" and "link to device 3 down" in ev.reasons
+        c.clear_fault()
+        assert c.health_report() == HealthReport("OK", ())
+    finally:
+        watch.stop()
 
 
 def test_hccl_results_travel_as_a_field(served):
