@@ -208,6 +208,19 @@ class Mailbox:
     def __len__(self) -> int:
         return len(self._msgs)
 
+    def pending(self, comm: str | None = None) -> list[tuple]:
+        """Keys ``(comm, seq, tag, from)`` of the messages received and not taken yet (of communicator
+        ``comm`` when given): a snapshot, for inspection -- nothing is taken.  Does not block."""
+        with self._cv:
+            return [k for k in self._msgs if comm is None or k[0] == comm]
+
+    def wait_pending(self, n: int, timeout_s: float, comm: str | None = None) -> bool:
+        """Block the host until at least ``n`` messages (of ``comm`` when given) are pending, or
+        ``timeout_s`` passed; whether they are.  Nothing is taken (a test's gate: "the peers have spoken")."""
+        with self._cv:
+            return self._cv.wait_for(lambda: sum(1 for k in self._msgs if comm is None or k[0] == comm) >= n,
+                                     timeout=timeout_s)
+
     def drop_comm(self, cid: str) -> None:
         with self._cv:
             for k in [k for k in self._msgs if k[0] == cid]:

@@ -369,8 +369,33 @@ def test_no_messages_left_behind(rt, pool):
             cid = comms[0].comm_id
             for d in devs:
                 mb = rt.backend.device(d.physical_id).hccl.mailbox
-                left = [k for k in list(mb._msgs) if k[0] == cid]
+                left = mb.pending(cid)
                 assert not left, f"{algo}: device {d.index} still holds {left[:4]}"
+
+
+def test_mailbox_pending_view_takes_nothing_and_wait_pending_wakes_on_put():
+    """The mailbox's read-only view (what the tests gate on): ``pending`` lists the keys received and not
+    taken (per communicator; an abort is not a message), ``wait_pending`` blocks until n are there or its
+    timeout passes, and neither takes anything."""
+    import time
+
+    from devices.hccl import ABORT_TAG, Mailbox
+    mb = Mailbox()
+    mb.put(("c1", 0, "x", 1), b"a")
+    mb.put(("c2", 0, "x", 1), b"b")
+    mb.put(("c1", 0, ABORT_TAG, 2), (HCCL_E_REMOTE, "gone"))          # an abort: not a pending message
+    assert sorted(mb.pending()) == [("c1", 0, "x", 1), ("c2", 0, "x", 1)]
+    assert mb.pending("c1") == [("c1", 0, "x", 1)] and mb.pending("c3") == []
+    assert not mb.wait_pending(2, 0.01, "c1")                            # times out: only one of c1
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(mb.wait_pending(2, 60, "c1")))
+    waiter.start()
+    mb.put(("c1", 1, "x", 1), b"c")
+    waiter.join(60)
+    assert not waiter.is_alive() and got == [True]
+    assert len(mb.pending("c1")) == 2                                    # nothing was taken
+    assert mb.take([("c2", 0, "x", 1)], time.monotonic() + 5, lambda missing: None, lambda: False) == [b"b"]
+    assert mb.pending("c2") == [] and len(mb.pending()) == 2
 
 
 def test_small_collectives_reuse_the_communicators_buffers(rt, pool):
@@ -796,9 +821,7 @@ def test_killed_device_fails_peers_with_remote_error():
         # ranks 0-2 are inside the collective once their "ready" messages reached rank 3's mailbox
         victim = r.backend.device(devs[3].physical_id)
         mb = victim.hccl.mailbox
-        with mb._cv:
-            assert mb._cv.wait_for(lambda: len(mb._msgs) >= 3, timeout=GATE_TIMEOUT_S), \
-                "the other ranks never entered the AllReduce"
+        assert mb.wait_pending(3, GATE_TIMEOUT_S), "the other ranks never entered the AllReduce"
         victim.close()
         gate.set()
         for d in devs[:3]:
