@@ -486,6 +486,17 @@ print("CODES", repr(codes))
 """
 
 
+def _acl_script_codes(tmp_path, text: str) -> dict:
+    """Run an acl script in a child process (its own acl state) with ``<tmp>/prof`` as its argument; the
+    dict of return codes it printed after ``CODES``."""
+    script = tmp_path / "acl_script.py"
+    script.write_text(text)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "prof")], env=_env(tmp_path), capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    return eval(r.stdout.split("CODES", 1)[1].strip())        # noqa: S307 - our own script's dict
+
+
 ACL_FINALIZE_SCRIPT = """
 import glob, sys
 from runtime import acl, profiler
@@ -529,12 +540,7 @@ def test_acl_finalize_ends_the_profiling_session(tmp_path):
     """aclFinalize calls MsprofFinalize: a profile left running is stopped and written, the session (init
     path, configs) is gone -- an acl.prof call after it is 100001, and after acl.init again acl.prof.init
     succeeds (not 100002) and a new profile starts (not 100042).  acl.finalize_reference ends it at 0 only."""
-    script = tmp_path / "acl_finalize.py"
-    script.write_text(ACL_FINALIZE_SCRIPT)
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "prof")], env=_env(tmp_path), capture_output=True,
-                       text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    codes = eval(r.stdout.split("CODES", 1)[1].strip())        # noqa: S307 - our own script's dict
+    codes = _acl_script_codes(tmp_path, ACL_FINALIZE_SCRIPT)
     assert codes == {"finalize": 0, "running_after": 0, "written_a": 1, "stop_after": 100001,
                      "prof_finalize_after": 100001, "start_old_cfg": 100001, "prof_init_again": 0,
                      "old_cfg_gone": 100000, "start_new": 0, "ref_1": (1, 0), "running_at_1": 1, "ref_0": (0, 0),
@@ -542,12 +548,7 @@ def test_acl_finalize_ends_the_profiling_session(tmp_path):
 
 
 def test_acl_prof_script_and_its_return_codes(tmp_path):
-    script = tmp_path / "acl_prof.py"
-    script.write_text(ACL_SCRIPT)
-    r = subprocess.run([sys.executable, str(script), str(tmp_path / "prof")], env=_env(tmp_path), capture_output=True,
-                       text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    codes = eval(r.stdout.split("CODES", 1)[1].strip())        # noqa: S307 - our own script's dict
+    codes = _acl_script_codes(tmp_path, ACL_SCRIPT)
     assert codes == {"init_before_acl_init": 100001, "start_before_prof_init": 100001, "init": 0, "init_again": 100002,
                      "cfg_ok": 1, "cfg_bad_device": 0, "cfg_bad_events": 0, "start": 0, "start_again": 100042,
                      "stop": 0, "stop_again": 100043, "destroy": 0, "destroy_again": 100000, "finalize": 0,
