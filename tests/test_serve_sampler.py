@@ -22,6 +22,7 @@ import urllib.parse
 import openai
 import pytest
 
+from devices import procstat
 from devices.device import DeviceConfig
 from runtime.api import Runtime
 from runtime.backend import LocalBackend
@@ -274,8 +275,7 @@ def test_server_file_holds_no_key_and_a_zombie_server_is_gone(tmp_path):
     try:
         serverfile.write(tmp_path, "http://127.0.0.1:1", None, pid=child.pid)
         assert select.select([fd], [], [], 60)[0], "the child did not exit"     # exited, not reaped yet
-        with open(f"/proc/{child.pid}/stat") as f:
-            assert f.read().rsplit(")", 1)[1].split()[0] == "Z"                  # a zombie indeed
+        assert procstat.state(child.pid) == "Z"                                  # a zombie indeed
         assert serverfile.read(tmp_path) is None
     finally:
         os.close(fd)
