@@ -22,6 +22,7 @@ All methods are host-synchronous and thread-safe; none of them orders device wor
 from __future__ import annotations
 
 import bisect
+import fcntl
 import mmap
 import os
 import threading
@@ -68,7 +69,9 @@ PLACEMENT_LOW = 1           #: the lowest free range that fits, block at its bot
 PLACEMENT_HIGH = 2          #: the highest free range that fits, block at its top (long-lived segments)
 PLACEMENTS = {PLACEMENT_BEST_FIT: "best-fit", PLACEMENT_LOW: "low", PLACEMENT_HIGH: "high"}
 #: bytes after the arena in its segment: [0:8] = the arena generation (uint64), [8:16] = the device id,
-#: [16:24] = :data:`ARENA_MAGIC` (whoever maps a segment checks that it is the device it means)
+#: [16:24] = :data:`ARENA_MAGIC` (whoever maps a segment checks that it is the device it means),
+#: [24:32] = the push fence (uint64, :meth:`HbmArena.fence_pushes`)
+FENCE_OFFSET = 24
 ARENA_HEADER = 4096
 ARENA_MAGIC = b"VNPUHBM1"
 _CANARY = 0xA5
@@ -225,16 +228,20 @@ class HbmArena:
                 os.fchmod(fd, 0o600)                    # whatever the umask: the device's user only
                 os.ftruncate(fd, size + ARENA_HEADER)
                 self._mm = mmap.mmap(fd, size + ARENA_HEADER)
-            finally:
+            except BaseException:
                 os.close(fd)
+                raise
+            self._fd = fd                               # kept for the push fence's lock (flock)
         else:                                           # anonymous: no name any other process can open
             self.name, self.path = "", ""
             self._mm = mmap.mmap(-1, size + ARENA_HEADER)
+            self._fd = -1
         advise_huge_pages(self._mm)
         self.buf = np.frombuffer(self._mm, dtype=np.uint8)
         self._hdr = np.frombuffer(self._mm, dtype=np.uint64, count=2, offset=size)
         self._hdr[1] = device_id
         self._mm[size + 16:size + 24] = ARENA_MAGIC
+        self._fence = np.frombuffer(self._mm, dtype=np.uint64, count=1, offset=size + FENCE_OFFSET)
         self._lock = threading.Lock()
         self._alloc = Allocator(size)
         self._starts: list[int] = []
@@ -342,8 +349,44 @@ class HbmArena:
         with self._lock:
             return self._usage.get(owner)
 
+    # ---- the push fence: peers on this node may write this arena (HCCL pushes) ----
+    def push_fence(self) -> int:
+        """The fence value an operator publishes to its peers (with the buffers they may write): a peer
+        writes only while the segment's fence still holds it (:class:`devices.hccl_transport.ShmLink`)."""
+        return int(self._fence[0])
+
+    def fence_pushes(self, timeout_s: float = 5.0) -> bool:
+        """Stop every peer's writes into this arena that were allowed by an earlier fence value: an operator
+        that gave up (or a reset, or a close) calls this before the memory peers could write is freed or
+        reused.  Bumps the fence, then takes the segment's lock exclusively: a peer checks the fence and
+        writes one segment under the shared lock, so once the exclusive lock is granted no write that saw
+        the old value is in progress, and none starts.  Host-blocking until then, at most ``timeout_s``
+        (a peer process stopped in the middle of a segment's copy); False if that ran out."""
+        if self._fd < 0:
+            return True                      # anonymous: no peer can map it
+        with self._lock:
+            self._fence[0] += 1
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            granted = threading.Event()
+            fd = os.dup(self._fd)            # the same open file (the same lock), whatever close() does
+
+            def wait_writers():              # a thread, so that a stopped peer cannot hang the caller
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    granted.set()
+                finally:
+                    os.close(fd)
+            threading.Thread(target=wait_writers, daemon=True, name="push-fence").start()
+            return granted.wait(timeout_s)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return True
+
     def reset(self) -> None:
-        """Drop every allocation (device reset)."""
+        """Drop every allocation (device reset); peers' pushes allowed before stop first."""
+        self.fence_pushes()
         with self._lock:
             self._bump()
             self.epoch += 1
@@ -448,11 +491,15 @@ class HbmArena:
             if self._closed:
                 return
             self._closed = True
+        self.fence_pushes()
         self.buf = None
         try:
             self._mm.close()
         except BufferError:
             pass  # a view is still alive somewhere; the mapping goes when it does
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if self.path:
             try:
                 os.unlink(self.path)

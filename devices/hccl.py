@@ -54,6 +54,10 @@ _ITEM = {"bfloat16": 2}
 DEFAULT_EXEC_TIMEOUT_S = float(os.environ.get("HCCL_EXEC_TIMEOUT", 1836))
 DEFAULT_CONNECT_TIMEOUT_S = float(os.environ.get("HCCL_CONNECT_TIMEOUT", 120))
 _PROBE_S = 0.05
+#: what ranks compare at "ready" (one operator on every rank)
+SIG_FIELDS = ("op", "count", "dtype", "redop", "root", "algorithm", "push (every peer's memory writable)")
+#: how long a rank that gave up an operator waits for peers' writes in progress (one segment's copy each)
+FENCE_TIMEOUT_S = 5.0
 #: work buffers up to this size are kept per communicator (HCCL's CCL buffer) instead of allocated per
 #: operator: a free bumps the arena generation, which would invalidate every cached launch plan,
 #: captured graph binding and client range check of the device after each small collective
@@ -678,15 +682,17 @@ class HcclEngine:
             for src, so, dst, do, cnt in pro:
                 if bufs[src] != bufs[dst] or so != do:
                     self._move(me, bufs[src], so, me, bufs[dst], do, cnt, op.dtype, None)
-            sig = [op.op, op.count, op.dtype, op.redop, op.root, algo, push]
+            sig = [op.op, op.count, op.dtype, op.redop, op.root, algo, push]      # SIG_FIELDS
+            # with the buffers, the push fence they are written under (peers write mine only while it holds)
             ready = self._barrier(c, seq, "ready", deadline, [bufs.get("send", 0), bufs.get("recv", 0),
-                                                             bufs.get("work", 0), sig])
+                                                             bufs.get("work", 0), sig, self.arena.push_fence()])
             peer_bufs = {}
-            for q, (s_ptr, r_ptr, w_ptr, psig) in zip([q for q in range(n) if q != r], ready):
+            for q, (s_ptr, r_ptr, w_ptr, psig, pfence) in zip([q for q in range(n) if q != r], ready):
                 if psig != sig:
-                    raise HcclError(f"rank {q} issued {psig[:4]} but rank {r} issued {sig[:4]}: operators "
+                    diff = ", ".join(f"{name} {a!r} vs {b!r}" for name, a, b in zip(SIG_FIELDS, psig, sig) if a != b)
+                    raise HcclError(f"rank {q} and rank {r} issued different operators ({diff}): operators "
                                     f"must match on every rank", HCCL_E_PARA)
-                peer_bufs[q] = {"send": s_ptr, "recv": r_ptr, "work": w_ptr}
+                peer_bufs[q] = {"send": s_ptr, "recv": r_ptr, "work": w_ptr, "fence": pfence}
             peer_bufs[r] = bufs
             red = op.redop
             for i, phase in enumerate(schedule(op.op, algo, n, r, op.count, op.root, push)):
@@ -704,6 +710,10 @@ class HcclEngine:
                 # peers may still read my buffers; oneshot reads only the alternating CCL buffers,
                 # which the next operator's "ready" round already protects
                 self._barrier(c, seq, "done", deadline)
+        except BaseException:
+            if push:    # peers may still be writing my receive buffer: stop them before the user has it back
+                self.arena.fence_pushes(min(c.config.exec_timeout_s, FENCE_TIMEOUT_S))
+            raise
         finally:
             if exposure is not None:
                 self._unexpose(c, exposure)
@@ -733,11 +743,12 @@ class HcclEngine:
                 left.remove(fused)
             self._transfer(c, srcs, mine[first.dst], first.dst_off, first.count, dtype,
                            redop if first.reduce else None, seq, range(c.size),
-                           [(q, peer_bufs[q][fused.buf]) for q in fused.peers] if fused else ())
+                           [(q, peer_bufs[q][fused.buf], peer_bufs[q]["fence"]) for q in fused.peers]
+                           if fused else ())
             i = j
         for p in left:              # a push of its own: one write of the range to each peer
             self._transfer(c, [], mine[p.buf], p.off, p.count, dtype, None, seq, range(c.size),
-                           [(q, peer_bufs[q][p.buf]) for q in p.peers])
+                           [(q, peer_bufs[q][p.buf], peer_bufs[q]["fence"]) for q in p.peers])
 
     def _read_into(self, c: Comm, peer: int, src_ptr: int, src_off: int, dst_ptr: int, dst_off: int, count: int,
                    dtype: str, redop: str | None, seq, ranks) -> None:
@@ -750,8 +761,9 @@ class HcclEngine:
         ptr, element offset, base ptr or None)``, read through the link to that rank (or out of my own
         arena); with a base, the first reduction is ``dst = base op source`` (base at the source's
         offset).  Segments: cache-sized through zero-copy links, ``segment_bytes`` (one read each)
-        through the others.  ``pushes``: ``(rank, ptr)`` -- each finished segment is also written to
-        that rank's buffer at the same element offset (writable links only).  ``seq``/``ranks``: the
+        through the others.  ``pushes``: ``(rank, ptr, fence)`` -- each finished segment is also written
+        to that rank's buffer at the same element offset (writable links only; while that rank's push fence
+        holds ``fence``), unless this device or the communicator gave up meanwhile.  ``seq``/``ranks``: the
         operator and its ranks (for link faults)."""
         if count <= 0:
             return
@@ -777,16 +789,18 @@ class HcclEngine:
                 base = None if base_ptr is None else ptr_offset(base_ptr) + (src_off + done) * isz
                 self._move(data, dptr, off, me, dst_ptr, dst_off + done, k, dtype, redop, base)
             if pushes:
+                if self.aborted or c.cancelled:
+                    raise HcclError("device aborted while writing to peers", HCCL_E_REMOTE)
                 at = ptr_offset(dst_ptr) + (dst_off + done) * isz
-                for peer, ptr in pushes:
+                for peer, ptr, fence in pushes:
                     self._check_link(c, peer, seq, ranks)
-                    c.links[peer].write(c.cid, ptr + (dst_off + done) * isz, me[at:at + k * isz])
+                    c.links[peer].write(c.cid, ptr + (dst_off + done) * isz, me[at:at + k * isz], fence)
             done += k
         for peer, *_ in srcs:
             if peer != c.rank:
                 self.stats["bytes_pulled"] += count * isz
                 self.stats[f"bytes_{c.scopes[peer]}"] += count * isz
-        for peer, _ in pushes:
+        for peer, *_ in pushes:
             self.stats["bytes_pushed"] += count * isz
             self.stats[f"bytes_{c.scopes[peer]}"] += count * isz
 

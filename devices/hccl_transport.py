@@ -12,9 +12,9 @@ code talks only to links -- it never asks which transport it has:
 - ``probe()``: liveness -- raises :class:`~devices.errors.HcclError` ``HCCL_E_REMOTE`` when the peer is gone;
 - ``zero_copy``: whether ``read`` returns a view of the peer's memory (then the engine reads in
   cache-sized segments; otherwise each read is one transfer of ``CommConfig.segment_bytes``);
-- ``writable`` / ``write(comm, ptr, data)``: whether this device may write the peer's HBM directly (same
-  node: the mapped arena), and the write (host-blocking); the engine pushes only where every link is
-  writable.
+- ``writable`` / ``write(comm, ptr, data, fence)``: whether this device may write the peer's HBM directly
+  (same node: the mapped arena), and the write (host-blocking), allowed only while the peer's push fence
+  holds the value it published for the operator; the engine pushes only where every link is writable.
 
 Any failure to reach a peer raises ``HCCL_E_REMOTE``.  What a device publishes so that peers can build
 links to it is each transport's :meth:`Transport.endpoint` (merged into ``HcclEngine.info()``).
@@ -34,9 +34,12 @@ device actors) lives at the driver's edge (``driver.hccl_grpc``) and is installe
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import socket
 import threading
@@ -44,7 +47,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .arena import attach, ptr_device, ptr_offset
+from .arena import FENCE_OFFSET, SHM_DIR, attach, ptr_device, ptr_offset
 from .errors import HCCL_E_PARA, HCCL_E_REMOTE, AclError, HcclError
 
 #: transport scopes: the engine holds one transport per scope
@@ -70,7 +73,7 @@ class PeerLink(Protocol):
     writable: bool
 
     def read(self, comm: str, ptr: int, nbytes: int) -> np.ndarray: ...
-    def write(self, comm: str, ptr: int, data: np.ndarray) -> None: ...
+    def write(self, comm: str, ptr: int, data: np.ndarray, fence: int) -> None: ...
     def notify(self, msg: tuple) -> None: ...
     def probe(self) -> None: ...
 
@@ -160,10 +163,20 @@ class ShmLink:
         the pointer must be one of the peer's device)."""
         return self._view(ptr, nbytes)
 
-    def write(self, comm: str, ptr: int, data: np.ndarray) -> None:
-        """Copy ``data`` into the peer's HBM at ``ptr`` (a range the peer named in its own sealed control
-        message for this operator; the pointer must be one of the peer's device)."""
-        np.copyto(self._view(ptr, data.nbytes), data.view(np.uint8))
+    def write(self, comm: str, ptr: int, data: np.ndarray, fence: int) -> None:
+        """Copy ``data`` into the peer's HBM at ``ptr`` (a range the peer named for this operator in its
+        "ready" -- sealed, and relayed by other ranks of the communicator beyond a few ranks; the pointer
+        must be one of the peer's device) -- only while the peer's push
+        fence still holds ``fence``, the value the peer published with that range: an operator the peer
+        gave up, a reset or a close bumps it (:meth:`devices.arena.HbmArena.fence_pushes`), and the check
+        and the copy run under the segment's shared lock, so no write lands after the peer stopped
+        accepting them.  HCCL_E_REMOTE otherwise."""
+        view = self._view(ptr, data.nbytes)
+        with self._t.fenced(self.peer) as current:
+            if current() != fence:
+                raise HcclError(f"rank {self.peer.rank} (device {self.peer.device_id}) gave up the operator: "
+                                f"its buffers are no longer written", HCCL_E_REMOTE)
+            np.copyto(view, data.view(np.uint8))
 
     def _view(self, ptr: int, nbytes: int) -> np.ndarray:
         try:
@@ -205,23 +218,42 @@ class ShmTransport:
 
     def mapped(self, peer) -> np.ndarray:
         """uint8 view of a peer's whole arena, mapped once per peer arena (host-blocking the first time)."""
+        return self._mapping(peer)[1]
+
+    def _mapping(self, peer) -> tuple:
         with self._lock:
             m = self._maps.get(peer.arena)
             if m is None:
                 try:
-                    m = self._maps[peer.arena] = attach(peer.arena, peer.arena_bytes, peer.device_id)
+                    mm, view = attach(peer.arena, peer.arena_bytes, peer.device_id)
+                    fd = os.open(os.path.join(SHM_DIR, peer.arena), os.O_RDONLY)     # the fence's lock
                 except FileNotFoundError:
                     raise HcclError(f"rank {peer.rank}'s HBM (device {peer.device_id}) is gone",
                                     HCCL_E_REMOTE) from None
                 except (OSError, ValueError) as e:
                     raise HcclError(f"rank {peer.rank}'s HBM: {e}", HCCL_E_PARA) from None
-            return m[1]
+                fence = view[peer.arena_bytes + FENCE_OFFSET:peer.arena_bytes + FENCE_OFFSET + 8].view(np.uint64)
+                m = self._maps[peer.arena] = (mm, view, fd, fence, threading.Lock())
+            return m
+
+    @contextlib.contextmanager
+    def fenced(self, peer):
+        """Hold the peer segment's shared lock (and this process's lock for that peer: a flock belongs to
+        the open file, which every thread here shares); yields a reader of the peer's push fence."""
+        _, _, fd, fence, lock = self._mapping(peer)
+        with lock:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                yield lambda: int(fence[0])
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         self.doorbell.close()
         with self._lock:
             maps, self._maps = self._maps, {}
-        for mm, _ in maps.values():
+        for mm, _, fd, _, _ in maps.values():
+            os.close(fd)
             try:
                 mm.close()
             except BufferError:

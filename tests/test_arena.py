@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, multiple, precondition, rule
 
 from devices.arena import (ARENA_HEADER, ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_NORMAL_ONLY, Allocator, HbmArena, attach,
-                           block_size, make_ptr)
+                           block_size, make_ptr, ptr_offset)
 from devices.errors import AclError, InvalidParamError, MemoryAccessError, MemoryAllocationError, error_for_code
 
 OFF_MASK = (1 << 40) - 1
@@ -966,3 +966,38 @@ def test_an_empty_allocator_has_nothing_to_give():
     al = Allocator(0)
     assert al.free_ranges() == [] and al.alloc(64) is None and al.alloc(64, 2) is None
     assert (al.free_bytes, al.largest_free, al.used) == (0, 0, 0)
+
+
+def test_push_fence_stops_peer_writes_and_waits_for_the_one_in_progress():
+    """A same-node peer writes this arena (HCCL push) only while the fence holds the value published with
+    the operator; ``fence_pushes`` bumps it and then waits (exclusive lock) for a write in progress: it
+    cannot complete while a peer holds the shared lock, and afterwards every write is refused."""
+    from devices.errors import HCCL_E_REMOTE, HcclError
+    from devices.hccl import PeerInfo
+    from devices.hccl_transport import ShmTransport
+
+    owner, writer = HbmArena(next(_dev_ids), 1 << 20), HbmArena(next(_dev_ids), 1 << 20)
+    t = ShmTransport(writer, lambda msg: True)
+    try:
+        peer = PeerInfo(0, owner.device_id, owner.name, owner.size, "")
+        link = t.link(peer)
+        p = owner.malloc(4096)
+        fence = owner.push_fence()
+        link.write("c", p, np.full(1024, 7, np.float32), fence)                 # allowed: the fence holds
+        assert owner.buf[ptr_offset(p):ptr_offset(p) + 4096].view(np.float32).tolist() == [7.0] * 1024
+        with t.fenced(peer):                                                       # a write in progress ...
+            assert owner.fence_pushes(timeout_s=0.05) is False                     # ... is waited for
+        assert owner.fence_pushes(timeout_s=5) is True                             # none in progress now
+        with pytest.raises(HcclError) as e:
+            link.write("c", p, np.full(1024, 9, np.float32), fence)              # the old value: refused
+        assert e.value.hccl_code == HCCL_E_REMOTE
+        assert owner.buf[ptr_offset(p):ptr_offset(p) + 4096].view(np.float32).tolist() == [7.0] * 1024
+        link.write("c", p, np.full(1024, 9, np.float32), owner.push_fence())     # a new operator's value
+        assert owner.buf[ptr_offset(p):ptr_offset(p) + 4096].view(np.float32)[0] == 9.0
+        before = owner.push_fence()
+        owner.reset()                                                              # a reset fences too
+        assert owner.push_fence() != before
+    finally:
+        t.close()
+        writer.close()
+        owner.close()

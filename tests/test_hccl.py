@@ -290,6 +290,34 @@ def test_mesh_allreduce_on_one_node_pushes_each_chunk_once(rt, pool, inplace):
         [2 * (n - 1) * c for c in chunk]
 
 
+def test_a_rank_that_gave_up_is_never_written_by_a_late_peer(rt, pool):
+    """The push's safety: rank 1 names its receive buffer (its "ready"), then gives up (its peer is late:
+    HCCL_E_TIMEOUT) and its user reuses the buffer.  When rank 0 finally runs the operator it has rank 1's
+    "ready" in its mailbox and reaches the push -- which must not write: rank 1 bumped its push fence when it
+    gave up, so rank 0's write is refused (HCCL_E_REMOTE) and rank 1's buffer keeps what its user put there."""
+    devs = rt.devices()[:2]
+    count = 300_000                                          # several 256 KiB segments per chunk
+    comms = hccl.comm_init_all(devs, hccl.CommOptions(algo="mesh", exec_timeout_s=1))
+    gate = threading.Event()
+    try:
+        sends = [pool.put(d, np.full(count, r + 1.0, np.float32)) for r, d in enumerate(devs)]
+        recvs = [pool.put(d, np.zeros(count, np.float32)) for d in devs]
+        gate_stream(devs[0].default_stream, gate)           # rank 0 is late ...
+        for c, s, rv in zip(comms, sends, recvs):
+            c.all_reduce(s, rv)
+        assert sync_error(devs[1]).hccl_code == HCCL_E_TIMEOUT      # ... so rank 1 gives up
+        reused = np.arange(count, dtype=np.float32)         # and its user writes the buffer again
+        devs[1].memcpy_h2d(recvs[1].ptr, reused)
+        gate.set()                                           # now rank 0 runs its part
+        assert isinstance(sync_error(devs[0]), HcclError)
+        np.testing.assert_array_equal(recvs[1].numpy(), reused)     # not one segment of rank 0's chunk landed
+    finally:
+        gate.set()
+        drain(devs)
+        for c in comms:
+            c.destroy()
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_send_recv_ring_shift(request, rt, pool, n):
     """Rank r sends to r+1 and receives from r-1 (rank 0 sends first, the others receive first)."""
