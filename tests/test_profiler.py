@@ -432,6 +432,7 @@ def test_vnpu_prof_exits_with_the_commands_status_and_refuses_bad_flags(tmp_path
     r = subprocess.run(base + ["--output", str(tmp_path / "o"), "--", sys.executable, "-c", "raise SystemExit(3)"],
                        env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 3 and "no runtime client reported" in r.stderr
+    assert os.listdir(tmp_path / "o") == []                     # no empty PROF_* folder left behind
     r = subprocess.run(base, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no command" in r.stderr
     f = tmp_path / "file"
@@ -440,8 +441,9 @@ def test_vnpu_prof_exits_with_the_commands_status_and_refuses_bad_flags(tmp_path
                        timeout=60, cwd=ROOT)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--output" in r.stderr
     r = subprocess.run(base + ["--", str(tmp_path / "no-such-program")], env=env, capture_output=True, text=True,
-                       timeout=60, cwd=ROOT)
+                       timeout=60, cwd=tmp_path)                # the default --output: the working directory
     assert r.returncode == 2 and "cannot run" in r.stderr
+    assert not glob.glob(str(tmp_path / "PROF_*"))              # nothing ran: no PROF_* folder either
 
 
 ACL_SCRIPT = """

@@ -52,6 +52,7 @@ def _cmd(a) -> int:
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:
+        shutil.rmtree(prof_dir, ignore_errors=True)        # nothing ran: leave no empty PROF_* behind
         print(f"vnpu prof: error: cannot run {cmd[0]!r}: {e.strerror or e}", file=sys.stderr)
         return 2
     old = signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
@@ -63,7 +64,8 @@ def _cmd(a) -> int:
         status = 128 - status
     raws = read_raws(prof_dir)
     if not raws:
-        print(f"vnpu prof: no runtime client reported (the command made no vnpu runtime); {prof_dir} is empty",
+        shutil.rmtree(prof_dir, ignore_errors=True)
+        print(f"vnpu prof: no runtime client reported (the command made no vnpu runtime); no profile written",
               file=sys.stderr)
         return status
     res = export(prof_dir, raws)
