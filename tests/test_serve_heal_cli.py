@@ -22,6 +22,7 @@ import time
 
 import pytest
 
+from devices import procstat
 from serve_http import call
 
 pytestmark = pytest.mark.serve
@@ -91,7 +92,8 @@ def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):
         sj = home / "serve" / "server.json"
         assert stat.S_IMODE(os.stat(sj).st_mode) == 0o600
         info = json.loads(sj.read_text())
-        assert info == {"url": s.url, "pid": s.p.pid, "history": str(home / "serve" / "history.sqlite")}
+        assert info == {"url": s.url, "pid": s.p.pid, "history": str(home / "serve" / "history.sqlite"),
+                        "start_time": procstat.start_time(s.p.pid)}
         assert ADMIN not in sj.read_text()                               # no credential in it
         # a long poll: answers as soon as the sampler has recorded its first server-wide sample
         assert "qps" in get(s.url, "/admin/history/latest?wait_s=30")["server"], "no sample within 30 s"

@@ -240,7 +240,8 @@ def test_server_file_is_private_names_its_process_and_goes_away(tmp_path):
     p = serverfile.write(tmp_path, "http://127.0.0.1:1234", str(tmp_path / "h.sqlite"))
     assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
     assert serverfile.read(tmp_path) == {"url": "http://127.0.0.1:1234", "pid": os.getpid(),
-                                         "history": str(tmp_path / "h.sqlite")}
+                                         "history": str(tmp_path / "h.sqlite"),
+                                         "start_time": procstat.start_time(os.getpid())}
     serverfile.remove(tmp_path, pid=os.getpid() + 1)           # not its owner: left alone
     assert p.exists()
     serverfile.remove(tmp_path)
@@ -263,10 +264,12 @@ def test_server_file_holds_no_key_and_a_zombie_server_is_gone(tmp_path):
     import subprocess
     import sys
     p = serverfile.write(tmp_path, "http://127.0.0.1:1234", None)
-    assert set(json.loads(p.read_text())) == {"url", "pid", "history"} == set(serverfile.FIELDS)
+    assert set(json.loads(p.read_text())) == {"url", "pid", "history", "start_time"} == set(serverfile.FIELDS)
+    me = procstat.start_time(os.getpid())
     p.write_text(json.dumps({"url": "http://127.0.0.1:1234", "pid": os.getpid(), "history": None,
-                             "admin_key": "sk-planted-0123456789"}))
-    assert serverfile.read(tmp_path) == {"url": "http://127.0.0.1:1234", "pid": os.getpid(), "history": None}
+                             "start_time": me, "admin_key": "sk-planted-0123456789"}))
+    assert serverfile.read(tmp_path) == {"url": "http://127.0.0.1:1234", "pid": os.getpid(), "history": None,
+                                         "start_time": me}
     for bad in (True, 0, -1, "1", None):
         p.write_text(json.dumps({"url": "http://127.0.0.1:1234", "pid": bad, "history": None}))
         assert serverfile.read(tmp_path) is None, bad
