@@ -28,7 +28,7 @@ pytestmark = pytest.mark.cluster
 
 N_LOGICAL, N_SPARE = 4, 2
 # the default straggler rule (2x the peers' median AND 2 ms over it AND 3.5 robust sigmas of the peers'
-# noise, held for 0.5 s): this workload's requests are tens of µs of kernels behind RPCs, whose scheduling
+# noise, held for 2 s): this workload's requests are tens of µs of kernels behind RPCs, whose scheduling
 # noise put a healthy device's median at 2x its peers' under the ratio alone; every job below asserts
 # that no healthy device is taken out as slow
 OPTS = FailoverOptions(heartbeat_ms=50, hang_deadline_s=1.0, restart_wait_s=30.0, quarantine_s=0.5)
@@ -350,7 +350,7 @@ def test_no_spare_left_the_cpu_fallback_serves_correct_results(cluster):
 def test_slow_device_is_quarantined_as_slow(pool):
     """(a) A straggler (fault ``slow``: every task 100x its time -- this workload's kernels take tens of µs,
     so a smaller factor may hide under the RPC's own latency) is found from request latencies alone by
-    the default rule -- its median over its peers', beyond the floor and their noise, for 0.5 s -- and
+    the default rule -- its median over its peers', beyond the floor and their noise, for 2 s -- and
     quarantined with cause "slow"; its requests still complete (exactly once, right results), no healthy
     device is taken out, and after the quarantine and a reset it is back as a spare."""
     victim = _bound_npu(pool, 1)
@@ -393,7 +393,7 @@ def test_report_latency_noise_and_a_straggler_on_real_devices(cluster):
         assert {lid: b.physical for lid, b in p.bindings.items()} == {b.logical: b.physical for b in bs}
         victim = bs[1].physical
         t_fault = t_end
-        for t, d, s in healthy_stream(12, 3000):
+        for t, d, s in healthy_stream(12, 20000):
             now[0] = t_fault + t
             p.report_latency(bs[d], 100 * s if d == 1 else s)
             if _detected(p, victim, 0.0) is not None:

@@ -75,7 +75,7 @@ def test_a_device_slowed_100x_is_a_straggler_against_every_healthy_window():
 
 def test_a_straggler_is_taken_out_once_it_stays_slow_for_the_persistence_time():
     """(a) The watch acts on a 100x straggler after ``persist_s`` of unbroken slow verdicts, not before."""
-    reports = healthy_stream(7, 3000)
+    reports = healthy_stream(7, 20000)
     t_fault = reports[500][0]
     slowed = [(t, d, s * 100 if d == 1 and t >= t_fault else s) for t, d, s in reports]
     acted = take_outs(slowed, DEFAULT)
@@ -129,9 +129,10 @@ def test_the_factor_matters():
 
 
 def test_persistence_matters_and_a_break_restarts_it():
-    """Slow requests every 0.125 s (exact in binary): acted on only once the slow verdicts span
-    ``persist_s``; a fast stretch between them starts the count again."""
-    assert DEFAULT.persist_s == 0.5 and DEFAULT.min_samples == 8 and DEFAULT.window == 9
+    """Slow requests every quarter of ``persist_s`` (exact in binary): acted on only once the slow verdicts
+    span ``persist_s``; a fast stretch between them starts the count again."""
+    step = DEFAULT.persist_s / 4
+    assert step * 4 == DEFAULT.persist_s and DEFAULT.min_samples == 8 and DEFAULT.window == 9
 
     def watch_with_peers():
         w = StragglerWatch(DEFAULT)
@@ -141,21 +142,21 @@ def test_persistence_matters_and_a_break_restarts_it():
         return w
     peers = ("a", "b", "c")
     w = watch_with_peers()
-    got = {k: w.report("x", 0.050, k * 0.125, peers) for k in range(1, 13)}
-    # the 8th report (t = 1.0) is the first judged (min_samples): slow from there, acted on 0.5 s later
+    got = {k: w.report("x", 0.050, k * step, peers) for k in range(1, 13)}
+    # the 8th report is the first judged (min_samples): slow from there, acted on persist_s (4 steps) later
     assert [k for k, v in got.items() if v is not None][:1] == [12]
-    assert got[12].slow_for_s == 0.5 and got[12].ratio == pytest.approx(50.0)
+    assert got[12].slow_for_s == DEFAULT.persist_s and got[12].ratio == pytest.approx(50.0)
 
     w = watch_with_peers()
-    for k in range(1, 12):                                      # slow from t = 1.0 to 1.375 (0.375 s)
-        assert w.report("x", 0.050, k * 0.125, peers) is None
+    for k in range(1, 12):                                      # slow from step 8 to 11 (3 steps)
+        assert w.report("x", 0.050, k * step, peers) is None
     for i in range(5):                                          # five fast requests: the median drops
-        assert w.report("x", 0.001, 1.4 + i * 0.01, peers) is None
-    # slow again from t = 1.5; the window holds 5 slow ones again at t = 2.0: a new streak starts there
-    # (without the break it would be acted on at once, slow since t = 1.0)
-    got = {t: w.report("x", 0.050, t, peers) for t in (1.5 + k * 0.125 for k in range(9))}
-    assert [t for t, v in got.items() if v is not None] == [2.5]
-    assert got[2.5].slow_for_s == 0.5
+        assert w.report("x", 0.001, (11.2 + 0.1 * i) * step, peers) is None
+    # slow again from step 12; the window holds 5 slow ones again at step 16: a new streak starts there
+    # (without the break it would be acted on at once, slow since step 8)
+    got = {k: w.report("x", 0.050, k * step, peers) for k in range(12, 21)}
+    assert [k for k, v in got.items() if v is not None] == [20]
+    assert got[20].slow_for_s == DEFAULT.persist_s
 
 
 @pytest.mark.parametrize("field, value", [
@@ -171,5 +172,5 @@ def test_bad_straggler_options_are_refused_with_one_line(field, value):
 
 
 def test_default_options_build_the_documented_rule():
-    assert DEFAULT == StragglerRule(factor=2.0, min_excess_s=0.002, mad_k=3.5, persist_s=0.5, min_samples=8,
+    assert DEFAULT == StragglerRule(factor=2.0, min_excess_s=0.002, mad_k=3.5, persist_s=2.0, min_samples=8,
                                     window=9)

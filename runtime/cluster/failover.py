@@ -45,6 +45,9 @@ from runtime.cluster.straggler import StragglerRule, StragglerWatch
 log = logging.getLogger("vnpu.failover")
 
 CPU_ID_BASE = 0x7F00          #: physical ids of CPU fallback devices (pointer tags stay distinct)
+#: a device that comes back gets a new client; calls in flight on the old one (not lost) get this long to
+#: finish before it closes (the recovery thread waits; nothing else does)
+REVIVE_DRAIN_S = 2.0
 
 
 def wait_polled(cv: threading.Condition, pred, timeout: float, poll_s: float = 0.05) -> bool:
@@ -87,7 +90,7 @@ class FailoverOptions:
     slow_factor: float = 2.0
     slow_min_excess_ms: float = 2.0    #: absolute floor on the excess over the peers' median
     slow_mad_k: float = 3.5            #: excess over the peers' noise, in robust sigmas (0: rule off)
-    slow_persist_s: float = 0.5        #: judged slow without a break for this long (pool clock) before acting
+    slow_persist_s: float = 2.0        #: judged slow without a break for this long (pool clock) before acting
     slow_min_samples: int = 8          #: requests a device (and each peer compared) must have reported
     slow_window: int = 9               #: recent requests per device whose median is its latency
 
@@ -390,10 +393,9 @@ class DevicePool:
             self.arenas_seen.add(w.get("arena", ""))
             p.where = dict(w)
         try:
-            if old is not None:
-                # the watch thread must not be joined from itself; close from here is safe
-                with contextlib.suppress(Exception):
-                    old.close()
+            # the new client replaces the old one first, then the old one closes -- after the calls in
+            # flight on it finish (bounded): a caller that took the old handle just before (a job, or
+            # someone clearing the fault that made the device unhealthy) gets its answer, not 207004
             self._connect(p)
             h = p.handle
             if reset or not restarted:
@@ -402,6 +404,11 @@ class DevicePool:
         except AclError as e:
             log.info("device %d not back yet: %s", p.pid, e)
             return False
+        finally:
+            if old is not None and old is not p.handle:
+                # the watch thread must not be joined from itself; close from here is safe
+                with contextlib.suppress(Exception):
+                    old.close(drain_s=0.0 if old.lost.is_set() else REVIVE_DRAIN_S)
         with self._lock:
             if self._closed.is_set():
                 return True
