@@ -17,8 +17,8 @@ straggler only when all three hold:
 
 Why three and not one.  A ratio alone (what NVIDIA's straggler detector reports as a relative performance
 score, or Spark's ``spark.speculation.multiplier`` over the median task time) is scale-free, which is wrong
-for tiny requests: tens of µs of kernels behind a ~0.5 ms RPC on a loaded host have medians that move by
-2x from scheduling noise alone, and a healthy device gets quarantined.  Spark pairs its multiplier with an
+for tiny requests: tens of µs of kernels behind ~1-3 ms of RPCs on a loaded host have medians that move
+by 2x from scheduling noise alone, and a healthy device gets quarantined.  Spark pairs its multiplier with an
 absolute floor for the same reason (``spark.speculation.minTaskRuntime``, 100 ms: a task is never
 speculated for being slow in relative terms only); rule 2 is that floor.  A fixed floor is still blind to
 how noisy the host is right now -- under CPU contention a healthy device's median can sit milliseconds
@@ -29,9 +29,9 @@ while ``L`` is a median of several, so rule 3 is conservative on purpose: a fals
 healthy device, a late one only some latency.  A real straggler (a throttled chip, a device 10-100x slow)
 clears all three by a wide margin.
 
-Persistence (applied by the pool, on its injectable clock: ``FailoverOptions.slow_persist_s``, 2 s).  One
-verdict is not enough: the pool acts only when every request the device completed for ``slow_persist_s``
-was judged slow.  Noise on a shared host comes in episodes -- another process takes a device actor's core
+Persistence (:class:`StragglerWatch`, on the timestamps of the pool's injectable clock:
+``FailoverOptions.slow_persist_s``, 2 s).  One verdict is not enough: a device is named only when every
+request it completed for ``slow_persist_s`` was judged slow.  Noise on a shared host comes in episodes -- another process takes a device actor's core
 for a few tens of ms and that device's recent median jumps -- while a straggler stays slow, the way
 NVIDIA's detector reports scores over an interval and Spark waits for most of a stage.  Measured on the
 2-core box (a recorded 1500-request trace of healthy devices under other jobs' load and the
