@@ -30,17 +30,17 @@ healthy device, a late one only some latency.  A real straggler (a throttled chi
 clears all three by a wide margin.
 
 Persistence (:class:`StragglerWatch`, on the timestamps of the pool's injectable clock:
-``FailoverOptions.slow_persist_s``, 2 s).  One verdict is not enough: a device is named only when every
-request it completed for ``slow_persist_s`` was judged slow.  Noise on a shared host comes in episodes --
+``FailoverOptions.slow_persist_s``, 2 s). One verdict is not enough: a device is named only when every
+request it completed for ``slow_persist_s`` was judged slow. Noise on a shared host comes in episodes --
 another process takes a device actor's core for a few tens of ms and that device's recent median jumps --
-while a straggler stays slow, the way NVIDIA's detector reports scores over an interval and Spark waits
-for most of a stage.  Measured on the 2-core box (a recorded 1500-request trace of healthy devices under other jobs' load and the
-``tests/latency_noise.py`` models, with and without CPU hogs): single verdicts did call healthy devices
-slow (3 times in the trace under the ratio alone, 2 under the three rules; hundreds of times in the models),
-but the longest unbroken run of "slow" verdicts of a healthy device lasted ~220 ms under the ratio alone
-and ~75 ms under the three rules.  On real devices under two CPU hogs one healthy device did stay 5.7x
-its peers' (15.5 ms against 2.7 ms) for 0.54 s -- its actor starved of CPU -- hence 2 s, four times that:
-a straggler is a device that stays slow, and a 100x-slowed one stays slow until it is taken out.
+while a straggler stays slow, the way NVIDIA's detector reports scores over an interval and Spark waits for
+most of a stage. Measured on the 2-core box (a recorded 1500-request trace of healthy devices under other
+jobs' load and the ``tests/latency_noise.py`` models, with and without CPU hogs): single verdicts did call
+healthy devices slow (3 times in the trace under the ratio alone, 2 under the three rules; hundreds of times
+in the models), but the longest unbroken run of "slow" verdicts of a healthy device lasted ~220 ms under the
+ratio alone and ~75 ms under the three rules. On real devices under two CPU hogs one healthy device did stay
+5.7x its peers' (15.5 ms against 2.7 ms) for 0.54 s -- its actor starved of CPU -- hence 2 s, four times
+that: a straggler is a device that stays slow, and a 100x-slowed one stays slow until it is taken out.
 """
 from __future__ import annotations
 
