@@ -73,7 +73,7 @@ def pool(cluster):
 def _run(pool, n_before: int, n_total: int, fault, timeout: float = 60.0, until=None, slow_ok=frozenset()):
     """Submit ``n_total`` requests; after ``n_before`` completed, call ``fault(pool, runner)``; with
     ``until``, keep the queue fed (100 more requests whenever fewer than 50 wait) until ``until(pool)``
-    holds or 30 s passed.  Exactly once is checked from what happened: the consumer's deliveries per request
+    holds or 60 s passed.  Exactly once is checked from what happened: the consumer's deliveries per request
     id (exactly 1 each) and the independent checker of the runner's history (every extra execution explained
     by a failed attempt).  No device but those in ``slow_ok`` may have been taken out as a straggler."""
     got = collections.Counter()
@@ -89,7 +89,7 @@ def _run(pool, n_before: int, n_total: int, fault, timeout: float = 60.0, until=
         assert r.wait_until(lambda rr: len(rr.results) >= n_before, 30)
         t_fault = time.monotonic()
         info = fault(pool, r)
-        end = time.monotonic() + 30.0
+        end = time.monotonic() + 60.0
         while until is not None and not until(pool) and time.monotonic() < end:
             if r.wait_until(lambda rr, n=n_total: len(rr.results) >= n - 50 or until(pool),
                             max(0.0, end - time.monotonic())) and not until(pool):
@@ -365,6 +365,7 @@ def test_slow_device_is_quarantined_as_slow(pool):
     assert pool.wait_for(lambda p: _detected(p, victim, t0) is not None, 10), "the straggler was not detected"
     d = _detected(pool, victim, t0)
     assert d["cause"] == "slow" and "x its peers'" in d["reason"], d
+    print(f"[slow] device {victim}: {d['reason']}")       # under CPU hogs its requests take seconds
     assert [e for e in pool.events if e["kind"] == "quarantined" and e["physical"] == victim and e["t"] >= t0]
     assert _rebound_from(pool, victim, t0)
     assert c["attempt_failures"] == 0                                 # slow is not an error: nothing replayed
