@@ -131,6 +131,9 @@ class RemoteDevice:
         self.lost_reason = ""
         self.rpc_count = 0                  #: RPCs issued (streams count once)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)    # notified when the last unary call in flight ends
+        self._inflight = 0                  # unary calls in flight (what close(drain_s) waits for)
+        self._closing = False
         self._waiters: set = set()          # in-flight interruptible calls (futures), cancelled on loss
         self._info: RemoteDeviceInfo | None = None
         self._shm = None                    # (mmap, uint8 array) of the device arena, same node only
@@ -151,8 +154,10 @@ class RemoteDevice:
             raise self._lost_error()
         if self._closed:
             raise error_for_code(ACL_ERROR_RT_NO_DEVICE, f"client of device {self.id} is closed")
+        unary = consume is None
         with self._lock:
             self.rpc_count += 1
+            self._inflight += unary
         t = self.timeout_s if timeout is None else timeout
         try:
             if interruptible:
@@ -165,6 +170,12 @@ class RemoteDevice:
             if self._closed:
                 raise error_for_code(ACL_ERROR_RT_NO_DEVICE, f"client of device {self.id} is closed") from None
             raise
+        finally:
+            if unary:
+                with self._lock:
+                    self._inflight -= 1
+                    if not self._inflight:
+                        self._idle.notify_all()
 
     def _copy_timeout(self, nbytes) -> float:
         """The deadline of a chunked copy of ``nbytes``: the call timeout plus time for the bytes."""
@@ -620,16 +631,26 @@ class RemoteDevice:
         self._synchronize(self._rms.SynchronizeDevice, 0, timeout_ms)
 
     # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        """Stop watches, close the channel, unmap the arena (idempotent).  Device-side resources stay."""
+    def close(self, drain_s: float = 0.0) -> None:
+        """Stop watches, close the channel, unmap the arena (idempotent).  Device-side resources stay.
+
+        ``drain_s`` > 0: first let the unary calls in flight finish -- up to ``drain_s``, blocking the host
+        that long at most; calls still arriving meanwhile are served -- so that a caller that took this
+        client just before it was replaced (a failover pool reconnecting to a device that came back) gets
+        its answer instead of ACL_ERROR_RT_NO_DEVICE.  What is still in flight then is cancelled (207004)."""
         with self._lock:
-            if self._closed:
+            if self._closing:
                 return
-            self._closed = True
+            self._closing = True
             watches, self._watches = self._watches, []
-            shm, self._shm = self._shm, None
         for w in watches:
             w.stop()
+        end = time.monotonic() + drain_s
+        with self._idle:
+            while self._inflight and (left := end - time.monotonic()) > 0:
+                self._idle.wait(left)
+            self._closed = True
+            shm, self._shm = self._shm, None
         self._channel.close()
         if shm is not None:
             try:

@@ -669,6 +669,48 @@ def test_close_is_idempotent_and_final(node):
     assert not c.lost.is_set()
 
 
+@pytest.mark.parametrize("drain_s", [10.0, 0.0])
+def test_close_drains_the_calls_in_flight(fresh, drain_s):
+    """``close(drain_s)`` lets a call already in flight finish (a failover pool replacing the client of a
+    device that came back must not fail a caller that took the old client just before); without a drain
+    the call is cancelled.  The call: a synchronize held on the device by a hang, released by a second
+    client clearing the fault while the close waits."""
+    from runtime.cluster.failover import wait_polled
+    s = fresh(6)
+    c, ctl = s.client(), s.client()
+    sid, ptr = c.create_stream(0), c.malloc(64)
+    c.inject_fault("hang")
+    c.submit((Memset(sid, ptr, 7, 64),))
+    n0 = c.rpc_count
+    out: dict = {}
+
+    def sync():
+        try:
+            c.synchronize_stream(sid, 10_000)
+            out["sync"] = None
+        except AclError as e:
+            out["sync"] = e
+    t = threading.Thread(target=sync)
+    t.start()
+    assert wait_polled(threading.Condition(), lambda: c.rpc_count > n0, 5), "the synchronize never started"
+    closer = threading.Thread(target=c.close, kwargs={"drain_s": drain_s})
+    closer.start()
+    if drain_s:
+        assert t.is_alive()                           # held by the hang, and the close waits for it
+        ctl.inject_fault("clear")
+    t.join(15)
+    closer.join(15)
+    ctl.inject_fault("clear")
+    assert not t.is_alive() and not closer.is_alive()
+    if drain_s:
+        assert out["sync"] is None, out["sync"]       # completed, not cancelled by the close
+    else:
+        assert isinstance(out["sync"], AclError), out
+    with pytest.raises(AclError) as e:
+        c.mem_info()
+    assert e.value.code == 207004                     # closed for good either way
+
+
 # ---------------------------------------------------------------- client leases
 _DOOMED_CLIENT = """
 import sys, threading

@@ -16,6 +16,10 @@ to the spares; a logical id running on the CPU fallback moves back to a device a
 Errors that the job layer sees (``report_error``) feed a per-device circuit breaker: more than
 ``max_errors`` failures within ``error_window_s`` quarantine the device for ``quarantine_s``; an HBM ECC
 error (ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR) takes the device out at once (it is reset before it serves again).
+Request latencies (``report_latency``) find stragglers: a device is quarantined as slow only when its recent
+median is ``slow_factor`` x its peers' AND the excess is above both an absolute floor
+(``slow_min_excess_ms``) and ``slow_mad_k`` robust sigmas of the peers' own latencies, and it stays so for
+``slow_persist_s`` -- the rule and why are in :mod:`runtime.cluster.straggler`.
 
 Bindings carry a generation; the job layer asks :meth:`DevicePool.binding` for the current one and,
 after a failure, reports it with the generation it used, so that one failure is never handled twice.
@@ -26,6 +30,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -35,10 +40,14 @@ import numpy as np
 from devices.errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
                             ACL_ERROR_RT_LOST_HEARTBEAT, AclError, HcclError)
 from devices.health import Condition
+from runtime.cluster.straggler import StragglerRule, StragglerWatch
 
 log = logging.getLogger("vnpu.failover")
 
 CPU_ID_BASE = 0x7F00          #: physical ids of CPU fallback devices (pointer tags stay distinct)
+#: a device that comes back gets a new client; calls in flight on the old one (not lost) get this long to
+#: finish before it closes (the recovery thread waits; nothing else does)
+REVIVE_DRAIN_S = 2.0
 
 
 def wait_polled(cv: threading.Condition, pred, timeout: float, poll_s: float = 0.05) -> bool:
@@ -73,16 +82,41 @@ class FailoverOptions:
     unhealthy_levels: tuple = ("Alarm", "Critical")
     #: conditions that take a bound device out of service whatever their level
     unhealthy_conditions: tuple = (Condition.LINK_DOWN,)
-    slow_factor: float = 2.0           #: a device whose request latency is this many times its peers' is slow
-    slow_min_samples: int = 8
+    #: straggler rule (:mod:`runtime.cluster.straggler`): a device is taken out as slow only when the median
+    #: of its recent request latencies is ``slow_factor`` x its peers' median AND the excess is above
+    #: ``slow_min_excess_ms`` AND above ``slow_mad_k`` robust standard deviations (1.4826 MAD) of its
+    #: peers' latencies, on every request it completes for ``slow_persist_s`` -- a ratio alone quarantines
+    #: healthy devices on tiny, noisy requests
+    slow_factor: float = 2.0
+    slow_min_excess_ms: float = 2.0    #: absolute floor on the excess over the peers' median
+    slow_mad_k: float = 3.5            #: excess over the peers' noise, in robust sigmas (0: rule off)
+    slow_persist_s: float = 2.0        #: judged slow without a break for this long (pool clock) before acting
+    slow_min_samples: int = 8          #: requests a device (and each peer compared) must have reported
+    slow_window: int = 9               #: recent requests per device whose median is its latency
 
     def __post_init__(self) -> None:
         if self.heartbeat_ms <= 0 or self.monitor_period_s <= 0:
             raise ValueError("heartbeat_ms and monitor_period_s must be positive")
+        for name, low, strict in (("slow_factor", 1.0, True), ("slow_min_excess_ms", 0.0, False),
+                                  ("slow_mad_k", 0.0, False), ("slow_persist_s", 0.0, False)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < low or (strict and value == low):
+                raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low:g}, got {value!r}")
+        for name in ("slow_min_samples", "slow_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.silence_limit_s < 2 * self.heartbeat_ms / 1000.0:
             raise ValueError(f"hang deadline {self.hang_deadline_s * 1000:g} ms is too short for {self.heartbeat_ms} ms "
                              f"heartbeats: it must allow two missed beats plus one beat and one monitor period "
                              f"(>= {(3 * self.heartbeat_ms / 1000.0 + self.monitor_period_s) * 1000:g} ms)")
+
+    def straggler_rule(self) -> StragglerRule:
+        """The straggler rule these options set (:mod:`runtime.cluster.straggler`)."""
+        return StragglerRule(factor=self.slow_factor, min_excess_s=self.slow_min_excess_ms / 1000.0,
+                             mad_k=self.slow_mad_k, persist_s=self.slow_persist_s,
+                             min_samples=self.slow_min_samples, window=self.slow_window)
 
     @property
     def silence_limit_s(self) -> float:
@@ -119,9 +153,6 @@ class _Phys:
     errors: collections.deque = field(default_factory=collections.deque)
     lost_at: float | None = None
     recovering: bool = False
-    lat: float = 0.0                #: median of the recent request latencies (s) on this device
-    nlat: int = 0
-    lats: collections.deque = field(default_factory=lambda: collections.deque(maxlen=9))
 
 
 class _OneBackend:
@@ -164,11 +195,13 @@ class DevicePool:
     """Logical -> physical binding with spares, CPU fallback, health monitoring and quarantine."""
 
     def __init__(self, where: list[dict], token: str, logical: int, options: FailoverOptions = FailoverOptions(),
-                 *, actor_lookup=None, on_event=None, client_id: str | None = None):
+                 *, actor_lookup=None, on_event=None, client_id: str | None = None, clock=time.monotonic):
         if logical < 1 or logical > len(where) + (1 << 10):
             raise ValueError(f"bad logical device count {logical}")
         self.opts = options
         self.token = token
+        self._clock = clock                       #: times the straggler rule's persistence (tests inject one)
+        self._stragglers = StragglerWatch(options.straggler_rule())
         self.client_id = client_id
         self._lookup = actor_lookup or _ray_where
         self._on_event = on_event
@@ -217,8 +250,7 @@ class DevicePool:
         h = RemoteDevice(p.where["address"], self.token, p.pid, client_id=self.client_id,
                          timeout_s=self.opts.rpc_timeout_s)
         p.handle = h
-        p.lat, p.nlat = 0.0, 0
-        p.lats.clear()
+        self._stragglers.forget(p.pid)
         p.last_beat = time.monotonic()
         p.health, p.reasons, p.conditions = "OK", (), ()
         # the watch is also the pool's lease: jobs allocate through the bound handles (and the recovery
@@ -361,10 +393,9 @@ class DevicePool:
             self.arenas_seen.add(w.get("arena", ""))
             p.where = dict(w)
         try:
-            if old is not None:
-                # the watch thread must not be joined from itself; close from here is safe
-                with contextlib.suppress(Exception):
-                    old.close()
+            # the new client replaces the old one first, then the old one closes -- after the calls in
+            # flight on it finish (bounded): a caller that took the old handle just before (a job, or
+            # someone clearing the fault that made the device unhealthy) gets its answer, not 207004
             self._connect(p)
             h = p.handle
             if reset or not restarted:
@@ -373,6 +404,11 @@ class DevicePool:
         except AclError as e:
             log.info("device %d not back yet: %s", p.pid, e)
             return False
+        finally:
+            if old is not None and old is not p.handle:
+                # the watch thread must not be joined from itself; close from here is safe
+                with contextlib.suppress(Exception):
+                    old.close(drain_s=0.0 if old.lost.is_set() else REVIVE_DRAIN_S)
         with self._lock:
             if self._closed.is_set():
                 return True
@@ -496,27 +532,24 @@ class DevicePool:
                            cause="breaker", quarantine=True)
 
     def report_latency(self, b: Binding, seconds: float) -> None:
-        """A request took ``seconds`` on binding ``b``: a device far slower than its peers (a straggler) is
-        taken out of service for a while (its work in flight still completes)."""
+        """A request took ``seconds`` on binding ``b``: a straggler -- a device far slower than its peers by
+        the rule of :mod:`runtime.cluster.straggler` (ratio AND absolute floor AND peers' noise), on every
+        request it completed for ``slow_persist_s`` of the pool's clock -- is taken out of service for
+        ``quarantine_s`` (its work in flight still completes) when a spare can take its place.  Host-side
+        bookkeeping only: nothing waits on a device."""
         if b.is_cpu:
             return
         with self._lock:
             p = self.phys.get(b.physical)
             if p is None or p.handle is not b.handle or p.state != "bound":
                 return
-            p.lats.append(seconds)
-            p.nlat += 1
-            p.lat = float(np.median(p.lats))            # median of the recent window: robust to outliers
-            if p.nlat < self.opts.slow_min_samples:
-                return
-            peers = [q.lat for q in self.phys.values() if q is not p and q.state == "bound"
-                     and q.nlat >= self.opts.slow_min_samples]
-            if not peers or p.lat <= self.opts.slow_factor * float(np.median(peers)):
+            peers = [q.pid for q in self.phys.values() if q is not p and q.state == "bound"]
+            v = self._stragglers.report(p.pid, seconds, self._clock(), peers)
+            if v is None:
                 return
             if self._take_spare() is None:
                 return                              # nothing better to run on: keep the slow device
-            ratio = p.lat / float(np.median(peers))
-        self._take_out(p, b.handle, f"request latency {ratio:.1f}x its peers'", cause="slow", quarantine=True)
+        self._take_out(p, b.handle, v.describe(), cause="slow", quarantine=True)
 
     def _take_out(self, p: _Phys, h, reason: str, cause: str, quarantine: bool) -> None:
         with self._lock:
