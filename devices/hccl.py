@@ -762,8 +762,9 @@ class HcclEngine:
         arena); with a base, the first reduction is ``dst = base op source`` (base at the source's
         offset).  Segments: cache-sized through zero-copy links, ``segment_bytes`` (one read each)
         through the others.  ``pushes``: ``(rank, ptr, fence)`` -- each finished segment is also written
-        to that rank's buffer at the same element offset (writable links only; while that rank's push fence
-        holds ``fence``), unless this device or the communicator gave up meanwhile.  ``seq``/``ranks``: the
+        to that rank's buffer at the same element offset (writable links only; under that rank's push fence,
+        which must hold ``fence`` for the whole transfer), unless this device or the communicator gave up
+        meanwhile.  ``seq``/``ranks``: the
         operator and its ranks (for link faults)."""
         if count <= 0:
             return
@@ -775,27 +776,31 @@ class HcclEngine:
         else:           # each read is one transfer
             seg_bytes = c.config.segment_bytes
         seg = max(1, seg_bytes // isz)
-        done = 0
-        while done < count:
-            k = min(seg, count - done)
-            for peer, src_ptr, src_off, base_ptr in srcs:
-                if peer == c.rank:
-                    data, dptr = me, src_ptr
-                    off = src_off + done
-                else:
-                    self._check_link(c, peer, seq, ranks)
-                    data = c.links[peer].read(c.cid, src_ptr + (src_off + done) * isz, k * isz)
-                    dptr, off = 0, 0
-                base = None if base_ptr is None else ptr_offset(base_ptr) + (src_off + done) * isz
-                self._move(data, dptr, off, me, dst_ptr, dst_off + done, k, dtype, redop, base)
-            if pushes:
-                if self.aborted or c.cancelled:
-                    raise HcclError("device aborted while writing to peers", HCCL_E_REMOTE)
-                at = ptr_offset(dst_ptr) + (dst_off + done) * isz
-                for peer, ptr, fence in pushes:
-                    self._check_link(c, peer, seq, ranks)
-                    c.links[peer].write(c.cid, ptr + (dst_off + done) * isz, me[at:at + k * isz], fence)
-            done += k
+        with contextlib.ExitStack() as held:     # each push target: under its fence for the whole transfer
+            targets = [(peer, held.enter_context(c.links[peer].writing(c.cid, ptr + dst_off * isz, count * isz,
+                                                                       fence)))
+                       for peer, ptr, fence in pushes]
+            done = 0
+            while done < count:
+                k = min(seg, count - done)
+                for peer, src_ptr, src_off, base_ptr in srcs:
+                    if peer == c.rank:
+                        data, dptr = me, src_ptr
+                        off = src_off + done
+                    else:
+                        self._check_link(c, peer, seq, ranks)
+                        data = c.links[peer].read(c.cid, src_ptr + (src_off + done) * isz, k * isz)
+                        dptr, off = 0, 0
+                    base = None if base_ptr is None else ptr_offset(base_ptr) + (src_off + done) * isz
+                    self._move(data, dptr, off, me, dst_ptr, dst_off + done, k, dtype, redop, base)
+                if targets:
+                    if self.aborted or c.cancelled:
+                        raise HcclError("device aborted while writing to peers", HCCL_E_REMOTE)
+                    at = ptr_offset(dst_ptr) + (dst_off + done) * isz
+                    for peer, view in targets:
+                        self._check_link(c, peer, seq, ranks)
+                        np.copyto(view[done * isz:(done + k) * isz], me[at:at + k * isz])
+                done += k
         for peer, *_ in srcs:
             if peer != c.rank:
                 self.stats["bytes_pulled"] += count * isz

@@ -12,9 +12,10 @@ code talks only to links -- it never asks which transport it has:
 - ``probe()``: liveness -- raises :class:`~devices.errors.HcclError` ``HCCL_E_REMOTE`` when the peer is gone;
 - ``zero_copy``: whether ``read`` returns a view of the peer's memory (then the engine reads in
   cache-sized segments; otherwise each read is one transfer of ``CommConfig.segment_bytes``);
-- ``writable`` / ``write(comm, ptr, data, fence)``: whether this device may write the peer's HBM directly
-  (same node: the mapped arena), and the write (host-blocking), allowed only while the peer's push fence
-  holds the value it published for the operator; the engine pushes only where every link is writable.
+- ``writable`` / ``writing(comm, ptr, nbytes, fence)``: whether this device may write the peer's HBM
+  directly (same node: the mapped arena), and a writable view of a range for the duration of a block,
+  allowed only while the peer's push fence holds the value it published for the operator (host-blocking
+  while the peer stops writes); the engine pushes only where every link is writable.
 
 Any failure to reach a peer raises ``HCCL_E_REMOTE``.  What a device publishes so that peers can build
 links to it is each transport's :meth:`Transport.endpoint` (merged into ``HcclEngine.info()``).
@@ -73,7 +74,7 @@ class PeerLink(Protocol):
     writable: bool
 
     def read(self, comm: str, ptr: int, nbytes: int) -> np.ndarray: ...
-    def write(self, comm: str, ptr: int, data: np.ndarray, fence: int) -> None: ...
+    def writing(self, comm: str, ptr: int, nbytes: int, fence: int) -> contextlib.AbstractContextManager: ...
     def notify(self, msg: tuple) -> None: ...
     def probe(self) -> None: ...
 
@@ -163,20 +164,21 @@ class ShmLink:
         the pointer must be one of the peer's device)."""
         return self._view(ptr, nbytes)
 
-    def write(self, comm: str, ptr: int, data: np.ndarray, fence: int) -> None:
-        """Copy ``data`` into the peer's HBM at ``ptr`` (a range the peer named for this operator in its
-        "ready" -- sealed, and relayed by other ranks of the communicator beyond a few ranks; the pointer
-        must be one of the peer's device) -- only while the peer's push
-        fence still holds ``fence``, the value the peer published with that range: an operator the peer
-        gave up, a reset or a close bumps it (:meth:`devices.arena.HbmArena.fence_pushes`), and the check
-        and the copy run under the segment's shared lock, so no write lands after the peer stopped
-        accepting them.  HCCL_E_REMOTE otherwise."""
-        view = self._view(ptr, data.nbytes)
+    @contextlib.contextmanager
+    def writing(self, comm: str, ptr: int, nbytes: int, fence: int):
+        """A writable view of the peer's HBM ``[ptr, ptr + nbytes)`` (a range the peer named for this
+        operator in its "ready" -- sealed, and relayed by other ranks of the communicator beyond a few
+        ranks; the pointer must be one of the peer's device), valid inside the block only: the block runs
+        under the peer segment's shared lock and only if the peer's push fence still holds ``fence``, the
+        value the peer published with that range.  An operator the peer gave up, a reset or a close bumps
+        the fence and then takes the lock exclusively (:meth:`devices.arena.HbmArena.fence_pushes`), so no
+        write lands after the peer stopped accepting them.  HCCL_E_REMOTE if it did."""
+        view = self._view(ptr, nbytes)
         with self._t.fenced(self.peer) as current:
             if current() != fence:
                 raise HcclError(f"rank {self.peer.rank} (device {self.peer.device_id}) gave up the operator: "
                                 f"its buffers are no longer written", HCCL_E_REMOTE)
-            np.copyto(view, data.view(np.uint8))
+            yield view
 
     def _view(self, ptr: int, nbytes: int) -> np.ndarray:
         try:

@@ -35,7 +35,7 @@ class GrpcLink:
         except AclError as e:
             raise HcclError(f"read from rank {p.rank} (device {p.device_id}) failed: {e}", HCCL_E_REMOTE) from None
 
-    def write(self, comm: str, ptr: int, data, fence: int) -> None:
+    def writing(self, comm: str, ptr: int, nbytes: int, fence: int):
         raise HcclError(f"rank {self.peer.rank} (device {self.peer.device_id}) is on another node: its HBM is "
                         f"read, not written", HCCL_E_NOT_SUPPORT)
 

@@ -983,16 +983,19 @@ def test_push_fence_stops_peer_writes_and_waits_for_the_one_in_progress():
         link = t.link(peer)
         p = owner.malloc(4096)
         fence = owner.push_fence()
-        link.write("c", p, np.full(1024, 7, np.float32), fence)                 # allowed: the fence holds
+        with link.writing("c", p, 4096, fence) as view:                           # allowed: the fence holds
+            view[:] = np.full(1024, 7, np.float32).view(np.uint8)
         assert owner.buf[ptr_offset(p):ptr_offset(p) + 4096].view(np.float32).tolist() == [7.0] * 1024
         with t.fenced(peer):                                                       # a write in progress ...
             assert owner.fence_pushes(timeout_s=0.05) is False                     # ... is waited for
         assert owner.fence_pushes(timeout_s=5) is True                             # none in progress now
         with pytest.raises(HcclError) as e:
-            link.write("c", p, np.full(1024, 9, np.float32), fence)              # the old value: refused
+            with link.writing("c", p, 4096, fence):                               # the old value: refused
+                pass
         assert e.value.hccl_code == HCCL_E_REMOTE
         assert owner.buf[ptr_offset(p):ptr_offset(p) + 4096].view(np.float32).tolist() == [7.0] * 1024
-        link.write("c", p, np.full(1024, 9, np.float32), owner.push_fence())     # a new operator's value
+        with link.writing("c", p, 4096, owner.push_fence()) as view:             # a new operator's value
+            view[:] = np.full(1024, 9, np.float32).view(np.uint8)
         assert owner.buf[ptr_offset(p):ptr_offset(p) + 4096].view(np.float32)[0] == 9.0
         before = owner.push_fence()
         owner.reset()                                                              # a reset fences too
