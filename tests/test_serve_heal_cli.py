@@ -132,3 +132,12 @@ def test_a_bad_self_healing_section_exits_2_with_one_line(tmp_path):
                        env=vnpu_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "line 4: self_healing.triggers[0].metric: unknown metric 'temp'" in r.stderr
+
+
+def test_a_complex_yaml_key_exits_2_with_one_line(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("models: [smollm2]\nself_healing:\n  ? [a, b]\n  : 1\n")
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg), "--port", "0"],
+                       env=vnpu_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "line 3: self_healing: keys must be plain names" in r.stderr
