@@ -94,7 +94,7 @@ def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):
         assert info == {"url": s.url, "pid": s.p.pid, "history": str(home / "serve" / "history.sqlite")}
         assert ADMIN not in sj.read_text()                               # no credential in it
         # a long poll: answers as soon as the sampler has recorded its first server-wide sample
-        assert "qps" in get(s.url, "/admin/history/latest?wait_s=30")["server"], "no sample within 30 s"
+        assert "qps" in get(s.url, "/admin/history/latest?wait_s=20")["server"], "no sample within 20 s"
         r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "reconfigure", "--set",
                             "self_healing.triggers.thermal.condition='> 90'"], env=vnpu_env(home), capture_output=True,
                            text=True, timeout=300)
