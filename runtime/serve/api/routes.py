@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import math
 import time
 import uuid
 from typing import AsyncIterator
@@ -364,6 +365,8 @@ def build_app(service) -> FastAPI:
         if wait_s is not None:
             if not 0 < wait_s <= MAX_HISTORY_WAIT_S:
                 raise InvalidRequest(f"wait_s must be in (0, {MAX_HISTORY_WAIT_S:g}], got {wait_s:g}", "wait_s")
+            if after is not None and not math.isfinite(after):
+                raise InvalidRequest(f"after must be a finite time (seconds), got {after:g}", "after")
             await polls.wait_newer(h, after, wait_s)
         elif after is not None:
             raise InvalidRequest("after goes with wait_s (a long poll)", "after")
