@@ -240,12 +240,11 @@ def test_latest_is_a_long_poll_for_the_next_sample(served):
     t = hist.latest()["qps"][0]
     assert t == 1040.0
     got: dict = {}
-    waiter = threading.Thread(target=lambda: got.update(r=http(srv, f"/admin/history/latest?after={t}&wait_s=20")),
-                              daemon=True)
-    waiter.start()
+    waiter = start_poll(srv, f"after={t}&wait_s=20", got, "r")
+    wait_until(lambda: long_polls(srv) == 1, "the parked long poll")   # the tick comes once the poll waits
     sampler.tick(1041.0)
-    waiter.join(60.0)
-    assert not waiter.is_alive()
+    waiter.join(10.0)            # far below wait_s (20 s): answered because the tick woke it, not at its deadline
+    assert not waiter.is_alive() and long_polls(srv) == 0
     st, body = got["r"]
     assert st == 200 and body["server"]["qps"] == list(hist.latest()["qps"]) and body["server"]["qps"][0] == 1041.0
     assert body["devices"]["npu:1"]["device_health"][0] == 1041.0
