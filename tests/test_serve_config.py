@@ -80,8 +80,9 @@ def test_mistakes_name_key_and_line(text, where):
     ("self_healing:\n  ? [a, b]\n  : 1\n", "line 2: self_healing: keys must be plain names"),
     ("self_healing:\n  recovery:\n    ? [a]\n    : 1\n", "line 3: self_healing.recovery: keys must be plain names"),
     ("self_healing:\n  triggers:\n    - ? [a]\n      : 1\n", "line 3: self_healing.triggers[0]: keys must"),
-    ("self_healing:\n  triggers:\n    - {name: t, metric: qps, condition: '> 1', action: throttle, params: {? [a]: 1}}\n",
-     "line 3: self_healing.triggers[0].params: keys must be plain names"),
+    ("self_healing:\n  triggers:\n    - {name: t, metric: qps, condition: '> 1', action: throttle,\n"
+     "       params: {? [a]: 1}}\n",
+     "line 4: self_healing.triggers[0].params: keys must be plain names"),
 ])
 def test_a_complex_key_is_a_config_error_not_a_traceback(text, where):
     """A YAML key that is not a plain name (``? [a, b]``, a mapping) cannot key a dict: every mapping the

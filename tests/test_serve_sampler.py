@@ -258,7 +258,8 @@ def test_latest_is_a_long_poll_for_the_next_sample(served):
     for after in ("nan", "inf", "-inf", "Infinity"):        # a time no sample is newer than: refused, not a silent wait
         st, body = http(srv, f"/admin/history/latest?after={after}&wait_s=20", timeout=15.0)
         assert st == 400 and body["error"]["param"] == "after", (after, st, body)
-        assert body["error"]["message"].startswith("after must be a finite time") and "\n" not in body["error"]["message"]
+        msg = body["error"]["message"]
+        assert msg.startswith("after must be a finite time") and "\n" not in msg
     assert http(srv, "/admin/history/latest?wait_s=1", key=USER)[0] == 403
 
 
