@@ -107,8 +107,9 @@ def test_subscribers_are_woken_by_each_tick_and_by_close_and_count_as_waiters():
     h.record_samples(2.0, {"qps": 1.0})
     assert calls == ["a"] and h.waiters() == 1
     stop_b = h.subscribe(lambda: calls.append("b"))
+    assert not h.closed
     h.close()
-    assert calls == ["a", "b"] and not h.newer_than(None)              # closed: nothing is newer
+    assert calls == ["a", "b"] and not h.newer_than(None) and h.closed  # closed: nothing is newer
     stop_b()
 
 

@@ -13,6 +13,7 @@ loopback, driven by the official ``openai`` client and plain HTTP; the sampler t
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import threading
@@ -29,6 +30,7 @@ from runtime.api import Runtime
 from runtime.backend import LocalBackend
 from runtime.observe.history import History
 from runtime.observe import serverfile
+from runtime.serve.api.longpoll import LongPolls
 from runtime.serve.api.routes import MAX_HISTORY_WAIT_S
 from runtime.serve.config import model_spec
 from runtime.serve.engine import EngineConfig
@@ -287,6 +289,36 @@ def test_long_polls_hold_no_executor_thread(served):
     assert not any(p.is_alive() for p in polls)
     assert sorted(got) == list(range(n)) and all(st == 200 and b["server"]["qps"][0] == 1051.0
                                                  for st, b in got.values())
+
+
+def test_long_polls_end_on_a_tick_on_close_and_on_a_closed_history():
+    """``LongPolls`` on its own event loop: a parked poll (``waiting``) returns True on a newer tick, False
+    when the polls are closed or the history is; once closed, a new poll returns at once.  Every wait here
+    would take 20 s unless something ended it; the 10 s bound only has to be far below that."""
+    async def parked(polls, h, after):
+        task = asyncio.ensure_future(polls.wait_newer(h, after, 20.0))
+        deadline = time.monotonic() + 30.0
+        while polls.waiting() < 1:
+            assert not task.done() and time.monotonic() < deadline, "the poll never parked"
+            await asyncio.sleep(0.001)
+        return task
+
+    async def main():
+        h = History(":memory:")
+        polls = LongPolls()
+        t = await parked(polls, h, None)
+        h.record_samples(5.0, {"qps": 1.0})                       # from this thread: the loop is woken all the same
+        woken_by_tick = await asyncio.wait_for(t, 10.0)
+        t = await parked(polls, h, 5.0)
+        h.close()
+        ended_by_history_close = await asyncio.wait_for(t, 10.0)
+        h2 = History(":memory:")
+        t = await parked(polls, h2, None)
+        polls.close()
+        ended_by_close = await asyncio.wait_for(t, 10.0)
+        after_close = await asyncio.wait_for(polls.wait_newer(h2, None, 20.0), 10.0)
+        return woken_by_tick, ended_by_history_close, ended_by_close, after_close, polls.waiting(), h2.waiters()
+    assert asyncio.run(main()) == (True, False, False, False, 0, 0)
 
 
 def test_a_stop_ends_the_long_polls_in_flight(tmp_path):

@@ -339,6 +339,11 @@ class History:
         return None if lo is None else (float(lo), float(hi))
 
     # -------------------------------------------------------------- lifecycle
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._db is None
+
     def close(self) -> None:
         """Close the store; threads in :meth:`wait_newer` return (False), subscribers are woken."""
         with self._lock:

@@ -44,9 +44,9 @@ class LongPolls:
 
     async def wait_newer(self, history, after: float | None, wait_s: float, scope: str = "") -> bool:
         """Wait (on this event loop, holding no thread) until ``history`` has a sample in ``scope`` newer
-        than ``after``, or ``wait_s`` passes, or :meth:`close`; whether it has one.  The poll counts in
-        :meth:`waiting` while it is parked (it has checked and found no newer sample): a tick recorded from
-        then on is what wakes it."""
+        than ``after``, or ``wait_s`` passes, or :meth:`close` (or the history's); whether it has one.  The
+        poll counts in :meth:`waiting` while it is parked (it has checked and found no newer sample): a tick
+        recorded from then on is what wakes it."""
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
         unsubscribe = history.subscribe(lambda: _set_soon(loop, woken))
@@ -58,7 +58,7 @@ class LongPolls:
                     return True
                 left = deadline - loop.time()
                 with self._lock:
-                    if self._closed or left <= 0:
+                    if self._closed or left <= 0 or history.closed:
                         return False
                     key = self._next
                     self._next += 1
