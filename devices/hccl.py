@@ -167,6 +167,7 @@ class Mailbox:
         self._cv = threading.Condition()
         self._msgs: dict[tuple, object] = {}
         self._aborts: dict[tuple, tuple[int, str]] = {}
+        self._waiting = 0                      # threads in wait_pending (waiters())
 
     def put(self, key: tuple, payload) -> None:
         with self._cv:
@@ -222,8 +223,18 @@ class Mailbox:
         """Block the host until at least ``n`` messages (of ``comm`` when given) are pending, or
         ``timeout_s`` passed; whether they are.  Nothing is taken (a test's gate: "the peers have spoken")."""
         with self._cv:
-            return self._cv.wait_for(lambda: sum(1 for k in self._msgs if comm is None or k[0] == comm) >= n,
-                                     timeout=timeout_s)
+            self._waiting += 1
+            try:
+                return self._cv.wait_for(lambda: sum(1 for k in self._msgs if comm is None or k[0] == comm) >= n,
+                                         timeout=timeout_s)
+            finally:
+                self._waiting -= 1
+
+    def waiters(self) -> int:
+        """How many threads are in :meth:`wait_pending` now (a test's gate: "the waiter waits"; a message put
+        from then on is what wakes it).  Does not block."""
+        with self._cv:
+            return self._waiting
 
     def drop_comm(self, cid: str) -> None:
         with self._cv:

@@ -404,7 +404,7 @@ def test_no_messages_left_behind(rt, pool):
 def test_mailbox_pending_view_takes_nothing_and_wait_pending_wakes_on_put():
     """The mailbox's read-only view (what the tests gate on): ``pending`` lists the keys received and not
     taken (per communicator; an abort is not a message), ``wait_pending`` blocks until n are there or its
-    timeout passes, and neither takes anything."""
+    timeout passes (``waiters`` counts it meanwhile), and neither takes anything."""
     import time
 
     from devices.hccl import ABORT_TAG, Mailbox
@@ -416,11 +416,15 @@ def test_mailbox_pending_view_takes_nothing_and_wait_pending_wakes_on_put():
     assert mb.pending("c1") == [("c1", 0, "x", 1)] and mb.pending("c3") == []
     assert not mb.wait_pending(2, 0.01, "c1")                            # times out: only one of c1
     got: list = []
-    waiter = threading.Thread(target=lambda: got.append(mb.wait_pending(2, 60, "c1")))
+    waiter = threading.Thread(target=lambda: got.append(mb.wait_pending(2, 120, "c1")), daemon=True)
     waiter.start()
+    deadline = time.monotonic() + 30
+    while mb.waiters() < 1:                  # the put below comes once the waiter waits: only the wake-up ends it
+        assert waiter.is_alive() and time.monotonic() < deadline, "the waiter never waited"
+        time.sleep(0.001)
     mb.put(("c1", 1, "x", 1), b"c")
-    waiter.join(60)
-    assert not waiter.is_alive() and got == [True]
+    waiter.join(30)                          # far below the waiter's own 120 s: woken by the put, not timed out
+    assert not waiter.is_alive() and got == [True] and mb.waiters() == 0
     assert len(mb.pending("c1")) == 2                                    # nothing was taken
     assert mb.take([("c2", 0, "x", 1)], time.monotonic() + 5, lambda missing: None, lambda: False) == [b"b"]
     assert mb.pending("c2") == [] and len(mb.pending()) == 2

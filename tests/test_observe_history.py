@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -43,39 +44,73 @@ class Waiter(threading.Thread):
     def run(self):
         self.result = self.h.wait_newer(self.after, 30.0, self.scope)
 
+    def started_waiting(self) -> "Waiter":
+        """Start, and return once the thread waits in ``wait_newer`` (``History.waiters``): what is recorded
+        from then on reaches it only through the store's wake-up."""
+        self.start()
+        deadline = time.monotonic() + 30.0
+        while self.h.waiters() < 1:
+            assert self.is_alive() and time.monotonic() < deadline, "the waiter never waited"
+            time.sleep(0.001)
+        return self
+
 
 def test_wait_newer_returns_on_a_newer_sample_its_deadline_or_close():
     """A long poll's wait: True at once when the scope already has a newer sample, True when another thread
     records one, False when the deadline passes without one, False when the store is closed (never the
-    full 30 s: the joins' deadlines are far below it).  Other scopes and older samples do not count."""
+    full 30 s: the joins' deadlines are far below it).  Each record happens once the waiter waits
+    (``History.waiters``), so only the store's wake-up can end the wait within the join's deadline.  Other
+    scopes and older samples do not count."""
     h = History(":memory:")
     assert h.wait_newer(None, 0.01) is False                           # nothing recorded yet
     h.record_samples(10.0, {"qps": 1.0})
     assert h.wait_newer(None, 30.0) is True and h.wait_newer(9.0, 30.0) is True
     assert h.wait_newer(10.0, 0.01) is False                           # not newer
     w = Waiter(h, 10.0)
-    w.start()
+    w.started_waiting()
     h.record_samples(11.0, {"qps": 1.0}, scope=device_scope(0))         # another scope: still waiting
     h.record_samples(10.5, {"qps": 1.0}, scope="npu:9")
     h.record_samples(12.0, {"qps": 2.0})
     w.join(10.0)
     assert not w.is_alive() and w.result is True
     w = Waiter(h, 12.0, scope=device_scope(0))
-    w.start()
+    w.started_waiting()
     h.record_samples(12.5, {"device_temperature_c": 40.0}, scope=device_scope(0))
     w.join(10.0)
     assert not w.is_alive() and w.result is True
     w = Waiter(h, 12.5, scope=device_scope(0))
-    w.start()
+    w.started_waiting()
     h.record_tick(13.0, {"": {"qps": 3.0}, device_scope(0): {"device_temperature_c": 41.0}})   # one transaction
     w.join(10.0)
     assert not w.is_alive() and w.result is True
     assert h.latest()["qps"] == (13.0, 3.0) and h.latest(device_scope(0))["device_temperature_c"] == (13.0, 41.0)
     w = Waiter(h, 100.0)
-    w.start()
+    w.started_waiting()
     h.close()
     w.join(10.0)
     assert not w.is_alive() and w.result is False
+    assert h.waiters() == 0
+
+
+def test_subscribers_are_woken_by_each_tick_and_by_close_and_count_as_waiters():
+    """``History.subscribe``: what an event loop waits with instead of a thread -- called after every
+    recorded tick and on close, never after it unsubscribed; a failing subscriber does not fail the writer."""
+    h = History(":memory:")
+    calls: list[str] = []
+    stop_a = h.subscribe(lambda: calls.append("a"))
+    h.subscribe(lambda: 1 / 0)                                          # a broken subscriber
+    assert h.waiters() == 2 and not h.newer_than(None)
+    h.record_samples(1.0, {"qps": 1.0})
+    assert calls == ["a"] and h.newer_than(None) and h.newer_than(0.5) and not h.newer_than(1.0)
+    assert not h.newer_than(0.5, scope=device_scope(0))                 # per scope
+    stop_a()
+    h.record_samples(2.0, {"qps": 1.0})
+    assert calls == ["a"] and h.waiters() == 1
+    stop_b = h.subscribe(lambda: calls.append("b"))
+    assert not h.closed
+    h.close()
+    assert calls == ["a", "b"] and not h.newer_than(None) and h.closed  # closed: nothing is newer
+    stop_b()
 
 
 def test_non_finite_samples_are_skipped_and_unknown_names_refused(tmp_path):

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from devices.device import Device, DeviceConfig
-from devices.errors import ACL_ERROR_RT_PARAM_INVALID, AclError
+from devices.errors import (ACL_ERROR_INVALID_PARAM, ACL_ERROR_PROF_ALREADY_RUN, ACL_ERROR_PROF_NOT_RUN,
+                            ACL_ERROR_REPEAT_INITIALIZE, ACL_ERROR_RT_PARAM_INVALID, ACL_ERROR_UNINITIALIZE, AclError)
 from devices.profiling import TaskProfiler, TaskRecord
 from devices.tenancy import Owner
 from driver import credentials
@@ -540,18 +541,20 @@ print("CODES", repr(codes))
 
 def test_acl_finalize_ends_the_profiling_session(tmp_path):
     """aclFinalize calls MsprofFinalize: a profile left running is stopped and written, the session (init
-    path, configs) is gone -- an acl.prof call after it is 100001, and after acl.init again acl.prof.init
-    succeeds (not 100002) and a new profile starts (not 100042).  acl.finalize_reference ends it at 0 only."""
+    path, configs) is gone -- an acl.prof call after it is ACL_ERROR_UNINITIALIZE, and after acl.init again
+    acl.prof.init succeeds (not ACL_ERROR_REPEAT_INITIALIZE) and a new profile starts (not
+    ACL_ERROR_PROF_ALREADY_RUN).  acl.finalize_reference ends it at 0 only."""
     codes = _acl_script_codes(tmp_path, ACL_FINALIZE_SCRIPT)
-    assert codes == {"finalize": 0, "running_after": 0, "written_a": 1, "stop_after": 100001,
-                     "prof_finalize_after": 100001, "start_old_cfg": 100001, "prof_init_again": 0,
-                     "old_cfg_gone": 100000, "start_new": 0, "ref_1": (1, 0), "running_at_1": 1, "ref_0": (0, 0),
-                     "running_at_0": 0, "written_b": 1}
+    assert codes == {"finalize": 0, "running_after": 0, "written_a": 1, "stop_after": ACL_ERROR_UNINITIALIZE,
+                     "prof_finalize_after": ACL_ERROR_UNINITIALIZE, "start_old_cfg": ACL_ERROR_UNINITIALIZE,
+                     "prof_init_again": 0, "old_cfg_gone": ACL_ERROR_INVALID_PARAM, "start_new": 0, "ref_1": (1, 0),
+                     "running_at_1": 1, "ref_0": (0, 0), "running_at_0": 0, "written_b": 1}
 
 
 def test_acl_prof_script_and_its_return_codes(tmp_path):
     codes = _acl_script_codes(tmp_path, ACL_SCRIPT)
-    assert codes == {"init_before_acl_init": 100001, "start_before_prof_init": 100001, "init": 0, "init_again": 100002,
-                     "cfg_ok": 1, "cfg_bad_device": 0, "cfg_bad_events": 0, "start": 0, "start_again": 100042,
-                     "stop": 0, "stop_again": 100043, "destroy": 0, "destroy_again": 100000, "finalize": 0,
-                     "finalize_again": 100001, "tasks": 2, "api_has_memcpy": 1}
+    assert codes == {"init_before_acl_init": ACL_ERROR_UNINITIALIZE, "start_before_prof_init": ACL_ERROR_UNINITIALIZE,
+                     "init": 0, "init_again": ACL_ERROR_REPEAT_INITIALIZE, "cfg_ok": 1, "cfg_bad_device": 0,
+                     "cfg_bad_events": 0, "start": 0, "start_again": ACL_ERROR_PROF_ALREADY_RUN, "stop": 0,
+                     "stop_again": ACL_ERROR_PROF_NOT_RUN, "destroy": 0, "destroy_again": ACL_ERROR_INVALID_PARAM,
+                     "finalize": 0, "finalize_again": ACL_ERROR_UNINITIALIZE, "tasks": 2, "api_has_memcpy": 1}

@@ -68,6 +68,30 @@ def test_mistakes_name_key_and_line(text, where):
     assert f"s.yaml: {where}" in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("text,where", [
+    ("? [a, b]\n: 1\n", "line 1: keys must be plain names"),
+    ("server:\n  ? [a, b]\n  : 1\n", "line 2: server: keys must be plain names"),
+    ("slo:\n  ? {a: 1}\n  : 1\n", "line 2: slo: keys must be plain names"),
+    ("models:\n  - ? [a, b]\n    : 1\n", "line 2: models[0]: keys must be plain names"),
+    ("models:\n  - model: smollm2\n    engine:\n      ? [a]\n      : 2\n", "line 4: models[0].engine: keys must"),
+    ("models: [smollm2]\ntenants:\n  - ? [a, b]\n    : 1\n", "line 3: tenants[0]: keys must be plain names"),
+    ("models: [smollm2]\ntenants:\n  - name: a\n    api_keys: [sk-aaaaaaaaaa]\n    quota:\n      ? [a]\n      : 1\n",
+     "line 6: tenants[0].quota: keys must be plain names"),
+    ("self_healing:\n  ? [a, b]\n  : 1\n", "line 2: self_healing: keys must be plain names"),
+    ("self_healing:\n  recovery:\n    ? [a]\n    : 1\n", "line 3: self_healing.recovery: keys must be plain names"),
+    ("self_healing:\n  triggers:\n    - ? [a]\n      : 1\n", "line 3: self_healing.triggers[0]: keys must"),
+    ("self_healing:\n  triggers:\n    - {name: t, metric: qps, condition: '> 1', action: throttle,\n"
+     "       params: {? [a]: 1}}\n",
+     "line 4: self_healing.triggers[0].params: keys must be plain names"),
+])
+def test_a_complex_key_is_a_config_error_not_a_traceback(text, where):
+    """A YAML key that is not a plain name (``? [a, b]``, a mapping) cannot key a dict: every mapping the
+    config reads -- nested values of the self_healing section too -- says so as a ConfigError."""
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, "s.yaml")
+    assert f"s.yaml: {where}" in str(e.value), str(e.value)
+
+
 def test_placement_keeps_spares_and_checks_the_chain():
     a = model_spec("smollm2", None, 1, fallback=(Placement((0,)),))          # device 0 is a spare ...
     b = model_spec("minilm-l6", None, None)

@@ -5,6 +5,7 @@
   clean stop; the sampler thread fills the History in the state directory;
 - ``vnpu serve reconfigure --set`` finds the server through ``server.json``, applies, exits 0; the change is
   a manual intervention; without an admin key it exits 2 with one line;
+- a SIGTERM ends a history long poll in flight at once (not at its ``wait_s``);
 - the History survives the restart: the second server serves the first one's samples and events;
 - a bad ``self_healing`` section: exit 2, one line naming the key and its line.
 """
@@ -96,7 +97,7 @@ def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):
                         "start_time": procstat.start_time(s.p.pid)}
         assert ADMIN not in sj.read_text()                               # no credential in it
         # a long poll: answers as soon as the sampler has recorded its first server-wide sample
-        assert "qps" in get(s.url, "/admin/history/latest?wait_s=30")["server"], "no sample within 30 s"
+        assert "qps" in get(s.url, "/admin/history/latest?wait_s=20")["server"], "no sample within 20 s"
         r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "reconfigure", "--set",
                             "self_healing.triggers.thermal.condition='> 90'"], env=vnpu_env(home), capture_output=True,
                            text=True, timeout=300)
@@ -109,6 +110,19 @@ def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):
         first = get(s.url, "/admin/history/events?kinds=config")["events"]
         assert len(first) == 1 and first[0]["manual"] and first[0]["source"] == "admin ops"
         t_first = get(s.url, "/admin/history/latest")["server"]["qps"][0]
+        # SIGTERM with a long poll in flight (no sample will be newer than after): the poll answers when the
+        # server shuts down, not at its wait_s -- the 10 s join is only "far below the poll's 20 s"
+        got: dict = {}
+        poll = threading.Thread(target=lambda: got.update(r=call(s.url, "/admin/history/latest?after=1e12&wait_s=20",
+                                                                 ADMIN, timeout=60.0)), daemon=True)
+        poll.start()
+        deadline = time.monotonic() + 30.0
+        while get(s.url, "/admin/state")["history_long_polls"] < 1:
+            assert poll.is_alive() and time.monotonic() < deadline, "the long poll never parked"
+            time.sleep(0.005)
+        s.p.send_signal(signal.SIGTERM)
+        poll.join(10.0)
+        assert not poll.is_alive() and got["r"][0] == 200 and got["r"][1]["server"]["qps"][0] >= t_first
     finally:
         assert s.stop() == 0
     assert not (home / "serve" / "server.json").exists()
@@ -134,3 +148,12 @@ def test_a_bad_self_healing_section_exits_2_with_one_line(tmp_path):
                        env=vnpu_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "line 4: self_healing.triggers[0].metric: unknown metric 'temp'" in r.stderr
+
+
+def test_a_complex_yaml_key_exits_2_with_one_line(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("models: [smollm2]\nself_healing:\n  ? [a, b]\n  : 1\n")
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg), "--port", "0"],
+                       env=vnpu_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "line 3: self_healing: keys must be plain names" in r.stderr

@@ -13,11 +13,13 @@ loopback, driven by the official ``openai`` client and plain HTTP; the sampler t
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import threading
 import time
 import urllib.parse
+import urllib.request
 
 import openai
 import pytest
@@ -28,6 +30,8 @@ from runtime.api import Runtime
 from runtime.backend import LocalBackend
 from runtime.observe.history import History
 from runtime.observe import serverfile
+from runtime.serve.api.longpoll import LongPolls
+from runtime.serve.api.routes import MAX_HISTORY_WAIT_S
 from runtime.serve.config import model_spec
 from runtime.serve.engine import EngineConfig
 from runtime.serve.engine.placement import Placement
@@ -64,6 +68,27 @@ def served(tmp_path_factory):
 
 def http(srv, path, body=None, key=ADMIN, method=None, timeout=120.0):
     return call(srv.url, path, key, body, method, timeout)
+
+
+def wait_until(pred, what: str, timeout: float = 60.0) -> None:
+    """Poll ``pred`` until true; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.005)
+
+
+def long_polls(srv) -> int:
+    """The history long polls the server has parked (checked, no newer sample yet): ``/admin/state``."""
+    return http(srv, "/admin/state")[1]["history_long_polls"]
+
+
+def start_poll(srv, query: str, got: dict, key) -> threading.Thread:
+    th = threading.Thread(target=lambda: got.__setitem__(key, http(srv, f"/admin/history/latest?{query}")),
+                          daemon=True)
+    th.start()
+    return th
 
 
 def complete(srv, key=USER, max_tokens=4):
@@ -211,29 +236,118 @@ def test_latest_is_a_long_poll_for_the_next_sample(served):
     """``GET /admin/history/latest?after=T&wait_s=S``: a request waiting for a sample newer than T answers with
     the one the next tick records; with a newer one already there it answers at once (a client deadline far
     below S), and when S passes without one it answers with the newest samples as they are.  A wait_s out of
-    (0, 30] or ``after`` without ``wait_s``: 400."""
+    (0, 20] or ``after`` without ``wait_s``: 400."""
     rt, srv, sampler, hist = served
     sampler.tick(1040.0)
     t = hist.latest()["qps"][0]
     assert t == 1040.0
     got: dict = {}
-    waiter = threading.Thread(target=lambda: got.update(r=http(srv, f"/admin/history/latest?after={t}&wait_s=30")),
-                              daemon=True)
-    waiter.start()
+    waiter = start_poll(srv, f"after={t}&wait_s=20", got, "r")
+    wait_until(lambda: long_polls(srv) == 1, "the parked long poll")   # the tick comes once the poll waits
     sampler.tick(1041.0)
-    waiter.join(60.0)
-    assert not waiter.is_alive()
+    waiter.join(10.0)            # far below wait_s (20 s): answered because the tick woke it, not at its deadline
+    assert not waiter.is_alive() and long_polls(srv) == 0
     st, body = got["r"]
     assert st == 200 and body["server"]["qps"] == list(hist.latest()["qps"]) and body["server"]["qps"][0] == 1041.0
     assert body["devices"]["npu:1"]["device_health"][0] == 1041.0
-    st, body = http(srv, f"/admin/history/latest?after={t}&wait_s=30", timeout=15.0)        # 1041 > t: at once
+    st, body = http(srv, f"/admin/history/latest?after={t}&wait_s=20", timeout=15.0)        # 1041 > t: at once
     assert st == 200 and body["server"]["qps"][0] == 1041.0
     st, body = http(srv, "/admin/history/latest?after=1041&wait_s=0.05")                    # none newer
     assert st == 200 and body["server"]["qps"][0] == 1041.0
-    for q in ("wait_s=0", "wait_s=-1", "wait_s=31", "after=1041", "wait_s=nan"):
+    for q in ("wait_s=0", "wait_s=-1", "wait_s=21", "after=1041", "wait_s=nan"):
         st, body = http(srv, f"/admin/history/latest?{q}")
         assert st == 400, (q, st, body)
+    for after in ("nan", "inf", "-inf", "Infinity"):        # a time no sample is newer than: refused, not a silent wait
+        st, body = http(srv, f"/admin/history/latest?after={after}&wait_s=20", timeout=15.0)
+        assert st == 400 and body["error"]["param"] == "after", (after, st, body)
+        msg = body["error"]["message"]
+        assert msg.startswith("after must be a finite time") and "\n" not in msg
     assert http(srv, "/admin/history/latest?wait_s=1", key=USER)[0] == 403
+
+
+def test_long_polls_hold_no_executor_thread(served):
+    """More long polls in flight than the event loop's default executor has threads (ThreadPoolExecutor's
+    default size, min(32, cpus + 4)): ``/metrics`` and an admin action (both run on that executor) still
+    answer -- while every poll is still parked -- and the next tick answers all the polls."""
+    rt, srv, sampler, hist = served
+    sampler.tick(1050.0)
+    n = min(32, (os.cpu_count() or 1) + 4) + 2
+    got: dict = {}
+    polls = [start_poll(srv, f"after=1050&wait_s={MAX_HISTORY_WAIT_S:g}", got, i) for i in range(n)]
+    try:
+        wait_until(lambda: long_polls(srv) == n, f"{n} parked long polls")
+        req = urllib.request.Request(srv.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
+        with urllib.request.urlopen(req, timeout=120.0) as r:
+            assert r.status == 200 and b"vnpu:" in r.read()
+        assert http(srv, "/admin/throttle", {"factor": 1.0})[0] == 200
+        # both answered before any poll did: no sample newer than 1050 exists yet, so no poll can have ended
+        assert all(p.is_alive() for p in polls) and not got and long_polls(srv) == n
+    finally:
+        sampler.tick(1051.0)
+        for p in polls:
+            p.join(60.0)
+    assert not any(p.is_alive() for p in polls)
+    assert sorted(got) == list(range(n)) and all(st == 200 and b["server"]["qps"][0] == 1051.0
+                                                 for st, b in got.values())
+
+
+def test_long_polls_end_on_a_tick_on_close_and_on_a_closed_history():
+    """``LongPolls`` on its own event loop: a parked poll (``waiting``) returns True on a newer tick, False
+    when the polls are closed or the history is; once closed, a new poll returns at once.  Every wait here
+    would take 20 s unless something ended it; the 10 s bound only has to be far below that."""
+    async def parked(polls, h, after):
+        task = asyncio.ensure_future(polls.wait_newer(h, after, 20.0))
+        deadline = time.monotonic() + 30.0
+        while polls.waiting() < 1:
+            assert not task.done() and time.monotonic() < deadline, "the poll never parked"
+            await asyncio.sleep(0.001)
+        return task
+
+    async def main():
+        h = History(":memory:")
+        polls = LongPolls()
+        t = await parked(polls, h, None)
+        h.record_samples(5.0, {"qps": 1.0})                       # from this thread: the loop is woken all the same
+        woken_by_tick = await asyncio.wait_for(t, 10.0)
+        t = await parked(polls, h, 5.0)
+        h.close()
+        ended_by_history_close = await asyncio.wait_for(t, 10.0)
+        h2 = History(":memory:")
+        t = await parked(polls, h2, None)
+        polls.close()
+        ended_by_close = await asyncio.wait_for(t, 10.0)
+        after_close = await asyncio.wait_for(polls.wait_newer(h2, None, 20.0), 10.0)
+        return woken_by_tick, ended_by_history_close, ended_by_close, after_close, polls.waiting(), h2.waiters()
+    assert asyncio.run(main()) == (True, False, False, False, 0, 0)
+
+
+def test_a_stop_ends_the_long_polls_in_flight(tmp_path):
+    """``Server.stop`` with a long poll in flight (``wait_s`` = the maximum, 20 s) returns at once: the poll
+    answers (200, the newest samples -- none here) instead of holding uvicorn's graceful shutdown for its
+    wait.  The bound below (10 s) is no speed claim: it only has to be far below the poll's 20 s, which a
+    stop that waited for the poll would take; a stop that ends it takes well under a second."""
+    rt = Runtime(LocalBackend(1, DeviceConfig(arena_bytes=1 << 26)))
+    spec = model_spec("smollm2", (0,), 1, EngineConfig(max_num_seqs=1, max_num_batched_tokens=32, max_model_len=64,
+                                                       num_gpu_blocks_override=8))
+    svc = Service(rt, (spec,), (Tenant("ops", (key_digest(ADMIN),), admin=True),))
+    hist = History(":memory:")
+    Sampler(svc, hist, rt)                           # no thread, no tick: no sample will come
+    srv = Server(svc).start()
+    got: dict = {}
+    stopped = threading.Event()
+    try:
+        poll = start_poll(srv, f"wait_s={MAX_HISTORY_WAIT_S:g}", got, "r")
+        wait_until(lambda: long_polls(srv) == 1, "the parked long poll")
+        stopper = threading.Thread(target=lambda: (srv.stop(), stopped.set()), daemon=True)
+        stopper.start()
+        assert stopped.wait(10.0), "Server.stop waited for the long poll"
+        poll.join(10.0)
+        assert not poll.is_alive() and got["r"] == (200, {"server": {}, "devices": {}})
+    finally:
+        if not stopped.is_set():
+            stopped.wait(60.0)
+        hist.close()
+        rt.close()
 
 
 def test_server_file_is_private_names_its_process_and_goes_away(tmp_path):

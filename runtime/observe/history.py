@@ -15,8 +15,10 @@ another clock (tests replay minutes of history in milliseconds).
 
 Thread safety: one connection guarded by a lock; every call is a short transaction (blocks the caller for
 the SQLite write, typically well under a millisecond in WAL mode) -- except :meth:`History.wait_newer`,
-which blocks its caller (with a deadline) until another thread records a newer sample.  Several processes
-may open the same file (SQLite's WAL locking); readers never block the writer.
+which blocks its caller (with a deadline) until another thread records a newer sample.  An event loop
+waits without a thread: it registers a wake-up with :meth:`History.subscribe` (called from the recording
+thread, e.g. ``loop.call_soon_threadsafe(event.set)``) and checks :meth:`History.newer_than` when woken.
+Several processes may open the same file (SQLite's WAL locking); readers never block the writer.
 """
 from __future__ import annotations
 
@@ -131,6 +133,9 @@ class History:
         self.clock = clock
         self._lock = threading.Lock()
         self._recorded = threading.Condition(self._lock)     # notified by record_tick and close
+        self._waiting = 0                                     # threads in wait_newer
+        self._wakers: dict[int, Callable[[], None]] = {}      # subscribe(): called by record_tick and close
+        self._next_waker = 0
         self._last_prune = float("-inf")
         if self.path != ":memory:":
             p = Path(self.path)
@@ -182,6 +187,8 @@ class History:
                 self._last_prune = float(ts)
             db.commit()
             self._recorded.notify_all()
+            wakers = list(self._wakers.values())
+        self._wake(wakers)
 
     def record_event(self, kind: str, *, ts: float | None = None, source: str = "", manual: bool = False,
                      trigger: str = "", value: float | None = None, diagnosis: str = "", result: str = "",
@@ -242,20 +249,58 @@ class History:
                                         (scope,)).fetchall()
         return {m: (float(t), float(v)) for m, t, v in rows}
 
+    def _newer(self, after: float | None, scope: str) -> bool:
+        """(With the lock held.)  Whether ``scope`` has a sample newer than ``after``."""
+        if self._db is None:
+            return False
+        row = self._db.execute("SELECT MAX(ts) FROM samples WHERE scope=?", (scope,)).fetchone()
+        return row[0] is not None and (after is None or float(row[0]) > float(after))
+
+    def newer_than(self, after: float | None, scope: str = "") -> bool:
+        """Whether ``scope`` has a sample newer than ``after`` (any sample if None); False once closed."""
+        with self._lock:
+            return self._newer(after, scope)
+
     def wait_newer(self, after: float | None, timeout_s: float, scope: str = "") -> bool:
         """Block the calling thread until ``scope`` has a sample newer than ``after`` (any sample if None)
         -- recorded by another thread of this process -- or ``timeout_s`` passes, or the history is closed;
-        whether it has one.  What a long poll of the newest samples waits on."""
-        floor = float("-inf") if after is None else float(after)
-
-        def newer() -> bool:
-            if self._db is None:
-                return True
-            row = self._db.execute("SELECT MAX(ts) FROM samples WHERE scope=?", (scope,)).fetchone()
-            return row[0] is not None and float(row[0]) > floor
+        whether it has one.  (An event loop waits with :meth:`subscribe` instead, holding no thread.)"""
         with self._recorded:
-            self._recorded.wait_for(newer, timeout=max(0.0, float(timeout_s)))
-            return self._db is not None and newer()
+            self._waiting += 1
+            try:
+                self._recorded.wait_for(lambda: self._db is None or self._newer(after, scope),
+                                        timeout=max(0.0, float(timeout_s)))
+                return self._newer(after, scope)
+            finally:
+                self._waiting -= 1
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake()`` after every recorded tick and on :meth:`close`, from the thread that records (or
+        closes) -- so it must be quick and must not call back into this History (hand it to an event loop:
+        ``loop.call_soon_threadsafe(event.set)``); an exception from it is ignored.  Returns the function
+        that unsubscribes.  A subscriber counts as a waiter (:meth:`waiters`) until it unsubscribes."""
+        with self._lock:
+            key = self._next_waker
+            self._next_waker += 1
+            self._wakers[key] = wake
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._wakers.pop(key, None)
+        return unsubscribe
+
+    def waiters(self) -> int:
+        """How many are waiting for a newer sample now: threads in :meth:`wait_newer` and subscribers."""
+        with self._lock:
+            return self._waiting + len(self._wakers)
+
+    @staticmethod
+    def _wake(wakers: list[Callable[[], None]]) -> None:
+        for w in wakers:
+            try:
+                w()
+            except Exception:  # noqa: BLE001 - a subscriber's failure (its loop closed) is not the writer's
+                pass
 
     def events(self, since: float | None = None, until: float | None = None,
                kinds: Iterable[str] | None = None, limit: int | None = None) -> list[Event]:
@@ -294,13 +339,20 @@ class History:
         return None if lo is None else (float(lo), float(hi))
 
     # -------------------------------------------------------------- lifecycle
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._db is None
+
     def close(self) -> None:
-        """Close the store; threads in :meth:`wait_newer` return (False)."""
+        """Close the store; threads in :meth:`wait_newer` return (False), subscribers are woken."""
         with self._lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None
             self._recorded.notify_all()
+            wakers = list(self._wakers.values())
+        self._wake(wakers)
 
     def __enter__(self) -> "History":
         return self

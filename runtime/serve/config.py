@@ -40,6 +40,7 @@ from .engine.placement import DeviceNamedTwice, Placement, device_list, parse_pl
 from .heal.spec import SelfHealingSpec
 from .tenants import Quota, Tenant, TenantRegistry, parse_key
 from .yamlnodes import items, keyed
+from .yamlnodes import name as _name
 from .yamlnodes import line as _line
 
 #: model name -> engine kind (a registry: the server builds engines by kind)
@@ -238,7 +239,7 @@ def _mapping(node, schema: dict, where: str, path: str) -> dict:
         raise ConfigError(f"{where}line {_line(node)}: {path}: expected a mapping")
     out = {}
     for k, v in node.value:
-        key = k.value
+        key = _name(k, where, path, ConfigError)
         if key not in schema:
             raise ConfigError(f"{where}line {_line(k)}: unknown key {path}.{key} (known: {', '.join(schema)})")
         spec = schema[key]
@@ -284,9 +285,10 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
         raise ConfigError(f"{where}line {_line(root)}: the file must be a mapping ({', '.join(ROOT_KEYS)})")
     nodes = {}
     for k, v in root.value:
-        if k.value not in ROOT_KEYS:
-            raise ConfigError(f"{where}line {_line(k)}: unknown key {k.value} (known: {', '.join(ROOT_KEYS)})")
-        nodes[k.value] = (k, v)
+        key = _name(k, where, "", ConfigError)
+        if key not in ROOT_KEYS:
+            raise ConfigError(f"{where}line {_line(k)}: unknown key {key} (known: {', '.join(ROOT_KEYS)})")
+        nodes[key] = (k, v)
     cfg = ServeConfig()
     if "server" in nodes:
         s = _mapping(nodes["server"][1], SERVER_SCHEMA, where, "server")
@@ -336,12 +338,13 @@ def _slo(node, where: str) -> SloConfig:
         raise ConfigError(f"{where}line {_line(node)}: slo: expected a mapping (target_p99_ms, availability)")
     target = avail = None
     for k, v in node.value:
-        at = f"{where}line {_line(v)}: slo.{k.value}"
-        if k.value == "target_p99_ms":
+        key = _name(k, where, "slo", ConfigError)
+        at = f"{where}line {_line(v)}: slo.{key}"
+        if key == "target_p99_ms":
             target = _scalar(v, _NUM, None, False, at)
             if not target > 0:
                 raise ConfigError(f"{at}: must be > 0, got {target!r}")
-        elif k.value == "availability":
+        elif key == "availability":
             raw = yaml.safe_load(yaml.serialize(v)) if isinstance(v, yaml.ScalarNode) else None
             try:
                 avail = float(raw[:-1]) / 100 if isinstance(raw, str) and raw.endswith("%") else float(raw)
@@ -352,7 +355,7 @@ def _slo(node, where: str) -> SloConfig:
             if not 0 < avail <= 1:
                 raise ConfigError(f"{at}: must be in (0%, 100%], got {raw!r}")
         else:
-            raise ConfigError(f"{where}line {_line(k)}: unknown key slo.{k.value} (known: target_p99_ms, availability)")
+            raise ConfigError(f"{where}line {_line(k)}: unknown key slo.{key} (known: target_p99_ms, availability)")
     return SloConfig(target, avail)
 
 

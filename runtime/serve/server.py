@@ -34,6 +34,10 @@ from .tenants import Quotas, Tenant, TenantRegistry, check_bind
 
 log = logging.getLogger("vnpu.serve")
 
+#: how long uvicorn lets requests in flight finish when the server stops (then cancels them); history long
+#: polls end at once on a stop and may wait at most :data:`runtime.serve.api.routes.MAX_HISTORY_WAIT_S`
+GRACEFUL_SHUTDOWN_S = 30
+
 
 def _build_generate(rt, spec: ModelSpec, loggers, binder: DeviceBinder, on_event):
     return GenerateEngine(rt, spec.name, spec.devices, spec.engine, stat_loggers=loggers, fallback=spec.fallback,
@@ -319,7 +323,7 @@ class _Uvicorn:
     """uvicorn.Server whose SIGTERM/SIGINT starts a drain instead of exiting (a second one exits now)."""
 
     @staticmethod
-    def make(config, service: Frontend):
+    def make(config, service: Frontend, on_shutdown: Callable[[], None]):
         import uvicorn
 
         class Server(uvicorn.Server):
@@ -331,6 +335,10 @@ class _Uvicorn:
             async def startup(self, sockets=None):
                 await super().startup(sockets)
                 self.bound.set()
+
+            async def shutdown(self, sockets=None):
+                on_shutdown()                            # end the long polls: the graceful wait must not wait on them
+                await super().shutdown(sockets)
 
             def handle_exit(self, sig, frame):           # no re-raise of the signal after a clean drain
                 if self.draining:
@@ -359,8 +367,8 @@ class Server:
         self.service = service
         self.app = build_app(service)
         cfg = uvicorn.Config(self.app, host=host, port=port, log_level="warning", access_log=False,
-                             timeout_graceful_shutdown=30, lifespan="off")
-        self.uv = _Uvicorn.make(cfg, service)
+                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off")
+        self.uv = _Uvicorn.make(cfg, service, self.app.state.long_polls.close)
         self.host = host
         self._thread: threading.Thread | None = None
 
@@ -394,12 +402,14 @@ class Server:
         return self.service.wait_drained(timeout)
 
     def stop(self, drain_timeout: float | None = 60.0) -> None:
-        """Drain, stop the HTTP server, shut the engines down."""
+        """Drain, stop the HTTP server, shut the engines down.  History long polls in flight answer at once
+        (they do not hold the stop for their ``wait_s``)."""
+        self.app.state.long_polls.close()
         try:
             self.drain(drain_timeout)
         finally:
             self.uv.should_exit = True
             if self._thread is not None:
-                self._thread.join(30)
+                self._thread.join(GRACEFUL_SHUTDOWN_S)
                 self._thread = None
             self.service.close()

@@ -15,18 +15,44 @@ def line(node) -> int:
     return node.start_mark.line + 1
 
 
+def name(key, where: str, path: str, error: type[Exception]) -> str:
+    """The name a mapping key node stands for; ``error`` (``line N: <path>: keys must be plain names``)
+    when the key is not a plain scalar -- a complex key (``? [a, b]``) or a mapping -- which a Python dict
+    could not even hold."""
+    import yaml
+    if not isinstance(key, yaml.ScalarNode):
+        raise error(f"{where}line {line(key)}: {path + ': ' if path else ''}keys must be plain names")
+    return str(key.value)
+
+
 def keyed(node, known: Sequence[str], where: str, path: str, error: type[Exception],
           what: str = "a mapping") -> dict:
     """key -> (key node, value node) of the mapping node at ``path``; ``error`` when the node is not a
-    mapping (``expected <what>``) or has a key not in ``known`` (the message lists them in this order)."""
+    mapping (``expected <what>``), has a key that is not a plain name (:func:`name`) or a key not in
+    ``known`` (the message lists them in this order)."""
     import yaml
     if not isinstance(node, yaml.MappingNode):
         raise error(f"{where}line {line(node)}: {path}: expected {what}")
-    keys = {k.value: (k, v) for k, v in node.value}
+    keys = {name(k, where, path, error): (k, v) for k, v in node.value}
     for key, (k, _) in keys.items():
         if key not in known:
             raise error(f"{where}line {line(k)}: unknown key {path}.{key} (known: {', '.join(known)})")
     return keys
+
+
+def load(node, where: str, path: str, error: type[Exception]):
+    """The Python value of the node at ``path`` (``yaml.safe_load`` of it), after checking that every
+    mapping inside it has plain names as keys (:func:`name`, naming the nested path) -- a complex key
+    deep in a value would otherwise fail in PyYAML's constructor (``found unhashable key``)."""
+    import yaml
+    todo = [(node, path)]
+    while todo:
+        n, at = todo.pop()
+        if isinstance(n, yaml.MappingNode):
+            todo += [(v, f"{at}.{name(k, where, at, error)}") for k, v in n.value]
+        elif isinstance(n, yaml.SequenceNode):
+            todo += [(v, f"{at}[{i}]") for i, v in enumerate(n.value)]
+    return yaml.safe_load(yaml.serialize(node))
 
 
 def items(node, where: str, path: str, parse: Callable[[object, str], T], error: type[Exception],
@@ -39,4 +65,4 @@ def items(node, where: str, path: str, parse: Callable[[object, str], T], error:
     return [parse(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
 
 
-__all__ = ["items", "keyed", "line"]
+__all__ = ["items", "keyed", "line", "load", "name"]

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import math
 import time
 import uuid
 from typing import AsyncIterator
@@ -41,6 +42,7 @@ from ..engine.request import RequestOutput, SamplingParams, merge_outputs
 from ..tenants import Forbidden, RateLimited, Tenant
 from . import protocol as P
 from .errors import error_body, error_response, from_exception
+from .longpoll import LongPolls
 
 MAX_STOP = 4
 
@@ -50,8 +52,11 @@ MODEL_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embedd
 #: the event kinds the History holds (``POST /admin/events`` accepts these)
 EVENT_KINDS = ("fault", "trigger", "action", "recovery", "config", "alert", "manual", "lifecycle", "risk")
 
-#: the longest a ``GET /admin/history/latest?wait_s=`` long poll may wait (under common proxies' idle timeouts)
-MAX_HISTORY_WAIT_S = 30.0
+#: the longest a ``GET /admin/history/latest?wait_s=`` long poll may wait: under common proxies' idle
+#: timeouts and well below the server's graceful-shutdown timeout
+#: (:data:`runtime.serve.server.GRACEFUL_SHUTDOWN_S`, 30 s) -- a stop ends the polls in flight anyway
+#: (:meth:`LongPolls.close`), this bounds one that a stop somehow missed
+MAX_HISTORY_WAIT_S = 20.0
 
 #: exception classes that mean "shed by admission control" (not a server failure)
 SHED = (RateLimited, QueueFull)
@@ -180,6 +185,8 @@ def _error_of(outs: list[RequestOutput]) -> JSONResponse | None:
 def build_app(service) -> FastAPI:
     """The FastAPI app over ``service`` (a :class:`runtime.serve.server.Service`)."""
     app = FastAPI(title="vnpu serve", docs_url=None, redoc_url=None, openapi_url=None)
+    polls = LongPolls()
+    app.state.long_polls = polls            # the server closes it when it stops (ends the polls in flight)
 
     tm = service.tenant_metrics
 
@@ -271,7 +278,7 @@ def build_app(service) -> FastAPI:
     # -------------------------------------------------------------- admin
     @app.get("/admin/state")
     async def admin_state(tenant: Tenant = Depends(admin_of)):
-        return service.state_dict()
+        return {**service.state_dict(), "history_long_polls": polls.waiting()}
 
     async def _blocking(fn, *args):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
@@ -351,12 +358,16 @@ def build_app(service) -> FastAPI:
                              tenant: Tenant = Depends(admin_of)):
         """The newest sample of every metric.  A long poll with ``wait_s`` (at most
         :data:`MAX_HISTORY_WAIT_S`): answers once the server has a sample newer than ``after`` (any sample
-        without it) or when ``wait_s`` has passed -- the newest samples either way."""
+        without it) or when ``wait_s`` has passed or the server stops -- the newest samples either way.  The
+        wait holds no thread (:class:`LongPolls`); ``/admin/state`` counts the polls waiting
+        (``history_long_polls``)."""
         h = history()
         if wait_s is not None:
             if not 0 < wait_s <= MAX_HISTORY_WAIT_S:
                 raise InvalidRequest(f"wait_s must be in (0, {MAX_HISTORY_WAIT_S:g}], got {wait_s:g}", "wait_s")
-            await _blocking(h.wait_newer, after, wait_s)
+            if after is not None and not math.isfinite(after):
+                raise InvalidRequest(f"after must be a finite time (seconds), got {after:g}", "after")
+            await polls.wait_newer(h, after, wait_s)
         elif after is not None:
             raise InvalidRequest("after goes with wait_s (a long poll)", "after")
 

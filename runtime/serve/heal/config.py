@@ -22,7 +22,7 @@ from dataclasses import fields
 
 from runtime.observe.history import METRICS
 
-from ..yamlnodes import items, keyed
+from ..yamlnodes import items, keyed, load
 from ..yamlnodes import line as _line
 from .actions import ACTIONS
 from .alerts import REQUIRED, SINKS
@@ -38,9 +38,8 @@ ALERT_KEYS = ("kind", "path", "url", "timeout")
 
 def _mapping(node, known: tuple[str, ...], where: str, path: str) -> dict:
     """key -> (python value, value node) of a mapping node with only ``known`` keys."""
-    import yaml
     keys = keyed(node, known, where, path, SpecError, f"a mapping ({', '.join(known)})")
-    return {k: (yaml.safe_load(yaml.serialize(v)), v) for k, (_, v) in keys.items()}
+    return {k: (load(v, where, f"{path}.{k}", SpecError), v) for k, (_, v) in keys.items()}
 
 
 def _get(d: dict, key: str, read, where: str, path: str, default=None):
