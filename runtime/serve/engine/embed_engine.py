@@ -40,7 +40,7 @@ import numpy as np
 from devices.errors import AclError, InvalidParamError
 from runtime.models.bert import ENCODER_MODELS, EmbedJob
 
-from .errors import InvalidRequest, QueueFull, Unavailable
+from .errors import EngineFailure, InvalidRequest, QueueFull, Unavailable
 from .placement import DeviceBinder, Placement, RebindResult, bind_first, rebind_candidates
 from .stats import FinishedRequest, StatLogger, StepStats
 
@@ -128,6 +128,7 @@ class EmbedEngine:
         self._accepting = True
         self._busy = 0
         self._pauses = 0                              #: holders of paused(): no batch starts meanwhile
+        self._running = 0
         self.error: str | None = None                 #: set only when a device is lost and no entry is left
         self.batches: list[int] = []                  #: texts per batch run (dynamic batching at work)
         self.events: list[dict] = []
@@ -293,6 +294,8 @@ class EmbedEngine:
                 if it.future.set_running_or_notify_cancel():     # a cancelled request is dropped here
                     batch.append(it)
                     n += len(it.texts)
+            self._running = len(batch)
+            self._cv.notify_all()
             return [], batch
 
     def _loop(self) -> None:
@@ -312,6 +315,7 @@ class EmbedEngine:
             finally:
                 with self._cv:
                     self._busy -= 1
+                    self._running = 0
                     self._cv.notify_all()
 
     def _run(self, batch: list[_Item]) -> None:
@@ -337,9 +341,11 @@ class EmbedEngine:
                 if self.binder.lost(self.placement) is not None:
                     continue
                 self.failed_batches += 1
-                log.warning("engine %s: a batch of %d request(s) failed on %s (%s: %s)", self.model, len(batch),
-                            self.placement, type(e).__name__, e)
-                self._finish_failed(batch, e)
+                msg = f"the batch failed on {self.placement}: {type(e).__name__}: {e}"
+                log.warning("engine %s: %s (%d request(s) failed)", self.model, msg, len(batch))
+                fail = EngineFailure(msg)
+                fail.__cause__ = e
+                self._finish_failed(batch, fail)
                 return
         self.batches.append(len(texts))
         t = self.clock()
@@ -376,9 +382,25 @@ class EmbedEngine:
         with self._cv:
             return len(self._q)
 
+    @property
+    def running(self) -> int:
+        """Requests in the batch the engine thread is running now (0 between batches)."""
+        return self._running
+
+    @property
+    def pending_rebinds(self) -> int:
+        """``fallback`` / ``restore`` requests waiting for the next batch boundary."""
+        with self._cv:
+            return len(self._ctl)
+
     def has_unfinished(self) -> bool:
         with self._cv:
             return bool(self._q) or self._busy > 0
+
+    def wait_until(self, pred: Callable[["EmbedEngine"], bool], timeout: float | None = None) -> bool:
+        """Block until ``pred(engine)`` holds (checked at every request queued, batch taken or finished)."""
+        with self._cv:
+            return self._cv.wait_for(lambda: pred(self), timeout)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         with self._cv:
