@@ -30,6 +30,8 @@ def test_example_config_parses():
     assert reg.authenticate("Bearer sk-premium-change-me-0001").name == "premium"
     with pytest.raises(Unauthorized):
         reg.authenticate("Bearer sk-premium-change-me-0002")
+    mini = next(m for m in cfg.models if m.name == "minilm-l6")
+    assert mini.fallback == (Placement(cpu=True),) and mini.chain_devices == (1,)
     assert devices_needed(cfg.models) == 3
 
 
