@@ -4,6 +4,7 @@ then the CPU fallback device, served on loopback and driven by the official ``op
 - ``/admin`` fallback with requests queued moves the encoder between two batches (nothing dropped, every
   request answered on the new placement), ``/admin/state`` and ``/metrics`` show the chain, restore comes
   back; a non-admin key gets 403.
+- Self-healing's ``fallback`` action addresses an encoder by name; its check is a probe embedding.
 - A task exception on a healthy placement fails only that batch's request (HTTP 500); the engine stays up
   and the next request is served.
 - Device 0 killed while a batch runs on it (the batch is held on a hung device, then the device is
@@ -39,6 +40,7 @@ from runtime.backend import LocalBackend
 from runtime.models.bert import EmbedJob
 from runtime.serve.config import BatchingConfig, model_spec
 from runtime.serve.engine.placement import Placement
+from runtime.serve.heal.actions import ACTIONS, Context, Fired
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Quota, Tenant, key_digest
 from serve_http import call
@@ -156,6 +158,22 @@ def call_text(url: str) -> tuple[int, str]:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {ADMIN}"})
     with urllib.request.urlopen(req, timeout=60) as r:
         return r.status, r.read().decode()
+
+
+def test_heal_fallback_action_moves_an_encoder_and_probes_it(served):
+    """Self-healing's ``fallback {model: minilm-l6}``: moved, checked by a probe embedding (which fails when
+    the new placement fails a task), released by restore."""
+    rt, srv, ref, tol = served
+    eng = engine(served)
+    out = ACTIONS["fallback"].run(Context(srv.service, rt), Fired("errors", "error_rate", "server", 0.5, 0.0,
+                                                                  {"model": MODEL}))
+    assert out.detail["placements"] == {MODEL: "npu 1"} and eng.placement == Placement((1,))
+    assert out.check() == (True, f"{MODEL} ok")
+    rt.device(1).handle.inject_fault("task-fail", count=1)
+    ok, why = out.check()
+    assert not ok and "probe failed" in why and "ACL_ERROR_RT_AICORE_EXCEPTION" in why
+    assert out.release() == f"restored {MODEL} -> npu 0" and eng.placement == Placement((0,))
+    assert out.check() == (True, f"{MODEL} ok")
 
 
 def test_task_exception_fails_only_its_batch(served, client):
