@@ -239,3 +239,44 @@ def test_bad_encoder_chain_exits_2_with_one_line(tmp_path, chain, message):
                         "--devices", "2"], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "VNPU_BACKEND": "local"})
     assert p.returncode == 2 and message in p.stderr and len(p.stderr.splitlines()) == 1, p.stderr
+
+
+def test_replica_body_serves_embeddings_down_its_chain():
+    """A Ray Serve replica's body in-process (what the front's RemoteEmbedEngine calls, and what Serve
+    health-checks): embeddings on device 0, still served (and healthy) once a kill moved the encoder to the
+    CPU fallback, unhealthy when the CPU device is lost too; closed, no arena segment of this process left."""
+    import asyncio
+    import glob
+
+    from runtime.serve.engine import Unavailable
+    from runtime.serve.replicas import ReplicaBody
+    mine = lambda: set(glob.glob(f"/dev/shm/vnpu_{os.getpid()}_*"))       # noqa: E731
+    before = mine()
+    spec = model_spec(MODEL, (0,), None, batching=BatchingConfig(max_batch_size=BATCH, max_wait_ms=0),
+                      fallback=(Placement(cpu=True),))
+    body = ReplicaBody((spec,), runtime_factory=lambda: Runtime(LocalBackend(1, DeviceConfig(arena_bytes=1 << 30))))
+    try:
+        eng = body.svc.engines[MODEL]
+        assert body.info()["models"][MODEL] == {"kind": "embed", "max_len": eng.max_len, "dim": eng.dim}
+        ask = lambda: asyncio.run(body.embed(MODEL, TEXTS[:2], sum(eng.check(TEXTS[:2]))))   # noqa: E731
+        first = ask()
+        body.check_health()
+        try:
+            body.rt.device(0).handle.inject_fault("kill")
+        except DeviceLostError as e:                                 # the call itself may report the loss
+            assert "lost" in str(e)
+        again = ask()
+        assert eng.placement == Placement(cpu=True) and body.state()["models"][MODEL]["placement"] == "cpu"
+        assert float(np.abs(again - first).max()) <= 2 * 6 * gamma(1536)     # two runs, each within the bound
+        body.check_health()                                        # degraded, still serving
+        try:
+            eng.devices[0].handle.inject_fault("kill")             # the last entry goes too
+        except DeviceLostError as e:
+            assert "lost" in str(e)
+        with pytest.raises(Unavailable, match="no fallback is left"):
+            ask()
+        with pytest.raises(Unavailable, match="replica unhealthy"):
+            body.check_health()                                    # Ray Serve replaces such a replica
+    finally:
+        body.close()
+    assert mine() == before

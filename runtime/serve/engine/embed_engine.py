@@ -312,6 +312,11 @@ class EmbedEngine:
                         self._run_rebind(rq)
                 if batch:
                     self._run(batch)
+            except Exception as e:  # noqa: BLE001 - a defect must not leave requests waiting forever
+                log.exception("engine %s: a batch failed unexpectedly", self.model)
+                for it in batch:
+                    if not it.future.done():
+                        it.future.set_exception(EngineFailure(f"the batch failed: {type(e).__name__}: {e}"))
             finally:
                 with self._cv:
                     self._busy -= 1
@@ -324,12 +329,9 @@ class EmbedEngine:
         attempted = 0
         while True:
             lost = self.binder.lost(self.placement) if self.error is None else None
-            if self.error is None and lost is not None:
-                if not self._auto_fallback(lost, len(batch) if attempted else 0):
-                    break
-                if attempted:
-                    self.replayed_batches += 1
-            if self.error is not None:
+            if lost is not None and self._auto_fallback(lost, len(batch) if attempted else 0) and attempted:
+                self.replayed_batches += 1
+            if self.error is not None:                           # no entry left (or the engine failed)
                 err = Unavailable(f"the {self.model} engine failed: {self.error}")
                 self._finish_failed(batch, err)
                 return
