@@ -11,6 +11,8 @@ then the CPU fallback device, served on loopback and driven by the official ``op
   killed): the engine re-binds to device 1 by itself and re-runs the batch there -- every request gets its
   embedding exactly once; restore is refused (the primary is lost); the CPU entry serves too.
 - Config mistakes in an encoder's chain: ``vnpu serve`` exits 2 with one line.
+- A Ray Serve replica's body serves embeddings down its chain (healthy while degraded, unhealthy once the
+  chain is exhausted); a requested fallback with no usable entry leaves the encoder serving where it was.
 
 Reference and tolerance: each text is embedded on its own (batch of one, so other padding and matrix
 shapes than the server's batches) by a separate job on device 2, outside the chain.  Float32 rounding of a
@@ -280,3 +282,25 @@ def test_replica_body_serves_embeddings_down_its_chain():
     finally:
         body.close()
     assert mine() == before
+
+
+def test_a_fallback_with_no_usable_entry_stays_where_it_was():
+    """A requested fallback whose entries are all unusable is refused (Unavailable, an event with ok False)
+    and the encoder goes on serving where it was."""
+    from runtime.serve.engine import EmbedEngine, Unavailable
+    rt = Runtime(LocalBackend(2, DeviceConfig(arena_bytes=1 << 30)))
+    eng = EmbedEngine(rt, MODEL, (0,), max_batch_size=BATCH, max_wait_ms=0, fallback=(Placement((1,)),))
+    try:
+        eng.start()
+        first = eng.submit(TEXTS[:2], 8).result(60)
+        try:
+            rt.device(1).handle.inject_fault("kill")
+        except DeviceLostError as e:
+            assert "lost" in str(e)
+        with pytest.raises(Unavailable, match="no usable placement .*device 1 is lost"):
+            eng.fallback()
+        assert eng.events[-1]["ok"] is False and eng.error is None and eng.placement == Placement((0,))
+        assert np.array_equal(eng.submit(TEXTS[:2], 8).result(60), first)     # same device, same batch
+    finally:
+        eng.shutdown()
+        rt.close()

@@ -215,6 +215,7 @@ class EmbedEngine:
             self.index, self.job = bind_first(self.binder, self.chain, candidates, self._build, self.model)
         except Unavailable as e:
             self._record(dict(kind=kind, ok=False, from_index=frm, reason=reason, error=str(e)))
+            self._rebind_back(frm)
             raise
         self.rebinds += 1
         res = RebindResult(self.index != frm, frm, self.index, str(self.placement), reason, replayed,
@@ -224,6 +225,18 @@ class EmbedEngine:
         log.warning("engine %s: %s %s -> %s (%s), %d request(s) replayed in %.2f s", self.model, kind,
                     self.chain[frm], self.placement, reason, replayed, res.seconds)
         return res
+
+    def _rebind_back(self, frm: int) -> None:
+        """After a failed re-bind: build again where the engine was when that entry is still usable; the
+        engine fails (every request refused) when it is not or does not build."""
+        why = self.binder.lost(self.chain[frm])
+        if why is None:
+            try:
+                self.job, self.index = self._build(self.binder.devices(self.chain[frm])), frm
+                return
+            except Exception as e:  # noqa: BLE001 - reported through self.error
+                why = f"{type(e).__name__}: {e}"
+        self._fail(f"no placement left to run on ({self.chain[frm]}: {why})")
 
     def _release(self) -> None:
         """Free what the current placement holds (a lost device's share is gone with it)."""
@@ -243,7 +256,8 @@ class EmbedEngine:
         try:
             self._rebind(range(self.index + 1, len(self.chain)), "fallback", f"automatic: {why}", replayed)
         except Unavailable as e:
-            self._fail(str(e))
+            if self.error is None:
+                self._fail(str(e))
             return False
         return True
 
@@ -288,7 +302,8 @@ class EmbedEngine:
             if self._ctl:                                        # re-binds first, between two batches
                 ctl, self._ctl = list(self._ctl), deque()
                 return ctl, []
-            batch, n = [], 0
+            batch: list[_Item] = []
+            n = 0
             while self._q and (not batch or n + len(self._q[0].texts) <= self.max_batch_size):
                 it = self._q.popleft()
                 if it.future.set_running_or_notify_cancel():     # a cancelled request is dropped here
@@ -337,7 +352,10 @@ class EmbedEngine:
                 return
             attempted += 1
             try:
-                emb = self.job.embed(texts)
+                job = self.job
+                if job is None:                                  # (a failed re-bind re-binds back or fails)
+                    raise Unavailable(f"the {self.model} engine has no placement bound")
+                emb = job.embed(texts)
                 break
             except Exception as e:  # noqa: BLE001 - a loss re-runs the batch; anything else fails it only
                 if self.binder.lost(self.placement) is not None:
