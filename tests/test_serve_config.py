@@ -71,20 +71,6 @@ def test_mistakes_name_key_and_line(text, where):
     assert f"s.yaml: {where}" in str(e.value), str(e.value)
 
 
-def test_encoders_have_a_fallback_chain_too():
-    """An encoder's chain: device lists (data parallel there) or the CPU; checked as a generation model's."""
-    cfg = parse_config("models:\n  - model: minilm-l6@0\n    fallback: [1-2, cpu]\n", "s.yaml")
-    m = cfg.models[0]
-    assert m.kind == "embed" and m.fallback == (Placement((1, 2)), Placement(cpu=True)) and m.chain_devices == (0, 1, 2)
-    assert devices_needed(cfg.models) == 3
-    with pytest.raises(ConfigError, match="device 0 is both in its first placement and in its fallback chain"):
-        place((model_spec("minilm-l6", (0,), None, fallback=(Placement((0, 1)),)),), 4)
-    with pytest.raises(ConfigError, match="fallback device 9 does not exist"):
-        place((model_spec("minilm-l6", (0,), None, fallback=(Placement((9,)),)),), 4)
-    a = place((model_spec("minilm-l6", None, None, fallback=(Placement((0,)),)),), 2)[0]
-    assert a.devices == (1,)                                          # the spare stays free
-
-
 def test_placement_keeps_spares_and_checks_the_chain():
     a = model_spec("smollm2", None, 1, fallback=(Placement((0,)),))          # device 0 is a spare ...
     b = model_spec("minilm-l6", None, None)
@@ -97,3 +83,17 @@ def test_placement_keeps_spares_and_checks_the_chain():
     assert devices_needed((model_spec("smollm2", (0, 1, 2), None, fallback=(Placement((3,)), Placement(cpu=True))),)) == 4
     assert parse_placement("cpu") == Placement(cpu=True) and parse_placement("0-2").tp == 3
     assert str(parse_placement("0-2")) == "npu 0-2 (tp=3)"
+
+
+def test_encoders_have_a_fallback_chain_too():
+    """An encoder's chain: device lists (data parallel there) or the CPU; checked as a generation model's."""
+    cfg = parse_config("models:\n  - model: minilm-l6@0\n    fallback: [1-2, cpu]\n", "s.yaml")
+    m = cfg.models[0]
+    assert m.kind == "embed" and m.fallback == (Placement((1, 2)), Placement(cpu=True)) and m.chain_devices == (0, 1, 2)
+    assert devices_needed(cfg.models) == 3
+    with pytest.raises(ConfigError, match="device 0 is both in its first placement and in its fallback chain"):
+        place((model_spec("minilm-l6", (0,), None, fallback=(Placement((0, 1)),)),), 4)
+    with pytest.raises(ConfigError, match="fallback device 9 does not exist"):
+        place((model_spec("minilm-l6", (0,), None, fallback=(Placement((9,)),)),), 4)
+    a = place((model_spec("minilm-l6", None, None, fallback=(Placement((0,)),)),), 2)[0]
+    assert a.devices == (1,)                                          # the spare stays free
