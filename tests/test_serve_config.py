@@ -30,6 +30,8 @@ def test_example_config_parses():
     assert reg.authenticate("Bearer sk-premium-change-me-0001").name == "premium"
     with pytest.raises(Unauthorized):
         reg.authenticate("Bearer sk-premium-change-me-0002")
+    mini = next(m for m in cfg.models if m.name == "minilm-l6")
+    assert mini.fallback == (Placement(cpu=True),) and mini.chain_devices == (1,)
     assert devices_needed(cfg.models) == 3
 
 
@@ -55,7 +57,8 @@ def test_sha256_keys():
      "line 3: tenants[0].quota.tokens_per_minute: must be >= 1"),
     ("models:\n  - model: smollm2\n    fallback: [3, cpu2]\n", "line 3: models[0].fallback[1]: bad placement 'cpu2'"),
     ("models:\n  - model: smollm2\n    fallback: [3, 3]\n", "line 3: models[0].fallback[1]: npu 3 is listed twice"),
-    ("models:\n  - model: minilm-l6\n    fallback: [3]\n", "line 3: models[0].fallback: applies to generation"),
+    ("models:\n  - model: minilm-l6\n    fallback: [3, cpu, x]\n", "line 3: models[0].fallback[2]: bad placement 'x'"),
+    ("models:\n  - model: minilm-l6\n    fallback: 3\n", "line 3: models[0].fallback: expected a list of placements"),
     ("slo: {target_p99_ms: 800, availability: lots}\n", "line 1: slo.availability"),
     ("slo: {target_p99_ms: -1}\n", "line 1: slo.target_p99_ms: must be > 0"),
     ("slo: {latency: 3}\n", "line 1: unknown key slo.latency"),
@@ -104,3 +107,17 @@ def test_placement_keeps_spares_and_checks_the_chain():
     assert devices_needed((model_spec("smollm2", (0, 1, 2), None, fallback=(Placement((3,)), Placement(cpu=True))),)) == 4
     assert parse_placement("cpu") == Placement(cpu=True) and parse_placement("0-2").tp == 3
     assert str(parse_placement("0-2")) == "npu 0-2 (tp=3)"
+
+
+def test_encoders_have_a_fallback_chain_too():
+    """An encoder's chain: device lists (data parallel there) or the CPU; checked as a generation model's."""
+    cfg = parse_config("models:\n  - model: minilm-l6@0\n    fallback: [1-2, cpu]\n", "s.yaml")
+    m = cfg.models[0]
+    assert m.kind == "embed" and m.fallback == (Placement((1, 2)), Placement(cpu=True)) and m.chain_devices == (0, 1, 2)
+    assert devices_needed(cfg.models) == 3
+    with pytest.raises(ConfigError, match="device 0 is both in its first placement and in its fallback chain"):
+        place((model_spec("minilm-l6", (0,), None, fallback=(Placement((0, 1)),)),), 4)
+    with pytest.raises(ConfigError, match="fallback device 9 does not exist"):
+        place((model_spec("minilm-l6", (0,), None, fallback=(Placement((9,)),)),), 4)
+    a = place((model_spec("minilm-l6", None, None, fallback=(Placement((0,)),)),), 2)[0]
+    assert a.devices == (1,)                                          # the spare stays free

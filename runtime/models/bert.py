@@ -224,9 +224,10 @@ class EmbedJob(JobBase):
     ``parallel="dp"``: batches spread over the devices (each holds all weights); ``"tp"``: every batch
     on all devices with heads and FFN columns split (needs HCCL).  ``batch_size`` sentences per device
     batch; sentences are sorted by length so that batches carry little padding (results come back in
-    input order).  ``devices``: a count (the first ones) or a list of device ids."""
+    input order).  ``devices``: a count (the first ones), a list of device ids, or a list of
+    :class:`runtime.api.Device` objects (``rt`` is then not used)."""
 
-    def __init__(self, rt, model: str = "minilm-l6", devices: int | Sequence[int] = 1, parallel: str = "dp",
+    def __init__(self, rt, model: str = "minilm-l6", devices: int | Sequence = 1, parallel: str = "dp",
                  batch_size: int = 32, block_dim: int = 0):
         cfg, w = load_encoder(model)
         if parallel not in ("dp", "tp"):

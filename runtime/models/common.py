@@ -150,7 +150,14 @@ class Launcher:
 
 # ---------------------------------------------------------------------------------------------- devices
 def pick_devices(rt, n) -> list:
-    """``n`` devices (the first ``n``) or the devices with the given visible ids (a list)."""
+    """``n`` devices (the first ``n``), the devices with the given visible ids (a list), or a list of
+    :class:`runtime.api.Device` objects as they are (e.g. a serving engine's placement, which may be the CPU
+    fallback device of another runtime)."""
+    from runtime.api import Device
+    if isinstance(n, (list, tuple)) and n and all(isinstance(d, Device) for d in n):
+        if len(set(map(id, n))) != len(n):
+            raise InvalidParamError("devices must be distinct, got one device twice")
+        return list(n)
     have = rt.device_count()
     if isinstance(n, (list, tuple)):
         ids = list(n)

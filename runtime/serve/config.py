@@ -18,7 +18,8 @@ its line), and model placement (``smollm2@0-2``).
                  gpu_memory_utilization: 0.9, num_gpu_blocks_override: null, max_queued_requests: 64,
                  graphs: true, scheduling_policy: priority, priority_aging_s: 10}
         scheduler: {mode: adaptive, low_latency_batch: 2, max_wait_ms: 20}
-      - model: minilm-l6
+      - model: minilm-l6@4        # an encoder: data parallel over its devices
+        fallback: [5, cpu]        # encoders have a chain too (device lists or cpu)
         batching: {max_batch_size: 32, max_wait_ms: 5, max_queued_requests: 256}
 
 Cross-checks: tenants with different priority classes need every generation model on the ``priority``
@@ -186,8 +187,6 @@ def model_spec(name: str, devices: tuple[int, ...] | None, tp: int | None, engin
                batching: BatchingConfig | None = None, where: str = "",
                fallback: tuple[Placement, ...] = ()) -> ModelSpec:
     kind = MODEL_KINDS[name]
-    if fallback and kind != "generate":
-        raise ConfigError(f"{where}fallback applies to generation models; {name} is an encoder")
     if kind == "embed" and tp not in (None, 1):
         raise ConfigError(f"{where}tp applies to generation models; {name} is an encoder (data parallel)")
     if kind == "generate" and devices is not None and tp is not None and tp != len(devices):
@@ -422,8 +421,7 @@ def _model(node, where: str, path: str, slo: SloConfig = SloConfig()) -> ModelSp
         tp = _scalar(keys["tp"][1], _INT, 1, False, f"{where}line {_line(keys['tp'][1])}: {path}.tp")
     engine = batching = None
     kind = MODEL_KINDS[name]
-    for sect, ok_kind in (("engine", "generate"), ("batching", "embed"), ("scheduler", "generate"),
-                          ("fallback", "generate")):
+    for sect, ok_kind in (("engine", "generate"), ("batching", "embed"), ("scheduler", "generate")):
         if sect in keys and kind != ok_kind:
             k = keys[sect][0]
             raise ConfigError(f"{where}line {_line(k)}: {path}.{sect}: applies to "

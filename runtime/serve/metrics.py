@@ -7,7 +7,7 @@ Counters and histograms are fed by the engines' step stats (:class:`PrometheusSt
 read when scraped (:class:`EngineCollector`, :class:`NpuCollector`), so they never drift.  Each server
 has its own :class:`prometheus_client.CollectorRegistry`.
 
-Beyond vLLM's set: the fallback chain (``vnpu:engine_placement`` = index of the chain entry in use,
+Beyond vLLM's set: the fallback chain of every model (``vnpu:engine_placement`` = index of the chain entry in use,
 ``vnpu:engine_rebinds``), the scheduler mode's current batch limit (``vnpu:scheduler_max_num_seqs``), and
 per-tenant series (:class:`TenantMetrics`: requests by status, tokens, quota refusals, requests in
 flight), and memory (:class:`MemoryCollector`, label ``id``): the arena's fragmentation
@@ -115,6 +115,11 @@ class EngineCollector:
         seqs = GaugeMetricFamily(P + "scheduler_max_num_seqs", "Batch limit the scheduler mode chose for the last "
                                  "step.", labels=LABELS + ("mode",))
         for name, e in list(self.engines.items()):
+            if e.kind == "embed" and hasattr(e, "chain"):              # an in-process encoder: its chain
+                wait.add_metric([name, "0"], e.waiting)
+                place.add_metric([name, "0", str(e.placement)], e.index)
+                rebinds.add_metric([name, "0"], e.rebinds)
+                continue
             if e.kind != "generate" or not hasattr(e, "snapshot"):     # Ray Serve replicas report their own
                 continue
             s = e.snapshot()

@@ -24,7 +24,7 @@ import time
 import yaml
 
 from .config import ConfigError, ServeConfig, parse_config
-from .heal.actions import Context, probe
+from .heal.actions import PROBES, Context, probe
 
 
 class Reconfigurer:
@@ -166,7 +166,7 @@ class Reconfigurer:
             return True, "health 200"
         ctx = Context(self.service)
         for name, e in list(self.service.engines.items()):
-            if getattr(e, "kind", None) == "generate":
+            if getattr(e, "kind", None) in PROBES:
                 ok, why = probe(ctx, name)
                 if not ok:
                     return False, why

@@ -6,7 +6,8 @@ server binds loopback unless told otherwise -- and refuses a non-loopback addres
 ``allow_unauthenticated`` -- and port 0 picks a free port (:attr:`Server.url` once bound).
 
 The service holds the HTTP tenants (:mod:`.tenants`: keys, priority classes, quotas) and the engines;
-generation engines get their fallback chain (:mod:`.engine.placement`) and share one CPU fallback device.
+every engine (generation and embedding) gets its fallback chain (:mod:`.engine.placement`); they share one
+CPU fallback device.
 The admin operations the self-healing layer drives are methods here: :meth:`Service.fallback`,
 :meth:`Service.restore`, :meth:`Service.defragment`, :meth:`Service.state_dict` (and, with Ray Serve replicas,
 :class:`runtime.serve.replicas.ReplicaService` adds ``scale_out``/``scale_in``).
@@ -47,7 +48,7 @@ def _build_generate(rt, spec: ModelSpec, loggers, binder: DeviceBinder, on_event
 def _build_embed(rt, spec: ModelSpec, loggers, binder: DeviceBinder, on_event):
     b: BatchingConfig = spec.batching
     return EmbedEngine(rt, spec.name, spec.devices, b.max_batch_size, b.max_wait_ms, b.max_queued_requests,
-                       stat_loggers=loggers)
+                       stat_loggers=loggers, fallback=spec.fallback, binder=binder, on_event=on_event)
 
 
 #: engine kind -> builder (a registry)
@@ -218,13 +219,14 @@ class Frontend:
     # -------------------------------------------------------------- admin (self-healing drives these)
     def fallback(self, model: str, reason: str = "requested", timeout: float | None = None,
                  away_from: int | None = None):
-        """Move ``model``'s engine one step down its fallback chain (blocks until re-bound); with
-        ``away_from``, only if it still runs on that device (see :meth:`GenerateEngine.fallback`)."""
-        return self.engine(model, "generate").fallback(reason, timeout, away_from)
+        """Move ``model``'s engine (generation or embedding) one step down its fallback chain (blocks until
+        re-bound); with ``away_from``, only if it still runs on that device (see
+        :meth:`GenerateEngine.fallback`)."""
+        return self.engine(model, None).fallback(reason, timeout, away_from)
 
     def restore(self, model: str, timeout: float | None = None):
         """Move ``model``'s engine back to its first placement when healthy (blocks until re-bound)."""
-        return self.engine(model, "generate").restore(timeout)
+        return self.engine(model, None).restore(timeout)
 
     def throttle(self, factor: float) -> dict:
         """Admit less by ``factor`` (0 < factor <= 1; 1 restores): every generation engine's batch, step
@@ -292,6 +294,10 @@ class Frontend:
                          rebinds=s.rebinds, running=s.running, waiting=s.waiting, mode=e.config.mode.mode,
                          policy=e.config.scheduling_policy,
                          max_num_seqs=s.limits.max_num_seqs if s.limits else e.config.max_num_seqs)
+            elif e.kind == "embed" and hasattr(e, "chain"):
+                d.update(placement=str(e.placement), index=e.index, chain=[str(p) for p in e.chain],
+                         rebinds=e.rebinds, waiting=e.waiting, failed_batches=e.failed_batches,
+                         replayed_batches=e.replayed_batches)
             out["models"][n] = d
         return out
 

@@ -6,7 +6,7 @@ from fastapi.responses import JSONResponse
 
 from devices.errors import InvalidParamError
 
-from ..engine.errors import InvalidRequest, ModelNotFound, QueueFull, ServeError, Unavailable
+from ..engine.errors import EngineFailure, InvalidRequest, ModelNotFound, QueueFull, ServeError, Unavailable
 from ..tenants import Forbidden, RateLimited, Unauthorized, retry_headers
 
 RETRY_AFTER_S = 1      #: what a 503 asks the client to wait (<= 120 s, or the official client gives up)
@@ -21,6 +21,7 @@ ERRORS: dict[type, tuple[int, str, str | None]] = {
     RateLimited: (429, "requests", "rate_limit_exceeded"),
     QueueFull: (503, "server_error", "server_overloaded"),
     Unavailable: (503, "server_error", "service_unavailable"),
+    EngineFailure: (500, "server_error", None),
 }
 
 

@@ -27,3 +27,8 @@ class QueueFull(ServeError):
 
 class Unavailable(ServeError):
     """The engine is starting, draining or failed (HTTP 503)."""
+
+
+class EngineFailure(ServeError):
+    """A batch failed on the device (a task exception on a healthy placement): its requests fail (HTTP
+    500, ``server_error``); the engine goes on."""

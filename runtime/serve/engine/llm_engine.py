@@ -51,7 +51,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .errors import InvalidRequest, QueueFull, Unavailable
 from .modes import MODES, LoadTracker, ModeConfig, StepLimits, throttled
-from .placement import DeviceBinder, Placement
+from .placement import DeviceBinder, Placement, RebindResult, bind_first, rebind_candidates
 from .request import Request, RequestHandle, RequestOutput, SamplingParams, Status, TokenLogprob
 from .runner import ModelRunner, StepInputs
 from .scheduler import Scheduler, SchedulerOutput
@@ -113,17 +113,6 @@ def check_fits(n: int, max_tokens: int, max_model_len: int, block_size: int, num
                              prompt_param if -(-(n + 1) // block_size) > have else "max_tokens",
                              "kv_cache_exceeded")
 
-
-@dataclass(frozen=True)
-class RebindResult:
-    """What one re-bind did (also recorded as an event)."""
-    moved: bool
-    from_index: int
-    to_index: int
-    placement: str
-    reason: str
-    replayed: int                        #: unfinished requests replayed on the new placement
-    seconds: float
 
 class PromptChecks:
     """The routes' side of a generation model, before a request is queued: prompts to token ids
@@ -529,8 +518,11 @@ class GenerateEngine(PromptChecks):
     def _bind(self, index: int) -> None:
         """Build the model on chain entry ``index`` (weights, KV cache, decode graphs; host-blocking)."""
         devs = self.binder.devices(self.chain[index])
-        self.runner = ModelRunner(devs, self._gguf, self.model_config, self.config)
+        self.runner = self._build(devs)
         self.index = index
+
+    def _build(self, devs: list) -> ModelRunner:
+        return ModelRunner(devs, self._gguf, self.model_config, self.config)
 
     def _release(self) -> None:
         """Free what the current placement holds (a lost device's share is gone with it)."""
@@ -575,22 +567,8 @@ class GenerateEngine(PromptChecks):
         try:
             if self.error is not None:
                 raise Unavailable(f"the {self.model} engine failed: {self.error}")
-            here = self.chain[self.index]
-            if kind == "fallback" and away_from is not None and (here.cpu or away_from not in here.devices):
-                res = RebindResult(False, self.index, self.index, str(self.placement),
-                                   f"already off device {away_from}", 0, 0.0)
-            elif kind == "fallback":
-                if self.index + 1 >= len(self.chain):
-                    raise Unavailable(f"the {self.model} engine runs on the last entry of its fallback chain "
-                                      f"({self.placement})")
-                res = self._rebind(range(self.index + 1, len(self.chain)), kind, reason)
-            elif self.index == 0:
-                res = RebindResult(False, 0, 0, str(self.placement), "already on the first placement", 0, 0.0)
-            else:
-                ok, why = self.binder.healthy(self.chain[0])
-                if not ok:
-                    raise Unavailable(f"cannot restore {self.chain[0]}: {why}")
-                res = self._rebind((0, self.index), kind, reason)
+            plan = rebind_candidates(self.binder, self.chain, self.index, kind, self.model, away_from)
+            res = plan if isinstance(plan, RebindResult) else self._rebind(plan, kind, reason)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             fut.set_exception(e)
         else:
@@ -638,22 +616,11 @@ class GenerateEngine(PromptChecks):
         t0, frm = time.monotonic(), self.index
         reqs = self.scheduler.take_all()
         self._release()
-        tried = []
-        for i in candidates:
-            why = self.binder.lost(self.chain[i])
-            if why is not None:
-                tried.append(f"{self.chain[i]}: {why}")
-                continue
-            try:
-                self._bind(i)
-                break
-            except Exception as e:  # noqa: BLE001 - try the next entry
-                tried.append(f"{self.chain[i]}: {type(e).__name__}: {e}")
-                self.runner = None
-        if self.runner is None:
-            msg = f"no usable placement for {self.model} ({'; '.join(tried) or 'none left'})"
-            self._record(dict(kind=kind, ok=False, from_index=frm, reason=reason, error=msg))
-            raise Unavailable(msg)
+        try:
+            self.index, self.runner = bind_first(self.binder, self.chain, candidates, self._build, self.model)
+        except Unavailable as e:
+            self._record(dict(kind=kind, ok=False, from_index=frm, reason=reason, error=str(e)))
+            raise
         old = self.scheduler
         self.blocks = BlockManager(self.runner.num_blocks, self.config.block_size)
         self.scheduler = Scheduler(self.config, self.blocks)

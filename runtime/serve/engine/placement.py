@@ -14,15 +14,26 @@ decisions that can afford it (restore).  The CPU fallback device is an in-proces
 :class:`devices.device.Device` with the same kernels (as :class:`runtime.cluster.failover.DevicePool` uses),
 created on first use and closed with the binder.
 
+What every engine of a chain shares (the generation engine and the embedding engine): the decision of
+what a ``fallback`` / ``restore`` request means where the engine stands (:func:`rebind_candidates`), binding
+the first usable entry of some candidates (:func:`bind_first`), and what a re-bind did
+(:class:`RebindResult`, also recorded as an event).
+
 Blocking: :meth:`DeviceBinder.devices` may create the CPU device (an arena segment, host-synchronous);
-:meth:`DeviceBinder.healthy` issues one health call per device; everything else is host-only.
+:meth:`DeviceBinder.healthy` issues one health call per device (so does :func:`rebind_candidates` for a
+restore); :func:`bind_first` blocks for what ``build`` does; everything else is host-only.
 """
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, replace
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from devices.errors import AclError, InvalidParamError
+
+from .errors import Unavailable
+
+T = TypeVar("T")
 
 #: health levels that make a placement unusable (as the device pool's default)
 UNHEALTHY_LEVELS = ("Alarm", "Critical")
@@ -157,3 +168,55 @@ class DeviceBinder:
             self._cpu = None
             with contextlib.suppress(Exception):
                 dev.close()
+
+
+@dataclass(frozen=True)
+class RebindResult:
+    """What one re-bind did (also recorded as an event)."""
+    moved: bool
+    from_index: int
+    to_index: int
+    placement: str
+    reason: str
+    replayed: int                        #: unfinished requests (or batches) replayed on the new placement
+    seconds: float
+
+
+def rebind_candidates(binder: DeviceBinder, chain: Sequence[Placement], index: int, kind: str, model: str,
+                      away_from: int | None = None) -> RebindResult | range | tuple[int, ...]:
+    """What a ``fallback`` or ``restore`` request means for an engine on ``chain[index]``: a
+    :class:`RebindResult` with ``moved`` False when there is nothing to do (already off device ``away_from``,
+    already on the first entry), else the chain entries to try, in order.  :class:`Unavailable` when the
+    request cannot be met (a fallback from the last entry; a restore to a first entry that is not healthy:
+    one health call per device)."""
+    here = chain[index]
+    if kind == "fallback" and away_from is not None and (here.cpu or away_from not in here.devices):
+        return RebindResult(False, index, index, str(here), f"already off device {away_from}", 0, 0.0)
+    if kind == "fallback":
+        if index + 1 >= len(chain):
+            raise Unavailable(f"the {model} engine runs on the last entry of its fallback chain ({here})")
+        return range(index + 1, len(chain))
+    if index == 0:
+        return RebindResult(False, 0, 0, str(here), "already on the first placement", 0, 0.0)
+    ok, why = binder.healthy(chain[0])
+    if not ok:
+        raise Unavailable(f"cannot restore {chain[0]}: {why}")
+    return (0, index)
+
+
+def bind_first(binder: DeviceBinder, chain: Sequence[Placement], candidates: Iterable[int],
+               build: Callable[[list], T], model: str) -> tuple[int, T]:
+    """Build the engine's model (``build(devices)``) on the first candidate entry of ``chain`` that has no
+    lost device and builds; ``(index, what build returned)``.  :class:`Unavailable` naming every entry
+    tried and why when none does."""
+    tried = []
+    for i in candidates:
+        why = binder.lost(chain[i])
+        if why is not None:
+            tried.append(f"{chain[i]}: {why}")
+            continue
+        try:
+            return i, build(binder.devices(chain[i]))
+        except Exception as e:  # noqa: BLE001 - try the next entry
+            tried.append(f"{chain[i]}: {type(e).__name__}: {e}")
+    raise Unavailable(f"no usable placement for {model} ({'; '.join(tried) or 'none left'})")

@@ -8,8 +8,9 @@ throttle is lifted, a fallback restored.
 - ``throttle {by: 20%, for: 5m}``: admit ``1 - by`` of the load (every engine's batch and queue, every
   tenant's quota) for at least ``for``; released: admission back to 1 -- or to the strictest throttle
   another trigger (another hot device) still holds;
-- ``fallback {model}``: the model's engine (every generation model if none) one step down its chain;
-  checked by a probe generation there; undone / released by ``restore``;
+- ``fallback {model}``: the model's engine (a generation or an embedding model; every generation model if
+  none) one step down its chain; checked by a probe request there (one generated token, or one
+  embedding); undone / released by ``restore``;
 - ``restore {model}``: back to the first placement (when healthy);
 - ``restart_device``: the device of the trigger's scope: engines still bound to it move down their
   chain first (only those still on it when their engine thread gets to it: an engine that re-bound
@@ -107,19 +108,40 @@ def _generate_models(ctx: Context, model: str | None) -> list[str]:
     return [n for n, e in ctx.service.engines.items() if getattr(e, "kind", None) == "generate"]
 
 
-def probe(ctx: Context, model: str, timeout_s: float = 120.0) -> tuple[bool, str]:
-    """A one-token greedy generation through ``model``'s engine (not HTTP): does it serve?"""
+def _probe_generate(eng, timeout_s: float) -> str | None:
+    """A one-token greedy generation; what went wrong, or None."""
     from ..engine.request import SamplingParams
+    out = eng.add_request(eng.encode("health check"), SamplingParams(max_tokens=1, temperature=0.0)).result(timeout_s)
+    return out.error if out.finish_reason == "error" else None
+
+
+def _probe_embed(eng, timeout_s: float) -> str | None:
+    """One embedding of one short text; what went wrong, or None."""
+    texts = ["health check"]
+    got = eng.submit(texts, sum(eng.check(texts))).result(timeout_s)
+    if got.shape != (1, eng.dim) or not np.isfinite(got).all():
+        return f"the probe embedding has shape {got.shape} or non-finite values"
+    return None
+
+
+#: engine kind -> (what an in-process engine of the kind has, its probe: a request of its kind, not over HTTP)
+PROBES: dict[str, tuple[str, Callable]] = {"generate": ("add_request", _probe_generate),
+                                           "embed": ("chain", _probe_embed)}
+
+
+def probe(ctx: Context, model: str, timeout_s: float = 120.0) -> tuple[bool, str]:
+    """One request through ``model``'s in-process engine (a one-token greedy generation, or one
+    embedding): does it serve where it is now?"""
     eng = ctx.service.engines.get(model)
-    if eng is None or not hasattr(eng, "add_request"):
+    has, fn = PROBES.get(getattr(eng, "kind", ""), ("", None))
+    if eng is None or fn is None or not hasattr(eng, has):
         return True, "no in-process engine to probe"
     try:
-        h = eng.add_request(eng.encode("health check"), SamplingParams(max_tokens=1, temperature=0.0))
-        out = h.result(timeout_s)
+        err = fn(eng, timeout_s)
     except Exception as e:  # noqa: BLE001 - the check's answer
         return False, f"{model}: probe failed: {type(e).__name__}: {e}"
-    if out.finish_reason == "error":
-        return False, f"{model}: probe failed on {eng.placement}: {out.error}"
+    if err is not None:
+        return False, f"{model}: probe failed on {eng.placement}: {err}"
     return True, f"{model} serves on {eng.placement}"
 
 
