@@ -335,3 +335,39 @@ def test_engine_survives_a_live_defragmentation():
         assert d.mem_info()[0] == d.mem_info()[1]
     finally:
         r.close()
+
+
+def test_a_requested_fallback_with_nowhere_to_go_keeps_serving_where_it_was():
+    """An admin (or self-healing) fallback when the rest of the chain is unusable (its device lost) is
+    refused -- and the engine builds again where it was, replays the request in flight there, and keeps
+    serving: that request finishes whole, with the tokens of an undisturbed run."""
+    import contextlib
+
+    from devices.errors import DeviceLostError
+    from runtime.serve.engine import Unavailable
+    from runtime.serve.engine.placement import Placement
+    r = Runtime(LocalBackend(2, DeviceConfig(arena_bytes=1 << 30)))
+    e = None
+    try:
+        e = GenerateEngine(r, "smollm2", [0], EngineConfig(max_num_seqs=2, max_num_batched_tokens=32, max_model_len=48,
+                                                           num_gpu_blocks_override=8),
+                           fallback=(Placement((1,)),))
+        ids = e.encode("Once upon a time")
+        params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        ref = solo(e, ids, params)
+        h = e.add_request(ids, params)
+        e.step()
+        e.step()
+        assert e.has_unfinished() and not h.done                  # in flight
+        with contextlib.suppress(DeviceLostError):
+            r.device(1).handle.inject_fault("kill")               # the only fallback entry is gone
+        with pytest.raises(Unavailable, match="no usable placement"):
+            e.fallback()
+        assert e.placement == Placement((0,)) and e.error is None and e.events[-1]["ok"] is False
+        run_until_done(e)
+        assert h.result(0).token_ids == ref.token_ids             # finished whole where it was
+        assert solo(e, ids, params).token_ids == ref.token_ids    # and the engine keeps serving
+    finally:
+        if e is not None:
+            e.shutdown()
+        r.close()

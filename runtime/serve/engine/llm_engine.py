@@ -612,7 +612,9 @@ class GenerateEngine(PromptChecks):
     def _rebind(self, candidates, kind: str, reason: str) -> RebindResult:
         """Engine thread (or the stepping caller), between steps: release the placement, build on the first
         candidate entry that is usable, replay every unfinished request there.  Raises
-        :class:`Unavailable` (requests failed) when no candidate builds."""
+        :class:`Unavailable` when no candidate builds -- after building again where the engine was (its
+        requests replayed there, nothing dropped) when that entry is still usable; the engine fails (every
+        request finished with an error) when it is not."""
         t0, frm = time.monotonic(), self.index
         reqs = self.scheduler.take_all()
         self._release()
@@ -620,7 +622,26 @@ class GenerateEngine(PromptChecks):
             self.index, self.runner = bind_first(self.binder, self.chain, candidates, self._build, self.model)
         except Unavailable as e:
             self._record(dict(kind=kind, ok=False, from_index=frm, reason=reason, error=str(e)))
+            try:
+                self.index, self.runner = bind_first(self.binder, self.chain, (frm,), self._build, self.model)
+            except Unavailable as back:
+                self._fail(Unavailable(f"{e}; and {back}"))
+                raise e from None
+            self._replay(reqs)
             raise
+        replayed = self._replay(reqs)
+        self.rebinds += 1
+        res = RebindResult(self.index != frm, frm, self.index, str(self.placement), reason, replayed,
+                           time.monotonic() - t0)
+        self._record(dict(kind=kind, ok=True, from_index=frm, to_index=self.index, placement=str(self.placement),
+                          previous=str(self.chain[frm]), reason=reason, replayed=replayed, seconds=res.seconds))
+        log.warning("engine %s: %s %s -> %s (%s), %d request(s) replayed in %.2f s", self.model, kind,
+                    self.chain[frm], self.placement, reason, replayed, res.seconds)
+        return res
+
+    def _replay(self, reqs) -> int:
+        """A fresh KV cache and scheduler on the placement just built; ``reqs`` (unfinished) queued again
+        (their caches are recomputed from prompt + tokens so far).  How many were queued."""
         old = self.scheduler
         self.blocks = BlockManager(self.runner.num_blocks, self.config.block_size)
         self.scheduler = Scheduler(self.config, self.blocks)
@@ -632,15 +653,8 @@ class GenerateEngine(PromptChecks):
                 continue
             self.scheduler.waiting.append(r)
             replayed += 1
-        self.rebinds += 1
         self._sync_queued()
-        res = RebindResult(self.index != frm, frm, self.index, str(self.placement), reason, replayed,
-                           time.monotonic() - t0)
-        self._record(dict(kind=kind, ok=True, from_index=frm, to_index=self.index, placement=str(self.placement),
-                          previous=str(self.chain[frm]), reason=reason, replayed=replayed, seconds=res.seconds))
-        log.warning("engine %s: %s %s -> %s (%s), %d request(s) replayed in %.2f s", self.model, kind,
-                    self.chain[frm], self.placement, reason, replayed, res.seconds)
-        return res
+        return replayed
 
     def _record(self, ev: dict) -> None:
         ev = dict(ev, model=self.model, t=self.clock())
