@@ -70,7 +70,7 @@ PLACEMENT_HIGH = 2          #: the highest free range that fits, block at its to
 PLACEMENTS = {PLACEMENT_BEST_FIT: "best-fit", PLACEMENT_LOW: "low", PLACEMENT_HIGH: "high"}
 #: bytes after the arena in its segment: [0:8] = the arena generation (uint64), [8:16] = the device id,
 #: [16:24] = :data:`ARENA_MAGIC` (whoever maps a segment checks that it is the device it means),
-#: [24:32] = the push fence (uint64, :meth:`HbmArena.fence_pushes`)
+#: [24:32] = the peer fence (uint64, :meth:`HbmArena.fence_peers`)
 FENCE_OFFSET = 24
 ARENA_HEADER = 4096
 ARENA_MAGIC = b"VNPUHBM1"
@@ -231,7 +231,7 @@ class HbmArena:
             except BaseException:
                 os.close(fd)
                 raise
-            self._fd = fd                               # kept for the push fence's lock (flock)
+            self._fd = fd                               # kept for the peer fence's lock (flock)
         else:                                           # anonymous: no name any other process can open
             self.name, self.path = "", ""
             self._mm = mmap.mmap(-1, size + ARENA_HEADER)
@@ -349,19 +349,19 @@ class HbmArena:
         with self._lock:
             return self._usage.get(owner)
 
-    # ---- the push fence: peers on this node may write this arena (HCCL pushes) ----
-    def push_fence(self) -> int:
-        """The fence value an operator publishes to its peers (with the buffers they may write): a peer
-        writes only while the segment's fence still holds it (:class:`devices.hccl_transport.ShmLink`)."""
+    # ---- the peer fence: peers on this node read (HCCL pulls) and write (pushes) this arena ----
+    def peer_fence(self) -> int:
+        """The fence value an operator publishes to its peers (with its buffers): a peer reads or writes
+        them only while the segment's fence still holds it (:meth:`devices.hccl_transport.ShmLink.holding`)."""
         return int(self._fence[0])
 
-    def fence_pushes(self, timeout_s: float = 5.0) -> bool:
-        """Stop every peer's writes into this arena that were allowed by an earlier fence value: an operator
-        that gave up (or a reset, or a close) calls this before the memory peers could write is freed or
-        reused.  Bumps the fence, then takes the segment's lock exclusively: a peer checks the fence and
-        writes one segment under the shared lock, so once the exclusive lock is granted no write that saw
+    def fence_peers(self, timeout_s: float = 5.0) -> bool:
+        """Stop every peer's reads and writes of this arena that were allowed by an earlier fence value: an
+        operator that gave up (or a reset, or a close) calls this before memory peers could access is freed
+        or reused.  Bumps the fence, then takes the segment's lock exclusively: a peer checks the fence and
+        copies one chunk under the shared lock, so once the exclusive lock is granted no access that saw
         the old value is in progress, and none starts.  Host-blocking until then, at most ``timeout_s``
-        (a peer process stopped in the middle of a segment's copy); False if that ran out."""
+        (a peer process stopped in the middle of a copy); False if that ran out."""
         if self._fd < 0:
             return True                      # anonymous: no peer can map it
         with self._lock:
@@ -379,14 +379,14 @@ class HbmArena:
                     granted.set()
                 finally:
                     os.close(fd)
-            threading.Thread(target=wait_writers, daemon=True, name="push-fence").start()
+            threading.Thread(target=wait_writers, daemon=True, name="peer-fence").start()
             return granted.wait(timeout_s)
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         return True
 
     def reset(self) -> None:
         """Drop every allocation (device reset); peers' pushes allowed before stop first."""
-        self.fence_pushes()
+        self.fence_peers()
         with self._lock:
             self._bump()
             self.epoch += 1
@@ -491,7 +491,7 @@ class HbmArena:
             if self._closed:
                 return
             self._closed = True
-        self.fence_pushes()
+        self.fence_peers()
         self.buf = None
         try:
             self._mm.close()

@@ -694,9 +694,9 @@ class HcclEngine:
                 if bufs[src] != bufs[dst] or so != do:
                     self._move(me, bufs[src], so, me, bufs[dst], do, cnt, op.dtype, None)
             sig = [op.op, op.count, op.dtype, op.redop, op.root, algo, push]      # SIG_FIELDS
-            # with the buffers, the push fence they are written under (peers write mine only while it holds)
+            # with the buffers, the fence peers access them under (only while it holds: devices.arena)
             ready = self._barrier(c, seq, "ready", deadline, [bufs.get("send", 0), bufs.get("recv", 0),
-                                                             bufs.get("work", 0), sig, self.arena.push_fence()])
+                                                             bufs.get("work", 0), sig, self.arena.peer_fence()])
             peer_bufs = {}
             for q, (s_ptr, r_ptr, w_ptr, psig, pfence) in zip([q for q in range(n) if q != r], ready):
                 if psig != sig:
@@ -722,8 +722,9 @@ class HcclEngine:
                 # which the next operator's "ready" round already protects
                 self._barrier(c, seq, "done", deadline)
         except BaseException:
-            if push:    # peers may still be writing my receive buffer: stop them before the user has it back
-                self.arena.fence_pushes(min(c.config.exec_timeout_s, FENCE_TIMEOUT_S))
+            # peers may still be reading my buffers or writing my receive buffer: stop them before the
+            # user has the buffers back (they may be freed and given to another tenant)
+            self.arena.fence_peers(min(c.config.exec_timeout_s, FENCE_TIMEOUT_S))
             raise
         finally:
             if exposure is not None:
@@ -738,6 +739,7 @@ class HcclEngine:
         the result is built in cache from every peer's segment before the next one is started -- and,
         where a push names that range, written to the push's peers right then, still in cache."""
         mine = peer_bufs[c.rank]
+        fences = {q: b["fence"] for q, b in peer_bufs.items() if q != c.rank}
         left = list(pushes)
         i = 0
         while i < len(pulls):
@@ -755,11 +757,11 @@ class HcclEngine:
             self._transfer(c, srcs, mine[first.dst], first.dst_off, first.count, dtype,
                            redop if first.reduce else None, seq, range(c.size),
                            [(q, peer_bufs[q][fused.buf], peer_bufs[q]["fence"]) for q in fused.peers]
-                           if fused else ())
+                           if fused else (), fences)
             i = j
         for p in left:              # a push of its own: one write of the range to each peer
             self._transfer(c, [], mine[p.buf], p.off, p.count, dtype, None, seq, range(c.size),
-                           [(q, peer_bufs[q][p.buf], peer_bufs[q]["fence"]) for q in p.peers])
+                           [(q, peer_bufs[q][p.buf], peer_bufs[q]["fence"]) for q in p.peers], fences)
 
     def _read_into(self, c: Comm, peer: int, src_ptr: int, src_off: int, dst_ptr: int, dst_off: int, count: int,
                    dtype: str, redop: str | None, seq, ranks) -> None:
@@ -767,15 +769,17 @@ class HcclEngine:
         self._transfer(c, [(peer, src_ptr, src_off, None)], dst_ptr, dst_off, count, dtype, redop, seq, ranks)
 
     def _transfer(self, c: Comm, srcs: list, dst_ptr: int, dst_off: int, count: int, dtype: str,
-                  redop: str | None, seq, ranks, pushes=()) -> None:
+                  redop: str | None, seq, ranks, pushes=(), fences: dict | None = None) -> None:
         """``dst[dst_off:+count]`` (op)= each source in turn, segment by segment.  A source is ``(rank,
         ptr, element offset, base ptr or None)``, read through the link to that rank (or out of my own
         arena); with a base, the first reduction is ``dst = base op source`` (base at the source's
         offset).  Segments: cache-sized through zero-copy links, ``segment_bytes`` (one read each)
         through the others.  ``pushes``: ``(rank, ptr, fence)`` -- each finished segment is also written
-        to that rank's buffer at the same element offset (writable links only; under that rank's push fence,
+        to that rank's buffer at the same element offset (writable links only; under that rank's peer fence,
         which must hold ``fence`` for the whole transfer), unless this device or the communicator gave up
-        meanwhile.  ``seq``/``ranks``: the
+        meanwhile.  ``fences``: rank -> the fence it published with its buffers; the sources are read only
+        while theirs holds (:meth:`~devices.hccl_transport.ShmLink.holding`: a rank that gave up the
+        operator is not read either).  ``seq``/``ranks``: the
         operator and its ranks (for link faults)."""
         if count <= 0:
             return
@@ -787,7 +791,9 @@ class HcclEngine:
         else:           # each read is one transfer
             seg_bytes = c.config.segment_bytes
         seg = max(1, seg_bytes // isz)
-        with contextlib.ExitStack() as held:     # each push target: under its fence for the whole transfer
+        with contextlib.ExitStack() as held:     # sources and targets: under their fences for the whole transfer
+            for peer in {p for p, *_ in srcs if p != c.rank} if fences else ():
+                held.enter_context(c.links[peer].holding(c.cid, fences[peer]))
             targets = [(peer, held.enter_context(c.links[peer].writing(c.cid, ptr + dst_off * isz, count * isz,
                                                                        fence)))
                        for peer, ptr, fence in pushes]

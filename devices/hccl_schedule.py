@@ -11,7 +11,7 @@ inside a phase.  Only where every peer's memory is writable here (one node: mapp
 AllReduce *push* (``schedule(..., push=True)``): each rank writes every segment of its reduced chunk into
 every rank's receive buffer while the segment is still in cache, so the result is read from memory once
 instead of once per rank; the closing barrier (every operator ends with one) orders those writes before
-any rank returns, and a rank that gives up instead stops them with its push fence (devices.arena).
+any rank returns, and a rank that gives up instead stops them with its peer fence (devices.arena).
 
 Algorithms (reference 3.4): ``ring``, ``hd`` (recursive halving for reduce-scatter, doubling for
 all-gather; non-power-of-two counts fold the extra ranks into partners first), ``mesh`` (direct reads,
@@ -264,7 +264,7 @@ def _allreduce(algo: str, n: int, r: int, count: int, push: bool = False) -> lis
             # chunk of a peer's receive buffer is written by me only, and read by nobody but me (in place
             # it is the peer's send chunk r, which only my reduction reads, segment by segment before the
             # write); the operator's closing barrier orders my writes before the peer returns (if it gives
-            # up instead, its push fence refuses them: devices.arena.HbmArena.fence_pushes)
+            # up instead, its peer fence refuses them: devices.arena.HbmArena.fence_peers)
             return [Phase((Step("rs", (), pulls, (), (Push(tuple(others), "recv", off, ln),) if ln else ()),))]
         rs = Step("rs", (), pulls, tuple(others))
         # then copy each peer's chunk as soon as that peer has reduced it (no barrier between the two

@@ -12,10 +12,12 @@ code talks only to links -- it never asks which transport it has:
 - ``probe()``: liveness -- raises :class:`~devices.errors.HcclError` ``HCCL_E_REMOTE`` when the peer is gone;
 - ``zero_copy``: whether ``read`` returns a view of the peer's memory (then the engine reads in
   cache-sized segments; otherwise each read is one transfer of ``CommConfig.segment_bytes``);
+- ``holding(comm, fence)``: a block during which the peer's buffers may be read (and written), entered
+  only while the peer's fence holds the value it published for the operator -- a peer that gave up the
+  operator is neither read nor written afterwards (host-blocking while the peer stops accesses);
 - ``writable`` / ``writing(comm, ptr, nbytes, fence)``: whether this device may write the peer's HBM
-  directly (same node: the mapped arena), and a writable view of a range for the duration of a block,
-  allowed only while the peer's push fence holds the value it published for the operator (host-blocking
-  while the peer stops writes); the engine pushes only where every link is writable.
+  directly (same node: the mapped arena), and a writable view of a range for a block held the same way;
+  the engine pushes only where every link is writable.
 
 Any failure to reach a peer raises ``HCCL_E_REMOTE``.  What a device publishes so that peers can build
 links to it is each transport's :meth:`Transport.endpoint` (merged into ``HcclEngine.info()``).
@@ -74,6 +76,7 @@ class PeerLink(Protocol):
     writable: bool
 
     def read(self, comm: str, ptr: int, nbytes: int) -> np.ndarray: ...
+    def holding(self, comm: str, fence: int) -> contextlib.AbstractContextManager: ...
     def writing(self, comm: str, ptr: int, nbytes: int, fence: int) -> contextlib.AbstractContextManager: ...
     def notify(self, msg: tuple) -> None: ...
     def probe(self) -> None: ...
@@ -165,19 +168,26 @@ class ShmLink:
         return self._view(ptr, nbytes)
 
     @contextlib.contextmanager
-    def writing(self, comm: str, ptr: int, nbytes: int, fence: int):
-        """A writable view of the peer's HBM ``[ptr, ptr + nbytes)`` (a range the peer named for this
-        operator in its "ready" -- sealed, and relayed by other ranks of the communicator beyond a few
-        ranks; the pointer must be one of the peer's device), valid inside the block only: the block runs
-        under the peer segment's shared lock and only if the peer's push fence still holds ``fence``, the
-        value the peer published with that range.  An operator the peer gave up, a reset or a close bumps
-        the fence and then takes the lock exclusively (:meth:`devices.arena.HbmArena.fence_pushes`), so no
-        write lands after the peer stopped accepting them.  HCCL_E_REMOTE if it did."""
-        view = self._view(ptr, nbytes)
+    def holding(self, comm: str, fence: int):
+        """Run the block while the peer still accepts this operator's reads and writes of its buffers: under
+        the peer segment's shared lock, and only if the peer's fence still holds ``fence``, the value the
+        peer published with its buffers ("ready").  An operator the peer gave up, a reset or a close bumps
+        the fence and then takes the lock exclusively (:meth:`devices.arena.HbmArena.fence_peers`), so no
+        access of a range the peer may have handed back happens after that.  HCCL_E_REMOTE if it did."""
         with self._t.fenced(self.peer) as current:
             if current() != fence:
                 raise HcclError(f"rank {self.peer.rank} (device {self.peer.device_id}) gave up the operator: "
-                                f"its buffers are no longer written", HCCL_E_REMOTE)
+                                f"its buffers are no longer read or written", HCCL_E_REMOTE)
+            yield
+
+    @contextlib.contextmanager
+    def writing(self, comm: str, ptr: int, nbytes: int, fence: int):
+        """A writable view of the peer's HBM ``[ptr, ptr + nbytes)`` (a range the peer named for this
+        operator in its "ready" -- sealed, and relayed by other ranks of the communicator beyond a few
+        ranks; the pointer must be one of the peer's device), valid inside the block only, which runs as
+        :meth:`holding` does."""
+        view = self._view(ptr, nbytes)
+        with self.holding(comm, fence):
             yield view
 
     def _view(self, ptr: int, nbytes: int) -> np.ndarray:
@@ -228,34 +238,36 @@ class ShmTransport:
             if m is None:
                 try:
                     mm, view = attach(peer.arena, peer.arena_bytes, peer.device_id)
-                    fd = os.open(os.path.join(SHM_DIR, peer.arena), os.O_RDONLY)     # the fence's lock
                 except FileNotFoundError:
                     raise HcclError(f"rank {peer.rank}'s HBM (device {peer.device_id}) is gone",
                                     HCCL_E_REMOTE) from None
                 except (OSError, ValueError) as e:
                     raise HcclError(f"rank {peer.rank}'s HBM: {e}", HCCL_E_PARA) from None
                 fence = view[peer.arena_bytes + FENCE_OFFSET:peer.arena_bytes + FENCE_OFFSET + 8].view(np.uint64)
-                m = self._maps[peer.arena] = (mm, view, fd, fence, threading.Lock())
+                m = self._maps[peer.arena] = (mm, view, fence)
             return m
 
     @contextlib.contextmanager
     def fenced(self, peer):
-        """Hold the peer segment's shared lock (and this process's lock for that peer: a flock belongs to
-        the open file, which every thread here shares); yields a reader of the peer's push fence."""
-        _, _, fd, fence, lock = self._mapping(peer)
-        with lock:
+        """Hold the peer segment's shared lock; yields a reader of the peer's fence.  Each hold opens the
+        segment anew: a flock belongs to an open file, so holds of concurrent operators (threads of this
+        process) are independent -- none waits for another, whatever the order they take peers in."""
+        _, _, fence = self._mapping(peer)
+        try:
+            fd = os.open(os.path.join(SHM_DIR, peer.arena), os.O_RDONLY)
+        except FileNotFoundError:
+            raise HcclError(f"rank {peer.rank}'s HBM (device {peer.device_id}) is gone", HCCL_E_REMOTE) from None
+        try:
             fcntl.flock(fd, fcntl.LOCK_SH)
-            try:
-                yield lambda: int(fence[0])
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+            yield lambda: int(fence[0])
+        finally:
+            os.close(fd)                     # releases the lock
 
     def close(self) -> None:
         self.doorbell.close()
         with self._lock:
             maps, self._maps = self._maps, {}
-        for mm, _, fd, _, _ in maps.values():
-            os.close(fd)
+        for mm, _, _ in maps.values():
             try:
                 mm.close()
             except BufferError:

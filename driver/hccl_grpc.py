@@ -10,6 +10,7 @@ reach the peer is HCCL_E_REMOTE.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from devices.errors import HCCL_E_NOT_SUPPORT, HCCL_E_REMOTE, AclError, HcclError
@@ -34,6 +35,10 @@ class GrpcLink:
             return self._t.client(p).hccl_read(comm, ptr, nbytes)
         except AclError as e:
             raise HcclError(f"read from rank {p.rank} (device {p.device_id}) failed: {e}", HCCL_E_REMOTE) from None
+
+    def holding(self, comm: str, fence: int):
+        """Nothing to hold: the peer serves ``HcclRead`` only while its operator exposes the range."""
+        return contextlib.nullcontext()
 
     def writing(self, comm: str, ptr: int, nbytes: int, fence: int):
         raise HcclError(f"rank {self.peer.rank} (device {self.peer.device_id}) is on another node: its HBM is "

@@ -6,9 +6,9 @@ to every device host (:mod:`driver.host`) and its server (:mod:`driver.service`)
   with the process's rights, as a Ray task would): a cluster whose tenants must not run code on the
   devices turns it off; registration is then refused before the payload is even read.
 - ``shm_fast_path``: whether the device's HBM arena is a named ``/dev/shm`` segment (mode 0600) that
-  same-node processes of the device's Unix user may map: clients copy through it, HCCL reads (and
-  the mesh AllReduce writes, under the arena's push fence) between same-node devices through it.  Off, the arena is anonymous memory of the device process; clients copy
-  over gRPC and HCCL goes over gRPC between all devices.  Turn it off when processes of one Unix account
+  same-node processes of the device's Unix user may map: clients copy through it, HCCL reads (and the
+  mesh AllReduce writes) between same-node devices through it, under the arena's peer fence.  Off, the
+  arena is anonymous memory of the device process; clients copy over gRPC and HCCL goes over gRPC between all devices.  Turn it off when processes of one Unix account
   must be isolated from each other (they could otherwise map any arena of that account).
 - ``quota``: what each tenant may hold on a device (:class:`devices.tenancy.TenantQuota`).
 - ``revocations``: the cluster's revocation list file, loaded when the server starts (a restarted device

@@ -968,9 +968,9 @@ def test_an_empty_allocator_has_nothing_to_give():
     assert (al.free_bytes, al.largest_free, al.used) == (0, 0, 0)
 
 
-def test_push_fence_stops_peer_writes_and_waits_for_the_one_in_progress():
+def test_peer_fence_stops_peer_writes_and_waits_for_the_one_in_progress():
     """A same-node peer writes this arena (HCCL push) only while the fence holds the value published with
-    the operator; ``fence_pushes`` bumps it and then waits (exclusive lock) for a write in progress: it
+    the operator; ``fence_peers`` bumps it and then waits (exclusive lock) for a write in progress: it
     cannot complete while a peer holds the shared lock, and afterwards every write is refused."""
     from devices.errors import HCCL_E_REMOTE, HcclError
     from devices.hccl import PeerInfo
@@ -982,24 +982,24 @@ def test_push_fence_stops_peer_writes_and_waits_for_the_one_in_progress():
         peer = PeerInfo(0, owner.device_id, owner.name, owner.size, "")
         link = t.link(peer)
         p = owner.malloc(4096)
-        fence = owner.push_fence()
+        fence = owner.peer_fence()
         with link.writing("c", p, 4096, fence) as view:                           # allowed: the fence holds
             view[:] = np.full(1024, 7, np.float32).view(np.uint8)
         assert owner.buf[ptr_offset(p):ptr_offset(p) + 4096].view(np.float32).tolist() == [7.0] * 1024
         with t.fenced(peer):                                                       # a write in progress ...
-            assert owner.fence_pushes(timeout_s=0.05) is False                     # ... is waited for
-        assert owner.fence_pushes(timeout_s=5) is True                             # none in progress now
+            assert owner.fence_peers(timeout_s=0.05) is False                     # ... is waited for
+        assert owner.fence_peers(timeout_s=5) is True                             # none in progress now
         with pytest.raises(HcclError) as e:
             with link.writing("c", p, 4096, fence):                               # the old value: refused
                 pass
         assert e.value.hccl_code == HCCL_E_REMOTE
         assert owner.buf[ptr_offset(p):ptr_offset(p) + 4096].view(np.float32).tolist() == [7.0] * 1024
-        with link.writing("c", p, 4096, owner.push_fence()) as view:             # a new operator's value
+        with link.writing("c", p, 4096, owner.peer_fence()) as view:             # a new operator's value
             view[:] = np.full(1024, 9, np.float32).view(np.uint8)
         assert owner.buf[ptr_offset(p):ptr_offset(p) + 4096].view(np.float32)[0] == 9.0
-        before = owner.push_fence()
+        before = owner.peer_fence()
         owner.reset()                                                              # a reset fences too
-        assert owner.push_fence() != before
+        assert owner.peer_fence() != before
     finally:
         t.close()
         writer.close()

@@ -290,14 +290,17 @@ def test_mesh_allreduce_on_one_node_pushes_each_chunk_once(rt, pool, inplace):
         [2 * (n - 1) * c for c in chunk]
 
 
-def test_a_rank_that_gave_up_is_never_written_by_a_late_peer(rt, pool):
-    """The push's safety: rank 1 names its receive buffer (its "ready"), then gives up (its peer is late:
-    HCCL_E_TIMEOUT) and its user reuses the buffer.  When rank 0 finally runs the operator it has rank 1's
-    "ready" in its mailbox and reaches the push -- which must not write: rank 1 bumped its push fence when it
-    gave up, so rank 0's write is refused (HCCL_E_REMOTE) and rank 1's buffer keeps what its user put there."""
+@pytest.mark.parametrize("algo", ["mesh", "ring", "hd"])
+def test_a_rank_that_gave_up_is_never_accessed_by_a_late_peer(rt, pool, algo):
+    """Rank 1 names its buffers (its "ready"), then gives up (its peer is late: HCCL_E_TIMEOUT) and its user
+    reuses them -- here: writes a secret into both (as another tenant's data in memory handed on would be).
+    When rank 0 finally runs the operator it has rank 1's "ready" in its mailbox and goes on to read rank 1's
+    buffers (every algorithm) and to write rank 1's receive buffer (the mesh's push) -- neither may happen:
+    rank 1 bumped its fence when it gave up, so rank 0's accesses are refused (HCCL_E_REMOTE), no byte of
+    the secret reaches rank 0 and rank 1's buffers keep what its user put there."""
     devs = rt.devices()[:2]
     count = 300_000                                          # several 256 KiB segments per chunk
-    comms = hccl.comm_init_all(devs, hccl.CommOptions(algo="mesh", exec_timeout_s=1))
+    comms = hccl.comm_init_all(devs, hccl.CommOptions(algo=algo, exec_timeout_s=1))
     gate = threading.Event()
     try:
         sends = [pool.put(d, np.full(count, r + 1.0, np.float32)) for r, d in enumerate(devs)]
@@ -306,11 +309,14 @@ def test_a_rank_that_gave_up_is_never_written_by_a_late_peer(rt, pool):
         for c, s, rv in zip(comms, sends, recvs):
             c.all_reduce(s, rv)
         assert sync_error(devs[1]).hccl_code == HCCL_E_TIMEOUT      # ... so rank 1 gives up
-        reused = np.arange(count, dtype=np.float32)         # and its user writes the buffer again
-        devs[1].memcpy_h2d(recvs[1].ptr, reused)
+        secret = 1e6 + np.arange(count, dtype=np.float32)   # and its user's memory holds something else
+        for t in (sends[1], recvs[1]):
+            devs[1].memcpy_h2d(t.ptr, secret)
         gate.set()                                           # now rank 0 runs its part
         assert isinstance(sync_error(devs[0]), HcclError)
-        np.testing.assert_array_equal(recvs[1].numpy(), reused)     # not one segment of rank 0's chunk landed
+        assert recvs[0].numpy().max() < 1e5                  # nothing of rank 1's reused memory was read
+        for t in (sends[1], recvs[1]):
+            np.testing.assert_array_equal(t.numpy(), secret)         # nor written
     finally:
         gate.set()
         drain(devs)
