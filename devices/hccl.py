@@ -224,6 +224,7 @@ class Mailbox:
         ``timeout_s`` passed; whether they are.  Nothing is taken (a test's gate: "the peers have spoken")."""
         with self._cv:
             self._waiting += 1
+            self._cv.notify_all()                  # wait_waiters
             try:
                 return self._cv.wait_for(lambda: sum(1 for k in self._msgs if comm is None or k[0] == comm) >= n,
                                          timeout=timeout_s)
@@ -231,10 +232,15 @@ class Mailbox:
                 self._waiting -= 1
 
     def waiters(self) -> int:
-        """How many threads are in :meth:`wait_pending` now (a test's gate: "the waiter waits"; a message put
-        from then on is what wakes it).  Does not block."""
+        """How many threads are in :meth:`wait_pending` now.  Does not block."""
         with self._cv:
             return self._waiting
+
+    def wait_waiters(self, n: int, timeout_s: float) -> bool:
+        """Block the host until at least ``n`` threads wait in :meth:`wait_pending` (a test's gate: "the
+        waiter waits"; a message put from then on is what wakes it), or ``timeout_s`` passed; whether they do."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._waiting >= n, timeout=timeout_s)
 
     def drop_comm(self, cid: str) -> None:
         with self._cv:

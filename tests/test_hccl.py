@@ -424,10 +424,8 @@ def test_mailbox_pending_view_takes_nothing_and_wait_pending_wakes_on_put():
     got: list = []
     waiter = threading.Thread(target=lambda: got.append(mb.wait_pending(2, 120, "c1")), daemon=True)
     waiter.start()
-    deadline = time.monotonic() + 30
-    while mb.waiters() < 1:                  # the put below comes once the waiter waits: only the wake-up ends it
-        assert waiter.is_alive() and time.monotonic() < deadline, "the waiter never waited"
-        time.sleep(0.001)
+    # the put below comes once the waiter waits: only the wake-up ends it
+    assert mb.wait_waiters(1, 30) and waiter.is_alive(), "the waiter never waited"
     mb.put(("c1", 1, "x", 1), b"c")
     waiter.join(30)                          # far below the waiter's own 120 s: woken by the put, not timed out
     assert not waiter.is_alive() and got == [True] and mb.waiters() == 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
-import time
 
 import pytest
 
@@ -48,10 +47,7 @@ class Waiter(threading.Thread):
         """Start, and return once the thread waits in ``wait_newer`` (``History.waiters``): what is recorded
         from then on reaches it only through the store's wake-up."""
         self.start()
-        deadline = time.monotonic() + 30.0
-        while self.h.waiters() < 1:
-            assert self.is_alive() and time.monotonic() < deadline, "the waiter never waited"
-            time.sleep(0.001)
+        assert self.h.wait_waiters(1, 30.0) and self.is_alive(), "the waiter never waited"
         return self
 
 

@@ -70,18 +70,15 @@ def http(srv, path, body=None, key=ADMIN, method=None, timeout=120.0):
     return call(srv.url, path, key, body, method, timeout)
 
 
-def wait_until(pred, what: str, timeout: float = 60.0) -> None:
-    """Poll ``pred`` until true; AssertionError naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.005)
-
-
 def long_polls(srv) -> int:
     """The history long polls the server has parked (checked, no newer sample yet): ``/admin/state``."""
     return http(srv, "/admin/state")[1]["history_long_polls"]
+
+
+def parked(srv, n: int, what: str) -> None:
+    """Wait (the server's own wait: ``/admin/state?long_polls=N&wait_s=S``) until ``n`` polls are parked."""
+    st, body = http(srv, f"/admin/state?long_polls={n}&wait_s=20")
+    assert st == 200 and body["history_long_polls"] >= n, f"timed out waiting for {what}: {body}"
 
 
 def start_poll(srv, query: str, got: dict, key) -> threading.Thread:
@@ -243,7 +240,7 @@ def test_latest_is_a_long_poll_for_the_next_sample(served):
     assert t == 1040.0
     got: dict = {}
     waiter = start_poll(srv, f"after={t}&wait_s=20", got, "r")
-    wait_until(lambda: long_polls(srv) == 1, "the parked long poll")   # the tick comes once the poll waits
+    parked(srv, 1, "the parked long poll")                      # the tick comes once the poll waits
     sampler.tick(1041.0)
     waiter.join(10.0)            # far below wait_s (20 s): answered because the tick woke it, not at its deadline
     assert not waiter.is_alive() and long_polls(srv) == 0
@@ -257,6 +254,12 @@ def test_latest_is_a_long_poll_for_the_next_sample(served):
     for q in ("wait_s=0", "wait_s=-1", "wait_s=21", "after=1041", "wait_s=nan"):
         st, body = http(srv, f"/admin/history/latest?{q}")
         assert st == 400, (q, st, body)
+    for q in ("long_polls=1", "wait_s=1", "long_polls=-1&wait_s=1", "long_polls=1&wait_s=0",
+              "long_polls=1&wait_s=21", "long_polls=1&wait_s=nan"):          # the state's wait for parked polls
+        st, body = http(srv, f"/admin/state?{q}")
+        assert st == 400, (q, st, body)
+    st, body = http(srv, "/admin/state?long_polls=1&wait_s=0.05")         # none parked: answers after S
+    assert st == 200 and body["history_long_polls"] == 0
     for after in ("nan", "inf", "-inf", "Infinity"):        # a time no sample is newer than: refused, not a silent wait
         st, body = http(srv, f"/admin/history/latest?after={after}&wait_s=20", timeout=15.0)
         assert st == 400 and body["error"]["param"] == "after", (after, st, body)
@@ -275,7 +278,7 @@ def test_long_polls_hold_no_executor_thread(served):
     got: dict = {}
     polls = [start_poll(srv, f"after=1050&wait_s={MAX_HISTORY_WAIT_S:g}", got, i) for i in range(n)]
     try:
-        wait_until(lambda: long_polls(srv) == n, f"{n} parked long polls")
+        parked(srv, n, f"{n} parked long polls")
         req = urllib.request.Request(srv.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
         with urllib.request.urlopen(req, timeout=120.0) as r:
             assert r.status == 200 and b"vnpu:" in r.read()
@@ -297,10 +300,7 @@ def test_long_polls_end_on_a_tick_on_close_and_on_a_closed_history():
     would take 20 s unless something ended it; the 10 s bound only has to be far below that."""
     async def parked(polls, h, after):
         task = asyncio.ensure_future(polls.wait_newer(h, after, 20.0))
-        deadline = time.monotonic() + 30.0
-        while polls.waiting() < 1:
-            assert not task.done() and time.monotonic() < deadline, "the poll never parked"
-            await asyncio.sleep(0.001)
+        assert await polls.parked(1, 30.0) and not task.done(), "the poll never parked"
         return task
 
     async def main():
@@ -337,7 +337,7 @@ def test_a_stop_ends_the_long_polls_in_flight(tmp_path):
     stopped = threading.Event()
     try:
         poll = start_poll(srv, f"wait_s={MAX_HISTORY_WAIT_S:g}", got, "r")
-        wait_until(lambda: long_polls(srv) == 1, "the parked long poll")
+        parked(srv, 1, "the parked long poll")
         stopper = threading.Thread(target=lambda: (srv.stop(), stopped.set()), daemon=True)
         stopper.start()
         assert stopped.wait(10.0), "Server.stop waited for the long poll"

@@ -267,6 +267,7 @@ class History:
         whether it has one.  (An event loop waits with :meth:`subscribe` instead, holding no thread.)"""
         with self._recorded:
             self._waiting += 1
+            self._recorded.notify_all()            # wait_waiters
             try:
                 self._recorded.wait_for(lambda: self._db is None or self._newer(after, scope),
                                         timeout=max(0.0, float(timeout_s)))
@@ -283,6 +284,7 @@ class History:
             key = self._next_waker
             self._next_waker += 1
             self._wakers[key] = wake
+            self._recorded.notify_all()            # wait_waiters
 
         def unsubscribe() -> None:
             with self._lock:
@@ -293,6 +295,12 @@ class History:
         """How many are waiting for a newer sample now: threads in :meth:`wait_newer` and subscribers."""
         with self._lock:
             return self._waiting + len(self._wakers)
+
+    def wait_waiters(self, n: int, timeout_s: float) -> bool:
+        """Block until at least ``n`` wait for a newer sample (:meth:`waiters`; a test's gate: what is
+        recorded from then on reaches them only through the wake-up), or ``timeout_s`` passed; whether they do."""
+        with self._recorded:
+            return self._recorded.wait_for(lambda: self._waiting + len(self._wakers) >= n, timeout=timeout_s)
 
     @staticmethod
     def _wake(wakers: list[Callable[[], None]]) -> None:

@@ -24,11 +24,39 @@ class LongPolls:
         self._closed = False
         self._polls: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
         self._next = 0
+        #: woken whenever a poll parks (:meth:`parked`)
+        self._watchers: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
 
     def waiting(self) -> int:
         """How many polls are waiting now (registered with the History, not yet answered)."""
         with self._lock:
             return len(self._polls)
+
+    async def parked(self, n: int, wait_s: float) -> bool:
+        """Wait (on this event loop, holding no thread) until at least ``n`` polls are parked, or ``wait_s``
+        passes; whether they are (``GET /admin/state?long_polls=N&wait_s=S``: an operator's or a test's
+        gate -- a tick recorded from then on is what wakes those polls)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        ev = asyncio.Event()
+        while True:
+            ev.clear()
+            with self._lock:
+                if len(self._polls) >= n:
+                    return True
+                left = deadline - loop.time()
+                if left <= 0:
+                    return False
+                key = self._next
+                self._next += 1
+                self._watchers[key] = (loop, ev)
+            try:
+                await asyncio.wait_for(ev.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                with self._lock:
+                    self._watchers.pop(key, None)
 
     @property
     def closed(self) -> bool:
@@ -63,6 +91,9 @@ class LongPolls:
                     key = self._next
                     self._next += 1
                     self._polls[key] = (loop, woken)
+                    watchers = list(self._watchers.values())
+                for wl, wev in watchers:
+                    _set_soon(wl, wev)
                 try:
                     await asyncio.wait_for(woken.wait(), left)
                 except asyncio.TimeoutError:

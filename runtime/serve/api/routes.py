@@ -277,7 +277,18 @@ def build_app(service) -> FastAPI:
 
     # -------------------------------------------------------------- admin
     @app.get("/admin/state")
-    async def admin_state(tenant: Tenant = Depends(admin_of)):
+    async def admin_state(long_polls: int | None = None, wait_s: float | None = None,
+                          tenant: Tenant = Depends(admin_of)):
+        """The server's state; with ``long_polls=N&wait_s=S`` it answers once at least N history long polls
+        are parked (or after S, at most MAX_HISTORY_WAIT_S) -- a wait, not a poll loop."""
+        if (long_polls is None) != (wait_s is None):
+            raise InvalidRequest("long_polls and wait_s go together", "long_polls" if wait_s is None else "wait_s")
+        if long_polls is not None and wait_s is not None:
+            if long_polls < 0:
+                raise InvalidRequest(f"long_polls must be >= 0, got {long_polls}", "long_polls")
+            if not 0 < wait_s <= MAX_HISTORY_WAIT_S:
+                raise InvalidRequest(f"wait_s must be in (0, {MAX_HISTORY_WAIT_S:g}], got {wait_s:g}", "wait_s")
+            await polls.parked(long_polls, wait_s)
         return {**service.state_dict(), "history_long_polls": polls.waiting()}
 
     async def _blocking(fn, *args):
