@@ -90,3 +90,22 @@ def gate_stream(stream, gate: threading.Event, started: threading.Event | None =
             started.set()
         gate.wait(GATE_TIMEOUT_S)
     stream.launch_host_func(hold, blocking=True)
+
+
+def allreduce_checked(devs, algo: str, count: int, seed: int) -> dict[str, list[int]]:
+    """An AllReduce of ``count`` random float32 on every device of ``devs`` (algorithm ``algo``), each result
+    checked against numpy's float64 sum within the bound of a blocked float32 sum in any order; returns each
+    HCCL byte counter's change per rank (``bytes_pulled``, ``bytes_pushed``, ``bytes_same-node``, ...)."""
+    from fp32 import assert_within, sum_bound
+    rng = np.random.default_rng(seed)
+    data = [rng.standard_normal(count).astype(np.float32) for _ in devs]
+    with Pool() as pool, communicators(devs, algo=algo, timeout_s=60) as comms:
+        ts = [pool.put(d, x) for d, x in zip(devs, data)]
+        before = [d.handle.hccl_info()["stats"] for d in devs]
+        for c, t in zip(comms, ts):
+            c.all_reduce(t)
+        ref = np.sum(np.stack(data).astype(np.float64), axis=0)
+        for t in ts:
+            assert_within(t.numpy(), ref, sum_bound(np.stack(data), axis=0), algo)
+        after = [d.handle.hccl_info()["stats"] for d in devs]
+    return {k: [a[k] - b[k] for a, b in zip(after, before)] for k in after[0] if k.startswith("bytes_")}

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from devices.errors import HCCL_E_PARA
-from fp32 import assert_within, sum_bound
-from hccl_ranks import Pool, communicators, every_rank_fails
+from hccl_ranks import Pool, allreduce_checked, communicators, every_rank_fails
 from runtime.api import Runtime
 from runtime.cluster import ClusterSpec, LocalCluster
 
@@ -38,20 +37,10 @@ def test_devices_report_two_nodes(rt):
 @pytest.mark.parametrize("count", [1, 1001, 300_000])
 def test_allreduce_across_nodes(rt, algo, count):
     devs = rt.devices()
-    rng = np.random.default_rng(count)
-    data = [rng.standard_normal(count).astype(np.float32) for _ in devs]
-    with Pool() as pool, communicators(devs, algo=algo, timeout_s=60) as comms:
-        ts = [pool.put(d, x) for d, x in zip(devs, data)]
-        before = [d.handle.hccl_info()["stats"] for d in devs]
-        for c, t in zip(comms, ts):
-            c.all_reduce(t)
-        ref = np.sum(np.stack(data).astype(np.float64), axis=0)
-        for t in ts:
-            assert_within(t.numpy(), ref, sum_bound(np.stack(data), axis=0), algo)     # any summation order
-        after = [d.handle.hccl_info()["stats"] for d in devs]
-        # a communicator spanning nodes pulls only (a peer's HBM on another node is never written)
-        assert [a["bytes_pushed"] - b["bytes_pushed"] for a, b in zip(after, before)] == [0] * len(devs)
-        assert sum(a["bytes_cross-node"] - b["bytes_cross-node"] for a, b in zip(after, before)) > 0   # gRPC
+    moved = allreduce_checked(devs, algo, count, seed=count)
+    # a communicator spanning nodes pulls only (a peer's HBM on another node is never written)
+    assert moved["bytes_pushed"] == [0] * len(devs)
+    assert sum(moved["bytes_cross-node"]) > 0                 # over gRPC
 
 
 def test_allgather_broadcast_and_send_recv_across_nodes(rt):

@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from devices.errors import HCCL_E_REMOTE
-from fp32 import assert_within, sum_bound
-from hccl_ranks import Pool, communicators, every_rank_fails
+from hccl_ranks import Pool, allreduce_checked, communicators, every_rank_fails
 from runtime import hccl
 from runtime.api import Runtime
 from runtime.cluster.failover import DevicePool, FailoverOptions
@@ -107,25 +106,13 @@ def test_allreduce_across_real_nodes(rt, algo):
     """Six ranks on three raylets: correct against numpy, and the cross-node bytes went over gRPC (the
     HCCL engine's per-transport counters), the same-node ones through shared memory."""
     devs = rt.devices()
-    count = 100_003
-    rng = np.random.default_rng(7)
-    data = [rng.standard_normal(count).astype(np.float32) for _ in devs]
-    with Pool() as pool, communicators(devs, algo=algo, timeout_s=60) as comms:
-        ts = [pool.put(d, x) for d, x in zip(devs, data)]
-        before = [d.handle.hccl_info()["stats"] for d in devs]
-        for c, t in zip(comms, ts):
-            c.all_reduce(t)
-        ref = np.sum(np.stack(data).astype(np.float64), axis=0)
-        for t in ts:
-            assert_within(t.numpy(), ref, sum_bound(np.stack(data), axis=0), algo)
-        after = [d.handle.hccl_info()["stats"] for d in devs]
-        cross = [a["bytes_cross-node"] - b["bytes_cross-node"] for a, b in zip(after, before)]
-        same = [a["bytes_same-node"] - b["bytes_same-node"] for a, b in zip(after, before)]
-        assert sum(cross) > 0 and all(x >= 0 for x in cross)
-        if algo in ("mesh", "oneshot"):              # every rank reads from every peer
-            assert all(x > 0 for x in cross) and all(x > 0 for x in same)
-        # a communicator across nodes only pulls: a peer's HBM on another node is never written
-        assert [a["bytes_pushed"] - b["bytes_pushed"] for a, b in zip(after, before)] == [0] * len(devs)
+    moved = allreduce_checked(devs, algo, 100_003, seed=7)
+    cross, same = moved["bytes_cross-node"], moved["bytes_same-node"]
+    assert sum(cross) > 0 and all(x >= 0 for x in cross)
+    if algo in ("mesh", "oneshot"):              # every rank reads from every peer
+        assert all(x > 0 for x in cross) and all(x > 0 for x in same)
+    # a communicator across nodes only pulls: a peer's HBM on another node is never written
+    assert moved["bytes_pushed"] == [0] * len(devs)
 
 
 def test_allgather_and_send_recv_between_worker_nodes(rt, cluster):

@@ -41,7 +41,7 @@ from devices.errors import AclError, InvalidParamError
 from runtime.models.bert import ENCODER_MODELS, EmbedJob
 
 from .errors import EngineFailure, InvalidRequest, QueueFull, Unavailable
-from .placement import DeviceBinder, Placement, RebindResult, bind_first, rebind_candidates
+from .placement import DeviceBinder, Placement, RebindResult, bind_first, rebind_candidates, release
 from .stats import FinishedRequest, StatLogger, StepStats
 
 log = logging.getLogger("vnpu.serve")
@@ -241,11 +241,7 @@ class EmbedEngine:
     def _release(self) -> None:
         """Free what the current placement holds (a lost device's share is gone with it)."""
         job, self.job = self.job, None
-        if job is not None:
-            try:
-                job.close()                      # every rank and device is tried, even when one fails
-            except Exception as e:  # noqa: BLE001 - a lost device cannot free; the others were freed
-                log.info("engine %s: releasing %s: %s", self.model, self.chain[self.index], e)
+        release(job, self.model, self.placement)        # every rank and device is tried, even when one fails
 
     def _auto_fallback(self, why: str, replayed: int) -> bool:
         """A device of the placement is lost: move down the chain.  False (the engine failed: every request

@@ -51,7 +51,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .errors import InvalidRequest, QueueFull, Unavailable
 from .modes import MODES, LoadTracker, ModeConfig, StepLimits, throttled
-from .placement import DeviceBinder, Placement, RebindResult, bind_first, rebind_candidates
+from .placement import DeviceBinder, Placement, RebindResult, bind_first, rebind_candidates, release
 from .request import Request, RequestHandle, RequestOutput, SamplingParams, Status, TokenLogprob
 from .runner import ModelRunner, StepInputs
 from .scheduler import Scheduler, SchedulerOutput
@@ -527,11 +527,7 @@ class GenerateEngine(PromptChecks):
     def _release(self) -> None:
         """Free what the current placement holds (a lost device's share is gone with it)."""
         r, self.runner = self.runner, None
-        if r is not None:
-            try:
-                r.close()
-            except Exception as e:  # noqa: BLE001 - a lost device cannot free; the others were freed
-                log.info("engine %s: releasing %s: %s", self.model, self.chain[self.index], e)
+        release(r, self.model, self.placement)
 
     def fallback(self, reason: str = "requested", timeout: float | None = None,
                  away_from: int | None = None) -> RebindResult:

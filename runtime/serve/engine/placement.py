@@ -26,6 +26,7 @@ restore); :func:`bind_first` blocks for what ``build`` does; everything else is 
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence, TypeVar
 
@@ -220,3 +221,14 @@ def bind_first(binder: DeviceBinder, chain: Sequence[Placement], candidates: Ite
         except Exception as e:  # noqa: BLE001 - try the next entry
             tried.append(f"{chain[i]}: {type(e).__name__}: {e}")
     raise Unavailable(f"no usable placement for {model} ({'; '.join(tried) or 'none left'})")
+
+
+def release(built, model: str, where: Placement) -> None:
+    """Close what an engine built on ``where`` (a model runner or a job; nothing when None).  A lost device
+    cannot free its share (logged); the others are freed all the same."""
+    if built is None:
+        return
+    try:
+        built.close()
+    except Exception as e:  # noqa: BLE001 - a lost device cannot free; the others were freed
+        logging.getLogger("vnpu.serve").info("engine %s: releasing %s: %s", model, where, e)
