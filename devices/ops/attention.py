@@ -25,7 +25,8 @@ from ..chip import Work
 from ..errors import ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, KernelError
 from ..registry import builtin
 from .blocks import block_boxes, pad_box, part_for
-from .checks import FLOATS, ID_TYPES, arity, bool_attr, dtype_in, int_attr, ndim_in, need, num_attr, same_dtype, shape_is
+from .checks import (FLOATS, ID_TYPES, arity, bool_attr, dtype_in, int_attr, ndim_in, need, num_attr, same_dtype,
+                     shape_is)
 from .norm import softmax
 from .precision import F16, F32, compute_dtype, quiet
 from .work import cube_work

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..registry import builtin
 from .blocks import block_boxes, pad_box
-from .checks import FLOATS, ID_TYPES, arity, choice_attr, dtype_in, int_attr, ndim_in, need, num_attr, same_dtype, shape_is
+from .checks import (FLOATS, ID_TYPES, arity, choice_attr, dtype_in, int_attr, ndim_in, need, num_attr, same_dtype,
+                     shape_is)
 from .precision import F64, compute_dtype, quiet
 from .work import vector_work
 
