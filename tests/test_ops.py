@@ -1,11 +1,11 @@
-"""Unit tests of the built-in kernel library (devices/ops.py), run directly without a device.
+"""Unit tests of the built-in kernel library (devices/ops/), run directly without a device.
 
 A tiny harness plays the scheduler: it builds TensorDescs (dummy ptr 0) for ``check``/``work``/
 ``parallel_dim``, makes every input read-only, and runs each block of ``block_dim`` on its own pair of
 output buffers pre-filled with two different byte patterns.  Elements equal in both runs are the ones
 that block wrote: the harness asserts that no two blocks write the same element and that together they
 write every element, then assembles the result.  Every expected value is computed here in float64
-numpy, independently of ops.py.  float32 results of reductions (matmuls, sums, softmax, norms,
+numpy, independently of devices/ops.  float32 results of reductions (matmuls, sums, softmax, norms,
 attention) are compared within their a-priori rounding bounds (:mod:`fp32`), which hold whatever order
 the kernel or BLAS sums in; elementwise results within a few ulp.
 """

@@ -1,9 +1,9 @@
-"""Unit tests of the kernels that compiled offline models lower to (devices/ops.py, second part): erf,
-sigmoid, clip, pow, equal, where, gather, strided_slice, concat, expand, fused_matmul, conv2d, max/avg
-pool, batch_norm.
+"""Unit tests of the kernels that compiled offline models lower to (devices/ops/: elementwise, layout,
+matmul, cnn): erf, sigmoid, clip, pow, equal, where, gather, strided_slice, concat, expand, fused_matmul,
+conv2d, max/avg pool, batch_norm.
 
 Same harness as tests/test_ops.py (every block of several block_dims runs on pattern-filled outputs; no
-element is written twice or never).  References are float64 numpy written independently of ops.py: the
+element is written twice or never).  References are float64 numpy written independently of devices/ops: the
 convolution and the pools walk every output position with explicit window bounds.  Tolerances follow
 the computation: a reduction of length K in float32 drifts by about K * eps32 of its magnitude; float16
 results are rounded once from float32.

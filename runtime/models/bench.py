@@ -124,7 +124,7 @@ def _ln(x, g, b, eps=1e-12):
 def numpy_bert(w: dict, n_layers: int, ids: np.ndarray, mask: np.ndarray, normalize: bool) -> np.ndarray:
     """Batched, padded BERT + masked mean pooling in numpy (erf gelu via the same kernel code path is
     not used: ``math.erf`` vectorised would dominate, so this uses the tanh-free exact formula below)."""
-    from devices.ops import gelu_erf
+    from devices.ops.activations import gelu_erf
     B, S = ids.shape
     x = w["embeddings.word_embeddings.weight"][ids] + w["embeddings.position_embeddings.weight"][:S] \
         + w["embeddings.token_type_embeddings.weight"][0]

@@ -225,17 +225,64 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
     from runtime.cluster.history import check
     chk = check(gen.history)
     recs = gen.records
+    events, samples_peak, slo = _server_account(source, wall0, wall1, dict(slo or {}))
+    target = cfg.target_p99_ms
+    if target is None and isinstance(slo.get("target_p99_ms"), (int, float)):
+        target = float(slo["target_p99_ms"])
+    # the policy engine's triggers, actions and releases; a device's own return to health (the sampler's
+    # recovery event, source npu:<id>) recovers a fault but is no self-healing action
+    actions = [e for e in events if e.kind in ("trigger", "action", "recovery") and not e.manual
+               and e.source == "policy"]
+    manual = [e for e in events if e.manual and not _own(e)]
+    windows = _windows(cfg, recs)
+    rep = {
+        "model": model, "kind": kind, "url": cfg.url,
+        "profile": {"name": cfg.profile.name, "peak_rate": cfg.profile.peak, "duration_s": cfg.profile.duration_s,
+                    "poisson": cfg.poisson},
+        "rates": gen.rates(),
+        "requests": _request_counts(kind, recs, reference, chk), "latency_ms": _latency_ms(recs),
+        "target_p99_ms": target, "capacity_rate": _capacity(windows, target),
+        "check": {"ok": chk["ok"], "counts": chk["counts"], "by_kind": chk["by_kind"],
+                  "violations": chk["violations"][:20]},
+        "faults": _fault_timeline(fired, events, wall1), "planned_faults": len(plan),
+        "self_healing": [e.to_dict() for e in actions],
+        "manual_interventions": [e.to_dict() for e in manual],
+        "risks": _risks(samples_peak), "windows": windows,
+        "server_side": source is not None, "history": gen.history,
+    }
+    rep["advice"] = advice(rep)
+    return rep
+
+
+def _request_counts(kind: str, recs, reference: dict, chk: dict) -> dict:
+    """The report's ``requests``: by outcome, admitted (sent - shed), the checker's lost and duplicated, and
+    the successful results that differ from the reference."""
     by = {k: [r for r in recs if r.outcome == k] for k in ("ok", "shed", "failed", "client-error", "")}
     sent = len(recs)
     admitted = sent - len(by["shed"])
-    lat_ms = [r.latency_s * 1e3 for r in by["ok"] if r.latency_s is not None]
     differs = [r.rid for r in by["ok"] if not _same(kind, r.value, reference[r.key])]
-    retried_ok = sum(1 for r in by["ok"] if r.attempts > 1)
-    target = cfg.target_p99_ms
+    return {"sent": sent, "admitted": admitted, "ok": len(by["ok"]), "shed": len(by["shed"]),
+            "failed": len(by["failed"]), "client_errors": len(by["client-error"]),
+            "unfinished": len(by[""]), "retried_ok": sum(1 for r in by["ok"] if r.attempts > 1),
+            "success_of_admitted": len(by["ok"]) / admitted if admitted else None,
+            "shed_share": len(by["shed"]) / sent if sent else None,
+            "lost": chk["counts"].get("lost", 0), "duplicated": chk["counts"].get("duplicated", 0),
+            "differs_from_reference": len(differs)}
 
-    # server's account
+
+def _latency_ms(recs) -> dict:
+    """p50/p95/p99/max of the successful requests' latency, in ms."""
+    lat_ms = [r.latency_s * 1e3 for r in recs if r.outcome == "ok" and r.latency_s is not None]
+    return {"p50": _pct(lat_ms, 50), "p95": _pct(lat_ms, 95), "p99": _pct(lat_ms, 99),
+            "max": max(lat_ms) if lat_ms else None}
+
+
+def _server_account(source, wall0: float, wall1: float, slo: dict) -> tuple[list, dict, dict]:
+    """The server's events in the run's window, each :data:`RISK_THRESHOLDS` metric's peak ``(value,
+    scope)`` over the run, and the slo (``slo`` when given, else the newest event's that carries one).  No
+    source: nothing; a source that fails: no events and the error under ``"_error"`` (a report without the
+    server's side says so)."""
     events, samples_peak = [], {}
-    slo = dict(slo or {})
     if source is not None:
         try:
             events = [e for e in source.events(wall0 - 1.0, None) if e.ts <= wall1 + 60.0]
@@ -256,16 +303,16 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
         except Exception as e:  # noqa: BLE001 - a report without the server's side says so
             events = []
             samples_peak["_error"] = (0.0, str(e))
-    if target is None and isinstance(slo.get("target_p99_ms"), (int, float)):
-        target = float(slo["target_p99_ms"])
-    own = lambda e: e.source == "stress-test" or (e.detail or {}).get("injected_by") == "stress-test"  # noqa: E731
-    # the policy engine's triggers, actions and releases; a device's own return to health (the sampler's
-    # recovery event, source npu:<id>) recovers a fault but is no self-healing action
-    actions = [e for e in events if e.kind in ("trigger", "action", "recovery") and not e.manual
-               and e.source == "policy"]
-    manual = [e for e in events if e.manual and not own(e)]
+    return events, samples_peak, slo
 
-    # faults: detection and recovery from the server's events
+
+def _own(e) -> bool:
+    """An event the stress test itself wrote (its fault notes)."""
+    return e.source == "stress-test" or (e.detail or {}).get("injected_by") == "stress-test"
+
+
+def _fault_timeline(fired: list[dict], events: list, wall1: float) -> list[dict]:
+    """Each injected fault with its detection and recovery from the server's events."""
     faults = []
     order = sorted(fired, key=lambda f: f["at"])
     for i, f in enumerate(order):
@@ -275,13 +322,13 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
         # event that names no device counts only then too); recovery: its first recovery / successful action
         # on the device after that, at any later time
         t_next = order[i + 1]["wall"] if i + 1 < len(order) else wall1 + 60.0
-        mine = [e for e in events if e.ts >= t and not own(e) and _dev(e) in (dev, None)]
+        mine = [e for e in events if e.ts >= t and not _own(e) and _dev(e) in (dev, None)]
         det = next((e for e in mine if e.ts < t_next and e.kind in ("fault", "trigger", "action", "alert")), None)
         # recovery: before the next fault on the same device (a later fault's recovery is not this one's)
         t_same = next((g["wall"] for g in order[i + 1:] if g["device"] == dev), wall1 + 60.0)
         rec = None
         if det is not None:
-            rec = next((e for e in events if det.ts <= e.ts < t_same and not own(e) and
+            rec = next((e for e in events if det.ts <= e.ts < t_same and not _own(e) and
                         ((_dev(e) in (dev, None) and (e.kind == "recovery" or (e.kind == "action" and
                                                                              e.result == "ok")))
                          or (e.ts < t_next and _rebound_from(e, dev)))), None)
@@ -291,8 +338,11 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
                        "detected_by": None if det is None else f"#{det.id} {det.kind}: {det.diagnosis}",
                        "recovered_after_s": None if rec is None else _recovered_at(det, rec) - t,
                        "recovered_by": None if rec is None else f"#{rec.id} {rec.kind}: {rec.diagnosis}"})
+    return faults
 
-    # windows: capacity where the p99 holds
+
+def _windows(cfg: StressConfig, recs) -> list[dict]:
+    """Per ``cfg.window_s`` window of the profile: intended and achieved rate, p99 of the successes, shed share."""
     windows = []
     w = cfg.window_s
     nwin = max(1, int(math.ceil(cfg.profile.duration_s / w)))
@@ -303,12 +353,20 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
         windows.append({"start_s": k * w, "intended_rate": cfg.profile.expected(k * w, min((k + 1) * w,
                                                                                           cfg.profile.duration_s)) / w,
                         "achieved_rate": len(rs) / w, "p99_ms": _pct(ok, 99), "shed": shed / len(rs) if rs else 0.0})
-    capacity = None
-    if target is not None:
-        good = [x["achieved_rate"] for x in windows if x["p99_ms"] is not None and x["p99_ms"] <= target
-                and x["shed"] < 0.05]
-        capacity = max(good) if good else 0.0
+    return windows
 
+
+def _capacity(windows: list[dict], target: float | None) -> float | None:
+    """The highest achieved rate of a window whose p99 held ``target`` with shed < 5 % (None: no target)."""
+    if target is None:
+        return None
+    good = [x["achieved_rate"] for x in windows if x["p99_ms"] is not None and x["p99_ms"] <= target
+            and x["shed"] < 0.05]
+    return max(good) if good else 0.0
+
+
+def _risks(samples_peak: dict) -> list[dict]:
+    """The metrics whose peak reached 80 % of their trigger threshold."""
     risks = []
     for m, (v, scope) in samples_peak.items():
         if m == "_error":
@@ -319,31 +377,7 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
             risks.append({"metric": m, "scope": scope, "peak": v, "threshold": thr,
                           "text": f"{what}{where} reached {v:.3g} of the {thr:g} threshold"
                                   + (" (crossed)" if v >= thr else "")})
-    rep = {
-        "model": model, "kind": kind, "url": cfg.url,
-        "profile": {"name": cfg.profile.name, "peak_rate": cfg.profile.peak, "duration_s": cfg.profile.duration_s,
-                    "poisson": cfg.poisson},
-        "rates": gen.rates(),
-        "requests": {"sent": sent, "admitted": admitted, "ok": len(by["ok"]), "shed": len(by["shed"]),
-                     "failed": len(by["failed"]), "client_errors": len(by["client-error"]),
-                     "unfinished": len(by[""]), "retried_ok": retried_ok,
-                     "success_of_admitted": len(by["ok"]) / admitted if admitted else None,
-                     "shed_share": len(by["shed"]) / sent if sent else None,
-                     "lost": chk["counts"].get("lost", 0), "duplicated": chk["counts"].get("duplicated", 0),
-                     "differs_from_reference": len(differs)},
-        "latency_ms": {"p50": _pct(lat_ms, 50), "p95": _pct(lat_ms, 95), "p99": _pct(lat_ms, 99),
-                       "max": max(lat_ms) if lat_ms else None},
-        "target_p99_ms": target, "capacity_rate": capacity,
-        "check": {"ok": chk["ok"], "counts": chk["counts"], "by_kind": chk["by_kind"],
-                  "violations": chk["violations"][:20]},
-        "faults": faults, "planned_faults": len(plan),
-        "self_healing": [e.to_dict() for e in actions],
-        "manual_interventions": [e.to_dict() for e in manual],
-        "risks": risks, "windows": windows,
-        "server_side": source is not None, "history": gen.history,
-    }
-    rep["advice"] = advice(rep)
-    return rep
+    return risks
 
 
 def _rebound_from(e, dev: int) -> bool:

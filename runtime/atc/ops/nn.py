@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from devices.ops import window_out
+from devices.ops.cnn import window_out
 
 from .base import dtype_error, ints, norm_axis, numel, register, same, shape_error, unsupported
 from .elementwise import FLOATS
