@@ -197,3 +197,36 @@ def test_a_cluster_yaml_names_kernel_packages_relative_to_itself(tmp_path):
                    "metadata: {vnpu: {kernels: addpkg.py}}\n")
     with pytest.raises(InvalidParamError, match="metadata.vnpu.kernels"):
         spec_from_yaml(cfg)
+
+
+@pytest.mark.cluster
+def test_vnpu_up_gives_its_devices_the_policy(tmp_path, monkeypatch, capsys):
+    """``vnpu up`` passes its policy to the head that starts the devices: the config's kernel packages,
+    ``--allow-pickled-kernels`` (the admin's uploads) and ``--no-shm-fast-path`` reach the device actors."""
+    from runtime.cluster.discovery import read_state, token_file
+    home = tmp_path / "home"
+    monkeypatch.setenv("VNPU_HOME", str(home))
+    monkeypatch.delenv("VNPU_TOKEN", raising=False)
+    monkeypatch.delenv("VNPU_TENANT_TOKEN", raising=False)
+    (tmp_path / "addpkg.py").write_text(ADD_PKG)
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text("available_node_types:\n  h: {resources: {NPU: 1}, labels: {vnpu.hbm-bytes: '16777216'}, "
+                   "node_config: {}}\nhead_node_type: h\nmetadata: {vnpu: {kernels: [addpkg.py]}}\n")
+    rc, out, err = _cli(["up", "--config", cfg, "--allow-pickled-kernels", "--no-shm-fast-path"], capsys)
+    clients = []
+    try:
+        assert rc == 0, err
+        w = read_state()["where"][0]
+        assert w["arena"] == ""                                          # --no-shm-fast-path reached it
+        for tok in (token_file().read_text(), credentials.mint(token_file().read_text(), "alice")):
+            c = RemoteDevice(w["address"], tok, w["device_id"], timeout_s=10.0, same_node=False)
+            clients.append(c)
+            c.open_lease()
+            listed = c.list_kernels()
+            assert listed["installed"] == {"kp_add": "addpkg"}           # the config's package
+            assert listed["upload"] is (not credentials.is_credential(tok))   # the admin's uploads only
+            np.testing.assert_array_equal(_add(c), np.arange(N, dtype=np.float32) + 5)
+    finally:
+        for c in clients:
+            c.close()
+        assert _cli(["down"], capsys)[0] == 0

@@ -312,13 +312,15 @@ def cluster_up(spec: ClusterSpec, device_restarts: int = 0) -> tuple[dict, bool]
     if not line:
         procs.stop([head.pid] + procs.cluster_processes(temp_dir))
         head.wait()
+        text = ""
+        with contextlib.suppress(OSError):              # read before the temp dir (which holds it) goes
+            text = Path(log_path).read_text(errors="replace").strip()
         shutil.rmtree(temp_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             token_file().unlink()
-        tail = ""
-        with contextlib.suppress(OSError):
-            tail = Path(log_path).read_text(errors="replace").strip()[-2000:]
-        raise AclError(f"the cluster did not start: {tail or 'no output'}", code=ACL_ERROR_RT_DEV_SETUP_ERROR)
+        why = [ln for ln in text.splitlines() if ln.startswith("vnpu head:")]   # the head's own line, not Ray's noise
+        raise AclError(f"the cluster did not start: {why[-1] if why else text[-2000:] or 'no output'}",
+                       code=ACL_ERROR_RT_DEV_SETUP_ERROR)
     ready = json.loads(line)
     st = {"ray_address": ready["ray_address"], "temp_dir": temp_dir, "devices": spec.devices, "chip": spec.chip,
           "arena_bytes": spec.arena_bytes, "device_restarts": int(device_restarts), "started": time.time(),
