@@ -474,8 +474,8 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
 
     def ListKernels(self, request, context):
         owner = self._caller(context)
-        names = dict(self.device.kernel_names(owner), upload=not owner.limited and self._server.policy.pickled_kernels)
-        return rms.JsonReply(json=json.dumps(names))
+        upload = not owner.limited and self._server.policy.pickled_kernels      # what the gate lets through
+        return rms.JsonReply(json=json.dumps(dict(self.device.kernel_names(owner), upload=upload)))
 
     def drop_client(self, owner) -> None:
         """Forget a departed client's launch templates."""

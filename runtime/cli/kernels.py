@@ -55,10 +55,10 @@ def _cmd_install(a) -> int:
         fail(f"argument FILE: {a.file}: no such file", prog)
     try:
         pkg = load_package(src)
-        installed, _ = load_all([kernel_dir()])
-        if any(o.name == pkg.name for o in installed) and not a.replace:
-            fail(f"a package named {pkg.name!r} is installed already (--replace replaces it)", prog)
         dest = kernel_dir() / f"{pkg.name}.py"
+        if dest.exists() and not a.replace:
+            fail(f"a package named {pkg.name!r} is installed already (--replace replaces it)", prog)
+        installed, _ = load_all([kernel_dir()])
         check_conflicts(pkg, [o for o in installed if o.name != pkg.name])
     except InvalidParamError as e:
         fail(e.detail, prog)
