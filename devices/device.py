@@ -384,6 +384,18 @@ class Device:
         else:
             self.kernels.register(name, fn, owner)
 
+    def install_kernels(self, packages) -> None:
+        """Make the kernels of ``packages`` (loaded :class:`devices.kernel_packages.Package` s: the node's
+        installed packages) launchable by every caller, replacing the ones installed before.  Nothing
+        blocks; a reset keeps them."""
+        self.kernels.install(packages)
+
+    def kernel_names(self, owner=None) -> dict:
+        """The user kernels ``owner`` can launch by name here: ``node`` (installed packages' and this
+        process's, every caller's), ``installed`` (name -> package) and ``registered`` (its tenant's)."""
+        return {"node": self.kernels.node_kernels(), "installed": self.kernels.installed(),
+                "registered": self.kernels.names(owner) if owner is not None else []}
+
     # ------------------------------------------------------------------ captured graphs (aclmdlRI)
     @_live
     def graph_create(self, ops, owner=None) -> int:

@@ -13,10 +13,12 @@ Two kinds:
   Built-in names are immutable.
 
 Who sees which kernel: this process's table (built-ins, and user kernels registered in this process) is
-seen by every caller; a device also keeps the kernels its tenants registered over the driver
-(:class:`KernelTable`), each visible to its tenant only and released with the client that registered it.
-A user kernel is Python code that runs in the device's process with that process's rights: the bounds
-checks keep a correct kernel inside its tensors, they are no sandbox.
+seen by every caller; a device also keeps (:class:`KernelTable`) the kernels of the packages installed on
+its node (:mod:`devices.kernel_packages`), seen by every caller too, and the kernels registered for one
+tenant (the admin's pickled uploads, when the cluster allows them; in-process owners), each visible to its
+tenant only and released with the client that registered it.  A user kernel is Python code that runs in
+the device's process with that process's rights: the bounds checks keep a correct kernel inside its
+tensors, they are no sandbox -- which is why only the node's operator installs packages.
 
 Launch limits (:func:`check_launch`, and the driver's decoder before it builds anything): at most
 :data:`MAX_LAUNCH_TENSORS` tensor arguments, :data:`MAX_LAUNCH_ATTRS` attributes, :data:`MAX_TENSOR_DIMS`
@@ -123,13 +125,31 @@ def check_kernel_name(name) -> None:
 
 
 class KernelTable:
-    """The kernels one device runs: this process's table, plus the user kernels each tenant registered
-    over the driver.  A tenant's kernel is visible to that tenant only and lives while a client that
-    registered it does (:meth:`drop_owner`).  Thread-safe; nothing blocks."""
+    """The kernels one device runs, looked up in this order: the user kernels registered for the caller's
+    tenant (visible to that tenant only, living while a client that registered them does:
+    :meth:`drop_owner`), the kernels of the packages installed on the node (:meth:`install`, every caller),
+    this process's table (built-ins).  Thread-safe; nothing blocks."""
 
     def __init__(self):
         self._by_tenant: dict[str, dict[str, tuple[KernelDef, set]]] = {}
+        self._installed: dict[str, tuple[KernelDef, str]] = {}     #: name -> (kernel, package name)
         self._lock = threading.Lock()
+
+    def install(self, packages) -> None:
+        """Make the kernels of ``packages`` (:class:`devices.kernel_packages.Package`) the installed ones,
+        replacing those installed before (at once: a launch sees the old set or the new one)."""
+        table = {k: (_registry.user_kernel(k, fn), p.name) for p in packages for k, fn in p.kernels.items()}
+        self._installed = table
+
+    def installed(self) -> dict[str, str]:
+        """Installed kernel name -> its package's name."""
+        return {k: v[1] for k, v in self._installed.items()}
+
+    def node_kernels(self) -> list[str]:
+        """Names of the user kernels every caller of this device can launch: the installed ones and those
+        registered in this process's table (built-ins are not listed)."""
+        own = [n for n in registered_names() if registered(n).user]
+        return sorted(set(self._installed) | set(own))
 
     def register(self, name: str, fn, owner) -> None:
         """Register ``fn`` as ``name`` for the tenant of ``owner`` (a built-in's name: InvalidParamError)."""
@@ -153,7 +173,8 @@ class KernelTable:
                 hit = table.get(name)
                 if hit is not None:
                     return hit[0]
-        return lookup(name)
+        hit = self._installed.get(name)
+        return hit[0] if hit is not None else lookup(name)
 
     def registered_by(self, name: str, owner) -> KernelDef | None:
         """The kernel the tenant of ``owner`` registered as ``name``, or None."""
@@ -182,6 +203,7 @@ class KernelTable:
         return gone
 
     def clear(self) -> None:
+        """Forget every tenant's kernels (a device reset); the installed ones stay: they are the node's."""
         with self._lock:
             self._by_tenant.clear()
 

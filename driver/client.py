@@ -44,8 +44,9 @@ from devices.arena import ARENA_HEADER, SHM_DIR, attach, header_gen  # noqa: E40
 from driver.credentials import claims_of  # noqa: E402
 from devices.device import DeviceInfo  # noqa: E402
 from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_DEVICE_TASK_ABORT,  # noqa: E402
-                            ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_NO_DEVICE, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
-                            ACL_ERROR_RT_TIMEOUT, AclError, InvalidDeviceError, InvalidParamError, error_for_code)
+                            ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_NO_DEVICE, ACL_ERROR_RT_NO_PERMISSION,
+                            ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_TIMEOUT, AclError, InvalidDeviceError,
+                            InvalidParamError, error_for_code)
 from devices.faults import CLEAR  # noqa: E402
 from devices.health import HealthReport  # noqa: E402
 from devices.tasks import WriteH2D  # noqa: E402
@@ -55,6 +56,7 @@ from .node import same_node as nodes_match, this_node  # noqa: E402
 log = logging.getLogger("vnpu.driver.client")
 
 _SYNC_TIMEOUT_CODES = (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT)
+_ON_NODE = object()     #: a kernel name the device resolves itself (see RemoteDevice._ship_user_kernels)
 #: the first slice of a synchronize is a blocking call of at most this (see RemoteDevice._synchronize)
 SHORT_WAIT_MS = 50.0
 #: statuses with which a live device refuses a watch (bad token, wrong device ...): not a device loss
@@ -309,6 +311,11 @@ class RemoteDevice:
                                 tenants=[{"tenant": k, "issued_before_ms": int(v)} for k, v in tenants.items()])
         self._rpc(self._dms.Revoke, req)
 
+    def reload_kernels(self) -> dict:
+        """Admin: the device loads its node's kernel packages again (host-synchronous; the device imports
+        them).  Returns ``{"packages": {name: {"path", "kernels"}}, "errors": {file: line}}``."""
+        return json.loads(self._rpc(self._dms.ReloadKernels, dms.ReloadKernelsRequest()).json)
+
     # ------------------------------------------------------------------ memory (RMS)
     def malloc(self, size: int, policy: int = 0, placement: int = 0) -> int:
         """One device allocation; ``placement`` is the arena hint (devices.arena.PLACEMENT_*)."""
@@ -498,20 +505,42 @@ class RemoteDevice:
         returns the task records (see :meth:`devices.device.Device.profile`)."""
         return json.loads(self._rpc(self._rms.Profile, _request(rms.ProfileRequest, action=action)).json)
 
+    def list_kernels(self) -> dict:
+        """The user kernels this client can launch by name on the device (one RPC): ``node`` (the installed
+        packages' and the device process's), ``installed`` (name -> package), ``registered`` (its
+        tenant's) and ``upload`` (whether it may :meth:`register_kernel` code)."""
+        return json.loads(self._rpc(self._rms.ListKernels, rms.Empty()).json)
+
     def _ship_user_kernels(self, ops) -> None:
-        """User kernels live in this process's registry: send each one (by value) to the device the
-        first time a launch names it, or again after it was re-registered."""
+        """A launch names a user kernel of this process's registry: the device's kernel of that name runs
+        when its node has one (an installed package's); otherwise the kernel is sent by value -- only where
+        the device accepts code from this client (the admin of a cluster started with
+        ``--allow-pickled-kernels``); anyone else gets ACL_ERROR_RT_NO_PERMISSION here, and no code leaves
+        this process.  One :meth:`list_kernels` per kernel name not yet resolved."""
         from devices.kernel import registered
         from devices.tasks import Launch
         for op in ops:
-            if type(op) is Launch:
-                k = registered(op.kernel)          # None: the device's own (or one registered there directly)
-                if k is not None and k.user and self._shipped.get(op.kernel) is not k.run:
-                    self.register_kernel(op.kernel, k.run)
+            if type(op) is not Launch:
+                continue
+            k = registered(op.kernel)              # None: the device's own (or one registered there directly)
+            if k is None or not k.user or self._shipped.get(op.kernel) in (k.run, _ON_NODE):
+                continue
+            there = self.list_kernels()
+            if op.kernel in there["node"]:
+                self._shipped[op.kernel] = _ON_NODE
+            elif there["upload"]:
+                self.register_kernel(op.kernel, k.run)
+            else:
+                raise AclError(f"kernel {op.kernel!r} is a Python function of this program, and device {self.id} "
+                               f"accepts no code from it: launch a kernel of a package installed on the device's "
+                               f"node (the cluster's admin installs it: vnpu kernels install FILE)",
+                               code=ACL_ERROR_RT_NO_PERMISSION)
 
     def register_kernel(self, name: str, fn) -> None:
-        """Install a Python per-block kernel on the device (pickled by value), for this client's tenant
-        (released with this client's lease).  It runs in the device's process."""
+        """Admin, on a cluster started with ``--allow-pickled-kernels`` only: install a Python per-block
+        kernel on the device (pickled by value) for this client's tenant (released with this client's
+        lease); it runs in the device's process.  Anyone else: ACL_ERROR_RT_NO_PERMISSION, and the device
+        does not read the payload."""
         import sys
 
         from ray import cloudpickle

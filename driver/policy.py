@@ -1,10 +1,14 @@
 """What a device server allows: the cluster's security settings, carried from ``ClusterSpec`` (``vnpu up``)
 to every device host (:mod:`driver.host`) and its server (:mod:`driver.service`).
 
-- ``user_kernels``: whether ``RegisterKernel`` is accepted.  Registering a kernel runs the client's code
-  in the device process (the payload is unpickled there, and the kernel then runs on its core threads
-  with the process's rights, as a Ray task would): a cluster whose tenants must not run code on the
-  devices turns it off; registration is then refused before the payload is even read.
+- ``kernels``: the kernel packages every device loads when it starts and again on the admin's
+  ``ReloadKernels`` (:mod:`devices.kernel_packages`): package files, or directories whose ``*.py`` files are
+  packages.  The cluster adds its node's package directory (``vnpu kernels install``) when it starts devices.
+  Their kernels are launched by name by every tenant: this is how code reaches a device.
+- ``pickled_kernels``: whether ``RegisterKernel`` with code (a pickled Python function) is accepted -- from
+  the admin only, never from a tenant.  Off by default (``vnpu up --allow-pickled-kernels`` turns it on):
+  the payload would be unpickled in the device process, which runs code with the process's rights.  A
+  refused upload is refused before the request is even parsed.
 - ``shm_fast_path``: whether the device's HBM arena is a named ``/dev/shm`` segment (mode 0600) that
   same-node processes of the device's Unix user may map: clients copy through it, HCCL reads (and the
   mesh AllReduce writes) between same-node devices through it, under the arena's peer fence.  Off, the
@@ -25,7 +29,8 @@ from devices.tenancy import TenantQuota
 
 @dataclass(frozen=True)
 class DevicePolicy:
-    user_kernels: bool = True
+    kernels: tuple[str, ...] = ()
+    pickled_kernels: bool = False
     shm_fast_path: bool = True
     quota: TenantQuota = TenantQuota()
     revocations: str = ""

@@ -7,8 +7,10 @@ front of every method and is the only place that
     tenant credential minted from it (:mod:`driver.credentials`: MAC, expiry, revocation list); anything
     else is refused with UNAUTHENTICATED before the method runs.  The tenant comes from the credential;
     ``vnpu-client`` only names the client (session) within it;
-  * refuses tenants the admin-only methods (:data:`ADMIN_ONLY`: reset, faults, revocation, and the
-    device-to-device HCCL transport) with PERMISSION_DENIED / ACL_ERROR_RT_NO_PERMISSION;
+  * refuses tenants the admin-only methods (:data:`ADMIN_ONLY`: reset, faults, revocation, kernel
+    package reload, and the device-to-device HCCL transport) with PERMISSION_DENIED /
+    ACL_ERROR_RT_NO_PERMISSION, and refuses code uploads (``RegisterKernel``) the same way to everyone but
+    the admin of a cluster that accepts them (see the trust boundary below);
   * refuses calls addressed to another device (``vnpu-device`` metadata, FAILED_PRECONDITION /
     ACL_ERROR_RT_INVALID_DEVICEID);
   * answers a request that does not parse with INVALID_ARGUMENT / ACL_ERROR_RT_PARAM_INVALID (gRPC itself
@@ -27,10 +29,17 @@ ACL_ERROR_RT_CONTEXT_NULL unless the client holds a lease on this device -- so n
 behind outlives it.  Open watches count against the tenant's
 quota and the endpoint's threads (each holds one).
 
-Trust boundary: ``RegisterKernel`` unpickles the client's payload and later runs it on the device's core
-threads, in this process, with its rights (as a Ray task would run a client's function).  Authentication
-decides who may do that; :class:`driver.policy.DevicePolicy` ``user_kernels=False`` refuses it for all
-(before reading the payload).
+Trust boundary: no client ships code to a device by default.  Custom kernels are kernel packages that
+the node's operator installs (:mod:`devices.kernel_packages`; ``vnpu kernels install``, the ``kernels`` of
+:class:`driver.policy.DevicePolicy`): the server loads them when it starts and again on the admin's
+``ReloadKernels`` (the files on this node, never code from a request), and every tenant launches their
+kernels by name (``ListKernels`` says which there are).  ``RegisterKernel`` with code -- a pickle, which
+would be unpickled in this process and then run on the device's core threads with the process's rights --
+is accepted only from the admin (the cluster token) of a cluster started with
+``DevicePolicy(pickled_kernels=True)`` (``vnpu up --allow-pickled-kernels``).  Anyone else is refused by the
+gate with PERMISSION_DENIED / ACL_ERROR_RT_NO_PERMISSION before the request is even parsed, so not a byte
+of a tenant's payload is unpickled: a tenant's code never runs here, and with it the cluster token (which
+this process holds) stays out of a tenant's reach.
 
 Faults: ``InjectFault`` / ``ClearFault`` just call the device's ``inject_fault`` / ``clear_fault``.  The
 server installs the device's ``on_kill`` hook, so that the ``kill`` fault ends the hosting process (the
@@ -61,6 +70,7 @@ from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_CONTEXT_NULL,
                             ACL_ERROR_RT_INVALID_DEVICEID, ACL_ERROR_RT_NO_PERMISSION, ACL_ERROR_RT_OVER_LIMIT,
                             ACL_ERROR_RT_PARAM_INVALID, AclError, InvalidParamError)
 from devices.kernel import check_kernel_name  # noqa: E402
+from devices.kernel_packages import load_all  # noqa: E402
 from devices.node import boot_id  # noqa: E402
 from devices.tenancy import Owner, Usage  # noqa: E402
 
@@ -77,8 +87,17 @@ MAX_CLIENT_ID = 256
 _DMS, _RMS = wire.DMS_NAME, wire.RMS_NAME
 #: methods only the admin (the cluster token) may call
 ADMIN_ONLY = frozenset(f"/{svc}/{m}" for svc, m in (
-    (_DMS, "Reset"), (_DMS, "InjectFault"), (_DMS, "ClearFault"), (_DMS, "Revoke"),
+    (_DMS, "Reset"), (_DMS, "InjectFault"), (_DMS, "ClearFault"), (_DMS, "Revoke"), (_DMS, "ReloadKernels"),
     (_RMS, "HcclRead"), (_RMS, "HcclNotify")))
+#: the method that carries code (a pickled kernel): the admin's, and only where the policy accepts it
+CODE_UPLOAD = f"/{_RMS}/RegisterKernel"
+#: why an upload is refused: a tenant's (always), the admin's (the policy accepts none)
+_NO_UPLOAD = {
+    "upload-tenant": "RegisterKernel with code is the cluster admin's: tenants launch the kernels of the packages "
+                     "installed on the device's node by name (the admin installs them: vnpu kernels install FILE)",
+    "upload-off": "RegisterKernel with code is refused: this cluster was not started to accept pickled kernels "
+                  "(vnpu up --allow-pickled-kernels); install a kernel package instead (vnpu kernels install FILE)",
+}
 
 
 # ---------------------------------------------------------------- the gate: auth + error mapping
@@ -179,9 +198,10 @@ def _refusal(h: grpc.RpcMethodHandler, status: grpc.StatusCode, message: str, co
 
 
 class _Gate(grpc.ServerInterceptor):
-    def __init__(self, verifier: Verifier, device_id: int):
+    def __init__(self, verifier: Verifier, device_id: int, code_upload: bool):
         self._verifier = verifier
         self._device = str(device_id)
+        self._code_upload = code_upload      #: the policy's pickled_kernels (for the admin only)
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self._refusals: dict[tuple[str, str], grpc.RpcMethodHandler] = {}
 
@@ -207,6 +227,10 @@ class _Gate(grpc.ServerInterceptor):
         if not who.admin and details.method in ADMIN_ONLY:
             return self._refuse(details.method, h, "admin", grpc.StatusCode.PERMISSION_DENIED,
                                 f"{details.method.rsplit('/', 1)[-1]} is for the cluster's admin only",
+                                ACL_ERROR_RT_NO_PERMISSION)
+        if details.method == CODE_UPLOAD and not (who.admin and self._code_upload):
+            why = "upload-off" if who.admin else "upload-tenant"
+            return self._refuse(details.method, h, why, grpc.StatusCode.PERMISSION_DENIED, _NO_UPLOAD[why],
                                 ACL_ERROR_RT_NO_PERMISSION)
         if device is not None and device != self._device:
             return self._refuse(details.method, h, "device", grpc.StatusCode.FAILED_PRECONDITION,
@@ -289,6 +313,9 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
         self._server.verifier.revoke({c.id: c.expires_s for c in request.credentials},
                                      {t.tenant: t.issued_before_ms for t in request.tenants})
         return dms.RevokeReply()
+
+    def ReloadKernels(self, request, context):
+        return dms.ReloadKernelsReply(json=json.dumps(self._server.reload_kernels()))
 
 
 # ---------------------------------------------------------------- RMS
@@ -431,21 +458,24 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
 
     # ---- user kernels and HCCL
     def RegisterKernel(self, request, context):
-        """Unpickles the client's kernel in this process (see the module doc: the trust boundary).  Refused
-        before the payload is read when the cluster accepts no user kernels or the name is a built-in's."""
+        """Unpickles the admin's kernel in this process (see the module doc: the trust boundary; the gate
+        let only the admin of a cluster that accepts code uploads through).  A built-in's name is refused
+        before the payload is read."""
         import pickle
 
         owner = self._leased(context)
-        if not self._server.policy.user_kernels:
-            raise AclError("this cluster accepts no user kernels (DevicePolicy.user_kernels=False, "
-                           "vnpu up --no-user-kernels)", code=ACL_ERROR_RT_NO_PERMISSION)
         check_kernel_name(request.name)
         try:
-            fn = pickle.loads(request.code)     # runs the client's code: authenticated, allowed callers only
+            fn = pickle.loads(request.code)     # runs the admin's code (the gate refused everyone else)
         except Exception as e:  # noqa: BLE001 - a bad payload is a parameter error
             raise InvalidParamError(f"cannot load kernel {request.name!r}: {type(e).__name__}: {e}"[:300]) from None
         self.device.register_kernel(request.name, fn, owner=owner)
         return _EMPTY
+
+    def ListKernels(self, request, context):
+        owner = self._caller(context)
+        upload = not owner.limited and self._server.policy.pickled_kernels      # what the gate lets through
+        return rms.JsonReply(json=json.dumps(dict(self.device.kernel_names(owner), upload=upload)))
 
     def drop_client(self, owner) -> None:
         """Forget a departed client's launch templates."""
@@ -531,11 +561,12 @@ class DeviceServer:
         self._reply = threading.local()          # the RPC context a fault is injected in (see replying)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
                                                               thread_name_prefix=f"npu{device.id}-rpc"),
-                                   interceptors=(_Gate(self.verifier, device.id),),
+                                   interceptors=(_Gate(self.verifier, device.id, policy.pickled_kernels),),
                                    options=wire.server_options(max_message_bytes))
         self.dms = DeviceManagementServicer(device, self)
         self.rms = ResourceManagementServicer(device, self)
         self.leases = Leases(self._release_client, lease_grace_s)
+        self.kernel_report = self.reload_kernels()   # the node's packages, before the first call is served
         wire.add_DeviceManagementServicer_to_server(self.dms, self._server)
         wire.add_ResourceManagementServicer_to_server(self.rms, self._server)
         bind = f"[{host}]" if ":" in host and not host.startswith("[") else host
@@ -551,6 +582,17 @@ class DeviceServer:
         res = self.device.release_owner(owner)
         self.rms.drop_client(owner)
         log.info("device %d released departed client %s: %s", self.device.id, owner, res)
+
+    # ---- kernel packages
+    def reload_kernels(self) -> dict:
+        """Load the kernel packages the policy names (host-blocking: imports them) and install them on the
+        device in place of the previous ones.  A package that does not load is left out and reported
+        (``errors``: file -> one line) instead of keeping the device from serving."""
+        packages, errors = load_all(self.policy.kernels)
+        self.device.install_kernels(packages)
+        for path, line in errors.items():
+            log.error("device %d: kernel package %s not loaded: %s", self.device.id, path, line)
+        return {"packages": {p.name: p.describe() for p in packages}, "errors": errors}
 
     # ---- callers
     def caller(self, context) -> Owner:
@@ -652,7 +694,8 @@ def serve(device, host: str = "127.0.0.1", token: str | None = None, port: int =
     ``host`` is the only interface bound (loopback by default; an all-interfaces address only when asked for).  ``token``
     is the cluster secret: the admin's bearer token, and the key tenant credentials are verified with;
     default: ``$VNPU_TOKEN``, else a fresh random token (``server.token``) -- a server never runs
-    unauthenticated.  ``policy``: what the server allows (user kernels, revocations; :mod:`driver.policy`).  ``on_kill`` runs when the ``kill`` fault is
+    unauthenticated.  ``policy``: what the server allows (kernel packages, code uploads, revocations;
+    :mod:`driver.policy`); its kernel packages are loaded before the server starts serving.  ``on_kill`` runs when the ``kill`` fault is
     injected, after the reply has been sent (a device actor passes one that ends its process); by default
     the endpoint just stops at once, which looks the same to clients.  Either way the device itself is not
     marked lost: its host decides what a kill means.

@@ -4,6 +4,10 @@
 ``BACKENDS``): the same runtime-semantics tests run in-process and, once the cluster backend is
 available, against real device actors over gRPC.  One runtime per test module.  The cluster
 parameter carries the ``cluster`` marker (``-m "not cluster"`` runs the in-process half only).
+The tests' Python kernels reach its device actors as the admin's pickled uploads: the test session is the
+cluster's admin (it presents the cluster token) and starts that cluster with
+``DevicePolicy(pickled_kernels=True)`` (``vnpu up --allow-pickled-kernels``), the one documented way an
+operator's own Python functions reach devices without a kernel package; tenants never can (tests/security).
 
 The test session's environment is fixed here, BEFORE anything imports numpy or Ray:
 
@@ -54,8 +58,10 @@ def rt(request):
     if request.param == "local":
         r = make_local_runtime()
     else:
+        from driver.policy import DevicePolicy
         from runtime.cluster import ClusterSpec, LocalCluster
-        cluster = LocalCluster(ClusterSpec(devices=4, arena_bytes=TEST_ARENA))
+        cluster = LocalCluster(ClusterSpec(devices=4, arena_bytes=TEST_ARENA,
+                                           policy=DevicePolicy(pickled_kernels=True)))
         r = Runtime(cluster.backend())
     try:
         with installed(r):

@@ -14,8 +14,8 @@ from runtime.cliargs import Parser, UsageError, report
 from runtime.memory import AllocConfig
 
 #: command groups, in the order ``vnpu --help`` lists them
-COMMANDS = ("cluster", "token", "smi", "demo", "run", "serve", "atc", "chaos", "sanitize", "prof", "bench",
-            "monitor", "diagnose", "postmortem", "stress")
+COMMANDS = ("cluster", "token", "kernels", "smi", "demo", "run", "serve", "atc", "chaos", "sanitize", "prof",
+            "bench", "monitor", "diagnose", "postmortem", "stress")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,9 @@
-"""``vnpu up`` / ``vnpu down``: the detached local cluster."""
+"""``vnpu up`` / ``vnpu down``: the detached local cluster.
+
+Code reaches the devices only as kernel packages the operator installs on the node (``vnpu kernels``) or
+names in the config (``metadata: {vnpu: {kernels: [...]}}`` of cluster.yaml, checked here before anything
+starts); ``--allow-pickled-kernels`` lets the cluster's admin (never a tenant) upload pickled Python kernels
+as well."""
 from __future__ import annotations
 
 import sys
@@ -12,8 +17,10 @@ def register(sub) -> None:
     up.add_argument("--devices", type=positive_int, default=None, help="virtual NPUs (default 4, or the config's)")
     up.add_argument("--config", type=text_file, help="cluster.yaml: the head node type's NPU resource and labels")
     up.add_argument("--hbm-mb", type=positive_int, default=None, help="emulated HBM per device (MiB)")
-    up.add_argument("--no-user-kernels", action="store_true",
-                    help="refuse RegisterKernel (user kernels run client code in the device processes)")
+    up.add_argument("--allow-pickled-kernels", action="store_true",
+                    help="accept pickled Python kernels from the cluster's admin (never from tenants; they run "
+                         "code in the device processes). Off by default: install kernel packages instead "
+                         "(vnpu kernels install)")
     up.add_argument("--no-shm-fast-path", action="store_true",
                     help="no arena is a /dev/shm segment: isolates processes of one Unix user (copies and "
                          "same-node HCCL go over gRPC)")
@@ -36,15 +43,17 @@ def _cmd_up(a) -> int:
         spec = replace(spec, devices=a.devices)
     if a.hbm_mb:
         spec = replace(spec, arena_bytes=a.hbm_mb << 20)
-    if a.no_user_kernels or a.no_shm_fast_path:
-        spec = replace(spec, policy=replace(spec.policy, user_kernels=spec.policy.user_kernels and not a.no_user_kernels,
+    if a.allow_pickled_kernels or a.no_shm_fast_path:
+        spec = replace(spec, policy=replace(spec.policy, pickled_kernels=a.allow_pickled_kernels,
                                             shm_fast_path=spec.policy.shm_fast_path and not a.no_shm_fast_path))
+    _check_packages(spec.policy.kernels)
     st, started = cluster_up(spec, device_restarts=a.device_restarts)
     if not started:
         asked = {"devices": spec.devices if (a.devices or a.config) else None,            # what the flags asked
                  "arena_bytes": spec.arena_bytes if (a.hbm_mb or a.config) else None,
                  "chip": spec.chip if a.config else None,
-                 "device_restarts": a.device_restarts if a.device_restarts else None}
+                 "device_restarts": a.device_restarts if a.device_restarts else None,
+                 "pickled_kernels": True if a.allow_pickled_kernels else None}
         if any(v is not None and st.get(k) != v for k, v in asked.items()):
             print(f"vnpu up: error: a cluster of {st['devices']} devices ({st['arena_bytes'] >> 20} MiB HBM each, "
                   f"{st['chip']}, device restarts {st.get('device_restarts', 0)}) is already up at {st['ray_address']}; run `vnpu down` first", file=sys.stderr)
@@ -58,6 +67,19 @@ def _cmd_up(a) -> int:
         print(f"  npu{w['device_id']}: {w['address']}  pid {w['pid']}  arena /dev/shm/{w['arena']} "
               f"({w['arena_bytes'] >> 20} MiB)")
     return 0
+
+
+def _check_packages(paths) -> None:
+    """Every kernel package the config names loads (exit 2, one line, before anything starts)."""
+    from pathlib import Path
+
+    from devices.kernel_packages import load_all
+    for p in paths:
+        if not Path(p).exists():
+            fail(f"argument --config: kernel package {p}: no such file or directory", "vnpu up")
+    _, errors = load_all(paths)
+    if errors:
+        fail(f"argument --config: {next(iter(errors.values()))}", "vnpu up")
 
 
 def _cmd_down(a) -> int:

@@ -47,9 +47,9 @@ def _cmd_create(a) -> int:
 
 
 def _cmd_revoke(a) -> int:
-    from devices.errors import AclError, InvalidParamError
+    from devices.errors import InvalidParamError
     from driver.credentials import Revocations, check_tenant
-    from runtime.cluster.discovery import admin_token, revocations_file, state_dir
+    from runtime.cluster.discovery import admin_token, push, revocations_file, running_devices, state_dir
     if not a.tokens and not a.tenant:
         raise InvalidParamError("name the credentials to revoke, or --tenant NAME")
     tenants = [check_tenant(t) for t in a.tenant]
@@ -59,37 +59,13 @@ def _cmd_revoke(a) -> int:
     state_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
     path = revocations_file()
     Revocations.load(path).merge(update.tokens, update.tenants).save(path)
-    failed = 0
-    where = _devices()
-    for w in where:
-        try:
-            _push(w, secret, a.tokens, {t: update.tenants[t] for t in tenants})
-        except AclError as e:
-            failed += 1
-            print(f"vnpu: npu{w['device_id']} at {w['address']}: not reached ({e.detail}); it loads the list "
-                  f"when it restarts", file=sys.stderr)
+    where = running_devices()
+    pushed = {t: update.tenants[t] for t in tenants}
+    failed = push(where, secret, "vnpu-token-revoke", lambda d: d.revoke(tokens=a.tokens, tenants=pushed))
+    for w, e in failed:
+        print(f"vnpu: npu{w['device_id']} at {w['address']}: not reached ({e.detail}); it loads the list "
+              f"when it restarts", file=sys.stderr)
     print(f"revoked {len(a.tokens)} credential(s) and {len(tenants)} tenant(s); recorded in {path}; "
-          f"pushed to {len(where) - failed} of {len(where)} device(s)")
+          f"pushed to {len(where) - len(failed)} of {len(where)} device(s)")
     return 1 if failed else 0
 
-
-def _devices() -> list[dict]:
-    """The running devices: from Ray when this process is attached to the cluster, else from the local
-    cluster's state."""
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        from runtime.cluster.discovery import discover
-        return discover()
-    from runtime.cluster.discovery import read_state
-    st = read_state() or {}
-    return list(st.get("where", []))
-
-
-def _push(w: dict, secret: str, tokens: list[str], tenants: dict[str, int]) -> None:
-    from driver.client import RemoteDevice
-    d = RemoteDevice(w["address"], secret, int(w["device_id"]), timeout_s=10.0, same_node=False,
-                     client_id="vnpu-token-revoke")
-    try:
-        d.revoke(tokens=tokens, tenants=tenants)
-    finally:
-        d.close()

@@ -1,8 +1,9 @@
 """Where the vnpu cluster is: its state directory, token, Ray address and device actors.
 
 State lives in ``$VNPU_HOME`` (default ``~/.vnpu``): ``cluster.json`` (Ray address, devices, temp dir),
-``token`` (the cluster token, mode 0600: the cluster's secret and the admin's credential) and
-``revoked.json`` (revoked tenant credentials, read by devices when they start).  Discovery goes through
+``token`` (the cluster token, mode 0600: the cluster's secret and the admin's credential),
+``revoked.json`` (revoked tenant credentials, read by devices when they start) and ``kernels/`` (the
+kernel packages installed on this node, loaded by devices when they start).  Discovery goes through
 Ray (named actors ``npu<id>`` in the ``vnpu`` namespace); after that every call is gRPC straight to the
 device actors.
 
@@ -50,6 +51,11 @@ def revocations_file() -> Path:
     return state_dir() / "revoked.json"
 
 
+def kernel_dir() -> Path:
+    """This node's kernel package directory (``vnpu kernels install``; every device started here loads it)."""
+    return state_dir() / "kernels"
+
+
 def load_token() -> str:
     """The credential this process presents to devices: ``$VNPU_TENANT_TOKEN``, else ``$VNPU_TOKEN`` (a
     tenant credential or the cluster token), else the cluster token of the local cluster's state."""
@@ -57,6 +63,16 @@ def load_token() -> str:
     if tok:
         return tok
     return admin_token()
+
+
+def tenant_credential() -> str | None:
+    """The tenant credential this process presents (``$VNPU_TENANT_TOKEN``, or ``$VNPU_TOKEN`` holding one),
+    or None: it acts as the cluster's admin."""
+    tok = os.environ.get("VNPU_TENANT_TOKEN")
+    if tok:
+        return tok
+    tok = os.environ.get("VNPU_TOKEN")
+    return tok if tok and is_credential(tok) else None
 
 
 def admin_token() -> str:
@@ -101,3 +117,32 @@ def discover() -> list[dict]:
     handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
     where = ray.get([h.where.remote() for h in handles], timeout=60)
     return sorted(where, key=lambda w: w["device_id"])
+
+
+def running_devices() -> list[dict]:
+    """The running devices an admin command reaches: from Ray when this process is attached to the cluster,
+    else from the local cluster's state (``[]`` when none is up)."""
+    import sys
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return discover()
+    return list((read_state() or {}).get("where", []))
+
+
+def push(where: list[dict], secret: str, client_id: str, call) -> list[tuple[dict, AclError]]:
+    """Admin: ``call(device)`` on each device of ``where`` (a :class:`driver.client.RemoteDevice` per device,
+    presenting ``secret``, closed after the call; host-blocking, 10 s per call at most).  Returns the devices
+    not reached, with their errors."""
+    from driver.client import RemoteDevice
+    failed = []
+    for w in where:
+        try:
+            d = RemoteDevice(w["address"], secret, int(w["device_id"]), timeout_s=10.0, same_node=False,
+                             client_id=client_id)
+            try:
+                call(d)
+            finally:
+                d.close()
+        except AclError as e:
+            failed.append((w, e))
+    return failed

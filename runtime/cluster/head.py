@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cores", type=int, default=None)
     p.add_argument("--device-restarts", type=int, default=0,
                    help="Ray restarts a killed device actor this often (-1: always; 0: a killed device stays lost)")
+    p.add_argument("--kernels", action="append", default=[], help="a kernel package (file or directory) to load")
+    p.add_argument("--allow-pickled-kernels", action="store_true", help="the admin may upload pickled kernels")
+    p.add_argument("--no-shm-fast-path", action="store_true", help="no arena is a /dev/shm segment")
     p.add_argument("--ready-fd", type=int, required=True, help="write one JSON line here once the devices serve")
     a = p.parse_args(argv)
     import ray
@@ -41,10 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     from devices.segments import process_start
 
     from .discovery import LOOPBACK, load_token
+    from driver.policy import DevicePolicy
+
     from .local import ClusterSpec, start_devices, stop_devices
 
     ready = os.fdopen(a.ready_fd, "w")
-    spec = ClusterSpec(devices=a.devices, chip=a.chip, arena_bytes=a.arena_bytes, cores=a.cores, bind=LOOPBACK)
+    policy = DevicePolicy(kernels=tuple(a.kernels), pickled_kernels=a.allow_pickled_kernels,
+                          shm_fast_path=not a.no_shm_fast_path)
+    spec = ClusterSpec(devices=a.devices, chip=a.chip, arena_bytes=a.arena_bytes, cores=a.cores, bind=LOOPBACK,
+                       policy=policy)
     stop = threading.Event()
     try:
         # address="local": a Ray of its own, never one that RAY_ADDRESS or /tmp/ray names

@@ -28,8 +28,8 @@ from devices import segments
 from devices.errors import ACL_ERROR_RT_DEV_SETUP_ERROR, ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
 
 from . import procs
-from .discovery import (LOOPBACK, attach_ray, discover, load_token, new_token, read_state,  # noqa: F401
-                        revocations_file, state_dir, state_file, token_file)
+from .discovery import (LOOPBACK, attach_ray, discover, kernel_dir, load_token, new_token,  # noqa: F401
+                        read_state, revocations_file, state_dir, state_file, token_file)
 from .remote import RemoteBackend
 
 # (RAY_AUTH_MODE=token is set in runtime/__init__.py, before anything imports ray.)
@@ -56,8 +56,9 @@ class ClusterSpec:
     #: actors wherever Ray puts them; "per-node" = on every Ray node, as many as its ``NPU`` resource,
     #: pinned to it, chip and HBM from its labels (multi-node clusters)
     placement: str = "any"
-    #: what the device servers allow: user kernels, the same-node shared-memory fast path, per-tenant
-    #: quotas (driver.policy); the revocation list of the cluster's state is added when devices start
+    #: what the device servers allow: kernel packages, pickled kernels (the admin's), the same-node
+    #: shared-memory fast path, per-tenant quotas (driver.policy); the revocation list and the kernel package
+    #: directory of the cluster's state are added when devices start (node_policy)
     policy: DevicePolicy = DevicePolicy()
 
 
@@ -84,7 +85,9 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
-    """Read the head node type's virtual NPUs (``resources.NPU``) and labels from a cluster.yaml."""
+    """Read the head node type's virtual NPUs (``resources.NPU``) and labels from a cluster.yaml, and the
+    kernel packages every device loads (``metadata: {vnpu: {kernels: [FILE or DIR, ...]}}``, relative to the
+    file; Ray leaves ``metadata`` to its users)."""
     import yaml
     try:
         cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -93,6 +96,7 @@ def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
         n = int(head.get("resources", {}).get("NPU", 0))
         arena = int(labels.get("vnpu.hbm-bytes", 1 << 30))
         chip = str(labels.get("vnpu.chip", "Ascend910B3"))
+        kernels = ((cfg.get("metadata") or {}).get("vnpu") or {}).get("kernels") or []
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise InvalidParamError(f"{path}: cannot read a cluster.yaml: {' '.join(str(e).split())}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -102,7 +106,22 @@ def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
         raise InvalidParamError(f"{path}: head node type declares no NPU resource")
     if arena <= 0:
         raise InvalidParamError(f"{path}: vnpu.hbm-bytes must be positive, got {arena}")
-    return ClusterSpec(devices=n, chip=chip, arena_bytes=arena)
+    if not isinstance(kernels, list) or not all(isinstance(k, str) and k for k in kernels):
+        raise InvalidParamError(f"{path}: metadata.vnpu.kernels must be a list of kernel package paths")
+    base = Path(path).resolve().parent
+    kernels = tuple(str(base / Path(k).expanduser()) for k in kernels)
+    return ClusterSpec(devices=n, chip=chip, arena_bytes=arena, policy=DevicePolicy(kernels=kernels))
+
+
+def node_policy(policy: DevicePolicy) -> DevicePolicy:
+    """``policy`` as the devices started from this node get it: the cluster state's revocation list (unless
+    it names one) and the node's kernel package directory after the packages it names."""
+    if not policy.revocations:
+        policy = replace(policy, revocations=str(revocations_file()))
+    installed = str(kernel_dir())
+    if installed not in policy.kernels:
+        policy = replace(policy, kernels=tuple(policy.kernels) + (installed,))
+    return policy
 
 
 # ------------------------------------------------------------------------------------------ Ray plumbing
@@ -125,7 +144,7 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     if detached:
         opts["lifetime"] = "detached"
     host = None if spec.bind == "node" else spec.bind
-    policy = spec.policy if spec.policy.revocations else replace(spec.policy, revocations=str(revocations_file()))
+    policy = node_policy(spec.policy)
 
     def options(slot) -> dict:
         o = dict(opts, **slot.options)
@@ -272,6 +291,11 @@ def cluster_up(spec: ClusterSpec, device_restarts: int = 0) -> tuple[dict, bool]
            f"--device-restarts={int(device_restarts)}"]
     if spec.cores:
         cmd.append(f"--cores={spec.cores}")
+    cmd += [f"--kernels={k}" for k in spec.policy.kernels]         # the policy travels to the head's devices
+    if spec.policy.pickled_kernels:
+        cmd.append("--allow-pickled-kernels")
+    if not spec.policy.shm_fast_path:
+        cmd.append("--no-shm-fast-path")
     env = dict(os.environ, **BLAS_ENV, VNPU_TOKEN=token)     # the head's devices take this cluster's token
     env.pop("RAY_ADDRESS", None)
     log_path = os.path.join(temp_dir, "vnpu-head.log")
@@ -288,16 +312,19 @@ def cluster_up(spec: ClusterSpec, device_restarts: int = 0) -> tuple[dict, bool]
     if not line:
         procs.stop([head.pid] + procs.cluster_processes(temp_dir))
         head.wait()
+        text = ""
+        with contextlib.suppress(OSError):              # read before the temp dir (which holds it) goes
+            text = Path(log_path).read_text(errors="replace").strip()
         shutil.rmtree(temp_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             token_file().unlink()
-        tail = ""
-        with contextlib.suppress(OSError):
-            tail = Path(log_path).read_text(errors="replace").strip()[-2000:]
-        raise AclError(f"the cluster did not start: {tail or 'no output'}", code=ACL_ERROR_RT_DEV_SETUP_ERROR)
+        why = [ln for ln in text.splitlines() if ln.startswith("vnpu head:")]   # the head's own line, not Ray's noise
+        raise AclError(f"the cluster did not start: {why[-1] if why else text[-2000:] or 'no output'}",
+                       code=ACL_ERROR_RT_DEV_SETUP_ERROR)
     ready = json.loads(line)
     st = {"ray_address": ready["ray_address"], "temp_dir": temp_dir, "devices": spec.devices, "chip": spec.chip,
           "arena_bytes": spec.arena_bytes, "device_restarts": int(device_restarts), "started": time.time(),
+          "pickled_kernels": spec.policy.pickled_kernels,
           "head_pid": ready["head_pid"],
           "head_start": ready["head_start"], "where": ready["where"]}
     state_file().write_text(json.dumps(st, indent=1))

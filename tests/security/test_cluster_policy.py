@@ -1,7 +1,7 @@
 """The cluster's security settings reach the device actors (real Ray actors, real gRPC over loopback):
-``ClusterSpec.policy`` (``vnpu up --no-user-kernels --no-shm-fast-path``) is what every device host
-enforces, the revocation list of the cluster's state is loaded by devices when they start, and
-``vnpu token revoke`` reaches the running ones through Ray."""
+``ClusterSpec.policy`` (its kernel packages, no pickled kernels, ``vnpu up --no-shm-fast-path``) is what
+every device host enforces, the revocation list of the cluster's state is loaded by devices when they
+start, and ``vnpu token revoke`` reaches the running ones through Ray."""
 from __future__ import annotations
 
 import glob
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from devices.errors import AclError
-from devices.tasks import Collective
+from devices.kernel import TensorDesc, register_user_kernel
+from devices.tasks import Collective, Launch
 from driver import credentials
 from driver.policy import DevicePolicy
 
@@ -25,6 +26,11 @@ def _x2(ctx, x, y):
     y[0:y.size] = x[0:x.size] * np.float32(2)
 
 
+register_user_kernel("alice_local_x2", _x2, replace=True)    # a kernel of this (the tenant's) program
+
+PKG = "import numpy as np\n\ndef x3(ctx, x, y):\n    y[0:y.size] = x[0:x.size] * np.float32(3)\n\nKERNELS = {'pkg_x3': x3}\n"
+
+
 @pytest.fixture(scope="module")
 def strict(tmp_path_factory):
     from runtime.cluster import ClusterSpec, LocalCluster
@@ -32,8 +38,10 @@ def strict(tmp_path_factory):
     home = tmp_path_factory.mktemp("vnpu-home")
     mp.setenv("VNPU_HOME", str(home))                                  # where the revocation list lives
     mp.delenv("VNPU_TENANT_TOKEN", raising=False)
+    pkg = home / "x3pkg.py"
+    pkg.write_text(PKG)
     spec = ClusterSpec(devices=2, arena_bytes=8 << 20, cores=1,
-                       policy=DevicePolicy(user_kernels=False, shm_fast_path=False))
+                       policy=DevicePolicy(kernels=(str(pkg),), shm_fast_path=False))
     try:
         c = LocalCluster(spec)
     except BaseException:
@@ -56,9 +64,21 @@ def test_the_policy_reaches_the_device_actors(strict):
     try:
         d0, d1 = (be.device(w["device_id"]) for w in c.where)
         assert not d0.fast_path
-        with pytest.raises(AclError) as e:
+        with pytest.raises(AclError) as e:                             # the device takes no code from her
             d0.register_kernel("alice_x2", _x2)
         assert e.value.code == 207006
+        x, y, s = d0.malloc(4 * 64), d0.malloc(4 * 64), d0.create_stream()
+        d0.memcpy_h2d(x, np.arange(64, dtype=np.float32))
+        launch = [Launch(s, "pkg_x3", (TensorDesc(x, (64,)),), (TensorDesc(y, (64,)),))]
+        d0.synchronize_stream(s, 30_000, ops=launch)                   # the installed package's kernel runs
+        assert d0.memcpy_d2h(y, 4 * 64).view(np.float32).tolist() == [3.0 * i for i in range(64)]
+        before = d0.rpc_count
+        with pytest.raises(AclError) as e:                             # her program's own kernel: refused
+            d0.submit([Launch(s, "alice_local_x2", (TensorDesc(x, (64,)),), (TensorDesc(y, (64,)),))])
+        assert e.value.code == 207006 and "a Python function of this program" in e.value.detail
+        assert getattr(e.value, "grpc_status", None) is None           # refused here, not by the device:
+        assert d0.rpc_count - before == 1                              # ListKernels only, no code was sent
+        assert "alice_local_x2" not in str(d0.list_kernels())
         cid = secrets.token_hex(16)                                    # HCCL between them goes over gRPC
         peers = [d0.hccl_info(), d1.hccl_info()]
         bufs = []
