@@ -8,7 +8,8 @@ exit status 2 and ONE line on stderr (``vnpu <command>: error: argument --x: ...
   one line, without the usage block;
 - the ``type=`` functions below check a value as it is parsed (``positive_int``, ``duration``, ``size``,
   ``probability``, ``writable_file``, ``text_lines`` ...): numbers in range, durations above 0, output
-  files whose directory exists and is writable, input files that are UTF-8 text (not binary);
+  files and folders the command can write (tried, not guessed from permission bits), input files that
+  are UTF-8 text (not binary);
 - checks across arguments (``--min-bytes <= --max-bytes``) call :func:`fail`, which raises
   :class:`UsageError`; :func:`runtime.cli.main` prints it the same way.
 """
@@ -193,19 +194,83 @@ def bind_host(s: str) -> str:
     return s
 
 
-# ---------------------------------------------------------------------------------------------- files
-def writable_file(s: str) -> str:
-    """``type=``: a path a command will write at the end of its run: its directory must exist and be
-    writable, and it must not be a directory (checked now, so that no work is lost later)."""
-    path = os.path.abspath(os.path.expanduser(s))
-    if os.path.isdir(path):
-        raise argparse.ArgumentTypeError(f"{s} is a directory")
-    parent = os.path.dirname(path)
+# ---------------------------------------------------------------------------------------------- outputs
+# Every file or folder a command writes is checked before the command does any work, by these functions
+# and no others: the ``type=`` functions for flags, :func:`check_output_dir` for other places (the state
+# directory), :func:`output_problem` where a command reports errors its own way (``vnpu atc``).
+def _try_write(path: str) -> str | None:
+    """Why this process cannot write the file ``path`` (None: it can), found by trying -- permission bits
+    are not enough: ``os.access`` says yes to root for ``/proc`` or a read-only mount.  An existing file is
+    opened for appending (nothing written, not truncated); a new one is created and removed again."""
+    try:
+        if os.path.lexists(path):
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def output_problem(path: str) -> str | None:
+    """Why a command could not write the file ``path`` at the end of its run (None: it can): a directory
+    there, a missing directory above it, no permission, a file system that refuses (``/proc``, read-only)."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(full):
+        return f"{path} is a directory"
+    parent = os.path.dirname(full)
     if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"cannot write {s}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"cannot write {s}: permission denied")
+        what = "is not a directory" if os.path.exists(parent) else "does not exist"
+        return f"cannot write {path}: directory {parent} {what}"
+    why = _try_write(full)
+    return None if why is None else f"cannot write {path}: {why}"
+
+
+def output_dir_problem(path: str) -> str | None:
+    """Why a command could not write into the folder ``path``, which it creates when missing (None: it
+    can): a file there or above it, no permission in the nearest folder that exists, a file system that
+    refuses.  Creates nothing."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(full) and not os.path.isdir(full):
+        return f"{path} is not a directory"
+    existing = full
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"cannot create {path}: {existing} is not a directory"
+    why = _try_write(os.path.join(existing, f".vnpu-write-check-{os.getpid()}-{os.urandom(4).hex()}"))
+    return None if why is None else f"cannot write in {path}: {why}"
+
+
+def writable_file(s: str) -> str:
+    """``type=``: a file the command writes (at the end of its run: checked now, so that no work is lost
+    later; see :func:`output_problem`)."""
+    problem = output_problem(s)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return s
+
+
+def writable_dir(s: str) -> str:
+    """``type=``: a folder the command writes into, created when missing (:func:`output_dir_problem`)."""
+    problem = output_dir_problem(s)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return s
+
+
+def check_output_dir(path, what: str, prog: str = "vnpu") -> None:
+    """A usage error of ``prog`` (exit 2, one line naming ``what``) unless it can write into ``path``."""
+    problem = output_dir_problem(str(path))
+    if problem:
+        fail(f"{what}: {problem}", prog)
+
+
+# ---------------------------------------------------------------------------------------------- inputs
 
 
 def read_text(path: str, what: str = "file") -> str:
@@ -251,4 +316,5 @@ def text_lines(s: str) -> list[str]:
 
 __all__ = ["Parser", "UsageError", "fail", "report", "int_at_least", "positive_int", "nonneg_int", "int_in",
            "float_in", "nonneg_float", "probability", "int_list", "parse_duration", "duration", "parse_size", "size",
-           "choices_list", "bind_host", "writable_file", "read_text", "text_file", "text_lines"]
+           "choices_list", "bind_host", "output_problem", "output_dir_problem", "writable_file", "writable_dir",
+           "check_output_dir", "read_text", "text_file", "text_lines"]

@@ -16,15 +16,34 @@ The test session's environment is fixed here, BEFORE anything imports numpy or R
 - ``RAY_ADDRESS`` is removed: with it set, ``ray.init()`` attaches to whatever cluster it names, and a
   test must never touch a cluster it did not start (``LocalCluster`` starts its own Ray whatever the
   environment says; this is the second line of defence).
+- Every run is a fresh machine for Ray.  Ray keeps state outside any cluster: its default temp dir
+  (``$RAY_TMPDIR/ray``, else ``/tmp/ray``; ``ray.cluster_utils`` writes ``ray_current_cluster`` there) and
+  its cluster token (``~/.ray/auth_token``).  The suite must pass where neither exists -- a machine with
+  them from an earlier run hid that multi-node clusters failed without them -- so the session points
+  both at a new empty root, removed at the end: ``RAY_TMPDIR`` at an empty directory (Ray's default dir
+  absent) and ``HOME`` at an empty home (no ``~/.ray``, no ``~/.vnpu``).  What the machine holds in
+  ``/tmp/ray`` or ``~/.ray`` is neither read nor touched.  Tests of the ``multinode`` tier check that
+  Ray's default dir is still absent before and after them (:data:`RAY_DEFAULT_DIR`).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 
 for _k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_k] = "1"
 EXTERNAL_RAY_ADDRESS = os.environ.pop("RAY_ADDRESS", None)   #: what the caller had set (never used)
+FRESH_ROOT = tempfile.mkdtemp(prefix="vnpu-tests-fresh-")    #: this session's "fresh machine" (removed at exit)
+os.environ["RAY_TMPDIR"] = os.path.join(FRESH_ROOT, "tmp")
+os.environ["HOME"] = os.path.join(FRESH_ROOT, "home")
+for _k in ("RAY_TMPDIR", "HOME"):
+    os.mkdir(os.environ[_k], 0o700)
+for _k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):           # no token from the caller either
+    os.environ.pop(_k, None)
+#: Ray's default temp dir in this session: absent, and the multinode tier proves it stays so
+RAY_DEFAULT_DIR = os.path.join(os.environ["RAY_TMPDIR"], "ray")
 
 import pytest  # noqa: E402
 
@@ -50,6 +69,22 @@ def installed(r: Runtime):
     finally:
         set_runtime(old)
         r.close()
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(FRESH_ROOT, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _ray_default_dir_absent(request):
+    """A multinode test runs where Ray's default temp dir does not exist, and leaves it so (a multi-node
+    cluster keeps everything of Ray's in its own temp dir)."""
+    if request.node.get_closest_marker("multinode") is None:
+        yield
+        return
+    assert not os.path.exists(RAY_DEFAULT_DIR), f"{RAY_DEFAULT_DIR} exists: not the fresh-machine case"
+    yield
+    assert not os.path.exists(RAY_DEFAULT_DIR), f"a multinode test left Ray's default temp dir {RAY_DEFAULT_DIR}"
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -14,8 +14,8 @@ from runtime.cluster.procs import alive
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _chaos(*args, timeout=240):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+def _chaos(*args, timeout=240, home=None):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **({"HOME": str(home)} if home else {}))
     env.pop("VNPU_TOKEN", None)
     return subprocess.run([sys.executable, "-m", "runtime.cli", "chaos", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)
@@ -40,12 +40,17 @@ def test_node_kill_campaign(tmp_path):
     """Two worker nodes with two devices each (two logical devices + two spares): a node in service is
     killed, all its devices are detected, the work moves to the other node's spares, the requests that
     failed complete there exactly once with the fault-free results, and a replacement node's devices
-    come back as spares; nothing is left behind."""
+    come back as spares; nothing is left behind.  Run as a user runs it on a fresh machine: an empty home
+    (no Ray token yet) and no Ray default temp dir (tests/conftest.py)."""
     rep = tmp_path / "chaos.json"
+    home = tmp_path / "home"
+    home.mkdir()
     p = _chaos("--workload", "mlp", "--devices", "2", "--spares", "2", "--nodes", "2", "--duration", "5s",
-               "--baseline", "1s", "--every", "3s", "--faults", "node-kill", "--seed", "3", "--report", str(rep))
+               "--baseline", "1s", "--every", "3s", "--faults", "node-kill", "--seed", "3", "--report", str(rep),
+               home=home)
     print(p.stdout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
     r = json.loads(rep.read_text())
     kills = [f for f in r["faults"] if f["kind"] == "node-kill"]
     assert kills, "no node was killed"

@@ -16,43 +16,11 @@ import sys
 import numpy as np
 import pytest
 
-from runtime.cli import main
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class WorkStarted(Exception):
-    pass
-
-
-@pytest.fixture
-def tripwires(monkeypatch):
-    """Anything that starts work raises WorkStarted."""
-    import runtime.backend
-    import runtime.cluster
-    import runtime.cluster.chaos
-    import runtime.cluster.local
-    import runtime.cluster.remote
-
-    def trip(*a, **k):
-        raise WorkStarted("work started before the arguments were checked")
-    monkeypatch.setattr(runtime.cluster.chaos, "run_campaign", trip)
-    monkeypatch.setattr(runtime.cluster.local.LocalCluster, "__init__", trip)
-    monkeypatch.setattr(runtime.backend.LocalBackend, "__init__", trip)
-    monkeypatch.setattr(runtime.cluster.remote.RemoteBackend, "connect", trip)
-    monkeypatch.setattr(runtime.cluster.local, "cluster_up", trip)
-    monkeypatch.setattr(runtime.cluster, "cluster_up", trip)
-    monkeypatch.setattr(runtime.cluster.local, "cluster_runtime", trip)
-    monkeypatch.setattr(runtime.cluster, "cluster_runtime", trip)
-
-
-def _cli(argv, capsys):
-    try:
-        rc = main([str(x) for x in argv])
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+from cli_checks import cli as _cli
+from cli_checks import tripwires  # noqa: F401 - a fixture
 
 
 @pytest.fixture

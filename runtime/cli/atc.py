@@ -21,6 +21,7 @@ from pathlib import Path
 
 from devices.errors import (ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, ACL_ERROR_GE_PARAM_INVALID, AclError, AtcError,
                             atc_message)
+from runtime.cliargs import output_problem
 
 START = "ATC start working now, please wait for a moment."
 SUCCESS = "ATC run success, welcome to the next use."
@@ -124,9 +125,7 @@ def _convert(a) -> None:
     if out.name == ".om" or a.output.endswith(("/", "\\")):
         raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.output, parameter="--output",
                        reason="the path has no file name")
-    if not out.parent.is_dir():
-        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.output, parameter="--output",
-                       reason=f"directory {str(out.parent)!r} does not exist")
+    _check_output(str(out), "--output")
     if not Path(a.model).is_file():
         raise AtcError("E10001", ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, value=a.model, parameter="--model",
                        reason="the file does not exist or is not a regular file")
@@ -143,18 +142,27 @@ def _convert(a) -> None:
             print(f"[INFO] {line}", flush=True)
 
 
+def _check_output(path: str, flag: str) -> None:
+    """E10001 for ``flag`` unless ``path`` can be written (checked before the model is read or compiled)."""
+    problem = output_problem(path)
+    if problem:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=path, parameter=flag, reason=problem)
+
+
 def _inspect(a, mode: int) -> None:
     from runtime.atc import read_om
     if not a.om:
         raise AtcError("E10004", ACL_ERROR_GE_PARAM_INVALID, parameter="om")
+    if mode == 1:
+        if not a.json:
+            raise AtcError("E10004", ACL_ERROR_GE_PARAM_INVALID, parameter="json")
+        _check_output(a.json, "--json")
     p = Path(a.om)
     if not p.is_file():
         raise AtcError("E10001", ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, value=a.om, parameter="--om",
                        reason="the file does not exist or is not a regular file")
     manifest, _ = read_om(p.read_bytes())
     if mode == 1:
-        if not a.json:
-            raise AtcError("E10004", ACL_ERROR_GE_PARAM_INVALID, parameter="json")
         try:
             Path(a.json).write_text(json.dumps(manifest, indent=1))
         except OSError as e:

@@ -38,7 +38,7 @@ def register(sub) -> None:
 
 
 def _cmd_chaos(a) -> int:
-    from runtime.cluster.chaos import NODE_FAULTS, ChaosConfig, run_campaign, summary_lines
+    from runtime.cluster.chaos import NODE_FAULTS, ChaosConfig, failures, run_campaign, summary_lines
     from runtime.cluster.failover import FailoverOptions
     from runtime.cliargs import fail
     node_kinds = [f for f in a.faults if f in NODE_FAULTS]
@@ -65,7 +65,10 @@ def _cmd_chaos(a) -> int:
             print(f"vnpu chaos: error: cannot write {a.report}: {e.strerror or e}", file=sys.stderr)
             return 2
         print(f"report: {a.report}")
-    return 0 if rep["check"]["ok"] and rep["correct"] else 1
+    failed = failures(rep)
+    if failed:
+        print(f"vnpu chaos: FAILED: {'; '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _cmd_check(a) -> int:

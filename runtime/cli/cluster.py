@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from runtime.cliargs import fail, int_in, positive_int, text_file
+from runtime.cliargs import check_output_dir, fail, int_in, positive_int, text_file
 
 
 def register(sub) -> None:
@@ -35,6 +35,8 @@ def register(sub) -> None:
 def _cmd_up(a) -> int:
     from devices.errors import AclError
     from runtime.cluster import ClusterSpec, cluster_up, spec_from_yaml
+    from runtime.cluster.discovery import state_dir
+    check_output_dir(state_dir(), "VNPU_HOME (the cluster's state and token)", "vnpu up")
     try:
         spec = spec_from_yaml(a.config) if a.config else ClusterSpec()
     except AclError as e:

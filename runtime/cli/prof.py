@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 
-from runtime.cliargs import fail
+from runtime.cliargs import fail, writable_dir
 from runtime.profiler import ENV, export, new_prof_dir, read_raws
 
 
@@ -28,7 +28,8 @@ def register(sub) -> None:
     p = sub.add_parser("prof", help="run a command with the profiler on (msprof --application)",
                        description="Run COMMAND with vnpu's profiler on in every runtime client it starts; write a "
                                    "PROF_* folder in msprof's layout and print where the time went.")
-    p.add_argument("--output", default=".", metavar="DIR", help="where the PROF_* folder goes (default: .)")
+    p.add_argument("--output", type=writable_dir, default=".", metavar="DIR",
+                   help="where the PROF_* folder goes (made when missing; default: .)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     p.set_defaults(fn=_cmd)
 
@@ -39,8 +40,6 @@ def _cmd(a) -> int:
         cmd = cmd[1:]
     if not cmd:
         fail("no command given (vnpu prof [--output DIR] -- <command> [args...])", "vnpu prof")
-    if os.path.exists(a.output) and not os.path.isdir(a.output):
-        fail(f"argument --output: {a.output!r} is not a directory", "vnpu prof")
     try:
         os.makedirs(a.output, exist_ok=True)
         prof_dir = new_prof_dir(a.output)

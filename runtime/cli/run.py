@@ -48,6 +48,11 @@ def _device_lines(stats) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- embed
+def _npy_file(s: str) -> str:
+    """``type=``: where ``np.save`` writes ``s`` (``.npy`` appended when missing), checked now."""
+    return writable_file(s if s.endswith(".npy") else s + ".npy")
+
+
 def _cmd_embed(a) -> int:
     texts = list(a.texts or [])
     if a.input:
@@ -207,7 +212,8 @@ def register(sub) -> None:
     e.add_argument("--devices", type=positive_int, default=1)
     e.add_argument("--parallel", default="dp", choices=["dp", "tp"])
     e.add_argument("--input", type=text_lines, help="UTF-8 text file with one sentence per line ('-' = stdin)")
-    e.add_argument("--output", type=writable_file, help="write the embeddings as a .npy file")
+    e.add_argument("--output", type=_npy_file, help="write the embeddings as a .npy file (.npy appended when "
+                                                    "missing, as numpy does)")
     e.add_argument("--batch-size", type=positive_int, default=32)
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=_guard(_cmd_embed))

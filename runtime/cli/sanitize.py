@@ -23,6 +23,7 @@ import tempfile
 
 from devices.errors import AclError
 
+from runtime.cliargs import writable_file
 from runtime.sanitize import TOOLS, SanitizeOptions, parse_tools, summary_lines
 from runtime.sanitize.findings import FORMAT, PREFIX
 
@@ -38,8 +39,10 @@ def register(sub) -> None:
                    help=f"comma-separated tools ({', '.join(TOOLS)}) or 'all' (default)")
     p.add_argument("--error-exitcode", type=int, default=0, metavar="N",
                    help="exit with N when any error was found (default: the command's own status)")
-    p.add_argument("--json", default="", metavar="F", help="write the combined report as JSON to F")
-    p.add_argument("--log-file", default="", metavar="F", help="write the text report to F instead of stderr")
+    p.add_argument("--json", type=writable_file, default=None, metavar="F",
+                   help="write the combined report as JSON to F")
+    p.add_argument("--log-file", type=writable_file, default=None, metavar="F",
+                   help="write the text report to F instead of stderr")
     p.add_argument("--print-limit", type=int, default=100, metavar="N",
                    help="findings printed in full per process (all are counted; default 100)")
     p.add_argument("--stack-depth", type=int, default=8, metavar="N", help="host frames per call site (default 8)")
@@ -68,7 +71,7 @@ def _cmd(a, parser) -> int:
     log = open(a.log_file, "a", encoding="utf-8") if a.log_file else sys.stderr
     reports = tempfile.mkdtemp(prefix="vnpu-sanitize-")
     try:
-        opts = SanitizeOptions(tools=tools, json=reports + os.sep, log_file=a.log_file, print_limit=a.print_limit,
+        opts = SanitizeOptions(tools=tools, json=reports + os.sep, log_file=a.log_file or "", print_limit=a.print_limit,
                                stack_depth=a.stack_depth, summary=False)
         env = dict(os.environ, **opts.env())
         log.write(f"{PREFIX}VNPU-SANITIZE ({', '.join(tools)})\n")

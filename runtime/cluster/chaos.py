@@ -473,6 +473,22 @@ def _campaign_cluster(cfg: ChaosConfig, n_phys: int):
     return cluster, NodeChaos(cluster, replace=cfg.replace_nodes)
 
 
+def failures(r: dict) -> list[str]:
+    """What makes a campaign's report a failure (empty: it passed): the history check, results that differ
+    from the fault-free run, HBM not back to its baseline, anything left behind (``clean``).  ``vnpu chaos``
+    exits 1 when there is any."""
+    out = []
+    if not r["check"]["ok"]:
+        out.append(f"history check failed {r['check']['by_kind']}")
+    if not r["correct"]:
+        out.append(f"results differ from the fault-free run {r['wrong_result_ids']}")
+    if not r["hbm_back_to_baseline"]:
+        out.append(f"HBM not back to baseline {r['hbm_not_back']}")
+    if not r["clean"]:
+        out.append(f"left behind {({k: v for k, v in r['leaks'].items() if v})}")
+    return out
+
+
 def summary_lines(r: dict) -> list[str]:
     t = r["throughput"]
     d, c, hd = r["detection_latency_s"], r["recovery_latency_s"], r["hang_detection"]
@@ -504,5 +520,5 @@ def summary_lines(r: dict) -> list[str]:
     return lines
 
 
-__all__ = ["ChaosConfig", "WORKLOADS", "run_campaign", "summary_lines", "leaks", "hbm_report", "FAULT_KINDS",
+__all__ = ["ChaosConfig", "WORKLOADS", "run_campaign", "failures", "summary_lines", "leaks", "hbm_report", "FAULT_KINDS",
            "NODE_FAULTS"]

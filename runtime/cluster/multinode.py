@@ -37,6 +37,7 @@ from devices.errors import InvalidParamError
 from driver.host import BLAS_ENV, NAMESPACE
 
 from . import procs
+from .local import raylet_env
 from .placement import CHIP_LABEL, HBM_LABEL
 from .remote import RemoteBackend
 
@@ -138,11 +139,13 @@ class MultiNodeCluster:
         self._lock = threading.Lock()
         self._cluster = None
         try:
-            self._cluster = Cluster(initialize_head=True, shutdown_at_exit=True,
-                                    head_node_args=self._node_args(spec.head, head=True))
-            self._register(self._cluster.head_node, spec.head, head=True)
-            for w in spec.workers:
-                self._register(self._cluster.add_node(**self._node_args(w)), w, head=False)
+            ensure_ray_token()
+            with self._ray_defaults():
+                self._cluster = Cluster(initialize_head=True, shutdown_at_exit=True,
+                                        head_node_args=self._node_args(spec.head, head=True))
+                self._register(self._cluster.head_node, spec.head, head=True)
+                for w in spec.workers:
+                    self._register(self._cluster.add_node(**self._node_args(w)), w, head=False)
             self._cluster.wait_for_nodes()
             ray.init(address=self._cluster.address, namespace=NAMESPACE, logging_level="ERROR",
                      log_to_driver=False, configure_logging=True)
@@ -166,6 +169,17 @@ class MultiNodeCluster:
             # that a killed node's actors are marked dead -- and their names free -- in seconds
             args["_system_config"] = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5}
         return args
+
+    def _ray_defaults(self):
+        """Ray's per-machine default temp dir (``$RAY_TMPDIR/ray``, else ``/tmp/ray``) pointed into this
+        cluster's temp dir while Ray's cluster helper starts or stops nodes: ``ray.cluster_utils.Cluster``
+        records the head's address in ``<default>/ray_current_cluster`` -- it does not create that
+        directory (FileNotFoundError on a machine where Ray never ran with its defaults), and where it
+        exists it would point the machine's ``ray.init()`` at this private cluster and remove the file at
+        shutdown.  The Ray processes started inside inherit the same default (it all goes with the temp
+        dir)."""
+        os.makedirs(os.path.join(self.temp_dir, "ray"), mode=0o700, exist_ok=True)
+        return raylet_env({"RAY_TMPDIR": self.temp_dir})
 
     def _register(self, raylet, n: NodeSpec, head: bool) -> ClusterNode:
         node = ClusterNode(raylet.node_id, n, head, raylet=raylet)
@@ -259,8 +273,9 @@ class MultiNodeCluster:
         """One attempt (waits until the raylet is up).  Ray installs its exit hooks (signal handlers)
         only from the main thread; from another thread the node gets an atexit hook of ours instead."""
         if threading.current_thread() is threading.main_thread():
-            return self._cluster.add_node(**self._node_args(n))
-        with self._lock:
+            with self._ray_defaults():
+                return self._cluster.add_node(**self._node_args(n))
+        with self._lock, self._ray_defaults():
             hooks, self._cluster._shutdown_at_exit = self._cluster._shutdown_at_exit, False
             try:
                 raylet = self._cluster.add_node(**self._node_args(n))
@@ -286,7 +301,7 @@ class MultiNodeCluster:
             ray.shutdown()
         self.actors = []
         if self._cluster is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), self._ray_defaults():
                 self._cluster.shutdown()
             self._cluster = None
         self.device_pids |= {(segments.owner(a) or (0, None))[0] for a in arenas} - {0}   # restarted ones too
@@ -303,6 +318,16 @@ class MultiNodeCluster:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def ensure_ray_token() -> None:
+    """Make sure Ray's cluster token exists before a GCS starts: :mod:`runtime` runs Ray in token mode
+    (``RAY_AUTH_MODE=token``) and a GCS without a token dies at start (the caller then times out waiting
+    for its port file).  ``ray.init()`` generates ``~/.ray/auth_token`` for a new cluster when there is
+    none; ``ray.cluster_utils.Cluster`` does not, so a multi-node cluster does it here, the same way
+    (nothing happens when token mode is off or a token is there)."""
+    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+    ensure_token_if_auth_enabled(None, create_token_if_missing=True)
 
 
 def _wait_names_free(ids, timeout_s: float) -> None:
