@@ -63,6 +63,7 @@ class Target:
 
 A, H, J, L, G, D, R, RG, F = ("devices.arena", "devices.hccl", "runtime.cluster.jobrunner", "driver.lease",
                               "devices.graph", "devices.device", "runtime.api", "runtime.graph", "devices.faults")
+T, C = "runtime.serve.tenants", "driver.credentials"
 
 TARGETS: dict[str, Target] = {
     "arena": Target(
@@ -111,6 +112,19 @@ TARGETS: dict[str, Target] = {
          cls(F, "FaultState")),
         ("tests/test_faults.py", "tests/test_device_model.py"),
         "the fault state: the kind table's parameter checks, apply/clear/expiry, the readers"),
+    "tenants": Target(
+        ("runtime/serve/tenants.py",),
+        (cls(T, "Quotas"), cls(T, "Ticket"), cls(T, "RateLimited"), fn(T, "retry_headers"), cls(T, "Quota"),
+         cls(T, "Tenant"), cls(T, "TenantRegistry"), fn(T, "key_digest"), fn(T, "parse_key"), fn(T, "is_loopback"),
+         fn(T, "check_bind")),
+        ("tests/test_tenant_quotas.py",),
+        "HTTP tenants: per-minute token and concurrency quotas to the token, Retry-After, keys, the registry"),
+    "credentials": Target(
+        ("driver/credentials.py",),
+        (fn(C, "check_tenant"), fn(C, "_key"), fn(C, "_mac"), fn(C, "mint"), fn(C, "is_credential"),
+         fn(C, "claims_of"), fn(C, "verify"), cls(C, "Revocations"), cls(C, "Verifier")),
+        ("tests/test_credentials.py",),
+        "tenant credentials: minting, verification and expiry, revocation, the device's verifier and its cache"),
 }
 
 #: surviving mutants that cannot be killed because they behave exactly like the original:
