@@ -287,6 +287,19 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "under the lock: with no task-fail fault active it returns False either way",
     ("faults", f"*{M}FaultState{M}apply*", "p.pop(DURATION.name, None)"):
         "the duration is only tested for truth (`if duration`): None and 0.0 both mean no deadline",
+    ("credentials", "*x__mac__*", 'rstrip(b"XX=XX")'):
+        "a 32-byte digest is 43 base64 characters whose last carries 4 bits and 2 zero bits: it is one of "
+        "AEIMQUYcgkosw048, never X -- only the padding is stripped either way",
+    ("credentials", f"*{M}Revocations{M}refuses*", "self.tenants.get(claims.tenant, -2)"):
+        "a credential's issued_ms is a wall-clock time in ms (>= 0): it is below neither -1 nor -2",
+    ("credentials", f"*{M}Revocations{M}revoke_tokens*", "check=None"):
+        "None and False are both false: verify only tests `check` for truth",
+    ("credentials", f"*{M}Verifier{M}principal*", "len(raw) >= 600"):
+        "the 600-byte cap only bounds the work before verify, which refuses every token over 512 characters "
+        "(a header over 519 bytes): a header of 600 or 601 bytes gets None either way",
+    ("credentials", f"*{M}Verifier{M}principal*", "len(raw) > 601"):
+        "the 600-byte cap only bounds the work before verify, which refuses every token over 512 characters "
+        "(a header over 519 bytes): a header of 600 or 601 bytes gets None either way",
     ("jobrunner", f"*{M}JobRunner{M}wait*", "left < 0"):
         "left is a difference of monotonic clock readings taken at different times: exactly 0.0 only by "
         "accident, and then the next loop (a wait of 0 s) returns False anyway",

@@ -89,12 +89,21 @@ def test_what_does_not_verify():
         "malformed credential": [signed(f"vnpu.t1.alice.x{int(T0 * 1000)}.{int(T0 + 60)}.ab"),
                                  signed(f"vnpu.t1.alice.{int(T0 * 1000)}.soon.ab")],
     }
+    full = {"not a vnpu tenant credential": "not a vnpu tenant credential",
+            "does not verify": "credential does not verify (forged, or of another cluster)",
+            "malformed credential": "malformed credential"}
     for text, toks in cases.items():
         for t in toks:
-            with pytest.raises(cr.CredentialError, match=text):
+            with pytest.raises(cr.CredentialError) as e:
                 cr.verify(SECRET, t, now=T0)
+            assert e.value.detail == full[text], (t, e.value.detail)
     longest = signed("vnpu.t1." + "a" * 64 + f".{int(T0 * 1000)}.{int(T0 + 60)}." + "f" * 32)
     assert cr.verify(SECRET, longest, now=T0).tenant == "a" * 64
+    at_cap = "vnpu.t1." + "x" * 504                                   # 512 characters: still read, not verified
+    assert len(at_cap) == 512
+    with pytest.raises(cr.CredentialError) as e:
+        cr.verify(SECRET, at_cap, now=T0)
+    assert e.value.detail == full["does not verify"]
 
 
 def test_mint_checks_its_arguments():
@@ -103,8 +112,9 @@ def test_mint_checks_its_arguments():
     for ttl in (0, -1, cr.MAX_TTL_S + 1):
         with pytest.raises(InvalidParamError, match="a credential lives between 1 s and 366 days"):
             cr.mint(SECRET, "a", ttl_s=ttl)
-    with pytest.raises(InvalidParamError, match="needs the cluster secret"):
+    with pytest.raises(InvalidParamError) as e:
         cr.mint("", "a")
+    assert e.value.detail == "minting a credential needs the cluster secret"
     with pytest.raises(InvalidParamError, match="reserved"):
         cr.mint(SECRET, "admin")
 
@@ -125,9 +135,12 @@ def test_tenant_names():
 def test_claims_of_reads_without_verifying():
     forged = cr.mint("someone-else-secret-000000000", "bob", now=T0)
     assert cr.claims_of(forged).tenant == "bob"
-    for bad in ("not-one", "vnpu.t1.a.1.2.id", "vnpu.t1.a.1.2.id.mac.more", "vnpu.t1.a.one.2.id.mac"):
-        with pytest.raises(InvalidParamError):
+    for bad, text in (("not-one", "not a vnpu tenant credential"), ("vnpu.t1.a.1.2.id", "malformed tenant credential"),
+                      ("vnpu.t1.a.1.2.id.mac.more", "malformed tenant credential"),
+                      ("vnpu.t1.a.one.2.id.mac", "malformed tenant credential")):
+        with pytest.raises(InvalidParamError) as e:
             cr.claims_of(bad)
+        assert e.value.detail == text
 
 
 # ---------------------------------------------------------------------------------------------- revocations
@@ -165,6 +178,7 @@ def test_merging_never_undoes_a_revocation():
     d["tokens"].clear()
     assert r.tokens                                                    # a copy
     assert cr.Revocations().merge({}, {"z": -5}).tenants == {"z": -1}   # a tenant entry is never below -1
+    assert cr.Revocations().merge({"a": 0, "b": -5}, {}).tokens == {"a": 0, "b": 0}   # nor an id's below 0
 
 
 def test_prune_forgets_what_expired_anyway():
@@ -179,13 +193,14 @@ def test_the_revocation_file(tmp_path):
     p = tmp_path / "revoked.json"
     assert cr.Revocations.load(p).as_dict() == {"tokens": {}, "tenants": {}}
     future = int(__import__("time").time()) + 3600
-    r = cr.Revocations().merge({"a": future, "gone": 5}, {"t": 42})
+    r = cr.Revocations().merge({"b": future, "gone": 5, "a": future + 1}, {"u": 7, "t": 42})
     r.save(p)
     assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
-    assert json.loads(p.read_text()) == {"tokens": {"a": future}, "tenants": {"t": 42}}
+    want = {"tokens": {"a": future + 1, "b": future}, "tenants": {"t": 42, "u": 7}}
+    assert p.read_text() == json.dumps(want, indent=1, sort_keys=True)    # sorted, one-space indent
     assert sorted(os.listdir(tmp_path)) == ["revoked.json"]           # written atomically, nothing left over
     back = cr.Revocations.load(p)
-    assert back.as_dict() == {"tokens": {"a": future}, "tenants": {"t": 42}}
+    assert back.as_dict() == want
     p.write_text("{not json")
     with pytest.raises(InvalidParamError, match="cannot read the revocation list"):
         cr.Revocations.load(p)
@@ -195,6 +210,8 @@ def test_the_revocation_file(tmp_path):
             cr.Revocations.load(p)
     p.write_text('{"tenants": {"t": 9}}')
     assert cr.Revocations.load(p).as_dict() == {"tokens": {}, "tenants": {"t": 9}}
+    p.write_text('{"tokens": {"x": 9}}')
+    assert cr.Revocations.load(p).as_dict() == {"tokens": {"x": 9}, "tenants": {}}
     d = tmp_path / "dir"
     d.mkdir()
     with pytest.raises(InvalidParamError, match="cannot read"):
