@@ -26,6 +26,7 @@ _PRELUDE = textwrap.dedent("""
     import os, sys
     import numpy as np
     from runtime import acl
+    from devices.errors import AclError
     assert acl.init() == 0 and acl.rt.set_device(0) == 0
     N = 16 << 20                     # big enough that a freed buffer is unmapped (a real SIGSEGV before)
     dev, ret = acl.rt.malloc(N); assert ret == 0
@@ -71,13 +72,13 @@ CASES = {
     "ptr_to_bytes of 0x10": textwrap.dedent("""
         try:
             acl.util.ptr_to_bytes(0x10, 8); ret = 0
-        except acl.AclError as e:
+        except AclError as e:
             ret = e.code
         """),
     "ptr_to_numpy of 0x1000": textwrap.dedent("""
         try:
             acl.util.ptr_to_numpy(0x1000, (16,), np.dtype(np.float32).num); ret = 0
-        except acl.AclError as e:
+        except AclError as e:
             ret = e.code
         """),
     "memset 1 MiB into a 1-byte malloc_host buffer":
