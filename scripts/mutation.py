@@ -300,6 +300,14 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("credentials", f"*{M}Verifier{M}principal*", "len(raw) > 601"):
         "the 600-byte cap only bounds the work before verify, which refuses every token over 512 characters "
         "(a header over 519 bytes): a header of 600 or 601 bytes gets None either way",
+    ("tenants", "*x_parse_key__*", '"XX0123456789abcdefXX"'):
+        "the digest is lower-cased before the check: an upper-case X never reaches it",
+    ("tenants", f"*{M}Quotas{M}_scaled*", "self.admission > 1.0"):
+        "at factor 1.0 the scaled quota is max(1, ceil(v * 1.0)) == v for every quota (positive integers): "
+        "the same Quota",
+    ("tenants", f"*{M}Quotas{M}_scaled*", "self.admission >= 2.0"):
+        "set_admission keeps the factor in (0, 1], and at 1.0 the scaled quota is max(1, ceil(v * 1.0)) == v "
+        "for every quota (positive integers): the same Quota",
     ("jobrunner", f"*{M}JobRunner{M}wait*", "left < 0"):
         "left is a difference of monotonic clock readings taken at different times: exactly 0.0 only by "
         "accident, and then the next loop (a wait of 0 s) returns False anyway",

@@ -66,11 +66,12 @@ def test_a_request_larger_than_the_whole_quota_can_never_pass():
     q.admit(t, 10)
     e = refused(q, t, 65)
     assert e.retry_after_s is None and e.limit == "tokens"
+    refused(q, t, 100)
     assert e.message == ("Request too large for tenant t on tokens per min (TPM): Limit 64, Requested 65. "
                          "Reduce the prompt or max_tokens.")
     assert e.headers == {"x-ratelimit-limit-tokens": "64", "x-ratelimit-remaining-tokens": "54"}
     assert retry_headers(e) == {**e.headers, "x-should-retry": "false"}
-    assert q.usage(t)["rate_limited"] == 1 and q.usage(t)["requests"] == 1
+    assert q.usage(t)["rate_limited"] == 2 and q.usage(t)["requests"] == 1
 
 
 def test_a_charge_leaves_the_window_exactly_a_minute_later():
@@ -126,6 +127,7 @@ def test_settle_corrects_the_charge_to_what_was_used():
     q, clock = quotas()
     t = tenant(tpm=100)
     tk = q.admit(t, 90)                                     # prompt + max_tokens
+    assert tk.settled is False
     assert refused(q, t, 11).limit == "tokens"
     tk.settle(4, 6)                                         # it used 10
     u = q.usage(t)
@@ -195,6 +197,7 @@ def test_tenants_have_separate_ledgers():
 # ---------------------------------------------------------------------------------------------- throttle
 def test_admission_factor_scales_quotas_rounding_up_to_at_least_one():
     q, _ = quotas()
+    assert q.admission == 1.0                               # as configured until a throttle
     t = tenant(tpm=100, conc=3)
     q.set_admission(0.5)                                    # 50 tokens, 2 slots (ceil 1.5)
     q.admit(t, 50)
@@ -204,6 +207,9 @@ def test_admission_factor_scales_quotas_rounding_up_to_at_least_one():
     q2.admit(t, 1)
     q2.admit(t, 1)
     assert refused(q2, t, 1).headers["x-ratelimit-limit-requests"] == "2"
+    slow = tenant(conc=2, retry=0.25, name="slow")
+    q2.admit(slow, 1)
+    assert refused(q2, slow, 1).retry_after_s == 0.25       # a throttle keeps the tenant's Retry-After
     q3, _ = quotas()
     q3.set_admission(0.001)                                 # never below 1
     q3.admit(tenant(tpm=100, conc=3, name="u"), 1)
@@ -219,8 +225,9 @@ def test_admission_factor_scales_quotas_rounding_up_to_at_least_one():
     q4.set_admission(0.5)                                   # an unlimited quota stays unlimited
     q4.admit(tenant(name="free"), 10 ** 6)
     for bad in (0, -0.5, 1.5, True, "0.5", None):
-        with pytest.raises(InvalidParamError):
+        with pytest.raises(InvalidParamError) as e:
             q4.set_admission(bad)
+        assert e.value.detail == f"admission factor must be in (0, 1], got {bad!r}"
     assert q4.admission == 0.5
 
 
@@ -263,9 +270,15 @@ def test_keys_are_digests_and_parse_key_checks_them():
     assert parse_key("12345678") == key_digest("12345678")                  # 8 characters: enough
     h = key_digest("whatever")
     assert parse_key("sha256:" + h.upper()) == h
-    for bad in ("", "   ", None, 5, "1234567", "sha256:" + h[:63], "sha256:" + h + "0", "sha256:" + "g" * 64):
-        with pytest.raises(InvalidParamError):
+    for bad, text in (("", "an API key must be a non-empty string"), ("   ", "an API key must be a non-empty string"),
+                      (None, "an API key must be a non-empty string"), (5, "an API key must be a non-empty string"),
+                      ("1234567", "an API key must have at least 8 characters"),
+                      ("sha256:" + h[:63], "sha256: keys take 64 hex digits"),
+                      ("sha256:" + h + "0", "sha256: keys take 64 hex digits"),
+                      ("sha256:" + "g" * 64, "sha256: keys take 64 hex digits")):
+        with pytest.raises(InvalidParamError) as e:
             parse_key(bad)
+        assert e.value.detail == text
 
 
 def test_quota_and_tenant_validation():
@@ -274,15 +287,20 @@ def test_quota_and_tenant_validation():
     for kw in ({"concurrent_requests": 0}, {"tokens_per_minute": 0}, {"concurrent_requests": True},
                {"tokens_per_minute": 1.5}, {"retry_after_s": 0}, {"retry_after_s": RETRY_AFTER_MAX_S + 1},
                {"retry_after_s": True}, {"retry_after_s": "1"}, {"concurrent_requests": -1}):
-        with pytest.raises(InvalidParamError):
+        with pytest.raises(InvalidParamError) as e:
             Quota(**kw)
+        (k, v), = kw.items()
+        assert e.value.detail == (f"retry_after_s must be in (0, 120], got {v!r}" if k == "retry_after_s"
+                                  else f"{k} must be a positive integer, got {v!r}")
     Tenant("a-b_c1")
-    for bad in ("", "a b", "a.b", 5, None):
-        with pytest.raises(InvalidParamError):
+    for bad in ("", "a b", "a.b", 5, None, "-", "__"):
+        with pytest.raises(InvalidParamError) as e:
             Tenant(bad)
+        assert e.value.detail == f"tenant name must be letters, digits, - or _, got {bad!r}"
     for bad in (True, 1.0, "1"):
-        with pytest.raises(InvalidParamError):
+        with pytest.raises(InvalidParamError) as e:
             Tenant("a", priority=bad)
+        assert e.value.detail == f"priority must be an integer, got {bad!r}"
     t = Tenant("a", priority=5, models=("m1",))
     assert (t.effective_priority(None), t.effective_priority(2), t.effective_priority(9)) == (5, 5, 9)
     assert t.may_use("m1") and not t.may_use("m2") and Tenant("b").may_use("anything")
@@ -295,15 +313,18 @@ def test_registry_authenticates_by_key_and_refuses_everything_else():
     assert not reg.open
     assert reg.authenticate("Bearer sk-aaaaaaaaaa") is a and reg.authenticate("bearer  sk-aaaaaaaab2 ") is a
     assert reg.authenticate(" Bearer sk-bbbbbbbbbb") is b
-    cases = {None: "You didn't provide an API key", "": "You didn't provide an API key",
-             "Basic sk-aaaaaaaaaa": "must be 'Bearer <API key>'", "Bearer": "must be 'Bearer <API key>'",
-             "Bearer   ": "must be 'Bearer <API key>'",
+    missing = ("You didn't provide an API key. You need to provide your API key in an Authorization header "
+               "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+    scheme = "The Authorization header must be 'Bearer <API key>'."
+    cases = {None: missing, "": missing, "Basic sk-aaaaaaaaaa": scheme, "Bearer": scheme, "Bearer   ": scheme,
              "Bearer sk-wrong-key-99": "Incorrect API key provided: sk-****y-99.",
-             "Bearer short": "Incorrect API key provided: *****."}
+             "Bearer short": "Incorrect API key provided: *****.",
+             "Bearer 12345678": "Incorrect API key provided: ********.",           # 8 characters: all masked
+             "Bearer 123456789": "Incorrect API key provided: 123****6789."}       # 9: the ends shown
     for header, text in cases.items():
         with pytest.raises(Unauthorized) as e:
             reg.authenticate(header)
-        assert text in e.value.message and e.value.code == "invalid_api_key"
+        assert e.value.message == text and e.value.code == "invalid_api_key"
     assert reg.get("b") is b and reg.get("c") is None and reg.get("default") is None
     opened = TenantRegistry()
     assert opened.open and opened.authenticate(None) is OPEN_TENANT and opened.authenticate("x") is OPEN_TENANT
@@ -321,7 +342,7 @@ def test_open_servers_bind_loopback_only_unless_told():
     for host in ("127.0.0.1", "localhost", "::1", "[::1]", "127.9.9.9"):
         assert is_loopback(host)
         check_bind(host, open_reg, False)
-    for host in ("0.0.0.0", "10.0.0.1", "example.com", "::"):
+    for host in ("0.0.0.0", "10.0.0.1", "example.com", "::", "X127.0.0.1"):
         assert not is_loopback(host)
         with pytest.raises(InvalidParamError, match="refusing to serve without API keys"):
             check_bind(host, open_reg, False)
