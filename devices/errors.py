@@ -80,6 +80,9 @@ ACL_ERROR_RT_DEVICE_MEM_ERROR = 507053
 ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR = 507054
 ACL_ERROR_RT_LINK_ERROR = 507056
 ACL_ERROR_RT_SUSPECT_REMOTE_ERROR = 507057
+#: a driver call failed with a driver code the runtime does not map (rt_error_codes.h; e.g. drvMemsetD8 on a
+#: freed host address: DRV_ERROR_PARA_ERROR -> RT_ERROR_DRV_ERR)
+ACL_ERROR_RT_DRV_INTERNAL_ERROR = 507899
 ACL_ERROR_RT_SOCKET_CLOSE = 507901
 ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED = 507903
 
@@ -159,6 +162,7 @@ ERROR_TABLE: dict[int, tuple[str, str]] = {
     ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR: ("ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR", "HBM multi-bit ECC error"),
     ACL_ERROR_RT_LINK_ERROR: ("ACL_ERROR_RT_LINK_ERROR", "inter-device link error"),
     ACL_ERROR_RT_SUSPECT_REMOTE_ERROR: ("ACL_ERROR_RT_SUSPECT_REMOTE_ERROR", "suspected remote (peer) error"),
+    ACL_ERROR_RT_DRV_INTERNAL_ERROR: ("ACL_ERROR_RT_DRV_INTERNAL_ERROR", "driver internal error"),
     ACL_ERROR_RT_SOCKET_CLOSE: ("ACL_ERROR_RT_SOCKET_CLOSE", "device connection closed"),
     ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED: ("ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED",
                                               "capture invalidated by a failed call"),

@@ -34,7 +34,7 @@ from devices.errors import ACL_ERROR_RT_NO_PERMISSION, AclError, InvalidParamErr
 PREFIX = "vnpu.t1."
 #: the admin's tenant: what the cluster token authenticates (no credential can name it)
 ADMIN_TENANT = "admin"
-TENANT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TENANT_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")      #: the whole name (fullmatch: no trailing newline)
 DEFAULT_TTL_S = 24 * 3600.0
 MAX_TTL_S = 366 * 24 * 3600.0
 _KEY_LABEL = b"vnpu tenant credential v1"
@@ -55,7 +55,7 @@ class Claims:
 
 
 def check_tenant(name) -> str:
-    if not isinstance(name, str) or not TENANT_RE.match(name):
+    if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
         raise InvalidParamError(f"a tenant name is 1-64 characters of A-Z a-z 0-9 _ -, not {name!r}"[:200])
     if name == ADMIN_TENANT:
         raise InvalidParamError(f"tenant name {ADMIN_TENANT!r} is reserved for the cluster token")

@@ -63,6 +63,7 @@ class Target:
 
 A, H, J, L, G, D, R, RG, F = ("devices.arena", "devices.hccl", "runtime.cluster.jobrunner", "driver.lease",
                               "devices.graph", "devices.device", "runtime.api", "runtime.graph", "devices.faults")
+T, C = "runtime.serve.tenants", "driver.credentials"
 
 TARGETS: dict[str, Target] = {
     "arena": Target(
@@ -111,6 +112,19 @@ TARGETS: dict[str, Target] = {
          cls(F, "FaultState")),
         ("tests/test_faults.py", "tests/test_device_model.py"),
         "the fault state: the kind table's parameter checks, apply/clear/expiry, the readers"),
+    "tenants": Target(
+        ("runtime/serve/tenants.py",),
+        (cls(T, "Quotas"), cls(T, "Ticket"), cls(T, "RateLimited"), fn(T, "retry_headers"), cls(T, "Quota"),
+         cls(T, "Tenant"), cls(T, "TenantRegistry"), fn(T, "key_digest"), fn(T, "parse_key"), fn(T, "is_loopback"),
+         fn(T, "check_bind")),
+        ("tests/test_tenant_quotas.py",),
+        "HTTP tenants: per-minute token and concurrency quotas to the token, Retry-After, keys, the registry"),
+    "credentials": Target(
+        ("driver/credentials.py",),
+        (fn(C, "check_tenant"), fn(C, "_key"), fn(C, "_mac"), fn(C, "mint"), fn(C, "is_credential"),
+         fn(C, "claims_of"), fn(C, "verify"), cls(C, "Revocations"), cls(C, "Verifier")),
+        ("tests/test_credentials.py",),
+        "tenant credentials: minting, verification and expiry, revocation, the device's verifier and its cache"),
 }
 
 #: surviving mutants that cannot be killed because they behave exactly like the original:
@@ -273,6 +287,27 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "under the lock: with no task-fail fault active it returns False either way",
     ("faults", f"*{M}FaultState{M}apply*", "p.pop(DURATION.name, None)"):
         "the duration is only tested for truth (`if duration`): None and 0.0 both mean no deadline",
+    ("credentials", "*x__mac__*", 'rstrip(b"XX=XX")'):
+        "a 32-byte digest is 43 base64 characters whose last carries 4 bits and 2 zero bits: it is one of "
+        "AEIMQUYcgkosw048, never X -- only the padding is stripped either way",
+    ("credentials", f"*{M}Revocations{M}refuses*", "self.tenants.get(claims.tenant, -2)"):
+        "a credential's issued_ms is a wall-clock time in ms (>= 0): it is below neither -1 nor -2",
+    ("credentials", f"*{M}Revocations{M}revoke_tokens*", "check=None"):
+        "None and False are both false: verify only tests `check` for truth",
+    ("credentials", f"*{M}Verifier{M}principal*", "len(raw) >= 600"):
+        "the 600-byte cap only bounds the work before verify, which refuses every token over 512 characters "
+        "(a header over 519 bytes): a header of 600 or 601 bytes gets None either way",
+    ("credentials", f"*{M}Verifier{M}principal*", "len(raw) > 601"):
+        "the 600-byte cap only bounds the work before verify, which refuses every token over 512 characters "
+        "(a header over 519 bytes): a header of 600 or 601 bytes gets None either way",
+    ("tenants", "*x_parse_key__*", '"XX0123456789abcdefXX"'):
+        "the digest is lower-cased before the check: an upper-case X never reaches it",
+    ("tenants", f"*{M}Quotas{M}_scaled*", "self.admission > 1.0"):
+        "at factor 1.0 the scaled quota is max(1, ceil(v * 1.0)) == v for every quota (positive integers): "
+        "the same Quota",
+    ("tenants", f"*{M}Quotas{M}_scaled*", "self.admission >= 2.0"):
+        "set_admission keeps the factor in (0, 1], and at 1.0 the scaled quota is max(1, ceil(v * 1.0)) == v "
+        "for every quota (positive integers): the same Quota",
     ("jobrunner", f"*{M}JobRunner{M}wait*", "left < 0"):
         "left is a difference of monotonic clock readings taken at different times: exactly 0.0 only by "
         "accident, and then the next loop (a wait of 0 s) returns False anyway",

@@ -13,21 +13,26 @@ A pyACL runtime program works after changing only its import line (``import acl`
   aclError returns just that value (``acl.mdl.get_num_inputs(desc)``, ``acl.create_data_buffer(p, n)``),
   its C failure value (0, -1, "") on failure.  Errors are *returned* as CANN codes, never raised;
   ``acl.get_recent_err_msg()`` returns (and clears) the text of the calling thread's last error
-  (one template for all of it: :func:`runtime.acl.calls.acl_call`);
+  (one template for all of it: :func:`runtime.acl._calls.acl_call`);
 - pointers, contexts, streams, events and function handles are Python ints.  Device pointers are the
   arena's tagged integers (:mod:`devices.arena`); host pointers are real host addresses, e.g. from
   :func:`util.numpy_to_ptr`, :func:`util.bytes_to_ptr` or :func:`rt.malloc_host`, read and written
   with :mod:`ctypes`.
 
-The package, one module per namespace: :mod:`.rt`, :mod:`.util`, :mod:`.mdl` (this ``__init__`` holds
-``acl.*``, with :mod:`.buffers` (data buffers, ``data_type_size``), :mod:`.tensor_desc` and
-:mod:`.applog` (``app_log``) re-exported from it), beside :mod:`.constants` (every ``ACL_*`` value),
-:mod:`.calls` (the calling convention), :mod:`.args` (argument checks), :mod:`.hostmem` (the host-pointer
-table) and :mod:`.state` (process state: init count, contexts, streams, events, allocations, models and
-their host objects; the current context is per thread, as in CANN).  A new namespace (``acl.prof``) is one more
-module of :func:`~runtime.acl.calls.acl_call` functions imported here; ``aclmdl*`` model functions join
-:mod:`.mdl`.  The devices are those of
-:func:`runtime.api.get_runtime` at the first ``acl.init()`` (so ``ASCEND_RT_VISIBLE_DEVICES`` applies).
+The package, one public module per namespace: this ``__init__`` (``acl.*``), :mod:`.rt`, :mod:`.util`,
+:mod:`.mdl` and :mod:`.prof`.  Each holds its API and nothing else -- ``dir(acl.rt)`` lists exactly the
+functions of ``acl.rt`` (tests/reference/pyacl_api.txt; the ``ACL_*`` constants are ``acl``'s), as a
+program that enumerates pyACL's modules expects -- and takes it from a private module that implements it
+(:mod:`._rt`, :mod:`._util`, :mod:`._mdl`, :mod:`._prof`; ``acl.*`` from :mod:`._buffers` (data buffers,
+``data_type_size``), :mod:`._tensor_desc`, :mod:`._applog` (``app_log``) and this file, whose own imports
+are aliased ``_name``).  Beside them: :mod:`._constants` (every ``ACL_*`` value), :mod:`._calls` (the
+calling convention), :mod:`._args` (argument checks) and :mod:`._state` (process state: init count,
+contexts, streams, events, allocations, models and their host objects; the current context is per
+thread, as in CANN); host pointers are checked in :mod:`runtime.hostmem`.  A new namespace is one more
+public module that imports its API from one more private module of
+:func:`~runtime.acl._calls.acl_call` functions (``ACL_NAMESPACE`` names the calls).  The devices are
+those of :func:`runtime.api.get_runtime` at the first ``acl.init()`` (so ``ASCEND_RT_VISIBLE_DEVICES``
+applies).
 
 vnpu behaviour choices (where CANN leaves room):
 
@@ -54,19 +59,17 @@ vnpu behaviour choices (where CANN leaves room):
   ``VNPU_CLOCK=modeled`` in the environment it returns the modeled device clock (the cost model's time).
 - ``rt.launch_kernel`` takes vnpu tensor arguments, see its docstring.
 """
-from __future__ import annotations
+import json as _json
 
-import json
-
-from devices.errors import AclError
-from runtime import api
+from devices.errors import AclError as _AclError
+from runtime import api as _api
 
 from . import mdl, prof, rt, util  # noqa: F401 - acl.rt, acl.util, acl.mdl, acl.prof
-from .applog import app_log  # noqa: F401 - acl.app_log
-from .buffers import (create_data_buffer, data_type_size, destroy_data_buffer,  # noqa: F401 - acl.*
-                      get_data_buffer_addr, get_data_buffer_size, get_data_buffer_size_v2, update_data_buffer)
-from .calls import acl_call, record_error, take_error
-from .constants import (  # noqa: F401 - acl.ACL_* (every constant of .constants)
+from ._applog import app_log  # noqa: F401 - acl.app_log
+from ._buffers import (create_data_buffer, data_type_size, destroy_data_buffer,  # noqa: F401 - acl.*
+                       get_data_buffer_addr, get_data_buffer_size, get_data_buffer_size_v2, update_data_buffer)
+from ._calls import acl_call as _acl_call, record_error as _record_error, take_error as _take_error
+from ._constants import (  # noqa: F401 - acl.ACL_* (every constant of ._constants)
     ACL_BF16, ACL_BOOL, ACL_CALLBACK_BLOCK, ACL_CALLBACK_NO_BLOCK, ACL_COMPLEX128, ACL_COMPLEX32, ACL_COMPLEX64,
     ACL_DDR_MEM, ACL_DDR_MEM_HUGE, ACL_DDR_MEM_NORMAL, ACL_DDR_MEM_P2P_HUGE, ACL_DDR_MEM_P2P_NORMAL, ACL_DEBUG,
     ACL_DEVICE, ACL_DEVICE_STATUS_ABNORMAL, ACL_DEVICE_STATUS_NORMAL, ACL_DOUBLE, ACL_DT_UNDEFINED,
@@ -87,6 +90,7 @@ from .constants import (  # noqa: F401 - acl.ACL_* (every constant of .constants
     ACL_ERROR_RT_AICORE_TIMEOUT, ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW, ACL_ERROR_RT_AICORE_TRAP_WRITE_OVERFLOW,
     ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, ACL_ERROR_RT_CONTEXT_NULL, ACL_ERROR_RT_DEVICE_MEM_ERROR,
     ACL_ERROR_RT_DEVICE_OOM, ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_DEV_SETUP_ERROR,
+    ACL_ERROR_RT_DRV_INTERNAL_ERROR,
     ACL_ERROR_RT_EVENT_NOT_COMPLETE, ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID,
     ACL_ERROR_RT_EVENT_TIMESTAMP_REVERSAL, ACL_ERROR_RT_FEATURE_NOT_SUPPORT, ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
     ACL_ERROR_RT_INTERNAL_ERROR, ACL_ERROR_RT_INVALID_DEVICEID, ACL_ERROR_RT_INVALID_DEVICE_FUNCTION,
@@ -131,15 +135,16 @@ from .constants import (  # noqa: F401 - acl.ACL_* (every constant of .constants
     ACL_AICORE_L2_CACHE, ACL_AICORE_PIPE_EXECUTE_UTILIZATION, ACL_AICORE_MEMORY_ACCESS, ACL_AICORE_NONE,
     ACL_PROF_STORAGE_LIMIT, ACL_PROF_SYS_HARDWARE_MEM_FREQ,
 )
-from .state import STATE, teardown
-from .tensor_desc import (create_tensor_desc, destroy_tensor_desc, get_tensor_desc_dim,  # noqa: F401 - acl.*
-                          get_tensor_desc_dim_v2, get_tensor_desc_element_count, get_tensor_desc_format,
-                          get_tensor_desc_name, get_tensor_desc_num_dims, get_tensor_desc_size, get_tensor_desc_type,
-                          set_tensor_desc_name)
+from ._prof import teardown as _prof_teardown
+from ._state import STATE as _STATE, teardown as _teardown
+from ._tensor_desc import (create_tensor_desc, destroy_tensor_desc, get_tensor_desc_dim,  # noqa: F401 - acl.*
+                           get_tensor_desc_dim_v2, get_tensor_desc_element_count, get_tensor_desc_format,
+                           get_tensor_desc_name, get_tensor_desc_num_dims, get_tensor_desc_size, get_tensor_desc_type,
+                           set_tensor_desc_name)
 
 
 # ---------------------------------------------------------------------------------------------- acl.*
-@acl_call(init=False)
+@_acl_call(init=False)
 def init(config_path: str | None = None) -> None:
     """aclInit.  Reference-counted (reference 1.2, current CANN): each call adds 1 and succeeds;
     ``finalize_reference`` takes 1 away, ``finalize`` tears down whatever the count.  ``config_path``
@@ -149,18 +154,18 @@ def init(config_path: str | None = None) -> None:
             with open(config_path, encoding="utf-8") as f:
                 text = f.read()
             if text.strip():
-                json.loads(text)
+                _json.loads(text)
         except (OSError, ValueError) as e:
-            raise AclError(f"bad acl config file {config_path!r}: {e}", code=ACL_ERROR_INVALID_PARAM) from None
-    with STATE.lock:
-        if STATE.init_count == 0:
-            STATE.owns_rt = api.current_runtime() is None    # made here: finalize closes it (its arenas)
-            STATE.rt = api.get_runtime()
-        STATE.init_count += 1
-        STATE.ever_init = True
+            raise _AclError(f"bad acl config file {config_path!r}: {e}", code=ACL_ERROR_INVALID_PARAM) from None
+    with _STATE.lock:
+        if _STATE.init_count == 0:
+            _STATE.owns_rt = _api.current_runtime() is None    # made here: finalize closes it (its arenas)
+            _STATE.rt = _api.get_runtime()
+        _STATE.init_count += 1
+        _STATE.ever_init = True
 
 
-@acl_call(init=False)
+@_acl_call(init=False)
 def finalize() -> None:
     """aclFinalize: release every context, stream, event, function handle and allocation made through
     this module, whatever the init count.  A runtime that ``acl.init`` created (none was installed) is
@@ -168,21 +173,21 @@ def finalize() -> None:
     leases; the next ``acl.init`` makes a new one.  The ``acl.prof`` session ends too, as aclFinalize's
     MsprofFinalize ends it: a running profile is stopped and written, and ``acl.prof.init`` is needed
     again after the next ``acl.init``."""
-    if STATE.init_count <= 0:
-        raise AclError("acl is not initialized" + (" (already finalized)" if STATE.ever_init else ""),
-                       code=ACL_ERROR_REPEAT_FINALIZE if STATE.ever_init else ACL_ERROR_UNINITIALIZE)
+    if _STATE.init_count <= 0:
+        raise _AclError("acl is not initialized" + (" (already finalized)" if _STATE.ever_init else ""),
+                        code=ACL_ERROR_REPEAT_FINALIZE if _STATE.ever_init else ACL_ERROR_UNINITIALIZE)
     _finalize_all()
 
 
-@acl_call(outs=(0,), init=False)
+@_acl_call(outs=(0,), init=False)
 def finalize_reference() -> int:
     """aclFinalizeReference -> (remaining init count, ret); tears down when it reaches 0."""
-    with STATE.lock:
-        if STATE.init_count <= 0:
-            raise AclError("acl is not initialized",
-                           code=ACL_ERROR_REPEAT_FINALIZE if STATE.ever_init else ACL_ERROR_UNINITIALIZE)
-        STATE.init_count -= 1
-        left = STATE.init_count
+    with _STATE.lock:
+        if _STATE.init_count <= 0:
+            raise _AclError("acl is not initialized",
+                            code=ACL_ERROR_REPEAT_FINALIZE if _STATE.ever_init else ACL_ERROR_UNINITIALIZE)
+        _STATE.init_count -= 1
+        left = _STATE.init_count
     if left == 0:
         _finalize_all()
     return left
@@ -192,25 +197,32 @@ def _finalize_all() -> None:
     """aclFinalize's teardown: profiling first (MsprofFinalize: a running profile is written while its
     devices are still open), then every acl resource and the runtime acl.init made."""
     try:
-        prof.teardown()
+        _prof_teardown()
     finally:
-        teardown()
+        _teardown()
+
+
+@_acl_call(outs=(0, 0, 0), init=False)
+def get_version():
+    """aclrtGetVersion -> (major, minor, patch, ret): the AscendCL API version vnpu follows (pyACL names it
+    ``acl.get_version``)."""
+    return ACL_VERSION
 
 
 def get_recent_err_msg() -> str:
     """The calling thread's last error text ("" when none); reading it clears it."""
-    return take_error()
+    return _take_error()
 
 
 def get_soc_name() -> str | None:
     """aclrtGetSocName: the chip name of device 0 (e.g. "Ascend910B3"); None before init."""
-    if STATE.rt is None or STATE.rt.device_count() == 0:
-        record_error("acl.get_soc_name", "acl.init() has not been called" if STATE.rt is None else "no device")
+    if _STATE.rt is None or _STATE.rt.device_count() == 0:
+        _record_error("acl.get_soc_name", "acl.init() has not been called" if _STATE.rt is None else "no device")
         return None
     try:
-        return STATE.rt.device(0).info().chip
-    except AclError as e:
-        record_error("acl.get_soc_name", str(e))
+        return _STATE.rt.device(0).info().chip
+    except _AclError as e:
+        _record_error("acl.get_soc_name", str(e))
         return None
 
 

@@ -11,6 +11,7 @@ Capturing walks frame objects (no source lines are read); text is made only for 
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -24,14 +25,14 @@ _ROOT = _RUNTIME.parent
 #: directories and files whose frames are the runtime's own (skipped, the outermost names the API entry)
 INTERNAL = tuple(str(p) for p in (
     _RUNTIME / "sanitize", _RUNTIME / "acl", _RUNTIME / "offline", _RUNTIME / "api.py", _RUNTIME / "graph.py",
-    _RUNTIME / "memory",
+    _RUNTIME / "memory", _RUNTIME / "hostmem.py",
     _RUNTIME / "hccl.py", _RUNTIME / "backend.py", _RUNTIME / "cluster" / "remote.py",
     _RUNTIME / "cluster" / "failover.py", _RUNTIME / "profiler", _ROOT / "devices", _ROOT / "driver"))
 #: frames skipped on the way out that never name the API entry: the acl calling convention's wrapper (the
 #: acl function it wraps is the entry) and the standard library (``with stream.capture():`` ends the
 #: capture from contextlib's ``__exit__``; the caller is the program's ``with`` line), and the profiler's hook
 #: wrapper around runtime entry points (the function it wraps is the entry)
-TRANSPARENT = (str(_RUNTIME / "acl" / "calls.py"), str(_RUNTIME / "profiler" / "hooks.py"),
+TRANSPARENT = (str(_RUNTIME / "acl" / "_calls.py"), str(_RUNTIME / "profiler" / "hooks.py"),
                sysconfig.get_paths()["stdlib"] + os.sep)
 
 
@@ -75,13 +76,24 @@ def _rel(path: str) -> str:
 
 
 def _api_name(code) -> str:
-    """``Stream.launch`` for runtime.api, ``acl.rt.memcpy`` for runtime.acl.rt, ``hccl.Communicator...``."""
+    """``Stream.launch`` for runtime.api, ``acl.rt.memcpy`` for runtime.acl (``acl.rt.*`` is implemented
+    in ``_rt.py``), ``acl.init`` for its ``__init__``, ``hccl.Communicator...``."""
     mod = code.co_filename
     name = getattr(code, "co_qualname", code.co_name)
     if f"{os.sep}acl{os.sep}" in mod:
-        return f"acl.{Path(mod).stem}.{name}"
+        return f"{_acl_namespace(mod)}.{name}"
     stem = Path(mod).stem
     return name if stem == "api" else f"{stem}.{name}"
+
+
+@functools.lru_cache(maxsize=None)
+def _acl_namespace(path: str) -> str:
+    """The acl namespace a file of runtime/acl implements: ``acl.<x>`` for ``_<x>.py`` when the public
+    module ``<x>.py`` exists beside it (``_rt.py`` -> ``acl.rt``), else ``acl`` (``__init__.py``,
+    ``_buffers.py`` ...)."""
+    p = Path(path)
+    ns = p.stem.lstrip("_")
+    return f"acl.{ns}" if p.stem.startswith("_") and ns and (p.parent / f"{ns}.py").is_file() else "acl"
 
 
 class SiteTable:

@@ -1,14 +1,13 @@
 """Checks that turn pyACL arguments (ints, host addresses) into checked values; a bad one raises
 InvalidParamError (107000) or, for host memory, the acl layer's 100000, which the calling convention
-(:mod:`runtime.acl.calls`) returns as the call's ``ret``."""
+(:mod:`runtime.acl._calls`) returns as the call's ``ret``."""
 from __future__ import annotations
 
 import numpy as np
 
 from devices.arena import is_device_ptr
 from devices.errors import InvalidParamError
-
-from . import hostmem
+from runtime import hostmem
 
 
 def invalid(detail: str):
@@ -26,7 +25,7 @@ def as_int(x, what: str) -> int:
 
 
 def host_range(ptr, nbytes: int, what: str) -> hostmem.HostRange:
-    """The live host buffer that holds ``[ptr, ptr + nbytes)`` (:mod:`runtime.acl.hostmem`): 100000 for
+    """The live host buffer that holds ``[ptr, ptr + nbytes)`` (:mod:`runtime.hostmem`): 100000 for
     NULL, a device pointer, freed memory, an unknown address or a range past the end of its buffer.  Hold
     the returned range while its memory is used."""
     p = as_int(ptr, what)

@@ -8,14 +8,14 @@ return C's failure value (0); the calls that return an aclError return 100000 fo
 """
 from __future__ import annotations
 
-from .args import as_int
-from .calls import acl_call, acl_value
-from .constants import (ACL_BF16, ACL_BOOL, ACL_COMPLEX32, ACL_COMPLEX128, ACL_DT_UNDEFINED, ACL_FLOAT,
-                        ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E5M2, ACL_FLOAT8_E8M0, ACL_FLOAT16, ACL_HIFLOAT8, ACL_INT4,
-                        ACL_INT8, ACL_INT16, ACL_INT32, ACL_STRING, ACL_UINT1, ACL_UINT8, ACL_UINT16, ACL_UINT32)
-from .state import STATE, DataBufferRecord, add_object, drop_object, object_record
+from ._args import as_int
+from ._calls import acl_call, acl_value
+from ._constants import (ACL_BF16, ACL_BOOL, ACL_COMPLEX32, ACL_COMPLEX128, ACL_DT_UNDEFINED, ACL_FLOAT,
+                         ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E5M2, ACL_FLOAT8_E8M0, ACL_FLOAT16, ACL_HIFLOAT8, ACL_INT4,
+                         ACL_INT8, ACL_INT16, ACL_INT32, ACL_STRING, ACL_UINT1, ACL_UINT8, ACL_UINT16, ACL_UINT32)
+from ._state import STATE, DataBufferRecord, add_object, drop_object, object_record
 
-ACL_NAMESPACE = "acl"               # these are acl.* calls (runtime.acl.calls names them so)
+ACL_NAMESPACE = "acl"               # these are acl.* calls (runtime.acl._calls names them so)
 
 #: aclDataTypeSize (data_buffer.cpp): bytes per element; any other value answers 8, as its default branch
 _TYPE_SIZE = {ACL_STRING: 0, ACL_DT_UNDEFINED: 0, ACL_UINT1: 1, ACL_INT4: 1,

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .args import as_int
-from .buffers import data_type_size
-from .calls import acl_call, acl_value
-from .constants import ACL_DT_UNDEFINED, ACL_FORMAT_UNDEFINED, ACL_MAX_DIM_CNT, ACL_UNKNOWN_RANK
-from .state import STATE, TensorDescRecord, add_object, object_record
+from ._args import as_int
+from ._buffers import data_type_size
+from ._calls import acl_call, acl_value
+from ._constants import ACL_DT_UNDEFINED, ACL_FORMAT_UNDEFINED, ACL_MAX_DIM_CNT, ACL_UNKNOWN_RANK
+from ._state import STATE, TensorDescRecord, add_object, object_record
 
-ACL_NAMESPACE = "acl"               # these are acl.* calls (runtime.acl.calls names them so)
+ACL_NAMESPACE = "acl"               # these are acl.* calls (runtime.acl._calls names them so)
 
 #: aclTensorDesc dims of a tensor whose rank is unknown (C: numDims = ACL_UNKNOWN_RANK, dims [-2])
 _UNKNOWN_RANK_DIMS = (-2,)

@@ -19,8 +19,8 @@ import logging
 import os
 import sys
 
-from .calls import record_error
-from .constants import ACL_DEBUG, ACL_ERROR, ACL_INFO, ACL_WARNING
+from ._calls import record_error
+from ._constants import ACL_DEBUG, ACL_ERROR, ACL_INFO, ACL_WARNING
 
 ACL_NAMESPACE = "acl"
 

@@ -20,10 +20,9 @@ from typing import Any
 from devices.errors import (ACL_ERROR_GE_EXEC_MODEL_ID_INVALID, ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_CONTEXT_NULL,
                             ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_UNINITIALIZE,
                             AclError, InvalidHandleError, ModelError)
-from runtime import api, sanitize
+from runtime import api, hostmem, sanitize
 
-from . import hostmem
-from .args import as_int
+from ._args import as_int
 
 log = logging.getLogger("vnpu.acl")
 

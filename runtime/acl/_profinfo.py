@@ -1,14 +1,14 @@
 """What the profiler notes about an acl call beyond its name and times (bytes copied, pinned or not).
 
 :data:`INFO` maps an acl call name to a function of the call's arguments that returns a small dict; the
-calling convention (:mod:`.calls`) passes it to the profiler, which calls it only while a profile runs.
+calling convention (:mod:`._calls`) passes it to the profiler, which calls it only while a profile runs.
 A host buffer counts as pinned when it is ``rt.malloc_host`` memory (the host-pointer table's kind).
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from . import hostmem
+from runtime import hostmem
 
 
 def _pinned(*ptrs) -> bool:

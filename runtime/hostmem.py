@@ -202,6 +202,12 @@ class HostMemoryTable:
         raise invalid(f"{what} 0x{ptr:x} is not inside a live host buffer known to acl (rt.malloc_host, "
                       f"util.numpy_to_ptr, util.bytes_to_ptr)")
 
+    def freed(self, ptr: int) -> tuple[int, int, str] | None:
+        """``(start, nbytes, kind)`` of a recently freed buffer that held ``ptr`` (what :meth:`lookup`
+        reports as freed when no live buffer holds it), else None."""
+        with self._lock:
+            return self._freed_at(ptr)
+
     def live(self) -> list[HostRange]:
         """The live registrations, by start (reports, tests)."""
         with self._lock:
@@ -268,9 +274,14 @@ def lookup(ptr: int, nbytes: int, what: str = "host pointer") -> HostRange:
     return TABLE.lookup(ptr, nbytes, what)
 
 
+def freed(ptr: int) -> tuple[int, int, str] | None:
+    """The recently freed buffer of :data:`TABLE` that held ``ptr`` (see :meth:`HostMemoryTable.freed`)."""
+    return TABLE.freed(ptr)
+
+
 def release(ptr: int, kind: str = "malloc_host") -> HostRange:
     """Forget the ``kind`` buffer of :data:`TABLE` that starts at ``ptr``, else 100000."""
     return TABLE.release(ptr, kind)
 
 
-__all__ = ["HostRange", "HostMemoryTable", "TABLE", "register", "lookup", "release", "invalid", "KINDS"]
+__all__ = ["HostRange", "HostMemoryTable", "TABLE", "register", "lookup", "release", "freed", "invalid", "KINDS"]

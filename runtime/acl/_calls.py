@@ -14,9 +14,11 @@ C functions that return a value instead of an aclError (``aclmdlGetNumInputs`` -
 :func:`acl_value` makes them return their value, or on failure the C function's failure value (0, -1,
 "") with the error text kept the same way.
 
-A call is named after the acl namespace of its module: ``runtime.acl.rt`` -> ``acl.rt``; a module that
-implements functions of another namespace says so with a module-level ``ACL_NAMESPACE = "acl"``
-(``runtime.acl.buffers`` holds ``acl.create_data_buffer``).
+A call is named after the acl namespace of its module: ``runtime.acl`` -> ``acl``, ``runtime.acl._rt``
+(the private module that implements ``acl.rt``) -> ``acl.rt``; a module that implements functions of
+another namespace says so with a module-level ``ACL_NAMESPACE = "acl"`` (``runtime.acl._buffers`` holds
+``acl.create_data_buffer``).  The call's ``__module__`` is the public module of its namespace
+(``acl.rt.malloc.__module__ == "runtime.acl.rt"``), where pyACL programs find it.
 """
 from __future__ import annotations
 
@@ -32,8 +34,8 @@ from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_INVALID_PARAM, A
 from runtime import sanitize
 from runtime.profiler import hooks
 
-from . import profinfo
-from .state import STATE
+from . import _profinfo as profinfo
+from ._state import STATE
 
 log = logging.getLogger("vnpu.acl")
 
@@ -42,14 +44,19 @@ _tls = threading.local()                        # .err: the calling thread's las
 
 
 def call_name(fn: Callable) -> str:
-    """``acl.rt.malloc`` for ``runtime.acl.rt.malloc``, ``acl.init`` for ``runtime.acl.init``,
-    ``acl.create_data_buffer`` for ``runtime.acl.buffers.create_data_buffer`` (``ACL_NAMESPACE``)."""
+    """``acl.rt.malloc`` for ``runtime.acl._rt.malloc``, ``acl.init`` for ``runtime.acl.init``,
+    ``acl.create_data_buffer`` for ``runtime.acl._buffers.create_data_buffer`` (``ACL_NAMESPACE``)."""
     mod = fn.__module__
     ns = getattr(sys.modules.get(mod), "ACL_NAMESPACE", None)
     if ns:
         return f"{ns}.{fn.__name__}"
     sub = mod[len(_PACKAGE):] if mod.startswith(_PACKAGE) else "." + mod
-    return f"acl{sub}.{fn.__name__}"
+    return f"acl{sub.replace('._', '.')}.{fn.__name__}"
+
+
+def _public_module(name: str) -> str:
+    """The public module that holds call ``name``: ``runtime.acl.rt`` for ``acl.rt.malloc``."""
+    return _PACKAGE + name.rpartition(".")[0][len("acl"):]
 
 
 def acl_call(outs: tuple = (), init: bool = True) -> Callable[[Callable], Callable]:
@@ -90,6 +97,7 @@ def acl_call(outs: tuple = (), init: bool = True) -> Callable[[Callable], Callab
             if len(outs) == 1:
                 return res, ACL_SUCCESS
             return (*res, ACL_SUCCESS)
+        call.__module__ = _public_module(name)
         return call
     return deco
 
@@ -117,6 +125,7 @@ def acl_value(default, init: bool = True) -> Callable[[Callable], Callable]:
                 log.debug("%s failed", name, exc_info=True)
                 _failed(name, ACL_ERROR_INTERNAL_ERROR, f"{type(e).__name__}: {e}", ())
             return default
+        call.__module__ = _public_module(name)
         return call
     return deco
 
