@@ -3,7 +3,9 @@
 Lifecycle (``GET /health``): ``starting`` (503) while engines load, ``ready`` (200), ``draining`` (503:
 no new requests, running ones finish) after SIGTERM or :meth:`Server.drain`, then ``stopped``.  The
 server binds loopback unless told otherwise -- and refuses a non-loopback address without API keys unless
-``allow_unauthenticated`` -- and port 0 picks a free port (:attr:`Server.url` once bound).
+``allow_unauthenticated`` -- and port 0 picks a free port (:attr:`Server.url` once bound).  What one client
+may send is bounded (:mod:`.limits`: header and body deadlines and sizes, connections per address), in
+uvicorn's protocol (:mod:`.api.connections`) and in front of the routes (:mod:`.api.guard`).
 
 The service holds the HTTP tenants (:mod:`.tenants`: keys, priority classes, quotas) and the engines;
 every engine (generation and embedding) gets its fallback chain (:mod:`.engine.placement`); they share one

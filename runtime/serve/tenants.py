@@ -22,8 +22,8 @@ clients are *HTTP tenants* that it tells apart and isolates itself:
   the others, as OpenAI answers for models one has no access to.  KV blocks are never shared between
   requests (no prefix cache): a block belongs to one request's table until that request frees it.
 
-Pure host-side logic (no HTTP): routes call :meth:`TenantRegistry.authenticate`, :meth:`Quotas.admit`
-and :meth:`Ticket.settle`.  Nothing here blocks.
+Pure host-side logic (no HTTP): routes call :meth:`TenantRegistry.authenticate`, :meth:`Quotas.precheck`
+(before tokenizing, on a lower bound of the request's tokens), :meth:`Quotas.admit` and :meth:`Ticket.settle`.  Nothing here blocks.
 """
 from __future__ import annotations
 

@@ -17,6 +17,11 @@ server's History (``latest?after=T&wait_s=S``: a long poll for the next sample, 
 test waits on instead of polling), ``POST /admin/events`` records an operator command's event, ``POST /admin/reconfigure``
 changes the running config; the admin commands (fallback, restore, throttle, replicas, reconfigure) are
 recorded as manual interventions.
+
+Hostile clients: in front of the routes the server's :mod:`.guard` authenticates from the headers and
+bounds the body (size, deadline) before anything reads it.  A prompt or embeddings input is sized from its
+text first (:mod:`.sizes`: what certainly exceeds the context or the tenant's quota is refused before any
+work), then tokenized on the :class:`.tokenize_pool.TokenizePool` (tenants in turn), never on the loop.
 """
 from __future__ import annotations
 
