@@ -51,12 +51,13 @@ class BertTokenizer:
         """Token counts (``encode_batch``: the work runs without the GIL)."""
         return [len(e.ids) for e in self.tok.encode_batch(list(texts))]
 
-    def min_tokens(self, text: str, cap: int) -> int:
+    def min_tokens(self, text: str, cap: int, chars: int | None = None) -> int:
         """A lower bound on ``text``'s token count, at most ``cap``, without tokenizing: [CLS] and [SEP]
         plus one token per whitespace-separated piece holding a letter or digit (the BERT normalizer keeps
-        those; its pre-tokenizer splits at least there).  Reads at most ``cap`` pieces."""
+        those; its pre-tokenizer splits at least there), among the first ``chars`` characters only (a piece
+        cut there is still a piece of the whole text).  Costs O(``chars``) at most."""
         n = 2
-        for m in _BERT_PIECE.finditer(text):
+        for m in _BERT_PIECE.finditer(text if chars is None or chars >= len(text) else text[:chars]):
             if n >= cap:
                 break
             if _ALNUM.search(m.group()):

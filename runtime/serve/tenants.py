@@ -23,7 +23,8 @@ clients are *HTTP tenants* that it tells apart and isolates itself:
   requests (no prefix cache): a block belongs to one request's table until that request frees it.
 
 Pure host-side logic (no HTTP): routes call :meth:`TenantRegistry.authenticate`, :meth:`Quotas.precheck`
-(before tokenizing, on a lower bound of the request's tokens), :meth:`Quotas.admit` and :meth:`Ticket.settle`.  Nothing here blocks.
+(before tokenizing, on a lower bound of the request's tokens), :meth:`Quotas.admit` and
+:meth:`Ticket.settle`.  Nothing here blocks.
 """
 from __future__ import annotations
 
