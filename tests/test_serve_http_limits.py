@@ -88,9 +88,15 @@ def answer(s: socket.socket) -> tuple[int, dict, bytes]:
     return int(lines[0].split()[1]), hdr, body
 
 
-def refused(s: socket.socket) -> tuple[int, dict, bytes, bool]:
-    """The server's answer, and whether it then closed the connection."""
-    return (*answer(s), closed(s))
+def refused(s: socket.socket, done_sending: bool = False) -> tuple[int, dict, bytes, bool]:
+    """The server's answer (one that closes the connection), and whether the server then closed it --
+    after this client says it is done sending (half-close), with ``done_sending``: a refusal of a body
+    still on its way is answered at once, and the rest of the body read and dropped until then."""
+    st, hdr, body = answer(s)
+    assert hdr["connection"] == "close"
+    if done_sending:
+        s.shutdown(socket.SHUT_WR)
+    return st, hdr, body, closed(s)
 
 
 def closed(s: socket.socket) -> bool:
@@ -130,7 +136,7 @@ def test_no_key_is_401_before_the_body_is_read(rt):
     with bare_server(rt) as srv:
         with connect(srv) as s:            # 40 MB announced, 16 KiB sent: the answer must not wait for the rest
             s.sendall(head(key=None, Content_Length=40_000_000) + b"x" * 16384)
-            st, hdr, body, gone = refused(s)
+            st, hdr, body, gone = refused(s, done_sending=True)
         assert st == 401 and error_of(body)["code"] == "invalid_api_key" and gone and hdr["x-request-id"]
         with connect(srv) as s:                                     # malformed JSON without a key: 401, not 400
             s.sendall(head(key=None, Content_Length=1) + b"{")
@@ -151,14 +157,14 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(rt):
     with bare_server(rt, max_body_bytes=limit) as srv:
         with connect(srv) as s:                                     # announced: refused before a byte of it
             s.sendall(head(Content_Length=10 << 20))
-            st, hdr, body, gone = refused(s)
+            st, hdr, body, gone = refused(s, done_sending=True)
         err = error_of(body)
         assert st == 413 and err["code"] == "request_too_large" and str(limit) in err["message"] and gone
         with connect(srv) as s:                                     # chunked: refused once past the limit
             s.sendall(head(Transfer_Encoding="chunked"))
             for _ in range(5):
                 s.sendall(b"4000\r\n" + b"x" * 0x4000 + b"\r\n")   # 5 x 16 KiB, no last chunk
-            st, _, body, gone = refused(s)
+            st, _, body, gone = refused(s, done_sending=True)
         assert st == 413 and error_of(body)["code"] == "request_too_large" and gone
         doc = b'{"model": "minilm-l6", "input": "%s"}'
         exact = doc % (b"y" * (limit - len(doc % b"")))
@@ -166,6 +172,13 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(rt):
             s.sendall(head(Content_Length=len(exact)) + exact)
             st, _, body = answer(s)
         assert len(exact) == limit and st == 503 and "loading" in error_of(body)["message"]
+        big = json.dumps({"model": "minilm-l6", "input": "z" * (1 << 20)}).encode()
+        for key, status in ((KEYS["a"], 413), (None, 401)):          # a plain client uploading it all first
+            h = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+            req = urllib.request.Request(srv.url + "/v1/embeddings", data=big, method="POST", headers=h)
+            with pytest.raises(urllib.error.HTTPError) as e:           # the answer, not a connection reset
+                urllib.request.urlopen(req, timeout=WAIT_S)
+            assert e.value.code == status and error_of(e.value.read())["code"]
 
 
 # ---------------------------------------------------------------------------------------------- deadlines
