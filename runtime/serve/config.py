@@ -2,7 +2,7 @@
 its line), and model placement (``smollm2@0-2``).
 
     server:   {host: 127.0.0.1, port: 8000, allow_unauthenticated: false, replicas: 1}
-    http:     {max_body_bytes: 4194304, max_header_bytes: 65536, header_timeout_s: 10, body_timeout_s: 30,
+    http:     {max_body_bytes: 2097152, max_header_bytes: 65536, header_timeout_s: 10, body_timeout_s: 30,
                max_connections_per_client: 128, tokenizer_threads: 4}      # see runtime.serve.limits
     slo:      {target_p99_ms: 800, availability: 99.5%}
     tenants:

@@ -4,8 +4,10 @@
 =============================  ===========  ===================================================================
 key                            default      over it
 =============================  ===========  ===================================================================
-``max_body_bytes``             4 MiB        413 before the body is read (``Content-Length``), or as soon as a
-                                            chunked body passes it; the connection is closed
+``max_body_bytes``             2 MiB        413 before the body is read (``Content-Length``), or as soon as a
+                                            chunked body passes it; the connection is closed (the rest of the
+                                            body read and dropped first, 5 s at most).  JSON is parsed on the
+                                            event loop: this also bounds that (TGI and TEI default to 2 MB)
 ``max_header_bytes``           64 KiB       431, connection closed (request line and headers together)
 ``header_timeout_s``           10           408 when a request's headers have not all arrived this long after
                                             its first byte (or after the connection opened); a connection that
@@ -30,7 +32,7 @@ from devices.errors import InvalidParamError
 
 @dataclass(frozen=True)
 class HttpLimits:
-    max_body_bytes: int = 4 << 20
+    max_body_bytes: int = 2 << 20
     max_header_bytes: int = 64 << 10
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
