@@ -142,7 +142,7 @@ def _cmd_serve(a) -> int:
             from runtime.serve.reconfigure import Reconfigurer
             healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt)
             Reconfigurer(svc, cfg, Path(a.config).read_text() if a.config else "", healing, history)
-            srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated)
+            srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated, cfg.http)
             loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)
 
             def bound(s):

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +48,27 @@ class BertTokenizer:
         return ids, mask
 
     def lengths(self, texts: list[str]) -> list[int]:
+        """Token counts (``encode_batch``: the work runs without the GIL)."""
         return [len(e.ids) for e in self.tok.encode_batch(list(texts))]
+
+    def min_tokens(self, text: str, cap: int, chars: int | None = None) -> int:
+        """A lower bound on ``text``'s token count, at most ``cap``, without tokenizing: [CLS] and [SEP]
+        plus one token per whitespace-separated piece holding a letter or digit (the BERT normalizer keeps
+        those; its pre-tokenizer splits at least there), among the first ``chars`` characters only (a piece
+        cut there is still a piece of the whole text).  Costs O(``chars``) at most."""
+        n = 2
+        for m in _BERT_PIECE.finditer(text if chars is None or chars >= len(text) else text[:chars]):
+            if n >= cap:
+                break
+            if _ALNUM.search(m.group()):
+                n += 1
+        return min(n, cap)
+
+
+#: BERT's whitespace (tab, newline, carriage return, the Zs spaces): a piece between two of these is at least
+#: one pre-token; Python's ``\s`` also matches control characters the normalizer deletes, so it is not used
+_BERT_PIECE = re.compile("[^\t\n\r \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]+")
+_ALNUM = re.compile(r"[^\W_]")
 
 
 @functools.lru_cache(maxsize=4)
@@ -103,10 +124,19 @@ class GgufBpeTokenizer:
         self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
         self.chat_template = meta.get("tokenizer.chat_template")
         self.vocab_size = len(tokens)
+        #: the most characters of text one token stands for (byte-level: one vocabulary character per byte,
+        #: and a text character is at least one byte; control tokens match their own text)
+        self.max_token_chars = max(len(t) for t in tokens)
 
     def encode(self, text: str) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text`` (``encode_batch``: the work runs without the GIL, so a long text does not
+        hold up the caller's other threads -- the server's event loop among them)."""
+        ids = self.tok.encode_batch([text], add_special_tokens=False)[0].ids
         return ([self.bos_id] + ids) if self.add_bos else ids
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))`` without tokenizing (O(1))."""
+        return int(self.add_bos) + -(-len(text) // self.max_token_chars)
 
     def decode(self, ids, skip_special: bool = True) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special)

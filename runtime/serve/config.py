@@ -2,6 +2,8 @@
 its line), and model placement (``smollm2@0-2``).
 
     server:   {host: 127.0.0.1, port: 8000, allow_unauthenticated: false, replicas: 1}
+    http:     {max_body_bytes: 2097152, max_header_bytes: 65536, header_timeout_s: 10, body_timeout_s: 30,
+               max_connections_per_client: 128, tokenizer_threads: 4}      # see runtime.serve.limits
     slo:      {target_p99_ms: 800, availability: 99.5%}
     tenants:
       - name: premium
@@ -39,6 +41,7 @@ from .engine.config import EngineConfig
 from .engine.modes import ModeConfig
 from .engine.placement import DeviceNamedTwice, Placement, device_list, parse_placement
 from .heal.spec import SelfHealingSpec
+from .limits import HttpLimits
 from .tenants import Quota, Tenant, TenantRegistry, parse_key
 from .yamlnodes import items, keyed
 from .yamlnodes import name as _name
@@ -106,6 +109,7 @@ class ServeConfig:
     allow_unauthenticated: bool = False
     replicas: int = 1
     self_healing: SelfHealingSpec = field(default_factory=SelfHealingSpec)
+    http: HttpLimits = field(default_factory=HttpLimits)
 
     def registry(self) -> TenantRegistry:
         return TenantRegistry(self.tenants)
@@ -208,11 +212,13 @@ SCHEDULER_SCHEMA = {"mode": (_STR, None), "low_latency_batch": (_INT, 1), "max_w
 BATCHING_SCHEMA = {"max_batch_size": (_INT, 1), "max_wait_ms": (_NUM, 0), "max_queued_requests": (_INT, 1)}
 SERVER_SCHEMA = {"host": (_STR, None), "port": (_INT, 0), "allow_unauthenticated": (_BOOL, None),
                  "replicas": (_INT, 1)}
+HTTP_SCHEMA = {"max_body_bytes": (_INT, 1), "max_header_bytes": (_INT, 1), "header_timeout_s": (_NUM, None),
+               "body_timeout_s": (_NUM, None), "max_connections_per_client": (_INT, 1), "tokenizer_threads": (_INT, 1)}
 SLO_SCHEMA = {"target_p99_ms": (_NUM, None), "availability": (_STR, None)}
 QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None)}
 TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin")
 MODEL_KEYS = {"model", "tp", "engine", "batching", "fallback", "scheduler"}
-ROOT_KEYS = ("server", "slo", "tenants", "models", "self_healing")
+ROOT_KEYS = ("server", "http", "slo", "tenants", "models", "self_healing")
 
 
 def _scalar(node, kind: str, minimum, nullable: bool, where: str):
@@ -297,6 +303,10 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
         cfg = dataclasses.replace(cfg, host=s.get("host", cfg.host), port=port,
                                   allow_unauthenticated=s.get("allow_unauthenticated", False),
                                   replicas=s.get("replicas", 1))
+    if "http" in nodes:
+        v = nodes["http"][1]
+        cfg = dataclasses.replace(cfg, http=_built(HttpLimits, _mapping(v, HTTP_SCHEMA, where, "http"), where, "http",
+                                                   _line(v)))
     if "slo" in nodes:
         cfg = dataclasses.replace(cfg, slo=_slo(nodes["slo"][1], where))
     models: list[ModelSpec] = []

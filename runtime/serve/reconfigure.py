@@ -76,6 +76,8 @@ class Reconfigurer:
         if "server" not in doc:
             new = dataclasses.replace(new, host=old.host, port=old.port, replicas=old.replicas,
                                       allow_unauthenticated=old.allow_unauthenticated)
+        if "http" not in doc:
+            new = dataclasses.replace(new, http=old.http)
         self._check_live(new)
         return new, text
 
@@ -84,6 +86,8 @@ class Reconfigurer:
         for f in ("host", "port", "allow_unauthenticated", "replicas"):
             if getattr(new, f) != getattr(old, f):
                 raise ConfigError(f"reconfigure: server.{f} cannot change without a restart")
+        if new.http != old.http:
+            raise ConfigError("reconfigure: the http limits cannot change without a restart")
         if [m.name for m in new.models] != [m.name for m in old.models]:
             raise ConfigError(f"reconfigure: the models served cannot change without a restart "
                               f"({', '.join(m.name for m in old.models)})")

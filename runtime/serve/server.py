@@ -3,7 +3,9 @@
 Lifecycle (``GET /health``): ``starting`` (503) while engines load, ``ready`` (200), ``draining`` (503:
 no new requests, running ones finish) after SIGTERM or :meth:`Server.drain`, then ``stopped``.  The
 server binds loopback unless told otherwise -- and refuses a non-loopback address without API keys unless
-``allow_unauthenticated`` -- and port 0 picks a free port (:attr:`Server.url` once bound).
+``allow_unauthenticated`` -- and port 0 picks a free port (:attr:`Server.url` once bound).  What one client
+may send is bounded (:mod:`.limits`: header and body deadlines and sizes, connections per address), in
+uvicorn's protocol (:mod:`.api.connections`) and in front of the routes (:mod:`.api.guard`).
 
 The service holds the HTTP tenants (:mod:`.tenants`: keys, priority classes, quotas) and the engines;
 every engine (generation and embedding) gets its fallback chain (:mod:`.engine.placement`); they share one
@@ -26,10 +28,14 @@ from contextlib import ExitStack
 from typing import Callable
 
 from .api import build_app
+from .api.connections import ConnectionCounter, guarded_protocol
+from .api.guard import RequestGuard
+from .api.tokenize_pool import TokenizePool
 from .config import BatchingConfig, ModelSpec, place
 from .engine import EmbedEngine, GenerateEngine
 from .engine.errors import ModelNotFound, Unavailable
 from .engine.placement import DeviceBinder
+from .limits import HttpLimits
 from .metrics import make_registry
 from .tenants import Quotas, Tenant, TenantRegistry, check_bind
 
@@ -365,15 +371,22 @@ class Server:
     """The HTTP server of a :class:`Frontend` (a :class:`Service` or Ray Serve replicas)."""
 
     def __init__(self, service: Frontend, host: str = "127.0.0.1", port: int = 0,
-                 allow_unauthenticated: bool = False):
+                 allow_unauthenticated: bool = False, http: HttpLimits = HttpLimits(),
+                 tokenizer: TokenizePool | None = None):
         """Raises InvalidParamError for an open server (no API keys) on a non-loopback ``host`` unless
-        ``allow_unauthenticated``."""
+        ``allow_unauthenticated``.  ``http``: what one client may send (:mod:`runtime.serve.limits`: body
+        size, header and body deadlines, connections per address); ``tokenizer``: the pool that tokenizes
+        requests (default: ``http.tokenizer_threads`` threads)."""
         import uvicorn
         check_bind(host, service.tenants, allow_unauthenticated)
         self.service = service
-        self.app = build_app(service)
-        cfg = uvicorn.Config(self.app, host=host, port=port, log_level="warning", access_log=False,
-                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off")
+        self.limits = http
+        self.tokenizer = tokenizer or TokenizePool(http.tokenizer_threads)
+        self.connections = ConnectionCounter(http.max_connections_per_client)   #: open connections by address
+        self.app = build_app(service, self.tokenizer)
+        cfg = uvicorn.Config(RequestGuard(self.app, service, http), host=host, port=port, log_level="warning",
+                             access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off",
+                             http=guarded_protocol(http, self.connections))
         self.uv = _Uvicorn.make(cfg, service, self.app.state.long_polls.close)
         self.host = host
         self._thread: threading.Thread | None = None
@@ -401,7 +414,10 @@ class Server:
         """Run uvicorn in this (main) thread until SIGTERM/SIGINT has drained the engines."""
         if on_bound is not None:
             threading.Thread(target=lambda: (self.uv.bound.wait(), on_bound(self)), daemon=True).start()
-        self.uv.run()
+        try:
+            self.uv.run()
+        finally:
+            self.tokenizer.close()
 
     def drain(self, timeout: float | None = None) -> bool:
         self.service.begin_drain()
@@ -418,4 +434,5 @@ class Server:
             if self._thread is not None:
                 self._thread.join(GRACEFUL_SHUTDOWN_S)
                 self._thread = None
+            self.tokenizer.close()
             self.service.close()

@@ -22,8 +22,9 @@ clients are *HTTP tenants* that it tells apart and isolates itself:
   the others, as OpenAI answers for models one has no access to.  KV blocks are never shared between
   requests (no prefix cache): a block belongs to one request's table until that request frees it.
 
-Pure host-side logic (no HTTP): routes call :meth:`TenantRegistry.authenticate`, :meth:`Quotas.admit`
-and :meth:`Ticket.settle`.  Nothing here blocks.
+Pure host-side logic (no HTTP): routes call :meth:`TenantRegistry.authenticate`, :meth:`Quotas.precheck`
+(before tokenizing, on a lower bound of the request's tokens), :meth:`Quotas.admit` and
+:meth:`Ticket.settle`.  Nothing here blocks.
 """
 from __future__ import annotations
 
@@ -269,40 +270,54 @@ class Quotas:
         now = self.clock()
         with self._lock:
             led = self._ledger(tenant.name)
-            self._trim(led, now)
-            if q.concurrent_requests is not None and led.in_flight >= q.concurrent_requests:
-                led.rate_limited += 1
-                self._lock.notify_all()
-                raise RateLimited(f"Rate limit reached for tenant {tenant.name} on concurrent requests: Limit "
-                                  f"{q.concurrent_requests}, In flight {led.in_flight}. Please try again in "
-                                  f"{q.retry_after_s:g}s.", q.retry_after_s, "requests",
-                                  {"x-ratelimit-limit-requests": str(q.concurrent_requests),
-                                   "x-ratelimit-remaining-requests": "0"})
+            self._refuse_over(tenant, q, led, tokens, now)
             charge = None
             if q.tokens_per_minute is not None:
-                limit = q.tokens_per_minute
-                used = sum(c.tokens for c in led.window)
-                hdr = {"x-ratelimit-limit-tokens": str(limit),
-                       "x-ratelimit-remaining-tokens": str(max(0, limit - used))}
-                if tokens > limit:
-                    led.rate_limited += 1
-                    self._lock.notify_all()
-                    raise RateLimited(f"Request too large for tenant {tenant.name} on tokens per min (TPM): Limit "
-                                      f"{limit}, Requested {tokens}. Reduce the prompt or max_tokens.", None,
-                                      "tokens", hdr)
-                if used + tokens > limit:
-                    led.rate_limited += 1
-                    self._lock.notify_all()
-                    wait = self._wait_for(led, used + tokens - limit, now)
-                    raise RateLimited(f"Rate limit reached for tenant {tenant.name} on tokens per min (TPM): Limit "
-                                      f"{limit}, Used {used}, Requested {tokens}. Please try again in "
-                                      f"{wait:.3f}s.", wait, "tokens", hdr)
                 charge = _Charge(now, int(tokens))
                 led.window.append(charge)
             led.in_flight += 1
             led.requests += 1
             self._lock.notify_all()
         return Ticket(self, tenant, charge)
+
+    def precheck(self, tenant: Tenant, min_tokens: int) -> None:
+        """Before the work of sizing a request (tokenizing it): raise :class:`RateLimited` now if a request
+        of at least ``min_tokens`` would be refused by :meth:`admit`; nothing is charged (a refusal is
+        counted, as :meth:`admit` counts it)."""
+        q = self._scaled(tenant.quota)
+        now = self.clock()
+        with self._lock:
+            self._refuse_over(tenant, q, self._ledger(tenant.name), min_tokens, now)
+
+    def _refuse_over(self, tenant: Tenant, q: Quota, led: _Ledger, tokens: int, now: float) -> None:
+        """Raise :class:`RateLimited` (counted in ``led``) when ``tokens`` more would break a quota (lock held)."""
+        self._trim(led, now)
+        if q.concurrent_requests is not None and led.in_flight >= q.concurrent_requests:
+            led.rate_limited += 1
+            self._lock.notify_all()
+            raise RateLimited(f"Rate limit reached for tenant {tenant.name} on concurrent requests: Limit "
+                              f"{q.concurrent_requests}, In flight {led.in_flight}. Please try again in "
+                              f"{q.retry_after_s:g}s.", q.retry_after_s, "requests",
+                              {"x-ratelimit-limit-requests": str(q.concurrent_requests),
+                               "x-ratelimit-remaining-requests": "0"})
+        if q.tokens_per_minute is not None:
+            limit = q.tokens_per_minute
+            used = sum(c.tokens for c in led.window)
+            hdr = {"x-ratelimit-limit-tokens": str(limit),
+                   "x-ratelimit-remaining-tokens": str(max(0, limit - used))}
+            if tokens > limit:
+                led.rate_limited += 1
+                self._lock.notify_all()
+                raise RateLimited(f"Request too large for tenant {tenant.name} on tokens per min (TPM): Limit "
+                                  f"{limit}, Requested {tokens}. Reduce the prompt or max_tokens.", None,
+                                  "tokens", hdr)
+            if used + tokens > limit:
+                led.rate_limited += 1
+                self._lock.notify_all()
+                wait = self._wait_for(led, used + tokens - limit, now)
+                raise RateLimited(f"Rate limit reached for tenant {tenant.name} on tokens per min (TPM): Limit "
+                                  f"{limit}, Used {used}, Requested {tokens}. Please try again in "
+                                  f"{wait:.3f}s.", wait, "tokens", hdr)
 
     def _wait_for(self, led: _Ledger, excess: int, now: float) -> float:
         """Seconds until charges worth ``excess`` tokens have left the window."""

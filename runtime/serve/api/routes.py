@@ -17,6 +17,11 @@ server's History (``latest?after=T&wait_s=S``: a long poll for the next sample, 
 test waits on instead of polling), ``POST /admin/events`` records an operator command's event, ``POST /admin/reconfigure``
 changes the running config; the admin commands (fallback, restore, throttle, replicas, reconfigure) are
 recorded as manual interventions.
+
+Hostile clients: in front of the routes the server's :mod:`.guard` authenticates from the headers and
+bounds the body (size, deadline) before anything reads it.  A prompt or embeddings input is sized from its
+text first (:mod:`.sizes`: what certainly exceeds the context or the tenant's quota is refused before any
+work), then tokenized on the :class:`.tokenize_pool.TokenizePool` (tenants in turn), never on the loop.
 """
 from __future__ import annotations
 
@@ -43,6 +48,8 @@ from ..tenants import Forbidden, RateLimited, Tenant
 from . import protocol as P
 from .errors import error_body, error_response, from_exception
 from .longpoll import LongPolls
+from .sizes import chat_floor, generation_floor, input_floors, prompt_floors
+from .tokenize_pool import TokenizePool
 
 MAX_STOP = 4
 
@@ -182,9 +189,12 @@ def _error_of(outs: list[RequestOutput]) -> JSONResponse | None:
 
 
 # ---------------------------------------------------------------------------------------------- app
-def build_app(service) -> FastAPI:
-    """The FastAPI app over ``service`` (a :class:`runtime.serve.server.Service`)."""
+def build_app(service, tokenizer: TokenizePool | None = None) -> FastAPI:
+    """The FastAPI app over ``service`` (a :class:`runtime.serve.server.Service`); prompts and inputs are
+    tokenized on ``tokenizer`` (default: a pool of the app's own), never on the event loop."""
     app = FastAPI(title="vnpu serve", docs_url=None, redoc_url=None, openapi_url=None)
+    tokenizer = tokenizer or TokenizePool()
+    app.state.tokenizer = tokenizer
     polls = LongPolls()
     app.state.long_polls = polls            # the server closes it when it stops (ends the polls in flight)
 
@@ -216,12 +226,19 @@ def build_app(service) -> FastAPI:
             raise Forbidden(f"tenant {t.name} has no admin key; this endpoint needs one")
         return t
 
-    def admit(tenant: Tenant, tokens: int, request: Request | None = None):
+    def counted(tenant: Tenant, check, tokens: int):
         try:
-            ticket = service.quotas.admit(tenant, tokens)
+            return check(tenant, tokens)
         except RateLimited as e:
             tm.rate_limited.labels(tenant.name, e.limit).inc()
             raise
+
+    def precheck(tenant: Tenant, min_tokens: int) -> None:
+        """Before tokenizing: 429 now when the quotas will refuse a request of at least ``min_tokens``."""
+        counted(tenant, service.quotas.precheck, min_tokens)
+
+    def admit(tenant: Tenant, tokens: int, request: Request | None = None):
+        ticket = counted(tenant, service.quotas.admit, tokens)
         if request is not None:
             request.state.admitted = True
         return ticket
@@ -408,7 +425,8 @@ def build_app(service) -> FastAPI:
             raise InvalidRequest("prompt must not be empty", "prompt")
         if body.echo:
             raise InvalidRequest("echo is not supported", "echo")
-        ids = [eng.encode(p) for p in prompts]
+        precheck(tenant, generation_floor(prompt_floors(eng, prompts), body.max_tokens))   # before the work
+        ids = await tokenizer.run(tenant.name, lambda: [eng.encode(p) for p in prompts])
         default = eng.default_max_tokens(max(len(x) for x in ids))
         params = _sampling(body, body.max_tokens, default, body.logprobs)
         return await _generate(eng, body, request, tenant, ids, params, "prompt", chat=False)
@@ -428,8 +446,9 @@ def build_app(service) -> FastAPI:
                     raise InvalidRequest(f"messages[{i}]: only text content parts are supported", "messages")
                 content = "".join(str(p.get("text", "")) for p in content)
             msgs.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
-        ids = [eng.encode_chat(msgs)]
         mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        precheck(tenant, generation_floor([chat_floor(eng, msgs)], mt))                     # before the work
+        ids = [await tokenizer.run(tenant.name, eng.encode_chat, msgs)]
         lp = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs is not None and not body.logprobs:
             raise InvalidRequest("top_logprobs needs logprobs=true", "top_logprobs")
@@ -545,7 +564,8 @@ def build_app(service) -> FastAPI:
             raise InvalidRequest(f"{eng.model} has {eng.dim} dimensions; dimensions={body.dimensions} is not "
                                  f"supported", "dimensions")
         texts = [texts] if isinstance(texts, str) else texts
-        counts = eng.check(texts)
+        precheck(tenant, sum(input_floors(eng, texts)))                                     # before the work
+        counts = await tokenizer.run(tenant.name, eng.check, texts)
         ticket = admit(tenant, sum(counts), request)
         used = 0
         try:

@@ -61,9 +61,14 @@ def check_texts(tok, texts, max_len: int, model: str) -> list[int]:
     counts = tok.lengths(texts)
     for i, n in enumerate(counts):
         if n >= max_len:
-            raise InvalidRequest(f"input[{i}] has {n} tokens or more; {model} takes at most {max_len - 1}", "input",
-                                 "context_length_exceeded")
+            raise input_too_long(i, n, max_len, model)
     return counts
+
+
+def input_too_long(i: int, n: int, max_len: int, model: str) -> InvalidRequest:
+    """The refusal of ``input[i]``, known to have ``n`` tokens or more (>= ``max_len``)."""
+    return InvalidRequest(f"input[{i}] has {n} tokens or more; {model} takes at most {max_len - 1}", "input",
+                          "context_length_exceeded")
 
 
 @dataclass
