@@ -23,6 +23,8 @@ import signal
 import sys
 import threading
 
+from . import rayenv
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m runtime.cluster.head")
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="Ray restarts a killed device actor this often (-1: always; 0: a killed device stays lost)")
     p.add_argument("--ready-fd", type=int, required=True, help="write one JSON line here once the devices serve")
     a = p.parse_args(argv)
+    rayenv.prepare()
     import ray
 
     from driver.host import BLAS_ENV, NAMESPACE
