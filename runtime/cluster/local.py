@@ -33,7 +33,7 @@ from .discovery import (LOOPBACK, attach_ray, discover, load_token, new_token, r
                         revocations_file, state_dir, state_file, token_file)
 from .remote import RemoteBackend
 
-# (RAY_AUTH_MODE=token is set in runtime/__init__.py, before anything imports ray.)
+# (Ray's environment -- token auth, loopback -- is rayenv.prepare()'s, before every import of ray.)
 # Ray probes for a real `acl` module when a node declares the NPU resource and logs a traceback when
 # there is none (harmless: the virtual NPUs are ours).
 import logging  # noqa: E402
