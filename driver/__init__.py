@@ -1,6 +1,5 @@
-import os as _os
+"""The driver: device actors' hosts, their gRPC service and the clients that reach them.
 
-# Ray 2.60 protects its GCS with a token (~/.ray/auth_token) but a client connecting to an explicit
-# address only sends it when token mode is set explicitly, and Ray reads the mode once, when it is first
-# imported: set it before any of our modules can import ray.
-_os.environ.setdefault("RAY_AUTH_MODE", "token")
+Importing it sets nothing: a process prepares Ray's environment before it imports Ray
+(:func:`runtime.cluster.rayenv.prepare`); a device host runs in a Ray worker, which has it from its raylet.
+"""

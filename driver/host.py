@@ -17,6 +17,7 @@ key derived from the cluster token, which tenants do not hold.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 NAMESPACE = "vnpu"
@@ -89,16 +90,19 @@ class NpuHost:
 
 
 def _node_ip() -> str:
+    """The node's address as Ray gives it inside a Ray cluster, else loopback (Ray is never imported for
+    this: a host made in a plain process must not be the first to import it)."""
+    ray = sys.modules.get("ray")
     try:
-        import ray
-        if ray.is_initialized():
+        if ray is not None and ray.is_initialized():
             return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray: loopback
+    except Exception:  # noqa: BLE001 - a half-initialized Ray: loopback
         pass
     return "127.0.0.1"
 
 
 def remote_class(max_restarts: int = 0):
-    """``NpuHost`` as a Ray actor class (imported lazily so that devices/ works without Ray)."""
+    """``NpuHost`` as a Ray actor class (imported lazily so that devices/ works without Ray).  The cluster
+    calls it once it has prepared and started Ray (:func:`runtime.cluster.rayenv.prepare`)."""
     import ray
     return ray.remote(num_cpus=0, max_concurrency=4, max_restarts=max_restarts)(NpuHost)

@@ -7,15 +7,19 @@ over gRPC.  The runtime programs only against :class:`DeviceHandle`, so the same
 run on both.
 
 Backends are looked up by name in :data:`BACKENDS` (``VNPU_BACKEND`` picks one for
-:func:`runtime.api.get_runtime`): each entry names the factory as ``"module:attribute"``, imported only
-when that backend is asked for, so this module depends on none of them.
+:func:`runtime.api.get_runtime`).  The in-process backend is this module's; a backend that lives above
+the runtime core registers its own factory when its module is imported (:func:`register_backend`:
+``runtime.cluster.remote`` registers ``cluster``).  A program that only names a backend (a script run with
+``VNPU_BACKEND=cluster``) gets it through :data:`PROVIDERS`, the one place where the core names a module
+above it -- ``tests/test_layering.py`` reads that table as imports and checks that each module registers
+the backend it provides.
 """
 from __future__ import annotations
 
 import importlib
 import os
 import threading
-from typing import Any, Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -175,30 +179,29 @@ def parse_visible_devices(value: str | None, available: list[int]) -> list[int]:
     return [available[i] for i in out]
 
 
-#: backend name -> "module:factory"; the factory takes no arguments and returns a connected Backend
-BACKENDS: dict[str, str] = {
-    "local": "runtime.backend:LocalBackend",
-    "cluster": "runtime.cluster.remote:RemoteBackend.connect",
-}
+#: backend name -> factory: takes no arguments and returns a connected Backend
+BACKENDS: dict[str, Callable[[], Backend]] = {"local": LocalBackend}
+#: backends registered by a module above the runtime core: name -> the module that registers it when
+#: imported (:func:`create_backend` imports it the first time the name is asked for)
+PROVIDERS: dict[str, str] = {"cluster": "runtime.cluster.remote"}
 #: other names users write for the same backends
 ALIASES = {"ray": "cluster", "remote": "cluster", "inprocess": "local"}
 
 
-def register_backend(name: str, factory: str) -> None:
-    """Add (or replace) a backend: ``factory`` is ``"module:attribute[.attribute]"``."""
-    if ":" not in factory:
-        raise InvalidParamError(f"backend factory {factory!r} is not 'module:attribute'")
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+    """Add (or replace) backend ``name``: ``factory()`` returns a connected :class:`Backend`."""
+    if not callable(factory):
+        raise InvalidParamError(f"backend factory for {name!r} is not callable: {factory!r}")
     BACKENDS[name] = factory
 
 
 def create_backend(name: str) -> Backend:
-    """Build the backend registered as ``name`` (or one of its aliases)."""
+    """Build the backend registered as ``name`` (or one of its aliases); host-blocking while it connects."""
     key = ALIASES.get(name, name)
-    target = BACKENDS.get(key)
-    if target is None:
-        raise InvalidParamError(f"unknown backend {name!r} (known: {', '.join(sorted(BACKENDS))})")
-    mod, _, attr = target.partition(":")
-    obj: Any = importlib.import_module(mod)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj()
+    if key not in BACKENDS and key in PROVIDERS:
+        importlib.import_module(PROVIDERS[key])          # registers it
+    factory = BACKENDS.get(key)
+    if factory is None:
+        known = ", ".join(sorted(set(BACKENDS) | set(PROVIDERS)))
+        raise InvalidParamError(f"unknown backend {name!r} (known: {known})")
+    return factory()

@@ -50,6 +50,9 @@ import pytest  # noqa: E402
 from devices.device import DeviceConfig  # noqa: E402
 from runtime.api import Runtime, set_runtime  # noqa: E402
 from runtime.backend import LocalBackend  # noqa: E402
+from runtime.cluster import rayenv  # noqa: E402
+
+rayenv.prepare()    # Ray's environment, as vnpu's entry points set it: tests import Ray themselves too
 
 BACKENDS = ["local", pytest.param("cluster", marks=pytest.mark.cluster)]
 TEST_ARENA = 64 << 20

@@ -3,7 +3,7 @@
 A real :class:`JobRunner` runs requests on in-process devices (a :class:`DevicePool` whose logical devices
 are all CPU-fallback devices: no Ray), with failing tasks injected so that requests are replayed.  The
 consumer counts the deliveries it receives and records an ``ack`` for each.  The checker
-(:mod:`runtime.cluster.history`, which reads only the events) must pass that history, must FAIL each
+(:mod:`runtime.cluster.history_check`, which reads only the events) must pass that history, must FAIL each
 doctored copy of it (a duplicated completion, a wrong digest, an acknowledgement without a completion, a
 request that never completes), and must catch a runner that queues every failed request twice (each of
 them runs twice) -- a mutation the old counters let through.
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.cluster import history
+from runtime.cluster import history_check
 from runtime.cluster.failover import DevicePool, FailoverOptions
 from runtime.cluster.jobrunner import JobRunner, MlpWorkload, checksum
 
@@ -152,7 +152,7 @@ DOCTORS = [doctor_duplicate_completion, doctor_wrong_digest, doctor_ack_without_
 def test_doctored_history_fails_the_check(run, doctor):
     r, _, ref = run
     events, kind = doctor(copy.deepcopy(r.history.events()))
-    res = history.check(events, ref)
+    res = history_check.check(events, ref)
     assert not res["ok"]
     assert kind in res["by_kind"], res["by_kind"]
 
@@ -178,7 +178,7 @@ def test_a_runner_that_queues_failed_requests_twice_is_caught():
 
 def test_checker_reads_only_json():
     """The checker imports nothing but the standard library (a stress test reuses it on any JSON)."""
-    tree = ast.parse((ROOT / "runtime" / "cluster" / "history.py").read_text())
+    tree = ast.parse((ROOT / "runtime" / "cluster" / "history_check.py").read_text())
     mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | \
         {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert mods <= {"__future__", "json", "collections"}, mods

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from runtime.cli import main
-from runtime.observe.history import History, device_scope
+from runtime.observe.metrics_store import History, device_scope
 from runtime.observe.postmortem import analyse, incident_window, targets_of
 from runtime.observe.source import FileSource, HttpSource, SourceError, open_source
 

@@ -7,7 +7,7 @@ import pytest
 
 from runtime.observe.anomaly import Detection, change_points, detect, robust_scale, robust_z
 from runtime.observe.diagnose import Options, diagnose, summary_lines
-from runtime.observe.history import History, device_scope
+from runtime.observe.metrics_store import History, device_scope
 from runtime.observe.source import FileSource
 
 N = 600

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from runtime.observe.history import (METRICS, History, HistoryError, UnknownMetric, default_path,
+from runtime.observe.metrics_store import (METRICS, History, HistoryError, UnknownMetric, default_path,
                                      device_scope)
 
 

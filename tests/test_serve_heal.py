@@ -28,7 +28,7 @@ import pytest
 from devices.device import DeviceConfig
 from runtime.api import Runtime
 from runtime.backend import LocalBackend
-from runtime.observe.history import History
+from runtime.observe.metrics_store import History
 from runtime.serve.config import model_spec, parse_config
 from runtime.serve.engine import EngineConfig
 from runtime.serve.engine.placement import Placement

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from runtime.api import Runtime
-from runtime.observe.history import History
+from runtime.observe.metrics_store import History
 from runtime.serve.config import model_spec, parse_config
 from runtime.serve.engine import EngineConfig
 from runtime.serve.heal import SelfHealing

@@ -28,7 +28,7 @@ from devices import procstat
 from devices.device import DeviceConfig
 from runtime.api import Runtime
 from runtime.backend import LocalBackend
-from runtime.observe.history import History
+from runtime.observe.metrics_store import History
 from runtime.observe import serverfile
 from runtime.serve.api.longpoll import LongPolls
 from runtime.serve.api.routes import MAX_HISTORY_WAIT_S

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.cluster.history import check
+from runtime.cluster.history_check import check
 from runtime.stress.loadgen import OpenLoop, Outcome, ScaledClock
 from runtime.stress.profiles import PROFILES, ProfileError, arrivals, builtin, from_doc
 
@@ -123,7 +123,7 @@ def server(tmp_path_factory):
     from devices.device import DeviceConfig
     from runtime.api import Runtime
     from runtime.backend import LocalBackend
-    from runtime.observe.history import History
+    from runtime.observe.metrics_store import History
     from runtime.serve.config import model_spec
     from runtime.serve.sampler import Sampler
     from runtime.serve.server import Server, Service
@@ -221,7 +221,7 @@ def test_faults_are_matched_to_the_servers_detection_and_recovery(tmp_path):
     """The report's detection/recovery of each fault comes from the server's events: the first event about
     the device before the next fault (the stress test's own notes do not count), and the first recovery,
     successful action or engine re-bind away from the device."""
-    from runtime.observe.history import History
+    from runtime.observe.metrics_store import History
     from runtime.observe.source import FileSource
     from runtime.stress.run import StressConfig, build_report
     clk = FakeClock()
@@ -263,7 +263,7 @@ def test_faults_are_matched_to_the_servers_detection_and_recovery(tmp_path):
 def test_a_hang_that_clears_is_recovered_by_the_devices_own_recovery_event(tmp_path):
     """The sampler's ``recovery`` event (source ``npu:<id>``: the device's health back to OK) recovers a hang
     that no policy acted on; it is listed with the fault but is no self-healing action."""
-    from runtime.observe.history import History
+    from runtime.observe.metrics_store import History
     from runtime.observe.source import FileSource
     from runtime.stress.run import StressConfig, build_report
     clk = FakeClock()

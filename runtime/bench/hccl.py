@@ -41,6 +41,7 @@ import numpy as np
 
 from devices import procstat
 from runtime.cliargs import fail, nonneg_int, positive_int, size
+from runtime.cluster import rayenv
 
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 DTYPES = ("float32", "float16", "float64", "int8", "int32", "int64", "bfloat16")
@@ -368,6 +369,7 @@ def _arena_for(max_bytes: int) -> int:
 def _ray_gather_bcast(n: int, nbytes: int, iters: int = 5) -> dict:
     """AllReduce with plain Ray actors: ray.put of every array, one actor sums what it gets as
     ObjectRefs, every actor fetches the sum back through the object store."""
+    rayenv.prepare()
     import ray
     from runtime.cluster.discovery import LOOPBACK
     owns = not ray.is_initialized()

@@ -8,6 +8,7 @@ import json
 import numpy as np
 
 from runtime.cliargs import positive_int
+from runtime.cluster import rayenv
 
 from .common import median_time as _median_time
 
@@ -39,6 +40,7 @@ def _verified(s, out) -> bool:
 
 
 def _ray_baselines(n: int) -> dict:
+    rayenv.prepare()
     import ray
 
     @ray.remote(num_cpus=0)

@@ -30,6 +30,7 @@ import numpy as np
 
 from devices import procstat
 from runtime.cliargs import fail, int_list, positive_int, size
+from runtime.cluster import rayenv
 
 
 def register(bs) -> None:
@@ -67,6 +68,7 @@ def _mem_summary(pids: list[int]) -> dict:
 
 def _plain_actors(n: int) -> dict:
     """Start ``n`` empty actors at once and wait for all; their memory; then kill them."""
+    rayenv.prepare()
     import ray
 
     @ray.remote(num_cpus=0)
@@ -128,6 +130,7 @@ def hccl_algo(n: int, nbytes: int) -> str:
 
 
 def _one(n: int, a, nbytes: int) -> dict:
+    rayenv.prepare()
     import ray
 
     from runtime.api import Runtime

@@ -11,6 +11,7 @@ import sys
 
 from devices.errors import AclError
 from runtime.cliargs import Parser, UsageError, report
+from runtime.cluster import rayenv
 from runtime.memory import AllocConfig
 
 #: command groups, in the order ``vnpu --help`` lists them
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    rayenv.prepare()                     # Ray's environment, and a VNPU_SANITIZE sanitizer, before any work
     try:
         a = build_parser().parse_args(argv)
     except SystemExit as e:              # --help (0) or a bad argument (2, its one line already printed)

@@ -1,5 +1,5 @@
 """``vnpu chaos``: a seeded fault campaign against a running job, with a live line per fault and a report;
-``vnpu chaos check REPORT.json`` verifies a report's history on its own (:mod:`runtime.cluster.history`)."""
+``vnpu chaos check REPORT.json`` verifies a report's history on its own (:mod:`runtime.cluster.history_check`)."""
 from __future__ import annotations
 
 import json
@@ -73,7 +73,7 @@ def _cmd_chaos(a) -> int:
 
 def _cmd_check(a) -> int:
     from runtime.cliargs import fail, read_text
-    from runtime.cluster.history import check_report, verdict_lines
+    from runtime.cluster.history_check import check_report, verdict_lines
     try:
         doc = json.loads(read_text(a.report))
     except ValueError as e:

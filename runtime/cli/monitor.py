@@ -45,7 +45,7 @@ def render(view):
     from rich.console import Group
     from rich.table import Table
     from runtime.observe.dashboard import DEVICE_COLUMNS, HEALTH_WORDS
-    from runtime.observe.history import METRICS
+    from runtime.observe.metrics_store import METRICS
     stamp = time.strftime("%H:%M:%S", time.gmtime(view.now))
     mt = Table(title=f"vnpu monitor  {view.where}  {stamp} UTC", box=box.SIMPLE_HEAD, title_justify="left")
     for c, w in (("metric", 20), ("scope", 6), ("unit", 5), ("now", 7), ("min", 7), ("max", 7), ("trend", 24)):

@@ -122,7 +122,7 @@ def _cmd_serve(a) -> int:
     restarts = a.device_restarts if a.device_restarts is not None else device_restarts_for(cfg)
     from runtime.cli.run import job_runtime
     from runtime.cluster.discovery import state_dir
-    from runtime.observe.history import History, HistoryError, default_path
+    from runtime.observe.metrics_store import History, HistoryError, default_path
     from runtime.observe import serverfile
     from runtime.serve.sampler import Sampler
     from runtime.serve.server import Server, Service

@@ -5,7 +5,8 @@
 - :mod:`.local`: lifecycle of the local cluster (``vnpu up``/``down``) and of embedded ones;
 - :mod:`.failover`: logical -> physical device binding, health, spares, CPU fallback;
 - :mod:`.jobrunner`: exactly-once request replay over a device pool;
-- :mod:`.chaos`: seeded fault campaigns.
+- :mod:`.chaos`: seeded fault campaigns;
+- :mod:`.rayenv`: what a process sets up before it imports Ray (every import of Ray follows its ``prepare``).
 """
 from .discovery import attach_ray, discover, load_token, read_state, state_dir
 from .local import (ClusterSpec, LocalCluster, cluster_down, cluster_runtime, cluster_up, remove_segments,

@@ -8,7 +8,7 @@ fault, device, detected after, recovered after).
 
 The report carries the full history of every request (submit, each attempt, each failure, each
 completion with its result digest, each acknowledgement by the consumer, with times; see
-:mod:`runtime.cluster.history`) and the fault-free digest of every input, and its counts come from the
+:mod:`runtime.cluster.history_check`) and the fault-free digest of every input, and its counts come from the
 independent checker of that history (``vnpu chaos check report.json`` re-checks the file): each request
 completed exactly once with the fault-free result, delivered once, every extra execution explained by a
 failed attempt.  It also gives detection and recovery latencies (hang detection against its deadline),
@@ -31,8 +31,9 @@ from devices import segments
 from devices.errors import AclError
 from devices.faults import FAULT_KINDS
 
-from . import history as history_check
+from . import history_check
 from . import procs
+from . import rayenv
 from .failover import DevicePool, FailoverOptions, percentiles
 from .jobrunner import WORKLOADS as _WORKLOAD_CLASSES
 from .jobrunner import History, JobRunner, checksum, make_workload
@@ -199,6 +200,7 @@ def _fmt(x) -> str:
 
 
 def _named_actors() -> list[str]:
+    rayenv.prepare()
     import ray
     from driver.host import ACTOR_PREFIX, NAMESPACE
     if not ray.is_initialized():

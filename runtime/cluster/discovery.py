@@ -21,7 +21,8 @@ from devices.errors import ACL_ERROR_RT_NO_DEVICE, AclError
 from driver.credentials import is_credential
 from driver.host import ACTOR_PREFIX, NAMESPACE
 
-LOOPBACK = "127.0.0.1"
+from . import rayenv
+from .rayenv import LOOPBACK
 
 
 def state_dir() -> Path:
@@ -96,6 +97,7 @@ def read_state() -> dict | None:
 
 def attach_ray() -> None:
     """Connect this process to the vnpu cluster's Ray (no-op inside a Ray worker)."""
+    rayenv.prepare()
     import ray
     if ray.is_initialized():
         return
@@ -109,6 +111,7 @@ def attach_ray() -> None:
 
 def discover() -> list[dict]:
     """Where every device actor of the cluster is (sorted by physical id)."""
+    rayenv.prepare()
     import ray
     names = [a["name"] if isinstance(a, dict) else a
              for a in ray.util.list_named_actors(all_namespaces=True)

@@ -40,6 +40,7 @@ import numpy as np
 from devices.errors import (ACL_ERROR_RT_DEVICE_TASK_ABORT, ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
                             ACL_ERROR_RT_LOST_HEARTBEAT, AclError, HcclError)
 from devices.health import Condition
+from runtime.cluster import rayenv
 from runtime.cluster.straggler import StragglerRule, StragglerWatch
 
 log = logging.getLogger("vnpu.failover")
@@ -632,6 +633,7 @@ class DevicePool:
 
 def _ray_where(pid: int, timeout: float) -> dict:
     """Where device actor ``npu<pid>`` is now (blocks while Ray restarts it)."""
+    rayenv.prepare()
     import ray
     from driver.host import NAMESPACE, actor_name
     h = ray.get_actor(actor_name(pid), namespace=NAMESPACE)

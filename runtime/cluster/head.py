@@ -23,6 +23,8 @@ import signal
 import sys
 import threading
 
+from . import rayenv
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m runtime.cluster.head")
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-shm-fast-path", action="store_true", help="no arena is a /dev/shm segment")
     p.add_argument("--ready-fd", type=int, required=True, help="write one JSON line here once the devices serve")
     a = p.parse_args(argv)
+    rayenv.prepare()
     import ray
 
     from driver.host import BLAS_ENV, NAMESPACE

@@ -14,7 +14,7 @@ happened, as it happened: ``submit``, ``attempt`` (an execution begins on a devi
 ``complete`` (every execution that finished, with the sha256 of its result bytes, before any
 de-duplication) and ``failed`` (gave up after ``max_attempts``); the consumer adds ``ack`` for each result
 it receives (:meth:`History.record`).  The counts come from the independent checker of that log
-(:mod:`runtime.cluster.history`), never from the runner's own bookkeeping: a request run twice, or
+(:mod:`runtime.cluster.history_check`), never from the runner's own bookkeeping: a request run twice, or
 delivered twice, shows.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 
 from devices.errors import AclError
 
-from . import history as history_check
+from . import history_check
 from .failover import wait_polled
 
 log = logging.getLogger("vnpu.jobrunner")
@@ -42,7 +42,7 @@ def checksum(arr: np.ndarray) -> str:
 
 
 class History:
-    """An append-only, thread-safe log of request events (the format :mod:`runtime.cluster.history`
+    """An append-only, thread-safe log of request events (the format :mod:`runtime.cluster.history_check`
     checks).  ``clock`` gives the times (monotonic seconds by default)."""
 
     def __init__(self, clock=time.monotonic):
@@ -425,7 +425,7 @@ class JobRunner:
 
     # ------------------------------------------------------------------ accounting
     def check(self, reference: dict | None = None) -> dict:
-        """The independent checker's verdict on this runner's history (:func:`runtime.cluster.history.check`)."""
+        """The independent checker's verdict on this runner's history (:func:`runtime.cluster.history_check.check`)."""
         return history_check.check(self.history.events(), reference)
 
     def counts(self) -> dict:

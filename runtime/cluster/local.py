@@ -28,11 +28,12 @@ from devices import segments
 from devices.errors import ACL_ERROR_RT_DEV_SETUP_ERROR, ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
 
 from . import procs
+from . import rayenv
 from .discovery import (LOOPBACK, attach_ray, discover, kernel_dir, load_token, new_token,  # noqa: F401
                         read_state, revocations_file, state_dir, state_file, token_file)
 from .remote import RemoteBackend
 
-# (RAY_AUTH_MODE=token is set in runtime/__init__.py, before anything imports ray.)
+# (Ray's environment -- token auth, loopback -- is rayenv.prepare()'s, before every import of ray.)
 # Ray probes for a real `acl` module when a node declares the NPU resource and logs a traceback when
 # there is none (harmless: the virtual NPUs are ours).
 import logging  # noqa: E402
@@ -131,6 +132,7 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     """Start one device actor per virtual NPU, placed as ``spec.placement`` says (``node_filter``: on that
     Ray node only), all at once, and wait until each serves gRPC.  Returns where they are and their
     handles (a non-detached actor lives only as long as its handle)."""
+    rayenv.prepare()
     import ray
 
     from . import bytecode
@@ -161,6 +163,7 @@ def stop_devices(timeout: float = 30.0, actors: list | None = None) -> list[str]
     """Shut device actors down (server and arena), then kill them; returns their arena names.  ``actors``:
     these handles only (what a :class:`LocalCluster` started); None: every device actor of the Ray this
     process is connected to (for the owner of that Ray only: ``vnpu down``'s head, a chaos campaign)."""
+    rayenv.prepare()
     import ray
     arenas = []
     if actors is None:
@@ -215,6 +218,7 @@ class LocalCluster:
     that is already connected to a Ray, it starts its actors there and leaves that Ray running.)"""
 
     def __init__(self, spec: ClusterSpec = ClusterSpec(), *, max_restarts: int = 0):
+        rayenv.prepare()
         import ray
         self.spec = spec
         self.token = secrets.token_urlsafe(32)
@@ -244,6 +248,7 @@ class LocalCluster:
         return RemoteBackend(self.where, self.token, **kw)
 
     def close(self) -> None:
+        rayenv.prepare()
         import ray
         arenas = stop_devices(actors=self.actors) if ray.is_initialized() and self.actors else []
         self.device_pids |= {(segments.owner(a) or (0, None))[0] for a in arenas} - {0}   # restarted ones too
@@ -398,6 +403,7 @@ def cluster_runtime(devices: int | None = None, spec: ClusterSpec | None = None,
         if emb is not None:
             emb.close()
         else:
+            rayenv.prepare()
             import ray
             with contextlib.suppress(Exception):
                 ray.shutdown()

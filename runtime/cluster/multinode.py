@@ -37,6 +37,7 @@ from devices.errors import InvalidParamError
 from driver.host import BLAS_ENV, NAMESPACE
 
 from . import procs
+from . import rayenv
 from .local import raylet_env
 from .placement import CHIP_LABEL, HBM_LABEL
 from .remote import RemoteBackend
@@ -119,6 +120,7 @@ class MultiNodeCluster:
     """Head + worker raylets on this machine and their device actors (see the module doc)."""
 
     def __init__(self, spec: MultiNodeSpec = MultiNodeSpec(), *, max_restarts: int = 0):
+        rayenv.prepare()
         import ray
         if ray.is_initialized():
             raise InvalidParamError("a multi-node cluster starts its own Ray cluster: this process is already "
@@ -291,6 +293,7 @@ class MultiNodeCluster:
         return RemoteBackend([w for w in self.where if w["device_id"] in alive], self.token, **kw)
 
     def close(self) -> None:
+        rayenv.prepare()
         import ray
 
         from .local import owned_segments, remove_segments, stop_devices
@@ -326,6 +329,7 @@ def ensure_ray_token() -> None:
     for its port file).  ``ray.init()`` generates ``~/.ray/auth_token`` for a new cluster when there is
     none; ``ray.cluster_utils.Cluster`` does not, so a multi-node cluster does it here, the same way
     (nothing happens when token mode is off or a token is there)."""
+    rayenv.prepare()
     from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
     ensure_token_if_auth_enabled(None, create_token_if_missing=True)
 
@@ -333,6 +337,7 @@ def ensure_ray_token() -> None:
 def _wait_names_free(ids, timeout_s: float) -> None:
     """Wait until Ray has declared the actors of these device ids dead (their names are free again: the
     GCS notices a killed node within a few health checks).  InvalidParamError after ``timeout_s``."""
+    rayenv.prepare()
     import ray
 
     from driver.host import actor_name

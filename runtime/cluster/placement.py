@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import rayenv
+
 #: node labels that declare a node's virtual NPUs (cluster.yaml); Ray's own label of every node's id
 CHIP_LABEL = "vnpu.chip"
 HBM_LABEL = "vnpu.hbm-bytes"
@@ -45,6 +47,7 @@ class Slot:
 
 def npu_nodes() -> list[NpuNode]:
     """Alive Ray nodes with an ``NPU`` resource: the head first, then by node id."""
+    rayenv.prepare()
     import ray
     out = []
     for n in ray.nodes():
@@ -58,6 +61,7 @@ def npu_nodes() -> list[NpuNode]:
 
 def pinned(node_id: str) -> dict:
     """Ray options that keep an actor on node ``node_id`` (and nowhere else, ever)."""
+    rayenv.prepare()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
 

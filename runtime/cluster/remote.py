@@ -15,7 +15,9 @@ from driver.host import ACTOR_PREFIX, NAMESPACE
 from devices.errors import InvalidDeviceError, error_for_code
 from driver.client import RemoteDevice
 from driver.node import in_ray_worker, ray_node_id
+from runtime.backend import register_backend
 
+from . import rayenv
 from .discovery import attach_ray, discover, load_token
 
 
@@ -72,6 +74,7 @@ class RemoteBackend:
         """Bring device ``physical_id`` back: wait for its actor (Ray restarts a killed one when the cluster
         was started with ``max_restarts``), connect to where it is now, take a lease, and reset it (aborting
         what hangs, dropping old allocations and faults).  UnsupportedError when Ray will not restart it."""
+        rayenv.prepare()
         import ray
 
         from devices.errors import UnsupportedError
@@ -126,5 +129,8 @@ def node_view(where: list[dict]) -> list[dict]:
     me = ray_node_id()
     return [w for w in where if not w.get("ray_node") or w["ray_node"] == me]
 
+
+# VNPU_BACKEND=cluster (runtime.api.get_runtime): this module is the cluster backend's provider
+register_backend("cluster", RemoteBackend.connect)
 
 __all__ = ["RemoteBackend", "node_view", "ACTOR_PREFIX", "NAMESPACE", "error_for_code"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .history import METRICS, Event
+from .metrics_store import METRICS, Event
 
 ALIASES: dict[str, str] = {
     "p50": "p50_latency_ms", "p95": "p95_latency_ms", "p99": "p99_latency_ms", "ttft": "ttft_p99_ms",

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from .anomaly import Anomaly, Detection, detect
-from .history import METRICS, Event
+from .metrics_store import METRICS, Event
 
 #: focus -> the metrics searched
 FOCUS: dict[str, tuple[str, ...]] = {

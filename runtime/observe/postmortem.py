@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .history import Event
+from .metrics_store import Event
 
 DEFAULT_TARGET_P99_MS = 800.0
 DEFAULT_AVAILABILITY = 0.995

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .anomaly import Anomaly
-from .history import METRICS, Event
+from .metrics_store import METRICS, Event
 
 
 def _t(ts: float) -> str:

@@ -2,7 +2,7 @@
 file (``--history FILE``) or over a running server's ``/admin/history/*`` routes (``--url``).
 
 :class:`HistorySource` is that API (``samples``, ``scopes``, ``latest``, ``devices``, ``events``, ``event``,
-``span``, ``now``, ``record_event``); :class:`FileSource` reads a :class:`~runtime.observe.history.History`
+``span``, ``now``, ``record_event``); :class:`FileSource` reads a :class:`~runtime.observe.metrics_store.History`
 (read and written in this process), :class:`HttpSource` asks the server (admin key required; stdlib HTTP,
 no third-party client).  :func:`open_source` picks one the way every command does:
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterable
 
 from . import serverfile
-from .history import METRICS, Event, History, HistoryError, UnknownMetric, default_path
+from .metrics_store import METRICS, Event, History, HistoryError, UnknownMetric, default_path
 
 
 class SourceError(Exception):

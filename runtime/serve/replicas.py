@@ -44,6 +44,8 @@ from typing import Callable
 
 from devices.errors import InvalidParamError
 
+from runtime.cluster import rayenv
+
 from .config import ModelSpec, devices_needed, place
 from .credentials import replica_env
 from .engine.embed_engine import check_texts
@@ -79,6 +81,7 @@ class ReplicaOptions:
 def node_runtime():
     """The runtime of a replica: the device actors on this Ray node (matched by node id), of which
     ``ASCEND_RT_VISIBLE_DEVICES`` (set by Ray for the ``NPU`` resource) names the visible ones."""
+    rayenv.prepare()
     import ray
 
     from runtime.api import Runtime
@@ -116,6 +119,7 @@ class ReplicaBody:
             else:
                 models[name] = {"kind": "embed", "max_len": e.max_len, "dim": e.dim}
         node = ""
+        rayenv.prepare()
         import ray
         if ray.is_initialized():                        # (never start or join a Ray cluster from here)
             node = ray.get_runtime_context().get_node_id()
@@ -389,6 +393,7 @@ class ReplicaService(Frontend):
 
     # -------------------------------------------------------------- lifecycle
     def _deployment(self):
+        rayenv.prepare()
         from ray import serve
 
         from driver.host import BLAS_ENV
@@ -403,6 +408,7 @@ class ReplicaService(Frontend):
         ).bind(self.specs, self.options.stream_interval_ms)
 
     def _check_capacity(self, n: int) -> None:
+        rayenv.prepare()
         import ray
         free = ray.available_resources().get("NPU", 0)
         if free < n * self.k:
@@ -410,6 +416,7 @@ class ReplicaService(Frontend):
                               f"{free:g} free of {ray.cluster_resources().get('NPU', 0):g}")
 
     def _load(self) -> None:
+        rayenv.prepare()
         from ray import serve
         logging.getLogger("ray.serve").setLevel(logging.WARNING)       # no per-call INFO lines on our stderr
         if not serve.status().applications:
@@ -422,6 +429,7 @@ class ReplicaService(Frontend):
 
     def _add(self, n: int) -> list[str]:
         """Start ``n`` replicas (blocking until each runs; Unavailable if one cannot start in time)."""
+        rayenv.prepare()
         from ray import serve
         self._check_capacity(n)
         names = []
@@ -442,6 +450,7 @@ class ReplicaService(Frontend):
         return names
 
     def _wait_running(self, names: list[str]) -> None:
+        rayenv.prepare()
         from ray import serve
         deadline = time.monotonic() + self.options.start_timeout_s
         wake = threading.Event()
@@ -464,6 +473,7 @@ class ReplicaService(Frontend):
             wake.wait(0.2)                       # Serve's control plane has no push API here: poll its status
 
     def _closed(self) -> None:
+        rayenv.prepare()
         from ray import serve
         for nm in list(self.replicas):
             try:
@@ -529,6 +539,7 @@ class ReplicaService(Frontend):
     def scale_in(self, n: int = 1, timeout: float | None = 120.0) -> dict:
         """Remove ``n`` replicas, the least busy first: drain each (no new requests; the front waits for its
         in-flight ones), then delete it.  At least one replica stays."""
+        rayenv.prepare()
         from ray import serve
         with self._cv:
             live = [r for r in self.replicas.values() if r.state != "draining"]

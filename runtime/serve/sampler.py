@@ -4,7 +4,7 @@ The HTTP layer reports every request's outcome (:meth:`Sampler.observe`: latency
 served, failed on the server, refused as a client error, or shed by admission control); the engines report
 time to first token through the stat-logger interface (:meth:`Sampler.record`); the engines' events
 (re-binds) reach :meth:`Sampler.engine_event`.  :meth:`Sampler.tick` turns what arrived since the last tick
-into one sample per metric of :data:`runtime.observe.history.METRICS`:
+into one sample per metric of :data:`runtime.observe.metrics_store.METRICS`:
 
 - ``qps``: requests that ended (served or failed) per second since the last tick;
 - ``p50/p95/p99_latency_ms``: end-to-end latency (as the HTTP client sees it) of those requests; no sample
@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from runtime.observe.history import HEALTH_CODES, History, device_scope
+from runtime.observe.metrics_store import HEALTH_CODES, History, device_scope
 
 log = logging.getLogger("vnpu.serve")
 

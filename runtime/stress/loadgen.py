@@ -1,6 +1,6 @@
 """The open-loop generator: requests leave at their arrival times whatever the server does (a slow server
 does not slow the arrivals down, as a closed loop would), and everything is written to a request history
-in :mod:`runtime.cluster.history`'s format.
+in :mod:`runtime.cluster.history_check`'s format.
 
 One request = ``submit``, then per try an ``attempt`` and either ``complete`` (a response with a result:
 ``digest`` of its body's result) + ``ack``, or ``attempt-failed`` (5xx other than an admission refusal,

@@ -6,7 +6,7 @@ server's own account (its events and samples), and the report.
 2. *Load*: the profile's arrivals (:mod:`.loadgen`), with the scheduled faults (:mod:`.faults`) fired as
    the generator reaches their times, each recorded in the server's history (``POST /admin/events``,
    kind ``fault``, source ``stress-test``).
-3. *Check*: the request history through :func:`runtime.cluster.history.check` (lost, duplicated,
+3. *Check*: the request history through :func:`runtime.cluster.history_check.check` (lost, duplicated,
    unexplained executions, acknowledgements); results against the reference with a tolerance
    (embeddings: cosine >= 1 - 1e-4, since batches of other shapes round differently; generation: equal
    text, differences are listed, not failed, as greedy near-ties may flip after a re-bind).
@@ -222,7 +222,7 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
                  source, wall0: float, wall1: float, slo: dict | None = None) -> dict:
     """The report (see the module doc); the p99 target: ``cfg.target_p99_ms``, else the server's ``slo``
     (from ``/admin/state``, else from the newest event that carries one)."""
-    from runtime.cluster.history import check
+    from runtime.cluster.history_check import check
     chk = check(gen.history)
     recs = gen.records
     events, samples_peak, slo = _server_account(source, wall0, wall1, dict(slo or {}))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from runtime.observe.history import METRICS
+from runtime.observe.metrics_store import METRICS
 
 from ..yamlnodes import items, keyed, load
 from ..yamlnodes import line as _line

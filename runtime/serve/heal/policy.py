@@ -35,7 +35,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from runtime.observe.history import METRICS, History
+from runtime.observe.metrics_store import METRICS, History
 
 from .actions import ACTIONS, ActionUnavailable, Context, Fired, Outcome
 from .alerts import Sink, make_sink

@@ -21,7 +21,7 @@ from typing import Callable
 
 from devices.errors import InvalidParamError
 
-from runtime.observe.history import HEALTH_CODES
+from runtime.observe.metrics_store import HEALTH_CODES
 
 #: condition operators (a registry)
 OPS: dict[str, Callable[[float, float], bool]] = {
