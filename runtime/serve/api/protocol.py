@@ -126,7 +126,7 @@ class EmbeddingRequest(_Req):
 
 class ThrottleRequest(_Req):
     """``POST /admin/throttle``: admit this fraction of the normal load (1 restores)."""
-    factor: Float
+    factor: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 
 
 class ScaleRequest(_Req):
