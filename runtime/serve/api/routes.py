@@ -215,6 +215,25 @@ def _client_gone() -> JSONResponse:
     return error_response(499, "the client closed the request", "invalid_request_error", None, "client_closed")
 
 
+class _EventStream(StreamingResponse):
+    """Server-sent events whose ``on_close`` runs however the response ends: after the stream's own end, and
+    when the client went away before the stream started or while a chunk was being sent -- the stream is
+    closed here (its ``finally`` runs now, not whenever the generator is collected)."""
+
+    def __init__(self, events, on_close):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self.body_iterator.aclose()
+            finally:
+                self._on_close()
+
+
 def _error_of(outs: list[RequestOutput]) -> JSONResponse | None:
     for o in outs:
         if o.finish_reason == "error":
@@ -527,14 +546,19 @@ def build_app(service) -> FastAPI:
             request.state.streaming = True
             t0 = time.monotonic()
 
-            def ended(outcome: str) -> None:
+            reported: list[str] = []
+
+            def ended(outcome: str) -> None:             # once: by the stream's end, or by the response's
+                if reported:
+                    return
+                reported.append(outcome)
                 if outcome == "client":
                     abandon()
                 else:
                     sub.when_finished(charge)
                 service.observe(outcome, time.monotonic() - t0)
-            return StreamingResponse(_stream(eng, sub, rid, body.model, created, chat, include, len(ids), ended),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            return _EventStream(_stream(eng, sub, rid, body.model, created, chat, include, len(ids), ended),
+                                lambda: ended("client"))
         outs = None
         try:
             outs = await _collect(sub, len(ids), request)
