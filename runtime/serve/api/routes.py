@@ -110,8 +110,9 @@ def _sampling(req, max_tokens: int | None, default_max: int, logprobs: int | Non
 
 
 def _admin_refused(request: Request, status: int, why) -> None:
-    """A refused admin action is one line in the server's log (no traceback)."""
-    if request.url.path.startswith("/admin/"):
+    """A refused admin action is one line in the server's log (no traceback); a call without a valid key
+    (401) is not an action: nothing, so that anonymous callers cannot flood the log."""
+    if request.url.path.startswith("/admin/") and status != 401:
         log.warning("admin %s %s refused (%d): %s", request.method, request.url.path, status, why)
 
 
