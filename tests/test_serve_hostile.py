@@ -2,7 +2,7 @@
 plain HTTP.
 
 - Every field of every request body is swept with values of the wrong type, NaN, infinities, huge and
-  negative numbers, empty strings/lists/objects and lone surrogates; the cases are generated from the routes'
+  negative numbers, empty strings/lists/objects, lone surrogates and too deep nesting; the cases are generated from the routes'
   request models (nested models included), so a new field or route is covered without a line here.  Each
   answer is a 4xx in OpenAI's error shape -- or a 2xx where the API accepts the value (:data:`ACCEPTED`, e.g.
   a negative ``seed``: any int64 is a seed) -- and the server logs no traceback.
@@ -172,7 +172,8 @@ ACCEPTED = {
     ("/admin/events", "result", "empty_str"), ("/admin/events", "detail", "empty_obj"),
 }
 #: cases whose 400 names the field (``param``: the top-level field of the body)
-NAMES_FIELD = ("wrong_type", "nan", "infinity", "huge_int", "surrogate", "surrogate_in_list", "surrogate_key")
+NAMES_FIELD = ("wrong_type", "nan", "infinity", "huge_int", "surrogate", "surrogate_in_list", "surrogate_key",
+               "too_deep")
 
 KIND_SAMPLE = {"string": "x", "integer": 7, "number": 0.5, "boolean": True, "array": ["x"], "object": {"k": "v"}}
 
@@ -218,7 +219,14 @@ def hostile_values(ann):
     yield from [("nan", math.nan), ("infinity", math.inf), ("infinity", -math.inf), ("huge_int", 10 ** 30),
                 ("huge", 1e300), ("negative", -1), ("empty_str", ""), ("empty_list", []), ("empty_obj", {}),
                 ("surrogate", "a\ud800b"), ("surrogate", "\udfff"), ("surrogate_in_list", ["ok", "a\udc00"]),
-                ("surrogate_key", {"a\ud800": "x"}), ("wrong_element", [{"bogus": 1}])]
+                ("surrogate_key", {"a\ud800": "x"}), ("wrong_element", [{"bogus": 1}]), ("too_deep", _deep(40))]
+
+
+def _deep(n: int):
+    v: list = []
+    for _ in range(n):
+        v = [v]
+    return v
 
 
 def sweep_cases(model: type[BaseModel], base: dict, wrap, path: str = ""):

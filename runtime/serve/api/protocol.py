@@ -4,8 +4,9 @@ by one function each).  Unknown request fields are accepted and ignored, as Open
 Every request field is checked as JSON, not coerced: a value of another type is refused (``"5"`` for an
 integer, ``true`` for a number), integers are signed 64-bit (OpenAI's and vLLM's ``seed`` range: any
 int64 is a seed), numbers are finite (no ``NaN``/``Infinity``), and no string -- nested ones included --
-holds a lone UTF-16 surrogate (``"\\ud800"``: not Unicode text; a tokenizer cannot take it).  The route
-answers 400 in OpenAI's error shape with the field as ``param``."""
+holds a lone UTF-16 surrogate (``"\\ud800"``: not Unicode text; a tokenizer cannot take it), and nothing
+nests deeper than :data:`MAX_DEPTH`.  The route answers 400 in OpenAI's error shape with the field as
+``param``."""
 from __future__ import annotations
 
 import base64
@@ -24,25 +25,30 @@ Int = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 Float = Annotated[float, Field(allow_inf_nan=False)]
 
 
+#: how deep a request's JSON may nest (a chat message's content parts are 4 deep)
+MAX_DEPTH = 32
+
+
 def check_json_text(value, where: str = "") -> None:
-    """Refuse (ValueError) a lone surrogate in any string and a non-finite number anywhere in ``value``
-    (strings, numbers, lists and dicts, keys included)."""
-    if isinstance(value, str):
-        if not value.isascii():
-            try:
-                value.encode("utf-8")                    # (C speed; only a surrogate cannot be encoded)
-            except UnicodeEncodeError:
-                raise ValueError(f"{where or 'a string'} holds a lone surrogate (not valid Unicode text)") from None
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{where or 'a number'} is not finite ({value})")
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            check_json_text(k, where)
-            check_json_text(v, where)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            check_json_text(v, where)
+    """Refuse (ValueError) a lone surrogate in any string, a non-finite number anywhere in ``value``
+    (strings, numbers, lists and dicts, keys included) and nesting deeper than :data:`MAX_DEPTH`."""
+    todo = [(value, 0)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")                    # (C speed; only a surrogate cannot be encoded)
+                except UnicodeEncodeError:
+                    raise ValueError(f"{where or 'a string'} holds a lone surrogate (not valid Unicode text)") from None
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise ValueError(f"{where or 'a number'} is not finite ({v})")
+        elif isinstance(v, (dict, list, tuple)):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"{where or 'a value'} nests deeper than {MAX_DEPTH} levels")
+            items = [*v.keys(), *v.values()] if isinstance(v, dict) else v
+            todo.extend((x, depth + 1) for x in items)
 
 
 class _Checked(BaseModel):
