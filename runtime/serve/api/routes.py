@@ -3,12 +3,16 @@ engine's outputs back into the wire format; the logic lives in the engines and t
 
 Generation requests go to the engine with an ``on_output`` callback that hands every increment to this
 event loop; a client that disconnects (stream closed, or connection dropped while waiting for a
-non-streamed answer) aborts its requests, which frees their KV blocks at the engine's next step.
+non-streamed answer) aborts its requests, which frees their KV blocks at the engine's next step; its
+handler returns (a 499 nobody reads) rather than raising, so a dropped client is never a traceback.
 
 Tenants (:mod:`runtime.serve.tenants`): every ``/v1`` route authenticates its caller (``Authorization:
 Bearer``; 401 otherwise), looks models up as that tenant may see them, runs the request at the tenant's
 effective priority, and holds a quota ticket from admission until the response (or the stream) ends,
-when it is settled to the tokens really used.  ``/metrics`` and ``/admin/*`` need an admin key (403);
+when it is settled to the tokens really used -- by the engine's own count of what it did (prompt tokens
+computed, tokens generated), also for a client that went away: its slot is freed at once, its charge
+settled once the engine has finished the aborted requests.  Refusals of the one error table
+(:data:`.errors.ERRORS`) are answered here, never as a traceback; a refused admin action is one log line.  ``/metrics`` and ``/admin/*`` need an admin key (403);
 ``/health`` is open (probes); ``/v1/usage`` shows the caller its own usage only.
 
 Observability (admin): every model request's outcome goes to the service's sampler (:func:`outcome_of`:
