@@ -258,6 +258,11 @@ class RemoteGenerateEngine(PromptChecks):
     def kv_blocks(self) -> int:
         return self.num_blocks
 
+    @property
+    def queue_capacity(self) -> int:
+        """Every serving replica's queue (the prompts of one request are spread over the replicas)."""
+        return self.config.max_queued_requests * max(1, self.svc.replica_count)
+
     async def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                           on_output: Callable[[RequestOutput], None] | None = None, priority: int = 0,
                           prompt_param: str = "prompt"):
@@ -277,11 +282,11 @@ class RemoteGenerateEngine(PromptChecks):
         return RequestHandle(rid, len(prompt_ids))
 
     async def _pump(self, rep: Replica, rid: str, resp, on_output, n_prompt: int) -> None:
-        finished, err, k = False, None, 0
+        finished, err, k, pc = False, None, 0, 0
         try:
             async for chunk in resp:
                 for o in chunk:
-                    k = o.completion_tokens
+                    k, pc = o.completion_tokens, o.prompt_computed
                     finished = finished or o.finished
                     if on_output is not None:
                         on_output(o)
@@ -293,7 +298,7 @@ class RemoteGenerateEngine(PromptChecks):
             if not finished and on_output is not None:
                 reason = "abort" if err is None or _cancelled(err) else "error"
                 msg = None if reason == "abort" else str(_unwrap(err, rep.name))
-                on_output(RequestOutput(rid, "", [], [], reason, n_prompt, k, msg))
+                on_output(RequestOutput(rid, "", [], [], reason, n_prompt, k, msg, pc))
 
     def abort(self, request_id: str) -> None:
         resp = self._streams.get(request_id)

@@ -13,7 +13,9 @@ clients are *HTTP tenants* that it tells apart and isolates itself:
   ``max(class, requested)`` (:meth:`Tenant.effective_priority`).
 - **Quotas** (:class:`Quotas`, on an injectable clock): concurrent requests, and tokens per minute over a
   sliding 60 s window.  A request is charged ``prompt + max_tokens`` when admitted (as OpenAI counts
-  ``max_tokens`` against the limit) and settled to what it really used when it ends.  Over a quota ->
+  ``max_tokens`` against the limit) and settled to what it really used when it ends -- a request whose
+  client went away is charged the work the engine did for it (its concurrency slot is freed at once, its
+  charge settled when the engine reports).  Over a quota ->
   :class:`RateLimited` (429, ``rate_limit_exceeded``) with the time after which the same request would
   be admitted (``Retry-After``, capped at 120 s: the official client stops retrying beyond that); a
   request larger than the whole per-minute quota can never pass and says so (``x-should-retry: false``).
@@ -210,6 +212,7 @@ class _Charge:
 @dataclass
 class _Ledger:
     in_flight: int = 0
+    unsettled: int = 0                                    #: admitted, charge not yet settled
     window: deque = field(default_factory=deque)          #: _Charge, oldest first
     requests: int = 0
     prompt_tokens: int = 0
@@ -218,14 +221,21 @@ class _Ledger:
 
 
 class Ticket:
-    """One admitted request: holds a concurrency slot and a token charge until :meth:`settle`."""
+    """One admitted request: holds a concurrency slot until :meth:`release` (or :meth:`settle`) and a token
+    charge until :meth:`settle`.  A request whose client went away releases its slot at once and is
+    settled once the engine has said what it did for it (the work done is charged, answered or not)."""
 
     def __init__(self, quotas: "Quotas", tenant: Tenant, charge: _Charge | None):
         self.quotas, self.tenant, self._charge = quotas, tenant, charge
-        self.settled = False
+        self.released = self.settled = False
+
+    def release(self) -> None:
+        """The client is gone: free the concurrency slot now (once); the charge stays until :meth:`settle`."""
+        self.quotas._release(self)
 
     def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """The request ended having used these tokens: correct its charge, free its slot (once)."""
+        """The request ended having used these tokens: correct its charge, count them in the tenant's usage,
+        free its slot if :meth:`release` did not (once)."""
         self.quotas._settle(self, int(prompt_tokens), int(completion_tokens))
 
 
@@ -276,6 +286,7 @@ class Quotas:
                 charge = _Charge(now, int(tokens))
                 led.window.append(charge)
             led.in_flight += 1
+            led.unsettled += 1
             led.requests += 1
             self._lock.notify_all()
         return Ticket(self, tenant, charge)
@@ -328,13 +339,24 @@ class Quotas:
                 return min(RETRY_AFTER_MAX_S, max(1e-3, c.t + self.window_s - now))
         return RETRY_AFTER_MAX_S
 
+    def _release(self, ticket: Ticket) -> None:
+        with self._lock:
+            if ticket.released:
+                return
+            ticket.released = True
+            self._ledger(ticket.tenant.name).in_flight -= 1
+            self._lock.notify_all()
+
     def _settle(self, ticket: Ticket, prompt: int, completion: int) -> None:
         with self._lock:
             if ticket.settled:
                 return
             ticket.settled = True
             led = self._ledger(ticket.tenant.name)
-            led.in_flight -= 1
+            if not ticket.released:
+                ticket.released = True
+                led.in_flight -= 1
+            led.unsettled -= 1
             led.prompt_tokens += prompt
             led.completion_tokens += completion
             if ticket._charge is not None:
@@ -360,11 +382,13 @@ class Quotas:
             return self._ledger(name).in_flight
 
     def wait_until(self, name: str, pred: Callable[[dict], bool], timeout: float | None = None) -> bool:
-        """Block until ``pred`` holds for tenant ``name``'s counters (``in_flight``, ``requests``,
-        ``rate_limited``; re-checked on every admission, refusal and settlement)."""
+        """Block until ``pred`` holds for tenant ``name``'s counters (``in_flight``, ``unsettled``: admitted
+        requests whose charge is not settled yet, ``requests``, ``rate_limited``; re-checked on every
+        admission, refusal, release and settlement)."""
         def view():
             led = self._ledger(name)
-            return {"in_flight": led.in_flight, "requests": led.requests, "rate_limited": led.rate_limited}
+            return {"in_flight": led.in_flight, "unsettled": led.unsettled, "requests": led.requests,
+                    "rate_limited": led.rate_limited}
         with self._lock:
             return self._lock.wait_for(lambda: pred(view()), timeout)
 

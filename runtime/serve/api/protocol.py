@@ -1,17 +1,70 @@
 """OpenAI wire formats (requests as pydantic models; responses and stream chunks as plain dicts built
-by one function each).  Unknown request fields are accepted and ignored, as OpenAI-compatible servers do."""
+by one function each).  Unknown request fields are accepted and ignored, as OpenAI-compatible servers do.
+
+Every request field is checked as JSON, not coerced: a value of another type is refused (``"5"`` for an
+integer, ``true`` for a number), integers are signed 64-bit (OpenAI's and vLLM's ``seed`` range: any
+int64 is a seed), numbers are finite (no ``NaN``/``Infinity``), and no string -- nested ones included --
+holds a lone UTF-16 surrogate (``"\\ud800"``: not Unicode text; a tokenizer cannot take it), and nothing
+nests deeper than :data:`MAX_DEPTH`.  The route answers 400 in OpenAI's error shape with the field as
+``param``."""
 from __future__ import annotations
 
 import base64
+import math
 import time
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+#: a JSON integer of a request: signed 64-bit
+Int = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+#: a JSON number of a request: finite
+Float = Annotated[float, Field(allow_inf_nan=False)]
 
 
-class _Req(BaseModel):
-    model_config = ConfigDict(extra="allow")
+#: how deep a request's JSON may nest (a chat message's content parts are 4 deep)
+MAX_DEPTH = 32
+
+
+def check_json_text(value, where: str = "") -> None:
+    """Refuse (ValueError) a lone surrogate in any string, a non-finite number anywhere in ``value``
+    (strings, numbers, lists and dicts, keys included) and nesting deeper than :data:`MAX_DEPTH`."""
+    todo = [(value, 0)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")                    # (C speed; only a surrogate cannot be encoded)
+                except UnicodeEncodeError:
+                    raise ValueError(f"{where or 'a string'} holds a lone surrogate (not valid Unicode text)") from None
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise ValueError(f"{where or 'a number'} is not finite ({v})")
+        elif isinstance(v, (dict, list, tuple)):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"{where or 'a value'} nests deeper than {MAX_DEPTH} levels")
+            items = [*v.keys(), *v.values()] if isinstance(v, dict) else v
+            todo.extend((x, depth + 1) for x in items)
+
+
+class _Checked(BaseModel):
+    """A request body: strict JSON types, every field's strings and numbers checked (:func:`check_json_text`)."""
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text(cls, v, info):
+        if not isinstance(v, BaseModel):
+            check_json_text(v, info.field_name)
+        return v
+
+
+class _Req(_Checked):
+    model_config = ConfigDict(strict=True, extra="allow")
 
 
 class StreamOptions(_Req):
@@ -20,70 +73,75 @@ class StreamOptions(_Req):
 
 class CompletionRequest(_Req):
     model: str
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: int | None = 16
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = 1
+    prompt: Union[str, list[str], list[Int], list[list[Int]]]
+    max_tokens: Int | None = 16
+    temperature: Float | None = None
+    top_p: Float | None = None
+    n: Int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: Union[str, list[str], None] = None
-    seed: int | None = None
-    logprobs: int | None = None
+    seed: Int | None = None
+    logprobs: Int | None = None
     echo: bool | None = False
     user: str | None = None
-    top_k: int | None = None           #: vLLM extra
+    top_k: Int | None = None           #: vLLM extra (-1 or 0: all tokens)
     ignore_eos: bool | None = False    #: vLLM extra
-    priority: int | None = None        #: vLLM extra: lower runs first; never earlier than the tenant's class
+    priority: Int | None = None        #: vLLM extra: lower runs first; never earlier than the tenant's class
+
+
+class ContentPart(_Req):
+    """A part of a chat message's content (only ``text`` parts are served)."""
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(_Req):
     role: str
-    content: Union[str, list[dict[str, Any]], None] = None
+    content: Union[str, list[ContentPart], None] = None
 
 
 class ChatCompletionRequest(_Req):
     model: str
     messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = 1
+    max_tokens: Int | None = None
+    max_completion_tokens: Int | None = None
+    temperature: Float | None = None
+    top_p: Float | None = None
+    n: Int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: Union[str, list[str], None] = None
-    seed: int | None = None
+    seed: Int | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
     user: str | None = None
-    top_k: int | None = None
+    top_k: Int | None = None
     ignore_eos: bool | None = False
-    priority: int | None = None
+    priority: Int | None = None
 
 
 class EmbeddingRequest(_Req):
     model: str
-    input: Union[str, list[str], list[int], list[list[int]]]
+    input: Union[str, list[str], list[Int], list[list[Int]]]
     encoding_format: Literal["float", "base64"] | None = "float"
-    dimensions: int | None = None
+    dimensions: Int | None = None
     user: str | None = None
-    priority: int | None = None
+    priority: Int | None = None
 
 
 class ThrottleRequest(_Req):
     """``POST /admin/throttle``: admit this fraction of the normal load (1 restores)."""
-    factor: float
+    factor: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 
 
 class ScaleRequest(_Req):
     """``POST /admin/replicas``: the number of Ray Serve replicas wanted."""
-    replicas: int
+    replicas: Int
 
 
-class EventRequest(BaseModel):
+class EventRequest(_Checked):
     """``POST /admin/events``: an operator command's event (``stress-test``, the CLI) for the History."""
-    model_config = ConfigDict(extra="forbid")
     kind: str = "manual"
     diagnosis: str = ""
     detail: dict = {}
@@ -92,11 +150,18 @@ class EventRequest(BaseModel):
     result: str = ""
 
 
-class ReconfigureRequest(BaseModel):
+class ReconfigureRequest(_Checked):
     """``POST /admin/reconfigure``: a whole ``serve.yaml`` (``config``) or ``key=value`` settings (``set``)."""
-    model_config = ConfigDict(extra="forbid")
     config: str | None = None
     set: list[str] = []
+
+    @model_validator(mode="after")
+    def _something(self):
+        if self.config is not None and not self.config.strip():
+            raise ValueError("config is empty (a whole serve.yaml; to change settings, use set)")
+        if self.config is None and not self.set:
+            raise ValueError("give config (a whole serve.yaml) or set (key=value settings)")
+        return self
 
 
 # ---------------------------------------------------------------------------------------------- responses

@@ -3,12 +3,16 @@ engine's outputs back into the wire format; the logic lives in the engines and t
 
 Generation requests go to the engine with an ``on_output`` callback that hands every increment to this
 event loop; a client that disconnects (stream closed, or connection dropped while waiting for a
-non-streamed answer) aborts its requests, which frees their KV blocks at the engine's next step.
+non-streamed answer) aborts its requests, which frees their KV blocks at the engine's next step; its
+handler returns (a 499 nobody reads) rather than raising, so a dropped client is never a traceback.
 
 Tenants (:mod:`runtime.serve.tenants`): every ``/v1`` route authenticates its caller (``Authorization:
 Bearer``; 401 otherwise), looks models up as that tenant may see them, runs the request at the tenant's
 effective priority, and holds a quota ticket from admission until the response (or the stream) ends,
-when it is settled to the tokens really used.  ``/metrics`` and ``/admin/*`` need an admin key (403);
+when it is settled to the tokens really used -- by the engine's own count of what it did (prompt tokens
+computed, tokens generated), also for a client that went away: its slot is freed at once, its charge
+settled once the engine has finished the aborted requests.  Refusals of the one error table
+(:data:`.errors.ERRORS`) are answered here, never as a traceback; a refused admin action is one log line.  ``/metrics`` and ``/admin/*`` need an admin key (403);
 ``/health`` is open (probes); ``/v1/usage`` shows the caller its own usage only.
 
 Observability (admin): every model request's outcome goes to the service's sampler (:func:`outcome_of`:
@@ -29,6 +33,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import logging
 import math
 import time
 import uuid
@@ -46,10 +51,12 @@ from ..engine.errors import InvalidRequest, QueueFull, ServeError
 from ..engine.request import RequestOutput, SamplingParams, merge_outputs
 from ..tenants import Forbidden, RateLimited, Tenant
 from . import protocol as P
-from .errors import error_body, error_response, from_exception
+from .errors import ERRORS, error_body, error_response, from_exception
 from .longpoll import LongPolls
 from .sizes import chat_floor, generation_floor, input_floors, prompt_floors
 from .tokenize_pool import TokenizePool
+
+log = logging.getLogger("vnpu.serve")
 
 MAX_STOP = 4
 
@@ -104,13 +111,20 @@ def _sampling(req, max_tokens: int | None, default_max: int, logprobs: int | Non
     tp = 1.0 if req.top_p is None else req.top_p
     if not 0 < tp <= 1:
         raise InvalidRequest(f"top_p must be in (0, 1], got {tp}", "top_p")
-    if req.top_k is not None and req.top_k < 0:
-        raise InvalidRequest(f"top_k must be >= 0, got {req.top_k}", "top_k")
+    if req.top_k is not None and req.top_k < -1:
+        raise InvalidRequest(f"top_k must be -1 or 0 (all tokens) or at least 1, got {req.top_k}", "top_k")
     if logprobs is not None and not 0 <= logprobs <= 20:
         raise InvalidRequest(f"logprobs must be in [0, 20], got {logprobs}", "logprobs")
     return SamplingParams(max_tokens=default_max if max_tokens is None else max_tokens, temperature=float(t),
-                          top_p=float(tp), top_k=req.top_k or 0, seed=req.seed, stop=_stop_list(req.stop),
+                          top_p=float(tp), top_k=max(0, req.top_k or 0), seed=req.seed, stop=_stop_list(req.stop),
                           logprobs=logprobs, ignore_eos=bool(req.ignore_eos))
+
+
+def _admin_refused(request: Request, status: int, why) -> None:
+    """A refused admin action is one line in the server's log (no traceback); a call without a valid key
+    (401) is not an action: nothing, so that anonymous callers cannot flood the log."""
+    if request.url.path.startswith("/admin/") and status != 401:
+        log.warning("admin %s %s refused (%d): %s", request.method, request.url.path, status, why)
 
 
 def _sse(obj) -> str:
@@ -126,13 +140,19 @@ async def _disconnected(request: Request) -> None:
 
 
 class _Submitted:
-    """Engine requests of one HTTP request, their outputs tagged by choice index on one asyncio queue."""
+    """Engine requests of one HTTP request, their outputs tagged by choice index on one asyncio queue.  It
+    keeps what the engine reported for each request (prompt tokens computed, completion tokens): what the
+    request is charged -- :meth:`when_finished` hands the totals over once every request has finished,
+    also after the client went away and the requests were aborted."""
 
     def __init__(self, engine, loop: asyncio.AbstractEventLoop):
         self.engine, self.loop = engine, loop
         self.queue: asyncio.Queue = asyncio.Queue()
         self.handles: list = []
         self.open: set[str] = set()
+        self._done: dict[str, tuple[int, int]] = {}       #: request id -> (prompt computed, completion tokens)
+        self._ended: set[str] = set()                     #: request ids whose last output arrived
+        self._on_finished = None
 
     async def add(self, index: int, prompt_ids: list[int], params: SamplingParams, prompt_param: str,
                   priority: int = 0) -> None:
@@ -140,13 +160,33 @@ class _Submitted:
         awaitable that resolves once the request is accepted or raises its refusal)."""
         def on_output(out: RequestOutput, i=index):
             with contextlib.suppress(RuntimeError):       # the loop is gone (server stopping)
-                self.loop.call_soon_threadsafe(self.queue.put_nowait, (i, out))
+                self.loop.call_soon_threadsafe(self._arrived, i, out)
         h = self.engine.add_request(prompt_ids, params, on_output=on_output, prompt_param=prompt_param,
                                     priority=priority)
         if inspect.isawaitable(h):
             h = await h
         self.handles.append(h)
         self.open.add(h.request_id)
+
+    def _arrived(self, i: int, out: RequestOutput) -> None:
+        """On the loop: one output of the engine."""
+        self._done[out.request_id] = (out.prompt_computed, out.completion_tokens)
+        if out.finished:
+            self._ended.add(out.request_id)
+        self.queue.put_nowait((i, out))
+        self._check_finished()
+
+    def when_finished(self, fn) -> None:
+        """Call ``fn(prompt_tokens, completion_tokens)`` -- the work the engine did for these requests -- once
+        every request added has finished (now, if they have); no request added: ``fn(0, 0)``."""
+        self._on_finished = fn
+        self._check_finished()
+
+    def _check_finished(self) -> None:
+        fn = self._on_finished
+        if fn is not None and all(h.request_id in self._ended for h in self.handles):
+            self._on_finished = None
+            fn(sum(p for p, _ in self._done.values()), sum(c for _, c in self._done.values()))
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         while self.open:
@@ -160,8 +200,8 @@ class _Submitted:
             self.engine.abort(rid)
 
 
-async def _collect(sub: _Submitted, n: int, request: Request) -> list[RequestOutput]:
-    """All outputs merged per choice; aborts everything if the client disconnects first."""
+async def _collect(sub: _Submitted, n: int, request: Request) -> list[RequestOutput] | None:
+    """All outputs merged per choice; None (everything aborted) if the client disconnects first."""
     async def gather():
         per: list[list[RequestOutput]] = [[] for _ in range(n)]
         async for i, out in sub.outputs():
@@ -176,9 +216,34 @@ async def _collect(sub: _Submitted, n: int, request: Request) -> list[RequestOut
             return work.result()
         sub.abort()
         work.cancel()
-        raise asyncio.CancelledError("client disconnected")
+        return None
     finally:
         gone.cancel()
+
+
+def _client_gone() -> JSONResponse:
+    """What a handler returns when its client went away: nobody reads it (nginx's 499, "client closed
+    request"); a handler must not raise for it -- that is logged as a failed ASGI application."""
+    return error_response(499, "the client closed the request", "invalid_request_error", None, "client_closed")
+
+
+class _EventStream(StreamingResponse):
+    """Server-sent events whose ``on_close`` runs however the response ends: after the stream's own end, and
+    when the client went away before the stream started or while a chunk was being sent -- the stream is
+    closed here (its ``finally`` runs now, not whenever the generator is collected)."""
+
+    def __init__(self, events, on_close):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self.body_iterator.aclose()
+            finally:
+                self._on_close()
 
 
 def _error_of(outs: list[RequestOutput]) -> JSONResponse | None:
@@ -252,16 +317,23 @@ def build_app(service, tokenizer: TokenizePool | None = None) -> FastAPI:
             return error_response(400, f"the request body is not valid JSON: {first.get('msg', '')}",
                                   "invalid_request_error", None, "invalid_json")
         msg = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body')}: {e.get('msg')}" for e in errs)
+        _admin_refused(request, 400, msg)
         return error_response(400, msg or "invalid request", "invalid_request_error", loc[0] if loc else None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         return error_response(exc.status_code, str(exc.detail), "invalid_request_error")
 
-    @app.exception_handler(ServeError)
-    async def serve_error(request: Request, exc: ServeError):
+    async def refused(request: Request, exc: Exception):
+        """An error of the one table (:data:`.errors.ERRORS`): its status in OpenAI's shape, handled here
+        (not by the server-error middleware, which logs a traceback); a refused admin action is one line."""
         request.state.exc = exc
-        return from_exception(exc)
+        resp = from_exception(exc)
+        _admin_refused(request, resp.status_code, getattr(exc, "message", None) or getattr(exc, "detail", None) or exc)
+        return resp
+
+    for cls in (ServeError, *ERRORS):
+        app.add_exception_handler(cls, refused)
 
     @app.exception_handler(Exception)
     async def other_error(request: Request, exc: Exception):
@@ -442,9 +514,10 @@ def build_app(service, tokenizer: TokenizePool | None = None) -> FastAPI:
                 raise InvalidRequest(f"messages[{i}].role {m.role!r} is not a chat role", "messages")
             content = m.content
             if isinstance(content, list):
-                if any(p.get("type") != "text" for p in content):
-                    raise InvalidRequest(f"messages[{i}]: only text content parts are supported", "messages")
-                content = "".join(str(p.get("text", "")) for p in content)
+                if any(p.type != "text" or p.text is None for p in content):
+                    raise InvalidRequest(f"messages[{i}]: only text content parts (with text) are supported",
+                                         "messages")
+                content = "".join(p.text for p in content)
             msgs.append({"role": "system" if m.role == "developer" else m.role, "content": content or ""})
         mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         precheck(tenant, generation_floor([chat_floor(eng, msgs)], mt))                     # before the work
@@ -470,16 +543,24 @@ def build_app(service, tokenizer: TokenizePool | None = None) -> FastAPI:
         if body.priority is not None and not isinstance(body.priority, int):
             raise InvalidRequest("priority must be an integer", "priority")
         priority = tenant.effective_priority(body.priority)
+        eng.check_batch(len(ids), prompt_param)          # a batch that could never be queued: 400, not 503
         for x in ids:
             eng.check(x, params, prompt_param)           # all prompts checked before any is queued
         ticket = admit(tenant, sum(len(x) + params.max_tokens for x in ids), request)
         sub = _Submitted(eng, asyncio.get_running_loop())
+
+        def charge(ptoks: int, ctoks: int) -> None:     # what the engine did, once every request finished
+            _settle(ticket, tenant, body.model, ptoks, ctoks)
+
+        def abandon() -> None:                          # nobody waits for these any more: abort, charge the work
+            sub.abort()
+            ticket.release()
+            sub.when_finished(charge)
         try:
             for i, x in enumerate(ids):
                 await sub.add(i, x, params, prompt_param, priority)
-        except Exception:
-            sub.abort()
-            _settle(ticket, tenant, body.model, 0, 0)
+        except BaseException:
+            abandon()
             raise
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         created = P.now()
@@ -489,16 +570,29 @@ def build_app(service, tokenizer: TokenizePool | None = None) -> FastAPI:
             request.state.streaming = True
             t0 = time.monotonic()
 
-            def settle(c: int, outcome: str) -> None:
-                _settle(ticket, tenant, body.model, ptoks, c)
+            reported: list[str] = []
+
+            def ended(outcome: str) -> None:             # once: by the stream's end, or by the response's
+                if reported:
+                    return
+                reported.append(outcome)
+                if outcome == "client":
+                    abandon()
+                else:
+                    sub.when_finished(charge)
                 service.observe(outcome, time.monotonic() - t0)
-            return StreamingResponse(_stream(eng, sub, rid, body.model, created, chat, include, len(ids), settle),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        outs: list[RequestOutput] = []
+            return _EventStream(_stream(eng, sub, rid, body.model, created, chat, include, len(ids), ended),
+                                lambda: ended("client"))
+        outs = None
         try:
             outs = await _collect(sub, len(ids), request)
         finally:
-            _settle(ticket, tenant, body.model, ptoks if outs else 0, sum(o.completion_tokens for o in outs))
+            if outs is None:                             # the client went away (or the server is stopping)
+                abandon()
+            else:
+                sub.when_finished(charge)
+        if outs is None:
+            return _client_gone()
         err = _error_of(outs)
         if err is not None:
             return err
@@ -514,7 +608,7 @@ def build_app(service, tokenizer: TokenizePool | None = None) -> FastAPI:
                     "finish_reason": _reason(o)} for i, o in enumerate(outs)]
         return P.completion(rid, body.model, created, choices, P.usage(ptoks, ctoks))
 
-    async def _stream(eng, sub: _Submitted, rid, model, created, chat: bool, include_usage: bool, n: int, settle):
+    async def _stream(eng, sub: _Submitted, rid, model, created, chat: bool, include_usage: bool, n: int, ended):
         chunk = P.chat_chunk if chat else P.completion_chunk
         ptoks = sum(h.prompt_tokens for h in sub.handles)
         ctoks = [0] * n
@@ -547,10 +641,8 @@ def build_app(service, tokenizer: TokenizePool | None = None) -> FastAPI:
             if include_usage:
                 yield _sse(chunk(rid, model, created, [], P.usage(ptoks, sum(ctoks))))
             yield "data: [DONE]\n\n"
-        finally:
-            if not finished:                                  # the client went away: free its KV blocks
-                sub.abort()
-            settle(sum(ctoks), "error" if failed else "ok" if finished else "client")
+        finally:                                              # the client gone: abort (frees the KV blocks)
+            ended("error" if failed else "ok" if finished else "client")
 
     # -------------------------------------------------------------- embeddings
     @app.post("/v1/embeddings")
@@ -567,25 +659,42 @@ def build_app(service, tokenizer: TokenizePool | None = None) -> FastAPI:
         precheck(tenant, sum(input_floors(eng, texts)))                                     # before the work
         counts = await tokenizer.run(tenant.name, eng.check, texts)
         ticket = admit(tenant, sum(counts), request)
-        used = 0
         try:
             fut = eng.submit(texts, sum(counts))
-            work = asyncio.wrap_future(fut) if not asyncio.isfuture(fut) else fut
-            gone = asyncio.ensure_future(_disconnected(request))
-            try:
-                done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if work not in done:
-                    fut.cancel()
-                    raise asyncio.CancelledError("client disconnected")
-            finally:
-                gone.cancel()
-            vecs = work.result()
-            used = sum(counts)
+        except BaseException:
+            _settle(ticket, tenant, body.model, 0, 0)
+            raise
+        work = asyncio.wrap_future(fut) if not asyncio.isfuture(fut) else fut
+        gone = asyncio.ensure_future(_disconnected(request))
+        answered = False
+        try:
+            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            answered = work in done
         finally:
-            _settle(ticket, tenant, body.model, used, 0)
+            gone.cancel()
+            if not answered:        # the client went away: a batch not started is dropped, one that ran is charged
+                ticket.release()
+                work.add_done_callback(_retrieved)
+                fut.add_done_callback(lambda f: _settle(ticket, tenant, body.model, 0 if _failed(f) else sum(counts), 0))
+                fut.cancel()
+        if not answered:
+            return _client_gone()
+        failed = _failed(work)
+        _settle(ticket, tenant, body.model, 0 if failed else sum(counts), 0)
+        vecs = work.result()
         return P.embeddings(body.model, vecs, body.encoding_format or "float", sum(counts))
 
     return app
+
+
+def _failed(fut) -> bool:
+    """A done future (asyncio or concurrent) that has no result: cancelled or failed."""
+    return fut.cancelled() or fut.exception() is not None
+
+
+def _retrieved(fut) -> None:
+    """A done callback that marks a future's exception as seen (nobody awaits it any more)."""
+    _failed(fut)
 
 
 def _reason(o: RequestOutput) -> str | None:

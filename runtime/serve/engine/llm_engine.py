@@ -121,6 +121,7 @@ class PromptChecks:
     model served by replicas (:class:`runtime.serve.replicas.RemoteGenerateEngine`): a subclass sets ``tok``,
     ``model_config`` and ``config`` (its :class:`EngineConfig`) and gives :attr:`kv_blocks`.  Host-only."""
 
+    model: str
     tok: object
     model_config: LlamaConfig
     config: EngineConfig
@@ -145,6 +146,20 @@ class PromptChecks:
 
     def default_max_tokens(self, prompt_tokens: int) -> int:
         return max(1, self.capacity_tokens - prompt_tokens)
+
+    @property
+    def queue_capacity(self) -> int:
+        """Requests the model can hold waiting at most (``max_queued_requests``, unthrottled)."""
+        return self.config.max_queued_requests
+
+    def check_batch(self, count: int, prompt_param: str = "prompt") -> None:
+        """Refuse a request of more prompts than could ever be queued at once (:class:`InvalidRequest`: no
+        retry can help -- unlike a queue that is full now, :class:`QueueFull`)."""
+        cap = self.queue_capacity
+        if count > cap:
+            raise InvalidRequest(f"this request has {count} prompts but {self.model} queues at most {cap} requests "
+                                 f"(max_queued_requests): it can never be admitted; send at most {cap} prompts "
+                                 f"per request", prompt_param, "too_many_prompts")
 
     def check(self, prompt_ids: list[int], params: SamplingParams, prompt_param: str = "prompt") -> None:
         """Refuse what could never run: a prompt beyond the context, prompt + max_tokens beyond it, or
@@ -328,6 +343,7 @@ class GenerateEngine(PromptChecks):
         row = 0
         for s in out.scheduled:
             req = s.request
+            req.prompt_computed = max(req.prompt_computed, min(s.start + s.count, len(req.prompt_ids)))
             if req.num_preemptions == 0:
                 stats.prompt_tokens += max(0, min(s.start + s.count, len(req.prompt_ids)) - s.start)
             if not s.samples:
@@ -451,7 +467,8 @@ class GenerateEngine(PromptChecks):
             end = max(end, req.sent)
         delta = text[req.sent:end]
         req.sent = end
-        o = RequestOutput(req.request_id, delta, toks, lps, finish, len(req.prompt_ids), len(req.output_ids), error)
+        o = RequestOutput(req.request_id, delta, toks, lps, finish, len(req.prompt_ids), len(req.output_ids), error,
+                          req.prompt_computed)
         h = self._handles.get(req.request_id)
         if finish is not None:
             self._retire(req, finish, stats)

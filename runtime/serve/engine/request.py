@@ -18,7 +18,8 @@ from devices.errors import InvalidParamError
 @dataclass(frozen=True)
 class SamplingParams:
     """OpenAI's sampling fields (plus vLLM's ``top_k``/``ignore_eos``).  ``temperature == 0`` is greedy;
-    ``seed`` seeds this request's own generator (None: a fresh random one); ``stop`` strings end the
+    ``seed`` (any signed 64-bit integer, as OpenAI and vLLM take it) seeds this request's own generator
+    (None: a fresh random one); ``stop`` strings end the
     text and are not part of it; ``logprobs``: how many top log-probabilities to return per generated
     token (None: none)."""
     max_tokens: int = 16
@@ -40,8 +41,9 @@ class SamplingParams:
             raise InvalidParamError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidParamError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise InvalidParamError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not -2 ** 63 <= self.seed < 2 ** 63):
+            raise InvalidParamError(f"seed must be a 64-bit integer, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidParamError("stop strings must be non-empty strings")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
@@ -66,7 +68,9 @@ class TokenLogprob:
 class RequestOutput:
     """One increment of a request: new text (stop strings held back until they cannot start one), new
     token ids, their logprobs, and on the last one ``finish_reason`` (``stop``/``length``/``abort``/
-    ``error``) and the usage counts."""
+    ``error``) and the usage counts.  ``prompt_computed``: the prompt tokens the engine has computed for
+    this request so far (each once; 0 for a request aborted before it ran) -- with ``completion_tokens``
+    what the request is charged, whether its client waited for the answer or not."""
     request_id: str
     text: str
     token_ids: list[int]
@@ -75,6 +79,7 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    prompt_computed: int = 0
 
     @property
     def finished(self) -> bool:
@@ -97,9 +102,10 @@ class Request:
         self.seq = next(_ids)                       #: tie-break of equal arrivals
         self.output_ids: list[int] = []
         self.num_computed = 0                       #: tokens whose keys/values are in the KV cache
+        self.prompt_computed = 0                    #: prompt tokens ever computed (not reset by a preemption)
         self.status = Status.WAITING
         self.finish_reason: str | None = None
-        self.rng = np.random.default_rng(params.seed)
+        self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2 ** 64)   # (int64 -> uint64)
         self.text = ""                              #: detokenized output (stop string cut off)
         self.sent = 0                               #: characters of ``text`` handed out
         self.num_preemptions = 0
@@ -171,4 +177,4 @@ def merge_outputs(items: list[RequestOutput]) -> RequestOutput:
     last = items[-1]
     return RequestOutput(last.request_id, "".join(o.text for o in items), [t for o in items for t in o.token_ids],
                          [lp for o in items for lp in o.logprobs], last.finish_reason, last.prompt_tokens,
-                         last.completion_tokens, last.error)
+                         last.completion_tokens, last.error, last.prompt_computed)
