@@ -39,7 +39,7 @@ from devices.device import DeviceConfig
 from runtime.api import Runtime
 from runtime.backend import LocalBackend
 from runtime.bench import serve as bench
-from runtime.observe.history import History
+from runtime.observe.metrics_store import History
 from runtime.serve.api import protocol as P
 from runtime.serve.config import parse_config
 from runtime.serve.reconfigure import Reconfigurer
