@@ -123,7 +123,8 @@ class Comm:
     seq: int = 0
     p2p_seq: dict = field(default_factory=dict)
     async_error: int = 0
-    ccl: list = field(default_factory=list)     #: two persistent work buffers (by operator parity)
+    ccl: list = field(default_factory=list)     #: two persistent work buffers, used alternately
+    ccl_last: int = 1                           #: which one the last operator completed here used
     ccl_bytes: int = 0
     ccl_epoch: int = 0                          #: the arena epoch they were allocated in
     busy: int = 0                               #: operators running (a destroyed comm frees its
@@ -481,8 +482,10 @@ class HcclEngine:
 
     def _work_buffer(self, c: Comm, nbytes: int) -> tuple[int, bool]:
         """(pointer, persistent): this operator's work buffer; small ones are the communicator's CCL
-        buffers, used alternately (operator k reuses operator k-2's, which every peer finished
-        reading before it could start operator k-1)."""
+        buffers, used alternately: not the one of the last operator completed here (a peer may still read
+        it, oneshot has no closing barrier), but the one before, which every peer finished reading before
+        it could join that last operator's "ready" round.  Alternated by operators completed, not by
+        sequence number: an operator that failed or was skipped (:meth:`skip`) had no such round."""
         if nbytes > CCL_CACHE_MAX:
             return self._alloc(c, nbytes), False
         if c.ccl_bytes < nbytes:
@@ -493,7 +496,7 @@ class HcclEngine:
             c.ccl_epoch = self.arena.epoch
             c.ccl = [self._alloc(c, size) for _ in range(2)]
             c.ccl_bytes = size
-        return c.ccl[c.seq % 2], True
+        return c.ccl[1 - c.ccl_last], True
 
     def async_error(self, cid: str, owner=None) -> int:
         c = self.comms.get(scoped_comm_id(cid, owner)) if isinstance(cid, str) else None
@@ -547,6 +550,33 @@ class HcclEngine:
         return self.device.cost.collective(op.op, algo, n, nbytes)
 
     # ---------------------------------------------------------------- execution (on a core thread)
+    def _next_seq(self, c: Comm, op: CollectiveOp) -> tuple:
+        """``(seq, ranks)``: the place of this rank's next operator ``op`` in communicator ``c``'s order
+        (collectives count on ``c.seq``, Send/Recv per pair of ranks) and the ranks that take part.  Every
+        operator issued on a rank takes its place, whether it runs (:meth:`run`) or not (:meth:`skip`):
+        ranks that skipped different operators must not end up counting differently."""
+        with self._lock:
+            if op.op in ("send", "recv"):
+                pair = tuple(sorted((c.rank, op.peer)))
+                c.p2p_seq[pair] = c.p2p_seq.get(pair, 0) + 1
+                return f"p{pair[0]}-{pair[1]}-{c.p2p_seq[pair]}", pair
+            c.seq += 1
+            return c.seq, range(c.size)
+
+    def skip(self, op: CollectiveOp, err: AclError, owner=None) -> None:
+        """Operator ``op`` of this rank will not run (its stream skips it after an earlier failure, or an
+        injected failure takes its place): it still takes its place in the communicator's order, and its
+        peers are told at once (HCCL_E_REMOTE) instead of waiting for this rank until their exec timeout --
+        so that the operator after it, once the host has seen the error, pairs with the peers' again.
+        Does not block (the messages go from another thread); a communicator gone meanwhile is ignored."""
+        c = self.comms.get(scoped_comm_id(op.comm, owner)) if isinstance(op.comm, str) else None
+        if c is None or c.cancelled:
+            return
+        seq, ranks = self._next_seq(c, op)
+        self._abort_peers(c, seq, [q for q in ranks if q != c.rank], HCCL_E_REMOTE,
+                          f"did not run its {op.op} (operator {seq}): an earlier task of its stream failed "
+                          f"({err})"[:300])
+
     def run(self, op: CollectiveOp, owner=None) -> None:
         with self._lock:
             c = self._comm(op.comm, owner)
@@ -653,9 +683,9 @@ class HcclEngine:
         return [known.get(q) for q in others]
 
     def _collective(self, c: Comm, op: CollectiveOp, owner) -> None:
-        c.seq += 1
-        with self._telling_peers(c, c.seq, range(c.size)):
-            self._collective_body(c, op, owner, c.seq)
+        seq, ranks = self._next_seq(c, op)
+        with self._telling_peers(c, seq, ranks):
+            self._collective_body(c, op, owner, seq)
 
     def _collective_body(self, c: Comm, op: CollectiveOp, owner, seq: int) -> None:
         n, r = c.size, c.rank
@@ -727,6 +757,8 @@ class HcclEngine:
                 # peers may still read my buffers; oneshot reads only the alternating CCL buffers,
                 # which the next operator's "ready" round already protects
                 self._barrier(c, seq, "done", deadline)
+            if persistent and work_ptr in c.ccl:
+                c.ccl_last = c.ccl.index(work_ptr)
         except BaseException:
             # peers may still be reading my buffers or writing my receive buffer: stop them before the
             # user has the buffers back (they may be freed and given to another tenant)
@@ -893,12 +925,9 @@ class HcclEngine:
         threading.Thread(target=tell, name=f"hccl-abort-{self.device.id}", daemon=True).start()
 
     def _p2p(self, c: Comm, op: CollectiveOp) -> None:
-        lo, hi = sorted((c.rank, op.peer))
-        key = (lo, hi)
-        c.p2p_seq[key] = c.p2p_seq.get(key, 0) + 1
-        seq = f"p{lo}-{hi}-{c.p2p_seq[key]}"
-        with self._telling_peers(c, seq, (lo, hi)):
-            self._p2p_body(c, op, seq, (lo, hi))
+        seq, pair = self._next_seq(c, op)
+        with self._telling_peers(c, seq, pair):
+            self._p2p_body(c, op, seq, pair)
 
     def _p2p_body(self, c: Comm, op: CollectiveOp, seq: str, pair: tuple[int, int]) -> None:
         deadline = self._deadline(c)
