@@ -14,7 +14,9 @@ A collective runs on a core thread and blocks it while it waits for peers, alway
 (``exec_timeout_s``, HCCL_EXEC_TIMEOUT-style); it only orders the device for the host that enqueued it.
 While waiting it probes the peers it waits for: a peer that is gone (its process died or its device
 closed) fails the collective at once with HCCL_E_REMOTE instead of waiting for the timeout; a link that is
-down (fault ``link-down``) fails it with HCCL_E_NETWORK.
+down (fault ``link-down``) fails it with HCCL_E_NETWORK.  An operator this rank does not run at all (its
+stream skips it after an earlier failure: :meth:`HcclEngine.skip`) still takes its place in the
+communicator's order and fails its peers at once with HCCL_E_REMOTE.
 
 Tenancy (:mod:`devices.tenancy`): a communicator belongs to the client that created it and is released
 with that client's lease (:meth:`HcclEngine.drop_owner`).  Communicator ids are scoped by tenant

@@ -8,9 +8,16 @@ boot, ``/proc/<pid>/stat`` field 22) so that a reused pid is never taken for the
 
 - the owner unlinks its segments when it closes its devices, and at interpreter exit for devices
   still open (:func:`track`; the mapping stays until the process ends);
-- a SIGKILLed owner can do neither: the next start of a device on the node (any process of this user)
-  removes the segments whose owner is gone (:func:`sweep`).  Only this user's files are touched, and only
-  those whose owner is dead (or a zombie) or whose pid now belongs to another process.
+- an owner ended by a signal whose default action is to terminate it (SIGTERM from a supervisor, a CI
+  timeout or ``kill``; SIGINT; SIGHUP), with that default in place, unlinks them in a handler and then dies
+  by the signal as it would have (same exit status).  The handler is chained in front of the one in place
+  when the first segment is tracked, from the main thread, once per process: a handler the program
+  installed before still runs (and exits through it run the interpreter's exit, which unlinks), a signal
+  the program ignores stays ignored, and a handler the program installs later simply replaces it;
+- a SIGKILLed owner can do none of this: the next vnpu process of this user on the node -- a device
+  start, or a runtime (``runtime.api.Runtime``) -- removes the segments whose owner is gone (:func:`sweep`).
+  Only this user's files are touched, and only those whose owner is dead (or a zombie) or whose pid now
+  belongs to another process.
 
 Plain Python, no Ray or driver code: used by the arena, the local cluster's teardown and chaos reports.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import signal
 import threading
 
 from . import procstat
@@ -27,7 +35,7 @@ SHM_DIR = "/dev/shm"
 PREFIX = "vnpu_"
 
 _open: set[str] = set()            # this process's segments not unlinked yet (unlinked at exit)
-_open_lock = threading.Lock()
+_open_lock = threading.RLock()     # re-entrant: the signal handler may run while the main thread holds it
 _my_start: tuple[int, int] | None = None     #: (pid, start time) of the process that named segments
 
 
@@ -113,10 +121,12 @@ def sweep(uid: int | None = None) -> list[str]:
 
 
 def track(name: str) -> None:
-    """Unlink segment ``name`` at interpreter exit unless :func:`untrack` came first (its owner closed
-    it).  At exit the name is only unlinked, not unmapped: threads of the process may still use it."""
+    """Unlink segment ``name`` at interpreter exit, or when a terminating signal ends the process (see the
+    module doc), unless :func:`untrack` came first (its owner closed it).  Either way the name is only
+    unlinked, not unmapped: threads of the process may still use it."""
     with _open_lock:
         _open.add(name)
+    install_signal_cleanup()
 
 
 def untrack(name: str) -> None:
@@ -133,5 +143,53 @@ def _unlink_at_exit() -> None:
 
 atexit.register(_unlink_at_exit)
 
-__all__ = ["SHM_DIR", "PREFIX", "process_start", "new_name", "owner", "owner_alive", "list_segments", "orphaned",
-           "unlink", "sweep", "track", "untrack"]
+#: signals whose default action ends the process without the interpreter's exit (no atexit)
+CLEANUP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n))
+_installed_in: int | None = None        #: the pid that chained its handlers (a fork installs its own)
+
+
+class SignalCleanup:
+    """The handler chained in front of ``previous`` for one of :data:`CLEANUP_SIGNALS`.  With the default
+    action in place (SIG_DFL) the process is about to die: its tracked segments are unlinked, then it dies by
+    the signal (the default restored and the signal raised again: the exit status a supervisor expects).
+    Any other handler (the program's own, or Python's SIGINT handler raising KeyboardInterrupt) is called as
+    it was; exits through it run the interpreter's exit, which unlinks them too."""
+
+    def __init__(self, previous):
+        self.previous = previous
+
+    def __call__(self, signum, frame):
+        if self.previous is not signal.SIG_DFL:
+            return self.previous(signum, frame)
+        _unlink_at_exit()
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+        os._exit(128 + signum)            # only if the signal is blocked in every thread
+
+    def __repr__(self) -> str:
+        return f"<vnpu segment cleanup, then {self.previous!r}>"
+
+
+def install_signal_cleanup() -> bool:
+    """Chain :class:`SignalCleanup` in front of the current handler of each of :data:`CLEANUP_SIGNALS`,
+    once per process, from the main thread only (elsewhere it is left for a later call there).  A signal the
+    process ignores, or whose handler was not installed from Python, is left alone.  Returns whether this
+    process has them now.  Host-synchronous, never blocks."""
+    global _installed_in
+    if _installed_in == os.getpid():
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    _installed_in = os.getpid()
+    for sig in CLEANUP_SIGNALS:
+        try:
+            prev = signal.getsignal(sig)
+            if prev is None or prev is signal.SIG_IGN or isinstance(prev, SignalCleanup):
+                continue                  # ignored, set outside Python, or chained already (inherited by a fork)
+            signal.signal(sig, SignalCleanup(prev))
+        except (ValueError, OSError):
+            continue                      # not settable here (an embedded interpreter): nothing changes
+    return True
+
+__all__ = ["SHM_DIR", "PREFIX", "CLEANUP_SIGNALS", "SignalCleanup", "process_start", "new_name", "owner",
+           "owner_alive", "list_segments", "orphaned", "unlink", "sweep", "track", "untrack", "install_signal_cleanup"]

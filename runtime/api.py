@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from devices import segments
 from devices.arena import is_device_ptr, ptr_device
 from devices.errors import (ACL_ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_UNSUPPORTED_DATA_TYPE,
                             AclError, CaptureError, InvalidDeviceError, InvalidHandleError, InvalidParamError,
@@ -68,6 +69,7 @@ class Runtime:
         #: the longest a host wait asked for "until done" (timeout -1) lasts, seconds; then it raises
         #: ACL_ERROR_RT_STREAM_SYNC_TIMEOUT / EVENT_SYNC_TIMEOUT (settable, like aclrtSetOpWaitTimeout)
         self.sync_timeout_s = _sync_timeout(sync_timeout_s)
+        segments.sweep()              # what SIGKILLed vnpu processes of this user left in /dev/shm (cheap)
         self.backend = backend
         self.sanitizer = sanitizer if sanitizer is not None else _sanitize.from_environment()
         env = visible if visible is not None else os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
