@@ -1147,7 +1147,10 @@ class HostCallbacks:
                 self.dev.live_events.discard(gate)
 
     def process(self, streams: set | None, timeout_s: float | None) -> bool:
-        """Run one subscribed callback (waiting up to ``timeout_s``); False on timeout."""
+        """Run one subscribed callback, waiting up to ``timeout_s`` (None: up to the runtime's
+        :attr:`~Runtime.sync_timeout_s`); False on timeout.  Blocks the calling host thread."""
+        if timeout_s is None:
+            timeout_s = self.dev.rt.sync_timeout_s
         item = self._take(streams, False, timeout_s)
         if item is None:
             return False
