@@ -278,6 +278,8 @@ class HcclEngine:
         self.comms: dict[str, Comm] = {}
         self._pending_joins: set[str] = set()
         self._lock = threading.Lock()
+        self._outbox: list[tuple[list, tuple]] = []     #: aborts to send: (links, message), in order
+        self._sending = False                           #: a thread sends the outbox now
         self.aborted = False
         self.stats = {"collectives": 0, "bytes_pulled": 0, "bytes_pushed": 0, "messages": 0, "aborts_sent": 0,
                       f"bytes_{SAME_NODE}": 0, f"bytes_{CROSS_NODE}": 0}
@@ -913,18 +915,35 @@ class HcclEngine:
 
     def _abort_peers(self, c: Comm, seq, peers: list[int], code: int, reason: str) -> None:
         """Best effort and off this core thread: a link to a dead peer may take its transport's deadline
-        to fail, and the rank that gave up must report its own error now."""
+        to fail, and the rank that gave up must report its own error now.  Never blocks: the message goes
+        to the engine's outbox, which one thread at a time sends (a stream that skips hundreds of operators
+        queues hundreds of aborts; a link that failed once in a round is not tried again in it)."""
         links = [c.links[q] for q in peers]
         msg = (c.cid, seq, ABORT_TAG, c.rank, [code, reason])
         self.stats["aborts_sent"] += 1
+        with self._lock:
+            self._outbox.append((links, msg))
+            if self._sending:
+                return
+            self._sending = True
+        threading.Thread(target=self._send_outbox, name=f"hccl-abort-{self.device.id}", daemon=True).start()
 
-        def tell():
-            for link in links:
-                try:
-                    link.notify(msg)
-                except (HcclError, AclError, OSError):
-                    pass                                   # that one is gone too
-        threading.Thread(target=tell, name=f"hccl-abort-{self.device.id}", daemon=True).start()
+    def _send_outbox(self) -> None:
+        gone: set[int] = set()
+        while True:
+            with self._lock:
+                batch, self._outbox = self._outbox, []
+                if not batch:
+                    self._sending = False
+                    return
+            for links, msg in batch:
+                for link in links:
+                    if id(link) in gone:
+                        continue
+                    try:
+                        link.notify(msg)
+                    except (HcclError, AclError, OSError):
+                        gone.add(id(link))                 # that one is gone too
 
     def _p2p(self, c: Comm, op: CollectiveOp) -> None:
         seq, pair = self._next_seq(c, op)
