@@ -606,7 +606,8 @@ class Device:
 
     def empty_cache(self, timeout_ms: float = -1) -> int:
         """Give the pool's unused cached segments back to the driver (host-blocking: waits for the work
-        queued on their streams; with ``timeout_ms`` >= 0 what is not done by then stays cached).
+        queued on their streams; with ``timeout_ms`` >= 0 what is not done by then stays cached; -1 waits
+        up to the runtime's :attr:`~Runtime.sync_timeout_s`, then raises ACL_ERROR_RT_EVENT_SYNC_TIMEOUT).
         Returns how many segments went back."""
         return self.pool.empty_cache(timeout_ms) if self._pool is not None else 0
 
