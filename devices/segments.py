@@ -10,10 +10,11 @@ boot, ``/proc/<pid>/stat`` field 22) so that a reused pid is never taken for the
   still open (:func:`track`; the mapping stays until the process ends);
 - an owner ended by a signal whose default action is to terminate it (SIGTERM from a supervisor, a CI
   timeout or ``kill``; SIGINT; SIGHUP), with that default in place, unlinks them in a handler and then dies
-  by the signal as it would have (same exit status).  The handler is chained in front of the one in place
-  when the first segment is tracked, from the main thread, once per process: a handler the program
-  installed before still runs (and exits through it run the interpreter's exit, which unlinks), a signal
-  the program ignores stays ignored, and a handler the program installs later simply replaces it;
+  by the signal as it would have (same exit status).  The handler is installed when the first segment is
+  tracked, from the main thread, once per process, and only where the default action is in place: a
+  handler the program installed before stays and runs (exits through it run the interpreter's exit, which
+  unlinks), as does Python's SIGINT handler (KeyboardInterrupt); an ignored signal stays ignored; a handler
+  the program installs later simply replaces vnpu's;
 - a SIGKILLed owner can do none of this: the next vnpu process of this user on the node -- a device
   start, or a runtime (``runtime.api.Runtime``) -- removes the segments whose owner is gone (:func:`sweep`).
   Only this user's files are touched, and only those whose owner is dead (or a zombie) or whose pid now
@@ -145,36 +146,25 @@ atexit.register(_unlink_at_exit)
 
 #: signals whose default action ends the process without the interpreter's exit (no atexit)
 CLEANUP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n))
-_installed_in: int | None = None        #: the pid that chained its handlers (a fork installs its own)
+_installed_in: int | None = None        #: the pid that installed the handlers (a fork installs its own)
 
 
-class SignalCleanup:
-    """The handler chained in front of ``previous`` for one of :data:`CLEANUP_SIGNALS`.  With the default
-    action in place (SIG_DFL) the process is about to die: its tracked segments are unlinked, then it dies by
-    the signal (the default restored and the signal raised again: the exit status a supervisor expects).
-    Any other handler (the program's own, or Python's SIGINT handler raising KeyboardInterrupt) is called as
-    it was; exits through it run the interpreter's exit, which unlinks them too."""
-
-    def __init__(self, previous):
-        self.previous = previous
-
-    def __call__(self, signum, frame):
-        if self.previous is not signal.SIG_DFL:
-            return self.previous(signum, frame)
-        _unlink_at_exit()
-        signal.signal(signum, signal.SIG_DFL)
-        signal.raise_signal(signum)
-        os._exit(128 + signum)            # only if the signal is blocked in every thread
-
-    def __repr__(self) -> str:
-        return f"<vnpu segment cleanup, then {self.previous!r}>"
+def cleanup_then_die(signum, frame) -> None:
+    """The handler of :data:`CLEANUP_SIGNALS` whose default action was in place: the process is about to die,
+    so its tracked segments are unlinked (not unmapped: other threads may still use them), then it dies by
+    the signal -- the default restored and the signal raised again: the exit status its parent expects."""
+    _unlink_at_exit()
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
+    os._exit(128 + signum)                # only if the signal is blocked in every thread
 
 
 def install_signal_cleanup() -> bool:
-    """Chain :class:`SignalCleanup` in front of the current handler of each of :data:`CLEANUP_SIGNALS`,
-    once per process, from the main thread only (elsewhere it is left for a later call there).  A signal the
-    process ignores, or whose handler was not installed from Python, is left alone.  Returns whether this
-    process has them now.  Host-synchronous, never blocks."""
+    """Install :func:`cleanup_then_die` for each of :data:`CLEANUP_SIGNALS` whose handler is the default
+    action (SIG_DFL), once per process, from the main thread only (elsewhere it is left for a later call
+    there).  Any other handler stays as it is: the program's own (exits through it run the interpreter's
+    exit, which unlinks), Python's SIGINT handler (KeyboardInterrupt, likewise), an ignored signal.  Returns
+    whether this process has done it.  Host-synchronous, never blocks."""
     global _installed_in
     if _installed_in == os.getpid():
         return True
@@ -183,13 +173,12 @@ def install_signal_cleanup() -> bool:
     _installed_in = os.getpid()
     for sig in CLEANUP_SIGNALS:
         try:
-            prev = signal.getsignal(sig)
-            if prev is None or prev is signal.SIG_IGN or isinstance(prev, SignalCleanup):
-                continue                  # ignored, set outside Python, or chained already (inherited by a fork)
-            signal.signal(sig, SignalCleanup(prev))
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, cleanup_then_die)
         except (ValueError, OSError):
             continue                      # not settable here (an embedded interpreter): nothing changes
     return True
 
-__all__ = ["SHM_DIR", "PREFIX", "CLEANUP_SIGNALS", "SignalCleanup", "process_start", "new_name", "owner",
+
+__all__ = ["SHM_DIR", "PREFIX", "CLEANUP_SIGNALS", "cleanup_then_die", "process_start", "new_name", "owner",
            "owner_alive", "list_segments", "orphaned", "unlink", "sweep", "track", "untrack", "install_signal_cleanup"]

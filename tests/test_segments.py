@@ -120,7 +120,7 @@ _SIGNAL_PROGRAM = textwrap.dedent("""
     d, ret = acl.rt.malloc(x.nbytes); assert ret == 0
     assert acl.rt.memcpy(d, x.nbytes, acl.util.numpy_to_ptr(x), x.nbytes, acl.ACL_MEMCPY_HOST_TO_DEVICE) == 0
     if mode == "own-after":
-        signal.signal(sig, own)                  # replaces whatever vnpu chained in
+        signal.signal(sig, own)                  # replaces whatever vnpu installed
     print("READY", mine(), flush=True)
     sys.stdin.readline()                         # the signal comes here
     y = np.zeros_like(x)                         # only after a handler that returned: the device still works
@@ -163,8 +163,8 @@ def test_a_program_ended_by_a_signal_leaves_no_segment_and_dies_by_it(sig, mode)
 
 @pytest.mark.parametrize("mode", ["own-before", "own-after"])
 def test_a_programs_own_signal_handler_still_runs(mode):
-    """A SIGTERM handler the program installed before its devices started (vnpu chains in front of it) or
-    after (it replaces vnpu's) is the one that runs; it exits, and nothing is left."""
+    """A SIGTERM handler the program installed before its devices started (vnpu leaves it alone) or after
+    (it replaces vnpu's) is the one that runs; it exits, and nothing is left."""
     p, out = _signalled(mode, signal.SIGTERM)
     assert "OWN HANDLER SIGTERM" in out and p.returncode == 3, out[-3000:]
     assert _mine(p.pid) == []
@@ -179,32 +179,34 @@ def test_a_handler_that_returns_keeps_the_devices():
     assert _mine(p.pid) == []
 
 
-def test_signal_cleanup_is_chained_from_the_main_thread_only_and_keeps_ignored_signals():
+def test_signal_cleanup_is_installed_from_the_main_thread_over_defaults_only():
     """An arena started in another thread installs nothing (only the main thread may set handlers); the first
-    one the main thread starts chains the cleanup in front of the defaults and of Python's SIGINT handler,
-    leaves an ignored signal ignored, and chains once."""
+    one the main thread starts installs the cleanup where the default action is in place (SIGTERM; SIGINT
+    set back to it by the program) and nowhere else: an ignored SIGHUP stays ignored, and a later arena
+    changes nothing.  (Python's own SIGINT handler stays too: see the SIGINT case above.)"""
     q = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import signal, threading
         from devices.arena import HbmArena
-        from devices.segments import SignalCleanup
+        from devices.segments import cleanup_then_die
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        def name(h):
-            if isinstance(h, SignalCleanup):
-                return "cleanup+" + name(h.previous)
-            return {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored",
-                    signal.default_int_handler: "KeyboardInterrupt"}.get(h, repr(h))
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         def kinds():
-            return " ".join(name(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+            names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", cleanup_then_die: "cleanup"}
+            return " ".join(names.get(signal.getsignal(s), "?") for s in (signal.SIGTERM, signal.SIGINT,
+                                                                           signal.SIGHUP))
         t = threading.Thread(target=lambda: HbmArena(9201, 1 << 16).close())
         t.start(); t.join()
         print("THREAD", kinds())
-        a, b = HbmArena(9202, 1 << 16), HbmArena(9203, 1 << 16)
+        a = HbmArena(9202, 1 << 16)
         print("MAIN", kinds())
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)      # the program's choice: a later arena keeps it
+        b = HbmArena(9203, 1 << 16)
+        print("LATER", kinds())
         a.close(); b.close()
     """)], capture_output=True, text=True, timeout=60, cwd=ROOT, env=ENV)
     assert q.returncode == 0, q.stderr[-3000:]
-    assert q.stdout.splitlines() == ["THREAD default KeyboardInterrupt ignored",
-                                     "MAIN cleanup+default cleanup+KeyboardInterrupt ignored"]
+    assert q.stdout.splitlines() == ["THREAD default default ignored", "MAIN cleanup cleanup ignored",
+                                     "LATER default cleanup ignored"]
 
 
 def test_a_runtime_without_arenas_sweeps_what_a_sigkilled_process_left():
