@@ -301,10 +301,11 @@ class Device:
             cop = CollectiveOp(op.comm, op.op, op.send, op.recv, op.count, op.dtype, op.redop, op.root, op.peer)
             self.hccl.check(cop, owner)
             return Task("copy", run=lambda b: self.hccl.run(cop, owner),
-                        duration=self.hccl.modeled_seconds(cop, owner), name=f"hccl_{op.op}")
+                        duration=self.hccl.modeled_seconds(cop, owner), name=f"hccl_{op.op}",
+                        skip=lambda err: self.hccl.skip(cop, err, owner))
         if isinstance(op, ExecGraph):
             g = self.graphs.get(op.graph, owner)
-            return Task("kernel", run=lambda b: g.run(), duration=g.duration, name="model_ri")
+            return Task("kernel", run=lambda b: g.run(), duration=g.duration, name="model_ri", skip=g.skip)
         if isinstance(op, WriteH2D):
             self._check_range(op.dst, len(op.data), owner)
             return Task("copy", run=lambda b: self._write(op.dst, op.data, owner),

@@ -36,11 +36,13 @@ CAPTURABLE = (Launch, CopyD2D, Memset, Collective)
 
 @dataclass(frozen=True)
 class GraphStep:
-    """One validated op of a graph: ``run(block)`` for each of its ``blocks``."""
+    """One validated op of a graph: ``run(block)`` for each of its ``blocks``; ``skip(error)`` when it will
+    not run (see :attr:`devices.scheduler.Task.skip`)."""
     name: str
     blocks: int
     run: Callable[[int], None]
     duration: float                 #: modeled seconds
+    skip: Callable | None = None
 
 
 class TaskGraph:
@@ -70,21 +72,35 @@ class TaskGraph:
         steps = []
         for op in self.ops:
             t = self._build(op)
-            steps.append(GraphStep(t.name or t.kind, t.blocks, t.run, t.duration))
+            steps.append(GraphStep(t.name or t.kind, t.blocks, t.run, t.duration, t.skip))
         return tuple(steps), gen
 
     def run(self) -> None:
         """Execute every step in order on the calling (AI Core) thread; the first error stops the
-        graph and fails its stream task."""
+        graph and fails its stream task (the steps after it are skipped: :meth:`skip`)."""
         with self._lock:
-            if self.gen != self._arena.gen:             # something was freed: validate everything again
-                self.steps, self.gen = self._bind()
+            steps = self.steps
+            try:
+                if self.gen != self._arena.gen:         # something was freed: validate everything again
+                    self.steps, self.gen = self._bind()
+            except BaseException as e:
+                _skip_steps(steps, e)
+                raise
             steps = self.steps
             self.replays += 1
-        for s in steps:
+        for i, s in enumerate(steps):
             run = s.run
-            for b in range(s.blocks):
-                run(b)
+            try:
+                for b in range(s.blocks):
+                    run(b)
+            except BaseException as e:
+                _skip_steps(steps[i + 1:], e)
+                raise
+
+    def skip(self, err) -> None:
+        """The replay will not run (its stream failed earlier): every step gives up what it promised
+        others, as the same ops issued one by one would (an HCCL operator tells its peers).  Does not block."""
+        _skip_steps(self.steps, err)
 
     def rebind(self, moves: "PointerMap") -> int:
         """Remap the captured ops' pointers through ``moves`` and bind them again (the graph object, its
@@ -207,6 +223,12 @@ def _remap_copy(op: CopyD2D, m: PointerMap) -> tuple[CopyD2D, int]:
 def _remap_memset(op: Memset, m: PointerMap) -> tuple[Memset, int]:
     ptr = m.map(op.ptr)
     return replace(op, ptr=ptr), int(ptr != op.ptr)
+
+
+def _skip_steps(steps, err) -> None:
+    for s in steps:
+        if s.skip is not None:
+            s.skip(err)
 
 
 def _remap_collective(op: Collective, m: PointerMap) -> tuple[Collective, int]:

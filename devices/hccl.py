@@ -14,7 +14,9 @@ A collective runs on a core thread and blocks it while it waits for peers, alway
 (``exec_timeout_s``, HCCL_EXEC_TIMEOUT-style); it only orders the device for the host that enqueued it.
 While waiting it probes the peers it waits for: a peer that is gone (its process died or its device
 closed) fails the collective at once with HCCL_E_REMOTE instead of waiting for the timeout; a link that is
-down (fault ``link-down``) fails it with HCCL_E_NETWORK.
+down (fault ``link-down``) fails it with HCCL_E_NETWORK.  An operator this rank does not run at all (its
+stream skips it after an earlier failure: :meth:`HcclEngine.skip`) still takes its place in the
+communicator's order and fails its peers at once with HCCL_E_REMOTE.
 
 Tenancy (:mod:`devices.tenancy`): a communicator belongs to the client that created it and is released
 with that client's lease (:meth:`HcclEngine.drop_owner`).  Communicator ids are scoped by tenant
@@ -123,7 +125,8 @@ class Comm:
     seq: int = 0
     p2p_seq: dict = field(default_factory=dict)
     async_error: int = 0
-    ccl: list = field(default_factory=list)     #: two persistent work buffers (by operator parity)
+    ccl: list = field(default_factory=list)     #: two persistent work buffers, used alternately
+    ccl_last: int = 1                           #: which one the last operator completed here used
     ccl_bytes: int = 0
     ccl_epoch: int = 0                          #: the arena epoch they were allocated in
     busy: int = 0                               #: operators running (a destroyed comm frees its
@@ -275,6 +278,8 @@ class HcclEngine:
         self.comms: dict[str, Comm] = {}
         self._pending_joins: set[str] = set()
         self._lock = threading.Lock()
+        self._outbox: list[tuple[list, tuple]] = []     #: aborts to send: (links, message), in order
+        self._sending = False                           #: a thread sends the outbox now
         self.aborted = False
         self.stats = {"collectives": 0, "bytes_pulled": 0, "bytes_pushed": 0, "messages": 0, "aborts_sent": 0,
                       f"bytes_{SAME_NODE}": 0, f"bytes_{CROSS_NODE}": 0}
@@ -481,8 +486,10 @@ class HcclEngine:
 
     def _work_buffer(self, c: Comm, nbytes: int) -> tuple[int, bool]:
         """(pointer, persistent): this operator's work buffer; small ones are the communicator's CCL
-        buffers, used alternately (operator k reuses operator k-2's, which every peer finished
-        reading before it could start operator k-1)."""
+        buffers, used alternately: not the one of the last operator completed here (a peer may still read
+        it, oneshot has no closing barrier), but the one before, which every peer finished reading before
+        it could join that last operator's "ready" round.  Alternated by operators completed, not by
+        sequence number: an operator that failed or was skipped (:meth:`skip`) had no such round."""
         if nbytes > CCL_CACHE_MAX:
             return self._alloc(c, nbytes), False
         if c.ccl_bytes < nbytes:
@@ -493,7 +500,7 @@ class HcclEngine:
             c.ccl_epoch = self.arena.epoch
             c.ccl = [self._alloc(c, size) for _ in range(2)]
             c.ccl_bytes = size
-        return c.ccl[c.seq % 2], True
+        return c.ccl[1 - c.ccl_last], True
 
     def async_error(self, cid: str, owner=None) -> int:
         c = self.comms.get(scoped_comm_id(cid, owner)) if isinstance(cid, str) else None
@@ -547,6 +554,33 @@ class HcclEngine:
         return self.device.cost.collective(op.op, algo, n, nbytes)
 
     # ---------------------------------------------------------------- execution (on a core thread)
+    def _next_seq(self, c: Comm, op: CollectiveOp) -> tuple:
+        """``(seq, ranks)``: the place of this rank's next operator ``op`` in communicator ``c``'s order
+        (collectives count on ``c.seq``, Send/Recv per pair of ranks) and the ranks that take part.  Every
+        operator issued on a rank takes its place, whether it runs (:meth:`run`) or not (:meth:`skip`):
+        ranks that skipped different operators must not end up counting differently."""
+        with self._lock:
+            if op.op in ("send", "recv"):
+                pair = tuple(sorted((c.rank, op.peer)))
+                c.p2p_seq[pair] = c.p2p_seq.get(pair, 0) + 1
+                return f"p{pair[0]}-{pair[1]}-{c.p2p_seq[pair]}", pair
+            c.seq += 1
+            return c.seq, range(c.size)
+
+    def skip(self, op: CollectiveOp, err: AclError, owner=None) -> None:
+        """Operator ``op`` of this rank will not run (its stream skips it after an earlier failure, or an
+        injected failure takes its place): it still takes its place in the communicator's order, and its
+        peers are told at once (HCCL_E_REMOTE) instead of waiting for this rank until their exec timeout --
+        so that the operator after it, once the host has seen the error, pairs with the peers' again.
+        Does not block (the messages go from another thread); a communicator gone meanwhile is ignored."""
+        c = self.comms.get(scoped_comm_id(op.comm, owner)) if isinstance(op.comm, str) else None
+        if c is None or c.cancelled:
+            return
+        seq, ranks = self._next_seq(c, op)
+        self._abort_peers(c, seq, [q for q in ranks if q != c.rank], HCCL_E_REMOTE,
+                          f"did not run its {op.op} (operator {seq}): an earlier task of its stream failed "
+                          f"({err})"[:300])
+
     def run(self, op: CollectiveOp, owner=None) -> None:
         with self._lock:
             c = self._comm(op.comm, owner)
@@ -653,9 +687,9 @@ class HcclEngine:
         return [known.get(q) for q in others]
 
     def _collective(self, c: Comm, op: CollectiveOp, owner) -> None:
-        c.seq += 1
-        with self._telling_peers(c, c.seq, range(c.size)):
-            self._collective_body(c, op, owner, c.seq)
+        seq, ranks = self._next_seq(c, op)
+        with self._telling_peers(c, seq, ranks):
+            self._collective_body(c, op, owner, seq)
 
     def _collective_body(self, c: Comm, op: CollectiveOp, owner, seq: int) -> None:
         n, r = c.size, c.rank
@@ -727,6 +761,8 @@ class HcclEngine:
                 # peers may still read my buffers; oneshot reads only the alternating CCL buffers,
                 # which the next operator's "ready" round already protects
                 self._barrier(c, seq, "done", deadline)
+            if persistent and work_ptr in c.ccl:
+                c.ccl_last = c.ccl.index(work_ptr)
         except BaseException:
             # peers may still be reading my buffers or writing my receive buffer: stop them before the
             # user has the buffers back (they may be freed and given to another tenant)
@@ -879,26 +915,40 @@ class HcclEngine:
 
     def _abort_peers(self, c: Comm, seq, peers: list[int], code: int, reason: str) -> None:
         """Best effort and off this core thread: a link to a dead peer may take its transport's deadline
-        to fail, and the rank that gave up must report its own error now."""
+        to fail, and the rank that gave up must report its own error now.  Never blocks: the message goes
+        to the engine's outbox, which one thread at a time sends (a stream that skips hundreds of operators
+        queues hundreds of aborts; a link that failed once in a round is not tried again in it)."""
         links = [c.links[q] for q in peers]
         msg = (c.cid, seq, ABORT_TAG, c.rank, [code, reason])
         self.stats["aborts_sent"] += 1
+        with self._lock:
+            self._outbox.append((links, msg))
+            if self._sending:
+                return
+            self._sending = True
+        threading.Thread(target=self._send_outbox, name=f"hccl-abort-{self.device.id}", daemon=True).start()
 
-        def tell():
-            for link in links:
-                try:
-                    link.notify(msg)
-                except (HcclError, AclError, OSError):
-                    pass                                   # that one is gone too
-        threading.Thread(target=tell, name=f"hccl-abort-{self.device.id}", daemon=True).start()
+    def _send_outbox(self) -> None:
+        gone: set[int] = set()
+        while True:
+            with self._lock:
+                batch, self._outbox = self._outbox, []
+                if not batch:
+                    self._sending = False
+                    return
+            for links, msg in batch:
+                for link in links:
+                    if id(link) in gone:
+                        continue
+                    try:
+                        link.notify(msg)
+                    except (HcclError, AclError, OSError):
+                        gone.add(id(link))                 # that one is gone too
 
     def _p2p(self, c: Comm, op: CollectiveOp) -> None:
-        lo, hi = sorted((c.rank, op.peer))
-        key = (lo, hi)
-        c.p2p_seq[key] = c.p2p_seq.get(key, 0) + 1
-        seq = f"p{lo}-{hi}-{c.p2p_seq[key]}"
-        with self._telling_peers(c, seq, (lo, hi)):
-            self._p2p_body(c, op, seq, (lo, hi))
+        seq, pair = self._next_seq(c, op)
+        with self._telling_peers(c, seq, pair):
+            self._p2p_body(c, op, seq, pair)
 
     def _p2p_body(self, c: Comm, op: CollectiveOp, seq: str, pair: tuple[int, int]) -> None:
         deadline = self._deadline(c)

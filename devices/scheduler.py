@@ -58,6 +58,10 @@ class Task:
     error: AclError | None = None
     stream: "Stream | None" = None
     prof: Any = None        #: a devices.profiling.TaskRecord while its owner profiles (else None)
+    #: what a task that will not run does instead: ``skip(error)`` once, when its stream skips it (an earlier
+    #: task failed) or an injected failure takes its place -- a collective gives its operator up, so that its
+    #: peers are not left waiting for this rank.  Must not block (the scheduler's lock may be held).
+    skip: Callable[[AclError], None] | None = None
 
 
 @dataclass
@@ -94,6 +98,15 @@ class Event:
 def _is_done(e: Event, gen: int) -> bool:
     """Whether record number ``gen`` of ``e`` has completed (0, "never recorded", always has)."""
     return gen <= e.done_floor or gen in e.done_above
+
+
+def _skip(t: Task, err: AclError) -> None:
+    """``t`` will not run: let it give up what it promised others (:attr:`Task.skip`); never fails."""
+    if t.skip is not None:
+        try:
+            t.skip(err)
+        except Exception:  # noqa: BLE001 - a skip hook must not break the scheduler
+            pass
 
 
 def _copy(e: AclError) -> AclError:
@@ -318,6 +331,7 @@ class Scheduler:
             if s.error is not None:          # a failed stream skips work until the host synchronizes
                 q.popleft()
                 s.tasks_done += 1
+                _skip(t, s.error)
                 continue
             q.popleft()
             s.running = t
@@ -389,6 +403,8 @@ class Scheduler:
             try:
                 if t.error is None:
                     t.run(b)
+                elif b == 0:
+                    _skip(t, t.error)       # an injected failure takes the task's place
             except AclError as e:
                 err = e
             except Exception as e:  # noqa: BLE001 - any failure is a task failure, never a dead core

@@ -8,9 +8,17 @@ boot, ``/proc/<pid>/stat`` field 22) so that a reused pid is never taken for the
 
 - the owner unlinks its segments when it closes its devices, and at interpreter exit for devices
   still open (:func:`track`; the mapping stays until the process ends);
-- a SIGKILLed owner can do neither: the next start of a device on the node (any process of this user)
-  removes the segments whose owner is gone (:func:`sweep`).  Only this user's files are touched, and only
-  those whose owner is dead (or a zombie) or whose pid now belongs to another process.
+- an owner ended by a signal whose default action is to terminate it (SIGTERM from a supervisor, a CI
+  timeout or ``kill``; SIGINT; SIGHUP), with that default in place, unlinks them in a handler and then dies
+  by the signal as it would have (same exit status).  The handler is installed when the first segment is
+  tracked, from the main thread, once per process, and only where the default action is in place: a
+  handler the program installed before stays and runs (exits through it run the interpreter's exit, which
+  unlinks), as does Python's SIGINT handler (KeyboardInterrupt); an ignored signal stays ignored; a handler
+  the program installs later simply replaces vnpu's;
+- a SIGKILLed owner can do none of this: the next vnpu process of this user on the node -- a device
+  start, or a runtime (``runtime.api.Runtime``) -- removes the segments whose owner is gone (:func:`sweep`).
+  Only this user's files are touched, and only those whose owner is dead (or a zombie) or whose pid now
+  belongs to another process.
 
 Plain Python, no Ray or driver code: used by the arena, the local cluster's teardown and chaos reports.
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import signal
 import threading
 
 from . import procstat
@@ -27,7 +36,7 @@ SHM_DIR = "/dev/shm"
 PREFIX = "vnpu_"
 
 _open: set[str] = set()            # this process's segments not unlinked yet (unlinked at exit)
-_open_lock = threading.Lock()
+_open_lock = threading.RLock()     # re-entrant: the signal handler may run while the main thread holds it
 _my_start: tuple[int, int] | None = None     #: (pid, start time) of the process that named segments
 
 
@@ -113,10 +122,12 @@ def sweep(uid: int | None = None) -> list[str]:
 
 
 def track(name: str) -> None:
-    """Unlink segment ``name`` at interpreter exit unless :func:`untrack` came first (its owner closed
-    it).  At exit the name is only unlinked, not unmapped: threads of the process may still use it."""
+    """Unlink segment ``name`` at interpreter exit, or when a terminating signal ends the process (see the
+    module doc), unless :func:`untrack` came first (its owner closed it).  Either way the name is only
+    unlinked, not unmapped: threads of the process may still use it."""
     with _open_lock:
         _open.add(name)
+    install_signal_cleanup()
 
 
 def untrack(name: str) -> None:
@@ -133,5 +144,41 @@ def _unlink_at_exit() -> None:
 
 atexit.register(_unlink_at_exit)
 
-__all__ = ["SHM_DIR", "PREFIX", "process_start", "new_name", "owner", "owner_alive", "list_segments", "orphaned",
-           "unlink", "sweep", "track", "untrack"]
+#: signals whose default action ends the process without the interpreter's exit (no atexit)
+CLEANUP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n))
+_installed_in: int | None = None        #: the pid that installed the handlers (a fork installs its own)
+
+
+def cleanup_then_die(signum, frame) -> None:
+    """The handler of :data:`CLEANUP_SIGNALS` whose default action was in place: the process is about to die,
+    so its tracked segments are unlinked (not unmapped: other threads may still use them), then it dies by
+    the signal -- the default restored and the signal raised again: the exit status its parent expects."""
+    _unlink_at_exit()
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
+    os._exit(128 + signum)                # only if the signal is blocked in every thread
+
+
+def install_signal_cleanup() -> bool:
+    """Install :func:`cleanup_then_die` for each of :data:`CLEANUP_SIGNALS` whose handler is the default
+    action (SIG_DFL), once per process, from the main thread only (elsewhere it is left for a later call
+    there).  Any other handler stays as it is: the program's own (exits through it run the interpreter's
+    exit, which unlinks), Python's SIGINT handler (KeyboardInterrupt, likewise), an ignored signal.  Returns
+    whether this process has done it.  Host-synchronous, never blocks."""
+    global _installed_in
+    if _installed_in == os.getpid():
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    _installed_in = os.getpid()
+    for sig in CLEANUP_SIGNALS:
+        try:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, cleanup_then_die)
+        except (ValueError, OSError):
+            continue                      # not settable here (an embedded interpreter): nothing changes
+    return True
+
+
+__all__ = ["SHM_DIR", "PREFIX", "CLEANUP_SIGNALS", "cleanup_then_die", "process_start", "new_name", "owner",
+           "owner_alive", "list_segments", "orphaned", "unlink", "sweep", "track", "untrack", "install_signal_cleanup"]

@@ -11,10 +11,18 @@ read when work is enqueued, so :meth:`Device.defragment` can move them (and re-b
 ``Device.malloc``/``free`` stay raw driver calls (one allocation each, as ``aclrtMalloc``), never moved.
 
 Errors are typed exceptions from :mod:`devices.errors` that carry the CANN code (``e.code``).
+
+Host waits: every call that blocks the host has a deadline.  A wait asked for "until done" (``timeout_ms``
+-1, the default of every ``synchronize`` and of :meth:`Tensor.numpy`) lasts at most the runtime's
+:attr:`Runtime.sync_timeout_s` (``VNPU_SYNC_TIMEOUT_S``; default a minute more than the HCCL exec timeout,
+the longest deadline the device puts on one task, so that a task's own error reaches the host first), then
+raises ACL_ERROR_RT_STREAM_SYNC_TIMEOUT (507046; 507047 for an event) -- the work is left running, and a
+later wait may still see it finish.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import weakref
@@ -23,10 +31,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from devices import segments
 from devices.arena import is_device_ptr, ptr_device
 from devices.errors import (ACL_ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_STREAM_CONTEXT, ACL_ERROR_UNSUPPORTED_DATA_TYPE,
                             AclError, CaptureError, InvalidDeviceError, InvalidHandleError, InvalidParamError,
-                            MemoryAccessError, UnsupportedError)
+                            MemoryAccessError, TimeoutError_, UnsupportedError)
+from devices.hccl import DEFAULT_EXEC_TIMEOUT_S
 from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
 from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
@@ -39,6 +49,11 @@ from .memory import (SHORT, AllocConfig, CachingAllocator, DefragReport, Handle,
                      render_summary)
 
 DTYPES_ITEMSIZE = {name: np.dtype(name).itemsize for name in DTYPES}
+#: the longest a host wait asked for "until done" (timeout -1) lasts, in seconds (:attr:`Runtime.sync_timeout_s`)
+SYNC_TIMEOUT_ENV = "VNPU_SYNC_TIMEOUT_S"
+#: its default: a minute more than the longest deadline the device puts on one task (a collective waiting
+#: for its peers, HCCL_EXEC_TIMEOUT), so that the task's own error reaches the host first
+DEFAULT_SYNC_TIMEOUT_S = DEFAULT_EXEC_TIMEOUT_S + 60.0
 
 
 # ---------------------------------------------------------------------------------------------- runtime
@@ -46,10 +61,15 @@ class Runtime:
     """The process's view of the devices: a backend plus the ``ASCEND_RT_VISIBLE_DEVICES`` mapping."""
 
     def __init__(self, backend: Backend, visible: str | None = None, batch_size: int | None = None,
-                 sanitizer: "_sanitize.Session | None" = None):
+                 sanitizer: "_sanitize.Session | None" = None, sync_timeout_s: float | None = None):
         """``sanitizer``: a :class:`runtime.sanitize.Session` that watches every device of this runtime
         (default: the process's session when ``VNPU_SANITIZE`` asks for one; else none, and nothing is
-        watched)."""
+        watched).  ``sync_timeout_s``: :attr:`sync_timeout_s` (default ``VNPU_SYNC_TIMEOUT_S``, else
+        :data:`DEFAULT_SYNC_TIMEOUT_S`); InvalidParamError unless a positive number of seconds."""
+        #: the longest a host wait asked for "until done" (timeout -1) lasts, seconds; then it raises
+        #: ACL_ERROR_RT_STREAM_SYNC_TIMEOUT / EVENT_SYNC_TIMEOUT (settable, like aclrtSetOpWaitTimeout)
+        self.sync_timeout_s = _sync_timeout(sync_timeout_s)
+        segments.sweep()              # what SIGKILLed vnpu processes of this user left in /dev/shm (cheap)
         self.backend = backend
         self.sanitizer = sanitizer if sanitizer is not None else _sanitize.from_environment()
         env = visible if visible is not None else os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
@@ -62,6 +82,15 @@ class Runtime:
 
     def device_count(self) -> int:
         return len(self.physical)
+
+    def wait_ms(self, timeout_ms: float) -> float:
+        """The deadline, in ms, of a host wait asked for with ``timeout_ms``: a negative one ("until done")
+        becomes :attr:`sync_timeout_s`; 0 (poll) and positive ones stay (values that are not numbers are
+        left for the backend to refuse)."""
+        if isinstance(timeout_ms, (int, float, np.integer, np.floating)) and not isinstance(timeout_ms, bool) \
+                and timeout_ms < 0:
+            return self.sync_timeout_s * 1000.0
+        return timeout_ms
 
     def device(self, index: int) -> "Device":
         """The device with user (visible) id ``index``."""
@@ -109,6 +138,22 @@ class Runtime:
             if self.sanitizer is not None:
                 self.sanitizer.release(d.handle)          # leak check: what the program still holds
         self.backend.close()
+
+
+def _sync_timeout(value: float | None) -> float:
+    source = "sync_timeout_s"
+    if value is None:
+        raw = os.environ.get(SYNC_TIMEOUT_ENV)
+        if raw is None:
+            return DEFAULT_SYNC_TIMEOUT_S
+        source = SYNC_TIMEOUT_ENV
+        try:
+            value = float(raw)
+        except ValueError:
+            raise InvalidParamError(f"{SYNC_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidParamError(f"{source} must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 _runtime: Runtime | None = None
@@ -477,7 +522,8 @@ class Device:
             with self._lock:
                 if self._pool is None:
                     order = HandleStreamOrder(self.handle, put=self.queue.put,
-                                              flush=lambda: self.queue.flush(raise_errors=False))
+                                              flush=lambda: self.queue.flush(raise_errors=False),
+                                              wait_ms=self.rt.wait_ms)
                     cfg = AllocConfig.from_env()
                     if self.sanitizer is not None:      # it must see every tensor's bounds and free, as
                         cfg = replace(cfg, caching=False)   # compute-sanitizer runs with PyTorch's caching off
@@ -560,7 +606,8 @@ class Device:
 
     def empty_cache(self, timeout_ms: float = -1) -> int:
         """Give the pool's unused cached segments back to the driver (host-blocking: waits for the work
-        queued on their streams; with ``timeout_ms`` >= 0 what is not done by then stays cached).
+        queued on their streams; with ``timeout_ms`` >= 0 what is not done by then stays cached; -1 waits
+        up to the runtime's :attr:`~Runtime.sync_timeout_s`, then raises ACL_ERROR_RT_EVENT_SYNC_TIMEOUT).
         Returns how many segments went back."""
         return self.pool.empty_cache(timeout_ms) if self._pool is not None else 0
 
@@ -599,13 +646,14 @@ class Device:
 
     @_prof.api("Device.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
-        """Block the host until all this device's streams are done."""
+        """Block the host until all this device's streams are done (-1: up to the runtime's
+        :attr:`~Runtime.sync_timeout_s`); raises the first task error, or ACL_ERROR_RT_STREAM_SYNC_TIMEOUT."""
         self._captures.check_sync()
         t0 = _now()
         self.busy_streams.clear()
         try:
             self.rt.flush_all(raise_for=self)
-            self.handle.synchronize_device(timeout_ms)
+            self.handle.synchronize_device(self.rt.wait_ms(timeout_ms))
         finally:
             self.host_stats.sync_s += _now() - t0
 
@@ -796,10 +844,12 @@ class Stream:
 
     @_prof.api("Stream.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
-        """Block the host until all work queued on this stream is done; raises its first task error."""
+        """Block the host until all work queued on this stream is done (-1: up to the runtime's
+        :attr:`~Runtime.sync_timeout_s`); raises its first task error, or ACL_ERROR_RT_STREAM_SYNC_TIMEOUT."""
         self.device._captures.check_sync(self.sid)
         t0 = _now()
         dev = self.device
+        timeout_ms = dev.rt.wait_ms(timeout_ms)
         dev.busy_streams.discard(self.sid)
         try:
             dev.rt.flush_all(skip=dev)
@@ -827,11 +877,20 @@ class Stream:
         callbacks_for(self.device).launch(self, lambda _u: fn(), None, blocking, direct=True)
 
     def destroy(self) -> None:
+        """Waits for the stream's queued work first (up to the runtime's :attr:`~Runtime.sync_timeout_s`:
+        then ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, and the stream stays); its task errors go with it."""
         if self.is_default or self._destroyed:
             return
-        self.device.queue.flush(raise_errors=False)
-        self.device._captures.discard(self.sid)
-        self.device.handle.destroy_stream(self.sid)
+        dev = self.device
+        dev.queue.flush(raise_errors=False)
+        try:
+            dev.handle.synchronize_stream(self.sid, dev.rt.wait_ms(-1))
+        except TimeoutError_:
+            raise
+        except AclError:
+            pass                  # the stream's own error goes with it (a lost device fails the destroy)
+        dev._captures.discard(self.sid)
+        dev.handle.destroy_stream(self.sid)
         self._destroyed = True
         self.device.stream_destroyed(self.sid)
 
@@ -856,11 +915,12 @@ class Event:
 
     @_prof.api("Event.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
-        """Block the host until the latest record has completed."""
+        """Block the host until the latest record has completed (-1: up to the runtime's
+        :attr:`~Runtime.sync_timeout_s`); ACL_ERROR_RT_EVENT_SYNC_TIMEOUT when it has not by then."""
         t0 = _now()
         try:
             self.device.rt.flush_all(raise_for=self.device)
-            self.device.handle.synchronize_event(self.eid, timeout_ms)
+            self.device.handle.synchronize_event(self.eid, self.device.rt.wait_ms(timeout_ms))
         finally:
             self.device.host_stats.sync_s += _now() - t0
 
@@ -988,7 +1048,8 @@ class Tensor:
         dev.memcpy_h2d(self.ptr, arr)
 
     def numpy(self, stream: Stream | None = None) -> np.ndarray:
-        """Wait for ``stream`` (default: the whole device), then copy to the host."""
+        """Wait for ``stream`` (default: the whole device; up to the runtime's
+        :attr:`~Runtime.sync_timeout_s`, then ACL_ERROR_RT_STREAM_SYNC_TIMEOUT), then copy to the host."""
         self.check_access(self.nbytes)
         if stream is not None:
             stream.synchronize()
@@ -1063,12 +1124,18 @@ class HostCallbacks:
                 self._cv.wait(min(left, wait) if left is not None else wait)
 
     def _fire(self, item: tuple) -> None:
+        """Run one callback once the work before it is done (the runtime thread that runs it waits in
+        waits of the runtime's :attr:`~Runtime.sync_timeout_s` each, until then or until the device is gone)."""
         stream, done, gate, fn, user_data, _ = item
         h = self.dev.handle
-        try:
-            h.synchronize_event(done, -1)
-        except AclError:
-            pass                                  # the stream failed: still release it
+        while True:
+            try:
+                h.synchronize_event(done, self.dev.rt.wait_ms(-1))
+            except TimeoutError_:
+                continue                          # still running: keep waiting, one deadline at a time
+            except AclError:
+                pass                              # the stream failed (or the device is gone): release it
+            break
         try:
             fn(user_data)
         finally:
@@ -1081,7 +1148,10 @@ class HostCallbacks:
                 self.dev.live_events.discard(gate)
 
     def process(self, streams: set | None, timeout_s: float | None) -> bool:
-        """Run one subscribed callback (waiting up to ``timeout_s``); False on timeout."""
+        """Run one subscribed callback, waiting up to ``timeout_s`` (None: up to the runtime's
+        :attr:`~Runtime.sync_timeout_s`); False on timeout.  Blocks the calling host thread."""
+        if timeout_s is None:
+            timeout_s = self.dev.rt.sync_timeout_s
         item = self._take(streams, False, timeout_s)
         if item is None:
             return False

@@ -22,10 +22,11 @@ import pytest
 from devices.arena import ptr_offset
 from devices.device import Device, DeviceConfig
 from devices.errors import (ACL_ERROR_RT_AICORE_EXCEPTION, ACL_ERROR_RT_DEVICE_TASK_ABORT,
-                            ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR, ACL_ERROR_RT_INVALID_DEVICE_FUNCTION,
-                            ACL_ERROR_RT_LINK_ERROR, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, HCCL_E_NETWORK,
-                            HCCL_E_NOT_FOUND, HCCL_E_NOT_SUPPORT, AclError, DeviceLostError, HcclError,
-                            InvalidHandleError, InvalidParamError, KernelError)
+                            ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
+                            ACL_ERROR_RT_INVALID_DEVICE_FUNCTION, ACL_ERROR_RT_LINK_ERROR,
+                            ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_SUSPECT_REMOTE_ERROR, HCCL_E_NETWORK,
+                            HCCL_E_NOT_FOUND, HCCL_E_NOT_SUPPORT, HCCL_E_REMOTE, AclError, DeviceLostError, HcclError,
+                            InvalidHandleError, InvalidParamError, KernelError, TimeoutError_)
 from devices.faults import FAULT_KINDS, FaultState
 from devices.health import Condition, HealthReport
 from devices.kernel import TensorDesc
@@ -36,7 +37,10 @@ from driver import protogen, wire
 from driver.client import RemoteDevice
 from driver.node import this_node
 from driver.service import serve
+from hccl_ranks import Pool, communicators
 from runtime import hccl
+from runtime.api import SYNC_TIMEOUT_ENV, Runtime
+from runtime.backend import LocalBackend
 from runtime.cluster.chaos import CAMPAIGN_PARAMS, ChaosConfig
 
 SYNC_MS = 20_000
@@ -400,6 +404,183 @@ def test_link_down_fails_collectives_with_that_peer_only(clean):
                 c.destroy()
         for t in ts:
             t.free()
+
+
+#: a collective's exec timeout in the tests below: far longer than their host waits (SYNC_MS), so that a rank left
+#: waiting for a peer shows as a host wait that times out -- the test fails instead of waiting it out
+EXEC_S = 120
+
+
+def _outcome(dev) -> str | int:
+    """``"ok"`` or the HcclResult of what ``dev``'s work came to, waiting SYNC_MS at most; a wait that times
+    out (a rank left waiting for its peers) fails the test."""
+    try:
+        dev.synchronize(SYNC_MS)
+    except TimeoutError_:
+        pytest.fail(f"device {dev.index}: still running after {SYNC_MS} ms -- a rank waits for a peer that "
+                    f"will never come (it waits until its exec timeout, {EXEC_S} s)")
+    except HcclError as e:
+        return e.hccl_code
+    return "ok"
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_after_a_cleared_link_down_the_next_collective_ends_and_the_one_after_works(clean, n):
+    """Link-down fails an AllReduce on every rank; only rank 0's host looks at the error (the other ranks'
+    streams keep theirs: a failed stream skips its work until its host synchronizes).  After ``clear``, the
+    next AllReduce on the same communicators must end on every rank at once -- rank 0 is told that its peers
+    did not run it (HCCL_E_REMOTE), the others report the error they kept -- never leave rank 0 waiting for
+    peers that skipped it (issue 25: blocked until the exec timeout, and the ranks' operator counts apart
+    for good).  The AllReduce after that works on every rank, with the right sum."""
+    devs = clean.devices()[:n]
+    d0, d1 = devs[0], devs[1]
+    with Pool() as pool, communicators(devs, timeout_s=EXEC_S) as comms:
+        def allreduce(scale):
+            ts = [pool.put(d, np.full(64, scale * (r + 1), np.float32)) for r, d in enumerate(devs)]
+            for c, t in zip(comms, ts):
+                c.all_reduce(t)
+            return ts
+        d0.handle.inject_fault("link-down", peer=d1.physical_id)
+        allreduce(1.0)
+        assert _outcome(d0) == HCCL_E_NETWORK             # rank 0's host sees it; the others' hosts do not look
+        d0.handle.clear_fault("link-down")
+        allreduce(10.0)
+        got = [_outcome(d) for d in devs]
+        assert got == [HCCL_E_REMOTE] + [HCCL_E_NETWORK] * (n - 1), got
+        assert comms[0].async_error() == HCCL_E_REMOTE
+        ts = allreduce(100.0)
+        want = np.full(64, 100.0 * n * (n + 1) / 2, np.float32)
+        for t in ts:
+            np.testing.assert_array_equal(t.numpy(), want)
+
+
+def test_a_collective_a_rank_does_not_run_fails_its_peers_at_once(clean):
+    """A task failure takes the place of rank 1's AllReduce (fault ``task-fail``): rank 1 reports it, and
+    rank 0 is told at once that its peer did not run the operator (HCCL_E_REMOTE, ACL code 507057) instead
+    of waiting for it until the exec timeout.  The next AllReduce pairs up again and works."""
+    devs = clean.devices()[:2]
+    with Pool() as pool, communicators(devs, timeout_s=EXEC_S) as comms:
+        def allreduce():
+            ts = [pool.put(d, np.full(64, r + 1.0, np.float32)) for r, d in enumerate(devs)]
+            for c, t in zip(comms, ts):
+                c.all_reduce(t)
+            return ts
+        devs[1].handle.inject_fault("task-fail", count=1)
+        allreduce()
+        with pytest.raises(HcclError) as ei:
+            try:
+                devs[0].synchronize(SYNC_MS)
+            except TimeoutError_:
+                pytest.fail("rank 0 waits for the AllReduce that rank 1 did not run")
+        assert ei.value.hccl_code == HCCL_E_REMOTE and ei.value.code == ACL_ERROR_RT_SUSPECT_REMOTE_ERROR
+        assert "rank 1" in str(ei.value) and "did not run its allreduce" in str(ei.value)
+        with pytest.raises(KernelError):
+            devs[1].synchronize(SYNC_MS)
+        for t in allreduce():
+            np.testing.assert_array_equal(t.numpy(), np.full(64, 3.0, np.float32))
+
+
+def test_a_replay_its_stream_skips_gives_up_its_collectives(clean):
+    """A captured graph holding an AllReduce, replayed on both ranks: rank 1's stream failed before the replay
+    (an earlier task, its error not yet seen by the host), so the replay is skipped -- and its AllReduce
+    tells rank 0 so at once, as the operator issued eagerly would.  The next replays work."""
+    devs = clean.devices()[:2]
+    with Pool() as pool, communicators(devs, timeout_s=EXEC_S) as comms:
+        ts = [pool.put(d, np.full(64, r + 1.0, np.float32)) for r, d in enumerate(devs)]
+        streams = [d.stream() for d in devs]
+        graphs = []
+        try:
+            for c, t, s in zip(comms, ts, streams):
+                s.begin_capture()
+                c.all_reduce(t, stream=s)
+                graphs.append(s.end_capture())
+            devs[1].handle.inject_fault("task-fail", count=1)
+            streams[1].launch("add_scalar", [ts[1]], [ts[1]], {"value": 1.0})     # fails: rank 1's stream fails
+            for g, s in zip(graphs, streams):
+                g.execute_async(s)
+            with pytest.raises(HcclError) as ei:
+                try:
+                    streams[0].synchronize(SYNC_MS)
+                except TimeoutError_:
+                    pytest.fail("rank 0 waits for the AllReduce of a replay that rank 1 skipped")
+            assert ei.value.hccl_code == HCCL_E_REMOTE
+            with pytest.raises(KernelError):
+                streams[1].synchronize(SYNC_MS)
+            for t, r in zip(ts, (0, 1)):
+                t.copy_from(np.full(64, r + 1.0, np.float32))
+            for g, s in zip(graphs, streams):
+                g.execute_async(s)
+            for t, s in zip(ts, streams):
+                np.testing.assert_array_equal(t.numpy(stream=s), np.full(64, 3.0, np.float32))
+        finally:
+            for g in graphs:
+                g.destroy()
+            for s in streams:
+                s.destroy()
+
+
+def test_host_waits_of_the_runtime_end_at_its_sync_timeout(clean):
+    """No host call of runtime.api waits without a deadline: with the cores hung (fault ``hang``), a
+    ``Tensor.numpy()``, a device, stream or event synchronize "until done" raises the CANN timeout code
+    (507046; 507047 for an event) once the runtime's ``sync_timeout_s`` has passed, and the work is still
+    there to finish once the hang is cleared.  The waits run in a thread the test joins with a deadline: a
+    wait without one fails the test instead of hanging it."""
+    dev = clean.devices()[2]
+    before = clean.sync_timeout_s
+    x = dev.from_numpy(np.arange(N, dtype=np.float32))
+    s, ev = dev.stream(), dev.event()
+    got: queue.Queue = queue.Queue()
+
+    def waits():
+        for name, call in (("numpy", x.numpy), ("device", dev.synchronize), ("stream", s.synchronize),
+                           ("event", ev.synchronize)):
+            try:
+                call()
+                got.put((name, "returned"))
+            except AclError as e:
+                got.put((name, type(e).__name__, e.code))
+    try:
+        clean.sync_timeout_s = 0.2
+        dev.handle.inject_fault("hang")
+        dev.launch("add_scalar", [x], [x], {"value": 1.0})
+        s.launch("add_scalar", [x], [x], {"value": 1.0})
+        ev.record(s)
+        t = threading.Thread(target=waits, daemon=True)
+        t.start()
+        t.join(SYNC_MS / 1000)
+        assert not t.is_alive(), "a host wait of runtime.api has no deadline"
+        assert [got.get_nowait() for _ in range(4)] == [
+            ("numpy", "TimeoutError_", ACL_ERROR_RT_STREAM_SYNC_TIMEOUT),
+            ("device", "TimeoutError_", ACL_ERROR_RT_STREAM_SYNC_TIMEOUT),
+            ("stream", "TimeoutError_", ACL_ERROR_RT_STREAM_SYNC_TIMEOUT),
+            ("event", "TimeoutError_", ACL_ERROR_RT_EVENT_SYNC_TIMEOUT)]
+    finally:
+        dev.handle.clear_fault("hang")
+        clean.sync_timeout_s = before
+    np.testing.assert_array_equal(x.numpy(), np.arange(N, dtype=np.float32) + 2)
+    ev.destroy()
+    s.destroy()
+    x.free()
+
+
+@pytest.mark.parametrize("value, env", [(0, None), (-1.0, None), (float("nan"), None), ("5", None), (True, None),
+                                        (None, "soon"), (None, "0"), (None, "inf")])
+def test_a_sync_timeout_is_a_positive_number_of_seconds(value, env, monkeypatch):
+    """``Runtime(sync_timeout_s=...)`` and ``VNPU_SYNC_TIMEOUT_S`` take a positive finite number of seconds;
+    anything else is refused with the parameter code before any device is touched."""
+    if env is None:
+        monkeypatch.delenv(SYNC_TIMEOUT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SYNC_TIMEOUT_ENV, env)
+    with pytest.raises(InvalidParamError):
+        Runtime(None, sync_timeout_s=value)                     # type: ignore[arg-type]
+    monkeypatch.setenv(SYNC_TIMEOUT_ENV, "7.5")
+    r = Runtime(LocalBackend(1, DeviceConfig(arena_bytes=1 << 20, shm=False)))
+    try:
+        assert r.sync_timeout_s == 7.5
+        assert (r.wait_ms(-1), r.wait_ms(0), r.wait_ms(30)) == (7500.0, 0, 30)     # only "until done" changes
+    finally:
+        r.close()
 
 
 def test_unknown_faults_and_parameters_are_refused_alike(clean):

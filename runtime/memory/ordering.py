@@ -9,7 +9,9 @@ Events come from a small pool: one is reused only once it is known to have compl
 wait on it never waits for a later record.
 
 ``record``, ``wait`` and ``copy`` only order the device (they return at once); ``query`` is a
-host-synchronous driver call that does not wait; ``synchronize`` and ``sync_stream`` block the host.
+host-synchronous driver call that does not wait; ``synchronize`` and ``sync_stream`` block the host, with a
+deadline: a wait "until done" lasts what the owner's ``wait_ms`` makes of it (the runtime's host-wait
+limit), then raises the timeout's CANN code.
 """
 from __future__ import annotations
 
@@ -61,8 +63,12 @@ class StreamOrder(Protocol):
 class HandleStreamOrder:
     """:class:`StreamOrder` over a device handle (events pooled, reused once known complete)."""
 
-    def __init__(self, handle, put: Callable | None = None, flush: Callable[[], None] | None = None):
+    def __init__(self, handle, put: Callable | None = None, flush: Callable[[], None] | None = None,
+                 wait_ms: Callable[[float], float] | None = None):
+        """``wait_ms``: the deadline (ms) of a host wait asked for with a timeout (-1: "until done"; default:
+        as asked, -1 waiting as long as the handle does)."""
         self.handle = handle
+        self._wait_ms = wait_ms or (lambda t: t)
         self._put = put or (lambda op: handle.submit((op,)))
         self._flush = flush or (lambda: None)
         self._lock = threading.Lock()
@@ -117,14 +123,17 @@ class HandleStreamOrder:
         return bool(self.handle.query_event(event))
 
     def synchronize(self, event: int, timeout_ms: float = -1) -> bool:
+        """See :class:`StreamOrder`; a wait "until done" that reaches its deadline raises its timeout."""
         self._flush()
         try:
-            self.handle.synchronize_event(event, timeout_ms)
+            self.handle.synchronize_event(event, self._wait_ms(timeout_ms))
         except AclError as e:
             code = getattr(e, "code", None)
             if code in _LOST:
                 raise
             if code == ACL_ERROR_RT_EVENT_SYNC_TIMEOUT:
+                if timeout_ms < 0:
+                    raise
                 return False
             # the event completed behind a failed task: the stream's own error is its owner's to see
         return True
@@ -145,7 +154,7 @@ class HandleStreamOrder:
 
     def sync_stream(self, stream: int) -> None:
         self._flush()
-        self.handle.synchronize_stream(stream, -1)
+        self.handle.synchronize_stream(stream, self._wait_ms(-1))
 
     def close(self) -> None:
         with self._lock:
