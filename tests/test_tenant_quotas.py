@@ -244,7 +244,7 @@ def test_wait_until_wakes_on_settlement():
     th.join(30)
     assert seen == [True]
     refused(q, tenant(conc=1, tpm=1, name="t"), 5)
-    assert q.wait_until("t", lambda v: v == {"in_flight": 0, "requests": 1, "rate_limited": 1}, timeout=0)
+    assert q.wait_until("t", lambda v: v == {"in_flight": 0, "unsettled": 0, "requests": 1, "rate_limited": 1}, timeout=0)
 
 
 # ---------------------------------------------------------------------------------------------- headers
