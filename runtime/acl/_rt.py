@@ -382,7 +382,8 @@ def synchronize_stream(stream):
 
 @acl_call()
 def synchronize_stream_with_timeout(stream, timeout_ms):
-    """-1 waits forever, 0 polls; ACL_ERROR_RT_STREAM_SYNC_TIMEOUT (507046) on timeout."""
+    """-1 waits up to the runtime's sync timeout (VNPU_SYNC_TIMEOUT_S, default the HCCL exec timeout + 60 s:
+    no host wait is unbounded), 0 polls; ACL_ERROR_RT_STREAM_SYNC_TIMEOUT (507046) on timeout."""
     rec = stream_record(stream)
     rec.stream.synchronize(as_int(timeout_ms, "timeout"))
     _raise_async_error([rec])
