@@ -638,7 +638,8 @@ class HcclEngine:
         communicator cannot complete any operator -- a rank that gives up must not leave the others
         waiting for it until their exec timeout -- then raise ``e``."""
         if e.hccl_code == HCCL_E_REMOTE:
-            self.stats["aborts_sent"] += 1
+            with self._lock:
+                self.stats["aborts_sent"] += 1
             for q in range(c.size):
                 if q not in (c.rank, peer):
                     try:
@@ -920,8 +921,8 @@ class HcclEngine:
         queues hundreds of aborts; a link that failed once in a round is not tried again in it)."""
         links = [c.links[q] for q in peers]
         msg = (c.cid, seq, ABORT_TAG, c.rank, [code, reason])
-        self.stats["aborts_sent"] += 1
         with self._lock:
+            self.stats["aborts_sent"] += 1      # core threads of many streams abort at once
             self._outbox.append((links, msg))
             if self._sending:
                 return

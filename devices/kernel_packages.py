@@ -29,7 +29,9 @@ keep a device from starting.  Loading imports the file: it runs the package's mo
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,12 +71,14 @@ def package_name(path: str | Path) -> str:
 def load_package(path: str | Path) -> Package:
     """Import package file ``path`` and check its ``KERNELS`` (host-blocking: runs the module's code).
 
-    InvalidParamError, one line, when the file cannot be read or imported, defines no ``KERNELS`` mapping,
-    or names a kernel badly (a built-in's name, not a string, not a function)."""
+    InvalidParamError, one line, when the file cannot be read or imported, others could change it or its
+    directory (:func:`check_trusted`: checked before any of its code runs), it defines no ``KERNELS``
+    mapping, or names a kernel badly (a built-in's name, not a string, not a function)."""
     p = Path(path).expanduser().resolve()
     name = package_name(p)
     if not p.is_file():
         raise InvalidParamError(f"{p}: no such kernel package file")
+    check_trusted(p)
     mod_name = MODULE_PREFIX + name
     try:
         spec = importlib.util.spec_from_file_location(mod_name, p)
@@ -97,6 +101,27 @@ def load_package(path: str | Path) -> Package:
         if not callable(fn):
             raise InvalidParamError(f"{p}: KERNELS[{k!r}] is not a function")
     return Package(name, str(p), MappingProxyType(dict(kernels)))
+
+
+def check_trusted(path: Path) -> None:
+    """InvalidParamError unless only this user (or root) can change the package file ``path`` (resolved):
+    the file and its directory are owned by this process's user or by root and are not writable by group
+    or others -- sshd's StrictModes rule.  Otherwise any local user who can write there would run code
+    in every device that loads the package."""
+    me = os.geteuid()
+    for what, p in (("the file", path), (f"its directory {path.parent}", path.parent)):
+        try:
+            st = os.stat(p)
+        except OSError as e:
+            raise InvalidParamError(f"{path}: cannot stat {what}: {e.strerror or e}"[:300]) from None
+        if st.st_uid not in (me, 0):
+            why = f"{what} is owned by uid {st.st_uid}, not by this user (uid {me}) or root"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            why = f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+        else:
+            continue
+        raise InvalidParamError(f"{path}: refused: {why}; a kernel package runs in the devices: only its owner "
+                                f"may change it"[:300])
 
 
 def package_files(paths) -> list[Path]:

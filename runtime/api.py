@@ -873,7 +873,9 @@ class Stream:
 
     def launch_host_func(self, fn: Callable[[], Any], blocking: bool = True) -> None:
         """Run ``fn`` on a runtime thread once the work queued so far is done; with ``blocking`` the
-        stream's later tasks wait for it to return."""
+        stream's later tasks wait for it to return.  Work not done within the runtime's
+        :attr:`~Runtime.sync_timeout_s`: ``fn`` is abandoned (not run; ACL_ERROR_RT_STREAM_SYNC_TIMEOUT logged
+        by the runtime thread, logger ``vnpu``) and the stream released."""
         callbacks_for(self.device).launch(self, lambda _u: fn(), None, blocking, direct=True)
 
     def destroy(self) -> None:
@@ -1124,19 +1126,24 @@ class HostCallbacks:
                 self._cv.wait(min(left, wait) if left is not None else wait)
 
     def _fire(self, item: tuple) -> None:
-        """Run one callback once the work before it is done (the runtime thread that runs it waits in
-        waits of the runtime's :attr:`~Runtime.sync_timeout_s` each, until then or until the device is gone)."""
+        """Run one callback once the work before it is done.  The runtime thread that runs it waits up to the
+        runtime's :attr:`~Runtime.sync_timeout_s` for that work; when it is not done by then the callback is
+        abandoned: it does not run, a blocking one's stream is released (its later tasks run when the work
+        before them ends), and ACL_ERROR_RT_STREAM_SYNC_TIMEOUT is raised (logged by the runtime thread)."""
         stream, done, gate, fn, user_data, _ = item
         h = self.dev.handle
-        while True:
-            try:
-                h.synchronize_event(done, self.dev.rt.wait_ms(-1))
-            except TimeoutError_:
-                continue                          # still running: keep waiting, one deadline at a time
-            except AclError:
-                pass                              # the stream failed (or the device is gone): release it
-            break
+        abandoned = None
         try:
+            h.synchronize_event(done, self.dev.rt.wait_ms(-1))
+        except TimeoutError_:
+            abandoned = TimeoutError_(f"host callback on stream {stream.sid} abandoned: the work queued before it "
+                                      f"was not done within the runtime's sync timeout "
+                                      f"({self.dev.rt.sync_timeout_s:g} s)")      # ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+        except AclError:
+            pass                                  # the stream failed (or the device is gone): release it
+        try:
+            if abandoned is not None:
+                raise abandoned
             fn(user_data)
         finally:
             if gate is not None:
@@ -1166,7 +1173,7 @@ class HostCallbacks:
                 return
             try:
                 self._fire(item)
-            except Exception:  # noqa: BLE001 - a failing host function must not stop later ones
+            except Exception:  # noqa: BLE001 - a failing (or abandoned) host function must not stop later ones
                 logging.getLogger("vnpu").exception("host function failed")
 
 

@@ -161,17 +161,74 @@ def test_prof_makes_a_missing_output_folder(tmp_path, capsys):
     assert (tmp_path / "new" / "dir").is_dir()
 
 
+#: commands that write in $VNPU_HOME: (id, argv ({pkg} a kernel package whose code leaves {marker} behind when
+#: it is imported), what the one line names, how "no work" is seen)
+STATE_DIR_COMMANDS = [
+    ("up", ["up"], "vnpu up: error: VNPU_HOME", "tripwire"),
+    ("kernels install", ["kernels", "install", "{pkg}"], "vnpu kernels install: error: VNPU_HOME/kernels", "marker"),
+    ("kernels remove", ["kernels", "remove", "mypkg"], "vnpu kernels remove: error: VNPU_HOME/kernels", "none"),
+]
+
+
+def _marking_package(path, marker) -> str:
+    """A kernel package file whose module code leaves ``marker`` behind (the command ran it)."""
+    path.write_text(f"open({str(marker)!r}, 'w').close()\nKERNELS = {{'mark_k': lambda ctx: None}}\n")
+    return str(path)
+
+
 @pytest.mark.parametrize("place", ["on /proc", "a file in the way", "under a file"])
-def test_up_with_an_unwritable_state_dir_exits_2_before_a_cluster_starts(place, tmp_path, monkeypatch, tripwires,
-                                                                         capsys):  # noqa: F811 - the fixture
-    """``vnpu up`` writes the cluster's state and token in $VNPU_HOME."""
+@pytest.mark.parametrize("name,argv,says,witness", STATE_DIR_COMMANDS, ids=[c[0] for c in STATE_DIR_COMMANDS])
+def test_an_unwritable_state_dir_exits_2_before_any_work(name, argv, says, witness, place, tmp_path, monkeypatch,
+                                                         tripwires, capsys):  # noqa: F811 - the fixture
+    """``vnpu up`` writes the cluster's state and token in $VNPU_HOME, ``vnpu kernels install | remove``
+    the node's kernel packages in $VNPU_HOME/kernels: checked before a cluster starts or a package's code
+    runs."""
     f = tmp_path / "file"
     f.write_text("x")
     home = {"on /proc": "/proc/vnpu-home", "a file in the way": str(f), "under a file": str(f / "sub")}[place]
     monkeypatch.setenv("VNPU_HOME", home)
-    rc, out, err = cli(["up"], capsys)
-    _assert_one_line(rc, out, err, "vnpu up: error: VNPU_HOME")
+    for var in ("VNPU_TOKEN", "VNPU_TENANT_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    marker = tmp_path / "ran"
+    pkg = _marking_package(tmp_path / "mypkg.py", marker)
+    rc, out, err = cli([a.format(pkg=pkg) for a in argv], capsys)
+    _assert_one_line(rc, out, err, says)
     assert home in err
+    assert not marker.exists(), "the package's code ran before the kernel directory was checked"
+    assert f.read_text() == "x"
+
+
+@pytest.mark.parametrize("cmd", ["install", "remove"])
+def test_kernels_in_a_directory_it_cannot_change_exits_2_and_changes_nothing(cmd, tmp_path, monkeypatch, capsys):
+    """An existing kernel directory this process cannot write (immutable for root, read-only otherwise):
+    ``install`` does not run the package's code and copies nothing, ``remove`` leaves the package."""
+    import shutil
+    home = tmp_path / "home"
+    kdir = home / "kernels"
+    kdir.mkdir(parents=True, mode=0o700)
+    installed = kdir / "mypkg.py"
+    installed.write_text("KERNELS = {'old_k': lambda ctx: None}\n")
+    monkeypatch.setenv("VNPU_HOME", str(home))
+    for var in ("VNPU_TOKEN", "VNPU_TENANT_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    marker = tmp_path / "ran"
+    src = _marking_package(tmp_path / "newpkg.py", marker)
+    if os.geteuid() == 0:           # root writes whatever the mode says: the immutable attribute stops it
+        if not shutil.which("chattr") or subprocess.run(["chattr", "+i", str(kdir)], capture_output=True).returncode:
+            pytest.skip("no chattr +i here (root ignores permission bits)")
+        undo = ["chattr", "-i", str(kdir)]
+    else:
+        kdir.chmod(0o500)
+        undo = ["chmod", "700", str(kdir)]
+    try:
+        rc, out, err = cli(["kernels", cmd, src if cmd == "install" else "mypkg"], capsys)
+        listing = sorted(os.listdir(kdir))
+    finally:
+        subprocess.run(undo, check=True)
+    _assert_one_line(rc, out, err, f"vnpu kernels {cmd}: error: VNPU_HOME/kernels")
+    assert str(kdir) in err
+    assert listing == ["mypkg.py"] and installed.read_text().startswith("KERNELS = {'old_k'")
+    assert not marker.exists(), "the package's code ran before the kernel directory was checked"
 
 
 def test_a_writable_output_is_left_as_it_was(tmp_path):

@@ -563,6 +563,51 @@ def test_host_waits_of_the_runtime_end_at_its_sync_timeout(clean):
     x.free()
 
 
+def test_a_host_func_behind_hung_work_is_abandoned_at_the_sync_timeout(clean):
+    """The runtime thread that runs ``launch_host_func`` callbacks waits for their stream's work no longer than
+    the runtime's ``sync_timeout_s``: behind hung cores the callback is abandoned -- it does not run, the
+    thread logs ACL_ERROR_RT_STREAM_SYNC_TIMEOUT (logger ``vnpu``) and releases the blocking stream -- and
+    later callbacks still run once the hang is cleared."""
+    import logging
+    dev = clean.devices()[2]
+    before = clean.sync_timeout_s
+    x = dev.from_numpy(np.arange(N, dtype=np.float32))
+    s = dev.stream()
+    logged: queue.Queue = queue.Queue()
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            logged.put(record)
+    catch = Catch(level=logging.ERROR)
+    log = logging.getLogger("vnpu")
+    log.addHandler(catch)
+    ran = []
+    later = threading.Event()
+    try:
+        clean.sync_timeout_s = 0.2
+        dev.handle.inject_fault("hang")
+        s.launch("add_scalar", [x], [x], {"value": 1.0})
+        s.launch_host_func(lambda: ran.append("behind the hang"), blocking=True)
+        rec = logged.get(timeout=SYNC_MS / 1000)          # a wait without a deadline fails the test here
+        assert rec.exc_info is not None, rec.getMessage()
+        err = rec.exc_info[1]
+        assert isinstance(err, AclError) and err.code == ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, err
+        assert "abandoned" in str(err)
+        assert ran == []
+    finally:
+        dev.handle.clear_fault("hang")
+        clean.sync_timeout_s = before
+        log.removeHandler(catch)
+    s.launch("add_scalar", [x], [x], {"value": 1.0})
+    s.launch_host_func(later.set, blocking=True)
+    assert later.wait(SYNC_MS / 1000), "a later host func did not run"
+    s.synchronize()                                       # the abandoned one's gate was released
+    assert ran == []
+    np.testing.assert_array_equal(x.numpy(), np.arange(N, dtype=np.float32) + 2)
+    s.destroy()
+    x.free()
+
+
 @pytest.mark.parametrize("value, env", [(0, None), (-1.0, None), (float("nan"), None), ("5", None), (True, None),
                                         (None, "soon"), (None, "0"), (None, "inf")])
 def test_a_sync_timeout_is_a_positive_number_of_seconds(value, env, monkeypatch):

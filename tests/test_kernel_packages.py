@@ -143,6 +143,33 @@ def test_a_bad_package_is_exit_2_one_line_and_nothing_is_installed(node, tmp_pat
     assert not (home / "kernels").exists() or list((home / "kernels").iterdir()) == []
 
 
+@pytest.mark.parametrize("where", ["a world-writable file", "a group-writable file", "a world-writable directory"])
+def test_install_refuses_a_package_others_can_change_before_running_it(node, tmp_path, capsys, where):
+    """The admin's process runs a package's code to check it: a source others could have changed is
+    refused first (exit 2, one line), nothing installed; the same text from the admin's own file installs,
+    and its installed copy (0600 in a 0700 directory) is one the devices accept."""
+    home, client = node
+    marker = tmp_path / "ran"
+    text = f"open({str(marker)!r}, 'w').close()\n" + ADD_PKG
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    src = (shared if where == "a world-writable directory" else tmp_path) / "addpkg.py"
+    src.write_text(text)
+    src.chmod({"a world-writable file": 0o666, "a group-writable file": 0o660}.get(where, 0o644))
+    shared.chmod(0o777 if where == "a world-writable directory" else 0o755)
+    rc, out, err = _cli(["kernels", "install", src], capsys)
+    _one_line(rc, err)
+    assert "refused" in err and "writable by group or others" in err, err
+    assert not marker.exists(), "the package's code ran before its modes were checked"
+    assert not (home / "kernels").exists() or list((home / "kernels").iterdir()) == []
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (mine / "addpkg.py").write_text(ADD_PKG)
+    rc, out, err = _cli(["kernels", "install", mine / "addpkg.py"], capsys)
+    assert rc == 0 and "loaded by 1 of 1 running device(s)" in out, err
+    np.testing.assert_array_equal(_add(client("alice")), np.arange(N, dtype=np.float32) + 5)
+
+
 def test_install_refuses_clashes_and_a_missing_file(node, tmp_path, capsys):
     home, _ = node
     (tmp_path / "addpkg.py").write_text(ADD_PKG)

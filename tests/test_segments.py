@@ -73,7 +73,8 @@ def test_acl_program_without_finalize_leaves_no_segment_at_exit():
     assert _mine(p.pid) == []
 
 
-def test_segments_of_a_sigkilled_process_are_removed_by_the_next_start():
+def _sigkilled_acl_program() -> tuple[int, list[str]]:
+    """Run the acl program until its 4 devices' arenas exist, SIGKILL it: (its pid, the segments it had)."""
     p = subprocess.Popen([sys.executable, "-c", _ACL_PROGRAM, "wait"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV)
     try:
@@ -87,13 +88,18 @@ def test_segments_of_a_sigkilled_process_are_removed_by_the_next_start():
         if p.poll() is None:
             p.kill()
             p.wait()
+    return p.pid, left
+
+
+def test_segments_of_a_sigkilled_process_are_removed_by_the_next_start():
+    pid, left = _sigkilled_acl_program()
     # SIGKILL: nothing could run in it.  (Another process of this user -- a parallel test session on a
     # shared machine -- may start a device and sweep them first: what is left is a subset.)
-    assert set(_mine(p.pid)) <= set(left)
+    assert set(_mine(pid)) <= set(left)
     # the next start of any device (here: a plain acl run in another process) removes them
     q = _run("exit")
     assert q.returncode == 0, q.stderr[-3000:]
-    assert _mine(p.pid) == []
+    assert _mine(pid) == []
 
 
 _SIGNAL_PROGRAM = textwrap.dedent("""
@@ -212,20 +218,8 @@ def test_signal_cleanup_is_installed_from_the_main_thread_over_defaults_only():
 def test_a_runtime_without_arenas_sweeps_what_a_sigkilled_process_left():
     """Any later vnpu process removes a SIGKILLed owner's segments (SIGKILL runs nothing in its victim),
     also one that starts no arena of its own: a runtime over devices with anonymous HBM sweeps at start."""
-    p = subprocess.Popen([sys.executable, "-c", _ACL_PROGRAM, "wait"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV)
-    try:
-        assert p.stdout.readline().strip() == "WHILE RUNNING 4"
-        assert p.stdout.readline().strip() == "READY"
-        left = _mine(p.pid)
-        assert len(left) == 4
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert set(_mine(p.pid)) <= set(left)          # (a parallel session's device start may sweep them first)
+    pid, left = _sigkilled_acl_program()
+    assert set(_mine(pid)) <= set(left)            # (a parallel session's device start may sweep them first)
     q = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import os
         from devices.device import DeviceConfig
@@ -236,7 +230,7 @@ def test_a_runtime_without_arenas_sweeps_what_a_sigkilled_process_left():
         r.close()
     """)], capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV)
     assert q.returncode == 0 and "NAMED 0" in q.stdout, q.stderr[-3000:]     # it made no segment of its own
-    assert _mine(p.pid) == []
+    assert _mine(pid) == []
 
 
 def _fake(name: str, uid: int | None = None) -> str:

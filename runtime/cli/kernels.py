@@ -10,7 +10,8 @@ same way; ``list`` shows what is installed.
 
 The cluster's admin installs packages: a process that presents a tenant credential (``$VNPU_TENANT_TOKEN``,
 or a tenant credential in ``$VNPU_TOKEN``) is refused (exit 2), and so is a tenant's ``ReloadKernels``
-(ACL_ERROR_RT_NO_PERMISSION).  A bad package is exit 2 with one line, and nothing is copied.  Loading a
+(ACL_ERROR_RT_NO_PERMISSION).  A bad package is exit 2 with one line, and nothing is copied; so is a kernel
+directory this process cannot write, found before the package's code runs (or a package is removed).  Loading a
 package runs its module code in this process (the admin's own code).
 """
 from __future__ import annotations
@@ -20,7 +21,10 @@ import os
 import sys
 from pathlib import Path
 
-from runtime.cliargs import fail
+from runtime.cliargs import check_output_dir, fail
+
+#: how a refused kernel directory is named in the one line (``vnpu kernels install | remove`` write there)
+_KERNEL_DIR = "VNPU_HOME/kernels (the node's kernel packages)"
 
 
 def register(sub) -> None:
@@ -53,6 +57,7 @@ def _cmd_install(a) -> int:
     src = Path(a.file).expanduser()
     if not src.is_file():
         fail(f"argument FILE: {a.file}: no such file", prog)
+    check_output_dir(kernel_dir(), _KERNEL_DIR, prog)      # before the package's code runs
     try:
         pkg = load_package(src)
         dest = kernel_dir() / f"{pkg.name}.py"
@@ -62,7 +67,10 @@ def _cmd_install(a) -> int:
         check_conflicts(pkg, [o for o in installed if o.name != pkg.name])
     except InvalidParamError as e:
         fail(e.detail, prog)
-    _write_private(dest, src.read_bytes())
+    try:
+        _write_private(dest, src.read_bytes())
+    except OSError as e:                          # changed since the check (or the source became unreadable)
+        fail(f"{_KERNEL_DIR}: cannot write {dest}: {e.strerror or e}", prog)
     print(f"installed kernel package {pkg.name} ({', '.join(sorted(pkg.kernels))}) in {dest}")
     return _reload(pkg.name)
 
@@ -84,10 +92,15 @@ def _cmd_list(a) -> int:
 def _cmd_remove(a) -> int:
     from runtime.cluster.discovery import kernel_dir
     _admin_only("remove")
+    prog = "vnpu kernels remove"
     path = kernel_dir() / f"{a.name}.py"
+    check_output_dir(kernel_dir(), _KERNEL_DIR, prog)
     if not a.name.isidentifier() or not path.is_file():
-        fail(f"argument NAME: no kernel package {a.name!r} is installed in {kernel_dir()}", "vnpu kernels remove")
-    path.unlink()
+        fail(f"argument NAME: no kernel package {a.name!r} is installed in {kernel_dir()}", prog)
+    try:
+        path.unlink()
+    except OSError as e:
+        fail(f"{_KERNEL_DIR}: cannot remove {path}: {e.strerror or e}", prog)
     print(f"removed kernel package {a.name} ({path})")
     return _reload(None)
 

@@ -5,6 +5,7 @@ where the cluster was started to accept it.  Built-ins are immutable; a register
 only and released with its client; only the admin reloads the node's packages."""
 from __future__ import annotations
 
+import os
 import pickle
 
 import grpc
@@ -190,6 +191,50 @@ def test_only_the_admin_reloads_the_nodes_packages(site, tmp_path):
     with pytest.raises(AclError) as e:
         _launch(bob, s, x, y, "pkg_scale")
     assert e.value.code == 507027
+
+
+def _marking_pkg(path, mode: int, marker) -> None:
+    """A package at ``path`` (``mode``) whose module code leaves ``marker`` behind when it runs."""
+    path.write_text(f"open({str(marker)!r}, 'w').close()\nKERNELS = {{'k_{path.stem}': lambda ctx: None}}\n")
+    path.chmod(mode)
+
+
+def test_a_package_others_can_change_is_refused_before_its_code_runs(site, tmp_path):
+    """A device loads a package only when no one but its owner (this user, or root) can change it: a file
+    writable by group or others, one in a directory writable by group or others (sticky or not: sshd's
+    StrictModes), or one owned by another user is refused with one line in the load report, and its code
+    never runs; the operator's own package next to them loads."""
+    own = tmp_path / "own"
+    own.mkdir()
+    own.chmod(0o700)
+    (own / "scalepkg.py").write_text(SCALE_PKG)
+    (own / "scalepkg.py").chmod(0o644)                                   # read by others: fine
+    marker = tmp_path / "ran"
+    bad = {own / "worldw.py": (0o666, "writable by group or others"),
+           own / "groupw.py": (0o620, "writable by group or others")}
+    for d, mode in (("shared", 0o777), ("sticky", 0o1777), ("groupdir", 0o770)):
+        (tmp_path / d).mkdir()
+        (tmp_path / d).chmod(mode)
+        bad[tmp_path / d / f"in{d}.py"] = (0o600, f"its directory {tmp_path / d} is writable by group or others")
+    if os.geteuid() == 0:                                                # root can give a file away
+        theirs = own / "theirs.py"
+        bad[theirs] = (0o600, "is owned by uid 4242")
+    for path, (mode, _) in bad.items():
+        _marking_pkg(path, mode, marker)
+    if os.geteuid() == 0:
+        os.chown(theirs, 4242, 4242)
+    entries = (str(own),) + tuple(str(p) for p in bad if p.parent != own)
+    srv = site.device(policy=DevicePolicy(kernels=entries))
+    report = srv.kernel_report
+    assert list(report["packages"]) == ["scalepkg"], report
+    assert sorted(report["errors"]) == sorted(str(p) for p in bad), report["errors"]
+    for path, (_, says) in bad.items():
+        line = report["errors"][str(path)]
+        assert "\n" not in line and "refused" in line and says in line, line
+    assert not marker.exists(), "a refused package's code ran"
+    bob = site.client(srv, site.tenant("bob"))
+    x, y, s = _buffers(bob)
+    np.testing.assert_allclose(_launch(bob, s, x, y, "pkg_scale"), 3 * X)
 
 
 @pytest.mark.parametrize("var", ["VNPU_TENANT_TOKEN", "VNPU_TOKEN"])
