@@ -440,6 +440,26 @@ def test_one_tenants_tokenization_stalls_no_one(loaded):
     assert all(r[2]["usage"]["prompt_tokens"] == 3 for r in results)
 
 
+def test_a_long_tokenization_runs_while_others_are_served(loaded):
+    """Not held at a gate: tenant a's input really is being tokenized (seconds of work, off the GIL) while
+    ``/health`` and tenant b are answered -- a's job is still running when they are."""
+    srv, pool, _ = loaded
+    big = {"model": "minilm-l6", "input": "q" * 2_000_000}         # one 2 MB word: 3 tokens, under the body limit
+    results: list = []
+    t = threading.Thread(target=lambda: results.append(post(srv, "/v1/embeddings", big, KEYS["a"])))
+    t.start()
+    try:
+        assert pool.wait_until(lambda s: s["running"].get("a") == 1, WAIT_S)     # a's job has started
+        with urllib.request.urlopen(srv.url + "/health", timeout=WAIT_S) as r:
+            assert r.status == 200
+        st, _, e = post(srv, "/v1/embeddings", {"model": "minilm-l6", "input": "hello"}, KEYS["b"])
+        assert st == 200 and len(e["data"][0]["embedding"]) == 384
+        assert pool.stats()["running"].get("a") == 1 and not results               # a's is still running
+    finally:
+        t.join(WAIT_S)
+    assert results[0][0] == 200 and results[0][2]["usage"]["prompt_tokens"] == 3
+
+
 def test_sizes_and_quotas_are_checked_before_tokenizing(loaded):
     srv, pool, _ = loaded
     emb = srv.service.engines["minilm-l6"]
