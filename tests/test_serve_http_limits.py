@@ -22,8 +22,11 @@ import pytest
 from devices.device import DeviceConfig
 from runtime.api import Runtime
 from runtime.backend import LocalBackend
+from runtime.observe.metrics_store import History
+from runtime.serve.api.connections import LOOPBACK, client_of
 from runtime.serve.api.tokenize_pool import TokenizePool
 from runtime.serve.config import ConfigError, model_spec, parse_config
+from runtime.serve.engine.errors import Unavailable
 from runtime.serve.engine import EngineConfig
 from runtime.serve.limits import HttpLimits
 from runtime.serve.server import Server, Service
@@ -31,9 +34,11 @@ from runtime.serve.tenants import Quota, Quotas, RateLimited, Tenant, key_digest
 
 pytestmark = pytest.mark.serve
 
-KEYS = {"a": "sk-tenant-a-0000000001", "b": "sk-tenant-b-0000000002", "small": "sk-small-00000000003"}
+KEYS = {"a": "sk-tenant-a-0000000001", "b": "sk-tenant-b-0000000002", "small": "sk-small-00000000003",
+        "ops": "sk-ops-000000000000004"}
 TENANTS = (Tenant("a", (key_digest(KEYS["a"]),)), Tenant("b", (key_digest(KEYS["b"]),)),
-           Tenant("small", (key_digest(KEYS["small"]),), quota=Quota(tokens_per_minute=40)))
+           Tenant("small", (key_digest(KEYS["small"]),), quota=Quota(tokens_per_minute=40)),
+           Tenant("ops", (key_digest(KEYS["ops"]),), admin=True))
 WAIT_S = 60.0          #: the longest a test waits for the server to answer or close (an event, not a time)
 
 
@@ -47,10 +52,11 @@ def rt():
 
 
 @contextlib.contextmanager
-def bare_server(rt, **limits):
+def bare_server(rt, history: History | None = None, **limits):
     """A keyed server with ``limits`` whose engine is never loaded (answers 503 ``starting`` to what gets
-    through to the routes)."""
+    through to the routes); its admin routes read ``history``."""
     svc = Service(rt, (model_spec("minilm-l6", (0,), None),), TENANTS)
+    svc.history = history
     srv = Server(svc, http=HttpLimits(**limits)).start()
     try:
         yield srv
@@ -58,8 +64,11 @@ def bare_server(rt, **limits):
         srv.stop()
 
 
-def connect(srv) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", srv.port), timeout=WAIT_S)
+def connect(srv, source: str | None = None) -> socket.socket:
+    """A connection to ``srv`` (from the loopback address ``source``: Linux lets a client bind any
+    127.x.y.z)."""
+    return socket.create_connection(("127.0.0.1", srv.port), timeout=WAIT_S,
+                                    source_address=(source, 0) if source else None)
 
 
 def head(path="/v1/embeddings", key: str | None = KEYS["a"], method="POST", **headers) -> bytes:
@@ -242,14 +251,14 @@ def test_connections_per_client_address_are_capped(rt):
     with bare_server(rt, max_connections_per_client=3, header_timeout_s=600) as srv:
         held = [connect(srv) for _ in range(3)]
         try:
-            assert srv.connections.wait_until(lambda o, r: o.get("127.0.0.1") == 3, WAIT_S)
+            assert srv.connections.wait_until(lambda o, r: o.get(LOOPBACK) == 3, WAIT_S)
             with connect(srv) as s:                                 # the fourth: refused at once
                 st, hdr, body, gone = refused(s)
             err = error_of(body)
             assert st == 429 and err["code"] == "too_many_connections" and hdr["retry-after"] == "1" and gone
             assert srv.connections.refused == 1
             held.pop().close()                                      # one goes: room for one more
-            assert srv.connections.wait_until(lambda o, r: o.get("127.0.0.1") == 2, WAIT_S)
+            assert srv.connections.wait_until(lambda o, r: o.get(LOOPBACK) == 2, WAIT_S)
             with connect(srv) as s:
                 s.sendall(head("/health", method="GET"))
                 assert answer(s)[0] == 503                          # served (the engines never load here)
@@ -257,6 +266,103 @@ def test_connections_per_client_address_are_capped(rt):
             for s in held:
                 s.close()
         assert srv.connections.wait_until(lambda o, r: not o, WAIT_S)
+
+
+def test_every_loopback_address_is_one_client_and_all_connections_are_capped(rt):
+    with bare_server(rt, max_connections_per_client=2, header_timeout_s=600) as srv:
+        held = [connect(srv, "127.0.0.2"), connect(srv, "127.0.0.3")]     # two sources, one client
+        try:
+            assert srv.connections.wait_until(lambda o, r: o == {LOOPBACK: 2}, WAIT_S)
+            with connect(srv, "127.0.0.4") as s:
+                st, _, body, gone = refused(s)
+            assert st == 429 and error_of(body)["code"] == "too_many_connections" and gone
+        finally:
+            for s in held:
+                s.close()
+        assert srv.connections.wait_until(lambda o, r: not o, WAIT_S)
+    with bare_server(rt, max_connections=2, header_timeout_s=600) as srv:
+        held = [connect(srv) for _ in range(2)]
+        try:
+            assert srv.connections.wait_until(lambda o, r: o == {LOOPBACK: 2}, WAIT_S)
+            with connect(srv) as s:                                 # the server is full: 503, not this client's 429
+                st, hdr, body, gone = refused(s)
+            assert st == 503 and error_of(body)["code"] == "server_overloaded" and hdr["retry-after"] and gone
+            held.pop().close()
+            assert srv.connections.wait_until(lambda o, r: o == {LOOPBACK: 1}, WAIT_S)
+            with connect(srv) as s:
+                s.sendall(head("/health", method="GET"))
+                assert answer(s)[0] == 503                          # served
+        finally:
+            for s in held:
+                s.close()
+
+
+def test_clients_are_networks():
+    assert {client_of(h) for h in ("127.0.0.1", "127.9.8.7", "::1", "::ffff:127.0.0.5")} == {LOOPBACK}
+    assert client_of("2001:db8:1:2:aaaa::1") == client_of("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    assert client_of("2001:db8:1:3::1") != client_of("2001:db8:1:2::1")
+    assert client_of("10.0.0.1") != client_of("10.0.0.2") and client_of("::ffff:10.0.0.1") == "10.0.0.1"
+
+
+# ---------------------------------------------------------------------------------------------- pipelining
+@contextlib.contextmanager
+def slow_response(srv, hist: History):
+    """A connection whose ``GET /admin/history/latest`` long poll is in flight (answered once the test
+    records a sample into ``hist``)."""
+    with connect(srv) as s:
+        s.sendall(head("/admin/history/latest?after=0&wait_s=20", key=KEYS["ops"], method="GET"))
+        with connect(srv) as gate:                                  # the server says the poll is parked
+            gate.sendall(head("/admin/state?long_polls=1&wait_s=20", key=KEYS["ops"], method="GET"))
+            st, _, body = answer(gate)
+            assert st == 200 and json.loads(body)["history_long_polls"] == 1
+        yield s
+
+
+def test_pipelined_headers_behind_a_slow_response_are_bounded(rt):
+    hist = History(":memory:")
+    with bare_server(rt, hist, max_header_bytes=4096, header_timeout_s=0.5) as srv:
+        with slow_response(srv, hist) as s:                         # then 8 MB of one unterminated header
+            big = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (8 << 20)
+            sender = threading.Thread(target=_send, args=(s, big), daemon=True)
+            sender.start()
+            # the server stops reading this connection (the client's send blocks) ...
+            assert srv.connections.wait_until(lambda o, r: srv.connections.held == 1, WAIT_S)
+            hist.record_tick(1.0, {"": {"qps": 1.0}})
+            st, _, body = answer(s)                                 # ... the response goes out whole ...
+            assert st == 200 and json.loads(body)["server"]["qps"]
+            st, _, body, gone = refused(s)                          # ... then the next request is 431
+            assert st == 431 and error_of(body)["code"] == "request_header_fields_too_large" and gone
+            sender.join(WAIT_S)
+        assert srv.connections.wait_until(lambda o, r: srv.connections.held == 0 and not o, WAIT_S)
+        hist2 = History(":memory:")
+        srv.service.history = hist2
+        with slow_response(srv, hist2) as s:                        # a pipelined half header, then nothing
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            hist2.record_tick(1.0, {"": {"qps": 1.0}})
+            assert answer(s)[0] == 200
+            st, _, body, gone = refused(s)                          # its deadline runs from the response
+            assert st == 408 and error_of(body)["code"] == "request_timeout" and gone
+
+
+def _send(s: socket.socket, data: bytes) -> None:
+    try:
+        s.sendall(data)
+    except OSError:                                                 # the server closed: what a refusal does
+        pass
+
+
+def test_a_pool_the_caller_gave_outlives_the_server(rt):
+    pool = TokenizePool(1)
+    try:
+        svc = Service(rt, (model_spec("minilm-l6", (0,), None),), TENANTS)
+        Server(svc, tokenizer=pool).start().stop()
+        assert pool.submit("a", lambda: 7).result(WAIT_S) == 7      # still the caller's, still working
+    finally:
+        pool.close()
+    with bare_server(rt) as srv:
+        own = srv.tokenizer
+    with pytest.raises(Unavailable):                                # the server's own: closed with it
+        own.submit("a", lambda: 7)
 
 
 # ---------------------------------------------------------------------------------------------- tokenization
@@ -294,6 +400,7 @@ def loaded(rt):
         yield srv, pool, gate
     finally:
         srv.stop()
+        pool.close()                                  # the server leaves the caller's pool to the caller
 
 
 def post(srv, path, body, key, timeout=WAIT_S):
@@ -331,6 +438,26 @@ def test_one_tenants_tokenization_stalls_no_one(loaded):
             t.join(WAIT_S)
     assert [r[0] for r in results] == [200, 200, 200]
     assert all(r[2]["usage"]["prompt_tokens"] == 3 for r in results)
+
+
+def test_a_long_tokenization_runs_while_others_are_served(loaded):
+    """Not held at a gate: tenant a's input really is being tokenized (seconds of work, off the GIL) while
+    ``/health`` and tenant b are answered -- a's job is still running when they are."""
+    srv, pool, _ = loaded
+    big = {"model": "minilm-l6", "input": "q" * 2_000_000}         # one 2 MB word: 3 tokens, under the body limit
+    results: list = []
+    t = threading.Thread(target=lambda: results.append(post(srv, "/v1/embeddings", big, KEYS["a"])))
+    t.start()
+    try:
+        assert pool.wait_until(lambda s: s["running"].get("a") == 1, WAIT_S)     # a's job has started
+        with urllib.request.urlopen(srv.url + "/health", timeout=WAIT_S) as r:
+            assert r.status == 200
+        st, _, e = post(srv, "/v1/embeddings", {"model": "minilm-l6", "input": "hello"}, KEYS["b"])
+        assert st == 200 and len(e["data"][0]["embedding"]) == 384
+        assert pool.stats()["running"].get("a") == 1 and not results               # a's is still running
+    finally:
+        t.join(WAIT_S)
+    assert results[0][0] == 200 and results[0][2]["usage"]["prompt_tokens"] == 3
 
 
 def test_sizes_and_quotas_are_checked_before_tokenizing(loaded):
@@ -416,7 +543,9 @@ def test_quota_precheck_refuses_as_admit_would_and_charges_nothing():
 
 def test_http_limits_in_serve_yaml():
     assert parse_config("").http == HttpLimits()
-    cfg = parse_config("http: {max_body_bytes: 1048576, header_timeout_s: 2.5, max_connections_per_client: 8}\n")
+    cfg = parse_config("http: {max_body_bytes: 1048576, header_timeout_s: 2.5, max_connections_per_client: 8, "
+                       "max_connections: 64}\n")
+    assert cfg.http.max_connections == 64 and HttpLimits().max_connections == 1024
     assert (cfg.http.max_body_bytes, cfg.http.header_timeout_s, cfg.http.max_connections_per_client) == \
         (1 << 20, 2.5, 8) and cfg.http.body_timeout_s == HttpLimits().body_timeout_s
     for text, where in (("http:\n  body_timeout_s: 0\n", "line 2: http.body_timeout_s"),

@@ -3,7 +3,8 @@ its line), and model placement (``smollm2@0-2``).
 
     server:   {host: 127.0.0.1, port: 8000, allow_unauthenticated: false, replicas: 1}
     http:     {max_body_bytes: 2097152, max_header_bytes: 65536, header_timeout_s: 10, body_timeout_s: 30,
-               max_connections_per_client: 128, tokenizer_threads: 4}      # see runtime.serve.limits
+               max_connections_per_client: 128, max_connections: 1024,
+               tokenizer_threads: 4}                                 # see runtime.serve.limits
     slo:      {target_p99_ms: 800, availability: 99.5%}
     tenants:
       - name: premium
@@ -213,7 +214,8 @@ BATCHING_SCHEMA = {"max_batch_size": (_INT, 1), "max_wait_ms": (_NUM, 0), "max_q
 SERVER_SCHEMA = {"host": (_STR, None), "port": (_INT, 0), "allow_unauthenticated": (_BOOL, None),
                  "replicas": (_INT, 1)}
 HTTP_SCHEMA = {"max_body_bytes": (_INT, 1), "max_header_bytes": (_INT, 1), "header_timeout_s": (_NUM, None),
-               "body_timeout_s": (_NUM, None), "max_connections_per_client": (_INT, 1), "tokenizer_threads": (_INT, 1)}
+               "body_timeout_s": (_NUM, None), "max_connections_per_client": (_INT, 1), "max_connections": (_INT, 1),
+               "tokenizer_threads": (_INT, 1)}
 SLO_SCHEMA = {"target_p99_ms": (_NUM, None), "availability": (_STR, None)}
 QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None)}
 TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin")

@@ -15,13 +15,18 @@ key                            default      over it
 ``body_timeout_s``             30           408 when the whole body has not arrived this long after the headers
                                             (a slow body, or a ``Content-Length`` larger than what is sent)
 ``max_connections_per_client`` 128          429 (``too_many_connections``, ``Retry-After: 1``) and closed at
-                                            once, for a connection from an address that holds this many
+                                            once, for a connection from a client that holds this many (a
+                                            client: all of loopback is one, an IPv6 client is its /64)
+``max_connections``            1024         503 (``server_overloaded``, ``Retry-After: 1``) and closed at once,
+                                            for a connection while the server holds this many in all (keep it
+                                            under the process's open-files limit)
 ``tokenizer_threads``          4            (not a refusal) threads that tokenize prompts and inputs off the
                                             event loop; one tenant uses at most half of them at once
 =============================  ===========  ===================================================================
 
-Every refusal is in OpenAI's error shape.  All clients on one host share its address (a load generator on
-the server's own host counts against ``max_connections_per_client``).  Pure data; nothing here blocks.
+Every refusal is in OpenAI's error shape.  All clients on one host share its address, and every loopback
+address is one client (a load generator on the server's own host counts against
+``max_connections_per_client``).  Pure data; nothing here blocks.
 """
 from __future__ import annotations
 
@@ -37,10 +42,12 @@ class HttpLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections_per_client: int = 128
+    max_connections: int = 1024
     tokenizer_threads: int = 4
 
     def __post_init__(self):
-        for k in ("max_body_bytes", "max_header_bytes", "max_connections_per_client", "tokenizer_threads"):
+        for k in ("max_body_bytes", "max_header_bytes", "max_connections_per_client", "max_connections",
+                  "tokenizer_threads"):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InvalidParamError(f"{k} must be a positive integer, got {v!r}")

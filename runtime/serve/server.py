@@ -375,14 +375,16 @@ class Server:
                  tokenizer: TokenizePool | None = None):
         """Raises InvalidParamError for an open server (no API keys) on a non-loopback ``host`` unless
         ``allow_unauthenticated``.  ``http``: what one client may send (:mod:`runtime.serve.limits`: body
-        size, header and body deadlines, connections per address); ``tokenizer``: the pool that tokenizes
-        requests (default: ``http.tokenizer_threads`` threads)."""
+        size, header and body deadlines, connections per client and in all); ``tokenizer``: the pool that
+        tokenizes requests -- the caller's, which the caller closes (default: the server's own of
+        ``http.tokenizer_threads`` threads, closed when the server stops)."""
         import uvicorn
         check_bind(host, service.tenants, allow_unauthenticated)
         self.service = service
         self.limits = http
         self.tokenizer = tokenizer or TokenizePool(http.tokenizer_threads)
-        self.connections = ConnectionCounter(http.max_connections_per_client)   #: open connections by address
+        self._owns_tokenizer = tokenizer is None
+        self.connections = ConnectionCounter(http.max_connections_per_client, http.max_connections)  #: by client
         self.app = build_app(service, self.tokenizer)
         cfg = uvicorn.Config(RequestGuard(self.app, service, http), host=host, port=port, log_level="warning",
                              access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off",
@@ -417,7 +419,8 @@ class Server:
         try:
             self.uv.run()
         finally:
-            self.tokenizer.close()
+            if self._owns_tokenizer:
+                self.tokenizer.close()
 
     def drain(self, timeout: float | None = None) -> bool:
         self.service.begin_drain()
@@ -434,5 +437,6 @@ class Server:
             if self._thread is not None:
                 self._thread.join(GRACEFUL_SHUTDOWN_S)
                 self._thread = None
-            self.tokenizer.close()
+            if self._owns_tokenizer:
+                self.tokenizer.close()
             self.service.close()
