@@ -278,6 +278,9 @@ class MultiNodeCluster:
             with self._ray_defaults():
                 return self._cluster.add_node(**self._node_args(n))
         with self._lock, self._ray_defaults():
+            # Ray's Cluster takes shutdown_at_exit once, for every node, and add_node has no per-node
+            # switch (Ray 2.x): the one private attribute we touch, flipped for this node only (the
+            # layering test's allow-list names it)
             hooks, self._cluster._shutdown_at_exit = self._cluster._shutdown_at_exit, False
             try:
                 raylet = self._cluster.add_node(**self._node_args(n))
