@@ -285,9 +285,9 @@ class Device:
         if isinstance(op, Launch):
             return self._launch_task(op, owner)
         if isinstance(op, Record):
-            return Task("record", event=self.sched._event(op.event, owner))
+            return Task("record", event=self.sched.event(op.event, owner))
         if isinstance(op, Wait):
-            return Task("wait", event=self.sched._event(op.event, owner), gen=op.gen)
+            return Task("wait", event=self.sched.event(op.event, owner), gen=op.gen)
         if isinstance(op, CopyD2D):
             self._check_range(op.dst, op.nbytes, owner)
             self._check_range(op.src, op.nbytes, owner)

@@ -253,7 +253,7 @@ class Scheduler:
             return eid
 
     def destroy_event(self, eid: int, owner=None) -> None:
-        e = self._event(eid, owner)
+        e = self.event(eid, owner)
         with self._lock:
             if self.events.pop(e.eid, None) is not None:
                 self._event_usage.add(e.owner, -1)
@@ -264,7 +264,9 @@ class Scheduler:
             raise InvalidHandleError(f"unknown stream {sid!r} on device {self.device_id}")
         return s
 
-    def _event(self, eid: int, owner=None) -> Event:
+    def event(self, eid: int, owner=None) -> Event:
+        """The event ``eid`` as ``owner`` may see it (its tenant's only), e.g. for the device's record/wait
+        tasks.  Raises InvalidHandleError for an unknown or another tenant's event.  Host-only."""
         e = self.events.get(eid)
         if e is None or not same_tenant(e.owner, owner):
             raise InvalidHandleError(f"unknown event {eid!r} on device {self.device_id}")
@@ -290,16 +292,16 @@ class Scheduler:
                 self._advance(s)
 
     def record(self, sid: int, eid: int, owner=None) -> None:
-        self.enqueue(sid, [Task("record", event=self._event(eid, owner))], owner)
+        self.enqueue(sid, [Task("record", event=self.event(eid, owner))], owner)
 
     def wait(self, sid: int, eid: int, gen: int = 0, owner=None) -> None:
         """Later tasks of ``sid`` wait for the event's latest record (or record number ``gen``)."""
-        self.enqueue(sid, [Task("wait", event=self._event(eid, owner), gen=gen)], owner)
+        self.enqueue(sid, [Task("wait", event=self.event(eid, owner), gen=gen)], owner)
 
     def signal(self, eid: int, gen: int, owner=None) -> None:
         """Complete an event from the host up to record number ``gen`` (host-signalled gates)."""
         with self._lock:
-            e = self._event(eid, owner)
+            e = self.event(eid, owner)
             e.recorded_gen = max(e.recorded_gen, gen)
             if gen > e.done_floor:
                 self._complete_event(e, gen, None, self.model_now, upto=True)
@@ -489,7 +491,7 @@ class Scheduler:
     def synchronize_event(self, eid: int, timeout: float = -1, owner=None) -> None:
         """Block the host until the event's latest record has completed."""
         with self._lock:
-            e = self._event(eid, owner)
+            e = self.event(eid, owner)
             target = e.recorded_gen
             ok = self._wait_until(lambda: _is_done(e, target), self._deadline(timeout))
             if not ok:
@@ -517,12 +519,12 @@ class Scheduler:
     def query_event(self, eid: int, owner=None) -> bool:
         """True when the latest record has completed (also before the first record)."""
         with self._lock:
-            e = self._event(eid, owner)
+            e = self.event(eid, owner)
             return _is_done(e, e.recorded_gen)
 
     def event_times(self, eid: int, owner=None) -> tuple[float, float]:
         with self._lock:
-            e = self._event(eid, owner)
+            e = self.event(eid, owner)
             if e.recorded_gen == 0:
                 raise AclError(f"event {eid} was never recorded", code=ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID)
             if not _is_done(e, e.recorded_gen) or e.wall_ts is None:

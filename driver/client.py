@@ -278,6 +278,11 @@ class RemoteDevice:
             raise InvalidParamError(f"{CLEAR!r} is not a fault kind: clear_fault() clears every kind")
         self._rpc(self._dms.ClearFault, _request(dms.ClearFaultRequest, kind=kind or ""))
 
+    def health_stream(self, req: dms.WatchHealthRequest, consume, timeout: float) -> None:
+        """One WatchHealth stream (what a :class:`HealthWatch` renews): ``consume(it)`` reads its beats.
+        Host-blocking until the stream ends or ``timeout`` (s) passes; failures as typed AclErrors."""
+        self._rpc(self._dms.WatchHealth, req, timeout=timeout, consume=consume)
+
     def watch_health(self, interval_ms: int, callback=None, *, stale_after_s: float | None = None,
                      lease: bool = False) -> "HealthWatch":
         """Start a background heartbeat watch; ``callback(HealthEvent)`` runs for every beat and once with
@@ -787,7 +792,7 @@ class HealthWatch:
         while not self.stopped.is_set():
             req = dms.WatchHealthRequest(interval_ms=self.interval_ms, start_seq=self.seq + 1, lease=self.lease)
             try:
-                dev._rpc(dev._dms.WatchHealth, req, timeout=WATCH_RENEW_S, consume=self._consume)
+                dev.health_stream(req, self._consume, WATCH_RENEW_S)
                 reason = "health stream ended by the device"
             except AclError as e:
                 status = getattr(e, "grpc_status", None)

@@ -271,8 +271,7 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
         caller = srv.caller(context)
         wake = threading.Event()
         context.add_callback(wake.set)               # the client cancelled / went away
-        srv.watch_opened(caller)                     # quota: refused before anything is held
-        srv._watchers.add(wake)
+        srv.watch_opened(caller, wake)               # quota: refused before anything is held
         lease = caller if request.lease else None
         if lease is not None:
             srv.leases.opened(lease)
@@ -291,8 +290,7 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
                 seq += 1
                 wake.wait(interval)
         finally:
-            srv._watchers.discard(wake)
-            srv.watch_closed(caller)
+            srv.watch_closed(caller, wake)
             if lease is not None:
                 srv.leases.closed(lease)
 
@@ -616,8 +614,9 @@ class DeviceServer:
                            f"{self.device.id}: open one (WatchHealth with lease=true, RemoteDevice.open_lease) "
                            f"before creating anything", code=ACL_ERROR_RT_CONTEXT_NULL)
 
-    def watch_opened(self, owner: Owner) -> None:
-        """Count a watch against its tenant's quota and the endpoint's threads (ACL_ERROR_RT_OVER_LIMIT)."""
+    def watch_opened(self, owner: Owner, wake: threading.Event) -> None:
+        """Count a watch against its tenant's quota and the endpoint's threads (ACL_ERROR_RT_OVER_LIMIT);
+        once counted, :meth:`stop` sets ``wake`` (the watch's loop ends) until :meth:`watch_closed`."""
         limit = self.device.config.quota.limit("watches", owner)
         with self._lock:
             if self._watch_total >= self.max_watches:
@@ -628,9 +627,12 @@ class DeviceServer:
                                f"watches", code=ACL_ERROR_RT_OVER_LIMIT)
             self._watch_usage.add(owner)
             self._watch_total += 1
+            self._watchers.add(wake)
 
-    def watch_closed(self, owner: Owner) -> None:
+    def watch_closed(self, owner: Owner, wake: threading.Event) -> None:
+        """The watch :meth:`watch_opened` counted ended: uncount it, forget ``wake``."""
         with self._lock:
+            self._watchers.discard(wake)
             self._watch_usage.add(owner, -1)
             self._watch_total -= 1
 

@@ -395,7 +395,8 @@ class Device:
         self.host_stats = HostStats()
         self.live_streams: set[int] = set()   # handles created through this runtime: batched ops that
         self.live_events: set[int] = set()    # name unknown ones fail at enqueue, not at the next flush
-        self._captures = _graph.CaptureTable()            # open stream captures (aclmdlRI)
+        #: the open stream captures (aclmdlRI): its streams consult it (collect, invalidate, end, status)
+        self.captures = _graph.CaptureTable()
         self.sanitizer = rt.sanitizer         # sees every op enqueued here (None: nothing is watched)
         #: streams with work queued since the host last saw them idle (the pool's fence hint)
         self.busy_streams: set[int] = set()
@@ -620,7 +621,7 @@ class Device:
         graphs that use moved memory are re-bound in place.  Pinned tensors, raw ``malloc`` memory
         (``acl.rt.malloc``) and other clients' memory never move.  Refused (107027) while a capture is
         open on the device; other threads must not enqueue work on this device meanwhile."""
-        open_caps = self._captures.open_streams()
+        open_caps = self.captures.open_streams()
         if open_caps:
             raise CaptureError(f"cannot defragment {self!r} while stream(s) {open_caps} capture",
                                code=ACL_ERROR_RT_STREAM_CAPTURED)
@@ -648,7 +649,7 @@ class Device:
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all this device's streams are done (-1: up to the runtime's
         :attr:`~Runtime.sync_timeout_s`); raises the first task error, or ACL_ERROR_RT_STREAM_SYNC_TIMEOUT."""
-        self._captures.check_sync()
+        self.captures.check_sync()
         t0 = _now()
         self.busy_streams.clear()
         try:
@@ -680,7 +681,7 @@ class Device:
     def abort_captures(self) -> int:
         """End every open stream capture of this device, dropping what they collected (recovery after a
         thread died mid-capture); returns how many there were."""
-        return self._captures.discard_all()
+        return self.captures.discard_all()
 
 
 # ---------------------------------------------------------------------------------------------- stream
@@ -716,7 +717,7 @@ class Stream:
             raise InvalidHandleError(f"unknown event {ev} on device {dev.index}")
         if dev.sanitizer is not None:
             dev.sanitizer.note_enqueue(op)
-        cap = dev._captures.get(self.sid)
+        cap = dev.captures.get(self.sid)
         if cap is not None:
             cap.take(op)
             return
@@ -726,7 +727,7 @@ class Stream:
     def _failed(self, err: AclError, ranges: tuple = ()) -> None:
         """A call on this stream failed: an open capture of it is invalidated (end_capture -> 507903), and
         a sanitizer reports a refused bad access (``ranges``: the ``(ptr, nbytes)`` the call named)."""
-        self.device._captures.invalidate(self.sid, err)
+        self.device.captures.invalidate(self.sid, err)
         if self.device.sanitizer is not None:
             self.device.sanitizer.api_error(err, self.device.handle, ranges=ranges)
 
@@ -736,7 +737,7 @@ class Stream:
         :mod:`runtime.graph`).  Work queued before is sent to the device first (it stays ahead of any
         replay)."""
         self._check_live()
-        caps = self.device._captures
+        caps = self.device.captures
         caps.begin(self.sid, mode)
         try:
             self.device.flush()
@@ -746,7 +747,7 @@ class Stream:
 
     def end_capture(self) -> "_graph.Graph":
         """aclmdlRICaptureEnd: stop capturing and build the graph on the device (host-synchronous)."""
-        cap = self.device._captures.end(self.sid)
+        cap = self.device.captures.end(self.sid)
         return _graph.Graph(self.device, self.device.handle.graph_create(cap.ops), tuple(cap.ops))
 
     def capture(self, mode: int = _graph.CAPTURE_MODE_GLOBAL):
@@ -756,7 +757,7 @@ class Stream:
 
     def capture_status(self) -> int:
         """0 none, 1 active, 2 invalidated (aclmdlRICaptureStatus)."""
-        return self.device._captures.status(self.sid)
+        return self.device.captures.status(self.sid)
 
     @_prof.api("Stream.launch")
     def launch(self, kernel: str, inputs: Sequence = (), outputs: Sequence = (), attrs: dict | None = None,
@@ -846,7 +847,7 @@ class Stream:
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all work queued on this stream is done (-1: up to the runtime's
         :attr:`~Runtime.sync_timeout_s`); raises its first task error, or ACL_ERROR_RT_STREAM_SYNC_TIMEOUT."""
-        self.device._captures.check_sync(self.sid)
+        self.device.captures.check_sync(self.sid)
         t0 = _now()
         dev = self.device
         timeout_ms = dev.rt.wait_ms(timeout_ms)
@@ -867,7 +868,7 @@ class Stream:
 
     def query(self) -> bool:
         """True when every queued task has completed."""
-        self.device._captures.check_sync(self.sid)
+        self.device.captures.check_sync(self.sid)
         self.device.queue.flush()
         return self.device.handle.query_stream(self.sid)
 
@@ -891,7 +892,7 @@ class Stream:
             raise
         except AclError:
             pass                  # the stream's own error goes with it (a lost device fails the destroy)
-        dev._captures.discard(self.sid)
+        dev.captures.discard(self.sid)
         dev.handle.destroy_stream(self.sid)
         self._destroyed = True
         self.device.stream_destroyed(self.sid)

@@ -430,6 +430,61 @@ def test_private_name_scan_catches_one():
     assert private_attributes("runtime.api", ast.parse("import runtime.api as me\nme._runtime\n")) == []
 
 
+#: private attributes that may be reached on another object, with the reason (module, attribute);
+#: ``None`` as the module: anywhere
+REACH_IN_ALLOWED = {
+    (None, "_exit"): "os._exit: the documented way to end a process without cleanup (after fork, on a fatal signal)",
+    (None, "_getframe"): "sys._getframe: the documented cheap caller frame (the sanitizer's call sites)",
+    (None, "_replace"): "namedtuple._replace: namedtuple's public API (underscored so no field name clashes)",
+    ("runtime.cluster.multinode", "_shutdown_at_exit"):
+        "Ray's cluster_utils.Cluster takes shutdown_at_exit for all nodes and add_node has no per-node switch",
+    ("runtime.hostmem", "_vnpu_owner"): "our own keep-alive tag on a ctypes array (the numpy view's base)",
+    ("runtime.sanitize.session", "_vnpu_sanitized"): "our own report-once tag on an AclError, set and read here",
+}
+
+
+def private_reach_ins(mod: str, tree: ast.AST) -> list[str]:
+    """``obj._name`` where ``obj`` is not ``self``/``cls`` (another object's private attribute), unless
+    :data:`REACH_IN_ALLOWED` names it.  Imported modules' privates: :func:`private_attributes`."""
+    aliases = module_aliases(mod, tree)
+    bad: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        v = node.value
+        if isinstance(v, ast.Name) and (v.id in ("self", "cls") or v.id in aliases):
+            continue
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "super":
+            continue
+        if (None, node.attr) in REACH_IN_ALLOWED or (mod, node.attr) in REACH_IN_ALLOWED:
+            continue
+        bad.append((node.lineno, f"{mod}:{node.lineno} reaches into {ast.unparse(node)}: give its owner a "
+                                 "public, documented entry point"))
+    return [msg for _line, msg in sorted(set(bad))]
+
+
+def test_no_private_attribute_reach_ins():
+    bad = []
+    for mod, path in MODULES.items():
+        if "._gen" not in mod:
+            bad += private_reach_ins(mod, ast.parse(path.read_text(), str(path)))
+    assert not bad, "\n".join(bad)
+
+
+def test_reach_in_scan_catches_one():
+    """The scan itself: another object's private is reported (through an attribute too); self's, cls's,
+    super()'s, an allowed one and a public one are not."""
+    tree = ast.parse("self._a\ncls._b\nsuper()._c()\nos._exit(1)\nsession._bad_ranges(1)\n"
+                     "self.sched._event(2)\nsession.bad_ranges(1)\n")
+    assert private_reach_ins("runtime.sanitize.handle", tree) == [
+        "runtime.sanitize.handle:5 reaches into session._bad_ranges: give its owner a public, documented "
+        "entry point",
+        "runtime.sanitize.handle:6 reaches into self.sched._event: give its owner a public, documented "
+        "entry point"]
+    assert private_reach_ins("runtime.hostmem", ast.parse("c._vnpu_owner = 1\n")) == []
+    assert private_reach_ins("runtime.api", ast.parse("c._vnpu_owner = 1\n")) != []
+
+
 # ---------------------------------------------------------------------------------------------- Ray
 def _is_ray_import(node: ast.AST) -> bool:
     if isinstance(node, ast.Import):

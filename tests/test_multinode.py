@@ -22,7 +22,7 @@ from runtime import hccl
 from runtime.api import Runtime
 from runtime.cluster.failover import DevicePool, FailoverOptions
 from runtime.cluster.multinode import MultiNodeCluster, MultiNodeSpec, NodeSpec
-from runtime.cluster.placement import CHIP_LABEL, HBM_LABEL, pinned
+from runtime.cluster.actor_placement import CHIP_LABEL, HBM_LABEL, pinned
 
 pytestmark = pytest.mark.multinode
 

@@ -30,7 +30,7 @@ def live(tmp_path_factory):
     from runtime.api import Runtime
     from runtime.backend import LocalBackend
     from runtime.serve.config import model_spec
-    from runtime.serve.sampler import Sampler
+    from runtime.serve.metrics_sampler import Sampler
     from runtime.serve.server import Server, Service
     from runtime.serve.tenants import Tenant, key_digest
     rt = Runtime(LocalBackend(2, DeviceConfig(arena_bytes=256 << 20)))

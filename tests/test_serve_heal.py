@@ -33,7 +33,7 @@ from runtime.serve.config import model_spec, parse_config
 from runtime.serve.engine import EngineConfig
 from runtime.serve.engine.placement import Placement
 from runtime.serve.heal import SelfHealing
-from runtime.serve.sampler import Sampler
+from runtime.serve.metrics_sampler import Sampler
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Tenant, key_digest
 from serve_http import call

@@ -18,7 +18,7 @@ from runtime.serve.config import model_spec, parse_config
 from runtime.serve.engine import EngineConfig
 from runtime.serve.heal import SelfHealing
 from runtime.serve.replicas import ReplicaOptions, ReplicaService
-from runtime.serve.sampler import Sampler
+from runtime.serve.metrics_sampler import Sampler
 from runtime.serve.server import Server
 from runtime.serve.tenants import Tenant, key_digest
 

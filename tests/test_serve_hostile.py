@@ -43,7 +43,7 @@ from runtime.observe.metrics_store import History
 from runtime.serve.api import protocol as P
 from runtime.serve.config import parse_config
 from runtime.serve.reconfigure import Reconfigurer
-from runtime.serve.sampler import Sampler
+from runtime.serve.metrics_sampler import Sampler
 from runtime.serve.server import Server, Service
 
 pytestmark = pytest.mark.serve

@@ -35,7 +35,7 @@ from runtime.serve.api.routes import MAX_HISTORY_WAIT_S
 from runtime.serve.config import model_spec
 from runtime.serve.engine import EngineConfig
 from runtime.serve.engine.placement import Placement
-from runtime.serve.sampler import Sampler, percentile
+from runtime.serve.metrics_sampler import Sampler, percentile
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Quota, Tenant, key_digest
 from serve_http import call

@@ -125,7 +125,7 @@ def server(tmp_path_factory):
     from runtime.backend import LocalBackend
     from runtime.observe.metrics_store import History
     from runtime.serve.config import model_spec
-    from runtime.serve.sampler import Sampler
+    from runtime.serve.metrics_sampler import Sampler
     from runtime.serve.server import Server, Service
     from runtime.serve.tenants import Tenant, key_digest
     rt = Runtime(LocalBackend(2, DeviceConfig(arena_bytes=256 << 20)))

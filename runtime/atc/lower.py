@@ -50,7 +50,7 @@ class LowerCtx:
             a = np.asarray(arr, order="C")
             if a.dtype.name not in DTYPES:
                 raise AtcError("EZ0007", ACL_ERROR_GE_DATATYPE_INVALID, param_name=name,
-                               op_name=self._where(), data_dtype=a.dtype.name, expected_dtype_list=", ".join(DTYPES))
+                               op_name=self.where(), data_dtype=a.dtype.name, expected_dtype_list=", ".join(DTYPES))
             bid = self._buffer(WEIGHT, max(a.nbytes, 1), name)
             self.prog.weights[bid] = a
             v = View(bid, 0, tuple(a.shape), a.dtype.name)
@@ -64,10 +64,10 @@ class LowerCtx:
             return v
         val = self.g.value(name)
         if val is None:
-            raise AclError(f"{self._where()}: value {name!r} is used before any node produces it",
+            raise AclError(f"{self.where()}: value {name!r} is used before any node produces it",
                            code=ACL_ERROR_GE_INTERNAL_ERROR)
         if val.const is None:
-            raise AtcError("EZ0009", ACL_ERROR_GE_SHAPE_INVALID, param_name=name, op_name=self._where(),
+            raise AtcError("EZ0009", ACL_ERROR_GE_SHAPE_INVALID, param_name=name, op_name=self.where(),
                            incorrect_shape=",".join(map(str, val.shape or ())),
                            reason="no node produces this value")
         v = self.weight(val.const, name)
@@ -109,7 +109,8 @@ class LowerCtx:
         return view
 
     # ------------------------------------------------------------------ launches
-    def _where(self) -> str:
+    def where(self) -> str:
+        """The node being lowered, as an error message names it (``name(Op)``; ``graph`` outside a node)."""
         n = self.node
         return f"{n.name}({n.op})" if n is not None else "graph"
 
@@ -121,7 +122,7 @@ class LowerCtx:
         try:
             check_launch(k, di, do, attrs, 1)
         except AclError as e:
-            raise AtcError("EZ0009", ACL_ERROR_GE_SHAPE_INVALID, param_name=f"kernel {kernel}", op_name=self._where(),
+            raise AtcError("EZ0009", ACL_ERROR_GE_SHAPE_INVALID, param_name=f"kernel {kernel}", op_name=self.where(),
                            incorrect_shape="; ".join(",".join(map(str, v.shape)) for v in ins),
                            reason=e.detail) from None
         bd = default_block_dim(k, di, do, attrs, self.chip.ai_cores, self.chip.ai_cores)
@@ -151,7 +152,7 @@ def lower_graph(g: Graph, soc: str) -> Program:
             raise
         except Exception as e:  # noqa: BLE001 - a malformed attribute: name the node, never a traceback
             raise AtcError("E19999", ACL_ERROR_GE_INTERNAL_ERROR,
-                           reason=f"lowering {ctx._where()} failed: {type(e).__name__}: {e}") from None
+                           reason=f"lowering {ctx.where()} failed: {type(e).__name__}: {e}") from None
     ctx.node = None
     for name in g.outputs:
         ctx.prog.outputs.append(ctx.ref(name))

@@ -91,14 +91,16 @@ class Bound:
         self.seg = max(1, SEGMENT_BYTES // dt.itemsize)
         self.ufunc = _UFUNC[redop]
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_threads = 0                            # the pool's size (ThreadPoolExecutor does not say)
 
     def run(self, threads: int) -> None:
         if threads <= 1:
             _run_slice(self.groups, (0, 1), self.seg, self.ufunc)
             return
-        if self._pool is None or self._pool._max_workers != threads:
+        if self._pool is None or self._pool_threads != threads:
             self.close()
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="vnpu-bound")
+            self._pool_threads = threads
         futs = [self._pool.submit(_run_slice, self.groups, (i, threads), self.seg, self.ufunc) for i in range(threads)]
         for f in futs:
             f.result()

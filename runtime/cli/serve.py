@@ -124,7 +124,7 @@ def _cmd_serve(a) -> int:
     from runtime.cluster.discovery import state_dir
     from runtime.observe.metrics_store import History, HistoryError, default_path
     from runtime.observe import serverfile
-    from runtime.serve.sampler import Sampler
+    from runtime.serve.metrics_sampler import Sampler
     from runtime.serve.server import Server, Service
     try:
         history = History(default_path(state_dir()))

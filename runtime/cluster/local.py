@@ -53,7 +53,7 @@ class ClusterSpec:
     #: > 1: give device i the node identity ``sim-node-<i % nodes>`` so that collectives between them use
     #: the cross-node (gRPC) transport although they share this machine (tests, demos)
     nodes: int = 1
-    #: where the device actors go (:data:`runtime.cluster.placement.PLACEMENTS`): "any" = ``devices``
+    #: where the device actors go (:data:`runtime.cluster.actor_placement.PLACEMENTS`): "any" = ``devices``
     #: actors wherever Ray puts them; "per-node" = on every Ray node, as many as its ``NPU`` resource,
     #: pinned to it, chip and HBM from its labels (multi-node clusters)
     placement: str = "any"
@@ -136,7 +136,7 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
     import ray
 
     from . import bytecode
-    from .placement import slots_for
+    from .actor_placement import slots_for
     bytecode.warm()          # once here rather than in every device process (see runtime.cluster.bytecode)
     cls = remote_class(max_restarts=max_restarts)
     # no runtime_env unless a device needs its own environment (a simulated node identity): a worker with a

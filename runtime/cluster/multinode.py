@@ -3,7 +3,7 @@ node labels as ``cluster.yaml`` declares them, and the device actors placed on t
 
 ``MultiNodeCluster(MultiNodeSpec(...))`` starts a head and worker nodes with ``ray.cluster_utils.Cluster``
 (separate raylets, object stores and worker pools; one GCS), connects this process to the head as the
-driver, and starts the device actors with the ``per-node`` placement (:mod:`.placement`): every node's
+driver, and starts the device actors with the ``per-node`` placement (:mod:`.actor_placement`): every node's
 devices are pinned to it and bind to the node's own address (``VNPU_BIND=node``).  "Same node" follows
 the Ray node id (:mod:`devices.node`), so HCCL between devices of different nodes goes over gRPC and host
 copies to a device on another node than the driver's go over gRPC too, exactly as on several machines --
@@ -39,7 +39,7 @@ from driver.host import BLAS_ENV, NAMESPACE
 from . import procs
 from . import rayenv
 from .local import raylet_env
-from .placement import CHIP_LABEL, HBM_LABEL
+from .actor_placement import CHIP_LABEL, HBM_LABEL
 from .remote import RemoteBackend
 
 
@@ -278,6 +278,9 @@ class MultiNodeCluster:
             with self._ray_defaults():
                 return self._cluster.add_node(**self._node_args(n))
         with self._lock, self._ray_defaults():
+            # Ray's Cluster takes shutdown_at_exit once, for every node, and add_node has no per-node
+            # switch (Ray 2.x): the one private attribute we touch, flipped for this node only (the
+            # layering test's allow-list names it)
             hooks, self._cluster._shutdown_at_exit = self._cluster._shutdown_at_exit, False
             try:
                 raylet = self._cluster.add_node(**self._node_args(n))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from devices.access import op_accesses
 from devices.errors import ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, AclError
 
 from .shadow import Hits
@@ -55,7 +54,7 @@ class SanitizedHandle:
                 s.collect(self.tracker, hits)
 
     def _op_ranges(self, op) -> tuple:
-        return tuple((a.ptr, a.nbytes) for a in op_accesses(op, self.tracker._comm(op)))
+        return tuple((a.ptr, a.nbytes) for a in self.tracker.accesses(op))
 
     # ------------------------------------------------------------------ identity, health, lifecycle
     @property
@@ -213,7 +212,7 @@ class SanitizedHandle:
         """Report a refused batch at the op whose ranges are bad (the first op when none is)."""
         for op, site in zip(ops, sites):
             ranges = self._op_ranges(op)
-            if ranges and self.session._bad_ranges(self.tracker, ranges, err):
+            if ranges and self.session.bad_ranges(self.tracker, ranges, err):
                 self._refused(err, site, ranges)
                 return
         self._refused(err, sites[0] if sites else self.session.site())

@@ -222,13 +222,16 @@ class Session:
         except AttributeError:
             pass
         with self.lock:
-            bad = self._bad_ranges(tracker, ranges, err)
+            bad = self.bad_ranges(tracker, ranges, err)
             if not bad and not isinstance(err, MemoryAccessError) and err.code not in MEMORY_CODES:
                 return
             self._add(("mem", site, err.code), lambda: self._memcheck(err, site, bad, api))
 
-    def _bad_ranges(self, tracker, ranges, err) -> list[tuple[str, int, int, Allocation | None]]:
-        """``(what, ptr, nbytes, allocation)`` for the named ranges that are not live memory."""
+    def bad_ranges(self, tracker, ranges, err) -> list[tuple[str, int, int, Allocation | None]]:
+        """``(what, ptr, nbytes, allocation)`` for the named ranges (``(ptr, nbytes)`` pairs; none: the
+        pointers in ``err``'s message) that are not live memory, ``tracker``'s device's or the host's, as
+        the session's allocation tables say now.  Host-only; reads the tables without the session's lock
+        (hold :attr:`lock` for a consistent answer)."""
         out: list[tuple[str, int, int, Allocation | None]] = []
         if not ranges:
             sized = {int(p, 16): int(n) for n, p in _SIZED_PTR.findall(err.detail)}

@@ -135,7 +135,7 @@ class DeviceTracker:
 
     def graph_created(self, gid: int, ops: list, site: int) -> None:
         """``ops``: ``(op, capture site)`` in capture order."""
-        steps = [(Step(i, op_label(op), s), op_accesses(op, self._comm(op))) for i, (op, s) in enumerate(ops)]
+        steps = [(Step(i, op_label(op), s), self.accesses(op)) for i, (op, s) in enumerate(ops)]
         self.graphs[gid] = GraphState(gid, site, build_footprint(steps), len(ops), list(ops))
 
     def graph_rebound(self, gid: int, moves) -> None:
@@ -152,8 +152,10 @@ class DeviceTracker:
     def comm(self, comm_id: str, rank: int, size: int) -> None:
         self.comms[comm_id] = (rank, size)
 
-    def _comm(self, op):
-        return self.comms.get(op.comm) if isinstance(op, Collective) else None
+    def accesses(self, op):
+        """The device memory ``op`` reads and writes (:func:`devices.access.op_accesses`; a collective's as
+        its communicator's rank and size, registered by :meth:`comm`, say).  Host-only."""
+        return op_accesses(op, self.comms.get(op.comm) if isinstance(op, Collective) else None)
 
     def _stream(self, sid: int) -> StreamState:
         st = self.streams.get(sid)
@@ -213,7 +215,7 @@ class DeviceTracker:
                 self.counts["replays"] += 1
                 replay(self.shadow, g.footprint, task, vc, hits, self.races, self.init)
             return
-        for a in op_accesses(op, self._comm(op)):
+        for a in self.accesses(op):
             access(self.shadow, a.ptr, a.ptr + a.nbytes, (task, None, a.what), vc, a.write, a.partial, hits,
                    self.races, self.init)
 

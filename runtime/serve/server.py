@@ -100,7 +100,7 @@ class Frontend:
 
     # -------------------------------------------------------------- observability
     def attach_observer(self, obs) -> None:
-        """``obs`` (a :class:`runtime.serve.sampler.Sampler`) hears request outcomes (``observe``), engine
+        """``obs`` (a :class:`runtime.serve.metrics_sampler.Sampler`) hears request outcomes (``observe``), engine
         step stats (``record``, engines built from now on) and events (``engine_event``); its ``history``
         backs the ``/admin/history`` routes."""
         self.observers.append(obs)
@@ -108,7 +108,7 @@ class Frontend:
         self.history = obs.history
 
     def observe(self, outcome: str, latency_s: float | None = None) -> None:
-        """The HTTP layer: one request ended (see :data:`runtime.serve.sampler.OUTCOMES`)."""
+        """The HTTP layer: one request ended (see :data:`runtime.serve.metrics_sampler.OUTCOMES`)."""
         for o in list(self.observers):
             o.observe(outcome, latency_s)
 

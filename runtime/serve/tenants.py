@@ -204,7 +204,9 @@ def check_bind(host: str, registry: TenantRegistry, allow_unauthenticated: bool)
 
 # ---------------------------------------------------------------------------------------------- quotas
 @dataclass
-class _Charge:
+class Charge:
+    """A request's tokens in its tenant's sliding window: charged at ``t`` (the quotas' clock), ``tokens``
+    estimated at admission and corrected to what was used at settlement."""
     t: float
     tokens: int
 
@@ -213,7 +215,7 @@ class _Charge:
 class _Ledger:
     in_flight: int = 0
     unsettled: int = 0                                    #: admitted, charge not yet settled
-    window: deque = field(default_factory=deque)          #: _Charge, oldest first
+    window: deque = field(default_factory=deque)          #: Charge, oldest first
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -225,18 +227,19 @@ class Ticket:
     charge until :meth:`settle`.  A request whose client went away releases its slot at once and is
     settled once the engine has said what it did for it (the work done is charged, answered or not)."""
 
-    def __init__(self, quotas: "Quotas", tenant: Tenant, charge: _Charge | None):
-        self.quotas, self.tenant, self._charge = quotas, tenant, charge
+    def __init__(self, quotas: "Quotas", tenant: Tenant, charge: Charge | None):
+        self.quotas, self.tenant = quotas, tenant
+        self.charge = charge                 #: its tokens in the window (None: the tenant has no token quota)
         self.released = self.settled = False
 
     def release(self) -> None:
         """The client is gone: free the concurrency slot now (once); the charge stays until :meth:`settle`."""
-        self.quotas._release(self)
+        self.quotas.release(self)
 
     def settle(self, prompt_tokens: int, completion_tokens: int) -> None:
         """The request ended having used these tokens: correct its charge, count them in the tenant's usage,
         free its slot if :meth:`release` did not (once)."""
-        self.quotas._settle(self, int(prompt_tokens), int(completion_tokens))
+        self.quotas.settle(self, int(prompt_tokens), int(completion_tokens))
 
 
 class Quotas:
@@ -283,7 +286,7 @@ class Quotas:
             self._refuse_over(tenant, q, led, tokens, now)
             charge = None
             if q.tokens_per_minute is not None:
-                charge = _Charge(now, int(tokens))
+                charge = Charge(now, int(tokens))
                 led.window.append(charge)
             led.in_flight += 1
             led.unsettled += 1
@@ -339,7 +342,8 @@ class Quotas:
                 return min(RETRY_AFTER_MAX_S, max(1e-3, c.t + self.window_s - now))
         return RETRY_AFTER_MAX_S
 
-    def _release(self, ticket: Ticket) -> None:
+    def release(self, ticket: Ticket) -> None:
+        """:meth:`Ticket.release`: free ``ticket``'s concurrency slot (once).  Host-only (a short lock)."""
         with self._lock:
             if ticket.released:
                 return
@@ -347,7 +351,9 @@ class Quotas:
             self._ledger(ticket.tenant.name).in_flight -= 1
             self._lock.notify_all()
 
-    def _settle(self, ticket: Ticket, prompt: int, completion: int) -> None:
+    def settle(self, ticket: Ticket, prompt: int, completion: int) -> None:
+        """:meth:`Ticket.settle`: correct ``ticket``'s charge to ``prompt + completion`` tokens, count them
+        in the tenant's usage, free its slot if not yet (once).  Host-only (a short lock)."""
         with self._lock:
             if ticket.settled:
                 return
@@ -359,8 +365,8 @@ class Quotas:
             led.unsettled -= 1
             led.prompt_tokens += prompt
             led.completion_tokens += completion
-            if ticket._charge is not None:
-                ticket._charge.tokens = prompt + completion
+            if ticket.charge is not None:
+                ticket.charge.tokens = prompt + completion
             self._lock.notify_all()
 
     def usage(self, tenant: Tenant) -> dict:

@@ -11,6 +11,10 @@
   ``NPU`` resource) is the node's ``i``-th device.
 
 Reads Ray's node table (host-blocking, one GCS call); starts nothing.
+
+Not to be confused with a serving engine's placement (the devices a model runs on,
+:mod:`runtime.serve.engine.placement`) or the arena's placement hint (where in HBM a block goes,
+``devices.arena.PLACEMENT_*``).
 """
 from __future__ import annotations
 
