@@ -31,7 +31,7 @@ from runtime.backend import LocalBackend
 from runtime.observe.metrics_store import History
 from runtime.observe import serverfile
 from runtime.serve.api.longpoll import LongPolls
-from runtime.serve.api.routes import MAX_HISTORY_WAIT_S
+from runtime.serve.api.longpoll import MAX_HISTORY_WAIT_S
 from runtime.serve.config import model_spec
 from runtime.serve.engine import EngineConfig
 from runtime.serve.engine.placement import Placement

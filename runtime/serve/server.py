@@ -30,6 +30,7 @@ from typing import Callable
 from .api import build_app
 from .api.connections import ConnectionCounter, guarded_protocol
 from .api.guard import RequestGuard
+from .api.state import state_of
 from .api.tokenize_pool import TokenizePool
 from .config import BatchingConfig, ModelSpec, place
 from .engine import EmbedEngine, GenerateEngine
@@ -42,7 +43,7 @@ from .tenants import Quotas, Tenant, TenantRegistry, check_bind
 log = logging.getLogger("vnpu.serve")
 
 #: how long uvicorn lets requests in flight finish when the server stops (then cancels them); history long
-#: polls end at once on a stop and may wait at most :data:`runtime.serve.api.routes.MAX_HISTORY_WAIT_S`
+#: polls end at once on a stop and may wait at most :data:`runtime.serve.api.longpoll.MAX_HISTORY_WAIT_S`
 GRACEFUL_SHUTDOWN_S = 30
 
 
@@ -389,7 +390,7 @@ class Server:
         cfg = uvicorn.Config(RequestGuard(self.app, service, http), host=host, port=port, log_level="warning",
                              access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off",
                              http=guarded_protocol(http, self.connections))
-        self.uv = _Uvicorn.make(cfg, service, self.app.state.long_polls.close)
+        self.uv = _Uvicorn.make(cfg, service, state_of(self.app).long_polls.close)
         self.host = host
         self._thread: threading.Thread | None = None
 
@@ -429,7 +430,7 @@ class Server:
     def stop(self, drain_timeout: float | None = 60.0) -> None:
         """Drain, stop the HTTP server, shut the engines down.  History long polls in flight answer at once
         (they do not hold the stop for their ``wait_s``)."""
-        self.app.state.long_polls.close()
+        state_of(self.app).long_polls.close()
         try:
             self.drain(drain_timeout)
         finally:

@@ -27,7 +27,7 @@ import uuid
 from ..engine.errors import ServeError
 from ..limits import HttpLimits
 from .errors import error_response, from_exception
-from .routes import MODEL_ROUTES, outcome_of
+from .handling import MODEL_ROUTES, outcome_of
 
 #: paths served without an API key (load balancers' and orchestrators' probes)
 OPEN_PATHS = frozenset({"/health"})

@@ -16,6 +16,13 @@ import asyncio
 import threading
 
 
+#: the longest a ``GET /admin/history/latest?wait_s=`` long poll (or an ``/admin/state?long_polls=`` wait)
+#: may wait: under common proxies' idle timeouts and well below the server's graceful-shutdown timeout
+#: (:data:`runtime.serve.server.GRACEFUL_SHUTDOWN_S`, 30 s) -- a stop ends the polls in flight anyway
+#: (:meth:`LongPolls.close`), this bounds one that a stop somehow missed
+MAX_HISTORY_WAIT_S = 20.0
+
+
 class LongPolls:
     """The long polls in flight on one server; thread-safe :meth:`close` and :meth:`waiting`."""
 

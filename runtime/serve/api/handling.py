@@ -1,0 +1,158 @@
+"""How every route handles a request, whatever its endpoint: the caller's tenant (401/403), its quota
+check and ticket (429, counted per tenant), the settlement of the ticket to the tokens really used, the
+refusals of the one error table in OpenAI's shape (never a traceback; a refused admin action is one log
+line), and the middleware that tags each response with ``x-request-id`` and reports a model request's
+outcome to the sampler.  Runs on the event loop; :func:`blocking` moves a blocking call off it."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..engine.errors import QueueFull, ServeError
+from ..tenants import Forbidden, RateLimited, Tenant
+from .errors import ERRORS, error_response, from_exception
+from .state import ServeState, serve_state, state_of
+
+log = logging.getLogger("vnpu.serve")
+
+#: the routes whose requests the sampler counts (qps, latency, error and shed rates)
+MODEL_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+
+#: exception classes that mean "shed by admission control" (not a server failure)
+SHED = (RateLimited, QueueFull)
+
+
+def outcome_of(status: int, exc: BaseException | None, admitted: bool) -> str:
+    """A model request's outcome for the sampler: ``ok``; ``shed`` (over quota, queue full, or a 503
+    before admission -- the server not admitting); ``client`` (4xx); ``error`` (any other 5xx)."""
+    if status < 400:
+        return "ok"
+    if isinstance(exc, SHED) or status == 429 or (status == 503 and not admitted):
+        return "shed"
+    if status < 500:
+        return "client"
+    return "error"
+
+
+async def count_request(request: Request, call_next):
+    """HTTP middleware: ``x-request-id`` on every response (the caller's, or a new one), the tenant's
+    request counter by status, and a (non-streamed) model request's outcome and latency to the sampler."""
+    st = state_of(request.app)
+    rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+    t0 = time.monotonic()
+    resp = await call_next(request)
+    resp.headers["x-request-id"] = rid
+    t = getattr(request.state, "tenant", None)
+    if t is not None:
+        st.tenant_metrics.requests.labels(t.name, str(resp.status_code)).inc()
+    if request.url.path in MODEL_ROUTES and not getattr(request.state, "streaming", False):
+        st.service.observe(outcome_of(resp.status_code, getattr(request.state, "exc", None),
+                                      getattr(request.state, "admitted", False)), time.monotonic() - t0)
+    return resp
+
+
+# ---------------------------------------------------------------------------------------------- the caller
+async def tenant_of(request: Request) -> Tenant:
+    """The caller's tenant (401 without a valid key)."""
+    t = serve_state(request).service.tenants.authenticate(request.headers.get("authorization"))
+    request.state.tenant = t
+    return t
+
+
+async def admin_of(request: Request) -> Tenant:
+    """The caller's tenant, which must hold an admin key (403 otherwise)."""
+    t = await tenant_of(request)
+    if not t.admin:
+        raise Forbidden(f"tenant {t.name} has no admin key; this endpoint needs one")
+    return t
+
+
+# ---------------------------------------------------------------------------------------------- quotas
+def _counted(st: ServeState, tenant: Tenant, check, tokens: int):
+    try:
+        return check(tenant, tokens)
+    except RateLimited as e:
+        st.tenant_metrics.rate_limited.labels(tenant.name, e.limit).inc()
+        raise
+
+
+def precheck(request: Request, tenant: Tenant, min_tokens: int) -> None:
+    """Before tokenizing: 429 now when the quotas will refuse a request of at least ``min_tokens``."""
+    st = serve_state(request)
+    _counted(st, tenant, st.service.quotas.precheck, min_tokens)
+
+
+def admit(request: Request, tenant: Tenant, tokens: int):
+    """The tenant's quota ticket for ``tokens`` (429 over quota); the request counts as admitted."""
+    st = serve_state(request)
+    ticket = _counted(st, tenant, st.service.quotas.admit, tokens)
+    request.state.admitted = True
+    return ticket
+
+
+def settle(st: ServeState, ticket, tenant: Tenant, model: str, ptoks: int, ctoks: int) -> None:
+    """Settle ``ticket`` to the tokens the engine really used, and count them per tenant and model."""
+    ticket.settle(ptoks, ctoks)
+    if ptoks:
+        st.tenant_metrics.tokens.labels(tenant.name, model, "prompt").inc(ptoks)
+    if ctoks:
+        st.tenant_metrics.tokens.labels(tenant.name, model, "generation").inc(ctoks)
+
+
+async def blocking(fn, *args):
+    """``fn(*args)`` on the event loop's default executor (a blocking call never runs on the loop)."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def _admin_refused(request: Request, status: int, why) -> None:
+    """A refused admin action is one line in the server's log (no traceback); a call without a valid key
+    (401) is not an action: nothing, so that anonymous callers cannot flood the log."""
+    if request.url.path.startswith("/admin/") and status != 401:
+        log.warning("admin %s %s refused (%d): %s", request.method, request.url.path, status, why)
+
+
+async def _bad_request(request: Request, exc: RequestValidationError):
+    errs = exc.errors()
+    first = errs[0] if errs else {}
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if first.get("type") == "json_invalid":
+        return error_response(400, f"the request body is not valid JSON: {first.get('msg', '')}",
+                              "invalid_request_error", None, "invalid_json")
+    msg = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body')}: {e.get('msg')}" for e in errs)
+    _admin_refused(request, 400, msg)
+    return error_response(400, msg or "invalid request", "invalid_request_error", loc[0] if loc else None)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException):
+    return error_response(exc.status_code, str(exc.detail), "invalid_request_error")
+
+
+async def _refused(request: Request, exc: Exception):
+    """An error of the one table (:data:`.errors.ERRORS`): its status in OpenAI's shape, handled here
+    (not by the server-error middleware, which logs a traceback); a refused admin action is one line."""
+    request.state.exc = exc
+    resp = from_exception(exc)
+    _admin_refused(request, resp.status_code, getattr(exc, "message", None) or getattr(exc, "detail", None) or exc)
+    return resp
+
+
+async def _other_error(request: Request, exc: Exception):
+    request.state.exc = exc
+    return from_exception(exc)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every refusal in OpenAI's error shape: bad fields (400), HTTP errors, the error table, anything else
+    (500)."""
+    app.add_exception_handler(RequestValidationError, _bad_request)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    for cls in (ServeError, *ERRORS):
+        app.add_exception_handler(cls, _refused)
+    app.add_exception_handler(Exception, _other_error)
