@@ -314,6 +314,11 @@ def test_refused_admin_actions_log_one_line_each(served, records):
         mine = records.records[before:]
         assert [r.getMessage() for r in mine] == [f"admin POST {path} refused ({status}): {b['error']['message']}"]
         assert mine[0].exc_info is None and mine[0].levelno == logging.WARNING
+    before = len(records.records)                     # a tenant that is not the operator cannot flood the log
+    for _ in range(20):
+        st, _, b = post(served, "/admin/throttle", {"factor": 0.5}, "app")
+        assert st == 403, b
+    assert [r for r in records.records[before:] if r.levelno >= logging.INFO] == []
     assert records.tracebacks() == []
 
 

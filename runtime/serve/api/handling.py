@@ -112,9 +112,14 @@ async def blocking(fn, *args):
 
 # ---------------------------------------------------------------------------------------------- refusals
 def _admin_refused(request: Request, status: int, why) -> None:
-    """A refused admin action is one line in the server's log (no traceback); a call without a valid key
-    (401) is not an action: nothing, so that anonymous callers cannot flood the log."""
-    if request.url.path.startswith("/admin/") and status != 401:
+    """A refused admin action is one line in the server's log (no traceback).  A call without a valid key
+    (401) or with a tenant's key that is not an admin's (403) is not an admin action: nothing at the warning
+    level (403 at debug), so that callers who are not the operator cannot flood the log."""
+    if not request.url.path.startswith("/admin/") or status == 401:
+        return
+    if status == 403:
+        log.debug("admin %s %s refused (403): %s", request.method, request.url.path, why)
+    else:
         log.warning("admin %s %s refused (%d): %s", request.method, request.url.path, status, why)
 
 
