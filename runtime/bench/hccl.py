@@ -504,12 +504,7 @@ def _bench_hccl(a) -> int:
         if len(devs) < a.devices:
             fail(f"argument --devices: {a.devices} devices wanted, {len(devs)} available", "vnpu bench hccl")
         total = devs[0].mem_info()[1]
-        fit = [z for z in sizes if 3 * z <= total]       # send + recv + scratch of the largest buffer
-        if len(fit) < len(sizes):
-            print(f"# note: sizes above {fit[-1] if fit else 0} B skipped: {total >> 20} MiB of HBM per device "
-                  f"(a running cluster's devices keep their size)", file=sys.stderr)
-            sizes = fit
-            base_size = min(base_size, fit[-1]) if fit else 0
+        sizes, base_size = _fitting_sizes(sizes, base_size, total)
         comms = hccl.comm_init_all(devs, hccl.CommOptions(algo=a.algo))
         streams = [d.stream() for d in devs]
         from .bound import cores
@@ -521,14 +516,7 @@ def _bench_hccl(a) -> int:
                       f"{total >> 20} MiB HBM each), {a.dtype}, redop {a.redop}, algo {a.algo or 'auto'}", file=out)
             for op in ops:
                 if not a.json:
-                    bh = (f" {'bound 1T':>10} {'bound ' + str(ncores) + 'T':>10} {'x bound':>8} {'dev cpu':>9} "
-                          f"{'x 1T cpu':>8}", f" {'(us)':>10} {'(us)':>10} {'':>8} {'(us/op)':>9} {'':>8}") \
-                        if not a.no_bound else ("", "")
-                    print(f"#\n# {op}\n#{'size':>11} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
-                          f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}{bh[0]}\n"
-                          f"#{'(B)':>11} {'(elements)':>12}"
-                          f" {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}{bh[1]}",
-                          file=out, flush=True)
+                    _print_op_header(op, ncores, a.no_bound, out)
                 for size in sizes:
                     row = _measure(comms, streams, op, size, a.dtype, a.redop, a.iters, a.warmup,
                                    bound=not a.no_bound, pids=pids)
@@ -540,17 +528,7 @@ def _bench_hccl(a) -> int:
                               f"{row['redop']:>6} {row['root']:>5} {row['time_us']:>10.1f} {row['algbw']:>8.3f} "
                               f"{row['busbw']:>8.3f} {row['wrong']:>7}{_fmt_bound(row)}", file=out, flush=True)
             if not a.no_baselines and base_size:
-                ref = next((r for r in rows if r["op"] == "allreduce" and r["size"] == base_size
-                            and r["type"] == "float32" and r["redop"] == "sum"), None)
-                if ref is None:
-                    ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None, bound=True,
-                                   pids=pids)
-                if "bound" not in ref:
-                    ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None, bound=True,
-                                   pids=pids)
-                baselines = {"op": "allreduce", "size": base_size, "type": "float32", "redop": "sum",
-                             "vnpu": {k: ref[k] for k in ("time_us", "algbw", "busbw", "wrong", "cpu_us") if k in ref},
-                             "bound": ref["bound"]}
+                baselines = _vnpu_baseline(comms, streams, rows, base_size, pids)
         finally:
             for c in comms:
                 c.destroy()
@@ -567,6 +545,53 @@ def _bench_hccl(a) -> int:
             b = baselines[k]
             if "time_us" in b:
                 b["speedup"] = b["time_us"] / v             # baseline time / vnpu time (= vnpu/baseline busbw)
+    return _report(a, backend, rows, baselines, len(devs), out)
+
+
+def _fitting_sizes(sizes: list[int], base_size: int, total: int) -> tuple[list[int], int]:
+    """The sizes (and baseline size) whose send + recv + scratch buffers fit a device's ``total`` bytes of
+    HBM; a note on stderr when some do not."""
+    fit = [z for z in sizes if 3 * z <= total]       # send + recv + scratch of the largest buffer
+    if len(fit) < len(sizes):
+        print(f"# note: sizes above {fit[-1] if fit else 0} B skipped: {total >> 20} MiB of HBM per device "
+              f"(a running cluster's devices keep their size)", file=sys.stderr)
+        sizes = fit
+        base_size = min(base_size, fit[-1]) if fit else 0
+    return sizes, base_size
+
+
+def _print_op_header(op: str, ncores: int, no_bound: bool, out) -> None:
+    """The nccl-tests-style column header of one collective's table (with the bound's columns unless
+    ``no_bound``)."""
+    bh = (f" {'bound 1T':>10} {'bound ' + str(ncores) + 'T':>10} {'x bound':>8} {'dev cpu':>9} "
+          f"{'x 1T cpu':>8}", f" {'(us)':>10} {'(us)':>10} {'':>8} {'(us/op)':>9} {'':>8}") \
+        if not no_bound else ("", "")
+    print(f"#\n# {op}\n#{'size':>11} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
+          f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}{bh[0]}\n"
+          f"#{'(B)':>11} {'(elements)':>12}"
+          f" {'':>8} {'':>6} {'':>5} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}{bh[1]}",
+          file=out, flush=True)
+
+
+def _vnpu_baseline(comms, streams, rows: list[dict], base_size: int, pids) -> dict:
+    """vnpu's own baseline row: a float32 sum allreduce of ``base_size`` bytes with its bound (the table's
+    row when it has one, else measured now)."""
+    ref = next((r for r in rows if r["op"] == "allreduce" and r["size"] == base_size
+                and r["type"] == "float32" and r["redop"] == "sum"), None)
+    if ref is None:
+        ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None, bound=True,
+                       pids=pids)
+    if "bound" not in ref:
+        ref = _measure(comms, streams, "allreduce", base_size, "float32", "sum", None, None, bound=True,
+                       pids=pids)
+    return {"op": "allreduce", "size": base_size, "type": "float32", "redop": "sum",
+            "vnpu": {k: ref[k] for k in ("time_us", "algbw", "busbw", "wrong", "cpu_us") if k in ref},
+            "bound": ref["bound"]}
+
+
+def _report(a, backend: str, rows: list[dict], baselines: dict, ndev: int, out) -> int:
+    """Print the run's JSON document or its text totals (and baselines): exit status 0 when some row ran
+    and no value was out of bounds, else 1."""
     avg = statistics.mean(r["busbw"] for r in rows) if rows else 0.0
     wrong = sum(r["wrong"] for r in rows)
     if a.json:
@@ -578,7 +603,7 @@ def _bench_hccl(a) -> int:
         print(f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}", file=out)
         print(f"# Avg bus bandwidth    : {avg:.4f}", file=out)
         if baselines:
-            _print_baselines(baselines, len(devs), out)
+            _print_baselines(baselines, ndev, out)
     return 0 if rows and not wrong else 1
 
 

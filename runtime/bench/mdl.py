@@ -80,6 +80,9 @@ def _cpu() -> str:
 
 
 def bench(model: str, batch: int, seq: int, rounds: int, soc: str, backend: str) -> dict:
+    """Compile ``model`` for (batch, seq), load it on device 0 of ``backend`` and time every path over
+    ``rounds`` rounds (pyACL, offline API, end to end, numpy, onnxruntime when installed), checking their
+    outputs; blocks the host for the whole run."""
     from runtime import offline
     from runtime.atc import compile_model, make_options
     from runtime.atc.hostrun import HostRun
@@ -89,15 +92,7 @@ def bench(model: str, batch: int, seq: int, rounds: int, soc: str, backend: str)
     compile_s = time.perf_counter() - t0
     om_bytes = cm.to_bytes()
     ids, mask = _inputs(batch, seq)
-    try:
-        import onnxruntime as ort
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    except ImportError:
-        sess = None
+    sess = _ort_session(path)
     host = HostRun(cm.manifest, cm.weights)
     res = {"model": model, "batch": batch, "seq": seq, "rounds": rounds, "soc_version": soc, "backend": backend,
            "machine": {"cpu": _cpu(), "cpus": os.cpu_count(), "python": platform.python_version()},
@@ -127,29 +122,11 @@ def bench(model: str, batch: int, seq: int, rounds: int, soc: str, backend: str)
             acl_model = _AclModel(om_bytes, [d_ids, d_mask], outs)
             ref = sess.run(None, feeds) if sess is not None else None
             bound = host.run([ids, mask])
-            t = {"acl": [], "vnpu": [], "vnpu_e2e": [], "ort": [], "numpy": []}
-            cpu = {k: [] for k in t}
-            for _ in range(rounds):
-                for key, fn in (("acl", acl_model.execute), ("vnpu", run_vnpu), ("vnpu_e2e", run_e2e),
-                                ("numpy", lambda: host.run([ids, mask])),
-                                ("ort", (lambda: sess.run(None, feeds)) if sess is not None else None)):
-                    if fn is None:
-                        continue
-                    c, s = time.process_time(), time.perf_counter()
-                    fn()
-                    t[key].append(time.perf_counter() - s)
-                    cpu[key].append(time.process_time() - c)
-            for o in outs:                                # acl's own outputs, from zeroed buffers
-                o.copy_from(np.zeros(o.shape, o.dtype))
-            acl_model.execute()
-            acl_got = [o.numpy(stream) for o in outs]
-            res["acl_equals_offline"] = all(np.array_equal(a, g) for a, g in zip(acl_got, got))
-            names = [s.name for s in m.desc.outputs]
-            res["max_abs_diff_vs_numpy_bound"] = {n: float(np.abs(g.astype(np.float64) - b).max())
-                                                  for n, g, b in zip(names, got, bound)}
-            if ref is not None:
-                res["max_abs_diff_vs_onnxruntime"] = {n: float(np.abs(g.astype(np.float64) - r).max())
-                                                      for n, g, r in zip(names, got, ref)}
+            t, cpu = _time_rounds(rounds, (("acl", acl_model.execute), ("vnpu", run_vnpu), ("vnpu_e2e", run_e2e),
+                                           ("numpy", lambda: host.run([ids, mask])),
+                                           ("ort", (lambda: sess.run(None, feeds)) if sess is not None else None)))
+            res["acl_equals_offline"] = _acl_equals(acl_model, outs, stream, got)
+            _add_diffs(res, [s.name for s in m.desc.outputs], got, bound, ref)
             busy = dev.telemetry().get("busy_s")
         finally:
             if locals().get("acl_model") is not None:
@@ -163,6 +140,58 @@ def bench(model: str, batch: int, seq: int, rounds: int, soc: str, backend: str)
         # at least as much free as before: what this run allocated is back (on a shared device another
         # client's memory may come back meanwhile -- a process that just exited, released by its lease)
         res["hbm_back_to_baseline"] = dev.mem_info()[0] >= free0
+    _add_verdicts(res, t, cpu, batch, backend, busy)
+    return res
+
+
+def _ort_session(path: str):
+    """A single-threaded, sequential onnxruntime CPU session of the model, or None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    except ImportError:
+        return None
+
+
+def _time_rounds(rounds: int, paths) -> tuple[dict, dict]:
+    """Run each ``(key, fn)`` path (None: skipped) once per round, in turn: each one's wall and CPU times."""
+    t: dict = {"acl": [], "vnpu": [], "vnpu_e2e": [], "ort": [], "numpy": []}
+    cpu: dict = {k: [] for k in t}
+    for _ in range(rounds):
+        for key, fn in paths:
+            if fn is None:
+                continue
+            c, s = time.process_time(), time.perf_counter()
+            fn()
+            t[key].append(time.perf_counter() - s)
+            cpu[key].append(time.process_time() - c)
+    return t, cpu
+
+
+def _acl_equals(acl_model, outs: list, stream, got: list) -> bool:
+    """Whether pyACL's own run, into zeroed output buffers, gives the offline API's outputs ``got``."""
+    for o in outs:                                # acl's own outputs, from zeroed buffers
+        o.copy_from(np.zeros(o.shape, o.dtype))
+    acl_model.execute()
+    acl_got = [o.numpy(stream) for o in outs]
+    return all(np.array_equal(a, g) for a, g in zip(acl_got, got))
+
+
+def _add_diffs(res: dict, names: list[str], got: list, bound: list, ref) -> None:
+    """Each output's largest difference from the numpy run, and from onnxruntime's when it ran."""
+    res["max_abs_diff_vs_numpy_bound"] = {n: float(np.abs(g.astype(np.float64) - b).max())
+                                          for n, g, b in zip(names, got, bound)}
+    if ref is not None:
+        res["max_abs_diff_vs_onnxruntime"] = {n: float(np.abs(g.astype(np.float64) - r).max())
+                                              for n, g, r in zip(names, got, ref)}
+
+
+def _add_verdicts(res: dict, t: dict, cpu: dict, batch: int, backend: str, busy) -> None:
+    """The verdict (outputs within tolerance, HBM back) and the median latencies, throughputs and ratios."""
     # the same kernel graph in numpy computes the same numbers up to float32 rounding; onnxruntime's graph
     # differs more (fused kernels, other summation orders)
     res["verified"] = (max(res["max_abs_diff_vs_numpy_bound"].values()) <= VERIFY_NUMPY_ATOL
@@ -185,7 +214,6 @@ def bench(model: str, batch: int, seq: int, rounds: int, soc: str, backend: str)
     res["vs_numpy_bound"] = round(med["numpy"] / med["vnpu"], 3)
     if busy is not None:
         res["device_busy_s"] = round(busy, 3)
-    return res
 
 
 class _AclModel:

@@ -202,7 +202,6 @@ def run(a) -> int:
     from runtime.serve.server import Server, Service
 
     modes, reps = list(a.mode), sorted(set(a.replicas))           # checked by argparse
-    rounds = a.rounds
     if a.backend == "local":
         print("vnpu bench serve: error: --load-step compares Ray Serve replicas: it needs --backend cluster",
               file=sys.stderr)
@@ -219,19 +218,7 @@ def run(a) -> int:
         srv = Server(svc).start()
         try:
             svc.load()
-            _stream(srv.url, a.model, _prompt(0), 4)
-            solo = statistics.median([(lambda r: r["end"] - r["t0"])(_stream(srv.url, a.model, _prompt(i), T))
-                                      for i in range(3)])
-            svc.set_mode(a.model, ModeConfig("ultra_low_latency"))
-            n, c = 12, ModeConfig().low_latency_batch
-            t0 = time.perf_counter()
-            th = [threading.Thread(target=lambda k=k: [_stream(srv.url, a.model, _prompt(j), T)
-                                                       for j in range(k, n, c)]) for k in range(c)]
-            for t in th:
-                t.start()
-            for t in th:
-                t.join()
-            cap = n / (time.perf_counter() - t0)
+            solo, cap = _calibrate(svc, srv.url, a.model, T)
             target = a.slo_p99_ms or round(4e3 * solo)
             light, heavy = a.light_rate or round(0.5 * cap, 2), a.heavy_rate or round(2.0 * cap, 2)
             doc.update(solo_ms=round(1e3 * solo, 1), ull_capacity_rps=round(cap, 2), target_p99_ms=target,
@@ -241,12 +228,7 @@ def run(a) -> int:
                   f"ultra_low_latency sustains {cap:.2f} req/s; light {light} req/s x {a.light_s:g} s -> heavy "
                   f"{heavy} req/s x {a.heavy_s:g} s; slo.target_p99_ms = {target}", flush=True)
             if 1 in reps:
-                for k in range(rounds):
-                    for m in modes:
-                        svc.set_mode(a.model, ModeConfig(m, target_p99_ms=target))
-                        doc["runs"].append({"replicas": 1, "mode": m, "round": k,
-                                            "phases": load_step(srv.url, a.model, phases, T, a.seed + k)})
-                        _print_run(doc["runs"][-1], target)
+                _run_modes(doc, svc, srv.url, 1, a, modes, phases, target)
             svc.set_mode(a.model, ModeConfig())
             opts = ReplicaOptions(stream_interval_ms=a.stream_interval_ms)
             one = ReplicaService((spec,), 1, options=opts)            # the Ray Serve path, next to the in-process one
@@ -265,12 +247,7 @@ def run(a) -> int:
             rsrv = Server(rsvc).start()
             try:
                 rsvc.load()
-                for k in range(rounds):
-                    for m in modes:
-                        rsvc.set_mode(a.model, ModeConfig(m, target_p99_ms=target))
-                        doc["runs"].append({"replicas": r, "mode": m, "round": k,
-                                            "phases": load_step(rsrv.url, a.model, phases, T, a.seed + k)})
-                        _print_run(doc["runs"][-1], target)
+                _run_modes(doc, rsvc, rsrv.url, r, a, modes, phases, target)
             finally:
                 rsrv.stop()
     doc["ray_serve_path"] = dict(paths, stream_interval_ms=a.stream_interval_ms)
@@ -281,20 +258,57 @@ def run(a) -> int:
     doc["verified"] = verified(doc)
     if a.json:
         print(json.dumps(doc))
-        return 0 if doc["verified"] else 1
+    else:
+        _print_summary(doc, paths, a.stream_interval_ms)
+    return 0 if doc["verified"] else 1
+
+
+def _calibrate(svc, url: str, model: str, T: int) -> tuple[float, float]:
+    """One warm-up request, then a lone request's median latency (s, over 3) and how many requests per
+    second ultra_low_latency sustains (12 requests, one stream per slot of its batch; leaves the model in
+    that mode).  Blocks the host while the requests run."""
+    from runtime.serve.engine.modes import ModeConfig
+    _stream(url, model, _prompt(0), 4)
+    solo = statistics.median([(lambda r: r["end"] - r["t0"])(_stream(url, model, _prompt(i), T))
+                              for i in range(3)])
+    svc.set_mode(model, ModeConfig("ultra_low_latency"))
+    n, c = 12, ModeConfig().low_latency_batch
+    t0 = time.perf_counter()
+    th = [threading.Thread(target=lambda k=k: [_stream(url, model, _prompt(j), T)
+                                               for j in range(k, n, c)]) for k in range(c)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    return solo, n / (time.perf_counter() - t0)
+
+
+def _run_modes(doc: dict, svc, url: str, replicas: int, a, modes: list[str], phases: list, target) -> None:
+    """``a.rounds`` rounds of the load step in each mode against ``url`` (served by ``svc`` on ``replicas``
+    replicas): each run added to ``doc["runs"]`` and printed.  Blocks the host for every phase."""
+    from runtime.serve.engine.modes import ModeConfig
+    for k in range(a.rounds):
+        for m in modes:
+            svc.set_mode(a.model, ModeConfig(m, target_p99_ms=target))
+            doc["runs"].append({"replicas": replicas, "mode": m, "round": k,
+                                "phases": load_step(url, a.model, phases, a.max_tokens, a.seed + k)})
+            _print_run(doc["runs"][-1], target)
+
+
+def _print_summary(doc: dict, paths: dict, stream_interval_ms: float) -> None:
+    """The text report's closing lines: the Ray Serve path's cost, the numpy bound, the verdicts."""
     ip, sv = paths["in_process"], paths["one_replica"]
     print(f"Ray Serve path (1 replica vs in-process, same engine, requests alternating): "
           f"{sv['added_ms_per_request']:+.1f} ms per request ({ip['request_ms_p50']:.1f} -> "
           f"{sv['request_ms_p50']:.1f} ms for one token), {sv['added_ms_per_token']:+.2f} ms per streamed token "
           f"({ip['per_token_ms_p50']:.2f} -> {sv['per_token_ms_p50']:.2f}; tokens batched up to "
-          f"{a.stream_interval_ms:g} ms); a bare Serve call: {paths['serve_round_trip_ms_p50']:.1f} ms")
+          f"{stream_interval_ms:g} ms); a bare Serve call: {paths['serve_round_trip_ms_p50']:.1f} ms")
     print(f"bound: numpy decode {doc['numpy_bound_tokens_per_s'][2]} tok/s at batch 2, "
           f"{doc['numpy_bound_tokens_per_s'][16]} tok/s at batch 16")
     for line in doc["verdict"]:
         print(line)
     print("verified: yes (every completed request streamed its max_tokens tokens; the others were refused)"
           if doc["verified"] else "verified: NO: a request was cut short, failed, or a phase completed nothing")
-    return 0 if doc["verified"] else 1
 
 
 def verified(doc: dict) -> bool:

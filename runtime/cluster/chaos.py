@@ -247,7 +247,8 @@ def hbm_report(before: dict, after: dict) -> dict:
 
 
 def run_campaign(cfg: ChaosConfig, out=print) -> dict:
-    from .local import stop_devices
+    """Run one campaign (module docstring) and return its report; blocks the host for the whole campaign
+    (fault-free phase, ``duration_s`` of faults, drain, teardown)."""
     rng = random.Random(cfg.seed)
     wl = make_workload(cfg.workload)
     inputs = wl.make_inputs(cfg.distinct_inputs, seed=cfg.seed + 1)
@@ -262,147 +263,29 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
     pids_seen: set[int] = {w["pid"] for w in cluster.where}
     arenas: set[str] = {w["arena"] for w in cluster.where}
     try:
-        opts = replace(cfg.options, cpu_arena_bytes=max(cfg.options.cpu_arena_bytes, cfg.hbm_bytes))
-        if node_chaos is not None and node_chaos.replace:      # a node takes longer to come back than an actor
-            opts = replace(opts, restart_wait_s=max(opts.restart_wait_s, NODE_RESTART_WAIT_S))
-        pool = DevicePool(cluster.where, cluster.token, cfg.devices, opts)
+        pool = DevicePool(cluster.where, cluster.token, cfg.devices, _pool_options(cfg, node_chaos))
         hbm0 = pool.hbm_used(every=True)
         runner = JobRunner(pool, wl, on_result=consumer, history=hist)
         load = _Load(runner, inputs, cfg.inflight_per_device * cfg.devices)
-        # ---------------- fault-free phase
-        base_s = cfg.baseline_s if cfg.baseline_s is not None else min(10.0, max(2.0, cfg.duration_s / 3))
-        if getattr(wl, "name", cfg.workload) != cfg.workload:
-            out(f"chaos: workload {cfg.workload!r} is not available here: running {wl.name!r} instead")
-        out(f"chaos: {cfg.workload} on {cfg.devices} devices (+{cfg.spares} spare, {cfg.hbm_bytes >> 20} MiB HBM "
-            f"each), seed {cfg.seed}: fault-free run {base_s:g} s")
-        load.run_for(0.5)                                  # warm-up (weights uploaded, first launches)
-        _settle(runner)
-        tb0 = time.monotonic()
-        lo, hi = load.run_for(base_s)
-        _settle(runner)
-        tb1 = time.monotonic()
-        base_rps = (hi - lo) / (tb1 - tb0)
-        reference: dict[str, str] = {}
-        for rid in range(0, hi):
-            if rid in runner.results:
-                reference.setdefault(str(load.input_of[rid]), checksum(runner.results[rid]))
-        for k in range(len(inputs)):                      # inputs the fault-free phase did not reach
-            if str(k) not in reference:
-                rid = load.submit(k)
-                _settle(runner)
-                reference[str(k)] = checksum(runner.results[rid])
-        out(f"  fault-free: {hi - lo} requests in {tb1 - tb0:.1f} s = {base_rps:.1f} req/s")
-        # ---------------- faults
-        faults: list[dict] = []
-        stop = threading.Event()
-        t_faults0 = time.monotonic()
-        t_faults_end = t_faults0 + cfg.duration_s
-
-        def chaos_loop():
-            k = 0
-            while not stop.wait(max(0.0, t_faults0 + (k + 1) * cfg.every_s - time.monotonic())):
-                if time.monotonic() >= t_faults_end - 0.5:
-                    return
-                k += 1
-                kind = rng.choice(list(cfg.faults))
-                if kind in NODE_FAULTS:
-                    f = node_chaos.inject(kind, pool, rng)
-                    if f is None:
-                        out(f"  t={time.monotonic() - t_faults0:5.1f}s  skip {kind}: no node may lose its devices now")
-                        continue
-                    pids_seen.update(f["params"]["pids"])
-                    faults.append(f)
-                    continue
-                healthy = pool.healthy_physical()
-                bound = [b.physical for b in list(pool.bindings.values()) if not b.is_cpu]
-                cands = [p for p in healthy if p in bound] or healthy
-                if len(healthy) <= 1 or not cands:
-                    out(f"  t={time.monotonic() - t_faults0:5.1f}s  skip {kind}: only {len(healthy)} healthy device")
-                    continue
-                victim = rng.choice(sorted(cands))
-                try:
-                    f = _inject(pool, rng, cfg, kind, victim)
-                except AclError as e:
-                    out(f"  t={time.monotonic() - t_faults0:5.1f}s  {kind} on device {victim} not injected: {e}")
-                    continue
-                if kind == "kill":
-                    pids_seen.add(pool.phys[victim].where.get("pid", 0))
-                faults.append(f)
-
-        th = threading.Thread(target=chaos_loop, name="vnpu-chaos", daemon=True)
-        printed = 0
-
-        def print_ready(final: bool) -> None:
-            nonlocal printed
-            while printed < len(faults):
-                f = faults[printed]
-                t_next = faults[printed + 1]["t"] if printed + 1 < len(faults) else float("inf")
-                if not final and printed + 1 >= len(faults) and time.monotonic() - f["t"] < cfg.every_s * 0.9:
-                    return
-                o = (node_outcome if f["kind"] in NODE_FAULTS else _fault_outcome)(f, pool, runner, t_next, t_start)
-                faults[printed] = o
-                out(f"  t={o['t'] - t_faults0:5.1f}s  {o['kind']:<9} device {o['device']}  detected after "
-                    f"{_fmt(o['detected_after_s'])}{' (' + o['cause'] + ')' if o['cause'] else ''}  recovered after "
-                    f"{_fmt(o['recovered_after_s'])}  replayed {o['requests_replayed']}")
-                printed += 1
-
-        th.start()
-        lo2 = load.next_id
-        t_end = t_faults_end
-        while time.monotonic() < t_end:
-            load.run_for(min(0.5, t_end - time.monotonic()))
-            print_ready(False)
-        hi2 = load.next_id
-        stop.set()
-        th.join(timeout=10)
-        drained = runner.wait(120)
-        t_f1 = time.monotonic()
-        print_ready(True)
-        faults_rps = (sum(1 for rid in range(lo2, hi2) if rid in runner.results)) / (t_f1 - t_faults0)
-        # availability: share of 250 ms slices of the fault phase in which some request completed
-        done_t = sorted(h["t"] + t_start for h in hist.events() if h["op"] == "complete" and h["t"] + t_start >= t_faults0)
-        slices = max(1, int((t_f1 - t_faults0) / 0.25))
-        hit = {int((t - t_faults0) / 0.25) for t in done_t}
-        availability = 100.0 * len([s for s in range(slices) if s in hit]) / slices
-        det = [f["detected_after_s"] for f in faults if f.get("detected_after_s") is not None]
-        rec = [f["recovered_after_s"] for f in faults if f.get("recovered_after_s") is not None]
-        hang_det = [f["detected_after_s"] for f in faults if f["kind"] == "hang" and f.get("detected_after_s") is not None]
-        by_kind: dict = {}
-        for f in faults:
-            d = by_kind.setdefault(f["kind"], {"injected": 0, "detected": 0, "detect_s": [], "recover_s": []})
-            d["injected"] += 1
-            if f.get("detected_after_s") is not None:
-                d["detected"] += 1
-                d["detect_s"].append(f["detected_after_s"])
-            if f.get("recovered_after_s") is not None:
-                d["recover_s"].append(f["recovered_after_s"])
-        for d in by_kind.values():
-            d["detection"] = percentiles(d.pop("detect_s"))
-            d["recovery"] = percentiles(d.pop("recover_s"))
+        base_rps, reference = _fault_free_phase(cfg, wl, runner, load, len(inputs), out)
+        phase = _FaultPhase(cfg, rng, pool, runner, node_chaos, pids_seen, out, t_start)
+        drained, faults_rps = phase.run(load)
+        faults = phase.faults
+        availability = _availability(hist, t_start, phase.t0, phase.t1)
+        stats = _fault_stats(cfg, faults)
         # ---------------- back to baseline: replaced nodes joined, every device healthy again, then the
         # job's HBM released
         if node_chaos is not None:
             node_chaos.join()
             report["nodes_replaced"] = node_chaos.replaced
-        for pid in list(pool.phys):
-            h = pool.phys[pid].handle
-            if h is not None and not h.lost.is_set():
-                with contextlib.suppress(AclError):
-                    h.inject_fault("clear")
-        settled = pool.wait_for(lambda p: len(p.healthy_physical()) == sum(
-            1 for q in p.phys.values() if q.state != "dead"), 30.0)
+        settled = _heal_all(pool)
         runner.close()
         report.update(hbm_report(hbm0, pool.hbm_used(every=True)))
-        for p in pool.phys.values():
-            pids_seen.add(p.where.get("pid", 0))
-        arenas |= set(pool.arenas_seen)
+        _note_devices(pool, pids_seen, arenas)
         report.update({
             "drained": drained, "settled": settled,
             "faults": [{k: v for k, v in f.items()} for f in faults],
-            "faults_by_kind": by_kind,
-            "detection_latency_s": percentiles(det), "recovery_latency_s": percentiles(rec),
-            "hang_detection": {"deadline_s": cfg.options.hang_deadline_s, **percentiles(hang_det),
-                               "within_deadline": all(x <= cfg.options.hang_deadline_s for x in hang_det)},
+            **stats,
             "availability_pct": availability,
             "throughput": {"fault_free_rps": base_rps, "with_faults_rps": faults_rps,
                            "ratio": faults_rps / base_rps if base_rps else None},
@@ -410,28 +293,227 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
             "reference": reference,
         })
         for f in report["faults"]:
-            f["t"] = f["t"] - t_faults0
+            f["t"] = f["t"] - phase.t0
     finally:
-        # graceful teardown first: the job, the pool, the device actors (each closes its arena)
-        if runner is not None:
-            runner.close()
-        if pool is not None:
-            arenas |= set(pool.arenas_seen)
-            for p in pool.phys.values():
-                pids_seen.add(p.where.get("pid", 0))
-            pool.close()
-        with contextlib.suppress(Exception):
-            stop_devices(actors=cluster.actors)
-        end = time.monotonic() + 10.0
-        while (actors_left := _named_actors()) and time.monotonic() < end:
-            threading.Event().wait(0.1)
-        device_pids = pids_seen - {0}
-        procs.wait_gone(device_pids, 15.0)
-        # what this campaign left, measured BEFORE the forced cleanup
-        left = leaks(device_pids, arenas - {""})
-        # forced cleanup: Ray, its processes, and this cluster's segments only
-        cluster.device_pids |= device_pids
-        cluster.close()
+        actors_left, left = _teardown(cluster, pool, runner, pids_seen, arenas)
+    _add_history_check(report, hist, consumer)
+    _add_leaks(report, actors_left, left, pids_seen, arenas)
+    report["elapsed_s"] = time.monotonic() - t_start
+    return report
+
+
+def _pool_options(cfg: ChaosConfig, node_chaos) -> FailoverOptions:
+    """The pool's failover options for this campaign: a CPU arena as large as a device's HBM, and a longer
+    restart wait when nodes are replaced."""
+    opts = replace(cfg.options, cpu_arena_bytes=max(cfg.options.cpu_arena_bytes, cfg.hbm_bytes))
+    if node_chaos is not None and node_chaos.replace:      # a node takes longer to come back than an actor
+        opts = replace(opts, restart_wait_s=max(opts.restart_wait_s, NODE_RESTART_WAIT_S))
+    return opts
+
+
+def _fault_free_phase(cfg: ChaosConfig, wl, runner: JobRunner, load: _Load, n_inputs: int,
+                      out) -> tuple[float, dict[str, str]]:
+    """Warm up, then run the load fault-free for the baseline time: its throughput (req/s) and the
+    fault-free digest of every input (those the run did not reach are run once each).  Blocks the host
+    for the whole phase."""
+    base_s = cfg.baseline_s if cfg.baseline_s is not None else min(10.0, max(2.0, cfg.duration_s / 3))
+    if getattr(wl, "name", cfg.workload) != cfg.workload:
+        out(f"chaos: workload {cfg.workload!r} is not available here: running {wl.name!r} instead")
+    out(f"chaos: {cfg.workload} on {cfg.devices} devices (+{cfg.spares} spare, {cfg.hbm_bytes >> 20} MiB HBM "
+        f"each), seed {cfg.seed}: fault-free run {base_s:g} s")
+    load.run_for(0.5)                                  # warm-up (weights uploaded, first launches)
+    _settle(runner)
+    tb0 = time.monotonic()
+    lo, hi = load.run_for(base_s)
+    _settle(runner)
+    tb1 = time.monotonic()
+    base_rps = (hi - lo) / (tb1 - tb0)
+    reference: dict[str, str] = {}
+    for rid in range(0, hi):
+        if rid in runner.results:
+            reference.setdefault(str(load.input_of[rid]), checksum(runner.results[rid]))
+    for k in range(n_inputs):                         # inputs the fault-free phase did not reach
+        if str(k) not in reference:
+            rid = load.submit(k)
+            _settle(runner)
+            reference[str(k)] = checksum(runner.results[rid])
+    out(f"  fault-free: {hi - lo} requests in {tb1 - tb0:.1f} s = {base_rps:.1f} req/s")
+    return base_rps, reference
+
+
+class _FaultPhase:
+    """The campaign's fault phase: a thread injects a seeded fault every ``every_s`` while the host keeps
+    the load going and prints each fault's outcome once the next fault (or its window) has come.
+    ``faults`` holds the injected faults, each replaced by its outcome once printed; ``t0``/``t1`` are
+    the phase's start and end (after the drain)."""
+
+    def __init__(self, cfg: ChaosConfig, rng: random.Random, pool: DevicePool, runner: JobRunner, node_chaos,
+                 pids_seen: set[int], out, t_start: float):
+        self.cfg, self.rng, self.pool, self.runner, self.node_chaos = cfg, rng, pool, runner, node_chaos
+        self.pids_seen, self.out, self.t_start = pids_seen, out, t_start
+        self.faults: list[dict] = []
+        self.printed = 0
+        self.t0 = self.t1 = 0.0
+        self._stop = threading.Event()
+
+    def run(self, load: _Load) -> tuple[bool, float]:
+        """Run the phase (blocks the host for ``duration_s``, then up to 120 s of drain): whether the job
+        drained, and the throughput (req/s) of the requests submitted during the phase."""
+        self.t0 = time.monotonic()
+        t_end = self.t0 + self.cfg.duration_s
+        th = threading.Thread(target=self._inject_loop, args=(t_end,), name="vnpu-chaos", daemon=True)
+        th.start()
+        lo = load.next_id
+        while time.monotonic() < t_end:
+            load.run_for(min(0.5, t_end - time.monotonic()))
+            self._print_ready(False)
+        hi = load.next_id
+        self._stop.set()
+        th.join(timeout=10)
+        drained = self.runner.wait(120)
+        self.t1 = time.monotonic()
+        self._print_ready(True)
+        faults_rps = (sum(1 for rid in range(lo, hi) if rid in self.runner.results)) / (self.t1 - self.t0)
+        return drained, faults_rps
+
+    def _say(self, msg: str) -> None:
+        self.out(f"  t={time.monotonic() - self.t0:5.1f}s  {msg}")
+
+    def _inject_loop(self, t_end: float) -> None:
+        k = 0
+        while not self._stop.wait(max(0.0, self.t0 + (k + 1) * self.cfg.every_s - time.monotonic())):
+            if time.monotonic() >= t_end - 0.5:
+                return
+            k += 1
+            self._inject_one(self.rng.choice(list(self.cfg.faults)))
+
+    def _inject_one(self, kind: str) -> None:
+        pool = self.pool
+        if kind in NODE_FAULTS:
+            f = self.node_chaos.inject(kind, pool, self.rng)
+            if f is None:
+                self._say(f"skip {kind}: no node may lose its devices now")
+                return
+            self.pids_seen.update(f["params"]["pids"])
+            self.faults.append(f)
+            return
+        healthy = pool.healthy_physical()
+        bound = [b.physical for b in list(pool.bindings.values()) if not b.is_cpu]
+        cands = [p for p in healthy if p in bound] or healthy
+        if len(healthy) <= 1 or not cands:
+            self._say(f"skip {kind}: only {len(healthy)} healthy device")
+            return
+        victim = self.rng.choice(sorted(cands))
+        try:
+            f = _inject(pool, self.rng, self.cfg, kind, victim)
+        except AclError as e:
+            self._say(f"{kind} on device {victim} not injected: {e}")
+            return
+        if kind == "kill":
+            self.pids_seen.add(pool.phys[victim].where.get("pid", 0))
+        self.faults.append(f)
+
+    def _print_ready(self, final: bool) -> None:
+        faults = self.faults
+        while self.printed < len(faults):
+            i = self.printed
+            f = faults[i]
+            t_next = faults[i + 1]["t"] if i + 1 < len(faults) else float("inf")
+            if not final and i + 1 >= len(faults) and time.monotonic() - f["t"] < self.cfg.every_s * 0.9:
+                return
+            outcome = node_outcome if f["kind"] in NODE_FAULTS else _fault_outcome
+            o = outcome(f, self.pool, self.runner, t_next, self.t_start)
+            faults[i] = o
+            self.out(f"  t={o['t'] - self.t0:5.1f}s  {o['kind']:<9} device {o['device']}  detected after "
+                     f"{_fmt(o['detected_after_s'])}{' (' + o['cause'] + ')' if o['cause'] else ''}  recovered "
+                     f"after {_fmt(o['recovered_after_s'])}  replayed {o['requests_replayed']}")
+            self.printed += 1
+
+
+def _availability(hist: History, t_start: float, t0: float, t1: float) -> float:
+    """Share (%) of the 250 ms slices of the fault phase [t0, t1] in which some request completed."""
+    done_t = sorted(h["t"] + t_start for h in hist.events() if h["op"] == "complete" and h["t"] + t_start >= t0)
+    slices = max(1, int((t1 - t0) / 0.25))
+    hit = {int((t - t0) / 0.25) for t in done_t}
+    return 100.0 * len([s for s in range(slices) if s in hit]) / slices
+
+
+def _fault_stats(cfg: ChaosConfig, faults: list[dict]) -> dict:
+    """The report's fault statistics: per kind, detection and recovery latencies, hang detection."""
+    det = [f["detected_after_s"] for f in faults if f.get("detected_after_s") is not None]
+    rec = [f["recovered_after_s"] for f in faults if f.get("recovered_after_s") is not None]
+    hang_det = [f["detected_after_s"] for f in faults if f["kind"] == "hang" and f.get("detected_after_s") is not None]
+    by_kind: dict = {}
+    for f in faults:
+        d = by_kind.setdefault(f["kind"], {"injected": 0, "detected": 0, "detect_s": [], "recover_s": []})
+        d["injected"] += 1
+        if f.get("detected_after_s") is not None:
+            d["detected"] += 1
+            d["detect_s"].append(f["detected_after_s"])
+        if f.get("recovered_after_s") is not None:
+            d["recover_s"].append(f["recovered_after_s"])
+    for d in by_kind.values():
+        d["detection"] = percentiles(d.pop("detect_s"))
+        d["recovery"] = percentiles(d.pop("recover_s"))
+    return {
+        "faults_by_kind": by_kind,
+        "detection_latency_s": percentiles(det), "recovery_latency_s": percentiles(rec),
+        "hang_detection": {"deadline_s": cfg.options.hang_deadline_s, **percentiles(hang_det),
+                           "within_deadline": all(x <= cfg.options.hang_deadline_s for x in hang_det)},
+    }
+
+
+def _heal_all(pool: DevicePool) -> bool:
+    """Clear every live device's injected fault, then wait (up to 30 s) until every device that is not
+    dead is healthy: whether it was."""
+    for pid in list(pool.phys):
+        h = pool.phys[pid].handle
+        if h is not None and not h.lost.is_set():
+            with contextlib.suppress(AclError):
+                h.inject_fault("clear")
+    return pool.wait_for(lambda p: len(p.healthy_physical()) == sum(
+        1 for q in p.phys.values() if q.state != "dead"), 30.0)
+
+
+def _note_devices(pool: DevicePool, pids_seen: set[int], arenas: set[str]) -> None:
+    """Add the pool's device processes and every arena it has seen to the campaign's sets."""
+    for p in pool.phys.values():
+        pids_seen.add(p.where.get("pid", 0))
+    arenas |= set(pool.arenas_seen)
+
+
+def _teardown(cluster, pool: DevicePool | None, runner: JobRunner | None, pids_seen: set[int],
+              arenas: set[str]) -> tuple[list[str], dict]:
+    """Tear the campaign down: graceful first (the job, the pool, the device actors, each closing its
+    arena), then measure what it left (named actors still up, :func:`leaks`), then the forced cleanup
+    (Ray, its processes, and this cluster's segments only).  Blocks the host up to ~25 s plus the
+    cluster's close."""
+    from .local import stop_devices
+    if runner is not None:
+        runner.close()
+    if pool is not None:
+        arenas |= set(pool.arenas_seen)
+        for p in pool.phys.values():
+            pids_seen.add(p.where.get("pid", 0))
+        pool.close()
+    with contextlib.suppress(Exception):
+        stop_devices(actors=cluster.actors)
+    end = time.monotonic() + 10.0
+    while (actors_left := _named_actors()) and time.monotonic() < end:
+        threading.Event().wait(0.1)
+    device_pids = pids_seen - {0}
+    procs.wait_gone(device_pids, 15.0)
+    # what this campaign left, measured BEFORE the forced cleanup
+    left = leaks(device_pids, arenas - {""})
+    # forced cleanup: Ray, its processes, and this cluster's segments only
+    cluster.device_pids |= device_pids
+    cluster.close()
+    return actors_left, left
+
+
+def _add_history_check(report: dict, hist: History, consumer: _Consumer) -> None:
+    """Add the full history and the independent checker's verdict on it (its counts, violations, wrong
+    results) and what the consumer saw delivered."""
     events = hist.events()
     report["history"] = events
     check = history_check.check(events, report.get("reference"))
@@ -442,14 +524,16 @@ def run_campaign(cfg: ChaosConfig, out=print) -> dict:
     report["deliveries_seen_by_consumer"] = {"requests": len(consumer.deliveries),
                                              "more_than_once": sorted(r for r, n in consumer.deliveries.items()
                                                                       if n > 1)[:20]}
+
+
+def _add_leaks(report: dict, actors_left: list[str], left: dict, pids_seen: set[int], arenas: set[str]) -> None:
+    """Add what the campaign left behind (measured before the forced cleanup) and whether that is nothing."""
     report["leaks"] = {"actors": actors_left, "processes": left["processes"], "segments": left["segments"],
                        "segments_of_dead_processes": left["segments_of_dead_processes"]}
     report["other_dead_pid_segments"] = left["other_dead_pid_segments"]   # not this campaign's: not its leaks
     report["device_pids_seen"] = sorted(pids_seen - {0})
     report["arenas_seen"] = sorted(a for a in arenas if a)
     report["clean"] = not any(report["leaks"].values())
-    report["elapsed_s"] = time.monotonic() - t_start
-    return report
 
 
 #: how long the pool waits for the devices of a killed node to come back (on a replacement node)

@@ -128,7 +128,26 @@ def modeled_timeline(raw: RawProfile, spec: HostCostSpec = REFERENCE) -> Modeled
     for d in raw.devices:
         for t in d["tasks"]:
             tasks[(d["device"], t["stream"], t["seq"])] = t
-    # items in host order: (time, order, kind, payload); a sync's wait happens at its end
+    r = _Replay(tasks)
+    for _, _, kind, p in _host_items(raw):
+        if kind == "call":
+            cost = _call_cost(spec, p)
+            if cost is not None:                 # a sync is charged at its end, after what rode on it
+                r.host(p[0], p[1], cost)
+        elif kind == "op":
+            r.pending.setdefault(p[1], []).append(p)
+        elif kind == "submit":
+            r.submit(p, spec.submit())
+        else:                                    # sync_end: wait for the device, then the call's own cost
+            r.h = max(r.h, r.dev_done)
+            r.host(p[0], "sync", spec.sync())
+    total = max(r.h, r.dev_done)
+    ivs = [(s, e, c) for s, e, c in r.dev_iv] + [(s, e, cat) for _, cat, s, e in r.host_iv]
+    return ModeledTimeline(r.host_iv, r.placed, sweep(ivs, 0.0, total, "modeled"))
+
+
+def _host_items(raw: RawProfile) -> list[tuple[float, int, str, tuple]]:
+    """The profile's items in host order: (time, order, kind, payload); a sync's wait happens at its end."""
     items: list[tuple[float, int, str, tuple]] = []
     for a in raw.api:
         if a[0] == "rtSubmit":
@@ -140,69 +159,75 @@ def modeled_timeline(raw: RawProfile, spec: HostCostSpec = REFERENCE) -> Modeled
     for f in raw.flows:
         items.append((f[5], 3, "op", f))
     items.sort(key=lambda x: (x[0], x[1]))
-    h = 0.0
-    pending: dict[int, list[tuple]] = {}
-    stream_free: dict[tuple[int, int], float] = {}
-    event_at: dict[tuple[int, int], float] = {}
-    dev_done = 0.0
-    host_iv: list[tuple[str, str, float, float]] = []
-    dev_iv: list[tuple[float, float, str]] = []
-    placed: dict[tuple[int, int, int], tuple[float, float]] = {}
-    for _, _, kind, p in items:
-        if kind == "call":
-            name, cat = p[0], p[1]
-            info = p[7] or {}
-            if cat == "launch":
-                cost = spec.launch()
-            elif cat == "alloc":
-                cost = spec.alloc(name)
-            elif cat == "copy":
-                cost = spec.copy(int(info.get("bytes", 0)), bool(info.get("pinned")), bool(info.get("async")))
-            elif cat == "sync":
-                continue                         # charged at its end, after what rode on it was launched
-            else:
-                cost = spec.call()
-            host_iv.append((name, cat, h, h + cost))
-            h += cost
-        elif kind == "op":
-            pending.setdefault(p[1], []).append(p)
-        elif kind == "submit":
-            cost = spec.submit()
-            host_iv.append(("rtSubmit", "launch", h, h + cost))
-            h += cost
-            info = p[7] or {}
-            phys = info.get("device")
-            queue = pending.get(phys, [])
-            n = int(info.get("ops", 0))
-            batch, pending[phys] = queue[:n], queue[n:]
-            for f in batch:
-                skey = (f[1], f[2])
-                if f[3] < 0:                     # an event record or wait
-                    ev = (f[1], f[7] if len(f) > 7 else -1)
-                    if f[6] == "Record":
-                        event_at[ev] = max(h, stream_free.get(skey, 0.0))
-                    elif f[6] == "Wait":
-                        stream_free[skey] = max(stream_free.get(skey, 0.0), event_at.get(ev, 0.0))
-                    continue
-                key = (f[1], f[2], f[3])
-                t = tasks.get(key)
-                if t is None:
-                    continue
-                dur = max(0.0, t["model_end"] - t["model_start"])
-                start = max(h, stream_free.get(skey, 0.0))
-                end = start + dur
-                stream_free[skey] = end
-                dev_done = max(dev_done, end)
-                placed[key] = (start, end)
-                dev_iv.append((start, end, _task_cat(t)))
-        else:                                    # sync_end: wait for the device, then the call's own cost
-            h = max(h, dev_done)
-            cost = spec.sync()
-            host_iv.append((p[0], "sync", h, h + cost))
-            h += cost
-    total = max(h, dev_done)
-    ivs = [(s, e, c) for s, e, c in dev_iv] + [(s, e, cat) for _, cat, s, e in host_iv]
-    return ModeledTimeline(host_iv, placed, sweep(ivs, 0.0, total, "modeled"))
+    return items
+
+
+def _call_cost(spec: HostCostSpec, p: tuple) -> float | None:
+    """The modeled host cost of one top-level API call; None for a sync (charged at its end)."""
+    name, cat = p[0], p[1]
+    info = p[7] or {}
+    if cat == "launch":
+        return spec.launch()
+    if cat == "alloc":
+        return spec.alloc(name)
+    if cat == "copy":
+        return spec.copy(int(info.get("bytes", 0)), bool(info.get("pinned")), bool(info.get("async")))
+    if cat == "sync":
+        return None
+    return spec.call()
+
+
+class _Replay:
+    """The modeled replay's state: the host clock ``h``, the ops waiting for their submit (per device),
+    when each stream is free and each event was recorded, when the device is done, and what was placed."""
+
+    def __init__(self, tasks: dict[tuple[int, int, int], dict]):
+        self.tasks = tasks
+        self.h = 0.0
+        self.pending: dict[int, list[tuple]] = {}
+        self.stream_free: dict[tuple[int, int], float] = {}
+        self.event_at: dict[tuple[int, int], float] = {}
+        self.dev_done = 0.0
+        self.host_iv: list[tuple[str, str, float, float]] = []
+        self.dev_iv: list[tuple[float, float, str]] = []
+        self.placed: dict[tuple[int, int, int], tuple[float, float]] = {}
+
+    def host(self, name: str, cat: str, cost: float) -> None:
+        """Charge ``cost`` to the host clock as one interval."""
+        self.host_iv.append((name, cat, self.h, self.h + cost))
+        self.h += cost
+
+    def submit(self, p: tuple, cost: float) -> None:
+        """One submit (doorbell): its host cost, then the ops it carried, in order, on their streams."""
+        self.host("rtSubmit", "launch", cost)
+        info = p[7] or {}
+        phys = info.get("device")
+        queue = self.pending.get(phys, [])
+        n = int(info.get("ops", 0))
+        batch, self.pending[phys] = queue[:n], queue[n:]
+        for f in batch:
+            self._place(f)
+
+    def _place(self, f: tuple) -> None:
+        skey = (f[1], f[2])
+        if f[3] < 0:                     # an event record or wait
+            ev = (f[1], f[7] if len(f) > 7 else -1)
+            if f[6] == "Record":
+                self.event_at[ev] = max(self.h, self.stream_free.get(skey, 0.0))
+            elif f[6] == "Wait":
+                self.stream_free[skey] = max(self.stream_free.get(skey, 0.0), self.event_at.get(ev, 0.0))
+            return
+        key = (f[1], f[2], f[3])
+        t = self.tasks.get(key)
+        if t is None:
+            return
+        dur = max(0.0, t["model_end"] - t["model_start"])
+        start = max(self.h, self.stream_free.get(skey, 0.0))
+        end = start + dur
+        self.stream_free[skey] = end
+        self.dev_done = max(self.dev_done, end)
+        self.placed[key] = (start, end)
+        self.dev_iv.append((start, end, _task_cat(t)))
 
 
 def modeled_breakdown(raws: list[RawProfile], spec: HostCostSpec = REFERENCE) -> Breakdown:

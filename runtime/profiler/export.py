@@ -115,60 +115,19 @@ def _device_pid(pid: int, device: int, modeled: bool = False) -> int:
 
 def trace_events(raws: list[RawProfile], models: list[ModeledTimeline], origin: float) -> list[dict]:
     ev: list[dict] = []
-
-    def meta(pid: int, name: str, sort: int, tid: int | None = None, tname: str | None = None) -> None:
-        if tid is None:
-            ev.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
-            ev.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": sort}})
-        else:
-            ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": tname}})
-
     flow_id = 0
     for n, (raw, model) in enumerate(zip(raws, models)):
         hp = raw.pid
-        meta(hp, f"CANN host (pid {raw.pid}: {' '.join(raw.argv)[:80]})", n * 10)
-        for tid, tname in raw.threads.items():
-            meta(hp, "", 0, tid, f"{tname} (tid {tid})")
-        for a in raw.api:
-            name, cat, level, tid, t0, t1, depth, info = a
-            args = {"level": level, "category": cat, "depth": depth}
-            if info:
-                args.update(info)
-            ev.append({"ph": "X", "name": name, "cat": level, "pid": hp, "tid": tid, "ts": _us(t0, origin),
-                       "dur": round((t1 - t0) * 1e6, 3), "args": args})
+        _host_events(ev, raw, n, origin)
         starts: dict[tuple[int, int, int], tuple[int, float]] = {}
         for d in raw.devices:
             phys = d["device"]
             dp = _device_pid(hp, phys)
-            meta(dp, f"Ascend Hardware device {phys} [wall] (pid {raw.pid})", n * 10 + 1)
+            _meta(ev, dp, f"Ascend Hardware device {phys} [wall] (pid {raw.pid})", n * 10 + 1)
             rows: set = set()
             for t in d["tasks"]:
-                sid = int(t["stream"])
-                if ("s", sid) not in rows:
-                    rows.add(("s", sid))
-                    meta(dp, "", 0, sid, f"Stream {sid}")
-                args = {"Task Type": t["task_type"], "Stream Id": sid, "Task Id": t["seq"], "OP Type": t["op_type"],
-                        "Block Dim": t["block_dim"], "Modeled Duration(us)": round((t["model_end"] - t["model_start"]) * 1e6, 3)}
-                if t["error"]:
-                    args["error"] = t["error"]
-                e = {"ph": "X", "name": t["name"], "cat": t["task_type"], "pid": dp, "tid": sid,
-                     "ts": _us(t["start"], origin), "dur": round((t["end"] - t["start"]) * 1e6, 3), "args": args}
-                ev.append(e)
-                starts[(phys, sid, t["seq"])] = (sid, t["start"])
-                lane = {"HCCL": (900001, "Collectives (HCCL)"), "MEMCPY": (900002, "Copies (MEMCPY)")}.get(t["task_type"])
-                if lane is not None:
-                    if lane[0] not in rows:
-                        rows.add(lane[0])
-                        meta(dp, "", 0, lane[0], lane[1])
-                    ev.append(dict(e, tid=lane[0]))
-                for b, core, b0, b1 in t["blocks"]:
-                    ctid = 1_000_000 + int(core)
-                    if ctid not in rows:
-                        rows.add(ctid)
-                        meta(dp, "", 0, ctid, f"AI Core {core}")
-                    ev.append({"ph": "X", "name": f"{t['name']} block {b}", "cat": "block", "pid": dp, "tid": ctid,
-                               "ts": _us(b0, origin), "dur": round((b1 - b0) * 1e6, 3),
-                               "args": {"block": b, "core": core, "Task Id": t["seq"], "Stream Id": sid}})
+                _task_events(ev, dp, t, rows, origin)
+                starts[(phys, int(t["stream"]), t["seq"])] = (int(t["stream"]), t["start"])
         for f in raw.flows:
             phys, sid, seq, tid, t = f[1], f[2], f[3], f[4], f[5]
             hit = starts.get((phys, sid, seq)) if seq >= 0 else None
@@ -179,29 +138,88 @@ def trace_events(raws: list[RawProfile], models: list[ModeledTimeline], origin: 
                        "ts": _us(t, origin)})
             ev.append({"ph": "f", "bp": "e", "id": flow_id, "name": "launch", "cat": "flow",
                        "pid": _device_pid(hp, phys), "tid": sid, "ts": _us(hit[1], origin)})
-        # the modeled clock: the replay on the reference chip, from the profile's start
-        mh = _device_pid(hp, 0, modeled=True) - 1
-        meta(mh, f"[modeled] host (pid {raw.pid})", n * 10 + 5)
-        meta(mh, "", 0, 0, "host calls (modeled)")
-        base = _us(raw.t_start, origin)
-        for name, cat, s, e in model.host:
-            ev.append({"ph": "X", "name": name, "cat": f"modeled.{cat}", "pid": mh, "tid": 0,
-                       "ts": round(base + s * 1e6, 3), "dur": round((e - s) * 1e6, 3), "args": {"category": cat}})
-        names = {(d["device"], t["stream"], t["seq"]): t for d in raw.devices for t in d["tasks"]}
-        seen: set = set()
-        for (phys, sid, seq), (s, e) in sorted(model.tasks.items(), key=lambda kv: kv[1][0]):
-            mp = _device_pid(hp, phys, modeled=True)
-            if (phys, None) not in seen:
-                seen.add((phys, None))
-                meta(mp, f"[modeled] Ascend Hardware device {phys} (pid {raw.pid})", n * 10 + 6)
-            if (phys, sid) not in seen:
-                seen.add((phys, sid))
-                meta(mp, "", 0, sid, f"Stream {sid}")
-            t = names[(phys, sid, seq)]
-            ev.append({"ph": "X", "name": t["name"], "cat": f"modeled.{t['task_type']}", "pid": mp, "tid": sid,
-                       "ts": round(base + s * 1e6, 3), "dur": round((e - s) * 1e6, 3),
-                       "args": {"Task Type": t["task_type"], "Task Id": seq}})
+        _modeled_events(ev, raw, model, n, origin)
     return ev
+
+
+def _meta(ev: list[dict], pid: int, name: str, sort: int, tid: int | None = None, tname: str | None = None) -> None:
+    """A process's name and sort index (``tid`` None), or a thread's name."""
+    if tid is None:
+        ev.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
+        ev.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": sort}})
+    else:
+        ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": tname}})
+
+
+def _host_events(ev: list[dict], raw: RawProfile, n: int, origin: float) -> None:
+    """The host process of profile ``n``: its threads and every API call."""
+    hp = raw.pid
+    _meta(ev, hp, f"CANN host (pid {raw.pid}: {' '.join(raw.argv)[:80]})", n * 10)
+    for tid, tname in raw.threads.items():
+        _meta(ev, hp, "", 0, tid, f"{tname} (tid {tid})")
+    for a in raw.api:
+        name, cat, level, tid, t0, t1, depth, info = a
+        args = {"level": level, "category": cat, "depth": depth}
+        if info:
+            args.update(info)
+        ev.append({"ph": "X", "name": name, "cat": level, "pid": hp, "tid": tid, "ts": _us(t0, origin),
+                   "dur": round((t1 - t0) * 1e6, 3), "args": args})
+
+
+def _task_events(ev: list[dict], dp: int, t: dict, rows: set, origin: float) -> None:
+    """One device task on its stream's row (and its HCCL/MEMCPY lane), and each of its blocks on its AI
+    Core's row; ``rows`` holds the rows of device process ``dp`` already named."""
+    sid = int(t["stream"])
+    if ("s", sid) not in rows:
+        rows.add(("s", sid))
+        _meta(ev, dp, "", 0, sid, f"Stream {sid}")
+    args = {"Task Type": t["task_type"], "Stream Id": sid, "Task Id": t["seq"], "OP Type": t["op_type"],
+            "Block Dim": t["block_dim"], "Modeled Duration(us)": round((t["model_end"] - t["model_start"]) * 1e6, 3)}
+    if t["error"]:
+        args["error"] = t["error"]
+    e = {"ph": "X", "name": t["name"], "cat": t["task_type"], "pid": dp, "tid": sid,
+         "ts": _us(t["start"], origin), "dur": round((t["end"] - t["start"]) * 1e6, 3), "args": args}
+    ev.append(e)
+    lane = {"HCCL": (900001, "Collectives (HCCL)"), "MEMCPY": (900002, "Copies (MEMCPY)")}.get(t["task_type"])
+    if lane is not None:
+        if lane[0] not in rows:
+            rows.add(lane[0])
+            _meta(ev, dp, "", 0, lane[0], lane[1])
+        ev.append(dict(e, tid=lane[0]))
+    for b, core, b0, b1 in t["blocks"]:
+        ctid = 1_000_000 + int(core)
+        if ctid not in rows:
+            rows.add(ctid)
+            _meta(ev, dp, "", 0, ctid, f"AI Core {core}")
+        ev.append({"ph": "X", "name": f"{t['name']} block {b}", "cat": "block", "pid": dp, "tid": ctid,
+                   "ts": _us(b0, origin), "dur": round((b1 - b0) * 1e6, 3),
+                   "args": {"block": b, "core": core, "Task Id": t["seq"], "Stream Id": sid}})
+
+
+def _modeled_events(ev: list[dict], raw: RawProfile, model: ModeledTimeline, n: int, origin: float) -> None:
+    """The modeled clock of profile ``n``: the replay on the reference chip, from the profile's start."""
+    hp = raw.pid
+    mh = _device_pid(hp, 0, modeled=True) - 1
+    _meta(ev, mh, f"[modeled] host (pid {raw.pid})", n * 10 + 5)
+    _meta(ev, mh, "", 0, 0, "host calls (modeled)")
+    base = _us(raw.t_start, origin)
+    for name, cat, s, e in model.host:
+        ev.append({"ph": "X", "name": name, "cat": f"modeled.{cat}", "pid": mh, "tid": 0,
+                   "ts": round(base + s * 1e6, 3), "dur": round((e - s) * 1e6, 3), "args": {"category": cat}})
+    names = {(d["device"], t["stream"], t["seq"]): t for d in raw.devices for t in d["tasks"]}
+    seen: set = set()
+    for (phys, sid, seq), (s, e) in sorted(model.tasks.items(), key=lambda kv: kv[1][0]):
+        mp = _device_pid(hp, phys, modeled=True)
+        if (phys, None) not in seen:
+            seen.add((phys, None))
+            _meta(ev, mp, f"[modeled] Ascend Hardware device {phys} (pid {raw.pid})", n * 10 + 6)
+        if (phys, sid) not in seen:
+            seen.add((phys, sid))
+            _meta(ev, mp, "", 0, sid, f"Stream {sid}")
+        t = names[(phys, sid, seq)]
+        ev.append({"ph": "X", "name": t["name"], "cat": f"modeled.{t['task_type']}", "pid": mp, "tid": sid,
+                   "ts": round(base + s * 1e6, 3), "dur": round((e - s) * 1e6, 3),
+                   "args": {"Task Type": t["task_type"], "Task Id": seq}})
 
 
 def op_summary_rows(raws: list[RawProfile], origin: float) -> list[dict]:
