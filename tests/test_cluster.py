@@ -122,6 +122,13 @@ def test_thousand_launches_cost_a_handful_of_rpcs(cluster):
         rt.close()
 
 
+def test_the_clusters_ray_token_is_owner_only(cluster):
+    """The cluster's Ray token (``~/.ray/auth_token``: the session's fresh HOME, tests/conftest.py, so this
+    cluster's start made it) is readable by its owner only -- Ray would have written it 0644."""
+    tok = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    assert os.stat(tok).st_mode & 0o777 == 0o600
+
+
 def test_dead_device_gives_its_error_and_others_keep_working(cluster):
     """Kill one device process for real; its calls fail with the device-lost code, the rest work."""
     rt = Runtime(cluster.backend())

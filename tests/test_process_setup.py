@@ -108,3 +108,28 @@ def test_backend_registry(monkeypatch):
         assert isinstance(b, backend.LocalBackend)
     finally:
         b.close()
+
+
+def test_ray_token_is_made_owner_only_and_an_open_one_is_narrowed(tmp_path, monkeypatch):
+    """Ray's cluster token (``~/.ray/auth_token``) lets a client into the GCS: vnpu makes it mode 0600
+    in a 0700 directory before any cluster start (Ray itself writes it with the umask, 0644 here), keeps
+    it across starts, and narrows an existing token readable by others without changing it."""
+    from runtime.cluster import rayenv
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    old = os.umask(0o022)
+    try:
+        rayenv.ensure_token()
+        tok = tmp_path / ".ray" / "auth_token"
+        first = tok.read_text()
+        assert len(first) >= 32
+        assert tok.stat().st_mode & 0o777 == 0o600
+        assert (tmp_path / ".ray").stat().st_mode & 0o777 == 0o700
+        rayenv.ensure_token()
+        assert tok.read_text() == first                     # made once, kept
+        tok.chmod(0o644)                                   # as Ray's own ray.init() leaves it
+        rayenv.ensure_token()
+        assert tok.stat().st_mode & 0o777 == 0o600 and tok.read_text() == first
+    finally:
+        os.umask(old)
+

@@ -374,6 +374,7 @@ def _ray_gather_bcast(n: int, nbytes: int, iters: int = 5) -> dict:
     from runtime.cluster.discovery import LOOPBACK
     owns = not ray.is_initialized()
     if owns:
+        rayenv.ensure_token()
         ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
                  num_cpus=max(2, os.cpu_count() or 2))
 

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-shm-fast-path", action="store_true", help="no arena is a /dev/shm segment")
     p.add_argument("--ready-fd", type=int, required=True, help="write one JSON line here once the devices serve")
     a = p.parse_args(argv)
-    rayenv.prepare()
+    rayenv.ensure_token()
     import ray
 
     from driver.host import BLAS_ENV, NAMESPACE

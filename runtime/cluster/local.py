@@ -230,6 +230,7 @@ class LocalCluster:
         self.device_pids: set[int] = set()
         try:
             if self._owns_ray:
+                rayenv.ensure_token()
                 # the raylet and so every worker it starts inherit these (a job-level runtime_env would cost
                 # every worker a runtime-env round trip, see start_devices); address="local": always a Ray
                 # of its own, never one that RAY_ADDRESS names

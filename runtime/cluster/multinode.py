@@ -141,7 +141,7 @@ class MultiNodeCluster:
         self._lock = threading.Lock()
         self._cluster = None
         try:
-            ensure_ray_token()
+            rayenv.ensure_token()
             with self._ray_defaults():
                 self._cluster = Cluster(initialize_head=True, shutdown_at_exit=True,
                                         head_node_args=self._node_args(spec.head, head=True))
@@ -324,17 +324,6 @@ class MultiNodeCluster:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def ensure_ray_token() -> None:
-    """Make sure Ray's cluster token exists before a GCS starts: :mod:`runtime` runs Ray in token mode
-    (``RAY_AUTH_MODE=token``) and a GCS without a token dies at start (the caller then times out waiting
-    for its port file).  ``ray.init()`` generates ``~/.ray/auth_token`` for a new cluster when there is
-    none; ``ray.cluster_utils.Cluster`` does not, so a multi-node cluster does it here, the same way
-    (nothing happens when token mode is off or a token is there)."""
-    rayenv.prepare()
-    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
-    ensure_token_if_auth_enabled(None, create_token_if_missing=True)
 
 
 def _wait_names_free(ids, timeout_s: float) -> None:

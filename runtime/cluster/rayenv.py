@@ -39,3 +39,29 @@ def prepare() -> None:
         sanitize.from_environment()
     except AclError:
         pass
+
+
+def ensure_token() -> None:
+    """Make sure Ray's cluster token exists, readable by this user only, before a GCS starts.
+
+    :func:`prepare` runs Ray in token mode and a GCS without a token dies at start.  ``ray.init()`` makes
+    ``~/.ray/auth_token`` when there is none, with the process umask (0644 on most machines: every user
+    of the machine could read the secret that lets a client into the cluster); ``ray.cluster_utils``
+    does not make one at all.  So every vnpu cluster start makes it here first, as Ray would but mode
+    0600 in a 0700 directory, and narrows an existing token's mode to 0600 (its contents stay).  Nothing
+    happens when token mode is off.  Blocks the host for one small file write."""
+    prepare()
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        return
+    from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+    path = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        st = os.stat(path)
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(path, 0o600)
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(generate_new_authentication_token())
