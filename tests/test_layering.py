@@ -497,12 +497,14 @@ def _is_prepare(node: ast.AST, aliases: dict[str, str], prepares: set[str]) -> b
     if not isinstance(node, ast.Call):
         return False
     f = node.func
-    if isinstance(f, ast.Attribute) and f.attr == "prepare" and isinstance(f.value, ast.Name):
+    if isinstance(f, ast.Attribute) and f.attr in PREPARING and isinstance(f.value, ast.Name):
         return aliases.get(f.value.id) == RAYENV
     return isinstance(f, ast.Name) and f.id in prepares
 
 
 RAYENV = "runtime.cluster.rayenv"
+#: rayenv's functions that prepare first (``ensure_token`` calls ``prepare``)
+PREPARING = ("prepare", "ensure_token")
 
 
 def ray_before_prepare(mod: str, tree: ast.Module) -> list[str]:
@@ -510,7 +512,9 @@ def ray_before_prepare(mod: str, tree: ast.Module) -> list[str]:
     order; nested functions and classes are checked on their own); any Ray import at module level."""
     aliases = module_aliases(mod, tree)
     prepares = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                and n.module == RAYENV for a in n.names if a.name == "prepare"}
+                and n.module == RAYENV for a in n.names if a.name in PREPARING}
+    if mod == RAYENV:
+        prepares |= set(PREPARING)
     bad = []
 
     def scan(body: list[ast.stmt], where: str, module_level: bool) -> None:
