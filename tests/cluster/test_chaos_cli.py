@@ -40,7 +40,7 @@ def test_chaos_cli_report(tmp_path):
            "--seed", "7", "--report", str(rep)]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     env.pop("VNPU_TOKEN", None)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=root)
         print(p.stdout)

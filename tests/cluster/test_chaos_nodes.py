@@ -11,7 +11,7 @@ import pytest
 
 from runtime.cluster.procs import alive
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _chaos(*args, timeout=240, home=None):

@@ -24,7 +24,7 @@ from runtime.api import Runtime
 from runtime.cluster import ClusterSpec, LocalCluster
 
 pytestmark = pytest.mark.cluster
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VNPU = [sys.executable, "-m", "runtime.cli"]
 
 

@@ -22,7 +22,7 @@ from runtime.cluster.procs import alive, wait_gone
 
 pytestmark = pytest.mark.cluster
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ---------------------------------------------------------------------------------------------- /proc

@@ -27,7 +27,7 @@ from runtime.cluster import history_check
 from runtime.cluster.failover import DevicePool, FailoverOptions
 from runtime.cluster.jobrunner import JobRunner, MlpWorkload, checksum
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WL = MlpWorkload(d=32, hidden=64, batch=4)
 INPUTS = WL.make_inputs(6, seed=5)
 N = 24

@@ -12,7 +12,7 @@ from devices.errors import InvalidParamError
 from runtime.cluster.multinode import MultiNodeSpec, NodeSpec, multinode_from_yaml
 from runtime.cluster.actor_placement import CHIP_LABEL, HBM_LABEL
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 YAML = os.path.join(ROOT, "cluster.yaml")
 
 

@@ -1,6 +1,6 @@
 """The straggler rule on numbers (runtime.cluster.straggler): no devices, no clock -- time is the
 timestamp of each synthetic or recorded report.  The pool's use of it on real devices is in
-tests/test_failover.py."""
+tests/cluster/test_failover.py."""
 from __future__ import annotations
 
 import dataclasses

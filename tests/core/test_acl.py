@@ -185,7 +185,7 @@ def test_d2d_across_devices_and_host_memory(fresh):
 # ---------------------------------------------------------------------------------------------- the package
 def test_namespaces_are_real_modules_and_constants_are_complete():
     """acl.rt / acl.util / acl.mdl / acl.prof are the modules runtime.acl.rt ... (plain functions, their
-    own names, nothing renamed at import; what dir() of each lists: tests/test_acl_namespace.py), and acl
+    own names, nothing renamed at import; what dir() of each lists: tests/core/test_acl_namespace.py), and acl
     exposes every ACL_* code of the one error table."""
     import sys
 

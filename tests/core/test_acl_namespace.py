@@ -15,7 +15,7 @@ import pytest
 
 from runtime import acl
 
-REF = Path(__file__).resolve().parent / "reference" / "pyacl_api.txt"
+REF = Path(__file__).resolve().parents[1] / "reference" / "pyacl_api.txt"
 NAMESPACES = ("acl", "acl.rt", "acl.util", "acl.mdl", "acl.prof")
 LINE = re.compile(r"^(@constants|[a-z][a-z0-9_]*)\s+([PCUV])(\s.*)?$")
 

@@ -27,7 +27,7 @@ from runtime.atc.hostrun import HostRun
 from runtime.atc.om import HEADER_SIZE
 from runtime.models.weights import minilm_l3_onnx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from runtime.atc import compile_model, make_options
 from runtime.models.weights import minilm_l3_onnx
 from test_atc import atc_header, token_inputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CNN_K, CNN_DEPTH = 72, 4                       # longest reduction (3x3x8) and chained reductions of the CNN
 
 

@@ -33,7 +33,7 @@ from runtime.profiler.analysis import CATEGORIES, modeled_timeline, sweep
 from runtime.profiler.collector import Collector, RawProfile
 from runtime.profiler.hostcost import REFERENCE
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARENA = 16 << 20
 SECRET = "profiler-test-cluster-token-0123456789"
 

@@ -32,7 +32,7 @@ from runtime.sanitize.options import from_env, parse_options, parse_tools
 
 #: the cluster's devices also hold SmolLM2 (a third of it each, tensor parallel)
 CLUSTER_ARENA = 512 << 20
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 THIS = os.path.relpath(os.path.abspath(__file__))
 
 

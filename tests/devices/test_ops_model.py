@@ -2,7 +2,7 @@
 matmul, cnn): erf, sigmoid, clip, pow, equal, where, gather, strided_slice, concat, expand, fused_matmul,
 conv2d, max/avg pool, batch_norm.
 
-Same harness as tests/test_ops.py (every block of several block_dims runs on pattern-filled outputs; no
+Same harness as tests/devices/test_ops.py (every block of several block_dims runs on pattern-filled outputs; no
 element is written twice or never).  References are float64 numpy written independently of devices/ops: the
 convolution and the pools walk every output position with explicit window bounds.  Tolerances follow
 the computation: a reduction of length K in float32 drifts by about K * eps32 of its magnitude; float16

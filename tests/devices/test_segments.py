@@ -19,7 +19,7 @@ import pytest
 
 from devices import segments
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, VNPU_DEVICES="4", VNPU_HBM_BYTES=str(32 << 20), OPENBLAS_NUM_THREADS="1")
 ENV.pop("VNPU_BACKEND", None)
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: packages a device process must never import (top-level names)
 NOT_IN_A_DEVICE = {"runtime", "onnx", "onnxruntime", "tokenizers", "gguf", "safetensors", "fastapi", "uvicorn",
                    "starlette", "prometheus_client", "torch", "yaml", "openai"}

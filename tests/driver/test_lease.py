@@ -3,7 +3,7 @@ LAST watch of a client ended and nothing renewed it within the grace period, nev
 still holds one, and never after the device closed.  Grace periods are short (20 ms) and every wait is
 on a condition with a deadline; a wait that must time out (nothing released) waits 5 grace periods.
 
-The real protocol (WatchHealth streams over gRPC) is in tests/test_rpc.py."""
+The real protocol (WatchHealth streams over gRPC) is in tests/driver/test_rpc.py."""
 from __future__ import annotations
 
 import logging

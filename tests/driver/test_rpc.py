@@ -750,7 +750,7 @@ def test_a_client_that_dies_is_released_after_its_lease(fresh):
     keeper.memcpy_h2d(kp, bytes(range(256)) * 16)
     dev = srv.device
     used0, streams0, events0 = dev.arena.stats().used, len(dev.sched.streams), len(dev.sched.events)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.Popen([sys.executable, "-c", _DOOMED_CLIENT, repo, srv.server.address, TOKEN, str(dev.id)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

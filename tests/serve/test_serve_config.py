@@ -12,7 +12,7 @@ from runtime.serve.tenants import TenantRegistry, Unauthorized, key_digest
 
 pytestmark = pytest.mark.serve
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_example_config_parses():

@@ -13,7 +13,7 @@ claiming ``{"NPU": 1}`` then runs on that node) and its device's HBM is back to 
 are hung while the drain starts (``inject_fault("hang")``), so that the streams are certainly in flight
 then -- not a matter of timing.
 
-(Replicas sharing one raylet of a :class:`LocalCluster` are what tests/test_serve_heal_replicas.py runs;
+(Replicas sharing one raylet of a :class:`LocalCluster` are what tests/serve/test_serve_heal_replicas.py runs;
 this module ran this test on one node before the multi-node cluster existed, and no longer does, for the
 serve tier's time budget: the multi-node run makes every assertion the one-node run made.)
 """

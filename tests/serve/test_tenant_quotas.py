@@ -1,6 +1,6 @@
 """HTTP tenants' keys and quotas as pure logic (:mod:`runtime.serve.tenants`), on an injectable clock.
 
-The serve tier drives the same code through a real server (tests/test_serve_tenants.py); here each rule
+The serve tier drives the same code through a real server (tests/serve/test_serve_tenants.py); here each rule
 is pinned to its edge -- a request of exactly the per-minute quota passes and one token more does not, a
 charge leaves the window exactly 60 s after it was made, a concurrency slot is the last one at exactly the
 limit -- so that an off-by-one in a comparison fails a test (scripts/mutation.py, target ``tenants``).

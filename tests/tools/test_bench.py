@@ -14,7 +14,7 @@ import pytest
 
 from runtime.bench.bound import Bound, collective_bound, cores
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _cli(*args, env=None, timeout=300):

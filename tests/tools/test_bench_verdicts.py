@@ -1,7 +1,7 @@
 """The verdicts of the benchmarks whose full runs are too heavy to break on purpose in the suite (``bench
 sanitize``: four runtimes with SmolLM2 and MiniLM; ``bench serve --load-step``: Ray Serve replicas under a
 load step): each defect a run can show flips ``verified`` (and so the exit status) on its own.  The runs
-themselves are verified for real in the smoke tier (tests/test_smoke.py: bench sanitize) and by hand."""
+themselves are verified for real in the smoke tier (tests/tools/test_smoke.py: bench sanitize) and by hand."""
 from __future__ import annotations
 
 import copy

@@ -24,7 +24,7 @@ from cli_checks import cli
 from cli_checks import tripwires  # noqa: F401 - a fixture
 from devices import procstat, segments
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ATC_START = "ATC start working now, please wait for a moment."
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("devices", "driver", "runtime")
 
 #: the runtime core, bottom to top: (sub-layer name, module prefixes), ordered by the same rule as the layers.

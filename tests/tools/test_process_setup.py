@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: the packages a program imports without wanting a cluster
 PLAIN = ("devices", "driver", "runtime", "runtime.atc", "runtime.acl", "runtime.api", "runtime.hccl",

@@ -14,7 +14,7 @@ import sys
 import numpy as np  # noqa: F401 - the library whose thread pool is checked
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _GETTERS = ("openblas_get_num_threads", "openblas_get_num_threads64_", "scipy_openblas_get_num_threads64_",
             "scipy_openblas_get_num_threads")
 
@@ -49,8 +49,8 @@ def test_a_plain_pytest_run_gets_the_same_environment(tmp_path):
            if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTEST_ADDOPTS")}
     env["RAY_ADDRESS"] = "127.0.0.1:9"          # nobody's cluster: a test that attached would hang or fail
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
-                        "tests/test_session_env.py::test_blas_runs_one_thread",
-                        "tests/test_session_env.py::test_no_ray_address_in_the_session"],
+                        "tests/tools/test_session_env.py::test_blas_runs_one_thread",
+                        "tests/tools/test_session_env.py::test_no_ray_address_in_the_session"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     assert p.stdout.count("\nPASSED ") == 2, p.stdout[-2000:]

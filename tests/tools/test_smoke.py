@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.smoke, pytest.mark.cluster]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: benchmark -> tiny arguments (each also takes --json)
 BENCHES = {
