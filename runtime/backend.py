@@ -11,7 +11,7 @@ Backends are looked up by name in :data:`BACKENDS` (``VNPU_BACKEND`` picks one f
 the runtime core registers its own factory when its module is imported (:func:`register_backend`:
 ``runtime.cluster.remote`` registers ``cluster``).  A program that only names a backend (a script run with
 ``VNPU_BACKEND=cluster``) gets it through :data:`PROVIDERS`, the one place where the core names a module
-above it -- ``tests/test_layering.py`` reads that table as imports and checks that each module registers
+above it -- ``tests/tools/test_layering.py`` reads that table as imports and checks that each module registers
 the backend it provides.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Running a ``vnpu`` command in-process for argument-checking tests, and the tripwires that prove it did
 no work: whatever would start work -- a cluster, an in-process device, a chaos campaign -- is replaced by
-one that raises :class:`WorkStarted` (tests/test_cli_args.py, tests/test_cli_outputs.py)."""
+one that raises :class:`WorkStarted` (tests/tools/test_cli_args.py, tests/tools/test_cli_outputs.py)."""
 from __future__ import annotations
 
 import pytest

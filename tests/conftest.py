@@ -114,7 +114,7 @@ def rt(request):
 #: teardown of their fixtures included -- a module's cluster counts in its first test's setup).  Every run
 #: prints each tier's time against its budget; with VNPU_TIER_BUDGETS=enforce (CI) a tier over budget
 #: fails the run.  Tests themselves never assert wall-clock times.  A test that carries two tier markers
-#: (tests/test_serve_replicas.py: serve + multinode) counts in full in both tiers -- a budget is what
+#: (tests/serve/test_serve_replicas.py: serve + multinode) counts in full in both tiers -- a budget is what
 #: ``pytest -m TIER`` costs, and both selections run it -- so the budgets overlap and their sum is not the
 #: suite's time.  multinode: ~45 s for its own modules plus ~35 s for the Serve replicas on its cluster.
 TIER_BUDGETS_S = {"multinode": 130.0, "serve": 240.0, "security": 60.0, "smoke": 180.0}

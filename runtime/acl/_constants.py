@@ -10,7 +10,7 @@ from devices.arena import (ACL_MEM_MALLOC_HUGE1G_ONLY, ACL_MEM_MALLOC_HUGE1G_ONL
                            ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_HUGE_FIRST_P2P, ACL_MEM_MALLOC_HUGE_ONLY,
                            ACL_MEM_MALLOC_HUGE_ONLY_P2P, ACL_MEM_MALLOC_NORMAL_ONLY,
                            ACL_MEM_MALLOC_NORMAL_ONLY_P2P)
-# every ACL_* code of the error table (tests/test_acl.py checks that none is missing)
+# every ACL_* code of the error table (tests/core/test_acl.py checks that none is missing)
 from devices.errors import (  # noqa: F401
     ACL_ERROR_API_NOT_SUPPORT, ACL_ERROR_BAD_ALLOC, ACL_ERROR_DESERIALIZE_MODEL, ACL_ERROR_FAILURE,
     ACL_ERROR_FEATURE_UNSUPPORTED, ACL_ERROR_GE_DATATYPE_INVALID, ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID,

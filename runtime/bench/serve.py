@@ -126,7 +126,7 @@ def check(got: dict, ref: dict, max_tokens: int, tie_tol: float) -> str:
 def tie_tolerance(cfg) -> float:
     """How far apart two logits may be and still swap between a batched and a solo step: float32 rounding
     of the longest reduction chain (n_layers reductions of d_ff terms), ~4 sigma for each of two runs,
-    |logit| of SmolLM2 under ~30 (tests/test_serve_engine.py derives the same bound)."""
+    |logit| of SmolLM2 under ~30 (tests/serve/test_serve_engine.py derives the same bound)."""
     return 8 * math.sqrt(cfg.n_layers * cfg.d_ff) * 2.0 ** -24 * 30.0
 
 

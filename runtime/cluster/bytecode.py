@@ -17,7 +17,7 @@ import compileall
 import contextlib
 import os
 
-#: the packages a device process imports (tests/test_device_footprint.py: no runtime code in a device)
+#: the packages a device process imports (tests/driver/test_device_footprint.py: no runtime code in a device)
 DEVICE_PACKAGES = ("devices", "driver")
 
 

@@ -1,5 +1,5 @@
 """What a process sets up before it imports Ray: :func:`prepare`, called before every ``import ray`` of the
-product (``tests/test_layering.py`` checks that), and by ``vnpu``'s ``main``.
+product (``tests/tools/test_layering.py`` checks that), and by ``vnpu``'s ``main``.
 
 Ray reads its environment once, when it is first imported in a process, so whatever may be the first to
 import it prepares first; nothing happens when a module is imported (``import runtime.atc`` sets nothing

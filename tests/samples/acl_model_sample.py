@@ -1,6 +1,6 @@
 """An offline-model inference program in the style of the public pyACL samples' model wrapper.
 
-Written for real NPUs: it only talks to ``acl``.  tests/test_acl_mdl.py runs it on vnpu after changing
+Written for real NPUs: it only talks to ``acl``.  tests/core/test_acl_mdl.py runs it on vnpu after changing
 its ``import acl`` line and nothing else.  The flow is the samples' one: init, set device, create a
 context, load the .om, describe it, allocate one device buffer per input and output (sizes from the
 description) and wrap them in one dataset per side, then per request copy the inputs in, set the batch

@@ -1,0 +1,243 @@
+"""Cluster tier: real Ray actors, real gRPC over loopback.
+
+- `vnpu up` / `smi --json` / `down` from a subprocess leave no process, segment or temp file behind;
+- cluster.yaml passes Ray's own schema validation;
+- a Ray task that asks for `{"NPU": 2}` sees exactly two virtual devices through the runtime;
+- 1000 launches + one synchronize cost a handful of RPCs;
+- a dead device gives its CANN error while the other devices keep working.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from devices.errors import DeviceLostError
+from runtime.api import Runtime
+from runtime.cluster import ClusterSpec, LocalCluster
+
+pytestmark = pytest.mark.cluster
+ROOT = Path(__file__).resolve().parents[2]
+VNPU = [sys.executable, "-m", "runtime.cli"]
+
+
+def _segments() -> set[str]:
+    return set(glob.glob("/dev/shm/vnpu_*"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _procs_with(text: str) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if text.encode() in Path(f"/proc/{d}/cmdline").read_bytes():
+                    out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(ClusterSpec(devices=4, arena_bytes=64 << 20))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_cluster_yaml_passes_rays_validator():
+    import yaml
+    from ray.autoscaler._private.util import validate_config
+    cfg = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    validate_config(cfg)
+    head = cfg["available_node_types"][cfg["head_node_type"]]
+    assert head["resources"]["NPU"] == 4
+    assert head["labels"]["vnpu.chip"].startswith("Ascend")
+    from jsonschema.exceptions import ValidationError
+    bad = dict(cfg, npu_devices=4)          # an unknown top-level key is rejected by the schema
+    with pytest.raises(ValidationError) as ei:
+        validate_config(bad)
+    assert "'npu_devices' was unexpected" in str(ei.value)
+
+
+def test_npu_resource_task_sees_exactly_its_devices(cluster):
+    import ray
+
+    @ray.remote(resources={"NPU": 2}, num_cpus=0)
+    def visible():
+        from runtime.api import Runtime
+        from runtime.cluster.remote import RemoteBackend
+        rt = Runtime(RemoteBackend.connect())
+        try:
+            ids = [d.physical_id for d in rt.devices()]
+            dev = rt.device(1)
+            t = dev.from_numpy(np.arange(8, dtype=np.float32))
+            back = t.numpy()
+            t.free()
+            return os.environ.get("ASCEND_RT_VISIBLE_DEVICES"), rt.device_count(), ids, back.tolist()
+        finally:
+            rt.close()
+
+    env, count, ids, back = ray.get(visible.remote(), timeout=120)
+    assert count == 2
+    assert ids == [int(x) for x in env.split(",")]
+    assert back == list(range(8))
+
+
+def test_thousand_launches_cost_a_handful_of_rpcs(cluster):
+    rt = Runtime(cluster.backend())
+    try:
+        dev = rt.device(0)
+        a = dev.from_numpy(np.ones(16, np.float32))
+        out = dev.empty((16,))
+        s = dev.stream()
+        s.synchronize()
+        before = dev.handle.rpc_count
+        for _ in range(1000):
+            s.launch("add", [a, a], [out], block_dim=1)
+        s.synchronize()
+        rpcs = dev.handle.rpc_count - before
+        assert rpcs == 1, f"1000 launches + synchronize took {rpcs} RPCs"      # the launches ride on the wait
+        np.testing.assert_array_equal(out.numpy(), np.full(16, 2, np.float32))
+        a.free()
+        out.free()
+        s.destroy()
+    finally:
+        rt.close()
+
+
+def test_the_clusters_ray_token_is_owner_only(cluster):
+    """The cluster's Ray token (``~/.ray/auth_token``: the session's fresh HOME, tests/conftest.py, so this
+    cluster's start made it) is readable by its owner only -- Ray would have written it 0644."""
+    tok = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    assert os.stat(tok).st_mode & 0o777 == 0o600
+
+
+def test_dead_device_gives_its_error_and_others_keep_working(cluster):
+    """Kill one device process for real; its calls fail with the device-lost code, the rest work."""
+    rt = Runtime(cluster.backend())
+    try:
+        victim = rt.device(3)
+        pid = cluster.where[3]["pid"]
+        lost = victim.handle.watch_health(50)
+        os.kill(pid, signal.SIGKILL)
+        assert lost.wait(30), "the health watch did not notice the dead device"
+        with pytest.raises(DeviceLostError) as ei:
+            victim.malloc(64)
+        assert ei.value.code in (107022, 207004, 507010)
+        for i in range(3):
+            d = rt.device(i)
+            t = d.from_numpy(np.arange(4, dtype=np.float32))
+            np.testing.assert_array_equal(t.numpy(), np.arange(4, dtype=np.float32))
+            t.free()
+    finally:
+        rt.close()
+
+
+def test_up_smi_down_leave_nothing_behind(tmp_path):
+    env = dict(os.environ, VNPU_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    env.pop("VNPU_TOKEN", None)
+    seg0 = _segments()
+    temp_dir = None
+    run = lambda *a: subprocess.run(VNPU + list(a), cwd=ROOT, env=env, capture_output=True, text=True,  # noqa: E731
+                                    timeout=240)
+    try:
+        up = run("up", "--devices", "2", "--hbm-mb", "64")
+        assert up.returncode == 0, up.stderr
+        temp_dir = json.loads((tmp_path / "home" / "cluster.json").read_text())["temp_dir"]
+        assert _procs_with(temp_dir), "no Ray process runs for the cluster"
+        token = tmp_path / "home" / "token"
+        assert token.exists() and (token.stat().st_mode & 0o777) == 0o600
+        again = run("up", "--devices", "2")
+        assert again.returncode == 0 and "already up" in again.stdout
+        smi = run("smi", "--json")
+        assert smi.returncode == 0, smi.stderr
+        rows = json.loads(smi.stdout)["devices"]
+        assert [r["npu"] for r in rows] == [0, 1]
+        assert all(r["health"] == "OK" and r["hbm_total_mb"] == 64 for r in rows)
+        assert all(r["address"].startswith("127.") for r in rows)
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stderr
+    leaked = {p for p in _segments() - seg0 if not _pid_alive(int(os.path.basename(p).split("_")[1]))}
+    assert not leaked, f"segments of dead device processes left: {leaked}"
+    for line in up.stdout.splitlines():
+        if "/dev/shm/" in line:
+            assert not os.path.exists(line.split("arena ")[1].split()[0]), line
+    assert temp_dir and not _procs_with(temp_dir), "processes of the cluster still running"
+    assert not os.path.exists(temp_dir)
+    assert not (tmp_path / "home" / "cluster.json").exists()
+    assert not (tmp_path / "home" / "token").exists()
+
+
+RESTART_SCRIPT = r"""
+import json, threading
+from runtime.api import Runtime
+from runtime.cluster.remote import RemoteBackend
+from runtime.cluster.failover import wait_polled
+from runtime.serve.heal.actions import warm
+rt = Runtime(RemoteBackend.connect())
+old = rt.device(1)
+pid = rt.backend.where[1]["pid"]
+old.handle.inject_fault("kill")
+assert wait_polled(threading.Condition(), lambda: old.is_lost, 60)
+lost_after_kill = old.is_lost
+new = rt.restart_device(1)
+out = {"lost_after_kill": lost_after_kill, "old_still_lost": old.is_lost, "pid_before": pid,
+       "pid_after": rt.backend.where[1]["pid"], "health": new.health()[0], "warm_s": warm(new, 3),
+       "other_ok": not rt.device(0).is_lost and warm(rt.device(0), 1) >= 0,
+       "hbm_total": new.telemetry()["hbm_total"]}
+rt.close()
+print(json.dumps(out))
+"""
+
+
+def test_up_with_device_restarts_lets_a_killed_device_come_back(tmp_path):
+    """``vnpu up --device-restarts -1``: Ray starts a killed device actor again (same id and HBM size, a new
+    process); the runtime that saw it lost keeps its old handle lost, and ``Runtime.restart_device`` (what
+    the self-healing ``restart_device`` action calls) takes the new one back, healthy and warm (checked
+    kernel results).  ``down`` leaves nothing behind, the killed process's segment included."""
+    env = dict(os.environ, VNPU_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    env.pop("VNPU_TOKEN", None)
+    seg0 = _segments()
+    run = lambda *a: subprocess.run(VNPU + list(a), cwd=ROOT, env=env, capture_output=True, text=True,  # noqa: E731
+                                    timeout=240)
+    temp_dir = None
+    try:
+        up = run("up", "--devices", "2", "--hbm-mb", "64", "--device-restarts", "-1")
+        assert up.returncode == 0, up.stderr
+        assert "device actors restarted by Ray" in up.stdout
+        st = json.loads((tmp_path / "home" / "cluster.json").read_text())
+        temp_dir = st["temp_dir"]
+        assert st["device_restarts"] == -1
+        other = run("up", "--devices", "2", "--device-restarts", "2")          # not what is up: refused
+        assert other.returncode == 2 and "device restarts -1" in other.stderr
+        p = subprocess.run([sys.executable, "-c", RESTART_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=240)
+        assert p.returncode == 0, p.stderr[-3000:]
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        assert r["lost_after_kill"] and r["old_still_lost"]
+        assert r["pid_after"] != r["pid_before"] and r["health"] == "OK" and r["other_ok"]
+        assert r["hbm_total"] == 64 << 20
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stderr
+    leaked = {s for s in _segments() - seg0 if not _pid_alive(int(os.path.basename(s).split("_")[1]))}
+    assert not leaked, f"segments of dead device processes left: {leaked}"
+    assert temp_dir and not _procs_with(temp_dir), "processes of the cluster still running"

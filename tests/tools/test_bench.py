@@ -1,0 +1,127 @@
+"""Benchmarks that carry physical bounds and scale figures: the memory-bound reference does exactly the
+work of each collective (checked against numpy), ``vnpu bench hccl`` prints it beside every row, and
+``vnpu bench scale`` (smoke, 4 devices) reports start time, memory and a verified AllReduce.  Figures are
+printed, never asserted (tests do not time things); what is asserted is that they exist and add up."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from runtime.bench.bound import Bound, collective_bound, cores
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _cli(*args, env=None, timeout=300):
+    e = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(env or {}))
+    e.pop("VNPU_TOKEN", None)
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=e, cwd=ROOT)
+
+
+def _reference(op, ins, r, count, root):
+    n = len(ins)
+    if op == "allreduce":
+        return np.sum(ins, axis=0)
+    if op == "reduce":
+        return np.sum(ins, axis=0) if r == root else None
+    if op == "broadcast":
+        return ins[root] if r != root else None
+    if op == "reducescatter":
+        return np.sum([x[r * count:(r + 1) * count] for x in ins], axis=0)
+    if op == "allgather":
+        return np.concatenate(ins)
+    if op == "alltoall":
+        return np.concatenate([ins[q][r * count:(r + 1) * count] for q in range(n)])
+    raise ValueError(op)
+
+
+@pytest.mark.parametrize("op", ["allreduce", "reduce", "broadcast", "reducescatter", "allgather", "alltoall"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_bound_does_the_collectives_work(op, threads):
+    """The bound's buffers end up holding exactly what the collective produces (segment-blocked, split
+    over threads), so its time is the time of the real work."""
+    n, count = 3, 100_003                     # several segments, uneven thread slices
+    b = Bound(op, n, count, "float32")
+    try:
+        for r, x in enumerate(b.ins):
+            x[:] = (np.arange(x.size) * (r + 2)) % 17
+        b.run(threads)
+        for r in range(n):
+            want = _reference(op, [x.copy() for x in b.ins], r, count, 0)
+            if want is not None:
+                np.testing.assert_array_equal(b.outs[r], want)
+    finally:
+        b.close()
+
+
+def test_collective_bound_reports_both_thread_counts():
+    b = collective_bound("allreduce", 4, 1 << 16, iters=2)
+    assert b["t1_s"] > 0 and b["tn_s"] > 0 and b["threads"] == cores()
+    assert "skipped" in collective_bound("allreduce", 4, 1024, "bfloat16")
+
+
+def test_bench_hccl_rows_carry_the_bound():
+    """In-process devices (VNPU_BACKEND=local): every row has its bound, and the results are right."""
+    p = _cli("bench", "hccl", "--devices", "3", "--min-bytes", "256K", "--max-bytes", "1M", "--op",
+             "allreduce,allgather", "--no-baselines", "--json", env={"VNPU_BACKEND": "local"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["out_of_bounds"] == 0 and len(r["rows"]) == 6
+    for row in r["rows"]:
+        assert row["wrong"] == 0
+        assert row["bound"]["t1_us"] > 0 and row["bound"]["tn_us"] > 0 and row["bound"]["threads"] == cores()
+    print(json.dumps(r["rows"], indent=1))
+
+
+def test_bench_hccl_bad_arguments_exit_cleanly():
+    """Exit 2 with one line on stderr (runtime.cliargs), before any cluster starts."""
+    for args, says in ((["hccl", "--op", "scatter"], "argument --op"),
+                       (["scale", "--devices", "four"], "argument --devices"),
+                       (["scale", "--devices", "4,0"], "argument --devices"),
+                       (["scale", "--hbm-mb", "0"], "argument --hbm-mb"),
+                       (["scale", "--iters", "0"], "argument --iters"),
+                       (["scale", "--allreduce-bytes", "2"], "argument --allreduce-bytes")):
+        p = _cli("bench", *args, env={"VNPU_BACKEND": "local"})
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and says in lines[0], (args, p.stderr)
+        assert not p.stdout.strip()
+
+
+@pytest.mark.cluster
+def test_bench_scale_smoke():
+    """4 device actors: start time beside as many empty Ray actors, memory per device process, and an
+    AllReduce across all of them whose result is checked element by element."""
+    p = _cli("bench", "scale", "--devices", "4", "--hbm-mb", "8", "--iters", "3", "--json", timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["machine"]["cores"] == cores()
+    (row,) = r["rows"]
+    assert row["devices"] == 4 and row["start_s"] > 0 and row["plain_actors"]["start_s"] > 0
+    mem = row["memory"]
+    assert mem["n"] == 4 and 0 < mem["pss_median"] <= mem["rss_median"] <= mem["rss_max"]
+    assert row["plain_actors"]["rss_median"] > 0
+    assert mem["cpu_s_median"] > 0 and row["plain_actors"]["cpu_s_median"] > 0     # read from /proc
+    ar = row["allreduce"]
+    assert ar["wrong"] == 0 and ar["count"] == (1 << 20) // 4 and ar["time_us"] > 0
+    assert row["bound"]["t1_us"] > 0
+    print(json.dumps(row, indent=1))
+
+
+@pytest.mark.cluster
+def test_bench_hccl_on_device_actors_reports_their_cpu_time():
+    """On device actors of this machine each row also carries the device processes' CPU time per operator
+    beside the 1-thread bound's, and the results are right."""
+    p = _cli("bench", "hccl", "--devices", "2", "--min-bytes", "4M", "--max-bytes", "4M", "--no-baselines", "--json",
+             env={"VNPU_BACKEND": "cluster"}, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    (row,) = r["rows"]
+    assert row["wrong"] == 0 and r["backend"] == "cluster"
+    assert row["cpu_us"] > 0 and row["bound"]["cpu1_us"] > 0
+    print(json.dumps(row, indent=1))

@@ -1,0 +1,131 @@
+"""Smoke tier (marker ``smoke``; budget ~3 min on 2 cores: the cluster, SmolLM2 loads): every ``vnpu
+bench ... --json`` at a tiny size against one small ``vnpu up`` cluster reports verified results and exits
+0; a benchmark whose verification fails exits 1; one model job runs on the cluster backend.
+
+The benchmarks run as the user runs them (a subprocess each, attached to the cluster through VNPU_HOME);
+the failing-verification cases run in this process, where a defect can be planted in the runtime."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.smoke, pytest.mark.cluster]
+ROOT = Path(__file__).resolve().parents[2]
+
+#: benchmark -> tiny arguments (each also takes --json)
+BENCHES = {
+    "launch": ["--launches", "20", "--repeat", "1"],
+    "memcpy": ["--min-bytes", "4K", "--max-bytes", "8K", "--grpc-max-bytes", "4K"],
+    "hccl": ["--devices", "2", "--op", "allreduce,allgather", "--min-bytes", "64", "--max-bytes", "256",
+             "--iters", "1", "--warmup", "0", "--no-baselines", "--dtype", "bfloat16"],
+    "mdl": ["--batch", "1", "--seq", "8", "--rounds", "1", "--backend", "cluster"],
+    "infer": ["--tokens", "2", "--rounds", "1", "--no-multi", "--backend", "cluster"],
+    "serve": ["--concurrency", "1", "--requests", "1", "--max-tokens", "2", "--backend", "cluster"],
+    "sanitize": ["--tokens", "3", "--rounds", "1", "--sentences", "8", "--launches", "10"],   # in-process, ~25 s
+    "memory": ["--pairs", "20", "--raw-pairs", "20", "--steps", "20", "--seeds", "1", "--defrag-tensors", "2"],
+    "scale": ["--devices", "2", "--hbm-mb", "64", "--allreduce-bytes", "1K", "--iters", "1", "--no-baseline"],
+    "overhead": ["--steps", "2", "--layers", "1", "--tokens", "4", "--hidden", "64", "--ffn", "128", "--rounds", "0"],
+}
+
+
+def _vnpu(args, env, timeout=300):
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def cluster_env(tmp_path_factory):
+    env = dict(os.environ, VNPU_HOME=str(tmp_path_factory.mktemp("smoke") / "home"))
+    for k in ("VNPU_TOKEN", "RAY_ADDRESS", "VNPU_BIND", "VNPU_BACKEND"):
+        env.pop(k, None)
+    up = _vnpu(["up", "--devices", "2", "--hbm-mb", "1024"], env)     # sparse: SmolLM2 needs ~540 MB
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield env
+    finally:
+        down = _vnpu(["down"], env)
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_bench_commands_report_verified_results(cluster_env):
+    from runtime.bench import BENCHMARKS
+    assert set(BENCHES) == set(BENCHMARKS), "a benchmark without a smoke run"
+    for name, args in BENCHES.items():
+        p = _vnpu(["bench", name, *args, "--json"], cluster_env)
+        assert p.returncode == 0, f"bench {name}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+        assert res["verified"] is True, (name, res)
+
+
+# In a child process each (a process attached to the cluster as a Ray driver holds files under its
+# temp dir, and `vnpu down` stops every process that does).
+_FAILED_VERIFICATION = """
+import json, sys
+import numpy as np
+from runtime import api
+from runtime.cli import main
+memcpy, launch = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+real_d2h = api.Device.memcpy_d2h
+
+def corrupt(self, src, nbytes, out=None):          # a copy that comes back different
+    res = real_d2h(self, src, nbytes, out)
+    res.reshape(-1).view(np.uint8)[0] ^= 0xFF
+    return res
+api.Device.memcpy_d2h = corrupt
+rc_memcpy = main(["bench", "memcpy", *memcpy, "--json"])
+api.Device.memcpy_d2h = real_d2h
+real_launch = api.Stream.launch                     # a kernel that computes something else
+api.Stream.launch = lambda self, kernel, *a, **k: real_launch(self, "mul" if kernel == "add" else kernel, *a, **k)
+rc_launch = main(["bench", "launch", *launch, "--json"])
+print(json.dumps({"memcpy": rc_memcpy, "launch": rc_launch}))
+"""
+
+_MODEL_JOB = """
+import json
+import numpy as np
+from runtime.cluster import cluster_runtime
+from runtime.models.bench import numpy_bert
+from runtime.models.bert import EmbedJob, load_encoder
+texts = ["virtual devices run kernels", "a cluster of two", "embeddings over gRPC"]
+cfg, w = load_encoder("minilm-l3")
+with cluster_runtime() as rt:
+    backend, n = rt.backend.name, rt.device_count()
+    with EmbedJob(rt, "minilm-l3", devices=2, parallel="tp", batch_size=4) as job:
+        got = job.embed(texts)
+        ids, mask = job.tok.encode_batch(texts)
+    collectives = job.last_stats.collectives
+want = numpy_bert(w, cfg.n_layers, ids, mask, cfg.normalize)
+print(json.dumps({"backend": backend, "devices": n, "shape": list(got.shape), "collectives": collectives,
+                  "max_abs_diff": float(np.abs(got - want).max())}))
+"""
+
+
+def _child(code: str, env, *args) -> dict:
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, env=env,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
+
+
+def test_a_failed_verification_exits_1(cluster_env):
+    """A copy that comes back different (memcpy), a kernel that computes something else (launch): the
+    benchmark says so in its JSON and exits 1."""
+    mem, la, rcs = _child(_FAILED_VERIFICATION, cluster_env, json.dumps(BENCHES["memcpy"]),
+                          json.dumps(BENCHES["launch"]))
+    assert rcs == {"memcpy": 1, "launch": 1}
+    assert mem["verified"] is False and la["verified"] is False
+    assert not all(r["verified"] for r in mem["rows"])
+
+
+def test_a_model_job_on_the_cluster_backend(cluster_env):
+    """MiniLM-L3 embeddings, tensor parallel over the cluster's two device actors, equal numpy's."""
+    (r,) = _child(_MODEL_JOB, cluster_env)
+    assert r["backend"] == "cluster" and r["devices"] == 2 and r["shape"] == [3, 384], r
+    assert r["collectives"] == 2 * 3 * 2, r            # 2 all-reduces a layer, 3 layers, on each of 2 ranks
+    assert r["max_abs_diff"] <= 1e-4, r
