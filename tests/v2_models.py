@@ -83,7 +83,12 @@ class NumpyRepository:
         self.requests: list[InferRequest] = []          #: every request that reached submit, in order
         self.cancelled = 0                              #: futures cancelled before they ran
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="numpy-model")
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+
+    def wait_for(self, pred: Callable[["NumpyRepository"], bool], timeout: float = 30.0) -> bool:
+        """Block until ``pred(self)`` holds (re-checked on every request submitted or cancelled)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: pred(self), timeout)
 
     def _get(self, name: str, version: str | None) -> FnModel:
         m = self.models.get(name)
@@ -110,6 +115,7 @@ class NumpyRepository:
             raise Unavailable(f"model {request.model!r} is not loaded")
         with self._lock:
             self.requests.append(request)
+            self._lock.notify_all()
         fut = self._pool.submit(self._run, m, request)
         fut.add_done_callback(self._count_cancelled)
         return fut
@@ -118,6 +124,7 @@ class NumpyRepository:
         if fut.cancelled():
             with self._lock:
                 self.cancelled += 1
+                self._lock.notify_all()
 
     def _run(self, m: FnModel, req: InferRequest) -> InferResult:
         m.calls += 1

@@ -36,7 +36,7 @@ async def _infer(request: Request, tenant: Tenant, st: ServeState, model: str, v
     args = (st, tenant, model, version, body, request.headers.get(HEADER_LENGTH))
     meta, wire, req = await blocking(_parse_and_prepare, *args) if big else _parse_and_prepare(*args)
     request.state.admitted = True
-    result = await execute(st.service, req, disconnected(request))
+    result = await execute(st.service, req, lambda: disconnected(request))
     if result is None:
         return client_gone()
     big = sum(getattr(a, "nbytes", 0) for a in result.outputs.values()) >= OFF_LOOP_BYTES

@@ -7,7 +7,7 @@ HTTP route and the gRPC service only translate).
    off the event loop for a large request (:data:`OFF_LOOP_BYTES`).
 2. :func:`execute`: the tenant's quota ticket for the request's rows (429; for a tensor model one "token"
    of a quota is one sample, a batch row), the request to the repository (503 when its queue is full),
-   then the result -- or, when the client goes away (``gone`` completes, or the awaiting task is
+   then the result -- or, when the client goes away (``gone()`` completes, or the awaiting task is
    cancelled: a gRPC call cancelled or past its deadline), the request is cancelled (dropped if its batch
    has not started), the concurrency slot freed at once and the charge settled once the engine is done
    with it (rows that ran are charged).
@@ -15,7 +15,7 @@ HTTP route and the gRPC service only translate).
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable
+from typing import Awaitable, Callable
 
 from ..api.handling import admit_tenant
 from ..engine.errors import Unavailable
@@ -49,8 +49,10 @@ def _settle_when_done(fut, ticket, rows: int) -> None:
     fut.add_done_callback(done)
 
 
-async def execute(service, req: InferRequest, gone: Awaitable | None = None) -> InferResult | None:
-    """Run ``req`` (after :func:`prepare`); its result, or None when the client went away (``gone``)."""
+async def execute(service, req: InferRequest,
+                  gone: Callable[[], Awaitable] | None = None) -> InferResult | None:
+    """Run ``req`` (after :func:`prepare`); its result, or None when the client went away (``gone()``: an
+    awaitable that completes then, made once the request is queued)."""
     repo = model_view(service, req.tenant, req.model)
     ticket = admit_tenant(service, req.tenant, req.rows)
     try:
@@ -59,7 +61,7 @@ async def execute(service, req: InferRequest, gone: Awaitable | None = None) -> 
         ticket.settle(0, 0)
         raise
     work = asyncio.wrap_future(fut)
-    watch = asyncio.ensure_future(gone) if gone is not None else None
+    watch = asyncio.ensure_future(gone()) if gone is not None else None
     answered = False
     try:
         waits = {work} if watch is None else {work, watch}

@@ -42,29 +42,28 @@ def _flat(data, what: str) -> list:
 
 
 def _numeric(flat: list, dt: Datatype, what: str) -> np.ndarray:
-    try:
-        arr = np.asarray(flat)
-    except (ValueError, TypeError, OverflowError) as e:
-        raise InvalidRequest(f"{what}: data is not a list of {dt.name} values ({e})", "data") from None
-    if arr.size == 0:
-        return arr.astype(dt.dtype)
-    kind = arr.dtype.kind
-    if dt.name == "BOOL":
-        ok = kind == "b"
-    elif dt.dtype.kind in "iu":
-        ok = kind in "iu"
-        if ok:
+    """JSON values as ``dt``: true/false for BOOL, integers in range for the integer types, numbers for the
+    floating types (exact types checked: a bool is not an integer here)."""
+    kind = dt.dtype.kind
+    if kind == "b":
+        ok, want = all(type(x) is bool for x in flat), "true/false"
+    elif kind in "iu":
+        ok, want = all(type(x) is int for x in flat), "integers"
+        if ok and flat:
             info = np.iinfo(dt.dtype)
-            if int(arr.min()) < info.min or int(arr.max()) > info.max:
-                raise InvalidRequest(f"{what}: a value is out of the range of {dt.name} "
-                                     f"[{info.min}, {info.max}]", "data")
+            if min(flat) < info.min or max(flat) > info.max:
+                raise InvalidRequest(f"{what}: a value is out of the range of {dt.name} [{info.min}, {info.max}]",
+                                     "data")
     else:
-        ok = kind in "iuf"
+        ok, want = all(type(x) in (int, float) for x in flat), "numbers"
     if not ok:
-        want = "true/false" if dt.name == "BOOL" else "integers" if dt.dtype.kind in "iu" else "numbers"
-        raise InvalidRequest(f"{what}: {dt.name} data must be {want}, got {arr.dtype.kind!r}-kind values "
-                             f"(e.g. {flat[0]!r})", "data")
-    return arr.astype(dt.dtype)
+        bad = next(x for x in flat if not (type(x) is bool if kind == "b" else type(x) is int if kind in "iu"
+                                           else type(x) in (int, float)))
+        raise InvalidRequest(f"{what}: {dt.name} data must be {want}, got {bad!r}", "data")
+    try:
+        return np.array(flat, dtype=dt.dtype)
+    except OverflowError:                      # an integer too large for a float
+        raise InvalidRequest(f"{what}: a value is out of the range of {dt.name}", "data") from None
 
 
 def from_json(data, dt: Datatype, shape: tuple[int, ...], what: str) -> np.ndarray:
