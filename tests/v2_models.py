@@ -10,7 +10,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 
 from runtime.serve.engine.errors import ModelNotFound, Unavailable
 from runtime.serve.v2 import (Duration, DynamicBatching, IndexEntry, InferRequest, InferResult, InstanceGroup,

@@ -388,7 +388,7 @@ class Server:
         check_bind(host, service.tenants, allow_unauthenticated)
         self.grpc = None
         if grpc_port is not None:
-            from .v2.grpc_service import GrpcInferenceServer        # gRPC only for servers that serve it
+            from .v2.grpc_server import GrpcInferenceServer        # gRPC only for servers that serve it
             self.grpc = GrpcInferenceServer(service, host, grpc_port, http.max_body_bytes, allow_unauthenticated)
         self.service = service
         self.limits = http

@@ -8,7 +8,8 @@ data, and the gRPC ``inference.GRPCInferenceService``, over a
 - :mod:`.request`, :mod:`.http_codec`, :mod:`.grpc_codec`: parsed requests, the REST and gRPC bodies;
 - :mod:`.documents`: the JSON documents (metadata, config, index, statistics) both transports answer;
 - :mod:`.access`, :mod:`.inference`: what a caller may see, and one inference flow for both transports;
-- :mod:`.http_routes`, :mod:`.http_infer`: the FastAPI routes; :mod:`.grpc_service`: the gRPC server.
+- :mod:`.http_routes`, :mod:`.http_infer`: the FastAPI routes; :mod:`.grpc_service`: the gRPC servicer,
+  :mod:`.grpc_server`: its server.
 """
 from .repository import (BatchStats, Duration, DynamicBatching, IndexEntry, InferRequest, InferResult,
                          InstanceGroup, ModelConfig, ModelMetadata, ModelRepositoryView, ModelStats, QueuePolicy,

@@ -35,7 +35,6 @@ async def _infer(request: Request, tenant: Tenant, st: ServeState, model: str, v
     big = len(body) >= OFF_LOOP_BYTES
     args = (st, tenant, model, version, body, request.headers.get(HEADER_LENGTH))
     meta, wire, req = await blocking(_parse_and_prepare, *args) if big else _parse_and_prepare(*args)
-    request.state.admitted = True
     result = await execute(st.service, req, lambda: disconnected(request))
     if result is None:
         return client_gone()

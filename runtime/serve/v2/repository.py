@@ -141,7 +141,7 @@ class InferRequest:
     """One inference request as the engine gets it, checked against the model's metadata."""
     model: str
     version: str | None                      #: None: the server's choice
-    inputs: Mapping[str, np.ndarray]         #: by input name; BYTES inputs are object arrays of bytes
+    inputs: Mapping[str, np.ndarray]         #: by input name (read-only: copy to modify); BYTES: object arrays of bytes
     outputs: tuple[str, ...]                 #: the outputs asked for (every output of the model when empty)
     rows: int                                #: batch rows (the first dimension; 1 for a model that does not batch)
     tenant: Tenant                           #: who asks (its priority class, its quotas were charged)
