@@ -214,6 +214,18 @@ def test_grpc_infer_with_raw_and_typed_contents(served, gc):
     np.testing.assert_array_equal(out, (np.array([1, -2, 3, -4, 5, 2**31 - 1], dtype=np.int32) * 2).reshape(2, 3))
 
 
+def test_request_parameters_reach_the_model_with_the_tenant(served, hc, gc):
+    a, b = rows(2, 8)
+    hc.infer("add_sub", add_sub_inputs(th, a, b), priority=2, timeout=5000, request_id="p-1", headers=H("user"))
+    r = served.repo.requests[-1]
+    assert (r.priority, r.timeout_us, r.id, r.tenant.name, r.rows, r.outputs) == (2, 5000, "p-1", "user", 2, ())
+    assert r.inputs["INPUT0"].dtype == np.float32 and r.inputs["INPUT0"].shape == (2, 4)
+    gc.infer("add_sub", add_sub_inputs(tg, a, b), outputs=[tg.InferRequestedOutput("OUTPUT1")], priority=1,
+             headers=H("limited"))
+    r = served.repo.requests[-1]
+    assert (r.priority, r.timeout_us, r.tenant.name, r.outputs, r.version) == (1, None, "limited", ("OUTPUT1",), None)
+
+
 def _echo_data(dt: str) -> np.ndarray:
     if dt == "BYTES":
         return np.array([[b"abc", b"", "n\u00e4h".encode()], [b"x" * 40, b"0", b"\xe2\x82\xac"]], dtype=object)

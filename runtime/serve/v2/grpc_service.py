@@ -25,7 +25,7 @@ from driver import wire
 
 from ..api.errors import status_of
 from ..api.handling import outcome_of
-from ..engine.errors import InvalidRequest
+from ..engine.errors import InvalidRequest, ServeError
 from . import documents as D
 from .access import live, model_view, need_admin, ready, repository_of, visible_index
 from .grpc_codec import M, encode_response, message, parse_request
@@ -60,7 +60,7 @@ def _rpc(open_: bool = False, model: bool = False):
             except Exception as e:  # noqa: BLE001 - every refusal answered as a status, never a traceback
                 exc = e
                 status, msg = status_of(e)
-                if status >= 500 and status != 503:
+                if status == 500 and not isinstance(e, ServeError):     # not in the table: a bug, logged
                     log.exception("gRPC %s failed", fn.__name__)
             finally:
                 if tenant is not None:
