@@ -7,6 +7,10 @@ run ``scripts/setup.sh`` -- when the output is missing or older than the ``.prot
 
 protoc writes imports relative to the proto root (``from vnpu.v1 import dms_pb2``); they are rewritten to
 ``from driver._gen.vnpu.v1 import dms_pb2`` so the generated package needs no ``sys.path`` entry.
+The public protocols vnpu serves (``proto/inference``: KServe's ``inference`` package) are built into a
+descriptor pool of their own, not protobuf's default one: their official clients (``tritonclient.grpc``)
+register the same message names in the default pool, and a process that imports both -- a test, a
+benchmark driving ``vnpu serve`` -- must not fail with "duplicate symbol".
 Generation runs under a file lock into a scratch folder and swaps each file in atomically, so processes
 that import the driver at the same moment (Ray workers, test runners) never see half-written code.
 """
@@ -24,6 +28,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 OUT_DIR = ROOT / "driver" / "_gen"
 GEN_PACKAGE = "driver._gen"
+#: proto packages vnpu owns (their messages go to protobuf's default pool); any other top-level folder
+#: under proto/ holds a public protocol whose messages go to a pool of their own (:func:`_own_pool`)
+OWN_PACKAGES = frozenset({"vnpu"})
 
 
 def stale() -> bool:
@@ -46,6 +53,16 @@ def _rewrite_imports(text: str, top_packages: set[str]) -> str:
         text = re.sub(rf"^from ((?:{alt})(?:\.\w+)*) import ", rf"from {GEN_PACKAGE}.\1 import ", text,
                       flags=re.M)
     return re.sub(r"^import (\w+_pb2)( as \w+)?$", rf"from {GEN_PACKAGE} import \1\2", text, flags=re.M)
+
+
+def _own_pool(text: str) -> str:
+    """A generated ``*_pb2.py`` that builds its file into a private descriptor pool instead of the default
+    one (messages, serialization and the gRPC stubs work the same)."""
+    new, n = re.subn(r"^DESCRIPTOR = _descriptor_pool\.Default\(\)\.AddSerializedFile\(",
+                     "_POOL = _descriptor_pool.DescriptorPool()\nDESCRIPTOR = _POOL.AddSerializedFile(", text, flags=re.M)
+    if n != 1:
+        raise RuntimeError("generated code does not build its descriptor as expected (protoc changed?)")
+    return new
 
 
 def generate() -> None:
@@ -72,7 +89,10 @@ def generate() -> None:
             for f in sorted(tmp.rglob("*.py")):
                 rel = f.relative_to(tmp)
                 if f.name != "__init__.py":
-                    f.write_text(_rewrite_imports(f.read_text(), tops))
+                    text = _rewrite_imports(f.read_text(), tops)
+                    if f.name.endswith("_pb2.py") and rel.parts[0] not in OWN_PACKAGES:
+                        text = _own_pool(text)
+                    f.write_text(text)
                 dest = OUT_DIR / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 if f.name == "__init__.py" and dest.exists():

@@ -1,7 +1,10 @@
 """The wire: the one module that imports the generated gRPC/protobuf code, and the one codec.
 
 Everything that crosses the network goes through here: the stubs, servicer bases and ``add_*_to_server``
-functions of the two services (``vnpu.v1.DeviceManagement`` = DMS, ``vnpu.v1.ResourceManagement`` = RMS),
+functions of the two services (``vnpu.v1.DeviceManagement`` = DMS, ``vnpu.v1.ResourceManagement`` = RMS)
+and of the Open Inference Protocol's ``inference.GRPCInferenceService`` that ``vnpu serve`` answers
+(:data:`inference`: its messages, built into a descriptor pool of their own, see :mod:`driver.protogen`;
+``runtime.serve.v2.grpc_codec`` converts them),
 the conversions between :mod:`devices.tasks` ops / :class:`~devices.kernel.TensorDesc` / telemetry dicts /
 health reports / fault parameters and protobuf messages, the structured error detail every failed call
 carries, the metadata keys, the message-size limits and the mapping between CANN error codes and gRPC
@@ -25,6 +28,7 @@ from driver import protogen  # noqa: E402
 
 protogen.check()
 
+from driver._gen.inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc  # noqa: E402
 from driver._gen.vnpu.v1 import dms_pb2, dms_pb2_grpc, rms_pb2, rms_pb2_grpc, status_pb2  # noqa: E402
 
 from devices import errors  # noqa: E402
@@ -54,6 +58,13 @@ add_ResourceManagementServicer_to_server = rms_pb2_grpc.add_ResourceManagementSe
 
 dms = dms_pb2      #: message classes of the DMS
 rms = rms_pb2      #: message classes of the RMS
+
+INFERENCE_SERVICE = grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+INFERENCE_NAME = INFERENCE_SERVICE.full_name      #: "inference.GRPCInferenceService" (KServe v2, Triton)
+GRPCInferenceServiceStub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub
+GRPCInferenceServiceServicer = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceServicer
+add_GRPCInferenceServiceServicer_to_server = grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
+inference = grpc_predict_v2_pb2    #: message classes of the Open Inference Protocol
 
 # ---------------------------------------------------------------- conventions
 AUTH_KEY = "authorization"          #: metadata: "Bearer <credential>" (a tenant credential or the cluster token)

@@ -69,11 +69,14 @@ class Frontend:
     :attr:`engines` by model name."""
 
     def __init__(self, rt, specs: tuple[ModelSpec, ...], tenants: tuple[Tenant, ...] = (),
-                 clock: Callable[[], float] = time.monotonic):
-        if not specs:
+                 clock: Callable[[], float] = time.monotonic, model_repository=None):
+        if not specs and model_repository is None:
             raise Unavailable("no model to serve (give --model or a config with models)")
         self.specs = specs
         self.engines: dict[str, object] = {}
+        #: the models served over the Open Inference Protocol (a runtime.serve.v2.ModelRepositoryView: the
+        #: /v2 routes and the gRPC inference service); None: none
+        self.model_repository = model_repository
         self.tenants = TenantRegistry(tuple(tenants))
         self.quotas = Quotas(clock)
         max_len = max([m.engine.max_model_len for m in self.specs if m.kind == "generate"] or [512])
@@ -373,14 +376,20 @@ class Server:
 
     def __init__(self, service: Frontend, host: str = "127.0.0.1", port: int = 0,
                  allow_unauthenticated: bool = False, http: HttpLimits = HttpLimits(),
-                 tokenizer: TokenizePool | None = None):
+                 tokenizer: TokenizePool | None = None, grpc_port: int | None = None):
         """Raises InvalidParamError for an open server (no API keys) on a non-loopback ``host`` unless
         ``allow_unauthenticated``.  ``http``: what one client may send (:mod:`runtime.serve.limits`: body
         size, header and body deadlines, connections per client and in all); ``tokenizer``: the pool that
         tokenizes requests -- the caller's, which the caller closes (default: the server's own of
-        ``http.tokenizer_threads`` threads, closed when the server stops)."""
+        ``http.tokenizer_threads`` threads, closed when the server stops); ``grpc_port``: also serve the
+        Open Inference Protocol over gRPC on ``host`` (0: a free port, :attr:`grpc_url` once started;
+        messages up to ``http.max_body_bytes``)."""
         import uvicorn
         check_bind(host, service.tenants, allow_unauthenticated)
+        self.grpc = None
+        if grpc_port is not None:
+            from .v2.grpc_server import GrpcInferenceServer        # gRPC only for servers that serve it
+            self.grpc = GrpcInferenceServer(service, host, grpc_port, http.max_body_bytes, allow_unauthenticated)
         self.service = service
         self.limits = http
         self.tokenizer = tokenizer or TokenizePool(http.tokenizer_threads)
@@ -403,8 +412,15 @@ class Server:
         h = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{h}:{self.port}"
 
+    @property
+    def grpc_url(self) -> str | None:
+        """``host:port`` of the gRPC inference service (None: not served)."""
+        return None if self.grpc is None else self.grpc.url
+
     def start(self, timeout: float = 30.0) -> "Server":
         """Serve on a thread; returns once bound (raises if uvicorn could not bind)."""
+        if self.grpc is not None:
+            self.grpc.start(timeout)
         self._thread = threading.Thread(target=self.uv.run, name="vnpu-serve-http", daemon=True)
         self._thread.start()
         while not self.uv.bound.wait(0.05):
@@ -415,11 +431,15 @@ class Server:
 
     def serve_forever(self, on_bound: Callable[["Server"], None] | None = None) -> None:
         """Run uvicorn in this (main) thread until SIGTERM/SIGINT has drained the engines."""
+        if self.grpc is not None:
+            self.grpc.start()
         if on_bound is not None:
             threading.Thread(target=lambda: (self.uv.bound.wait(), on_bound(self)), daemon=True).start()
         try:
             self.uv.run()
         finally:
+            if self.grpc is not None:
+                self.grpc.stop()
             if self._owns_tokenizer:
                 self.tokenizer.close()
 
@@ -434,6 +454,8 @@ class Server:
         try:
             self.drain(drain_timeout)
         finally:
+            if self.grpc is not None:
+                self.grpc.stop()
             self.uv.should_exit = True
             if self._thread is not None:
                 self._thread.join(GRACEFUL_SHUTDOWN_S)

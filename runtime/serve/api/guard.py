@@ -10,7 +10,7 @@ body (:class:`runtime.serve.limits.HttpLimits`).
 3. **Body deadline.**  The whole body must arrive within ``body_timeout_s`` of the headers (408 -- a slow
    body, or a ``Content-Length`` larger than what is sent); a client that goes away meanwhile gets nothing.
 
-Every refusal here is in OpenAI's error shape, carries ``x-request-id`` and closes the connection; the rest
+Every refusal here is in OpenAI's error shape (the Open Inference Protocol's on ``/v2`` routes), carries ``x-request-id`` and closes the connection; the rest
 of a refused body is never kept (read and dropped for a few seconds at most, so that a client still
 uploading reads the answer rather than a reset); on a model route it is counted as the sampler's
 ``client`` outcome.  The body,
@@ -26,11 +26,12 @@ import uuid
 
 from ..engine.errors import ServeError
 from ..limits import HttpLimits
-from .errors import error_response, from_exception
-from .handling import MODEL_ROUTES, outcome_of
+from .errors import error_response, from_exception, shaped
+from .handling import model_route, outcome_of
 
-#: paths served without an API key (load balancers' and orchestrators' probes)
-OPEN_PATHS = frozenset({"/health"})
+#: paths served without an API key (load balancers' and orchestrators' probes, the Open Inference
+#: Protocol's health probes included)
+OPEN_PATHS = frozenset({"/health", "/v2/health/live", "/v2/health/ready"})
 #: how long, and how much, a refused request's remaining body is read and dropped before the connection
 #: closes (see :meth:`RequestGuard._refuse`)
 LINGER_S = 5.0
@@ -111,9 +112,10 @@ class RequestGuard:
         :data:`LINGER_BYTES`, before the connection closes: closing a socket with unread data resets it, and
         a client still uploading would see the reset instead of the answer (what nginx's lingering close
         is for).  Nothing of it is kept."""
+        resp = shaped(scope["path"], resp)
         resp.headers["connection"] = "close"
         resp.headers["x-request-id"] = _header(scope, b"x-request-id") or uuid.uuid4().hex
-        if scope["path"] in MODEL_ROUTES:
+        if model_route(scope["path"]):
             self.service.observe(outcome_of(resp.status_code, None, False), time.monotonic() - t0)
         await send({"type": "http.response.start", "status": resp.status_code, "headers": resp.raw_headers})
         await send({"type": "http.response.body", "body": resp.body, "more_body": linger})

@@ -16,13 +16,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.errors import QueueFull, ServeError
 from ..tenants import Forbidden, RateLimited, Tenant
-from .errors import ERRORS, error_response, from_exception
+from .errors import ERRORS, error_response, from_exception, shaped
 from .state import ServeState, serve_state, state_of
 
 log = logging.getLogger("vnpu.serve")
 
-#: the routes whose requests the sampler counts (qps, latency, error and shed rates)
+#: the routes whose requests the sampler counts (qps, latency, error and shed rates); with the Open
+#: Inference Protocol's inference routes (:func:`model_route`)
 MODEL_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+
+
+def model_route(path: str) -> bool:
+    """Whether a request to ``path`` is a model request the sampler counts: an OpenAI model route or a
+    ``POST /v2/models/{m}[/versions/{v}]/infer``."""
+    return path in MODEL_ROUTES or (path.startswith("/v2/models/") and path.endswith("/infer"))
 
 #: exception classes that mean "shed by admission control" (not a server failure)
 SHED = (RateLimited, QueueFull)
@@ -51,7 +58,7 @@ async def count_request(request: Request, call_next):
     t = getattr(request.state, "tenant", None)
     if t is not None:
         st.tenant_metrics.requests.labels(t.name, str(resp.status_code)).inc()
-    if request.url.path in MODEL_ROUTES and not getattr(request.state, "streaming", False):
+    if model_route(request.url.path) and not getattr(request.state, "streaming", False):
         st.service.observe(outcome_of(resp.status_code, getattr(request.state, "exc", None),
                                       getattr(request.state, "admitted", False)), time.monotonic() - t0)
     return resp
@@ -74,24 +81,29 @@ async def admin_of(request: Request) -> Tenant:
 
 
 # ---------------------------------------------------------------------------------------------- quotas
-def _counted(st: ServeState, tenant: Tenant, check, tokens: int):
+def _counted(service, tenant: Tenant, check, tokens: int):
     try:
         return check(tenant, tokens)
     except RateLimited as e:
-        st.tenant_metrics.rate_limited.labels(tenant.name, e.limit).inc()
+        service.tenant_metrics.rate_limited.labels(tenant.name, e.limit).inc()
         raise
 
 
 def precheck(request: Request, tenant: Tenant, min_tokens: int) -> None:
     """Before tokenizing: 429 now when the quotas will refuse a request of at least ``min_tokens``."""
     st = serve_state(request)
-    _counted(st, tenant, st.service.quotas.precheck, min_tokens)
+    _counted(st.service, tenant, st.service.quotas.precheck, min_tokens)
+
+
+def admit_tenant(service, tenant: Tenant, tokens: int):
+    """``tenant``'s quota ticket for ``tokens`` from ``service``'s quotas (429 over quota, counted per
+    tenant) -- for any transport (the gRPC side has no HTTP request)."""
+    return _counted(service, tenant, service.quotas.admit, tokens)
 
 
 def admit(request: Request, tenant: Tenant, tokens: int):
     """The tenant's quota ticket for ``tokens`` (429 over quota); the request counts as admitted."""
-    st = serve_state(request)
-    ticket = _counted(st, tenant, st.service.quotas.admit, tokens)
+    ticket = admit_tenant(serve_state(request).service, tenant, tokens)
     request.state.admitted = True
     return ticket
 
@@ -153,11 +165,18 @@ async def _other_error(request: Request, exc: Exception):
     return from_exception(exc)
 
 
+def _shaped(handler):
+    """``handler``'s response in the shape of the route that failed (:func:`.errors.shaped`)."""
+    async def handle(request: Request, exc: Exception):
+        return shaped(request.url.path, await handler(request, exc))
+    return handle
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Every refusal in OpenAI's error shape: bad fields (400), HTTP errors, the error table, anything else
-    (500)."""
-    app.add_exception_handler(RequestValidationError, _bad_request)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+    """Every refusal in OpenAI's error shape (the Open Inference Protocol's on ``/v2`` routes): bad fields
+    (400), HTTP errors, the error table, anything else (500)."""
+    app.add_exception_handler(RequestValidationError, _shaped(_bad_request))
+    app.add_exception_handler(StarletteHTTPException, _shaped(_http_error))
     for cls in (ServeError, *ERRORS):
-        app.add_exception_handler(cls, _refused)
-    app.add_exception_handler(Exception, _other_error)
+        app.add_exception_handler(cls, _shaped(_refused))
+    app.add_exception_handler(Exception, _shaped(_other_error))

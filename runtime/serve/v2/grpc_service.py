@@ -1,0 +1,155 @@
+"""The gRPC side of the Open Inference Protocol: ``inference.GRPCInferenceService`` (KServe v2's methods and
+Triton's ModelConfig, ModelStatistics, RepositoryIndex, RepositoryModelLoad/Unload), answering what the REST
+routes answer, through the same flow (:mod:`.inference`) and documents (:mod:`.documents`).
+
+One gate (:func:`_rpc`) in front of every method: the caller's API key from metadata
+``authorization: Bearer <key>`` (:meth:`runtime.serve.tenants.TenantRegistry.authenticate`; ServerLive and
+ServerReady are open, as ``/v2/health/*`` are), and every refusal of the one error table
+(:func:`runtime.serve.api.errors.status_of`) as the gRPC status of its HTTP status (:data:`GRPC_CODES`:
+400 ``INVALID_ARGUMENT``, 401 ``UNAUTHENTICATED``, 403 ``PERMISSION_DENIED``, 404 ``NOT_FOUND``, 429
+``RESOURCE_EXHAUSTED``, 503 ``UNAVAILABLE``, anything else ``INTERNAL``) with the same message.  A call
+cancelled by its client (or past its deadline) cancels its inference request.  The servicer only adapts;
+its methods run on the event loop of :class:`runtime.serve.v2.grpc_server.GrpcInferenceServer` and move
+large requests' decoding and encoding, and model loads, to worker threads.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+
+import grpc
+
+from driver import wire
+
+from ..api.errors import status_of
+from ..api.handling import outcome_of
+from ..engine.errors import InvalidRequest, ServeError
+from . import documents as D
+from .access import live, model_view, need_admin, ready, repository_of, visible_index
+from .grpc_codec import M, encode_response, message, parse_request
+from .inference import OFF_LOOP_BYTES, execute, prepare
+
+log = logging.getLogger("vnpu.serve")
+
+_S = grpc.StatusCode
+#: HTTP status of the one error table -> gRPC status
+GRPC_CODES = {400: _S.INVALID_ARGUMENT, 401: _S.UNAUTHENTICATED, 403: _S.PERMISSION_DENIED, 404: _S.NOT_FOUND,
+              429: _S.RESOURCE_EXHAUSTED, 499: _S.CANCELLED, 503: _S.UNAVAILABLE}
+
+
+def _authorization(context) -> str | None:
+    return next((v for k, v in context.invocation_metadata() or () if k == wire.AUTH_KEY), None)
+
+
+def _rpc(open_: bool = False, model: bool = False):
+    """The gate of one method ``fn(self, request, tenant)``: authentication, error mapping, per-tenant
+    request counts; ``model``: a model request, whose outcome the server's sampler hears."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        async def call(self, request, context):
+            t0, tenant, status, exc = time.monotonic(), None, 200, None
+            try:
+                if not open_:
+                    tenant = self.service.tenants.authenticate(_authorization(context))
+                return await fn(self, request, tenant)
+            except asyncio.CancelledError:            # the client cancelled, or its deadline passed
+                status = 499
+                raise
+            except Exception as e:  # noqa: BLE001 - every refusal answered as a status, never a traceback
+                exc = e
+                status, msg = status_of(e)
+                if status == 500 and not isinstance(e, ServeError):     # not in the table: a bug, logged
+                    log.exception("gRPC %s failed", fn.__name__)
+            finally:
+                if tenant is not None:
+                    self.service.tenant_metrics.requests.labels(tenant.name, str(status)).inc()
+                if model:                             # a 503 is the server not admitting (shed), as on REST
+                    self.service.observe(outcome_of(status, exc, False), time.monotonic() - t0)
+            await context.abort(GRPC_CODES.get(status, _S.INTERNAL), msg)
+        return call
+    return wrap
+
+
+async def _off_loop(big: bool, fn, *args):
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args) if big else fn(*args)
+
+
+class InferenceServicer(wire.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` over ``service`` (a :class:`runtime.serve.server.Frontend`)."""
+
+    def __init__(self, service):
+        self.service = service
+
+    @_rpc(open_=True)
+    async def ServerLive(self, request, tenant):
+        return M.ServerLiveResponse(live=live(self.service))
+
+    @_rpc(open_=True)
+    async def ServerReady(self, request, tenant):
+        return M.ServerReadyResponse(ready=ready(self.service))
+
+    @_rpc()
+    async def ModelReady(self, request, tenant):
+        view = model_view(self.service, tenant, request.name)
+        return M.ModelReadyResponse(ready=view.ready(request.name, request.version or None))
+
+    @_rpc()
+    async def ServerMetadata(self, request, tenant):
+        return message(D.server_metadata(), M.ServerMetadataResponse)
+
+    @_rpc()
+    async def ModelMetadata(self, request, tenant):
+        meta = model_view(self.service, tenant, request.name).metadata(request.name, request.version or None)
+        return message(D.model_metadata(meta), M.ModelMetadataResponse)
+
+    @_rpc()
+    async def ModelConfig(self, request, tenant):
+        cfg = model_view(self.service, tenant, request.name).config(request.name, request.version or None)
+        return message({"config": D.model_config(cfg)}, M.ModelConfigResponse)
+
+    @_rpc(model=True)
+    async def ModelInfer(self, request, tenant):
+        big = request.ByteSize() >= OFF_LOOP_BYTES
+        wreq, (meta, req) = await _off_loop(big, self._prepare, request, tenant)
+        result = await execute(self.service, req)
+        big = sum(getattr(a, "nbytes", 0) for a in result.outputs.values()) >= OFF_LOOP_BYTES
+        return await _off_loop(big, encode_response, meta, wreq, result)
+
+    def _prepare(self, request, tenant):
+        wreq = parse_request(request)
+        return wreq, prepare(self.service, tenant, request.model_name, request.model_version or None, wreq)
+
+    @_rpc()
+    async def ModelStatistics(self, request, tenant):
+        need_admin(tenant, "model statistics")
+        if not request.name:
+            repo = repository_of(self.service)
+            stats = repo.stats(None, None) if repo is not None else []
+        else:
+            stats = model_view(self.service, tenant, request.name).stats(request.name, request.version or None)
+        return message(D.statistics(stats), M.ModelStatisticsResponse)
+
+    @_rpc()
+    async def RepositoryIndex(self, request, tenant):
+        entries = visible_index(self.service, tenant, request.ready)
+        return message({"models": D.index(entries)}, M.RepositoryIndexResponse)
+
+    @_rpc()
+    async def RepositoryModelLoad(self, request, tenant):
+        return await self._control(request, tenant, "load")
+
+    @_rpc()
+    async def RepositoryModelUnload(self, request, tenant):
+        return await self._control(request, tenant, "unload")
+
+    async def _control(self, request, tenant, what: str):
+        need_admin(tenant, f"{what}ing a model")
+        extra = sorted(k for k in request.parameters if k != "unload_dependents")
+        if extra:
+            raise InvalidRequest(f"{what} parameters {', '.join(extra)} are not supported: models load from the "
+                                 f"repository's own files", "parameters")
+        view = model_view(self.service, tenant, request.model_name)
+        await _off_loop(True, getattr(view, what), request.model_name)
+        return M.RepositoryModelLoadResponse() if what == "load" else M.RepositoryModelUnloadResponse()

@@ -1,0 +1,84 @@
+"""One inference request from a parsed wire request to its result, for both transports (one flow: the
+HTTP route and the gRPC service only translate).
+
+1. :func:`prepare` (host work only, no device): the model as the tenant may see it (404), the server
+   accepting requests (503 while starting or draining), the request's tensors checked against the
+   model's metadata (400: :mod:`.checks`), their data decoded (400: :mod:`.tensors`).  A caller runs it
+   off the event loop for a large request (:data:`OFF_LOOP_BYTES`).
+2. :func:`execute`: the tenant's quota ticket for the request's rows (429; for a tensor model one "token"
+   of a quota is one sample, a batch row), the request to the repository (503 when its queue is full),
+   then the result -- or, when the client goes away (``gone()`` completes, or the awaiting task is
+   cancelled: a gRPC call cancelled or past its deadline), the request is cancelled (dropped if its batch
+   has not started), the concurrency slot freed at once and the charge settled once the engine is done
+   with it (rows that ran are charged).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable
+
+from ..api.handling import admit_tenant
+from ..engine.errors import Unavailable
+from ..tenants import Tenant
+from .access import model_view
+from .checks import check_request
+from .repository import InferRequest, InferResult, ModelMetadata
+from .request import WireRequest, decode_inputs
+
+#: a request body at least this large is parsed and decoded off the event loop
+OFF_LOOP_BYTES = 64 << 10
+
+
+def prepare(service, tenant: Tenant, model: str, version: str | None,
+            wire: WireRequest) -> tuple[ModelMetadata, InferRequest]:
+    """The model's metadata and the checked, decoded request (raises the 4xx/503 refusals)."""
+    repo = model_view(service, tenant, model)
+    service.check_accepting()
+    meta = repo.metadata(model, version)
+    rows = check_request(meta, wire.headers, wire.output_names)
+    inputs = decode_inputs(wire)
+    return meta, InferRequest(model, version, inputs, tuple(wire.output_names), rows, tenant, wire.priority,
+                              wire.timeout_us, wire.id)
+
+
+def _settle_when_done(fut, ticket, rows: int) -> None:
+    """Once the engine is done with a request nobody waits for: charge the rows if they ran."""
+    def done(f):
+        ok = not f.cancelled() and f.exception() is None
+        ticket.settle(rows if ok else 0, 0)
+    fut.add_done_callback(done)
+
+
+async def execute(service, req: InferRequest,
+                  gone: Callable[[], Awaitable] | None = None) -> InferResult | None:
+    """Run ``req`` (after :func:`prepare`); its result, or None when the client went away (``gone()``: an
+    awaitable that completes then, made once the request is queued)."""
+    repo = model_view(service, req.tenant, req.model)
+    ticket = admit_tenant(service, req.tenant, req.rows)
+    try:
+        fut = repo.submit(req)
+    except BaseException:
+        ticket.settle(0, 0)
+        raise
+    work = asyncio.wrap_future(fut)
+    watch = asyncio.ensure_future(gone()) if gone is not None else None
+    answered = False
+    try:
+        waits = {work} if watch is None else {work, watch}
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        answered = work in done
+    finally:
+        if watch is not None:
+            watch.cancel()
+        if not answered:                       # gone, or this task was cancelled
+            ticket.release()
+            _settle_when_done(fut, ticket, req.rows)
+            fut.cancel()
+            work.cancel()
+    if not answered:
+        return None
+    ok = not work.cancelled() and work.exception() is None
+    ticket.settle(req.rows if ok else 0, 0)
+    if work.cancelled():
+        raise Unavailable(f"model {req.model!r} dropped the request (it is unloading or the server is stopping)")
+    return work.result()
