@@ -139,7 +139,7 @@ class HcclEngine:
 
     @property
     def comms(self) -> dict[str, Comm]:
-        """This device's communicators by scoped id (a snapshot's worth: do not modify)."""
+        """This device's communicators by scoped id (the live table: read it, do not change it)."""
         return self.communicators.by_id
 
     def set_transport(self, scope: str, transport) -> None:

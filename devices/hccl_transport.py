@@ -2,8 +2,8 @@
 
 The HCCL engine (:mod:`devices.hccl`) chooses a transport per peer when a communicator is built
 (:class:`Transports`, one per scope): the peer's node identity (:mod:`devices.node`) equal to this
-device's -> :data:`SAME_NODE`, else :data:`CROSS_NODE`.  Each transport hands out one :class:`PeerLink` per peer, and the engine's algorithm
-code talks only to links -- it never asks which transport it has:
+device's -> :data:`SAME_NODE`, else :data:`CROSS_NODE`.  Each transport hands out one :class:`PeerLink` per
+peer, and the engine's algorithm code talks only to links -- it never asks which transport it has:
 
 - ``read(comm, ptr, nbytes)``: bytes of the peer's HBM (host-blocking; a zero-copy view where the
   transport allows it);
