@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -45,6 +46,24 @@ class Codec:
 
 def _is_json(field: str) -> bool:
     return field == "json" or field.endswith("_json")
+
+
+def _bind(name: str, names: tuple[str, ...], defaults: dict, args: tuple, kw: dict) -> tuple:
+    """The arguments of a call of method ``name`` (parameters ``names``, some with ``defaults``) in
+    parameter order; TypeError as Python's own for a call that does not fit."""
+    if len(args) > len(names):
+        raise TypeError(f"{name}() takes {len(names)} arguments but {len(args)} were given")
+    out = list(args)
+    for n in names[len(args):]:
+        if n in kw:
+            out.append(kw.pop(n))
+        elif n in defaults:
+            out.append(defaults[n])
+        else:
+            raise TypeError(f"{name}() missing required argument: {n!r}")
+    if kw:
+        raise TypeError(f"{name}() got an unexpected keyword argument {next(iter(kw))!r}")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -100,41 +119,54 @@ class Call:
 
     @functools.cached_property
     def client_method(self) -> Callable[..., Any]:
-        """The remote handle's method: bind the arguments, send the request (``self._unary``), return the
-        result."""
-        sig, call = self.signature, self
+        """The remote handle's method: the arguments in order, the request sent (``self._unary``), the
+        result returned."""
+        call, name, n = self, self.name, len(self.params)
+        names = tuple(p.name for p in self.params)
+        defaults = {p.name: p.default for p in self.params if p.default is not p.empty}
+
+        request, result = self.request, self.result
 
         def method(self, *args, **kw):
-            bound = sig.bind(self, *args, **kw)
-            bound.apply_defaults()
-            return call.result(self._unary(call, call.request(list(bound.arguments.values())[1:])))
+            if kw or len(args) != n:
+                args = _bind(name, names, defaults, args, kw)
+            return result(self._unary(call, request(args)))
 
         method.__name__ = method.__qualname__ = self.name
-        method.__signature__ = sig            # type: ignore[attr-defined]
+        method.__signature__ = self.signature            # type: ignore[attr-defined]
         doc = inspect.getdoc(getattr(Device, self.serves)) or ""
         method.__doc__ = f"{doc}\n\n(over gRPC: {self.service.upper()} {self.rpc})".lstrip()
         return method
 
     # ---------------------------------------------------------------- the client's end
-    def request(self, values: list) -> Any:
+    @functools.cached_property
+    def _json_fields(self) -> frozenset[str]:
+        return frozenset(f for f in self.fields if _is_json(f))
+
+    def request(self, values) -> Any:
         """The request carrying ``values`` (the arguments, in order); a value the field cannot hold is a
         parameter error (InvalidParamError, ACL_ERROR_RT_PARAM_INVALID)."""
-        try:
-            kw = {f: json.dumps(v) if _is_json(f) else v for f, v in zip(self.fields, values)}
-        except (TypeError, ValueError) as e:
-            raise InvalidParamError(f"{self.name}: cannot encode as JSON: {e}"[:300]) from None
+        kw = dict(zip(self.fields, values))
+        for f in self._json_fields or ():
+            try:
+                kw[f] = json.dumps(kw[f])
+            except (TypeError, ValueError) as e:
+                raise InvalidParamError(f"{self.name}: cannot encode {f} as JSON: {e}"[:300]) from None
         return wire.message(self.messages[0], **kw)
 
-    def result(self, reply) -> Any:
-        """What the client method returns for ``reply``."""
+    @functools.cached_property
+    def result(self) -> Callable[[Any], Any]:
+        """What the client method returns for a reply: ``result(reply)``."""
         r = self.reply
         if r is None:
-            return None
+            return lambda reply: None
         if isinstance(r, Codec):
-            return r.from_pb(reply)
+            return r.from_pb
         if isinstance(r, tuple):
-            return tuple(getattr(reply, f) for f in r)
-        return json.loads(getattr(reply, r)) if _is_json(r) else getattr(reply, r)
+            return operator.attrgetter(*r) if len(r) > 1 else lambda reply: (getattr(reply, r[0]),)
+        if _is_json(r):
+            return lambda reply: json.loads(getattr(reply, r))
+        return operator.attrgetter(r)
 
     # ---------------------------------------------------------------- the device's end
     def arguments(self, request) -> dict:

@@ -86,7 +86,7 @@ def test_the_rows_codec_round_trips_json_tuples_and_whole_messages():
     assert init.arguments(wire_req) == {"comm_id": "x" * 16, "rank": 1, "peers": peers, "config": None}
     with pytest.raises(InvalidParamError, match="peers_json is not JSON"):
         init.arguments(req(comm="c", peers_json="{"))
-    with pytest.raises(InvalidParamError, match="cannot encode as JSON"):
+    with pytest.raises(InvalidParamError, match="cannot encode peers_json as JSON"):
         init.request(["x" * 16, 1, [object()], None])
     with pytest.raises(InvalidParamError):
         init.request(["x" * 16, "one", peers, None])             # an int field given a string
