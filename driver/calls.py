@@ -8,13 +8,14 @@ cluster's admin, and -- when the name differs -- the device method it calls.  Bo
 * the client's method: :class:`driver.client.RemoteDevice` inherits :class:`DeviceCalls`, so every row
   is a method of the remote handle -- arguments into the request, the reply back into the result, through
   the client's one call helper (deadline, credentials, typed CANN errors);
-* the service's handler: :func:`driver.service` installs one per row -- the request's fields into the
-  device method's arguments, plus the caller (``owner``) when the device method takes one (the lease
-  checked first where the row says so), the result into the reply.
+* the service's handler: :mod:`driver.service` installs one per row -- the request's fields into the
+  device method's arguments, plus the caller (``owner``) when the device method takes one (its lease
+  checked where the row says so), the result into the reply.
 
 The parameters (names, order, defaults) are those of the in-process device's method
-(:class:`devices.device.Device`) without ``owner``; ``tests/test_device_calls.py`` checks them against the
-runtime's :class:`runtime.backend.DeviceHandle` and every row against the proto.  A field named ``json`` or
+(:class:`devices.device.Device`) without ``owner``; ``tests/test_rpc.py`` checks them against the
+runtime's :class:`runtime.backend.DeviceHandle`, ``tests/test_device_calls.py`` every row against the proto
+and the device, and every RPC for a handler.  A field named ``json`` or
 ending in ``_json`` carries a JSON document (an empty one is None).  Methods with more to them -- streams,
 batches of stream ops and their launch templates, synchronizes, the health watch, fault parameters, code
 uploads -- are written out in the client and the servicer.  Nothing here opens a socket.
