@@ -173,16 +173,8 @@ class Call:
     def arguments(self, request) -> dict:
         """The device method's arguments (by parameter name) from ``request``'s fields; a JSON field that
         does not parse is a parameter error."""
-        args = {}
-        for p, f in zip(self.params, self.fields):
-            v = getattr(request, f)
-            if _is_json(f):
-                try:
-                    v = json.loads(v) if v else None
-                except ValueError:
-                    raise InvalidParamError(f"{self.rpc}: {f} is not JSON") from None
-            args[p.name] = v
-        return args
+        return {p.name: wire.json_field(getattr(request, f), f"{self.rpc}: {f}") if _is_json(f)
+                else getattr(request, f) for p, f in zip(self.params, self.fields)}
 
     def reply_message(self, result) -> Any:
         """The reply carrying the device method's ``result``."""

@@ -460,7 +460,8 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
     def HcclCommJoin(self, request, context):
         owner = self._leased(context)
         table = self.device.hccl_comm_join(request.comm, request.rank, request.nranks,
-                                           _json(request.root_json, "root"), _json(request.config_json or "{}", "config"),
+                                           wire.json_field(request.root_json, "HcclCommJoin: root_json"),
+                                           wire.json_field(request.config_json, "HcclCommJoin: config_json"),
                                            request.timeout_s or 120.0, owner=owner)
         return rms.JsonReply(json=json.dumps(table))
 
@@ -468,13 +469,6 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         view = self.device.hccl_read(request.comm, request.ptr, request.nbytes)
         for i in range(0, view.size, wire.CHUNK_BYTES):
             yield rms.D2HChunk(data=view[i:i + wire.CHUNK_BYTES].tobytes())
-
-def _json(text: str, what: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise InvalidParamError(f"{what}: not JSON") from None
-
 
 # ---------------------------------------------------------------- the server
 class DeviceServer:

@@ -14,6 +14,7 @@ Nothing here opens a socket; :mod:`driver.service` and :mod:`driver.client` do.
 """
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")     # no INFO chatter (GOAWAY...) when a device goes away
@@ -80,6 +81,15 @@ def rpc_is_unary(service: str, rpc: str) -> bool:
 def rpc_path(service: str, rpc: str) -> str:
     """The method's path as gRPC names it: ``/vnpu.v1.ResourceManagement/Malloc``."""
     return f"/{SERVICES[service].full_name}/{rpc}"
+
+
+def json_field(text: str, what: str):
+    """The JSON document a string field carries (an empty field: None); one that does not parse is a
+    parameter error (InvalidParamError)."""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        raise InvalidParamError(f"{what} is not JSON") from None
 
 
 def message(cls, **fields):
