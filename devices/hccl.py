@@ -109,7 +109,11 @@ class _Held:
 
 
 class HcclEngine:
-    """Communicators of one device and the collective executor.
+    """Communicators of one device and the collective executor.  The engine drives each operator (its plan,
+    buffers, "ready" round, phases, pulls and pushes); what it keeps between operators is held by
+    :attr:`communicators` (:mod:`devices.hccl_comm`), :attr:`buffers` (:mod:`devices.hccl_buffers`),
+    :attr:`transports` (:mod:`devices.hccl_transport`), :attr:`mailbox` and :attr:`control`
+    (:mod:`devices.hccl_mailbox`, :mod:`devices.hccl_control`).
 
     Peers are reached through :class:`~devices.hccl_transport.PeerLink` objects, one per peer, built when a
     communicator is built by the transport of the peer's scope (same node / cross node).  The same-node
