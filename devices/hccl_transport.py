@@ -1,9 +1,9 @@
 """HCCL peer transports: how one device reaches a peer device's HBM and control endpoint.
 
-The HCCL engine (:mod:`devices.hccl`) chooses a transport per peer when a communicator is built: the
-peer's node identity (:mod:`devices.node`) equal to this device's -> :data:`SAME_NODE`, else
-:data:`CROSS_NODE`.  Each transport hands out one :class:`PeerLink` per peer, and the engine's algorithm
-code talks only to links -- it never asks which transport it has:
+The HCCL engine (:mod:`devices.hccl`) chooses a transport per peer when a communicator is built
+(:class:`Transports`, one per scope): the peer's node identity (:mod:`devices.node`) equal to this
+device's -> :data:`SAME_NODE`, else :data:`CROSS_NODE`.  Each transport hands out one :class:`PeerLink` per
+peer, and the engine's algorithm code talks only to links -- it never asks which transport it has:
 
 - ``read(comm, ptr, nbytes)``: bytes of the peer's HBM (host-blocking; a zero-copy view where the
   transport allows it);
@@ -51,7 +51,8 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .arena import FENCE_OFFSET, SHM_DIR, attach, ptr_device, ptr_offset
-from .errors import HCCL_E_PARA, HCCL_E_REMOTE, AclError, HcclError
+from .errors import HCCL_E_NOT_SUPPORT, HCCL_E_PARA, HCCL_E_REMOTE, AclError, HcclError, InvalidParamError
+from .node import same_node
 
 #: transport scopes: the engine holds one transport per scope
 SAME_NODE = "same-node"
@@ -274,5 +275,53 @@ class ShmTransport:
                 pass          # a view is still alive somewhere; the mapping goes with it
 
 
+class Transports:
+    """One device's transports, one per scope, and the choice of one for each peer.  ``node``: this
+    device's node identity (:mod:`devices.node`)."""
+
+    def __init__(self, node: str, transports: dict[str, Transport]):
+        self.node = node
+        self._by_scope = dict(transports)
+        self._lock = threading.Lock()
+
+    def install(self, scope: str, transport: Transport) -> None:
+        """Install the transport for peers of ``scope`` (owned from then on: closed with the others); the
+        one it replaces is closed."""
+        if scope not in (SAME_NODE, CROSS_NODE):
+            raise InvalidParamError(f"unknown transport scope {scope!r}")
+        with self._lock:
+            old, self._by_scope[scope] = self._by_scope.get(scope), transport
+        if old is not None and old is not transport:
+            old.close()
+
+    def endpoints(self) -> dict:
+        """What peers need to reach this device, merged over every transport's :meth:`Transport.endpoint`."""
+        out: dict = {}
+        for t in list(self._by_scope.values()):
+            out.update(t.endpoint())
+        return out
+
+    def scope_of(self, p) -> str:
+        """Which transport reaches peer ``p`` (a :class:`devices.hccl_comm.PeerInfo`): by node identity.
+        Without a same-node transport (this device's arena is not shared, or the peer's is not), peers on
+        this node are reached like peers on any other."""
+        shm = SAME_NODE in self._by_scope and p.arena and p.doorbell
+        return SAME_NODE if shm and same_node(p.node, self.node) else CROSS_NODE
+
+    def link(self, p) -> PeerLink:
+        """The link to peer ``p``: made by the transport of its scope (HCCL_E_NOT_SUPPORT without one)."""
+        t = self._by_scope.get(self.scope_of(p))
+        if t is None:
+            raise HcclError(f"rank {p.rank} (device {p.device_id}) is on another node ({p.node or '?'}) and this "
+                            f"device has no cross-node transport (device actors have one)", HCCL_E_NOT_SUPPORT)
+        return t.link(p)
+
+    def close(self) -> None:
+        with self._lock:
+            transports, self._by_scope = list(self._by_scope.values()), {}
+        for t in transports:
+            t.close()
+
+
 __all__ = ["SAME_NODE", "CROSS_NODE", "PROCESS_LINK_KEY", "PeerLink", "Transport", "Doorbell", "ShmLink",
-           "ShmTransport", "link_key"]
+           "ShmTransport", "Transports", "link_key"]

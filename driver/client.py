@@ -48,9 +48,9 @@ from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_DEVICE_TASK_A
                             ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_TIMEOUT, AclError, InvalidDeviceError,
                             InvalidParamError, error_for_code)
 from devices.faults import CLEAR  # noqa: E402
-from devices.health import HealthReport  # noqa: E402
 from devices.tasks import WriteH2D  # noqa: E402
 
+from .calls import DMS, RMS, Call, DeviceCalls  # noqa: E402
 from .node import same_node as nodes_match, this_node  # noqa: E402
 
 log = logging.getLogger("vnpu.driver.client")
@@ -102,17 +102,10 @@ def _host_bytes(data) -> np.ndarray:
             from None
 
 
-def _request(cls, **kw):
-    """Build a request; wrong argument types / out-of-range integers are parameter errors
-    (ACL_ERROR_RT_PARAM_INVALID)."""
-    try:
-        return cls(**kw)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise InvalidParamError(f"{cls.__name__}: {e}") from None
-
-
-class RemoteDevice:
-    """A device reached over gRPC (same surface as :class:`devices.device.Device`, minus ``owner``).
+class RemoteDevice(DeviceCalls):
+    """A device reached over gRPC (same surface as :class:`devices.device.Device`, minus ``owner``).  The
+    methods that are one unary RPC each are the rows of :class:`driver.calls.DeviceCalls` (inherited);
+    the rest are written out here.
 
     ``same_node``: None (default) decides by node identity (:mod:`driver.node`); True maps the device's
     arena for host copies whenever it can be mapped here; False never does."""
@@ -129,6 +122,7 @@ class RemoteDevice:
         self._channel = grpc.insecure_channel(address, options=wire.channel_options())
         self._dms = wire.DeviceManagementStub(self._channel)
         self._rms = wire.ResourceManagementStub(self._channel)
+        self._stubs = {DMS: self._dms, RMS: self._rms}
         self.lost = threading.Event()       #: set once the device is known dead
         self.lost_reason = ""
         self.rpc_count = 0                  #: RPCs issued (streams count once)
@@ -178,6 +172,10 @@ class RemoteDevice:
                     self._inflight -= 1
                     if not self._inflight:
                         self._idle.notify_all()
+
+    def _unary(self, call: Call, request):
+        """One row of the table (:mod:`driver.calls`): its RPC with ``request``, through :meth:`_rpc`."""
+        return self._rpc(getattr(self._stubs[call.service], call.rpc), request)
 
     def _copy_timeout(self, nbytes) -> float:
         """The deadline of a chunked copy of ``nbytes``: the call timeout plus time for the bytes."""
@@ -256,17 +254,6 @@ class RemoteDevice:
         """``(level, reasons)`` as npu-smi shows them."""
         return wire.health_status_from_pb(self._rpc(self._dms.GetHealth, dms.GetHealthRequest()))
 
-    def health_report(self) -> HealthReport:
-        """The device's conditions (structured) and level."""
-        return wire.health_report_from_pb(self._rpc(self._dms.GetHealth, dms.GetHealthRequest()))
-
-    def telemetry(self) -> dict:
-        return wire.telemetry_from_pb(self._rpc(self._dms.GetTelemetry, dms.GetTelemetryRequest()))
-
-    def reset(self) -> None:
-        """Abort all work and drop every allocation, stream and event of the device (all tenants)."""
-        self._rpc(self._dms.Reset, dms.ResetRequest())
-
     def inject_fault(self, kind: str, **params) -> None:
         """Chaos, as :meth:`devices.device.Device.inject_fault` (kinds and parameters:
         :data:`devices.faults.FAULT_KINDS`); ``kill`` ends the device's host process after the reply."""
@@ -276,7 +263,7 @@ class RemoteDevice:
         """Undo the faults of ``kind`` (every fault when None), as :meth:`devices.device.Device.clear_fault`."""
         if kind == CLEAR:
             raise InvalidParamError(f"{CLEAR!r} is not a fault kind: clear_fault() clears every kind")
-        self._rpc(self._dms.ClearFault, _request(dms.ClearFaultRequest, kind=kind or ""))
+        self._rpc(self._dms.ClearFault, wire.message(dms.ClearFaultRequest, kind=kind or ""))
 
     def health_stream(self, req: dms.WatchHealthRequest, consume, timeout: float) -> None:
         """One WatchHealth stream (what a :class:`HealthWatch` renews): ``consume(it)`` reads its beats.
@@ -322,18 +309,6 @@ class RemoteDevice:
         return json.loads(self._rpc(self._dms.ReloadKernels, dms.ReloadKernelsRequest()).json)
 
     # ------------------------------------------------------------------ memory (RMS)
-    def malloc(self, size: int, policy: int = 0, placement: int = 0) -> int:
-        """One device allocation; ``placement`` is the arena hint (devices.arena.PLACEMENT_*)."""
-        return self._rpc(self._rms.Malloc, _request(rms.MallocRequest, size=size, policy=policy,
-                                                    placement=placement)).ptr
-
-    def free(self, ptr: int) -> None:
-        self._rpc(self._rms.Free, _request(rms.FreeRequest, ptr=ptr))
-
-    def mem_info(self) -> tuple[int, int]:
-        r = self._rpc(self._rms.MemInfo, rms.MemInfoRequest())
-        return r.free, r.total
-
     def _arena(self) -> np.ndarray | None:
         """The device arena mapped here (same node), or None.  Decided once per client."""
         if self._shm is not None:
@@ -370,8 +345,7 @@ class RemoteDevice:
         hit = self._ranges.get(key)
         if hit is not None and gen is not None and hit[0] == gen:
             return hit[1]
-        off = self._rpc(self._rms.CheckRange, _request(rms.CheckRangeRequest, ptr=ptr, nbytes=nbytes,
-                                                       write=write)).offset
+        off = self.check_range(ptr, nbytes, write)
         if gen is not None:
             if len(self._ranges) > 4096:
                 self._ranges.clear()
@@ -386,7 +360,7 @@ class RemoteDevice:
             off = self._check_range(dst, n, True)
             np.copyto(arena[off:off + n], src)
             return
-        first = _request(rms.H2DChunk, dst=dst, total=n, data=src[:wire.CHUNK_BYTES].tobytes())
+        first = wire.message(rms.H2DChunk, dst=dst, total=n, data=src[:wire.CHUNK_BYTES].tobytes())
 
         def chunks():
             yield first
@@ -404,7 +378,7 @@ class RemoteDevice:
                 return view.copy()
             np.copyto(out, view)
             return out
-        req = _request(rms.D2HRequest, src=src, nbytes=nbytes)
+        req = wire.message(rms.D2HRequest, src=src, nbytes=nbytes)
 
         target = None
         if out is not None and isinstance(out, np.ndarray) and out.flags.c_contiguous and out.nbytes == nbytes:
@@ -434,42 +408,7 @@ class RemoteDevice:
         np.copyto(out, res)
         return out
 
-    def memcpy_d2d(self, dst: int, src: int, nbytes: int) -> None:
-        self._rpc(self._rms.MemcpyD2D, _request(rms.MemcpyD2DRequest, dst=dst, src=src, nbytes=nbytes))
-
-    def memset(self, ptr: int, value: int, nbytes: int) -> None:
-        self._rpc(self._rms.Memset, _request(rms.MemsetRequest, ptr=ptr, value=value, nbytes=nbytes))
-
     # ------------------------------------------------------------------ streams / events
-    def create_stream(self, priority: int = 0) -> int:
-        return self._rpc(self._rms.CreateStream, _request(rms.CreateStreamRequest, priority=priority)).stream
-
-    def destroy_stream(self, sid: int) -> None:
-        self._rpc(self._rms.DestroyStream, _request(rms.StreamRequest, stream=sid))
-
-    def create_event(self, flags: int = 0) -> int:
-        return self._rpc(self._rms.CreateEvent, _request(rms.CreateEventRequest, flags=flags)).event
-
-    def destroy_event(self, eid: int) -> None:
-        self._rpc(self._rms.DestroyEvent, _request(rms.EventRequest, event=eid))
-
-    def query_stream(self, sid: int) -> bool:
-        return self._rpc(self._rms.QueryStream, _request(rms.StreamRequest, stream=sid)).done
-
-    def query_event(self, eid: int) -> bool:
-        return self._rpc(self._rms.QueryEvent, _request(rms.EventRequest, event=eid)).done
-
-    def event_elapsed(self, start: int, end: int) -> tuple[float, float]:
-        r = self._rpc(self._rms.EventElapsed, _request(rms.EventElapsedRequest, start=start, end=end))
-        return r.wall_ms, r.model_ms
-
-    def event_timestamp(self, eid: int) -> tuple[float, float]:
-        r = self._rpc(self._rms.EventTimestamp, _request(rms.EventRequest, event=eid))
-        return r.wall_s, r.model_s
-
-    def signal_event(self, eid: int, gen: int) -> None:
-        self._rpc(self._rms.SignalEvent, _request(rms.SignalEventRequest, event=eid, gen=gen))
-
     # ------------------------------------------------------------------ work
     def submit(self, ops) -> None:
         """Queue a batch of stream ops: one RPC (several only when inline H2D data would exceed the
@@ -494,22 +433,11 @@ class RemoteDevice:
         self._ship_user_kernels(ops)
         return self._rpc(self._rms.GraphCreate, wire.submit_request(ops)).value
 
-    def graph_destroy(self, gid: int) -> None:
-        self._rpc(self._rms.GraphDestroy, _request(rms.GraphRequest, graph=gid))
-
     def graph_rebind(self, gid: int, moves) -> int:
         """Re-point a graph's ops after memory moved (``(old, new, nbytes)`` triples); host-synchronous."""
         return self._rpc(self._rms.GraphRebind, wire.graph_rebind_request(gid, moves)).value
 
-    def graph_info(self, gid: int) -> dict:
-        return json.loads(self._rpc(self._rms.GraphInfo, _request(rms.GraphRequest, graph=gid)).json)
-
     # ------------------------------------------------------------------ profiling
-    def profile(self, action: str) -> dict:
-        """Start or stop profiling this client's own tasks on the device (host-synchronous); ``stop``
-        returns the task records (see :meth:`devices.device.Device.profile`)."""
-        return json.loads(self._rpc(self._rms.Profile, _request(rms.ProfileRequest, action=action)).json)
-
     def list_kernels(self) -> dict:
         """The user kernels this client can launch by name on the device (one RPC): ``node`` (the installed
         packages' and the device process's), ``installed`` (name -> package), ``registered`` (its
@@ -562,26 +490,17 @@ class RemoteDevice:
 
     def register_kernel_payload(self, name: str, code: bytes) -> None:
         """RegisterKernel with an already pickled kernel."""
-        self._rpc(self._rms.RegisterKernel, _request(rms.RegisterKernelRequest, name=name, code=code))
+        self._rpc(self._rms.RegisterKernel, wire.message(rms.RegisterKernelRequest, name=name, code=code))
 
     # ------------------------------------------------------------------ HCCL
-    def hccl_info(self) -> dict:
-        return json.loads(self._rpc(self._rms.HcclInfo, rms.Empty()).json)
-
-    def hccl_comm_init(self, comm_id: str, rank: int, peers: list[dict], config: dict | None = None) -> None:
-        self._rpc(self._rms.HcclCommInit, _request(rms.HcclCommRequest, comm=comm_id, rank=rank,
-                                                  peers_json=json.dumps(peers), config_json=json.dumps(config or {})))
-
     def hccl_comm_join(self, comm_id: str, rank: int, nranks: int, root: dict, config: dict | None = None,
                        timeout_s: float = 120.0) -> list[dict]:
         r = self._rpc(self._rms.HcclCommJoin,
-                      _request(rms.HcclJoinRequest, comm=comm_id, rank=rank, nranks=nranks, root_json=json.dumps(root),
-                               config_json=json.dumps(config or {}), timeout_s=timeout_s),
+                      wire.message(rms.HcclJoinRequest, comm=comm_id, rank=rank, nranks=nranks,
+                                   root_json=json.dumps(root), config_json=json.dumps(config or {}),
+                                   timeout_s=timeout_s),
                       timeout=timeout_s + 10, interruptible=True)
         return json.loads(r.json)
-
-    def hccl_comm_destroy(self, comm_id: str) -> None:
-        self._rpc(self._rms.HcclCommDestroy, _request(rms.HcclCommRequest, comm=comm_id))
 
     def hccl_read(self, comm_id: str, ptr: int, nbytes: int) -> np.ndarray:
         """Device-to-device read over gRPC (the cross-node HCCL transport; the admin's)."""
@@ -599,14 +518,8 @@ class RemoteDevice:
             if pos != nbytes:
                 raise AclError(f"peer sent {pos} of {nbytes} B", code=ACL_ERROR_INTERNAL_ERROR)
             return res if res is not None else np.empty(0, dtype=np.uint8)
-        return self._rpc(self._rms.HcclRead, _request(rms.HcclReadRequest, comm=comm_id, ptr=ptr, nbytes=nbytes),
+        return self._rpc(self._rms.HcclRead, wire.message(rms.HcclReadRequest, comm=comm_id, ptr=ptr, nbytes=nbytes),
                          timeout=self._copy_timeout(nbytes), consume=consume)
-
-    def hccl_notify(self, msg) -> None:
-        self._rpc(self._rms.HcclNotify, _request(rms.HcclNotifyRequest, json=json.dumps(msg)))
-
-    def hccl_async_error(self, comm_id: str) -> int:
-        return self._rpc(self._rms.HcclAsyncError, _request(rms.HcclCommRequest, comm=comm_id)).value
 
     def _synchronize(self, method, handle: int, timeout_ms: float, ops=()) -> None:
         """A blocking wait as a loop of bounded waits: each RPC has a deadline, device loss interrupts it,
@@ -630,7 +543,7 @@ class RemoteDevice:
                 left = max(0.0, (end - time.monotonic()) * 1000.0)
                 slice_ms = min(left, cap)
                 last = slice_ms >= left
-            req = _request(rms.SynchronizeRequest, handle=handle, timeout_ms=slice_ms)
+            req = wire.message(rms.SynchronizeRequest, handle=handle, timeout_ms=slice_ms)
             if ops:
                 req.ops.extend(wire.submit_request(ops, self._templates).ops)
             try:

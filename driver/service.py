@@ -20,11 +20,16 @@ front of every method and is the only place that
     class, HcclResult: :func:`driver.wire.error_trailers`); any other exception becomes INTERNAL with
     ACL_ERROR_INTERNAL_ERROR.  Servicer methods just call the device and let errors fly.
 
+The methods that are one unary RPC each are made from the table of :mod:`driver.calls` (one handler per
+row: :func:`_handler`); the rest -- streams, batches of stream ops, the health watch, faults, code
+uploads -- are written out below.
+
 Tenancy: every device call is made for the caller's :class:`devices.tenancy.Owner` (tenant from the
 credential, client from ``vnpu-client``): what one tenant holds is invisible to the others, quotas are per
 tenant, and what a client creates is released when its lease ends (:mod:`driver.lease`).  A call that would
 create something (Malloc, CreateStream, CreateEvent, Submit, SynchronizeStream with ops, GraphCreate,
-RegisterKernel, HcclCommInit, HcclCommJoin: the handlers that ask for ``_leased``) is refused with
+RegisterKernel, HcclCommInit, HcclCommJoin: the handlers that ask for ``_leased`` and the table's rows
+marked ``leased``) is refused with
 ACL_ERROR_RT_CONTEXT_NULL unless the client holds a lease on this device -- so nothing a client leaves
 behind outlives it.  Open watches count against the tenant's
 quota and the endpoint's threads (each holds one).
@@ -59,6 +64,7 @@ from concurrent import futures
 from itertools import chain
 
 from . import wire  # first: it sets gRPC's log verbosity before gRPC loads
+from .calls import DMS, RMS, Call, DeviceCalls
 from .credentials import CredentialError, Principal, Revocations, Verifier
 from .lease import DEFAULT_GRACE_S, Leases
 from .policy import DevicePolicy
@@ -84,13 +90,13 @@ RESERVED_WORKERS = 8
 #: longest client id accepted
 MAX_CLIENT_ID = 256
 
-_DMS, _RMS = wire.DMS_NAME, wire.RMS_NAME
-#: methods only the admin (the cluster token) may call
-ADMIN_ONLY = frozenset(f"/{svc}/{m}" for svc, m in (
-    (_DMS, "Reset"), (_DMS, "InjectFault"), (_DMS, "ClearFault"), (_DMS, "Revoke"), (_DMS, "ReloadKernels"),
-    (_RMS, "HcclRead"), (_RMS, "HcclNotify")))
+#: methods only the admin (the cluster token) may call: these, and the table's rows marked ``admin``
+#: (driver.calls: Reset, HcclNotify)
+ADMIN_ONLY = frozenset(wire.rpc_path(svc, m) for svc, m in (
+    (DMS, "InjectFault"), (DMS, "ClearFault"), (DMS, "Revoke"), (DMS, "ReloadKernels"), (RMS, "HcclRead"))) \
+    | frozenset(wire.rpc_path(c.service, c.rpc) for c in DeviceCalls.rows() if c.admin)
 #: the method that carries code (a pickled kernel): the admin's, and only where the policy accepts it
-CODE_UPLOAD = f"/{_RMS}/RegisterKernel"
+CODE_UPLOAD = wire.rpc_path(RMS, "RegisterKernel")
 #: why an upload is refused: a tenant's (always), the admin's (the policy accepts none)
 _NO_UPLOAD = {
     "upload-tenant": "RegisterKernel with code is the cluster admin's: tenants launch the kernels of the packages "
@@ -248,7 +254,39 @@ class _Gate(grpc.ServerInterceptor):
         return r
 
 
+# ---------------------------------------------------------------- the table's methods
+def _handler(call: Call):
+    """The servicer method of one row of the table (:mod:`driver.calls`): the request's fields into the
+    device method's arguments -- plus the caller, once its lease is checked where the row asks for one --
+    and its result into the reply."""
+    def handle(self, request, context):
+        args = call.arguments(request)
+        if call.takes_owner:
+            owner = args["owner"] = self._server.caller(context)
+            if call.leased:
+                self._server.require_lease(owner)
+        return call.reply_message(getattr(self.device, call.serves)(**args))
+
+    handle.__name__ = handle.__qualname__ = call.rpc
+    handle.__doc__ = f"``Device.{call.serves}`` (the row ``{call.name}`` of driver.calls.DeviceCalls)."
+    return handle
+
+
+def _serving(service: str):
+    """Class decorator: a servicer of ``service`` gets the handler of each of the table's rows of it; a
+    method written out for an RPC of the table is a mistake (TypeError at import)."""
+    def install(cls):
+        for call in DeviceCalls.rows(service):
+            if call.rpc in vars(cls):
+                raise TypeError(f"{cls.__name__}.{call.rpc} is written out and also the row {call.name!r} of "
+                                f"driver.calls.DeviceCalls")
+            setattr(cls, call.rpc, _handler(call))
+        return cls
+    return install
+
+
 # ---------------------------------------------------------------- DMS
+@_serving(DMS)
 class DeviceManagementServicer(wire.DeviceManagementServicer):
     def __init__(self, device, server: "DeviceServer"):
         self.device = device
@@ -258,12 +296,6 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
         info = self.device.info()
         return wire.info_to_pb(info, arena_size=info.hbm_total, node_address=self._server.address,
                                host_pid=os.getpid(), hostname=socket.gethostname(), boot_id=boot_id())
-
-    def GetHealth(self, request, context):
-        return wire.health_status_to_pb(self.device.health_report())
-
-    def GetTelemetry(self, request, context):
-        return wire.telemetry_to_pb(self.device.telemetry())
 
     def WatchHealth(self, request, context):
         interval = min(60.0, max(0.01, (request.interval_ms or 1000) / 1000.0))
@@ -294,10 +326,6 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
             if lease is not None:
                 srv.leases.closed(lease)
 
-    def Reset(self, request, context):
-        self.device.reset()
-        return dms.ResetReply()
-
     def InjectFault(self, request, context):
         with self._server.replying(context):        # a kill ends the process after this reply
             self.device.inject_fault(request.kind, **wire.fault_params(request))
@@ -325,6 +353,7 @@ def _wait_ms(timeout_ms: float) -> float:
     return wire.SERVER_MAX_WAIT_MS if timeout_ms < 0 or timeout_ms > wire.SERVER_MAX_WAIT_MS else timeout_ms
 
 
+@_serving(RMS)
 class ResourceManagementServicer(wire.ResourceManagementServicer):
     def __init__(self, device, server: "DeviceServer"):
         self.device = device
@@ -341,14 +370,6 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         return owner
 
     # ---- memory
-    def Malloc(self, request, context):
-        return rms.MallocReply(ptr=self.device.malloc(request.size, request.policy, owner=self._leased(context),
-                                                      placement=request.placement))
-
-    def Free(self, request, context):
-        self.device.free(request.ptr, owner=self._caller(context))
-        return _EMPTY
-
     def MemcpyH2D(self, request_iterator, context):
         owner = self._caller(context)
         it = iter(request_iterator)
@@ -359,7 +380,7 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         if total < 0:
             raise InvalidParamError(f"negative copy size {total}")
         d = self.device
-        self._check(dst, total, owner, True)         # refuse a bad range before taking any data
+        d.check_range(dst, total, owner, True)       # refuse a bad range before taking any data
         pos = 0
         for chunk in chain((first,), it):
             data = chunk.data
@@ -378,40 +399,6 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         step = min(wire.CHUNK_BYTES, max(4096, request.chunk_bytes or wire.CHUNK_BYTES))
         for i in range(0, view.size, step):
             yield rms.D2HChunk(data=view[i:i + step].tobytes())
-
-    def MemcpyD2D(self, request, context):
-        self.device.memcpy_d2d(request.dst, request.src, request.nbytes, owner=self._caller(context))
-        return _EMPTY
-
-    def Memset(self, request, context):
-        self.device.memset(request.ptr, request.value, request.nbytes, owner=self._caller(context))
-        return _EMPTY
-
-    def _check(self, ptr: int, nbytes: int, owner: Owner, write: bool) -> int:
-        return self.device.check_range(ptr, nbytes, owner, write)
-
-    def CheckRange(self, request, context):
-        return rms.CheckRangeReply(offset=self._check(request.ptr, request.nbytes, self._caller(context),
-                                                      request.write))
-
-    def MemInfo(self, request, context):
-        free, total = self.device.mem_info()
-        return rms.MemInfoReply(free=free, total=total)
-
-    # ---- streams / events
-    def CreateStream(self, request, context):
-        return rms.StreamReply(stream=self.device.create_stream(request.priority, owner=self._leased(context)))
-
-    def DestroyStream(self, request, context):
-        self.device.destroy_stream(request.stream, owner=self._caller(context))
-        return _EMPTY
-
-    def CreateEvent(self, request, context):
-        return rms.EventReply(event=self.device.create_event(request.flags, owner=self._leased(context)))
-
-    def DestroyEvent(self, request, context):
-        self.device.destroy_event(request.event, owner=self._caller(context))
-        return _EMPTY
 
     # ---- work
     def Submit(self, request, context):
@@ -434,24 +421,6 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
 
     def SynchronizeDevice(self, request, context):
         self.device.synchronize_device(_wait_ms(request.timeout_ms), owner=self._caller(context))
-        return _EMPTY
-
-    def QueryStream(self, request, context):
-        return rms.QueryReply(done=self.device.query_stream(request.stream, owner=self._caller(context)))
-
-    def QueryEvent(self, request, context):
-        return rms.QueryReply(done=self.device.query_event(request.event, owner=self._caller(context)))
-
-    def EventElapsed(self, request, context):
-        w, m = self.device.event_elapsed(request.start, request.end, owner=self._caller(context))
-        return rms.EventElapsedReply(wall_ms=w, model_ms=m)
-
-    def EventTimestamp(self, request, context):
-        w, m = self.device.event_timestamp(request.event, owner=self._caller(context))
-        return rms.EventTimestampReply(wall_s=w, model_s=m)
-
-    def SignalEvent(self, request, context):
-        self.device.signal_event(request.event, request.gen, owner=self._caller(context))
         return _EMPTY
 
     # ---- user kernels and HCCL
@@ -484,58 +453,22 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         owner = self._leased(context)
         return rms.IntReply(value=self.device.graph_create(self._templates.decode(request.ops, owner), owner=owner))
 
-    def GraphDestroy(self, request, context):
-        self.device.graph_destroy(request.graph, owner=self._caller(context))
-        return _EMPTY
-
-    def GraphInfo(self, request, context):
-        return rms.JsonReply(json=json.dumps(self.device.graph_info(request.graph, owner=self._caller(context))))
-
-    def Profile(self, request, context):
-        return rms.JsonReply(json=json.dumps(self.device.profile(request.action, owner=self._caller(context))))
-
     def GraphRebind(self, request, context):
         return rms.IntReply(value=self.device.graph_rebind(request.graph, wire.moves_from_pb(request.moves),
                                                            owner=self._caller(context)))
 
-    def HcclInfo(self, request, context):
-        return rms.JsonReply(json=json.dumps(self.device.hccl_info()))
-
-    def HcclCommInit(self, request, context):
-        self.device.hccl_comm_init(request.comm, request.rank, _json(request.peers_json, "peers"),
-                                   _json(request.config_json or "{}", "config"), owner=self._leased(context))
-        return _EMPTY
-
     def HcclCommJoin(self, request, context):
         owner = self._leased(context)
         table = self.device.hccl_comm_join(request.comm, request.rank, request.nranks,
-                                           _json(request.root_json, "root"), _json(request.config_json or "{}", "config"),
+                                           wire.json_field(request.root_json, "HcclCommJoin: root_json"),
+                                           wire.json_field(request.config_json, "HcclCommJoin: config_json"),
                                            request.timeout_s or 120.0, owner=owner)
         return rms.JsonReply(json=json.dumps(table))
-
-    def HcclCommDestroy(self, request, context):
-        self.device.hccl_comm_destroy(request.comm, owner=self._caller(context))
-        return _EMPTY
-
-    def HcclAsyncError(self, request, context):
-        return rms.IntReply(value=self.device.hccl_async_error(request.comm, owner=self._caller(context)))
 
     def HcclRead(self, request, context):
         view = self.device.hccl_read(request.comm, request.ptr, request.nbytes)
         for i in range(0, view.size, wire.CHUNK_BYTES):
             yield rms.D2HChunk(data=view[i:i + wire.CHUNK_BYTES].tobytes())
-
-    def HcclNotify(self, request, context):
-        self.device.hccl_deliver(_json(request.json, "HcclNotify message"))
-        return _EMPTY
-
-
-def _json(text: str, what: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise InvalidParamError(f"{what}: not JSON") from None
-
 
 # ---------------------------------------------------------------- the server
 class DeviceServer:

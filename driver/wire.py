@@ -17,12 +17,14 @@ Nothing here opens a socket; :mod:`driver.service` and :mod:`driver.client` do.
 """
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")     # no INFO chatter (GOAWAY...) when a device goes away
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
+from google.protobuf import message_factory  # noqa: E402
 
 from driver import protogen  # noqa: E402
 
@@ -59,12 +61,57 @@ add_ResourceManagementServicer_to_server = rms_pb2_grpc.add_ResourceManagementSe
 dms = dms_pb2      #: message classes of the DMS
 rms = rms_pb2      #: message classes of the RMS
 
+<<<<<<< HEAD
 INFERENCE_SERVICE = grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 INFERENCE_NAME = INFERENCE_SERVICE.full_name      #: "inference.GRPCInferenceService" (KServe v2, Triton)
 GRPCInferenceServiceStub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub
 GRPCInferenceServiceServicer = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceServicer
 add_GRPCInferenceServiceServicer_to_server = grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
 inference = grpc_predict_v2_pb2    #: message classes of the Open Inference Protocol
+=======
+#: the services by the short names the rest of the driver uses ("dms" | "rms")
+SERVICES = {"dms": DMS_SERVICE, "rms": RMS_SERVICE}
+
+
+def rpc_names(service: str) -> list[str]:
+    """The methods of ``service`` ("dms" | "rms"), in proto order."""
+    return [m.name for m in SERVICES[service].methods]
+
+
+def rpc_messages(service: str, rpc: str) -> tuple[type, type]:
+    """(request class, reply class) of method ``rpc`` of ``service`` (KeyError when it has none such)."""
+    m = SERVICES[service].methods_by_name[rpc]
+    return message_factory.GetMessageClass(m.input_type), message_factory.GetMessageClass(m.output_type)
+
+
+def rpc_is_unary(service: str, rpc: str) -> bool:
+    """Whether ``rpc`` takes one request and answers one reply (no stream either way)."""
+    m = SERVICES[service].methods_by_name[rpc]
+    return not (m.client_streaming or m.server_streaming)
+
+
+def rpc_path(service: str, rpc: str) -> str:
+    """The method's path as gRPC names it: ``/vnpu.v1.ResourceManagement/Malloc``."""
+    return f"/{SERVICES[service].full_name}/{rpc}"
+
+
+def json_field(text: str, what: str):
+    """The JSON document a string field carries (an empty field: None); one that does not parse is a
+    parameter error (InvalidParamError)."""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        raise InvalidParamError(f"{what} is not JSON") from None
+
+
+def message(cls, **fields):
+    """A message of ``cls`` with ``fields``; a value a field cannot hold (wrong type, integer out of
+    range) is a parameter error (InvalidParamError, ACL_ERROR_RT_PARAM_INVALID)."""
+    try:
+        return cls(**fields)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InvalidParamError(f"{cls.__name__}: {e}") from None
+>>>>>>> hcclsplit
 
 # ---------------------------------------------------------------- conventions
 AUTH_KEY = "authorization"          #: metadata: "Bearer <credential>" (a tenant credential or the cluster token)

@@ -35,7 +35,8 @@ class DeviceHandle(Protocol):
     device.  Both backends' handle classes, :class:`devices.device.Device` (in-process) and
     :class:`driver.client.RemoteDevice` (gRPC), satisfy it; mypy checks that (``scripts/test.sh``,
     ``tests/typecheck_handles.py``), so a method the runtime starts to use must be added here and to
-    both handles.
+    both handles: to :class:`devices.device.Device`, and (for the remote one) as a row of
+    :class:`driver.calls.DeviceCalls` with its RPC -- the one path, in the README's architecture section.
 
     ``submit`` only orders the device (it returns once the ops are queued); ``synchronize_*`` block the
     host (``timeout_ms``: -1 forever, 0 poll); ``hccl_comm_join`` blocks the host until every rank has
