@@ -13,8 +13,8 @@ cluster's admin, and -- when the name differs -- the device method it calls.  Bo
   checked where the row says so), the result into the reply.
 
 The parameters (names, order, defaults) are those of the in-process device's method
-(:class:`devices.device.Device`) without ``owner``; ``tests/test_rpc.py`` checks them against the
-runtime's :class:`runtime.backend.DeviceHandle`, ``tests/test_device_calls.py`` every row against the proto
+(:class:`devices.device.Device`) without ``owner``; ``tests/driver/test_rpc.py`` checks them against the
+runtime's :class:`runtime.backend.DeviceHandle`, ``tests/driver/test_device_calls.py`` every row against the proto
 and the device, and every RPC for a handler.  A field named ``json`` or
 ending in ``_json`` carries a JSON document (an empty one is None).  Methods with more to them -- streams,
 batches of stream ops and their launch templates, synchronizes, the health watch, fault parameters, code

@@ -61,14 +61,13 @@ add_ResourceManagementServicer_to_server = rms_pb2_grpc.add_ResourceManagementSe
 dms = dms_pb2      #: message classes of the DMS
 rms = rms_pb2      #: message classes of the RMS
 
-<<<<<<< HEAD
 INFERENCE_SERVICE = grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 INFERENCE_NAME = INFERENCE_SERVICE.full_name      #: "inference.GRPCInferenceService" (KServe v2, Triton)
 GRPCInferenceServiceStub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub
 GRPCInferenceServiceServicer = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceServicer
 add_GRPCInferenceServiceServicer_to_server = grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
 inference = grpc_predict_v2_pb2    #: message classes of the Open Inference Protocol
-=======
+
 #: the services by the short names the rest of the driver uses ("dms" | "rms")
 SERVICES = {"dms": DMS_SERVICE, "rms": RMS_SERVICE}
 
@@ -111,7 +110,6 @@ def message(cls, **fields):
         return cls(**fields)
     except (TypeError, ValueError, OverflowError) as e:
         raise InvalidParamError(f"{cls.__name__}: {e}") from None
->>>>>>> hcclsplit
 
 # ---------------------------------------------------------------- conventions
 AUTH_KEY = "authorization"          #: metadata: "Bearer <credential>" (a tenant credential or the cluster token)

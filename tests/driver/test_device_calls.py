@@ -4,7 +4,7 @@ either side of the wire.
 Every RPC of both services has a handler of its own (a row's, or one written out in the servicer: the
 generated base would answer UNIMPLEMENTED); every row names a unary RPC of the proto with the fields it
 uses and a device method that takes them; every method of the runtime's ``DeviceHandle`` is a method of
-both handles (mypy checks the names; ``tests/test_rpc.py`` the remote handle's parameters).  The codec of
+both handles (mypy checks the names; ``tests/driver/test_rpc.py`` the remote handle's parameters).  The codec of
 the rows (JSON fields, tuples, whole-message replies) round-trips without a network.
 """
 from __future__ import annotations
