@@ -71,6 +71,9 @@ class Parser(argparse.ArgumentParser):
         return text.rstrip("\n") + f"\n\n{head}\n" + "".join(f"  {e}\n" for e in self.example)
 
     def error(self, message: str):  # type: ignore[override]
+        flag = self._unknown_flag() if getattr(self, "_bad_command", False) else None
+        if flag:       # `serve --prot 8000`: 8000 was taken for a subcommand because --prot is unknown
+            message = f"unrecognized arguments: {flag}{self.suggestion([flag])}"
         line = " ".join(str(message).split())
         sys.stderr.write(f"{self.prog}: error: {line}\n")
         sys.exit(2)
@@ -83,6 +86,24 @@ class Parser(argparse.ArgumentParser):
         if extra:
             chosen.error(f"unrecognized arguments: {' '.join(extra)}{chosen.suggestion(extra)}")
         return ns
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._given = list(sys.argv[1:] if args is None else args)
+        self._bad_command = False
+        return super().parse_known_args(args, namespace)
+
+    def _unknown_flag(self) -> str | None:
+        """The first ``--flag`` given to this parser before any other word (where its subcommand goes) that
+        none of its flags starts with (argparse takes unique prefixes)."""
+        commands = {n for a in self._actions if isinstance(a, argparse._SubParsersAction) for n in a.choices}
+        flags = [s for a in self._actions for s in a.option_strings]
+        for word in getattr(self, "_given", ()):
+            if word in commands or not word.startswith("-"):
+                return None
+            name = word.split("=", 1)[0]
+            if name.startswith("--") and not any(f.startswith(name) for f in flags):
+                return name
+        return None
 
     def suggestion(self, extra: list[str]) -> str:
         """`` (did you mean --devices?)`` for the first unknown flag in ``extra`` close to one of this
@@ -100,6 +121,7 @@ class Parser(argparse.ArgumentParser):
             names = [str(c) for c in action.choices]
             near = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
             hint = f"did you mean {near[0]!r}? " if near else ""
+            self._bad_command = isinstance(action, argparse._SubParsersAction)
             raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({hint}choose from "
                                                  f"{', '.join(map(repr, names))})")
 

@@ -28,15 +28,17 @@ VERIFY_NUMPY_ATOL, VERIFY_ORT_ATOL = 1e-4, 1e-3
 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("mdl", help="an atc-compiled model as one graph replay vs onnxruntime (1 thread) "
-                                         "and the numpy bound of the same kernel graph")
-    p.add_argument("--model", choices=sorted(MODELS), default="minilm-l3")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--soc_version", default="Ascend910B3")
+                                         "and the numpy bound of the same kernel graph",
+                             example="vnpu bench mdl --model minilm-l3 --batch 8 --seq 128 --rounds 10")
+    p.add_argument("--model", choices=sorted(MODELS), default="minilm-l3",
+                   help="the ONNX model to compile (default minilm-l3)")
+    p.add_argument("--batch", type=int, default=8, help="sentences per execution (default 8)")
+    p.add_argument("--seq", type=int, default=128, help="tokens per sentence (default 128)")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (medians; default 10)")
+    p.add_argument("--soc_version", default="Ascend910B3", help="chip to compile for, as atc --soc_version")
     p.add_argument("--backend", choices=["local", "cluster"], default="local",
                    help="in-process device (default) or a device actor of a local Ray cluster over gRPC")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(fn=_run)
 
 

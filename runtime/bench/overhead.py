@@ -75,16 +75,20 @@ class DecoderSpec:
 
 def register(bs) -> None:
     p = bs.add_parser("overhead", help="where a small decoder's time goes, naive -> pool -> pinned/async -> "
-                                       "batched -> graph, modeled and wall")
+                                       "batched -> graph, modeled and wall",
+                      example="vnpu bench overhead --steps 6 --rounds 5")
     p.add_argument("--steps", type=positive_int, default=6, help="profiled decode steps per variant (default 6)")
-    p.add_argument("--layers", type=positive_int, default=DecoderSpec.layers)
+    p.add_argument("--layers", type=positive_int, default=DecoderSpec.layers,
+                   help=f"decoder layers (default {DecoderSpec.layers})")
     p.add_argument("--tokens", type=positive_int, default=DecoderSpec.tokens, help="tokens decoded per step")
-    p.add_argument("--hidden", type=int_at_least(8), default=DecoderSpec.hidden)
-    p.add_argument("--ffn", type=int_at_least(8), default=DecoderSpec.ffn)
+    p.add_argument("--hidden", type=int_at_least(8), default=DecoderSpec.hidden,
+                   help=f"hidden size (default {DecoderSpec.hidden})")
+    p.add_argument("--ffn", type=int_at_least(8), default=DecoderSpec.ffn,
+                   help=f"FFN width (default {DecoderSpec.ffn})")
     p.add_argument("--block-dim", type=positive_int, default=DecoderSpec.block_dim, help="blocks per matmul")
     p.add_argument("--rounds", type=int_at_least(0), default=5,
                    help="alternated rounds with/without the profiler for its cost (0: skip; default 5)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(fn=run)
 
 

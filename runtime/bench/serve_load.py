@@ -60,7 +60,7 @@ def register_flags(p) -> None:
     p.add_argument("--slo-p99-ms", type=pos, default=None, help="the adaptive mode's target (default: calibrated)")
     p.add_argument("--stream-interval-ms", type=float_in(0.0, 1000.0), default=20.0,
                    help="replicas batch streamed tokens this long")
-    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the arrivals and prompts (default 0)")
     p.add_argument("--rounds", type=positive_int, default=1,
                    help="load steps per (replicas, mode), modes alternating (a shared machine drifts; the "
                         "verdict takes the medians)")

@@ -41,7 +41,9 @@ from runtime.cliargs import bind_host, int_in, positive_int, text_file
 
 def register(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible server: /v1/completions, /v1/chat/completions, "
-                                     "/v1/embeddings, /metrics")
+                                     "/v1/embeddings, /metrics",
+                       example=("vnpu serve --config serve.yaml", "vnpu serve --model smollm2@0-2 --port 8000",
+                                "vnpu serve reconfigure --set slo.target_p99_ms=500"))
     s.add_argument("--model", action="append", default=[], metavar="NAME[@DEVICES]",
                    help="a model to serve, e.g. smollm2@0-2 or minilm-l6 (repeatable; default: the config's)")
     s.add_argument("--tp", type=positive_int, default=None, help="tensor parallel degree of the generation model")
@@ -61,7 +63,9 @@ def register(sub) -> None:
     s.set_defaults(fn=_cmd_serve)
     ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure}")
     r = ops.add_parser("reconfigure", help="change a running server's scheduler, tenants, slo and self-healing "
-                                           "without a restart (validated, health-checked, rolled back on failure)")
+                                           "without a restart (validated, health-checked, rolled back on failure)",
+                       example=("vnpu serve reconfigure --set models.smollm2.scheduler.mode=adaptive",
+                                "vnpu serve reconfigure -f new-serve.yaml --url http://127.0.0.1:8000"))
     what = r.add_mutually_exclusive_group(required=True)
     what.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                       help="a setting over the running config, e.g. models.smollm2.scheduler.mode=latency "

@@ -12,8 +12,8 @@ from runtime.cliargs import positive_int
 
 
 def register(sub) -> None:
-    smi = sub.add_parser("smi", help="npu-smi-like device table")
-    smi.add_argument("--json", action="store_true")
+    smi = sub.add_parser("smi", help="npu-smi-like device table", example="vnpu smi")
+    smi.add_argument("--json", action="store_true", help="print the table's fields as JSON")
     smi.add_argument("--devices", type=positive_int, default=4,
                      help="devices of the embedded cluster (when none is up)")
     smi.set_defaults(fn=_cmd_smi)
