@@ -141,3 +141,27 @@ def test_writers_help_names_one_flag(cmd):
     options = [ln.split()[0] for ln in help_text.splitlines() if ln.startswith("  -")]
     assert "--output" in options and "--report" not in options, options
     assert "--report is the same flag" in " ".join(help_text.split())
+
+
+# ---------------------------------------------------------------------------------------------- benchmarks
+#: benchmarks cheap enough to run in full here (text output), tiny sizes
+TEXT_BENCHES = {
+    "mdl": ["--batch", "1", "--seq", "8", "--rounds", "1", "--backend", "local"],
+    "overhead": ["--steps", "2", "--layers", "1", "--tokens", "4", "--hidden", "64", "--ffn", "128", "--rounds", "0"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_BENCHES))
+def test_benchmarks_print_ratios_not_verdicts_against_targets(name):
+    """A benchmark prints what it measured (ratios, bounds, shares) -- no "bar 0.5x: NOT met", "goal ...: met"
+    or "within +-5 pp" line judging the numbers against a target someone once wrote down."""
+    import re
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    env.pop("VNPU_BACKEND", None)
+    p = subprocess.run([sys.executable, "-m", "runtime.cli", "bench", name, *TEXT_BENCHES[name]], capture_output=True,
+                       text=True, timeout=300, env=env, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    judged = [ln for ln in p.stdout.splitlines() if re.search(r"\b(met|bar|goal|target)\b|NOT within", ln)]
+    assert not judged, judged
+    ratio = {"mdl": "acl.mdl.execute / onnxruntime:", "overhead": "graph replay: device compute"}[name]
+    assert ratio in p.stdout, p.stdout

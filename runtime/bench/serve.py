@@ -237,8 +237,7 @@ def _run(a) -> int:
     ok = all(x["unverified"] == 0 and x["verified"] == x["requests"] for r in rows for x in (r, r["baseline"]))
     doc = {"model": a.model, "backend": a.backend, "max_tokens": a.max_tokens, "engine": info,
            "baseline_engine": binfo, "levels": rows,
-           "bar": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"], "target": 4.0,
-                   "met": top["x_baseline"] >= 4.0}, "verified": ok}
+           "top": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"]}, "verified": ok}
     if a.json:
         print(json.dumps(doc))
         return 0 if ok else 1
@@ -254,8 +253,8 @@ def _run(a) -> int:
               f"{r['numpy_bound_tokens_per_s']:>11.1f} {r['of_bound']:>8.2f}")
     print(f"engine: {info['kv_blocks']} KV blocks, {info['graphs']} decode graphs (captured {info['captures']}, "
           f"constant), {info['steps']} steps, {info['preemptions']} preemptions")
-    print(f"bar: concurrency {top['concurrency']} = {top['x_baseline']:.2f}x the baseline's output tokens/s "
-          f"(target >= 4x): {'met' if top['x_baseline'] >= 4 else 'NOT met'}")
+    print(f"concurrency {top['concurrency']}: {top['x_baseline']:.2f}x the baseline's output tokens/s, "
+          f"{top['of_bound']:.2f} of the numpy bound")
     ties = sum(x["near_ties"] for r in rows for x in (r, r["baseline"]))
     print(f"verified: {'yes' if ok else 'NO: a streamed request lost, cut short or changed its tokens or text'}"
           + (f" ({ties} near tie(s): text parted from the non-streamed one at a top-2 logprob gap < {tol:.1e})"
