@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from devices.errors import AclError
+from runtime.cli.preflight import check_device_count, check_split
 from runtime.cliargs import (fail, int_at_least, nonneg_float, nonneg_int, positive_int, probability, text_lines,
                              writable_file)
 
@@ -65,6 +66,8 @@ def _cmd_embed(a) -> int:
     bad = [i for i, t in enumerate(texts) if not t.strip()]
     if bad:
         fail(f"text {bad[0]} is empty", "vnpu run embed")
+    check_split(a.model, a.parallel, a.devices, "vnpu run embed", ("dp", "tp"))
+    check_device_count(a.devices, "vnpu run embed")
     from runtime.models import EmbedJob
     with job_runtime(a.devices) as rt:
         job = EmbedJob(rt, a.model, devices=a.devices, parallel=a.parallel, batch_size=a.batch_size)
@@ -148,6 +151,8 @@ def _cmd_generate(a) -> int:
     if not all(p.strip() for p in prompts):
         fail("argument --prompt: empty prompt", "vnpu run generate")
     parallel = a.parallel or ("none" if a.devices == 1 else "tp")
+    check_split(a.model, parallel, a.devices, "vnpu run generate", ("tp", "pp"))
+    check_device_count(a.devices, "vnpu run generate")
     from runtime.models import GenerateJob
     stream = not a.json and len(prompts) == 1
     total = len(prompts) * a.max_new_tokens
