@@ -165,3 +165,138 @@ def test_benchmarks_print_ratios_not_verdicts_against_targets(name):
     assert not judged, judged
     ratio = {"mdl": "acl.mdl.execute / onnxruntime:", "overhead": "graph replay: device compute"}[name]
     assert ratio in p.stdout, p.stdout
+
+
+# ---------------------------------------------------------------------------------------------- fail fast
+@pytest.fixture
+def no_cluster(tmp_path, monkeypatch):
+    """No cluster is up (an empty state directory), the cluster backend is the default."""
+    monkeypatch.setenv("VNPU_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("VNPU_BACKEND", raising=False)
+    return tmp_path / "home"
+
+
+def _one_line(rc, out, err, says):
+    assert rc == 2, (rc, out, err)
+    assert err.endswith("\n") and err.count("\n") == 1 and "Traceback" not in err, err
+    for word in says:
+        assert word in err, err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["run", "generate", "--prompt", "hi", "--devices", "2", "--parallel", "tp"],
+     ["does not divide the 3 KV heads of smollm2", "use --devices 3 or --parallel pp"]),
+    (["run", "generate", "--prompt", "hi", "--devices", "2"],              # tp is the default on 2 devices
+     ["use --devices 3 or --parallel pp"]),
+    (["run", "generate", "--prompt", "hi", "--devices", "31", "--parallel", "pp"],
+     ["31 pipeline stages for the 30 layers of smollm2", "use --devices 30 or fewer"]),
+    (["run", "generate", "--prompt", "hi", "--devices", "2", "--parallel", "none"],
+     ["one device", "use --devices 1 or --parallel pp"]),
+    (["run", "embed", "hi", "--devices", "5", "--parallel", "tp"],
+     ["the 12 heads of minilm-l6", "use --devices 2, 3, 4, 6 or 12, or --parallel dp"]),
+])
+def test_run_checks_the_split_before_a_cluster_starts(argv, says, no_cluster, tripwires, capsys):  # noqa: F811
+    """The model's shape comes from the weights' header (or the encoder registry), not from loading them;
+    the tripwires prove no cluster, device or backend was started."""
+    rc, out, err = cli(argv, capsys)
+    _one_line(rc, out, err, says)
+    assert not no_cluster.exists()
+
+
+def test_a_split_that_works_passes_the_check(no_cluster, tripwires, capsys):  # noqa: F811
+    """TP=3 divides SmolLM2's 3 KV heads: the command gets as far as starting the cluster (the tripwire)."""
+    from cli_checks import WorkStarted
+    with pytest.raises(WorkStarted):
+        cli(["run", "generate", "--prompt", "hi", "--devices", "3", "--parallel", "tp"], capsys)
+
+
+def test_run_asks_for_no_more_devices_than_there_are(no_cluster, tripwires, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("VNPU_BACKEND", "local")
+    monkeypatch.setenv("VNPU_DEVICES", "2")
+    rc, out, err = cli(["run", "generate", "--prompt", "hi", "--devices", "3", "--parallel", "tp"], capsys)
+    _one_line(rc, out, err, ["3 devices asked, only 2", "use --devices 2 or fewer"])
+
+
+def test_the_job_refuses_what_the_command_line_refuses():
+    """The jobs and the command line share one rule (runtime.models.parallel): a split the job would refuse
+    after loading is the split the command refuses before."""
+    from runtime.models import decoder_config, model_splits
+    from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf  # noqa: F401
+    s = model_splits("smollm2")
+    assert s.tp_degrees() == [3] and s.layers == 30
+    assert s.problem("tp", 2) and s.problem("tp", 3) is None and s.problem("pp", 30) is None
+    assert decoder_config("smollm2").n_kv_heads == 3
+
+
+def test_the_gguf_header_gives_the_shape_the_full_read_gives():
+    """read_gguf_header (no tensors, array items skipped) yields the same config as gguf's full reader."""
+    from runtime.models.weights import LlamaConfig, read_gguf_header, read_gguf_meta, smollm2_gguf
+    path = smollm2_gguf()
+    head = read_gguf_header(path)
+    _, full = read_gguf_meta(path)
+    assert LlamaConfig.from_gguf_meta(head) == LlamaConfig.from_gguf_meta(full)
+    assert len(head["tokenizer.ggml.tokens"]) == len(full["tokenizer.ggml.tokens"])
+    scalars = {k: v for k, v in head.items() if not isinstance(v, range)}
+    assert scalars and all(full[k] == pytest.approx(v) if isinstance(v, float) else full[k] == v
+                           for k, v in scalars.items())
+
+
+SERVE_YAML = """\
+server:
+  port: 0
+models:
+  - model: minilm-l6@0
+  - model: smollm2@1
+    fallback: [5, cpu]
+"""
+
+
+def test_serve_yaml_devices_out_of_range_name_their_line(no_cluster, tripwires, tmp_path, capsys):  # noqa: F811
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(SERVE_YAML)
+    rc, out, err = cli(["serve", "--config", cfg, "--devices", "3"], capsys)
+    _one_line(rc, out, err, [f"{cfg}: line 5: models[1]", "fallback device 5 does not exist (3 devices)"])
+    assert not no_cluster.exists()                                # not even the metrics history
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["serve", "--tp", "2"], ["--tp: tensor parallel degree 2 does not divide the 3 KV heads of smollm2",
+                              "give it 1 or 3 devices"]),
+    (["serve", "--model", "smollm2@0-1"], ["--model smollm2@0-1: tensor parallel degree 2"]),
+])
+def test_serve_checks_the_split_before_a_cluster_starts(argv, says, no_cluster, tripwires, capsys):  # noqa: F811
+    rc, out, err = cli(argv + ["--port", "0"], capsys)
+    _one_line(rc, out, err, says)
+
+
+def test_serve_on_a_port_in_use_exits_2_before_anything_starts(no_cluster, tripwires, capsys):  # noqa: F811
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc, out, err = cli(["serve", "--model", "minilm-l6", "--port", port], capsys)
+    _one_line(rc, out, err, [f"127.0.0.1:{port} is in use", "--port 0"])
+    assert not no_cluster.exists()
+
+
+def test_serve_on_a_free_port_passes_the_check(no_cluster, tripwires, capsys):  # noqa: F811
+    """The probe leaves the port free: the command goes on to start the cluster (the tripwire)."""
+    import socket
+
+    from cli_checks import WorkStarted
+    with socket.socket() as held:                 # bound, not listening, SO_REUSEADDR: uvicorn could bind it too,
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # and no other process takes it meanwhile
+        held.bind(("127.0.0.1", 0))
+        with pytest.raises(WorkStarted):
+            cli(["serve", "--model", "minilm-l6", "--port", held.getsockname()[1]], capsys)
+
+
+def test_placement_errors_after_discovery_name_the_line_too():
+    """On a running cluster the devices are counted once it is discovered (before any weights load): the
+    same check, with the same file and line."""
+    from runtime.serve.config import ConfigError, parse_config, place
+    cfg = parse_config(SERVE_YAML, "s.yaml")
+    with pytest.raises(ConfigError) as e:
+        place(cfg.models, 2)
+    assert "s.yaml: line 5: models[1]: model smollm2: fallback device 5 does not exist (2 devices)" in str(e.value)

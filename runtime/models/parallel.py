@@ -34,10 +34,10 @@ class Splits:
             bad = [(what, size) for what, size in self.dims if size % n]
             if bad:
                 what, size = bad[0]
-                return (f"tensor parallel degree {n} does not divide {self.model}'s {size} {what} "
+                return (f"tensor parallel degree {n} does not divide the {size} {what} of {self.model} "
                         f"(each device takes an equal slice of {', '.join(w for w, _ in self.dims)})")
         if parallel == "pp" and self.layers is not None and n > self.layers:
-            return f"{n} pipeline stages for {self.model}'s {self.layers} layers (one layer per stage at least)"
+            return f"{n} pipeline stages for the {self.layers} layers of {self.model} (one layer per stage at least)"
         if parallel == "none" and n != 1:
             return f"parallel 'none' runs on one device, not {n}"
         return None
