@@ -263,7 +263,11 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
         return wire.health_status_to_pb(self.device.health_report())
 
     def GetTelemetry(self, request, context):
-        return wire.telemetry_to_pb(self.device.telemetry())
+        return wire.telemetry_to_pb(self._seen_by(self.device.telemetry(), self._server.caller(context)))
+
+    def _seen_by(self, tele: dict, caller: Owner) -> dict:
+        """Telemetry as ``caller`` may see it: a tenant sees only its own tenant's HBM holders."""
+        return dict(tele, holders=self.device.memory_holders(caller))
 
     def WatchHealth(self, request, context):
         interval = min(60.0, max(0.01, (request.interval_ms or 1000) / 1000.0))
@@ -284,7 +288,7 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
                 if d.hung:
                     wake.wait(min(interval, 0.02))   # a hung device misses its heartbeats (stream stays open)
                     continue
-                tele = d.telemetry()
+                tele = self._seen_by(d.telemetry(), caller)
                 yield dms.HealthBeat(seq=seq, status=wire.health_status_to_pb(d.health_report()),
                                      telemetry=wire.telemetry_to_pb(tele), server_time_s=tele.get("uptime_s", 0.0))
                 seq += 1

@@ -34,9 +34,11 @@ class UsageError(Exception):
 
 #: namespace attribute: the parser of the innermost (sub)command the arguments chose (for "did you mean")
 _CHOSEN = "_vnpu_chosen_parser"
+#: argparse's subcommands action (what ``add_subparsers`` returns; argparse names its class privately)
+_SUBCOMMANDS = type(argparse.ArgumentParser().add_subparsers())
 
 
-class _Commands(argparse._SubParsersAction):
+class _Commands(_SUBCOMMANDS):  # type: ignore[misc, valid-type]
     """The subcommands of a :class:`Parser`: each one's ``help`` (the line its parent lists) is also its own
     description, and its innermost parser is remembered so that an unknown flag is matched against the flags
     of the command it was given to."""
@@ -49,7 +51,7 @@ class _Commands(argparse._SubParsersAction):
     def __call__(self, parser, namespace, values, option_string=None):
         super().__call__(parser, namespace, values, option_string)
         if not hasattr(namespace, _CHOSEN):           # a deeper subcommand already set its own
-            setattr(namespace, _CHOSEN, self._name_parser_map[values[0]])
+            setattr(namespace, _CHOSEN, self.choices[values[0]])
 
 
 class Parser(argparse.ArgumentParser):
@@ -95,7 +97,7 @@ class Parser(argparse.ArgumentParser):
     def _unknown_flag(self) -> str | None:
         """The first ``--flag`` given to this parser before any other word (where its subcommand goes) that
         none of its flags starts with (argparse takes unique prefixes)."""
-        commands = {n for a in self._actions if isinstance(a, argparse._SubParsersAction) for n in a.choices}
+        commands = {n for a in self._actions if isinstance(a, _SUBCOMMANDS) for n in a.choices}
         flags = [s for a in self._actions for s in a.option_strings]
         for word in getattr(self, "_given", ()):
             if word in commands or not word.startswith("-"):
@@ -121,7 +123,7 @@ class Parser(argparse.ArgumentParser):
             names = [str(c) for c in action.choices]
             near = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
             hint = f"did you mean {near[0]!r}? " if near else ""
-            self._bad_command = isinstance(action, argparse._SubParsersAction)
+            self._bad_command = isinstance(action, _SUBCOMMANDS)
             raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({hint}choose from "
                                                  f"{', '.join(map(repr, names))})")
 
