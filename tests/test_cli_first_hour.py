@@ -8,6 +8,7 @@ never imported Ray).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -300,3 +301,142 @@ def test_placement_errors_after_discovery_name_the_line_too():
     with pytest.raises(ConfigError) as e:
         place(cfg.models, 2)
     assert "s.yaml: line 5: models[1]: model smollm2: fallback device 5 does not exist (2 devices)" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------- smi
+def test_smi_without_a_cluster_says_so_and_starts_nothing(no_cluster, tripwires, capsys):  # noqa: F811
+    for argv in (["smi"], ["smi", "--json"], ["smi", "-l", "1"]):
+        rc, out, err = cli(argv, capsys)
+        _one_line(rc, out, err, ["no vnpu cluster is up", "vnpu up", "vnpu smi --embedded"])
+        assert out == ""
+
+
+def test_smi_without_a_cluster_never_imports_ray(tmp_path):
+    """In a fresh process: the answer comes without Ray (no cluster can have started: nothing of Ray was
+    even imported) -- the 51 s temporary cluster of before is opt-in (``--embedded``)."""
+    code = ("import sys\nfrom runtime.cli import main\nrc = main(['smi'])\n"
+            "print('ray imported' if 'ray' in sys.modules else 'no ray', rc)\n")
+    env = dict(os.environ, VNPU_HOME=str(tmp_path / "home"))
+    env.pop("VNPU_BACKEND", None)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert p.stdout.split() == ["no", "ray", "2"], (p.stdout, p.stderr)
+    assert p.stderr.count("\n") == 1 and "vnpu up" in p.stderr, p.stderr
+    assert not (tmp_path / "home").exists()
+
+
+def test_smi_devices_needs_embedded(no_cluster, tripwires, capsys):  # noqa: F811
+    rc, out, err = cli(["smi", "--devices", "2"], capsys)
+    _one_line(rc, out, err, ["--embedded"])
+
+
+HOLDER = """
+import sys
+from runtime.cluster import cluster_runtime
+with cluster_runtime() as rt:
+    t = rt.device(1).empty((3 << 20,), "uint8")      # 3 MiB on npu1
+    print("ready", flush=True)
+    sys.stdin.read()                                 # until the test closes stdin
+    t.free()
+"""
+
+
+@pytest.fixture(scope="module")
+def smi_cluster(tmp_path_factory):
+    """A running 2-device cluster (``vnpu up``) and a runtime client process holding 3 MiB on npu1; both gone
+    after the module (``vnpu down``: nothing left)."""
+    home = tmp_path_factory.mktemp("smi") / "home"
+    env = dict(os.environ, VNPU_HOME=str(home), OPENBLAS_NUM_THREADS="1")
+    for k in ("VNPU_TOKEN", "VNPU_BACKEND", "RAY_ADDRESS"):
+        env.pop(k, None)
+    vnpu = lambda *a, **kw: subprocess.run([sys.executable, "-m", "runtime.cli", *a], capture_output=True,  # noqa: E731
+                                           text=True, timeout=300, env=dict(env, **kw), cwd=ROOT)
+    holder = None
+    try:
+        up = vnpu("up", "--devices", "2", "--hbm-mb", "64")
+        assert up.returncode == 0, up.stderr
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
+        yield vnpu, env, holder.pid
+    finally:
+        if holder is not None:
+            holder.stdin.close()
+            holder.wait(timeout=120)
+        down = vnpu("down")
+        assert down.returncode == 0, down.stderr
+
+
+@pytest.mark.cluster
+def test_smi_json_carries_every_column_and_the_processes(smi_cluster):
+    from runtime.cli.smi import DEVICE_COLUMNS, PROCESS_COLUMNS
+    vnpu, _, pid = smi_cluster
+    p = vnpu("smi", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["timestamp"] and doc["version"]
+    rows = doc["devices"]
+    assert [r["npu"] for r in rows] == [0, 1]
+    assert all(c.key in r for c in DEVICE_COLUMNS for r in rows)
+    procs = rows[1]["processes"]
+    assert [q["pid"] for q in procs] == [pid] and rows[0]["processes"] == []
+    assert procs[0]["hbm_mb"] >= 3 and procs[0]["allocations"] >= 1
+    assert all(c.key in dict(q, npu=1) for c in PROCESS_COLUMNS for q in procs)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("width", [80, 200])
+def test_smi_fits_the_terminal_with_a_real_clusters_data(smi_cluster, width):
+    """The text at 80 and 200 columns: no line longer, nothing cut ("..." or an ellipsis), the columns left
+    out at 80 named, every column at 200; the process holding HBM and a timestamp on the screen; the
+    command itself honours the terminal's width ($COLUMNS when piped)."""
+    from runtime.cli.smi import DEVICE_COLUMNS, render
+    vnpu, _, pid = smi_cluster
+    p = vnpu("smi", "--json")
+    rows = json.loads(p.stdout)["devices"]
+    text = render(rows, width)
+    lines = text.splitlines()
+    assert max(len(ln) for ln in lines) <= width, text
+    assert "…" not in text and "..." not in text, text
+    assert lines[0].startswith("vnpu smi ") and "NPU(s)" in lines[0], lines[0]
+    assert any(f"| {pid} |" in ln.replace("  ", " ") or f" {pid} " in ln for ln in lines), text
+    headers = [c.header for c in DEVICE_COLUMNS]
+    if width == 80:
+        assert "left out for width" in text and "Node" in text.splitlines()[-1], text
+    else:
+        assert "left out" not in text and all(h in text for h in headers), text
+        assert rows[1]["address"] in text and rows[0]["bus_id"] in text
+    shown = vnpu("smi", COLUMNS=str(width))
+    assert shown.returncode == 0, shown.stderr
+    assert max(len(ln) for ln in shown.stdout.splitlines()) <= width, shown.stdout
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("as_json", [False, True])
+def test_smi_loop_redraws_until_ctrl_c(smi_cluster, as_json):
+    """``-l 0.2``: frames keep coming (piped: appended; --json: one document per line) until SIGINT, which
+    ends the watch with exit 0 and no traceback."""
+    import signal
+    _, env, _ = smi_cluster
+    p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "smi", "-l", "0.2"] + (["--json"] if as_json else []),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(env, COLUMNS="200"),
+                         cwd=ROOT)
+    try:
+        frames = []
+        for line in p.stdout:
+            if as_json:
+                frames.append(json.loads(line))
+            elif line.startswith("vnpu smi "):
+                frames.append(line)
+            if len(frames) == 3:
+                break
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert len(frames) == 3, err
+    assert p.returncode == 0 and "Traceback" not in err, err
+    if as_json:
+        assert all([r["npu"] for r in f["devices"]] == [0, 1] for f in frames)
+        assert len({f["timestamp"] for f in frames}) >= 1
