@@ -254,6 +254,7 @@ class HbmArena:
         self._canary_violations = 0
         self._closed = False
         self._usage = Usage()                                  # reserved bytes per tenant
+        self._held: dict[object, list[int]] = {}               # owner -> [reserved bytes, allocations]
         #: bumped whenever a range stops being valid (free, reset, ECC poison): cached validations of
         #: launch arguments stay good while it is unchanged
         self.gen = 0
@@ -291,6 +292,9 @@ class HbmArena:
             bisect.insort(self._starts, off)
             self._live[off] = a
             self._usage.add(charged, reserved)
+            held = self._held.setdefault(owner, [0, 0])
+            held[0] += reserved
+            held[1] += 1
             self._forget_freed(off, reserved)
         self.buf[off + size:off + reserved] = _CANARY
         return make_ptr(self.device_id, off)
@@ -320,6 +324,11 @@ class HbmArena:
             del self._starts[bisect.bisect_left(self._starts, off)]
             self._alloc.release(off, a.reserved)
             self._usage.add(a.charged, -a.reserved)
+            held = self._held[a.owner]
+            held[0] -= a.reserved
+            held[1] -= 1
+            if not held[1]:
+                del self._held[a.owner]
             self._freed[off] = a.size
             bisect.insort(self._freed_starts, off)
             if len(self._freed) > 65536:
@@ -343,6 +352,12 @@ class HbmArena:
         for p in ptrs:
             self.free(p)
         return len(ptrs)
+
+    def holders(self) -> list[tuple[object, int, int]]:
+        """(owner, reserved bytes, allocations) of every owner holding memory in this arena, largest first
+        (kept up to date by malloc/free: costs what the number of owners costs)."""
+        with self._lock:
+            return sorted(((o, b, n) for o, (b, n) in self._held.items()), key=lambda h: -h[1])
 
     def used_by(self, owner) -> int:
         """Bytes (reserved) the tenant of ``owner`` holds."""
@@ -396,6 +411,7 @@ class HbmArena:
             self._freed.clear()
             self._freed_starts.clear()
             self._usage.clear()
+            self._held.clear()
 
     def invalidate(self) -> None:
         """Ranges may have stopped being valid (an ECC fault): drop every cached validation."""

@@ -37,7 +37,7 @@ from .scheduler import Scheduler, Task
 from .hccl import CollectiveOp, HcclEngine
 from .graph import GraphTable
 from .tasks import Collective, CopyD2D, ExecGraph, Launch, Memset, Record, StreamOp, Wait, WriteH2D, launch_key
-from .tenancy import TenantQuota
+from .tenancy import Owner, TenantQuota, limited, same_tenant, tenant_of
 
 DEFAULT_ARENA = 1 << 30
 #: die temperature (C) at which health goes to Alarm / Critical
@@ -514,7 +514,15 @@ class Device:
 
     # ------------------------------------------------------------------ telemetry
     @_live
-    def telemetry(self) -> dict:
+    def memory_holders(self, viewer=None) -> list[dict]:
+        """Who holds HBM here, largest first: tenant, client, reserved bytes, allocations -- for a tenant
+        ``viewer`` only its own tenant's clients, for the admin or an in-process caller (None) everyone."""
+        return [{"tenant": tenant_of(o) or "", "client": o.client if isinstance(o, Owner) else "", "hbm_bytes": b,
+                 "allocations": n} for o, b, n in self.arena.holders() if not limited(viewer) or same_tenant(o, viewer)]
+
+    def telemetry(self, owner=None) -> dict:
+        """The device's state as npu-smi shows it; ``holders``: :meth:`memory_holders` as ``owner`` may
+        see them (a tenant: its own tenant's; the admin or an in-process caller, None: everyone's)."""
         now = time.perf_counter()
         busy = list(self.sched.busy_s)
         t_last, busy_last = self._tele_last
@@ -543,6 +551,7 @@ class Device:
             "events": ss["events"], "modeled_time_s": ss["model_now_s"],
             "power_w": round(power, 1), "temperature_c": round(self._temp_c, 1),
             "uptime_s": now - self._t0, "busy_s": sum(busy),
+            "holders": self.memory_holders(owner),
         }
 
     def _thermal(self, power: float, dt: float) -> None:

@@ -316,7 +316,7 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
                 if d.hung:
                     wake.wait(min(interval, 0.02))   # a hung device misses its heartbeats (stream stays open)
                     continue
-                tele = d.telemetry()
+                tele = d.telemetry(caller)            # a tenant sees only its own tenant's HBM holders
                 yield dms.HealthBeat(seq=seq, status=wire.health_status_to_pb(d.health_report()),
                                      telemetry=wire.telemetry_to_pb(tele), server_time_s=tele.get("uptime_s", 0.0))
                 seq += 1

@@ -279,15 +279,16 @@ def info_from_pb(m) -> dict:
 
 
 _TELE_FIELDS = [f.name for f in dms_pb2.Telemetry.DESCRIPTOR.fields
-                if f.name not in ("health", "extra", "conditions")]
+                if f.name not in ("health", "extra", "conditions", "holders")]
 _TELE_SCALARS = [n for n in _TELE_FIELDS if n != "aicore_util"]
-_TELE_KNOWN = frozenset(_TELE_FIELDS) | {"health", "conditions"}
+_TELE_KNOWN = frozenset(_TELE_FIELDS) | {"health", "conditions", "holders"}
 
 
 def telemetry_to_pb(t: dict) -> "dms_pb2.Telemetry":
     """A ``Device.telemetry()`` dict -> message.  Numeric keys the schema lacks go to ``extra``."""
     kw = {n: t[n] for n in _TELE_FIELDS if n in t}
-    m = dms_pb2.Telemetry(**kw, conditions=[condition_to_pb(c) for c in t.get("conditions", ())])
+    m = dms_pb2.Telemetry(**kw, conditions=[condition_to_pb(c) for c in t.get("conditions", ())],
+                          holders=[dms_pb2.MemoryHolder(**h) for h in t.get("holders", ())])
     if "health" in t:
         m.health = health_to_pb(t["health"])
     for k, v in t.items():
@@ -303,6 +304,8 @@ def telemetry_from_pb(m) -> dict:
     d["health"] = health_name(m.health)
     d["conditions"] = conditions_from_pb(m.conditions)
     d["aicore_util"] = list(m.aicore_util)
+    d["holders"] = [{"tenant": h.tenant, "client": h.client, "hbm_bytes": h.hbm_bytes, "allocations": h.allocations}
+                    for h in m.holders]
     d.update(m.extra)
     return d
 

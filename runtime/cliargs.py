@@ -5,7 +5,8 @@ Each command checks all of its arguments before it does any work, and a bad one 
 exit status 2 and ONE line on stderr (``vnpu <command>: error: argument --x: ...``), never a traceback:
 
 - :class:`Parser` is the ``argparse`` parser of every command (subparsers inherit it): its errors are
-  one line, without the usage block;
+  one line, without the usage block, with a "did you mean" for a mistyped flag, command or choice; a
+  command's help says what it does and ends with an example (``add_parser(..., example=...)``);
 - the ``type=`` functions below check a value as it is parsed (``positive_int``, ``duration``, ``size``,
   ``probability``, ``writable_file``, ``text_lines`` ...): numbers in range, durations above 0, output
   files and folders the command can write (tried, not guessed from permission bits), input files that
@@ -16,6 +17,7 @@ exit status 2 and ONE line on stderr (``vnpu <command>: error: argument --x: ...
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import re
@@ -30,13 +32,100 @@ class UsageError(Exception):
         self.prog = prog
 
 
+#: namespace attribute: the parser of the innermost (sub)command the arguments chose (for "did you mean")
+_CHOSEN = "_vnpu_chosen_parser"
+#: argparse's subcommands action (what ``add_subparsers`` returns; argparse names its class privately)
+_SUBCOMMANDS = type(argparse.ArgumentParser().add_subparsers())
+
+
+class _Commands(_SUBCOMMANDS):  # type: ignore[misc, valid-type]
+    """The subcommands of a :class:`Parser`: each one's ``help`` (the line its parent lists) is also its own
+    description, and its innermost parser is remembered so that an unknown flag is matched against the flags
+    of the command it was given to."""
+
+    def add_parser(self, name, **kw):
+        if kw.get("description") is None and kw.get("help"):
+            kw["description"] = kw["help"]
+        return super().add_parser(name, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        if not hasattr(namespace, _CHOSEN):           # a deeper subcommand already set its own
+            setattr(namespace, _CHOSEN, self.choices[values[0]])
+
+
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr and exit status 2."""
+    """An ArgumentParser whose errors are one line on stderr and exit status 2, with a "did you mean" for a
+    mistyped flag, command or choice, and whose help ends with ``example`` (a command line, or several).
+
+    Subparsers (``add_subparsers``) are Parsers too: pass ``example=`` to ``add_parser``."""
+
+    def __init__(self, *args, example: str | tuple[str, ...] | list[str] | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.example = (example,) if isinstance(example, str) else tuple(example or ())
+        self.register("action", "parsers", _Commands)
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if not self.example:
+            return text
+        head = "example:" if len(self.example) == 1 else "examples:"
+        return text.rstrip("\n") + f"\n\n{head}\n" + "".join(f"  {e}\n" for e in self.example)
 
     def error(self, message: str):  # type: ignore[override]
+        flag = self._unknown_flag() if getattr(self, "_bad_command", False) else None
+        if flag:       # `serve --prot 8000`: 8000 was taken for a subcommand because --prot is unknown
+            message = f"unrecognized arguments: {flag}{self.suggestion([flag])}"
         line = " ".join(str(message).split())
         sys.stderr.write(f"{self.prog}: error: {line}\n")
         sys.exit(2)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, extra = self.parse_known_args(args, namespace)
+        chosen = getattr(ns, _CHOSEN, self)
+        if hasattr(ns, _CHOSEN):
+            delattr(ns, _CHOSEN)
+        if extra:
+            chosen.error(f"unrecognized arguments: {' '.join(extra)}{chosen.suggestion(extra)}")
+        return ns
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._given = list(sys.argv[1:] if args is None else args)
+        self._bad_command = False
+        return super().parse_known_args(args, namespace)
+
+    def _unknown_flag(self) -> str | None:
+        """The first ``--flag`` given to this parser before any other word (where its subcommand goes) that
+        none of its flags starts with (argparse takes unique prefixes)."""
+        commands = {n for a in self._actions if isinstance(a, _SUBCOMMANDS) for n in a.choices}
+        flags = [s for a in self._actions for s in a.option_strings]
+        for word in getattr(self, "_given", ()):
+            if word in commands or not word.startswith("-"):
+                return None
+            name = word.split("=", 1)[0]
+            if name.startswith("--") and not any(f.startswith(name) for f in flags):
+                return name
+        return None
+
+    def suggestion(self, extra: list[str]) -> str:
+        """`` (did you mean --devices?)`` for the first unknown flag in ``extra`` close to one of this
+        parser's flags; empty when none is close."""
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        for word in extra:
+            if word.startswith("--"):
+                near = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+                if near:
+                    return f" (did you mean {near[0]}?)"
+        return ""
+
+    def _check_value(self, action, value):  # argparse's choice check, with "did you mean"
+        if action.choices is not None and value not in action.choices:
+            names = [str(c) for c in action.choices]
+            near = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            self._bad_command = isinstance(action, _SUBCOMMANDS)
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({hint}choose from "
+                                                 f"{', '.join(map(repr, names))})")
 
 
 def fail(message: str, prog: str = "vnpu") -> None:
@@ -263,6 +352,15 @@ def writable_dir(s: str) -> str:
     return s
 
 
+def add_output_arg(p, help: str, *, type=writable_file, default=None, metavar: str = "FILE",
+                   alias: str = "--report") -> None:
+    """``--output``: what a command writes (a report, a folder), under the one name every command uses;
+    ``alias`` (``--report``) is the same flag, accepted and named in the help line, not listed on its own.
+    Both land in ``args.output``."""
+    p.add_argument("--output", type=type, default=default, metavar=metavar, help=f"{help} ({alias} is the same flag)")
+    p.add_argument(alias, dest="output", type=type, default=argparse.SUPPRESS, metavar=metavar, help=argparse.SUPPRESS)
+
+
 def check_output_dir(path, what: str, prog: str = "vnpu") -> None:
     """A usage error of ``prog`` (exit 2, one line naming ``what``) unless it can write into ``path``."""
     problem = output_dir_problem(str(path))
@@ -317,4 +415,4 @@ def text_lines(s: str) -> list[str]:
 __all__ = ["Parser", "UsageError", "fail", "report", "int_at_least", "positive_int", "nonneg_int", "int_in",
            "float_in", "nonneg_float", "probability", "int_list", "parse_duration", "duration", "parse_size", "size",
            "choices_list", "bind_host", "output_problem", "output_dir_problem", "writable_file", "writable_dir",
-           "check_output_dir", "read_text", "text_file", "text_lines"]
+           "add_output_arg", "check_output_dir", "read_text", "text_file", "text_lines"]

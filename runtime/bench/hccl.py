@@ -56,22 +56,24 @@ _BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n
 
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser(
-        "hccl", help="HCCL collectives (nccl-tests style) vs plain Ray and torch gloo AllReduce")
+        "hccl", help="HCCL collectives (nccl-tests style) vs plain Ray and torch gloo AllReduce",
+        example="vnpu bench hccl --op allreduce,allgather --devices 4 --max-bytes 64M")
     p.add_argument("--op", default="allreduce", type=_ops,
                    help=f"operator(s), comma separated: {', '.join(OPS)}")
-    p.add_argument("--devices", type=positive_int, default=4)
-    p.add_argument("--min-bytes", type=size, default="8")
-    p.add_argument("--max-bytes", type=size, default="256M")
-    p.add_argument("--dtype", default="float32", choices=DTYPES)
-    p.add_argument("--redop", default="sum", choices=REDOPS)
+    p.add_argument("--devices", type=positive_int, default=4, help="ranks (devices) of the communicator (default 4)")
+    p.add_argument("--min-bytes", type=size, default="8", help="smallest message (e.g. 8, 64K; default 8)")
+    p.add_argument("--max-bytes", type=size, default="256M",
+                   help="largest message (sizes double up to it; default 256M)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="element type (default float32)")
+    p.add_argument("--redop", default="sum", choices=REDOPS, help="reduction of the reducing operators (default sum)")
     p.add_argument("--iters", type=positive_int, default=None,
                    help="timed iterations per size (default 20, at least 10 for large sizes)")
     p.add_argument("--warmup", type=nonneg_int, default=None, help="untimed iterations per size (default 5, fewer "
                                                             "for large sizes)")
     p.add_argument("--algo", choices=("ring", "hd", "mesh"), default=None,
                    help="force an algorithm (default: chosen per size)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--no-baselines", action="store_true", help="skip the plain Ray and torch gloo baselines")
     p.add_argument("--no-bound", action="store_true", help="skip the memory-bound limit of each row")
     p.set_defaults(fn=_bench_hccl)
 

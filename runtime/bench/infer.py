@@ -24,13 +24,15 @@ SHM_DIR_NOTE = ("/dev/shm is mounted huge=never; numpy's heap gets 2 MiB pages. 
 
 
 def register(bench_sub) -> None:
-    p = bench_sub.add_parser("infer", help="inference jobs vs plain numpy (decode tokens/s, sentences/s)")
+    p = bench_sub.add_parser("infer", help="inference jobs vs plain numpy (decode tokens/s, sentences/s)",
+                             example="vnpu bench infer --tokens 24 --rounds 2 --backend local")
     p.add_argument("--tokens", type=positive_int, default=24, help="decode steps per round")
-    p.add_argument("--rounds", type=positive_int, default=2)
+    p.add_argument("--rounds", type=positive_int, default=2,
+                   help="alternated rounds of each job and its baseline (medians)")
     p.add_argument("--backend", choices=["cluster", "local"], default="cluster",
                    help="devices as Ray actors over gRPC (default) or in this process")
     p.add_argument("--no-multi", action="store_true", help="skip the 2+ device runs")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(fn=_run)
 
 

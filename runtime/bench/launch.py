@@ -14,10 +14,11 @@ from .common import median_time as _median_time
 
 
 def register(bs) -> None:
-    la = bs.add_parser("launch", help="amortized cost per kernel launch vs a Ray actor call and a gRPC call")
-    la.add_argument("--launches", type=positive_int, default=1000)
-    la.add_argument("--repeat", type=positive_int, default=5)
-    la.add_argument("--json", action="store_true")
+    la = bs.add_parser("launch", help="amortized cost per kernel launch vs a Ray actor call and a gRPC call",
+                       example="vnpu bench launch --launches 1000 --repeat 5")
+    la.add_argument("--launches", type=positive_int, default=1000, help="launches per timed run (default 1000)")
+    la.add_argument("--repeat", type=positive_int, default=5, help="timed runs (the best is kept; default 5)")
+    la.add_argument("--json", action="store_true", help="print the results as JSON")
     la.set_defaults(fn=run)
 
 

@@ -7,7 +7,7 @@ replay, no copies), all in the same run with rounds interleaved so the three see
 
 Also printed: launches before and after fusion, the static memory plan's peak against the sum of all
 intermediate tensors, the modeled device time on the target SoC, and the largest difference from
-onnxruntime's outputs.  The bar is >= 0.5x onnxruntime.
+onnxruntime's outputs.  Ratios are printed as measured (no pass/fail against a target).
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import time
 import numpy as np
 
 MODELS = {"minilm-l3": "runtime.models.weights:minilm_l3_onnx"}
-BAR = 0.5
 
 
 #: largest |vnpu - reference| of an output element that passes (outputs are O(1) embeddings)
@@ -28,15 +27,17 @@ VERIFY_NUMPY_ATOL, VERIFY_ORT_ATOL = 1e-4, 1e-3
 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("mdl", help="an atc-compiled model as one graph replay vs onnxruntime (1 thread) "
-                                         "and the numpy bound of the same kernel graph")
-    p.add_argument("--model", choices=sorted(MODELS), default="minilm-l3")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--soc_version", default="Ascend910B3")
+                                         "and the numpy bound of the same kernel graph",
+                             example="vnpu bench mdl --model minilm-l3 --batch 8 --seq 128 --rounds 10")
+    p.add_argument("--model", choices=sorted(MODELS), default="minilm-l3",
+                   help="the ONNX model to compile (default minilm-l3)")
+    p.add_argument("--batch", type=int, default=8, help="sentences per execution (default 8)")
+    p.add_argument("--seq", type=int, default=128, help="tokens per sentence (default 128)")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (medians; default 10)")
+    p.add_argument("--soc_version", default="Ascend910B3", help="chip to compile for, as atc --soc_version")
     p.add_argument("--backend", choices=["local", "cluster"], default="local",
                    help="in-process device (default) or a device actor of a local Ray cluster over gRPC")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(fn=_run)
 
 
@@ -207,8 +208,6 @@ def _add_verdicts(res: dict, t: dict, cpu: dict, batch: int, backend: str, busy)
         res["acl_vs_onnxruntime"] = round(med["ort"] / med["acl"], 3)
         res["vs_onnxruntime"] = round(med["ort"] / med["vnpu"], 3)
         res["e2e_vs_onnxruntime"] = round(med["ort"] / med["vnpu_e2e"], 3)
-        res["bar"] = BAR
-        res["meets_bar"] = res["acl_vs_onnxruntime"] >= BAR
         if backend == "local":                    # a device actor's CPU time is not this process's
             res["cpu_vs_onnxruntime"] = round(cmed["ort"] / cmed["vnpu"], 3)
     res["vs_numpy_bound"] = round(med["numpy"] / med["vnpu"], 3)
@@ -287,8 +286,7 @@ def _run(a) -> int:
             print(f"  {label:31s} {lat[key]:8.2f}   {thr[key]:11.1f}   {cpu[key]:8.2f}")
     if "vs_onnxruntime" in res:
         cpu_note = f"CPU time {res['cpu_vs_onnxruntime']:.2f}x, " if "cpu_vs_onnxruntime" in res else ""
-        print(f"  acl.mdl.execute / onnxruntime: {res['acl_vs_onnxruntime']:.2f}x wall; bar {BAR}x: "
-              f"{'met' if res['meets_bar'] else 'NOT met'}")
+        print(f"  acl.mdl.execute / onnxruntime: {res['acl_vs_onnxruntime']:.2f}x wall")
         print(f"  offline layer / onnxruntime: {res['vs_onnxruntime']:.2f}x wall ({cpu_note}e2e "
               f"{res['e2e_vs_onnxruntime']:.2f}x); vnpu / numpy bound: {res['vs_numpy_bound']:.2f}x")
         if res["openblas_coretype"]:

@@ -13,12 +13,13 @@ from .common import fmt_size as _fmt_size, median_time as _median_time
 
 
 def register(bs) -> None:
-    mc = bs.add_parser("memcpy", help="H2D/D2H bandwidth vs np.copyto")
-    mc.add_argument("--min-bytes", type=size, default="1M")
-    mc.add_argument("--max-bytes", type=size, default="256M")
+    mc = bs.add_parser("memcpy", help="H2D/D2H bandwidth vs np.copyto",
+                       example="vnpu bench memcpy --min-bytes 1M --max-bytes 256M")
+    mc.add_argument("--min-bytes", type=size, default="1M", help="smallest copy (default 1M)")
+    mc.add_argument("--max-bytes", type=size, default="256M", help="largest copy (sizes double up to it; default 256M)")
     mc.add_argument("--grpc-max-bytes", type=size, default="64M",
                     help="largest size also measured over the gRPC path")
-    mc.add_argument("--json", action="store_true")
+    mc.add_argument("--json", action="store_true", help="print the rows as JSON")
     mc.set_defaults(fn=run)
 
 

@@ -32,7 +32,8 @@ ALLOC_SIZES = (4 << 10, 256 << 10, 4 << 20)
 
 def register(bs) -> None:
     m = bs.add_parser("memory", help="caching pool vs driver malloc, fragmentation with/without the lifetime "
-                                     "hint, defragmentation throughput vs memcpy")
+                                     "hint, defragmentation throughput vs memcpy",
+                      example="vnpu bench memory --pairs 2000 --seeds 5")
     m.add_argument("--pairs", type=positive_int, default=2000, help="allocate+free pairs through the pool per size")
     m.add_argument("--raw-pairs", type=positive_int, default=300, help="pairs through the driver per size")
     m.add_argument("--steps", type=positive_int, default=600, help="decode steps of the fragmenting workload")
@@ -40,7 +41,7 @@ def register(bs) -> None:
                    help="12 MiB tensors in the defragmentation run (2-80: they fit the 1 GiB arena)")
     m.add_argument("--seed", type=nonneg_int, default=0, help="first seed of the workload runs")
     m.add_argument("--seeds", type=positive_int, default=5, help="workload runs per variant (seeds seed, seed+1, ...)")
-    m.add_argument("--json", action="store_true")
+    m.add_argument("--json", action="store_true", help="print the results as JSON")
     m.set_defaults(fn=run)
 
 

@@ -36,14 +36,15 @@ WORDS = "the a npu runs matrix kernels on cube units while vector cores do norms
 
 
 def register(bench_sub) -> None:
-    p = bench_sub.add_parser("sanitize", help="sanitizer slowdown on SmolLM2 decode and MiniLM embedding")
+    p = bench_sub.add_parser("sanitize", help="sanitizer slowdown on SmolLM2 decode and MiniLM embedding",
+                             example="vnpu bench sanitize --tokens 12 --rounds 3")
     from runtime.cliargs import int_at_least
     # a decode step is timed between two tokens after the prefill's: at least 3 tokens
     p.add_argument("--tokens", type=int_at_least(3), default=12, help="tokens generated per round and mode (>= 3)")
     p.add_argument("--rounds", type=int_at_least(1), default=3, help="rounds (every mode once per round)")
     p.add_argument("--sentences", type=int_at_least(1), default=32, help="sentences embedded per round and mode")
     p.add_argument("--launches", type=int_at_least(1), default=1000, help="launches of the host-path micro benchmark")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(fn=_run)
 
 

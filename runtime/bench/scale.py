@@ -35,13 +35,14 @@ from runtime.cluster import rayenv
 
 def register(bs) -> None:
     p = bs.add_parser("scale", help="many devices per machine: start time, memory per device, AllReduce "
-                                    "across all, vs plain Ray actors and the memory bound")
+                                    "across all, vs plain Ray actors and the memory bound",
+                      example="vnpu bench scale --devices 4,16,32 --hbm-mb 16")
     p.add_argument("--devices", type=int_list, default="4,16,32,64", help="device counts, comma separated")
     p.add_argument("--hbm-mb", type=positive_int, default=16, help="HBM arena per device (MiB)")
     p.add_argument("--allreduce-bytes", type=size, default="1M", help="AllReduce size (float32: at least 4 B)")
     p.add_argument("--iters", type=positive_int, default=10, help="timed AllReduce iterations")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain-actor baseline")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(fn=run)
 
 

@@ -31,14 +31,16 @@ from .serve_workload import NumpyDecode, pct as _pct, prompt as _prompt
 
 
 def register(bench_sub) -> None:
-    p = bench_sub.add_parser("serve", help="vnpu serve under concurrent clients vs max_num_seqs=1 and numpy")
-    p.add_argument("--model", default="smollm2", choices=["smollm2"])
+    p = bench_sub.add_parser("serve", help="vnpu serve under concurrent clients vs max_num_seqs=1 and numpy",
+                             example=("vnpu bench serve --concurrency 1,4,16 --requests 32 --max-tokens 32",
+                                      "vnpu bench serve --load-step --mode ultra_low_latency,adaptive --replicas 1,2"))
+    p.add_argument("--model", default="smollm2", choices=["smollm2"], help="the generation model served")
     p.add_argument("--concurrency", type=int_list, default="1,4,16", help="comma-separated client counts")
     p.add_argument("--requests", type=positive_int, default=32, help="requests per concurrency level")
     p.add_argument("--max-tokens", type=positive_int, default=32, help="output tokens per request")
     p.add_argument("--backend", choices=["cluster", "local"], default="cluster",
                    help="the device as a Ray actor over gRPC (default) or in this process")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     from .serve_load import register_flags
     register_flags(p)
     p.set_defaults(fn=_run)
@@ -235,8 +237,7 @@ def _run(a) -> int:
     ok = all(x["unverified"] == 0 and x["verified"] == x["requests"] for r in rows for x in (r, r["baseline"]))
     doc = {"model": a.model, "backend": a.backend, "max_tokens": a.max_tokens, "engine": info,
            "baseline_engine": binfo, "levels": rows,
-           "bar": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"], "target": 4.0,
-                   "met": top["x_baseline"] >= 4.0}, "verified": ok}
+           "top": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"]}, "verified": ok}
     if a.json:
         print(json.dumps(doc))
         return 0 if ok else 1
@@ -252,8 +253,8 @@ def _run(a) -> int:
               f"{r['numpy_bound_tokens_per_s']:>11.1f} {r['of_bound']:>8.2f}")
     print(f"engine: {info['kv_blocks']} KV blocks, {info['graphs']} decode graphs (captured {info['captures']}, "
           f"constant), {info['steps']} steps, {info['preemptions']} preemptions")
-    print(f"bar: concurrency {top['concurrency']} = {top['x_baseline']:.2f}x the baseline's output tokens/s "
-          f"(target >= 4x): {'met' if top['x_baseline'] >= 4 else 'NOT met'}")
+    print(f"concurrency {top['concurrency']}: {top['x_baseline']:.2f}x the baseline's output tokens/s, "
+          f"{top['of_bound']:.2f} of the numpy bound")
     ties = sum(x["near_ties"] for r in rows for x in (r, r["baseline"]))
     print(f"verified: {'yes' if ok else 'NO: a streamed request lost, cut short or changed its tokens or text'}"
           + (f" ({ties} near tie(s): text parted from the non-streamed one at a top-2 logprob gap < {tol:.1e})"

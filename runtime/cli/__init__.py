@@ -19,8 +19,28 @@ COMMANDS = ("cluster", "token", "kernels", "smi", "demo", "run", "serve", "atc",
             "bench", "monitor", "diagnose", "postmortem", "stress")
 
 
+def version() -> str:
+    """vnpu's version: the installed package's metadata, else ``pyproject.toml``'s (a source checkout that was
+    never installed), else "unknown"."""
+    import importlib.metadata as md
+    try:
+        return md.version("vnpu")
+    except md.PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+    try:
+        with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="vnpu", description="virtual NPU cluster (CANN-style) on Ray")
+    p = Parser(prog="vnpu", description="virtual NPU cluster (CANN-style) on Ray",
+               example=("vnpu up --devices 4 && vnpu smi && vnpu run generate --prompt 'What is an NPU?'",
+                        "vnpu <command> --help"))
+    p.add_argument("--version", action="version", version=f"vnpu {version()}", help="print vnpu's version and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in COMMANDS:
         importlib.import_module(f"runtime.cli.{name}").register(sub)

@@ -43,7 +43,10 @@ PRECISIONS = ("must_keep_origin_dtype", "force_fp32")
 
 def register(sub) -> None:
     p = sub.add_parser("atc", help="convert an ONNX model to a vnpu .om (ATC's flags: --model --framework 5 "
-                                   "--output [--input_shape --dynamic_batch_size --soc_version])")
+                                   "--output [--input_shape --dynamic_batch_size --soc_version])",
+                       example=("vnpu atc --model m.onnx --framework 5 --output m --input_shape 'x:-1,128' "
+                                "--dynamic_batch_size '1,2,4,8' --soc_version Ascend910B3",
+                                "vnpu atc --mode 6 --om m.om"))
     p.add_argument("--mode", default="0", help="0 generate .om (default), 1 .om to JSON, 6 display model info")
     p.add_argument("--model", default="", help="source model (ONNX)")
     p.add_argument("--framework", default="", help="5 (ONNX)")

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import sys
 
-from runtime.cliargs import choices_list, duration, nonneg_int, positive_int, writable_file
+from runtime.cliargs import add_output_arg, choices_list, duration, nonneg_int, positive_int
 
 
 def register(sub) -> None:
     from runtime.cluster.chaos import FAULT_KINDS, NODE_FAULTS, WORKLOADS
-    c = sub.add_parser("chaos", help="kill, hang and break devices while a job runs; report what was lost")
-    c.add_argument("--workload", default="mlp", choices=WORKLOADS)
+    c = sub.add_parser("chaos", help="kill, hang and break devices while a job runs; report what was lost",
+                       example=("vnpu chaos --workload embed --devices 4 --duration 60s --faults kill,hang --every 5s "
+                                "--seed 7 --output chaos.json", "vnpu chaos check chaos.json"))
+    c.add_argument("--workload", default="mlp", choices=WORKLOADS, help="the job the faults hit (default mlp)")
     c.add_argument("--devices", type=positive_int, default=4, help="logical devices the job runs on")
     c.add_argument("--spares", type=nonneg_int, default=1, help="spare devices (failover targets)")
     c.add_argument("--duration", type=duration, default="60s", help="length of the fault phase (e.g. 60s)")
@@ -25,14 +27,16 @@ def register(sub) -> None:
                    help="worker nodes of the campaign's cluster (>= 2: a multi-node Ray cluster on this machine, "
                         "devices and spares spread over the nodes)")
     c.add_argument("--every", type=duration, default="5s", help="one fault every ...")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0, help="seed of the fault schedule (same seed, same campaign)")
     c.add_argument("--hang-deadline", type=duration, default="500ms", help="missed heartbeats for this long = hung")
-    c.add_argument("--no-cpu-fallback", action="store_true")
-    c.add_argument("--report", type=writable_file, default=None, help="write the JSON report here")
+    c.add_argument("--no-cpu-fallback", action="store_true",
+                   help="no CPU fallback once every device and spare is lost (requests fail instead)")
+    add_output_arg(c, "write the JSON report here")
     c.set_defaults(fn=_cmd_chaos)
     cs = c.add_subparsers(dest="chaos_cmd", metavar="{check}")
-    chk = cs.add_parser("check", help="verify a chaos report's history (exactly once, results, acknowledgements)")
-    chk.add_argument("report", help="a report written by vnpu chaos --report")
+    chk = cs.add_parser("check", help="verify a chaos report's history (exactly once, results, acknowledgements)",
+                        example="vnpu chaos check chaos.json --json")
+    chk.add_argument("report", help="a report written by vnpu chaos --output")
     chk.add_argument("--json", action="store_true", help="print the verdict as JSON")
     chk.set_defaults(fn=_cmd_check)
 
@@ -57,14 +61,14 @@ def _cmd_chaos(a) -> int:
     rep = run_campaign(cfg, out=lambda s: print(s, flush=True))
     for line in summary_lines(rep):
         print(line)
-    if a.report:
+    if a.output:
         try:
-            with open(a.report, "w") as f:
+            with open(a.output, "w") as f:
                 json.dump(rep, f, indent=1, default=str)
         except OSError as e:                     # checked up front; the disk may still fill up
-            print(f"vnpu chaos: error: cannot write {a.report}: {e.strerror or e}", file=sys.stderr)
+            print(f"vnpu chaos: error: cannot write {a.output}: {e.strerror or e}", file=sys.stderr)
             return 2
-        print(f"report: {a.report}")
+        print(f"report: {a.output}")
     failed = failures(rep)
     if failed:
         print(f"vnpu chaos: FAILED: {'; '.join(failed)}", file=sys.stderr)

@@ -13,7 +13,8 @@ from runtime.cliargs import check_output_dir, fail, int_in, positive_int, text_f
 
 
 def register(sub) -> None:
-    up = sub.add_parser("up", help="start a local cluster of virtual NPUs (detached)")
+    up = sub.add_parser("up", help="start a local cluster of virtual NPUs (detached)",
+                        example=("vnpu up --devices 4 --hbm-mb 1024", "vnpu up --config cluster.yaml"))
     up.add_argument("--devices", type=positive_int, default=None, help="virtual NPUs (default 4, or the config's)")
     up.add_argument("--config", type=text_file, help="cluster.yaml: the head node type's NPU resource and labels")
     up.add_argument("--hbm-mb", type=positive_int, default=None, help="emulated HBM per device (MiB)")
@@ -28,7 +29,7 @@ def register(sub) -> None:
                     help="Ray restarts a killed device actor up to N times (-1: always), so that a server's "
                          "self-healing restart_device can take it back (default 0: a killed device stays lost)")
     up.set_defaults(fn=_cmd_up)
-    down = sub.add_parser("down", help="stop the local cluster and remove everything it created")
+    down = sub.add_parser("down", help="stop the local cluster and remove everything it created", example="vnpu down")
     down.set_defaults(fn=_cmd_down)
 
 

@@ -180,9 +180,11 @@ def run_service_demo(rt, out=sys.stdout, clients: int = 6, max_tokens: int = 16)
 
 
 def register(sub) -> None:
-    demo = sub.add_parser("demo", help="the main job: multi-device inference on a local cluster, then smi")
-    demo.add_argument("--devices", type=positive_int, default=4)
-    demo.add_argument("--max-new-tokens", type=positive_int, default=24)
+    demo = sub.add_parser("demo", help="the main job: multi-device inference on a local cluster, then smi",
+                          example="vnpu demo --devices 4 --max-new-tokens 24")
+    demo.add_argument("--devices", type=positive_int, default=4, help="devices of the demo's cluster (default 4)")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=24,
+                      help="tokens the generation part writes (default 24)")
     demo.set_defaults(fn=_cmd_demo)
 
 

@@ -13,10 +13,12 @@ from runtime.cli.reader import add_report_args, reading, report_kind, resolve_si
 
 def register(sub) -> None:
     from runtime.observe.diagnose import FOCUS
-    d = sub.add_parser("diagnose", help="find anomalies in the server's history and rank their root causes")
+    d = sub.add_parser("diagnose", help="find anomalies in the server's history and rank their root causes",
+                       example=("vnpu diagnose --since 1h --focus latency --output report.html",
+                                "vnpu diagnose --history history.sqlite --since 2026-12-01T03:00:00 --json"))
     d.add_argument("--since", type=since, default=("ago", 3600.0), help="how far back (1h, 30m, or a time)")
     d.add_argument("--until", type=since, default=None, help="end of the window (default: now)")
-    d.add_argument("--focus", choices=tuple(FOCUS), default=None)
+    d.add_argument("--focus", choices=tuple(FOCUS), default=None, help="rank only the causes of this symptom")
     add_report_args(d, "report.html or report.md")
     d.set_defaults(fn=_cmd)
 

@@ -28,16 +28,19 @@ _KERNEL_DIR = "VNPU_HOME/kernels (the node's kernel packages)"
 
 
 def register(sub) -> None:
-    k = sub.add_parser("kernels", help="kernel packages installed on this node (custom kernels; admin)")
+    k = sub.add_parser("kernels", help="kernel packages installed on this node (custom kernels; admin)",
+                       example=("vnpu kernels install my_kernels.py", "vnpu kernels list"))
     ksub = k.add_subparsers(dest="kernels_cmd", required=True)
-    i = ksub.add_parser("install", help="install a kernel package file (KERNELS = {name: fn}) on this node")
-    i.add_argument("file", metavar="FILE")
+    i = ksub.add_parser("install", help="install a kernel package file (KERNELS = {name: fn}) on this node",
+                        example="vnpu kernels install my_kernels.py --replace")
+    i.add_argument("file", metavar="FILE", help="a Python file whose KERNELS dict maps kernel names to functions")
     i.add_argument("--replace", action="store_true", help="replace an installed package of the same name")
     i.set_defaults(fn=_cmd_install)
-    ls = ksub.add_parser("list", help="the kernel packages installed on this node and their kernels")
+    ls = ksub.add_parser("list", help="the kernel packages installed on this node and their kernels",
+                         example="vnpu kernels list")
     ls.set_defaults(fn=_cmd_list)
-    r = ksub.add_parser("remove", help="remove an installed kernel package")
-    r.add_argument("name", metavar="NAME")
+    r = ksub.add_parser("remove", help="remove an installed kernel package", example="vnpu kernels remove my_kernels")
+    r.add_argument("name", metavar="NAME", help="the package's name, as vnpu kernels list shows it")
     r.set_defaults(fn=_cmd_remove)
 
 

@@ -28,7 +28,8 @@ def _metrics(s: str) -> list[str]:
 
 def register(sub) -> None:
     from runtime.observe.dashboard import DEFAULT_METRICS
-    m = sub.add_parser("monitor", help="live dashboard of a running server (metrics, devices, events)")
+    m = sub.add_parser("monitor", help="live dashboard of a running server (metrics, devices, events)",
+                       example=("vnpu monitor", "vnpu monitor --url http://127.0.0.1:8000 --interval 2s --window 5m"))
     m.add_argument("--metrics", type=_metrics, default=",".join(DEFAULT_METRICS),
                    help=f"comma-separated metrics or aliases (default {','.join(DEFAULT_METRICS)})")
     m.add_argument("--interval", type=duration, default="1s", help="redraw every ... (default 1s)")

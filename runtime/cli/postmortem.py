@@ -14,7 +14,8 @@ from runtime.cliargs import float_in, nonneg_int
 
 
 def register(sub) -> None:
-    p = sub.add_parser("postmortem", help="SLO target vs actual and the timeline of an incident")
+    p = sub.add_parser("postmortem", help="SLO target vs actual and the timeline of an incident",
+                       example=("vnpu postmortem --event 42", "vnpu postmortem --since 1h --output pm.html"))
     g = p.add_mutually_exclusive_group()
     g.add_argument("--event", type=nonneg_int, default=None, help="the incident this event belongs to")
     g.add_argument("--since", type=since, default=None, help="a window up to now (1h, 30m, or a time; default 1h)")

@@ -20,16 +20,17 @@ import signal
 import subprocess
 import sys
 
-from runtime.cliargs import fail, writable_dir
+from runtime.cliargs import add_output_arg, fail, writable_dir
 from runtime.profiler import ENV, export, new_prof_dir, read_raws
 
 
 def register(sub) -> None:
     p = sub.add_parser("prof", help="run a command with the profiler on (msprof --application)",
                        description="Run COMMAND with vnpu's profiler on in every runtime client it starts; write a "
-                                   "PROF_* folder in msprof's layout and print where the time went.")
-    p.add_argument("--output", type=writable_dir, default=".", metavar="DIR",
-                   help="where the PROF_* folder goes (made when missing; default: .)")
+                                   "PROF_* folder in msprof's layout and print where the time went.",
+                       example=("vnpu prof --output prof -- vnpu run generate --prompt 'What is an NPU?'",))
+    add_output_arg(p, "where the PROF_* folder goes (made when missing; default: .)", type=writable_dir,
+                   default=".", metavar="DIR")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     p.set_defaults(fn=_cmd)
 

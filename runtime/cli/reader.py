@@ -2,7 +2,7 @@
 it reads: ``--history FILE`` | ``--url U`` (+ ``--api-key`` / ``$VNPU_API_KEY``) | the running server's
 file in the state directory (see :func:`runtime.observe.source.open_source`); the time arguments
 (``--since 1h``, an ISO time, or epoch seconds); and what a reporting command (``diagnose``,
-``postmortem``) writes: ``--output FILE`` (.html or .md) and ``--json``."""
+``postmortem``) writes: ``--output FILE`` (.html or .md; ``--report`` is the same flag) and ``--json``."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ import contextlib
 import datetime as _dt
 import re
 
-from runtime.cliargs import fail, writable_file
+from runtime.cliargs import add_output_arg, fail
 
 _AGO = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)\s*")
 _UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -51,8 +51,8 @@ _REPORT_KINDS = {".html": "html", ".htm": "html", ".md": "md"}
 def add_report_args(p, output_help: str) -> None:
     """``--output FILE`` (a report page, .html or .md), ``--json`` and where the history is
     (:func:`add_source_args`): the arguments every reporting command takes."""
-    p.add_argument("--output", type=writable_file, default=None, help=output_help)
-    p.add_argument("--json", action="store_true")
+    add_output_arg(p, output_help)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_source_args(p)
 
 

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from devices.errors import AclError
+from runtime.cli.preflight import check_device_count, check_split
 from runtime.cliargs import (fail, int_at_least, nonneg_float, nonneg_int, positive_int, probability, text_lines,
                              writable_file)
 
@@ -65,6 +66,8 @@ def _cmd_embed(a) -> int:
     bad = [i for i, t in enumerate(texts) if not t.strip()]
     if bad:
         fail(f"text {bad[0]} is empty", "vnpu run embed")
+    check_split(a.model, a.parallel, a.devices, "vnpu run embed", ("dp", "tp"))
+    check_device_count(a.devices, "vnpu run embed")
     from runtime.models import EmbedJob
     with job_runtime(a.devices) as rt:
         job = EmbedJob(rt, a.model, devices=a.devices, parallel=a.parallel, batch_size=a.batch_size)
@@ -148,6 +151,8 @@ def _cmd_generate(a) -> int:
     if not all(p.strip() for p in prompts):
         fail("argument --prompt: empty prompt", "vnpu run generate")
     parallel = a.parallel or ("none" if a.devices == 1 else "tp")
+    check_split(a.model, parallel, a.devices, "vnpu run generate", ("tp", "pp"))
+    check_device_count(a.devices, "vnpu run generate")
     from runtime.models import GenerateJob
     stream = not a.json and len(prompts) == 1
     total = len(prompts) * a.max_new_tokens
@@ -204,36 +209,45 @@ def _guard(fn):
 
 
 def register(sub) -> None:
-    r = sub.add_parser("run", help="run an inference job on a real model (embed | generate)")
+    r = sub.add_parser("run", help="run an inference job on a real model (embed | generate)",
+                      example=("vnpu run generate --prompt 'What is an NPU?' --max-new-tokens 32",
+                               "vnpu run embed 'a sentence' 'another one' --devices 2"))
     rs = r.add_subparsers(dest="job", required=True)
-    e = rs.add_parser("embed", help="sentence embeddings (MiniLM)")
+    e = rs.add_parser("embed", help="sentence embeddings (MiniLM)",
+                      example="vnpu run embed --model minilm-l6 --devices 2 --parallel dp --input sentences.txt --output emb.npy")
     e.add_argument("texts", nargs="*", help="sentences (else --input, else stdin, one per line)")
-    e.add_argument("--model", default="minilm-l6", choices=["minilm-l6", "minilm-l3"])
-    e.add_argument("--devices", type=positive_int, default=1)
-    e.add_argument("--parallel", default="dp", choices=["dp", "tp"])
+    e.add_argument("--model", default="minilm-l6", choices=["minilm-l6", "minilm-l3"],
+                   help="the encoder (default minilm-l6)")
+    e.add_argument("--devices", type=positive_int, default=1, help="devices the job runs on (default 1)")
+    e.add_argument("--parallel", default="dp", choices=["dp", "tp"],
+                   help="dp: batches split over the devices (default); tp: each layer split over them")
     e.add_argument("--input", type=text_lines, help="UTF-8 text file with one sentence per line ('-' = stdin)")
     e.add_argument("--output", type=_npy_file, help="write the embeddings as a .npy file (.npy appended when "
                                                     "missing, as numpy does)")
-    e.add_argument("--batch-size", type=positive_int, default=32)
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--batch-size", type=positive_int, default=32, help="sentences per launch batch (default 32)")
+    e.add_argument("--json", action="store_true", help="print the result (and the embeddings without --output) as JSON")
     e.set_defaults(fn=_guard(_cmd_embed))
-    g = rs.add_parser("generate", help="text generation (SmolLM2-135M-Instruct)")
-    g.add_argument("--model", default="smollm2", choices=["smollm2"])
-    g.add_argument("--devices", type=positive_int, default=1)
+    g = rs.add_parser("generate", help="text generation (SmolLM2-135M-Instruct)",
+                      example=("vnpu run generate --prompt 'What is an NPU?' --max-new-tokens 32",
+                               "vnpu run generate --devices 3 --parallel tp --prompts prompts.txt --json"))
+    g.add_argument("--model", default="smollm2", choices=["smollm2"], help="the decoder (default smollm2)")
+    g.add_argument("--devices", type=positive_int, default=1,
+                   help="devices the job runs on (default 1; tp needs a count dividing the KV heads)")
     g.add_argument("--parallel", choices=["none", "tp", "pp"], default=None,
                    help="default: none on one device, tp on more")
     g.add_argument("--prompt", help="one prompt")
     g.add_argument("--prompts", type=text_lines, help="UTF-8 text file with one prompt per line (a batch)")
-    g.add_argument("--max-new-tokens", type=positive_int, default=32)
-    g.add_argument("--temperature", type=nonneg_float, default=0.0)
-    g.add_argument("--top-k", type=nonneg_int, default=0)
-    g.add_argument("--top-p", type=probability, default=1.0)
-    g.add_argument("--seed", type=nonneg_int, default=0)
+    g.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens generated per prompt (default 32)")
+    g.add_argument("--temperature", type=nonneg_float, default=0.0, help="sampling temperature (default 0: greedy)")
+    g.add_argument("--top-k", type=nonneg_int, default=0, help="sample among the k likeliest tokens (default 0: all)")
+    g.add_argument("--top-p", type=probability, default=1.0,
+                   help="sample among the likeliest tokens holding this probability mass (default 1.0: all)")
+    g.add_argument("--seed", type=nonneg_int, default=0, help="seed of the sampler (default 0)")
     g.add_argument("--raw", action="store_true", help="no chat template: the prompt is plain text")
     g.add_argument("--max-len", type=int_at_least(2), default=2048,
                    help="prompt + new tokens limit (KV cache size)")
     g.add_argument("--eager", action="store_true",
                    help="launch every kernel of every decode step (default: capture the first step as a "
                         "graph and replay it)")
-    g.add_argument("--json", action="store_true")
+    g.add_argument("--json", action="store_true", help="print the results and statistics as JSON (no streaming)")
     g.set_defaults(fn=_guard(_cmd_generate))

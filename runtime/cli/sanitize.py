@@ -34,7 +34,9 @@ def register(sub) -> None:
                        description="Run COMMAND with the vnpu runtime sanitizer: memcheck (refused bad accesses "
                                    "with allocation history), racecheck (unordered accesses across streams and "
                                    "the host), initcheck (reads of never-written device memory), leakcheck "
-                                   "(allocations, streams, events and graphs alive at exit).")
+                                   "(allocations, streams, events and graphs alive at exit).",
+                       example=("vnpu sanitize --tool memcheck,racecheck --error-exitcode 1 -- vnpu run generate "
+                                "--prompt hi",))
     p.add_argument("--tool", default="all",
                    help=f"comma-separated tools ({', '.join(TOOLS)}) or 'all' (default)")
     p.add_argument("--error-exitcode", type=int, default=0, metavar="N",

@@ -41,7 +41,9 @@ from runtime.cliargs import bind_host, int_in, positive_int, text_file
 
 def register(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible server: /v1/completions, /v1/chat/completions, "
-                                     "/v1/embeddings, /metrics")
+                                     "/v1/embeddings, /metrics",
+                       example=("vnpu serve --config serve.yaml", "vnpu serve --model smollm2@0-2 --port 8000",
+                                "vnpu serve reconfigure --set slo.target_p99_ms=500"))
     s.add_argument("--model", action="append", default=[], metavar="NAME[@DEVICES]",
                    help="a model to serve, e.g. smollm2@0-2 or minilm-l6 (repeatable; default: the config's)")
     s.add_argument("--tp", type=positive_int, default=None, help="tensor parallel degree of the generation model")
@@ -61,7 +63,9 @@ def register(sub) -> None:
     s.set_defaults(fn=_cmd_serve)
     ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure}")
     r = ops.add_parser("reconfigure", help="change a running server's scheduler, tenants, slo and self-healing "
-                                           "without a restart (validated, health-checked, rolled back on failure)")
+                                           "without a restart (validated, health-checked, rolled back on failure)",
+                       example=("vnpu serve reconfigure --set models.smollm2.scheduler.mode=adaptive",
+                                "vnpu serve reconfigure -f new-serve.yaml --url http://127.0.0.1:8000"))
     what = r.add_mutually_exclusive_group(required=True)
     what.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                       help="a setting over the running config, e.g. models.smollm2.scheduler.mode=latency "
@@ -89,13 +93,13 @@ def resolve(a):
         tp = a.tp if (a.tp and model_spec(name, None, None).kind == "generate") else None
         spec = model_spec(name, devs if devs is not None else (base.devices if base else None),
                           tp if tp is not None else (base.tp if base and devs is None else None),
-                          base.engine if base else None, base.batching if base else None, "--model: ")
+                          base.engine if base else None, base.batching if base else None, f"--model {text}: ")
         models = [m for m in models if m.name != name] + [spec]
     if a.tp and not a.model:
-        models = [model_spec(m.name, m.devices, a.tp, m.engine, m.batching, "--tp: ") if m.kind == "generate" else m
+        models = [model_spec(m.name, m.devices, a.tp, m.engine, m.batching, "--tp: ", m.fallback) if m.kind == "generate" else m
                   for m in models]
     if not models:
-        models = [model_spec("smollm2", None, a.tp)]
+        models = [model_spec("smollm2", None, a.tp, where="--tp: " if a.tp else "")]
     port = cfg.port if a.port is None else a.port
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port} is outside [0, 65535]")
@@ -119,6 +123,9 @@ def _cmd_serve(a) -> int:
     if cfg.replicas > 1 and os.environ.get("VNPU_BACKEND", "") == "local":
         return _fail("--replicas > 1 runs Ray Serve replicas on the cluster; unset VNPU_BACKEND=local")
     need = a.devices or devices_needed(cfg.models) * cfg.replicas
+    from runtime.cli.preflight import check_port_free, check_serve_placement
+    check_serve_placement(cfg.models, need, cfg.replicas, "vnpu serve")    # before a cluster starts or weights load
+    check_port_free(cfg.host, cfg.port, "vnpu serve")
     restarts = a.device_restarts if a.device_restarts is not None else device_restarts_for(cfg)
     from runtime.cli.run import job_runtime
     from runtime.cluster.discovery import state_dir

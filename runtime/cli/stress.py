@@ -5,7 +5,7 @@ at which the p99 target holds, every fault with its detection and recovery, the 
 manual interventions the server recorded, the risks it saw, and advice (:mod:`runtime.stress.run`).
 
     vnpu stress-test --profile burst --duration 2m --rate 20 --faults kill,hang,overheat --every 20s
-    vnpu stress-test --profile profile.yaml --duration 5m --report stress.html --json
+    vnpu stress-test --profile profile.yaml --duration 5m --output stress.html --json
 """
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ import json
 import os
 import sys
 
-from runtime.cliargs import choices_list, duration, float_in, int_at_least, positive_int, writable_file
+from runtime.cliargs import add_output_arg, choices_list, duration, float_in, int_at_least, positive_int
 
 
 def register(sub) -> None:
     from runtime.stress.faults import STRESS_FAULTS
     s = sub.add_parser("stress-test", help="open-loop load + faults against a running server; capacity, risks, "
-                                           "self-healing report")
+                                           "self-healing report",
+                       example=("vnpu stress-test --profile burst --duration 2m --rate 20 --faults kill,hang --every 20s",
+                                "vnpu stress-test --profile steady --duration 5m --output stress.html"))
     s.add_argument("--profile", default="steady", help="steady | burst | diurnal | spike | a profile .yaml")
     s.add_argument("--duration", type=duration, default="5m", help="length of the load (e.g. 2m, 300s)")
     s.add_argument("--rate", type=float_in(0.0, lo_open=True), default=10.0, help="peak requests/s (default 10)")
@@ -30,14 +32,14 @@ def register(sub) -> None:
     s.add_argument("--fault-devices", type=_devices, default=None,
                    help="devices the faults hit, e.g. 0-3 (default: all of the cluster's but the last, a spare)")
     s.add_argument("--model", default=None, help="the model to load (default: the server's first)")
-    s.add_argument("--max-tokens", type=positive_int, default=8)
+    s.add_argument("--max-tokens", type=positive_int, default=8, help="output tokens per request (default 8)")
     s.add_argument("--target-p99-ms", type=float_in(0.0, lo_open=True), default=None,
                    help="p99 target (default: the server's slo.target_p99_ms)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the arrivals, prompts and faults (default 0)")
     s.add_argument("--workers", type=int_at_least(1), default=64, help="concurrent requests in flight at most")
     s.add_argument("--timeout", type=duration, default="60s", help="per request")
-    s.add_argument("--report", type=writable_file, default=None, help="write an HTML (or .json) report")
-    s.add_argument("--json", action="store_true")
+    add_output_arg(s, "write an HTML (or .json) report")
+    s.add_argument("--json", action="store_true", help="print the report as JSON (without the request history)")
     s.add_argument("--url", help="the server (default: the one in $VNPU_HOME/serve/server.json)")
     s.add_argument("--api-key", help="an admin key (default: $VNPU_API_KEY)")
     s.set_defaults(fn=_cmd)
@@ -85,8 +87,8 @@ def _cmd(a) -> int:
     from runtime.observe.source import HttpSource
     from runtime.stress.run import StressConfig, StressError, run_stress, summary_lines
     prog = "vnpu stress-test"
-    if a.report and not a.report.endswith((".html", ".htm", ".json")):
-        fail(f"argument --report: {a.report} is neither .html nor .json", prog)
+    if a.output and not a.output.endswith((".html", ".htm", ".json")):
+        fail(f"argument --output: {a.output} is neither .html nor .json", prog)
     profile = _profile(a)
     doc = serverfile.read(state_dir())
     url = a.url or (doc or {}).get("url")
@@ -119,19 +121,19 @@ def _cmd(a) -> int:
         except StressError as e:
             fail(str(e), prog)
     lines = summary_lines(rep)
-    if a.report:
-        if a.report.endswith(".json"):
-            with open(a.report, "w") as f:
+    if a.output:
+        if a.output.endswith(".json"):
+            with open(a.output, "w") as f:
                 json.dump(rep, f, indent=1, default=str)
         else:
             from runtime.stress.report import stress_html
-            with open(a.report, "w") as f:
+            with open(a.output, "w") as f:
                 f.write(stress_html(rep, lines))
     if a.json:
         print(json.dumps({k: v for k, v in rep.items() if k != "history"}, indent=1, default=str))
     else:
         print("\n".join(lines))
-        if a.report:
-            print(f"report: {a.report}")
+        if a.output:
+            print(f"report: {a.output}")
     r = rep["requests"]
     return 0 if r["lost"] == 0 and r["duplicated"] == 0 else 1

@@ -26,14 +26,17 @@ def _ttl(text: str) -> float:
 
 
 def register(sub) -> None:
-    t = sub.add_parser("token", help="tenant credentials: create and revoke")
+    t = sub.add_parser("token", help="tenant credentials: create and revoke",
+                       example=("vnpu token create --tenant team-a --ttl 12h", "vnpu token revoke --tenant team-a"))
     tsub = t.add_subparsers(dest="token_cmd", required=True)
-    c = tsub.add_parser("create", help="print a credential of tenant NAME")
-    c.add_argument("--tenant", required=True)
+    c = tsub.add_parser("create", help="print a credential of tenant NAME",
+                        example="VNPU_TENANT_TOKEN=$(vnpu token create --tenant team-a --ttl 12h) vnpu run generate --prompt hi")
+    c.add_argument("--tenant", required=True, metavar="NAME", help="the tenant the credential authenticates")
     c.add_argument("--ttl", default="24h", help="lifetime (e.g. 30m, 12h, 7d; at most 366d)")
     c.set_defaults(fn=_cmd_create)
-    r = tsub.add_parser("revoke", help="revoke credentials, or every credential of a tenant issued so far")
-    r.add_argument("tokens", nargs="*", metavar="TOKEN")
+    r = tsub.add_parser("revoke", help="revoke credentials, or every credential of a tenant issued so far",
+                        example=("vnpu token revoke --tenant team-a", "vnpu token revoke \"$TOKEN\""))
+    r.add_argument("tokens", nargs="*", metavar="TOKEN", help="credentials to revoke (as vnpu token create printed them)")
     r.add_argument("--tenant", action="append", default=[], help="revoke every credential of this tenant so far")
     r.set_defaults(fn=_cmd_revoke)
 

@@ -10,8 +10,8 @@
 """
 from .discovery import attach_ray, discover, load_token, read_state, state_dir
 from .local import (ClusterSpec, LocalCluster, cluster_down, cluster_runtime, cluster_up, remove_segments,
-                    spec_from_yaml, start_devices, stop_devices)
+                    running_state, spec_from_yaml, start_devices, stop_devices)
 
 __all__ = ["ClusterSpec", "LocalCluster", "attach_ray", "cluster_down", "cluster_runtime", "cluster_up",
-           "discover", "load_token", "read_state", "remove_segments", "spec_from_yaml", "start_devices",
+           "discover", "load_token", "read_state", "remove_segments", "running_state", "spec_from_yaml", "start_devices",
            "state_dir", "stop_devices"]

@@ -384,6 +384,13 @@ def _ray_alive(st: dict) -> bool:
         return s.connect_ex((host, int(port))) == 0
 
 
+def running_state() -> dict | None:
+    """The state (``cluster.json``) of the local cluster that is up, None when none is: no state, or its Ray
+    does not answer on its address (one TCP connect, at most 1 s; nothing of Ray is imported)."""
+    st = read_state()
+    return st if st is not None and _ray_alive(st) else None
+
+
 @contextlib.contextmanager
 def cluster_runtime(devices: int | None = None, spec: ClusterSpec | None = None, device_restarts: int = 0):
     """A runtime over the running cluster, or over an embedded one started (and stopped) for this run
@@ -391,7 +398,7 @@ def cluster_runtime(devices: int | None = None, spec: ClusterSpec | None = None,
     keeps what ``vnpu up`` gave it)."""
     from runtime.api import Runtime, runtime_scope
     emb = None
-    if read_state() is not None and _ray_alive(read_state()):
+    if running_state() is not None:
         backend = RemoteBackend.connect()
     else:
         spec = spec or ClusterSpec(devices=devices or 4)

@@ -29,6 +29,7 @@ from runtime import hccl
 
 from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
                      upload_block)
+from .parallel import encoder_splits
 from .tokenizer import BertTokenizer, bert_tokenizer
 from .weights import load_onnx_initializers, load_safetensors, minilm_l3_onnx, minilm_l6_dir
 
@@ -44,16 +45,21 @@ class BertConfig:
     normalize: bool = True
 
 
+#: each encoder's shape (known without its weights: the command line checks a split before loading them)
+ENCODER_SHAPES = {"minilm-l6": BertConfig(n_layers=6, max_len=256, normalize=True),
+                  "minilm-l3": BertConfig(n_layers=3, max_len=128, normalize=False)}
+
+
 def _load_l6() -> tuple[BertConfig, dict]:
     w = load_safetensors(minilm_l6_dir() / "model.safetensors")
-    return BertConfig(n_layers=6, max_len=256, normalize=True), w
+    return ENCODER_SHAPES["minilm-l6"], w
 
 
 def _load_l3() -> tuple[BertConfig, dict]:
     raw = load_onnx_initializers(minilm_l3_onnx())
     pre = "model.0.auto_model."
     w = {k[len(pre):] if k.startswith(pre) else k: v for k, v in raw.items()}
-    return BertConfig(n_layers=3, max_len=128, normalize=False), w
+    return ENCODER_SHAPES["minilm-l3"], w
 
 
 ENCODER_MODELS: dict[str, Callable[[], tuple[BertConfig, dict]]] = {"minilm-l6": _load_l6, "minilm-l3": _load_l3}
@@ -236,9 +242,9 @@ class EmbedJob(JobBase):
             raise InvalidParamError(f"batch_size must be a positive integer, got {batch_size!r}")
         devs = pick_devices(rt, devices)
         n = len(devs)
-        if parallel == "tp" and (cfg.heads % n or cfg.ff % n):
-            raise InvalidParamError(f"tensor parallel degree {n} must divide the {cfg.heads} heads and the FFN "
-                                    f"width {cfg.ff}")
+        problem = encoder_splits(model, cfg).problem(parallel, n)
+        if problem:
+            raise InvalidParamError(problem)
         self.model, self.cfg, self.parallel, self.devices = model, cfg, parallel, devs
         self.batch_size = batch_size
         self.tok: BertTokenizer = bert_tokenizer(cfg.max_len)

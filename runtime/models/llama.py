@@ -52,9 +52,17 @@ from runtime import hccl
 from .common import (Block, Closer, DescCache, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
                      td, upload_block)
 from .tokenizer import GgufBpeTokenizer, gguf_tokenizer
-from .weights import LlamaConfig, llama_layer, llama_output, load_gguf_cached, smollm2_gguf
+from .parallel import decoder_splits
+from .weights import LlamaConfig, llama_layer, llama_output, load_gguf_cached, read_gguf_header, smollm2_gguf
 
 DECODER_MODELS: dict[str, Callable] = {"smollm2": smollm2_gguf}
+
+
+def decoder_config(model: str) -> LlamaConfig:
+    """A decoder's shape from its GGUF header alone (milliseconds: no tensor, no vocabulary is read)."""
+    if model not in DECODER_MODELS:
+        raise InvalidParamError(f"unknown decoder model {model!r} (known: {', '.join(DECODER_MODELS)})")
+    return LlamaConfig.from_gguf_meta(read_gguf_header(DECODER_MODELS[model]()))
 DEFAULT_MAX_LEN = 2048
 
 
@@ -485,11 +493,9 @@ class GenerateJob(JobBase):
             raise InvalidParamError(f"max_len must be an integer >= 2, got {max_len!r}")
         self.max_len = min(max_len, cfg.context)
         n = len(devs)
-        if parallel == "tp" and (cfg.n_kv_heads % n or cfg.n_heads % n or cfg.d_ff % n):
-            raise InvalidParamError(f"tensor parallel degree {n} must divide the {cfg.n_kv_heads} KV heads "
-                                    f"and the FFN width {cfg.d_ff} (one KV-head group per device)")
-        if parallel == "pp" and n > cfg.n_layers:
-            raise InvalidParamError(f"{n} pipeline stages for {cfg.n_layers} layers")
+        problem = decoder_splits(model, cfg).problem(parallel, n)
+        if problem:
+            raise InvalidParamError(problem)
         self.devices = devs
         self.block_dim = block_dim
         self.graphs = bool(graphs)

@@ -115,6 +115,57 @@ def read_gguf_meta(path: str | Path):
     return r, {k: _field_value(f) for k, f in r.fields.items()}
 
 
+#: GGUF value types: struct format of the fixed-size ones; 8 = string, 9 = array
+_GGUF_FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def read_gguf_header(path: str | Path) -> dict[str, object]:
+    """The metadata of a GGUF file without its tensors and without the items of its arrays (an array is
+    given as ``range(count)``: its length only) -- what a model's shape needs, in milliseconds, where
+    :func:`read_gguf_meta` spends seconds decoding the tokenizer's vocabulary.  ValueError for a file that
+    is not GGUF v2/v3."""
+    import mmap
+    import struct
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"GGUF" or struct.unpack_from("<I", m, 4)[0] not in (2, 3):
+            raise ValueError(f"{path} is not a GGUF v2/v3 file")
+        _, n_kv = struct.unpack_from("<QQ", m, 8)
+        pos = 24
+
+        def string(at: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", m, at)
+            return m[at + 8:at + 8 + n].decode("utf-8", "replace"), at + 8 + n
+
+        def skip(kind: int, count: int, at: int) -> int:
+            if kind in _GGUF_FIXED:
+                return at + count * struct.calcsize("<" + _GGUF_FIXED[kind])
+            if kind == _GGUF_STRING:
+                for _ in range(count):
+                    at += 8 + struct.unpack_from("<Q", m, at)[0]
+                return at
+            raise ValueError(f"{path}: nested or unknown GGUF array type {kind}")
+
+        out: dict[str, object] = {}
+        for _ in range(n_kv):
+            key, pos = string(pos)
+            (kind,) = struct.unpack_from("<I", m, pos)
+            pos += 4
+            if kind in _GGUF_FIXED:
+                fmt = "<" + _GGUF_FIXED[kind]
+                out[key] = struct.unpack_from(fmt, m, pos)[0]
+                pos += struct.calcsize(fmt)
+            elif kind == _GGUF_STRING:
+                out[key], pos = string(pos)
+            elif kind == _GGUF_ARRAY:
+                item, count = struct.unpack_from("<IQ", m, pos)
+                out[key] = range(count)
+                pos = skip(item, count, pos + 12)
+            else:
+                raise ValueError(f"{path}: unknown GGUF value type {kind} of {key}")
+        return out
+
+
 def load_gguf(path: str | Path) -> GgufModel:
     """Every tensor dequantised to float32 (Q4_1, Q8_0, F16, F32 ... through ``gguf.dequantize``)."""
     import gguf

@@ -72,6 +72,9 @@ class ModelSpec:
     engine: EngineConfig = field(default_factory=EngineConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     fallback: tuple[Placement, ...] = ()        #: the rest of the chain after ``devices``
+    #: where the spec was given (``serve.yaml: line 12: models[0]``, ``--model smollm2@0-2``): errors found
+    #: later -- a device the cluster does not have -- name it
+    origin: str = field(default="", compare=False)
 
     @property
     def kind(self) -> str:
@@ -139,27 +142,30 @@ def parse_model_spec(spec: str, where: str = "") -> tuple[str, tuple[int, ...] |
 def place(models: tuple[ModelSpec, ...], device_count: int) -> tuple[ModelSpec, ...]:
     """Give every model without devices the next free ones (``tp`` of them for a generation model, one
     for an encoder; never a device some chain names as a fallback); check that the devices exist, that no
-    two models share one, and that no fallback entry overlaps its own first placement."""
+    two models share one, and that no fallback entry overlaps its own first placement.  An error names
+    where the model was given (:attr:`ModelSpec.origin`: the file and line)."""
+    def at(m: ModelSpec) -> str:
+        return f"{m.origin}: model {m.name}" if m.origin else f"model {m.name}"
     used: set[int] = set()
     spares: set[int] = set()
     for m in models:
         for p in m.fallback:
             bad = [d for d in p.devices if d >= device_count]
             if bad:
-                raise ConfigError(f"model {m.name}: fallback device {bad[0]} does not exist ({device_count} devices)")
+                raise ConfigError(f"{at(m)}: fallback device {bad[0]} does not exist ({device_count} devices)")
             spares.update(p.devices)
     for m in models:
         if m.devices is not None:
             bad = [d for d in m.devices if d >= device_count]
             if bad:
-                raise ConfigError(f"model {m.name}: device {bad[0]} does not exist ({device_count} devices)")
+                raise ConfigError(f"{at(m)}: device {bad[0]} does not exist ({device_count} devices)")
             own = set(m.devices).intersection(d for p in m.fallback for d in p.devices)
             if own:
-                raise ConfigError(f"model {m.name}: device {min(own)} is both in its first placement and in its "
+                raise ConfigError(f"{at(m)}: device {min(own)} is both in its first placement and in its "
                                   f"fallback chain")
             clash = used.intersection(m.devices)
             if clash:
-                raise ConfigError(f"model {m.name}: device {min(clash)} is already used by another model")
+                raise ConfigError(f"{at(m)}: device {min(clash)} is already used by another model")
             used.update(m.devices)
     out = []
     nxt = 0
@@ -171,7 +177,7 @@ def place(models: tuple[ModelSpec, ...], device_count: int) -> tuple[ModelSpec, 
                 while nxt in taken:
                     nxt += 1
                 if nxt >= device_count:
-                    raise ConfigError(f"model {m.name}: needs {m.device_count} free device(s), only "
+                    raise ConfigError(f"{at(m)}: needs {m.device_count} free device(s), only "
                                       f"{len(devs)} left of {device_count}")
                 devs.append(nxt)
                 taken.add(nxt)
@@ -199,7 +205,7 @@ def model_spec(name: str, devices: tuple[int, ...] | None, tp: int | None, engin
     if kind == "generate" and devices is not None:
         tp = len(devices)
     return ModelSpec(name, devices, tp if kind == "generate" else None, engine or EngineConfig(),
-                     batching or BatchingConfig(), tuple(fallback))
+                     batching or BatchingConfig(), tuple(fallback), origin=where.strip().rstrip(":"))
 
 
 # ---------------------------------------------------------------------------------------------- schema
@@ -420,8 +426,9 @@ def _tenant(node, where: str, path: str, models: list[str]) -> Tenant:
 def _model(node, where: str, path: str, slo: SloConfig = SloConfig()) -> ModelSpec:
     import yaml
     if isinstance(node, yaml.ScalarNode):
-        name, devs = parse_model_spec(node.value, f"{where}line {_line(node)}: {path}: ")
-        return model_spec(name, devs, None)
+        at = f"{where}line {_line(node)}: {path}: "
+        name, devs = parse_model_spec(node.value, at)
+        return model_spec(name, devs, None, where=at)
     keys = keyed(node, sorted(MODEL_KEYS), where, path, ConfigError, "a model (name@devices or a mapping)")
     if "model" not in keys:
         raise ConfigError(f"{where}line {_line(node)}: {path}: the key 'model' (name[@devices]) is required")

@@ -337,7 +337,7 @@ def test_cli_generate(monkeypatch, capsys, greedy_1dev):
                  "--json", "--eager"]) == 0
     assert json.loads(capsys.readouterr().out)["results"][0]["token_ids"] == greedy_1dev[1][:6]
     assert main(["run", "generate", "--prompt", "hi", "--devices", "2", "--parallel", "none"]) == 2
-    assert "107001" in capsys.readouterr().err                 # only 1 device exists
+    assert "use --devices 1" in capsys.readouterr().err                # refused before the job starts
     assert main(["run", "generate", "--prompt", "", "--max-new-tokens", "2"]) == 2
 
 

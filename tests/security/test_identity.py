@@ -175,3 +175,27 @@ def test_the_runtime_uses_a_tenant_credential_when_given_one(site, monkeypatch):
     finally:
         be.close()
     assert wire.CLIENT_KEY == "vnpu-client"
+
+
+def test_hbm_holders_show_a_tenant_its_own_clients_only(site):
+    """``vnpu smi``'s process list comes from device telemetry: the admin sees every client holding HBM (per
+    client, bytes and allocations, freed memory gone); a tenant sees its own tenant's clients -- in
+    GetTelemetry and in its heartbeats -- never another tenant's name or client ids."""
+    srv = site.device()
+    alice = site.client(srv, site.tenant("alice"), client_id="host-101-aaaaaaaa")
+    bob = site.client(srv, site.tenant("bob"), client_id="host-202-bbbbbbbb")
+    pa, pb = alice.malloc(1 << 20), bob.malloc(3 << 20)
+    bob.malloc(1 << 10)
+    admin = site.client(srv, lease=False)
+    seen = {(h["tenant"], h["client"]): h for h in admin.telemetry()["holders"]}
+    assert set(seen) == {("alice", "host-101-aaaaaaaa"), ("bob", "host-202-bbbbbbbb")}
+    assert seen["bob", "host-202-bbbbbbbb"]["allocations"] == 2
+    a, b = seen["alice", "host-101-aaaaaaaa"]["hbm_bytes"], seen["bob", "host-202-bbbbbbbb"]["hbm_bytes"]
+    assert b >= (3 << 20) + (1 << 10) > a >= 1 << 20
+    assert [h["tenant"] for h in alice.telemetry()["holders"]] == ["alice"]
+    beats: queue.Queue = queue.Queue()
+    alice.watch_health(20, beats.put)
+    assert [h["tenant"] for h in beats.get(timeout=10).telemetry["holders"]] == ["alice"]
+    bob.free(pb)
+    alice.free(pa)
+    assert [h["client"] for h in admin.telemetry()["holders"]] == ["host-202-bbbbbbbb"]
