@@ -381,7 +381,8 @@ class EngineLifecycle:
                                     or (self.error is None and self._has_work()))
                 if self._stopping:
                     return
-            self._run_controls()
+            if not self._run_controls():
+                return
             if self.error is not None:
                 continue
             try:
@@ -391,13 +392,14 @@ class EngineLifecycle:
                     log.exception("engine %s: a step failed unexpectedly", self.model)
                     self._fail(e)
 
-    def _run_controls(self) -> None:
+    def _run_controls(self) -> bool:
         """Engine thread, at a step boundary: the control requests in arrival order (also those that come
-        while a ``paused()`` holder holds the engine here)."""
+        while a ``paused()`` holder holds the engine here).  False when the engine is stopping: no step may
+        start after them (a holder let go by ``shutdown``)."""
         while True:
             with self._lock:
                 if not self._control:
-                    return
+                    return not self._stopping
                 c = self._control.popleft()
             if isinstance(c, _Pause):                    # held between two steps until the holder resumes
                 c.held.set()

@@ -267,7 +267,8 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         """Engine thread: one step, held for a fuller batch when the mode asks; when requests are left but
         none could run, wait a little for news instead of spinning."""
         self._hold_for_batch()
-        self._run_controls()
+        if not self._run_controls():
+            return
         if not self.step() and not self.scheduler.running:
             with self._lock:
                 if not self._inbox:
