@@ -104,7 +104,7 @@ class EngineLifecycle:
         self.events: list[dict] = []          #: re-binds, in order
         self.rebinds = 0
         self.error: str | None = None         #: why the engine failed (it refuses every request then)
-        self._lock = threading.Condition()    #: guards what the threads share; notified on every change
+        self._lock = threading.Condition()    #: (re-entrant) guards what threads share; notified at every change
         self._control: deque[_Rebind | _Pause] = deque()
         self._resumes: list[threading.Event] = []      #: holders of paused() (released at shutdown)
         self._thread: threading.Thread | None = None
