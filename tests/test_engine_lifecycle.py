@@ -358,13 +358,13 @@ def test_add_requests_refuses_all_when_one_prompt_is_bad(gen):
 @pytest.mark.serve
 def test_add_requests_applies_the_engine_defaults_and_queues_all(gen):
     from runtime.serve.engine import SamplingParams
-    short, long = gen.encode("one"), gen.encode("one two three four five six")
+    short, long = gen.encode("one"), list(range(1, gen.capacity_tokens - 5))     # the long one leaves 6 tokens
     seen: list = []
     admitted: list[int] = []
     hs = gen.add_requests([short, long], SamplingParams(max_tokens=None, temperature=0, ignore_eos=True),
                           on_output=lambda i, o: seen.append(i), admit=admitted.append)
     default = gen.capacity_tokens - len(long)            # what the context leaves after the longest prompt
-    assert admitted == [len(short) + len(long) + 2 * default]
+    assert default == 6 and admitted == [len(short) + len(long) + 2 * default]
     while gen.has_unfinished():
         gen.step()
     outs = [h.result(0) for h in hs]
