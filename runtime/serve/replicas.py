@@ -50,8 +50,9 @@ from .config import ModelSpec, devices_needed, place
 from .credentials import replica_env
 from .engine.embed_engine import check_texts
 from .engine.errors import ServeError, Unavailable
-from .engine.llm_engine import PromptChecks
-from .engine.request import RequestOutput, SamplingParams
+from .engine.prompts import PromptChecks
+from .engine.request import RequestHandle, RequestOutput
+from .engine.sampling import SamplingParams
 from .server import Frontend, Service
 from .tenants import Tenant
 
@@ -263,13 +264,30 @@ class RemoteGenerateEngine(PromptChecks):
         """Every serving replica's queue (the prompts of one request are spread over the replicas)."""
         return self.config.max_queued_requests * max(1, self.svc.replica_count)
 
-    async def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                          on_output: Callable[[RequestOutput], None] | None = None, priority: int = 0,
-                          prompt_param: str = "prompt"):
-        """Send the request to the least busy ready replica; returns once it is accepted there."""
-        from .engine.request import RequestHandle
+    async def add_requests(self, prompts: list[list[int]], params: SamplingParams, priority: int = 0,
+                           prompt_param: str = "prompt", on_output: Callable[[int, RequestOutput], None] | None = None,
+                           admit: Callable[[int], object] | None = None) -> list[RequestHandle]:
+        """The in-process engine's :meth:`~runtime.serve.engine.GenerateEngine.add_requests` over the
+        replicas: checked here, all together (the same checks and defaults), ``admit(tokens)`` called, then
+        each prompt sent to the least busy ready replica; returns once every one is accepted.  A refusal
+        part-way aborts those already accepted (all or none) and is raised."""
+        params = self.checked(prompts, params, priority, prompt_param, admit)
+        hs: list[RequestHandle] = []
+        try:
+            for i, ids in enumerate(prompts):
+                cb = None if on_output is None else (lambda o, i=i: on_output(i, o))
+                hs.append(await self._add(ids, params, priority, cb))
+        except BaseException:
+            for h in hs:
+                self.abort(h.request_id)
+            raise
+        return hs
+
+    async def _add(self, prompt_ids: list[int], params: SamplingParams, priority: int,
+                   on_output: Callable[[RequestOutput], None] | None) -> RequestHandle:
+        """Send one checked request to the least busy ready replica; returns once it is accepted there."""
         rep = self.svc.pick()
-        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        rid = f"req-{uuid.uuid4().hex[:16]}"
         resp = rep.handle.options(stream=True).generate.remote(self.model, list(prompt_ids), params, priority, rid)
         self.svc.started(rep)
         try:

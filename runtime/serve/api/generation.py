@@ -1,8 +1,9 @@
-"""What the completions and chat routers share: the sampling parameters of a request (400 for a bad
-field), and one generation -- admitted under the tenant's quota ticket, queued on the engine, answered
-whole or streamed as server-sent events -- whose ticket is settled to the tokens the engine really used
-(prompt tokens computed, tokens generated), also for a client that went away: its slot is freed at once,
-its charge settled once the engine has finished the aborted requests."""
+"""What the completions and chat routers share: a request's OpenAI fields as the engine's sampling
+parameters (which check themselves: 400 for a bad field), and one generation -- checked and queued by the
+engine all at once (:meth:`runtime.serve.engine.GenerateEngine.add_requests`), admitted in between under
+the tenant's quota ticket, answered whole or streamed as server-sent events -- whose ticket is settled to
+the tokens the engine really used (prompt tokens computed, tokens generated), also for a client that went
+away: its slot is freed at once, its charge settled once the engine has finished the aborted requests."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,8 @@ import uuid
 from fastapi import Request
 
 from ..engine.errors import InvalidRequest
-from ..engine.request import RequestOutput, SamplingParams
+from ..engine.request import RequestOutput
+from ..engine.sampling import SamplingParams
 from ..tenants import Tenant
 from . import protocol as P
 from .errors import error_body, error_response
@@ -20,39 +22,15 @@ from .handling import admit, settle
 from .state import serve_state
 from .streaming import EventStream, Submitted, client_gone, collect, sse
 
-MAX_STOP = 4
-
-
-def _stop_list(stop) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else list(stop)
-    if len(stops) > MAX_STOP:
-        raise InvalidRequest(f"stop takes at most {MAX_STOP} strings, got {len(stops)}", "stop")
-    if any(not s for s in stops):
-        raise InvalidRequest("stop strings must not be empty", "stop")
-    return tuple(stops)
-
-
-def sampling(req, max_tokens: int | None, default_max: int, logprobs: int | None) -> SamplingParams:
-    """The sampling parameters of a completion or chat request (400 for a field out of range)."""
+def sampling(req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """The sampling parameters of a completion or chat request (OpenAI's defaults for fields not given;
+    ``max_tokens`` None: the engine's default).  400 for ``n`` > 1, or for a field the parameters refuse."""
     if req.n not in (None, 1):
         raise InvalidRequest(f"n={req.n} is not supported: this server returns one choice per prompt (n=1)", "n")
-    if max_tokens is not None and max_tokens < 1:
-        raise InvalidRequest(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    t = 1.0 if req.temperature is None else req.temperature
-    if not 0 <= t <= 2:
-        raise InvalidRequest(f"temperature must be in [0, 2], got {t}", "temperature")
-    tp = 1.0 if req.top_p is None else req.top_p
-    if not 0 < tp <= 1:
-        raise InvalidRequest(f"top_p must be in (0, 1], got {tp}", "top_p")
-    if req.top_k is not None and req.top_k < -1:
-        raise InvalidRequest(f"top_k must be -1 or 0 (all tokens) or at least 1, got {req.top_k}", "top_k")
-    if logprobs is not None and not 0 <= logprobs <= 20:
-        raise InvalidRequest(f"logprobs must be in [0, 20], got {logprobs}", "logprobs")
-    return SamplingParams(max_tokens=default_max if max_tokens is None else max_tokens, temperature=float(t),
-                          top_p=float(tp), top_k=max(0, req.top_k or 0), seed=req.seed, stop=_stop_list(req.stop),
-                          logprobs=logprobs, ignore_eos=bool(req.ignore_eos))
+    stop = () if req.stop is None else (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
+    return SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+                          top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, seed=req.seed,
+                          stop=stop, logprobs=logprobs, ignore_eos=bool(req.ignore_eos))
 
 
 def _error_of(outs: list[RequestOutput]):
@@ -70,33 +48,29 @@ def _reason(o: RequestOutput) -> str | None:
 
 async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[int]], params: SamplingParams,
                    prompt_param: str, chat: bool):
-    """Generate for the prompts ``ids`` (all checked before any is queued) under the tenant's ticket: the
-    completion or chat answer, or its event stream with ``body.stream``."""
+    """Generate for the prompts ``ids`` under the tenant's ticket: the completion or chat answer, or its
+    event stream with ``body.stream``.  The engine checks them all before any is queued (400), the ticket is
+    taken in between (429), then they are queued all together (503 when they do not fit now)."""
     st = serve_state(request)
     st.service.check_accepting()
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest("stream_options is only allowed with stream=true", "stream_options")
-    if body.priority is not None and not isinstance(body.priority, int):
-        raise InvalidRequest("priority must be an integer", "priority")
-    priority = tenant.effective_priority(body.priority)
-    eng.check_batch(len(ids), prompt_param)          # a batch that could never be queued: 400, not 503
-    for x in ids:
-        eng.check(x, params, prompt_param)           # all prompts checked before any is queued
-    ticket = admit(request, tenant, sum(len(x) + params.max_tokens for x in ids))
     sub = Submitted(eng, asyncio.get_running_loop())
+    tickets: list = []                              # the ticket, once the engine's checks passed
 
     def charge(ptoks: int, ctoks: int) -> None:     # what the engine did, once every request finished
-        settle(st, ticket, tenant, body.model, ptoks, ctoks)
+        settle(st, tickets[0], tenant, body.model, ptoks, ctoks)
 
     def abandon() -> None:                          # nobody waits for these any more: abort, charge the work
         sub.abort()
-        ticket.release()
+        tickets[0].release()
         sub.when_finished(charge)
     try:
-        for i, x in enumerate(ids):
-            await sub.add(i, x, params, prompt_param, priority)
+        await sub.add(ids, params, prompt_param, tenant.effective_priority(body.priority),
+                      lambda tokens: tickets.append(admit(request, tenant, tokens)))
     except BaseException:
-        abandon()
+        if tickets:
+            abandon()
         raise
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = P.now()

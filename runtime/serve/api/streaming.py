@@ -12,12 +12,13 @@ import asyncio
 import contextlib
 import inspect
 import json
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..engine.request import RequestOutput, SamplingParams, merge_outputs
+from ..engine.request import RequestOutput, merge_outputs
+from ..engine.sampling import SamplingParams
 from .errors import error_response
 
 
@@ -49,19 +50,19 @@ class Submitted:
         self._ended: set[str] = set()                     #: request ids whose last output arrived
         self._on_finished = None
 
-    async def add(self, index: int, prompt_ids: list[int], params: SamplingParams, prompt_param: str,
-                  priority: int = 0) -> None:
-        """Queue one request (an engine in another process -- a Ray Serve replica -- answers with an
-        awaitable that resolves once the request is accepted or raises its refusal)."""
-        def on_output(out: RequestOutput, i=index):
+    async def add(self, prompts: list[list[int]], params: SamplingParams, prompt_param: str, priority: int = 0,
+                  admit: Callable[[int], object] | None = None) -> None:
+        """Queue the requests of ``prompts`` (the choices, in order), all or none: the engine checks them,
+        calls ``admit(tokens)``, queues them (an engine in another process -- Ray Serve replicas -- answers
+        with an awaitable that resolves once they are accepted or raises the refusal)."""
+        def on_output(i: int, out: RequestOutput):
             with contextlib.suppress(RuntimeError):       # the loop is gone (server stopping)
                 self.loop.call_soon_threadsafe(self._arrived, i, out)
-        h = self.engine.add_request(prompt_ids, params, on_output=on_output, prompt_param=prompt_param,
-                                    priority=priority)
-        if inspect.isawaitable(h):
-            h = await h
-        self.handles.append(h)
-        self.open.add(h.request_id)
+        hs = self.engine.add_requests(prompts, params, priority, prompt_param, on_output, admit=admit)
+        if inspect.isawaitable(hs):
+            hs = await hs
+        self.handles.extend(hs)
+        self.open.update(h.request_id for h in hs)
 
     def _arrived(self, i: int, out: RequestOutput) -> None:
         """On the loop: one output of the engine."""

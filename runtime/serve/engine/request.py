@@ -1,53 +1,16 @@
-"""Requests as the engine sees them: sampling parameters, per-request state, and what the engine hands
-back (:class:`RequestOutput`) through a :class:`RequestHandle`."""
+"""Requests as the engine sees them: per-request state (its sampling parameters: :mod:`.sampling`), and
+what the engine hands back (:class:`RequestOutput`, made by :mod:`.output`) through a
+:class:`RequestHandle`."""
 from __future__ import annotations
 
 import enum
 import itertools
-import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
-from devices.errors import InvalidParamError
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """OpenAI's sampling fields (plus vLLM's ``top_k``/``ignore_eos``).  ``temperature == 0`` is greedy;
-    ``seed`` (any signed 64-bit integer, as OpenAI and vLLM take it) seeds this request's own generator
-    (None: a fresh random one); ``stop`` strings end the
-    text and are not part of it; ``logprobs``: how many top log-probabilities to return per generated
-    token (None: none)."""
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    logprobs: int | None = None
-    ignore_eos: bool = False
-
-    def __post_init__(self):
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise InvalidParamError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        t = self.temperature
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 <= t <= 2:
-            raise InvalidParamError(f"temperature must be in [0, 2], got {t!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise InvalidParamError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidParamError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
-                                      or not -2 ** 63 <= self.seed < 2 ** 63):
-            raise InvalidParamError(f"seed must be a 64-bit integer, got {self.seed!r}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidParamError("stop strings must be non-empty strings")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            raise InvalidParamError(f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+from .sampling import SamplingParams, TokenLogprob
 
 
 class Status(enum.Enum):
@@ -55,13 +18,6 @@ class Status(enum.Enum):
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED = "finished"
-
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]          #: (token id, logprob), best first
 
 
 @dataclass
@@ -105,7 +61,7 @@ class Request:
         self.prompt_computed = 0                    #: prompt tokens ever computed (not reset by a preemption)
         self.status = Status.WAITING
         self.finish_reason: str | None = None
-        self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2 ** 64)   # (int64 -> uint64)
+        self.rng = params.generator()
         self.text = ""                              #: detokenized output (stop string cut off)
         self.sent = 0                               #: characters of ``text`` handed out
         self.num_preemptions = 0

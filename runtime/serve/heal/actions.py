@@ -110,7 +110,7 @@ def _generate_models(ctx: Context, model: str | None) -> list[str]:
 
 def _probe_generate(eng, timeout_s: float) -> str | None:
     """A one-token greedy generation; what went wrong, or None."""
-    from ..engine.request import SamplingParams
+    from ..engine.sampling import SamplingParams
     out = eng.add_request(eng.encode("health check"), SamplingParams(max_tokens=1, temperature=0.0)).result(timeout_s)
     return out.error if out.finish_reason == "error" else None
 

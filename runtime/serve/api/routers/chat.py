@@ -46,5 +46,5 @@ async def chat(body: P.ChatCompletionRequest, request: Request, tenant: Tenant =
     lp = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs=true", "top_logprobs")
-    params = sampling(body, mt, eng.default_max_tokens(len(ids[0])), lp)
+    params = sampling(body, mt, lp)
     return await generate(eng, body, request, tenant, ids, params, "messages", chat=True)

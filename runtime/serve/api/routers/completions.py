@@ -27,6 +27,5 @@ async def completions(body: P.CompletionRequest, request: Request, tenant: Tenan
         raise InvalidRequest("echo is not supported", "echo")
     precheck(request, tenant, generation_floor(prompt_floors(eng, prompts), body.max_tokens))   # before the work
     ids = await st.tokenizer.run(tenant.name, lambda: [eng.encode(p) for p in prompts])
-    default = eng.default_max_tokens(max(len(x) for x in ids))
-    params = sampling(body, body.max_tokens, default, body.logprobs)
+    params = sampling(body, body.max_tokens, body.logprobs)
     return await generate(eng, body, request, tenant, ids, params, "prompt", chat=False)
