@@ -126,6 +126,9 @@ class RemoteDevice(DeviceCalls):
         self.lost = threading.Event()       #: set once the device is known dead
         self.lost_reason = ""
         self.rpc_count = 0                  #: RPCs issued (streams count once)
+        #: of those, the waits that continue a blocking synchronize past its first bounded wait (how many
+        #: depends on how long the device takes, not on what the caller batched)
+        self.wait_continuations = 0
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)    # notified when the last unary call in flight ends
         self._inflight = 0                  # unary calls in flight (what close(drain_s) waits for)
@@ -559,6 +562,8 @@ class RemoteDevice(DeviceCalls):
                     raise
             ops = ()
             short = False
+            with self._lock:
+                self.wait_continuations += 1
 
     def synchronize_stream(self, sid: int, timeout_ms: float = -1, ops=()) -> None:
         """Wait for the stream; queued ``ops`` travel with the wait (one RPC) unless they are too large
