@@ -63,6 +63,11 @@ class Leases:
         with self._lock:
             return self._open.get(owner, 0) > 0
 
+    def armed(self, owner: str) -> bool:
+        """Whether a release of ``owner`` is pending (its last watch ended less than the grace ago)."""
+        with self._lock:
+            return owner in self._armed
+
     def count(self, owner: str) -> int:
         """How many lease watches of ``owner`` are open now."""
         with self._lock:
