@@ -152,8 +152,9 @@ def _cmd_serve(a) -> int:
             if cfg.replicas > 1:
                 from runtime.serve.replicas import ReplicaService
                 svc = ReplicaService(cfg.models, cfg.replicas, cfg.tenants)
+                svc.set_tags(cfg.tags)
             else:
-                svc = Service(rt, cfg.models, cfg.tenants)
+                svc = Service(rt, cfg.models, cfg.tenants, tags=cfg.tags)
             sampler = Sampler(svc, history, rt)
             from runtime.serve.heal import SelfHealing
             from runtime.serve.reconfigure import Reconfigurer

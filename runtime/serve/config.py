@@ -405,6 +405,12 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
             raise ConfigError(f"{where}line {_line(v)}: tenants: tenants have priority classes {sorted(classes)} but "
                               f"model {fcfs[0]} schedules fcfs (which refuses priorities); set its "
                               f"engine.scheduling_policy: priority")
+    tag_classes = {c for _, c in cfg.tags} - {0}
+    fcfs = [m.name for m in models if m.kind == "generate" and m.engine.scheduling_policy == "fcfs"]
+    if tag_classes and fcfs:
+        raise ConfigError(f"{where}line {_line(nodes['tags'][1])}: tags: tags give priority classes "
+                          f"{sorted(tag_classes)} but model {fcfs[0]} schedules fcfs (which refuses priorities); set "
+                          f"its engine.scheduling_policy: priority")
     if "self_healing" in nodes:
         from .heal.config import parse_self_healing
         try:

@@ -17,7 +17,8 @@ seed                                                      vnpu (canonical)
 ``strategies[dynamic_batching].timeout_ms``               ``defaults.scheduler.max_wait_ms`` and
                                                           ``defaults.batching.max_wait_ms``
 ``strategies[dynamic_batching].enabled: false``           ``defaults.engine.max_num_seqs: 1`` (no batching)
-``strategies[stream_priority].rules[{tag, priority}]``    ``tags: {<tag>: <class>}`` (:data:`PRIORITY_WORDS`)
+``strategies[stream_priority].rules[{tag, priority}]``    ``tags: {<tag>: <class>}`` (:data:`PRIORITY_WORDS`) and
+                                                          ``defaults.engine.scheduling_policy: priority``
 ``strategies[fallback_chain].primary``                    ``defaults.placement``
 ``strategies[fallback_chain].fallbacks``                  ``defaults.fallback`` (:data:`DEVICE_NAMES`)
 ``strategies[fallback_chain].switch_threshold``           a ``self_healing`` trigger, action ``fallback``
@@ -222,13 +223,13 @@ def translate(root, where: str) -> tuple[object, tuple[NotActedOn, ...]]:
             out.append((k, v))
         else:
             out.append((k, v))
-    taken = {getattr(k, "value", None) for k, _ in out}
     for sect, value in (("defaults", defaults), ("tags", tags)):
         if value:
-            if sect in taken:
-                raise DialectError(f"{where}line {_line(root)}: both scheduler: (the seed's dialect) and {sect}: "
-                                   f"are given; use one")
-            out.append((_node(sect, root), _node(value, root)))
+            i = next((i for i, (k, _) in enumerate(out) if getattr(k, "value", None) == sect), None)
+            if i is None:
+                out.append((_node(sect, root), _node(value, root)))
+            else:                                  # vnpu's own section too (e.g. a --set over the file): it wins
+                out[i] = (out[i][0], _merged(_node(value, root), out[i][1]))
     sh = next((i for i, (k, _) in enumerate(out) if getattr(k, "value", None) == "self_healing"), None)
     if sh is not None or extra_triggers:
         k, v = out[sh] if sh is not None else (_node("self_healing", root), _node({}, root))
@@ -238,6 +239,18 @@ def translate(root, where: str) -> tuple[object, tuple[NotActedOn, ...]]:
         else:
             out[sh] = (k, v)
     return yaml.MappingNode(root.tag, out, root.start_mark, root.end_mark), tuple(notes)
+
+
+def _merged(dialect, own):
+    """Mapping node ``own`` over mapping node ``dialect``, key by key (nested mappings merged the same way)."""
+    import yaml
+    if not (isinstance(dialect, yaml.MappingNode) and isinstance(own, yaml.MappingNode)):
+        return own
+    mine = {getattr(k, "value", None): (k, v) for k, v in own.value}
+    pairs = [(k, _merged(v, mine[k.value][1]) if k.value in mine else v) for k, v in dialect.value]
+    given = {k.value for k, _ in dialect.value}
+    pairs += [(k, v) for k, v in own.value if getattr(k, "value", None) not in given]
+    return yaml.MappingNode(own.tag, pairs, own.start_mark, own.end_mark)
 
 
 def _scheduler(node, where: str, defaults: dict, tags: dict, triggers: list, notes: list) -> None:
@@ -286,6 +299,8 @@ def _scheduler(node, where: str, defaults: dict, tags: dict, triggers: list, not
                 _rules(p, where, at, tags)
             else:
                 _fallback_chain(p, where, at, defaults, triggers)
+        if tags:                                   # stream priorities need the priority scheduling policy
+            engine.setdefault("scheduling_policy", _node("priority", sn))
     for sect, value in (("scheduler", sched), ("engine", engine), ("batching", batching)):
         if value:
             defaults[sect] = value

@@ -38,7 +38,7 @@ def test_the_seed_scheduler_fragment_is_vnpus_defaults_tags_and_fallback_trigger
     cfg = parse_config(_section("scheduler"), "runtime_config.yaml")
     d = cfg.defaults
     assert dict(d.scheduler) == {"mode": "adaptive", "low_latency_batch": 1, "max_wait_ms": 50}
-    assert dict(d.engine) == {"max_num_seqs": 16}                        # max_batch: generation models
+    assert dict(d.engine) == {"max_num_seqs": 16, "scheduling_policy": "priority"}   # max_batch; stream_priority
     assert dict(d.batching) == {"max_batch_size": 16, "max_wait_ms": 50}  # max_batch, timeout_ms: encoders
     assert dict(cfg.tags) == {"premium_user": 0, "batch_job": 10}         # high -> class 0, low -> class 10
     assert d.placement == "accelerator_v3" and d.fallback == ("accelerator_v2", "cpu")   # cpu_fallback -> cpu
@@ -91,7 +91,7 @@ def test_defaults_reach_a_model_through_device_names():
                                "models: [smollm2]\n")
     (m,) = parse_config(text).models
     assert m.devices == (0,) and [str(p) for p in m.fallback] == ["npu 1", "cpu"]
-    assert m.engine.max_num_seqs == 16
+    assert m.engine.max_num_seqs == 16 and m.engine.scheduling_policy == "priority"
     assert (m.engine.mode.mode, m.engine.mode.low_latency_batch, m.engine.mode.max_wait_ms) == ("adaptive", 1, 50)
     own = text.replace("models: [smollm2]", "models: [{model: smollm2, engine: {max_num_seqs: 4}}]")
     assert parse_config(own).models[0].engine.max_num_seqs == 4         # a model's own setting wins
