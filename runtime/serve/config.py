@@ -25,6 +25,16 @@ its line), and model placement (``smollm2@0-2``).
         fallback: [5, cpu]        # encoders have a chain too (device lists or cpu)
         batching: {max_batch_size: 32, max_wait_ms: 5, max_queued_requests: 256}
 
+    devices:  {accelerator_v3: 0, accelerator_v2: 1}   # names for placements (defaults and fallback may use them)
+    defaults: {placement: accelerator_v3, fallback: [accelerator_v2, cpu], scheduler: {...}, engine: {...},
+               batching: {...}}                      # what every model without its own setting gets
+    tags:     {premium_user: 0, batch_job: 10}       # request tag -> priority class (runtime.serve.tags)
+    memory:   {strategy: fragmentation_aware, pool_bytes: 3221225472, defrag_interval_s: 180,
+               overflow_protection: true}            # kept and reported; not acted on yet
+
+The seed's dialect (the CANN runtime article's ``runtime_config.yaml``) is rewritten into these names first
+(:mod:`runtime.serve.dialect`).
+
 Cross-checks: tenants with different priority classes need every generation model on the ``priority``
 scheduling policy (under ``fcfs`` vLLM refuses priorities); ``adaptive`` needs ``slo.target_p99_ms``; a
 tenant's ``models`` must be served; a fallback entry must not overlap its own first placement.
