@@ -17,6 +17,7 @@ restarts) and writes ``$VNPU_HOME/serve/server.json`` (URL, pid, History; mode 0
 stop) so that ``vnpu monitor`` / ``diagnose`` / ``serve reconfigure`` find it.  The config's
 ``self_healing`` section runs a policy engine on those samples (:mod:`runtime.serve.heal`).
 
+    vnpu serve config --print --config runtime_config.yaml     # the canonical form of a file (either dialect)
     vnpu serve reconfigure --set models.smollm2.scheduler.mode=adaptive --set slo.target_p99_ms=500
     vnpu serve reconfigure -f new-serve.yaml --url http://127.0.0.1:8000      # admin key: VNPU_API_KEY
 
@@ -61,7 +62,16 @@ def register(sub) -> None:
     s.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve without API keys on a non-loopback --host (refused otherwise)")
     s.set_defaults(fn=_cmd_serve)
-    ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure}")
+    ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure,config}")
+    c = ops.add_parser("config", help="check a serve.yaml (vnpu's names or the CANN runtime article's) and print "
+                                      "its canonical vnpu form",
+                       example=("vnpu serve config --print --config runtime_config.yaml",))
+    c.add_argument("--print", dest="print_", action="store_true",
+                   help="print the canonical form (default: only check; exit 0 when it loads)")
+    c.add_argument("--config", dest="config_flag", type=text_file, default=None, help="the serve.yaml to load")
+    c.add_argument("config_file", nargs="?", type=text_file, default=None, metavar="FILE",
+                   help="the file (or --config FILE)")
+    c.set_defaults(fn=_cmd_config)
     r = ops.add_parser("reconfigure", help="change a running server's scheduler, tenants, slo and self-healing "
                                            "without a restart (validated, health-checked, rolled back on failure)",
                        example=("vnpu serve reconfigure --set models.smollm2.scheduler.mode=adaptive",
@@ -142,8 +152,9 @@ def _cmd_serve(a) -> int:
             if cfg.replicas > 1:
                 from runtime.serve.replicas import ReplicaService
                 svc = ReplicaService(cfg.models, cfg.replicas, cfg.tenants)
+                svc.set_tags(cfg.tags)
             else:
-                svc = Service(rt, cfg.models, cfg.tenants)
+                svc = Service(rt, cfg.models, cfg.tenants, tags=cfg.tags)
             sampler = Sampler(svc, history, rt)
             from runtime.serve.heal import SelfHealing
             from runtime.serve.reconfigure import Reconfigurer
@@ -204,6 +215,29 @@ def _load(svc, srv) -> None:
             where = f"{n} Ray Serve replicas, each on {where}"
         print(f"vnpu serve: {spec.name} on {where}", flush=True)
     print("vnpu serve: ready", flush=True)
+
+
+def _cmd_config(a) -> int:
+    """Load a serve.yaml (either dialect): exit 0 and, with --print, its canonical form on stdout (what is
+    accepted but not acted on as trailing comments); exit 2 with one line naming the file, line and key."""
+    from devices.errors import AclError
+    from runtime.serve.canonical import render
+    from runtime.serve.config import load_config
+    path = a.config_file or a.config_flag or a.config
+    if path is None:
+        print("vnpu serve config: error: which file? (vnpu serve config --print FILE, or --config FILE)",
+              file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(path)
+    except AclError as e:
+        print(f"vnpu serve config: error: {getattr(e, 'detail', e)}", file=sys.stderr)
+        return 2
+    if a.print_:
+        sys.stdout.write(render(cfg))
+    else:
+        print(f"vnpu serve config: {path}: ok ({len(cfg.not_acted_on)} setting(s) accepted, not acted on)")
+    return 0
 
 
 def _cmd_reconfigure(a) -> int:

@@ -25,6 +25,16 @@ its line), and model placement (``smollm2@0-2``).
         fallback: [5, cpu]        # encoders have a chain too (device lists or cpu)
         batching: {max_batch_size: 32, max_wait_ms: 5, max_queued_requests: 256}
 
+    devices:  {accelerator_v3: 0, accelerator_v2: 1}   # names for placements (defaults and fallback may use them)
+    defaults: {placement: accelerator_v3, fallback: [accelerator_v2, cpu], scheduler: {...}, engine: {...},
+               batching: {...}}                      # what every model without its own setting gets
+    tags:     {premium_user: 0, batch_job: 10}       # request tag -> priority class (runtime.serve.tags)
+    memory:   {strategy: fragmentation_aware, pool_bytes: 3221225472, defrag_interval_s: 180,
+               overflow_protection: true}            # kept and reported; not acted on yet
+
+The seed's dialect (the CANN runtime article's ``runtime_config.yaml``) is rewritten into these names first
+(:mod:`runtime.serve.dialect`).
+
 Cross-checks: tenants with different priority classes need every generation model on the ``priority``
 scheduling policy (under ``fcfs`` vLLM refuses priorities); ``adaptive`` needs ``slo.target_p99_ms``; a
 tenant's ``models`` must be served; a fallback entry must not overlap its own first placement.
@@ -44,7 +54,7 @@ from .engine.placement import DeviceNamedTwice, Placement, device_list, parse_pl
 from .heal.spec import SelfHealingSpec
 from .limits import HttpLimits
 from .tenants import Quota, Tenant, TenantRegistry, parse_key
-from .yamlnodes import items, keyed
+from .yamlnodes import items, keyed, unknown_key
 from .yamlnodes import name as _name
 from .yamlnodes import line as _line
 
@@ -104,6 +114,29 @@ class SloConfig:
 
 
 @dataclass(frozen=True)
+class MemorySpec:
+    """``memory:``: the device caching pool as the seed describes it (``strategy``, ``pool_bytes``,
+    ``defrag_interval_s``, ``overflow_protection``).  Kept and shown by ``serve config --print``; serve does
+    not act on it yet (see :data:`MEMORY_NOT_ACTED_ON`)."""
+    strategy: str | None = None
+    pool_bytes: int | None = None
+    defrag_interval_s: float | None = None
+    overflow_protection: bool | None = None
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """``defaults:``: what every model without its own setting gets -- ``placement`` and ``fallback``
+    (device lists, cpu, or names from ``devices:``), ``scheduler``, ``engine`` and ``batching`` values (key
+    by key under the model's own)."""
+    placement: str | None = None
+    fallback: tuple[str, ...] = ()
+    scheduler: tuple[tuple[str, object], ...] = ()
+    engine: tuple[tuple[str, object], ...] = ()
+    batching: tuple[tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -114,6 +147,12 @@ class ServeConfig:
     replicas: int = 1
     self_healing: SelfHealingSpec = field(default_factory=SelfHealingSpec)
     http: HttpLimits = field(default_factory=HttpLimits)
+    defaults: Defaults = field(default_factory=Defaults)
+    devices: tuple[tuple[str, str], ...] = ()       #: ``devices:`` names -> placements (as written)
+    memory: MemorySpec = field(default_factory=MemorySpec)
+    tags: tuple[tuple[str, int], ...] = ()          #: request tag -> priority class (``tags:``)
+    #: what the file set that serve keeps but has no mechanism for (``config --print`` reports each)
+    not_acted_on: tuple = field(default=(), compare=False)
 
     def registry(self) -> TenantRegistry:
         return TenantRegistry(self.tenants)
@@ -226,7 +265,16 @@ SLO_SCHEMA = {"target_p99_ms": (_NUM, None), "availability": (_STR, None)}
 QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None)}
 TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin")
 MODEL_KEYS = {"model", "tp", "engine", "batching", "fallback", "scheduler"}
-ROOT_KEYS = ("server", "http", "slo", "tenants", "models", "self_healing")
+MEMORY_SCHEMA = {"strategy": (_STR, None), "pool_bytes": (_INT, 0), "defrag_interval_s": (_NUM, 0),
+                 "overflow_protection": (_BOOL, None)}
+DEFAULTS_KEYS = ("placement", "fallback", "scheduler", "engine", "batching")
+ROOT_KEYS = ("server", "http", "slo", "tenants", "models", "self_healing", "defaults", "devices", "memory", "tags")
+#: why each ``memory:`` key has no effect yet
+MEMORY_NOT_ACTED_ON = {
+    "strategy": "serve's engines use the device caching pool as VNPU_ALLOC_CONF configures it",
+    "pool_bytes": "engines size HBM by engine.gpu_memory_utilization; no pool pre-warm",
+    "defrag_interval_s": "no periodic defragmentation (the self_healing action defragment runs on a trigger)",
+    "overflow_protection": "no cache release / batch degrade before OOM (engine.max_queued_requests sheds load)"}
 
 
 def _scalar(node, kind: str, minimum, nullable: bool, where: str):
@@ -254,7 +302,7 @@ def _mapping(node, schema: dict, where: str, path: str) -> dict:
     for k, v in node.value:
         key = _name(k, where, path, ConfigError)
         if key not in schema:
-            raise ConfigError(f"{where}line {_line(k)}: unknown key {path}.{key} (known: {', '.join(schema)})")
+            raise ConfigError(unknown_key(key, list(schema), where, _line(k), path))
         spec = schema[key]
         out[key] = _scalar(v, spec[0], spec[1], len(spec) > 2, f"{where}line {_line(v)}: {path}.{key}")
         out[f"__line_{key}"] = _line(v)
@@ -296,11 +344,17 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
         return ServeConfig()
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{where}line {_line(root)}: the file must be a mapping ({', '.join(ROOT_KEYS)})")
+    from .dialect import NotActedOn, translate
+    from .heal.spec import SpecError
+    try:
+        root, notes = translate(root, where)
+    except SpecError as e:
+        raise ConfigError(getattr(e, "detail", str(e))) from None
     nodes = {}
     for k, v in root.value:
         key = _name(k, where, "", ConfigError)
         if key not in ROOT_KEYS:
-            raise ConfigError(f"{where}line {_line(k)}: unknown key {key} (known: {', '.join(ROOT_KEYS)})")
+            raise ConfigError(unknown_key(key, ROOT_KEYS, where, _line(k), ""))
         nodes[key] = (k, v)
     cfg = ServeConfig()
     if "server" in nodes:
@@ -317,10 +371,32 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
                                                    _line(v)))
     if "slo" in nodes:
         cfg = dataclasses.replace(cfg, slo=_slo(nodes["slo"][1], where))
+    if "devices" in nodes:
+        cfg = dataclasses.replace(cfg, devices=_device_names(nodes["devices"][1], where))
+    dflt = {}
+    if "defaults" in nodes:
+        dflt = keyed(nodes["defaults"][1], DEFAULTS_KEYS, where, "defaults", ConfigError,
+                     f"a mapping ({', '.join(DEFAULTS_KEYS)})")
+        cfg = dataclasses.replace(cfg, defaults=_defaults(dflt, where))
+        names = dict(cfg.devices)
+        unnamed = [n for n in (cfg.defaults.placement, *cfg.defaults.fallback)
+                   if n is not None and n not in names and not _is_placement(n)]
+        if unnamed:
+            at = dflt["placement" if "placement" in dflt else "fallback"][1]
+            notes += (NotActedOn("defaults", _line(at), ", ".join(unnamed),
+                                 f"no devices: entry names {', '.join(unnamed)} (a model that takes these defaults "
+                                 f"is refused until devices: {{{unnamed[0]}: 0, ...}} says which devices they are)"),)
+    if "memory" in nodes:
+        mv = _mapping(nodes["memory"][1], MEMORY_SCHEMA, where, "memory")
+        cfg = dataclasses.replace(cfg, memory=_built(MemorySpec, mv, where, "memory", _line(nodes["memory"][1])))
+        notes += tuple(NotActedOn(f"memory.{k}", mv[f"__line_{k}"], str(mv[k]), MEMORY_NOT_ACTED_ON[k])
+                       for k in MEMORY_SCHEMA if k in mv)
+    if "tags" in nodes:
+        cfg = dataclasses.replace(cfg, tags=_tags(nodes["tags"][1], where))
     models: list[ModelSpec] = []
     if "models" in nodes:
-        models = items(nodes["models"][1], where, "models", lambda m, at: _model(m, where, at, cfg.slo),
-                       ConfigError, "models")
+        models = items(nodes["models"][1], where, "models",
+                       lambda m, at: _model(m, where, at, cfg.slo, dflt, dict(cfg.devices)), ConfigError, "models")
     names = [m.name for m in models]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -339,14 +415,94 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
             raise ConfigError(f"{where}line {_line(v)}: tenants: tenants have priority classes {sorted(classes)} but "
                               f"model {fcfs[0]} schedules fcfs (which refuses priorities); set its "
                               f"engine.scheduling_policy: priority")
+    tag_classes = {c for _, c in cfg.tags} - {0}
+    fcfs = [m.name for m in models if m.kind == "generate" and m.engine.scheduling_policy == "fcfs"]
+    if tag_classes and fcfs:
+        raise ConfigError(f"{where}line {_line(nodes['tags'][1])}: tags: tags give priority classes "
+                          f"{sorted(tag_classes)} but model {fcfs[0]} schedules fcfs (which refuses priorities); set "
+                          f"its engine.scheduling_policy: priority")
     if "self_healing" in nodes:
         from .heal.config import parse_self_healing
-        from .heal.spec import SpecError
         try:
             cfg = dataclasses.replace(cfg, self_healing=parse_self_healing(nodes["self_healing"][1], where, cfg.slo))
         except SpecError as e:
             raise ConfigError(getattr(e, "detail", str(e))) from None
-    return dataclasses.replace(cfg, models=tuple(models), tenants=tuple(tenants))
+    return dataclasses.replace(cfg, models=tuple(models), tenants=tuple(tenants), not_acted_on=tuple(notes))
+
+
+def _device_names(node, where: str) -> tuple[tuple[str, str], ...]:
+    """``devices: {accelerator_v3: 0, accelerator_v2: 1-2}``: names for placements (what ``defaults`` and a
+    model's ``fallback`` may name)."""
+    import yaml
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{where}line {_line(node)}: devices: expected a mapping (name: placement)")
+    out = []
+    for k, v in node.value:
+        key = _name(k, where, "devices", ConfigError)
+        if not isinstance(v, yaml.ScalarNode):
+            raise ConfigError(f"{where}line {_line(v)}: devices.{key}: expected a placement (3, 4-5, cpu)")
+        if _is_placement(key):
+            raise ConfigError(f"{where}line {_line(k)}: devices.{key}: a name must not read as a placement")
+        try:
+            parse_placement(str(v.value))
+        except InvalidParamError as e:
+            raise ConfigError(f"{where}line {_line(v)}: devices.{key}: {getattr(e, 'detail', e)}") from None
+        out.append((key, str(v.value)))
+    return tuple(out)
+
+
+def _is_placement(text: str) -> bool:
+    try:
+        parse_placement(text)
+        return True
+    except InvalidParamError:
+        return False
+
+
+def _defaults(keys: dict, where: str) -> Defaults:
+    """The ``defaults:`` section as written (checked again where a model takes it)."""
+    def values(sect, schema):
+        if sect not in keys:
+            return ()
+        vals = _mapping(keys[sect][1], schema, where, f"defaults.{sect}")
+        return tuple((k, v) for k, v in vals.items() if not k.startswith("__line_"))
+    placement = None
+    if "placement" in keys:
+        pn = keys["placement"][1]
+        placement = str(pn.value) if hasattr(pn, "value") and not isinstance(pn.value, list) else None
+        if placement is None:
+            raise ConfigError(f"{where}line {_line(pn)}: defaults.placement: expected a placement or a device name")
+    fallback: tuple[str, ...] = ()
+    if "fallback" in keys:
+        fallback = tuple(_str_list_any(keys["fallback"][1], where, "defaults.fallback"))
+    return Defaults(placement, fallback, values("scheduler", SCHEDULER_SCHEMA), values("engine", ENGINE_SCHEMA),
+                    values("batching", BATCHING_SCHEMA))
+
+
+def _str_list_any(node, where: str, path: str) -> list[str]:
+    import yaml
+    if not isinstance(node, yaml.SequenceNode):
+        raise ConfigError(f"{where}line {_line(node)}: {path}: expected a list of placements (3, 4-5, cpu) or names")
+    out = []
+    for i, x in enumerate(node.value):
+        if not isinstance(x, yaml.ScalarNode):
+            raise ConfigError(f"{where}line {_line(x)}: {path}[{i}]: expected a placement (3, 4-5, cpu) or a name")
+        out.append(str(x.value))
+    return out
+
+
+def _tags(node, where: str) -> tuple[tuple[str, int], ...]:
+    """``tags: {premium_user: 0, batch_job: 10}``: request tag -> priority class."""
+    import yaml
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{where}line {_line(node)}: tags: expected a mapping (tag: priority class)")
+    out = []
+    for k, v in node.value:
+        key = _name(k, where, "tags", ConfigError)
+        if key in dict(out):
+            raise ConfigError(f"{where}line {_line(k)}: tags.{key}: listed twice")
+        out.append((key, _scalar(v, _INT, None, False, f"{where}line {_line(v)}: tags.{key}")))
+    return tuple(out)
 
 
 def _slo(node, where: str) -> SloConfig:
@@ -372,7 +528,7 @@ def _slo(node, where: str) -> SloConfig:
             if not 0 < avail <= 1:
                 raise ConfigError(f"{at}: must be in (0%, 100%], got {raw!r}")
         else:
-            raise ConfigError(f"{where}line {_line(k)}: unknown key slo.{key} (known: target_p99_ms, availability)")
+            raise ConfigError(unknown_key(key, ("target_p99_ms", "availability"), where, _line(k), "slo"))
     return SloConfig(target, avail)
 
 
@@ -423,18 +579,37 @@ def _tenant(node, where: str, path: str, models: list[str]) -> Tenant:
         raise ConfigError(f"{where}line {_line(node)}: {path}: {getattr(e, 'detail', e)}") from None
 
 
-def _model(node, where: str, path: str, slo: SloConfig = SloConfig()) -> ModelSpec:
+def _resolve(text: str, names: dict, where: str, path: str, line: int) -> Placement:
+    """A placement (``3``, ``4-5``, ``cpu``) or a name from ``devices:``."""
+    try:
+        return parse_placement(names.get(text, text))
+    except InvalidParamError:
+        raise ConfigError(f"{where}line {line}: {path}: {text!r} is neither a placement (3, 4-5, cpu) nor a "
+                          f"name in devices: (known: {', '.join(names) or 'none'}; add devices: {{{text}: 0}})") from None
+
+
+def _model(node, where: str, path: str, slo: SloConfig = SloConfig(), dflt: dict | None = None,
+           names: dict | None = None) -> ModelSpec:
+    """One model; ``dflt``: the ``defaults:`` keys (key -> (key node, value node)), taken where the model
+    has no setting of its own; ``names``: the ``devices:`` names."""
     import yaml
+    dflt, names = dflt or {}, names or {}
     if isinstance(node, yaml.ScalarNode):
-        at = f"{where}line {_line(node)}: {path}: "
-        name, devs = parse_model_spec(node.value, at)
-        return model_spec(name, devs, None, where=at)
+        node = yaml.MappingNode("tag:yaml.org,2002:map", [(yaml.ScalarNode("tag:yaml.org,2002:str", "model",
+                                                                            node.start_mark, node.end_mark), node)],
+                                node.start_mark, node.end_mark)
     keys = keyed(node, sorted(MODEL_KEYS), where, path, ConfigError, "a model (name@devices or a mapping)")
     if "model" not in keys:
         raise ConfigError(f"{where}line {_line(node)}: {path}: the key 'model' (name[@devices]) is required")
     mnode = keys["model"][1]
     at = f"{where}line {_line(mnode)}: {path}.model: "
     name, devs = parse_model_spec(_scalar(mnode, _STR, None, False, at[:-2]), at)
+    if devs is None and "placement" in dflt:
+        pn = dflt["placement"][1]
+        pl = _resolve(str(pn.value), names, where, "defaults.placement", _line(pn))
+        if pl.cpu:
+            raise ConfigError(f"{where}line {_line(pn)}: defaults.placement: a first placement needs devices, not cpu")
+        devs = pl.devices
     tp = None
     if "tp" in keys:
         tp = _scalar(keys["tp"][1], _INT, 1, False, f"{where}line {_line(keys['tp'][1])}: {path}.tp")
@@ -445,39 +620,49 @@ def _model(node, where: str, path: str, slo: SloConfig = SloConfig()) -> ModelSp
             k = keys[sect][0]
             raise ConfigError(f"{where}line {_line(k)}: {path}.{sect}: applies to "
                               f"{'generation' if ok_kind == 'generate' else 'embedding'} models, not {name}")
-    if "engine" in keys:
-        v = keys["engine"][1]
-        engine = _built(EngineConfig, _mapping(v, ENGINE_SCHEMA, where, f"{path}.engine"), where, f"{path}.engine",
-                        _line(v))
-    if "batching" in keys:
-        v = keys["batching"][1]
-        batching = _built(BatchingConfig, _mapping(v, BATCHING_SCHEMA, where, f"{path}.batching"), where,
-                          f"{path}.batching", _line(v))
+    def merged(sect: str, schema: dict) -> tuple[dict, int, str]:
+        """The section's values over the defaults' (and the line and path errors name)."""
+        vals, line, at = {}, _line(node), f"{path}.{sect}"
+        if sect in dflt:
+            d = dflt[sect][1]
+            vals, line, at = _mapping(d, schema, where, f"defaults.{sect}"), _line(d), f"defaults.{sect}"
+        if sect in keys:
+            v = keys[sect][1]
+            vals, line, at = {**vals, **_mapping(v, schema, where, f"{path}.{sect}")}, _line(v), f"{path}.{sect}"
+        return vals, line, at
+    if kind == "generate" and ("engine" in keys or "engine" in dflt):
+        vals, line, at = merged("engine", ENGINE_SCHEMA)
+        engine = _built(EngineConfig, vals, where, at, line)
+    if kind == "embed" and ("batching" in keys or "batching" in dflt):
+        vals, line, at = merged("batching", BATCHING_SCHEMA)
+        batching = _built(BatchingConfig, vals, where, at, line)
     if kind == "generate":
-        mode_vals = {}
-        line = _line(node)
-        if "scheduler" in keys:
-            v = keys["scheduler"][1]
-            mode_vals, line = _mapping(v, SCHEDULER_SCHEMA, where, f"{path}.scheduler"), _line(v)
+        mode_vals, line, spath = merged("scheduler", SCHEDULER_SCHEMA)
         if mode_vals.get("mode") == "adaptive" and slo.target_p99_ms is None:
-            raise ConfigError(f"{where}line {mode_vals['__line_mode']}: {path}.scheduler.mode: adaptive sizes "
+            raise ConfigError(f"{where}line {mode_vals['__line_mode']}: {spath}.mode: adaptive sizes "
                               f"batches against slo.target_p99_ms; add slo: {{target_p99_ms: ...}}")
-        mode = _built(ModeConfig, dict(mode_vals, target_p99_ms=slo.target_p99_ms), where, f"{path}.scheduler", line)
+        mode = _built(ModeConfig, dict(mode_vals, target_p99_ms=slo.target_p99_ms), where, spath, line)
         engine = dataclasses.replace(engine or EngineConfig(), mode=mode)
     fallback: list[Placement] = []
-    if "fallback" in keys:
-        fnode = keys["fallback"][1]
+    fsrc = keys if "fallback" in keys else dflt
+    fpath = f"{path}.fallback" if "fallback" in keys else "defaults.fallback"
+    if "fallback" in fsrc:
+        fnode = fsrc["fallback"][1]
         if not isinstance(fnode, yaml.SequenceNode):
             raise ConfigError(f"{where}line {_line(fnode)}: {path}.fallback: expected a list of placements "
                               f"(device lists like 3 or 4-5, or cpu)")
         for i, x in enumerate(fnode.value):
             if not isinstance(x, yaml.ScalarNode):
-                raise ConfigError(f"{where}line {_line(x)}: {path}.fallback[{i}]: expected a placement (3, 4-5, cpu)")
-            try:
-                pl = parse_placement(x.value)
-            except InvalidParamError as e:
-                raise ConfigError(f"{where}line {_line(x)}: {path}.fallback[{i}]: {getattr(e, 'detail', e)}") from None
+                raise ConfigError(f"{where}line {_line(x)}: {fpath}[{i}]: expected a placement (3, 4-5, cpu)")
+            if x.value in names:
+                pl = _resolve(x.value, names, where, f"{fpath}[{i}]", _line(x))
+            else:
+                try:
+                    pl = parse_placement(x.value)
+                except InvalidParamError as e:
+                    raise ConfigError(f"{where}line {_line(x)}: {fpath}[{i}]: {getattr(e, 'detail', e)}"
+                                      f"{' (or a name in devices:)' if not names else ''}") from None
             if pl in fallback:
-                raise ConfigError(f"{where}line {_line(x)}: {path}.fallback[{i}]: {pl} is listed twice")
+                raise ConfigError(f"{where}line {_line(x)}: {fpath}[{i}]: {pl} is listed twice")
             fallback.append(pl)
     return model_spec(name, devs, tp, engine, batching, f"{where}line {_line(node)}: {path}: ", tuple(fallback))

@@ -158,6 +158,8 @@ class Reconfigurer:
                     svc.set_mode(m.name, m.engine.mode)
         if cfg.tenants != self.cfg.tenants:
             svc.set_tenants(cfg.tenants)
+        if cfg.tags != self.cfg.tags:
+            svc.set_tags(cfg.tags)
         if self.healing is not None and cfg.self_healing != self.cfg.self_healing:
             self.healing.update(cfg.self_healing)
         self.cfg, self.text = cfg, text
@@ -189,6 +191,8 @@ class Reconfigurer:
                 out.append(f"{m.name} scheduler: {', '.join(diff)}")
         if old.tenants != new.tenants:
             out.append(f"tenants: {', '.join(t.name for t in new.tenants) or 'none'}")
+        if old.tags != new.tags:
+            out.append(f"tags: {dict(new.tags)}")
         if old.slo != new.slo:
             out.append(f"slo: {dataclasses.asdict(new.slo)}")
         if old.self_healing != new.self_healing:

@@ -38,6 +38,7 @@ from .engine.errors import ModelNotFound, Unavailable
 from .engine.placement import DeviceBinder
 from .limits import HttpLimits
 from .metrics import make_registry
+from .tags import TagRules
 from .tenants import Quotas, Tenant, TenantRegistry, check_bind
 
 log = logging.getLogger("vnpu.serve")
@@ -69,7 +70,8 @@ class Frontend:
     :attr:`engines` by model name."""
 
     def __init__(self, rt, specs: tuple[ModelSpec, ...], tenants: tuple[Tenant, ...] = (),
-                 clock: Callable[[], float] = time.monotonic, model_repository=None):
+                 clock: Callable[[], float] = time.monotonic, model_repository=None,
+                 tags: tuple[tuple[str, int], ...] = ()):
         if not specs and model_repository is None:
             raise Unavailable("no model to serve (give --model or a config with models)")
         self.specs = specs
@@ -78,6 +80,7 @@ class Frontend:
         #: /v2 routes and the gRPC inference service); None: none
         self.model_repository = model_repository
         self.tenants = TenantRegistry(tuple(tenants))
+        self.tag_rules = TagRules(tuple(tags))   #: request tag -> priority class (runtime.serve.tags)
         self.quotas = Quotas(clock)
         max_len = max([m.engine.max_model_len for m in self.specs if m.kind == "generate"] or [512])
         self.registry, self.stat_logger, self.tenant_metrics = make_registry(rt, self.engines, max_len, self.quotas,
@@ -278,6 +281,10 @@ class Frontend:
         tenant they were admitted as."""
         self.tenants = TenantRegistry(tuple(tenants))
 
+    def set_tags(self, tags: tuple[tuple[str, int], ...]) -> None:
+        """Replace the tag rules for requests from now on (queued requests keep their priority)."""
+        self.tag_rules = TagRules(tuple(tags))
+
     def set_mode(self, model: str, mode) -> None:
         """Switch ``model``'s scheduler mode (a :class:`runtime.serve.engine.modes.ModeConfig`) from its next
         step on, without dropping anything."""
@@ -316,11 +323,11 @@ class Service(Frontend):
     """The engines of the models in this process, on runtime ``rt`` (the single-replica server)."""
 
     def __init__(self, rt, models: tuple[ModelSpec, ...], tenants: tuple[Tenant, ...] = (),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, tags: tuple[tuple[str, int], ...] = ()):
         if not models:
             raise Unavailable("no model to serve (give --model or a config with models)")
         self.rt = rt
-        super().__init__(rt, place(models, rt.device_count()), tenants, clock)
+        super().__init__(rt, place(models, rt.device_count()), tenants, clock, tags=tags)
         self.binder = DeviceBinder(rt)
 
     def _load(self) -> None:

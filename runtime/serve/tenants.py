@@ -122,9 +122,10 @@ class Tenant:
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise InvalidParamError(f"priority must be an integer, got {self.priority!r}")
 
-    def effective_priority(self, requested: int | None) -> int:
-        """A request may ask to run later than its class, never earlier."""
-        return self.priority if requested is None else max(self.priority, int(requested))
+    def effective_priority(self, requested: int | None, tag_class: int | None = None) -> int:
+        """A request may ask to run later than its class, never earlier; so may its tag's class
+        (:mod:`runtime.serve.tags`): the stricter -- the largest -- of the three."""
+        return max([self.priority] + [int(x) for x in (requested, tag_class) if x is not None])
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models

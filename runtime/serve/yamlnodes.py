@@ -25,6 +25,16 @@ def name(key, where: str, path: str, error: type[Exception]) -> str:
     return str(key.value)
 
 
+def unknown_key(key: str, known: Sequence[str], where: str, at: int, path: str) -> str:
+    """The message for a key ``known`` does not list: ``<file>: line N: unknown key <path>.<key> (did you mean
+    <near>? known: ...)`` -- the did-you-mean when a known key is close (``difflib``)."""
+    import difflib
+    near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]}? " if near else ""
+    full = f"{path}.{key}" if path else key
+    return f"{where}line {at}: unknown key {full} ({hint}known: {', '.join(known)})"
+
+
 def keyed(node, known: Sequence[str], where: str, path: str, error: type[Exception],
           what: str = "a mapping") -> dict:
     """key -> (key node, value node) of the mapping node at ``path``; ``error`` when the node is not a
@@ -36,7 +46,7 @@ def keyed(node, known: Sequence[str], where: str, path: str, error: type[Excepti
     keys = {name(k, where, path, error): (k, v) for k, v in node.value}
     for key, (k, _) in keys.items():
         if key not in known:
-            raise error(f"{where}line {line(k)}: unknown key {path}.{key} (known: {', '.join(known)})")
+            raise error(unknown_key(key, known, where, line(k), path))
     return keys
 
 
@@ -65,4 +75,4 @@ def items(node, where: str, path: str, parse: Callable[[object, str], T], error:
     return [parse(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
 
 
-__all__ = ["items", "keyed", "line", "load", "name"]
+__all__ = ["items", "keyed", "line", "load", "name", "unknown_key"]

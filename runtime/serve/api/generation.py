@@ -15,6 +15,7 @@ from fastapi import Request
 from ..engine.errors import InvalidRequest
 from ..engine.request import RequestOutput
 from ..engine.sampling import SamplingParams
+from ..tags import PRIORITY_HEADER, TAG_HEADER, request_tag
 from ..tenants import Tenant
 from . import protocol as P
 from .errors import error_body, error_response
@@ -55,6 +56,8 @@ async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[i
     st.service.check_accepting()
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest("stream_options is only allowed with stream=true", "stream_options")
+    tag = request_tag(request.headers.get(TAG_HEADER), body.vnpu_tag)
+    priority = tenant.effective_priority(body.priority, st.service.tag_rules.class_of(tag))
     sub = Submitted(eng, asyncio.get_running_loop())
     tickets: list = []                              # the ticket, once the engine's checks passed
 
@@ -66,7 +69,7 @@ async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[i
         tickets[0].release()
         sub.when_finished(charge)
     try:
-        await sub.add(ids, params, prompt_param, tenant.effective_priority(body.priority),
+        await sub.add(ids, params, prompt_param, priority,
                       lambda tokens: tickets.append(admit(request, tenant, tokens)))
     except BaseException:
         if tickets:
@@ -75,7 +78,8 @@ async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[i
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = P.now()
     if body.stream:
-        return _streamed(eng, body, request, sub, rid, created, chat, len(ids), charge, abandon)
+        return _with_priority(_streamed(eng, body, request, sub, rid, created, chat, len(ids), charge, abandon),
+                              priority)
     outs = None
     try:
         outs = await collect(sub, len(ids), request)
@@ -86,7 +90,16 @@ async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[i
             sub.when_finished(charge)
     if outs is None:
         return client_gone()
-    return _answer(eng, body, outs, rid, created, chat, sum(len(x) for x in ids), params)
+    return _with_priority(_answer(eng, body, outs, rid, created, chat, sum(len(x) for x in ids), params), priority)
+
+
+def _with_priority(answer, priority: int):
+    """The answer (a response, or the body of a 200) with the priority it was queued at in a header."""
+    from fastapi.responses import JSONResponse
+    if not hasattr(answer, "headers"):
+        answer = JSONResponse(answer)
+    answer.headers[PRIORITY_HEADER] = str(priority)
+    return answer
 
 
 def _answer(eng, body, outs: list[RequestOutput], rid: str, created: int, chat: bool, ptoks: int,

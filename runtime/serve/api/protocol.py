@@ -88,6 +88,7 @@ class CompletionRequest(_Req):
     top_k: Int | None = None           #: vLLM extra (-1 or 0: all tokens)
     ignore_eos: bool | None = False    #: vLLM extra
     priority: Int | None = None        #: vLLM extra: lower runs first; never earlier than the tenant's class
+    vnpu_tag: str | None = None        #: vnpu extra: the request's tag (runtime.serve.tags; or x-vnpu-tag)
 
 
 class ContentPart(_Req):
@@ -119,6 +120,7 @@ class ChatCompletionRequest(_Req):
     top_k: Int | None = None
     ignore_eos: bool | None = False
     priority: Int | None = None
+    vnpu_tag: str | None = None
 
 
 class EmbeddingRequest(_Req):
