@@ -132,7 +132,8 @@ class DynamicBatching:
         pref = self.preferred_batch_size
         if not isinstance(pref, tuple) or any(not _is_int(b) or b < 1 for b in pref) or len(set(pref)) != len(pref):
             _fail("preferred_batch_size", f"expected distinct sizes >= 1, got {list(pref)!r}")
-        object.__setattr__(self, "preferred_batch_size", tuple(sorted(pref)))
+        pref = tuple(sorted(pref))
+        object.__setattr__(self, "preferred_batch_size", pref)
         _check_int("max_queue_delay_microseconds", self.max_queue_delay_microseconds, 0)
         _check_int("min_batch", self.min_batch, 1)
         if self.min_batch > 1 and self.max_queue_delay_microseconds == 0:
