@@ -168,29 +168,30 @@ def place(models: tuple[ModelSpec, ...], device_count: int) -> tuple[ModelSpec, 
                 raise ConfigError(f"{at(m)}: device {min(clash)} is already used by another model")
             used.update(m.devices)
     out = []
-    nxt = 0
     taken = used | spares
     for m in models:
         if m.devices is None:
-            devs = []
-            while len(devs) < m.device_count:
-                while nxt in taken:
-                    nxt += 1
-                if nxt >= device_count:
-                    raise ConfigError(f"{at(m)}: needs {m.device_count} free device(s), only "
-                                      f"{len(devs)} left of {device_count}")
-                devs.append(nxt)
-                taken.add(nxt)
-            m = dataclasses.replace(m, devices=tuple(devs))
+            m = dataclasses.replace(m, devices=take_free(m.device_count, taken, device_count, at(m)))
         out.append(m)
     return tuple(out)
 
 
-def devices_needed(models: tuple[ModelSpec, ...]) -> int:
+def take_free(n: int, taken: set[int], device_count: int, who: str) -> tuple[int, ...]:
+    """The next ``n`` free devices (the lowest ids not in ``taken``; added to it) -- how every model without
+    devices is placed; ConfigError naming ``who`` when fewer are left."""
+    devs = [d for d in range(device_count) if d not in taken][:n]
+    if len(devs) < n:
+        raise ConfigError(f"{who}: needs {n} free device(s), only {len(devs)} left of {device_count}")
+    taken.update(devs)
+    return tuple(devs)
+
+
+def devices_needed(models: tuple[ModelSpec, ...], explicit_extra=(), auto_extra: int = 0) -> int:
     """Devices a set of models needs: each model's first placement (the next free ones when none is given)
-    plus every device a chain names explicitly."""
-    explicit = {d for m in models for d in m.chain_devices}
-    auto = sum(m.device_count for m in models if m.devices is None)
+    plus every device a chain names explicitly; ``explicit_extra`` / ``auto_extra``: the devices other
+    models (compiled ones) name, and how many they take from the free ones."""
+    explicit = {d for m in models for d in m.chain_devices} | set(explicit_extra)
+    auto = sum(m.device_count for m in models if m.devices is None) + auto_extra
     return max([len(explicit) + auto] + [d + 1 for d in explicit])
 
 

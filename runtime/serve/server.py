@@ -313,26 +313,76 @@ class Frontend:
 
 
 class Service(Frontend):
-    """The engines of the models in this process, on runtime ``rt`` (the single-replica server)."""
+    """The engines of the models in this process, on runtime ``rt`` (the single-replica server):
+    generation and embedding models (``models``), and compiled models (``repositories``: model
+    repositories or single ``.om`` files, :class:`runtime.serve.modelrepo.Repository`) served over the Open
+    Inference Protocol by :class:`runtime.serve.omserve.CompiledModels` -- placed on the devices the other
+    models leave free, loaded with them, drained and shut down with them."""
 
     def __init__(self, rt, models: tuple[ModelSpec, ...], tenants: tuple[Tenant, ...] = (),
-                 clock: Callable[[], float] = time.monotonic):
-        if not models:
+                 clock: Callable[[], float] = time.monotonic, repositories: tuple = ()):
+        if not models and not repositories:
             raise Unavailable("no model to serve (give --model or a config with models)")
         self.rt = rt
-        super().__init__(rt, place(models, rt.device_count()), tenants, clock)
+        specs = place(models, rt.device_count())
         self.binder = DeviceBinder(rt)
+        self.compiled = None                     #: the compiled models (a runtime.serve.omserve.CompiledModels)
+        if repositories:
+            from .omserve import CompiledModels
+            self.compiled = CompiledModels(rt, repositories, specs, self.binder, [self._event])
+        super().__init__(rt, specs, tenants, clock, model_repository=self.compiled)
 
     def _load(self) -> None:
-        """Build and start every engine (blocking: weights upload, KV cache, graph captures)."""
+        """Build and start every engine (blocking: weights upload, KV cache, graph captures), then load
+        the compiled models."""
         for spec in self.specs:
             eng = ENGINE_BUILDERS[spec.kind](self.rt, spec, self.stat_loggers, self.binder, [self._event])
             self.engines[spec.name] = eng
             eng.start()
             log.info("serving %s on devices %s", spec.name, list(spec.devices))
+        if self.compiled is not None:
+            self.compiled.load_all()
+
+    def compiled_names(self) -> tuple[str, ...]:
+        """The compiled models served (tenants may name them)."""
+        return self.compiled.names if self.compiled is not None else ()
+
+    def wait_drained(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not super().wait_drained(timeout):
+            return False
+        return self.compiled is None or self.compiled.wait_idle(None if deadline is None else
+                                                                max(0.0, deadline - time.monotonic()))
+
+    def gauges(self) -> dict[str, float]:
+        g = super().gauges()
+        if self.compiled is not None:
+            g["queue_depth"] += self.compiled.waiting()
+        return g
+
+    def fallback(self, model: str, reason: str = "requested", timeout: float | None = None,
+                 away_from: int | None = None):
+        if self.compiled is not None and model in self.compiled.names:
+            return self.compiled.rebind(model, "fallback", reason, timeout, away_from)
+        return super().fallback(model, reason, timeout, away_from)
+
+    def restore(self, model: str, timeout: float | None = None):
+        if self.compiled is not None and model in self.compiled.names:
+            return self.compiled.rebind(model, "restore", timeout=timeout)
+        return super().restore(model, timeout)
+
+    def state_dict(self) -> dict:
+        out = super().state_dict()
+        if self.compiled is not None:
+            out["compiled_models"] = self.compiled.describe()
+        return out
 
     def _closed(self) -> None:
-        self.binder.close()
+        try:
+            if self.compiled is not None:
+                self.compiled.close()
+        finally:
+            self.binder.close()
 
 
 class _Uvicorn:
