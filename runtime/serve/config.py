@@ -275,16 +275,17 @@ def _built(cls, values: dict, where: str, path: str, line: int):
                           f"{getattr(e, 'detail', str(e))}") from None
 
 
-def load_config(path: str | Path) -> ServeConfig:
-    """Read and validate ``serve.yaml``."""
+def load_config(path: str | Path, served: tuple[str, ...] = ()) -> ServeConfig:
+    """Read and validate ``serve.yaml``; ``served``: the other models the server serves (compiled models),
+    which tenants may name too."""
     try:
         text = Path(path).read_text()
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
-    return parse_config(text, str(path))
+    return parse_config(text, str(path), served)
 
 
-def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
+def parse_config(text: str, name: str = "serve.yaml", served: tuple[str, ...] = ()) -> ServeConfig:
     import yaml
     where = f"{name}: "
     try:
@@ -329,7 +330,8 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
     tenants: list[Tenant] = []
     if "tenants" in nodes:
         v = nodes["tenants"][1]
-        tenants = items(v, where, "tenants", lambda t, at: _tenant(t, where, at, names), ConfigError, "tenants")
+        tenants = items(v, where, "tenants", lambda t, at: _tenant(t, where, at, names + list(served)), ConfigError,
+                        "tenants")
         try:
             TenantRegistry(tuple(tenants))
         except InvalidParamError as e:

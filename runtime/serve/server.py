@@ -221,6 +221,10 @@ class Frontend:
                                 "model_not_found")
         return e
 
+    def compiled_names(self) -> tuple[str, ...]:
+        """The compiled models served over the Open Inference Protocol (tenants may name them)."""
+        return ()
+
     def model_cards(self, tenant: Tenant | None = None) -> list[dict]:
         from .api.protocol import model_card
         return [model_card(n, self.created, e.config.max_model_len if e.kind == "generate" else e.max_len)
@@ -344,7 +348,6 @@ class Service(Frontend):
             self.compiled.load_all()
 
     def compiled_names(self) -> tuple[str, ...]:
-        """The compiled models served (tenants may name them)."""
         return self.compiled.names if self.compiled is not None else ()
 
     def wait_drained(self, timeout: float | None = None) -> bool:
