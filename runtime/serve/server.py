@@ -82,6 +82,9 @@ class Frontend:
         max_len = max([m.engine.max_model_len for m in self.specs if m.kind == "generate"] or [512])
         self.registry, self.stat_logger, self.tenant_metrics = make_registry(rt, self.engines, max_len, self.quotas,
                                                                              self.tenants.tenants)
+        if model_repository is not None:
+            from .v2.metrics import TritonCollector
+            self.registry.register(TritonCollector(model_repository))
         self.state = "starting"
         self.error: str | None = None
         self.created = int(time.time())

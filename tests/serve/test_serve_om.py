@@ -24,12 +24,14 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.request
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tga
 import tritonclient.http as th
@@ -43,6 +45,8 @@ from runtime.api import Runtime
 from runtime.atc import compile_model, make_options
 from runtime.backend import LocalBackend
 from runtime.models.weights import minilm_l3_onnx
+from runtime.observe.metrics_store import History
+from runtime.serve.metrics_sampler import Sampler
 from runtime.serve.modelrepo import scan_repository
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Quota, Tenant, key_digest
@@ -84,6 +88,7 @@ class Served:
     srv: Server
     svc: Service
     clock: FakeClock
+    sampler: Sampler
     root: Path
     cnn: object                                 #: the CNN's ONNX model (seed 4)
     cnn2: Path                                  #: a second CNN's .om (seed 5): the new version of ``hot``
@@ -132,13 +137,16 @@ def served(tmp_path_factory):
     repo.check()
     clock = FakeClock()
     svc = Service(rt, (), tenants, clock=clock, repositories=(repo,))
+    history = History(root.parent / "history.sqlite")
+    sampler = Sampler(svc, history)                              # ticked by the tests (no thread)
     srv = Server(svc, grpc_port=0).start()
     try:
         svc.load()
-        yield Served(rt, srv, svc, clock, root, model, cnn2, str(minilm_l3_onnx()))
+        yield Served(rt, srv, svc, clock, sampler, root, model, cnn2, str(minilm_l3_onnx()))
     finally:
         srv.stop()
         rt.close()
+        history.close()
 
 
 def H(who: str = "ops") -> dict:
@@ -524,3 +532,58 @@ def test_unload_answers_what_is_in_flight_then_refuses_and_load_brings_it_back(s
     hc.load_model("hot", headers=H())
     assert hc.is_model_ready("hot", headers=H())
     check_cnn(served, hc.infer("hot", [x_input(th, x)], headers=H()).as_numpy("probs"), x, onnx)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+def scrape(served) -> dict:
+    """``/metrics`` (an admin key: tenants are configured): {(name, labels...): value} of every sample."""
+    req = urllib.request.Request(served.srv.url + "/metrics", headers=H())
+    with urllib.request.urlopen(req, timeout=60) as r:
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_metrics_carry_tritons_names_and_agree_with_the_statistics(served, hc):
+    for b in (1, 3):
+        hc.infer("cnn", [x_input(th, images(b, seed=100 + b))], headers=H())
+    st = {(d["name"], d["version"]): d for d in hc.get_inference_statistics(headers=H())["model_stats"]}
+    m = scrape(served)
+    lb = (("model", "cnn"), ("version", "1"))
+    s = st[("cnn", "1")]
+    assert m[("nv_inference_request_success", lb)] == s["inference_stats"]["success"]["count"] > 0
+    assert m[("nv_inference_request_failure", lb)] == s["inference_stats"]["fail"]["count"]
+    assert m[("nv_inference_count", lb)] == s["inference_count"] >= 4
+    assert m[("nv_inference_exec_count", lb)] == s["execution_count"] > 0
+    assert m[("nv_inference_queue_duration_us", lb)] == s["inference_stats"]["queue"]["ns"] // 1000
+    assert m[("nv_inference_compute_infer_duration_us", lb)] == s["inference_stats"]["compute_infer"]["ns"] // 1000 > 0
+    batches = {b["batch_size"]: b["compute_infer"]["count"] for b in s["batch_stats"]}
+    assert m[("vnpu:inference_batch_size_count", lb)] == sum(batches.values()) == s["execution_count"]
+    assert m[("vnpu:inference_batch_size_sum", lb)] == sum(k * n for k, n in batches.items()) == s["inference_count"]
+    assert m[("vnpu:inference_batch_size_bucket", (("le", "2.0"),) + lb)] == sum(n for k, n in batches.items() if k <= 2)
+    strict = st[("strict", "1")]
+    assert strict["inference_stats"]["fail"]["count"] >= 2       # a timeout and a full queue (earlier tests)
+    assert m[("nv_inference_request_failure", (("model", "strict"), ("version", "1")))] == \
+        strict["inference_stats"]["fail"]["count"]
+
+
+def test_a_request_failing_after_admission_is_an_error_for_the_sampler(served, gc):
+    """A queue timeout (503 after the tenant's quota admitted the request) counts in ``error_rate``, over
+    REST and gRPC; a full queue is load shed (``shed_rate``), as for the generation models."""
+    eng, = served.engines("strict")
+    served.sampler.tick()                                        # a fresh window
+    x = images(1, seed=111)
+    with eng.paused(WAIT):
+        late = [spawn(_infer_bg, served, x, timeout=1)]
+        assert eng.wait_until(lambda e: e.waiting == 1, WAIT)
+        late.append(spawn(gc.infer, "strict", [x_input(tg, x)], headers=H(), timeout=1))
+        assert eng.wait_until(lambda e: e.waiting == 2, WAIT)
+        with pytest.raises(InferenceServerException):            # full: shed
+            _infer_bg(served, x)
+    for f in late:
+        with pytest.raises(InferenceServerException, match="request timeout expired"):
+            f.result(WAIT)
+    _infer_bg(served, x)
+    gc.infer("strict", [x_input(tg, x)], headers=H())
+    server, _ = served.sampler.tick()
+    assert server["error_rate"] == 0.5 and server["shed_rate"] == 0.2
