@@ -5,12 +5,14 @@
   instance group on a device the server will not have, a ``--grpc-port`` out of range -- each exits 2
   with one line on stderr, before anything starts (the commands run in-process with tripwires on every
   way to start devices or a cluster).
+- The main job's step (``vnpu demo``): MiniLM-L3 compiled by ``vnpu atc`` and asked by tritonclient.
 - The real command in a subprocess (in-process devices, ``VNPU_BACKEND=local``): a repository and a bare
   ``.om`` served without any generation model, over REST and gRPC (the URL it prints), to a tenant of
   ``serve.yaml`` limited to a compiled model, answered as onnxruntime answers; SIGTERM drains, exit 0.
 """
 from __future__ import annotations
 
+import io
 import os
 import queue
 import signal
@@ -27,8 +29,15 @@ from tritonclient.utils import InferenceServerException
 
 from cli_checks import cli
 from cli_checks import tripwires  # noqa: F401 - a fixture
+from devices.device import DeviceConfig
 from onnx_models import assert_close, cnn, images, ort_run
+from runtime.api import Runtime
 from runtime.atc import compile_model, make_options
+from runtime.backend import LocalBackend
+from runtime.cli.demo import SENTENCES
+from runtime.cli.demo_om import ask_triton, compile_minilm
+from runtime.serve.modelrepo import single_model
+from runtime.serve.server import Server, Service
 
 pytestmark = pytest.mark.serve
 
@@ -141,3 +150,21 @@ def test_serve_a_repository_and_a_bare_om_without_a_generation_model(om, tmp_pat
     err = s.p.stderr.read()
     assert rc == 0, err
     assert "Traceback" not in err
+
+
+def test_the_main_jobs_step_compiles_minilm_with_vnpu_atc_and_asks_it_with_tritonclient(tmp_path):
+    rt = Runtime(LocalBackend(1, DeviceConfig(arena_bytes=256 << 20)))
+    try:
+        svc = Service(rt, (), repositories=(single_model(compile_minilm(tmp_path)),))
+        srv = Server(svc, grpc_port=0).start()
+        try:
+            svc.load()
+            out = io.StringIO()
+            assert ask_triton(srv, SENTENCES, out), out.getvalue()
+        finally:
+            srv.stop()
+    finally:
+        rt.close()
+    text = out.getvalue()
+    assert "REST batch 3 -> [3, 384], gRPC batch 2 -> [2, 384], the same rows agree: True" in text, text
+    assert 'nv_inference_request_success{model="minilm-l3",version="1"} 2.0' in text, text
