@@ -118,7 +118,7 @@ def check_compiled_placement(repos, models, need: int, prog: str) -> None:
     ``models``."""
     from devices.errors import AclError
     from runtime.serve.config import place
-    from runtime.serve.omserve import place_compiled
+    from runtime.serve.omserve import compiled_needs, place_compiled
     names = [m.name for m in models] + [m.name for r in repos for m in r.models]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -126,7 +126,8 @@ def check_compiled_placement(repos, models, need: int, prog: str) -> None:
     have = devices_available()
     count, where = have if have is not None else (need, "the embedded cluster (--devices)")
     try:
-        place_compiled([m for r in repos for m in r.models], place(tuple(models), count), count)
+        compiled = [m for r in repos for m in r.models]
+        place_compiled(compiled, place(tuple(models), count, compiled_needs(compiled)[0]), count)
     except AclError as e:
         fail(f"{e.detail} on {where}", prog)
 

@@ -139,11 +139,12 @@ def parse_model_spec(spec: str, where: str = "") -> tuple[str, tuple[int, ...] |
     return name, (parse_devices(devs, where) if at else None)
 
 
-def place(models: tuple[ModelSpec, ...], device_count: int) -> tuple[ModelSpec, ...]:
+def place(models: tuple[ModelSpec, ...], device_count: int, reserved=()) -> tuple[ModelSpec, ...]:
     """Give every model without devices the next free ones (``tp`` of them for a generation model, one
-    for an encoder; never a device some chain names as a fallback); check that the devices exist, that no
-    two models share one, and that no fallback entry overlaps its own first placement.  An error names
-    where the model was given (:attr:`ModelSpec.origin`: the file and line)."""
+    for an encoder; never a device some chain names as a fallback, nor one of ``reserved`` -- the devices
+    compiled models name); check that the devices exist, that no two models share one, and that no
+    fallback entry overlaps its own first placement.  An error names where the model was given
+    (:attr:`ModelSpec.origin`: the file and line)."""
     def at(m: ModelSpec) -> str:
         return f"{m.origin}: model {m.name}" if m.origin else f"model {m.name}"
     used: set[int] = set()
@@ -168,7 +169,7 @@ def place(models: tuple[ModelSpec, ...], device_count: int) -> tuple[ModelSpec, 
                 raise ConfigError(f"{at(m)}: device {min(clash)} is already used by another model")
             used.update(m.devices)
     out = []
-    taken = used | spares
+    taken = used | spares | set(reserved)
     for m in models:
         if m.devices is None:
             m = dataclasses.replace(m, devices=take_free(m.device_count, taken, device_count, at(m)))

@@ -331,12 +331,14 @@ class Service(Frontend):
         if not models and not repositories:
             raise Unavailable("no model to serve (give --model or a config with models)")
         self.rt = rt
-        specs = place(models, rt.device_count())
         self.binder = DeviceBinder(rt)
         self.compiled = None                     #: the compiled models (a runtime.serve.omserve.CompiledModels)
         if repositories:
-            from .omserve import CompiledModels
+            from .omserve import CompiledModels, compiled_needs
+            specs = place(models, rt.device_count(), compiled_needs(m for r in repositories for m in r.models)[0])
             self.compiled = CompiledModels(rt, repositories, specs, self.binder, [self._event])
+        else:
+            specs = place(models, rt.device_count())
         super().__init__(rt, specs, tenants, clock, model_repository=self.compiled)
 
     def _load(self) -> None:

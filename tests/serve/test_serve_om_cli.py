@@ -1,5 +1,7 @@
 """``vnpu serve`` with compiled models, as operators run it (serve tier).
 
+- Placement: compiled models' instances on the next free devices, beside generation models placed the
+  same way (neither takes a device the other names); a device held by a generation model is refused.
 - Fail fast: a ``--model`` .om that is missing or corrupt, a ``--model-repository`` that is not there, a
   ``config.yaml`` that disagrees with its .om (naming the file and line), two models of one name, an
   instance group on a device the server will not have, a ``--grpc-port`` out of range -- each exits 2
@@ -36,7 +38,9 @@ from runtime.atc import compile_model, make_options
 from runtime.backend import LocalBackend
 from runtime.cli.demo import SENTENCES
 from runtime.cli.demo_om import ask_triton, compile_minilm
-from runtime.serve.modelrepo import single_model
+from runtime.serve.config import ConfigError, devices_needed, model_spec, place
+from runtime.serve.modelrepo import scan_repository, single_model
+from runtime.serve.omserve import compiled_needs, place_compiled
 from runtime.serve.server import Server, Service
 
 pytestmark = pytest.mark.serve
@@ -58,6 +62,27 @@ def _repo(tmp: Path, om: Path, config: str = "") -> Path:
     if config:
         (root / "vision" / "config.yaml").write_text(config)
     return root
+
+
+def test_compiled_instances_are_placed_like_every_other_model(om, tmp_path):
+    root = tmp_path / "repo"
+    for name, cfg in (("pinned", "instance_group: [{count: 2, devices: [0]}]\nfallback: [2, cpu]\n"),
+                      ("auto", "instance_group: [{count: 1}, {count: 1, kind: KIND_CPU}]\n")):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.om").write_bytes(om.read_bytes())
+        (root / name / "config.yaml").write_text(cfg)
+    models = scan_repository(root).models
+    named, auto = compiled_needs(models)
+    llm = (model_spec("smollm2", None, None),)
+    assert (named, auto) == ({0, 2}, 1) and devices_needed(llm, named, auto) == 4
+    specs = place(llm, 4, named)
+    assert specs[0].devices == (1,)                              # not 0 (pinned) nor 2 (a fallback)
+    placed = {n: [str(p) for p in ps] for n, ps in place_compiled(models, specs, 4).items()}
+    assert placed == {"auto": ["npu 3 -> cpu", "cpu"], "pinned": ["npu 0 -> npu 2 -> cpu"] * 2}
+    with pytest.raises(ConfigError, match="model auto: needs 1 free device"):
+        place_compiled(models, specs, 3)
+    with pytest.raises(ConfigError, match="model pinned: device 0 is used by model smollm2"):
+        place_compiled(models, place((model_spec("smollm2", (0,), None),), 4), 4)
 
 
 def test_bad_compiled_models_exit_2_with_one_line_before_anything_starts(om, tmp_path, tripwires, capsys,
