@@ -47,7 +47,9 @@ from runtime.backend import LocalBackend
 from runtime.models.weights import minilm_l3_onnx
 from runtime.observe.metrics_store import History
 from runtime.serve.metrics_sampler import Sampler
+from runtime.serve.config import ConfigError, ServeConfig
 from runtime.serve.modelrepo import scan_repository
+from runtime.serve.reconfigure import Reconfigurer
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Quota, Tenant, key_digest
 
@@ -305,6 +307,19 @@ def test_tenants_see_their_models_and_pay_one_quota_token_per_row(served, hc, gc
     assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
     served.clock.t += 61                                         # a minute later: served again
     check_cnn(served, gc.infer("cnn", [x_input(tg, x[:1])], headers=H("metered")).as_numpy("probs"), x[:1])
+
+
+def test_a_reconfigured_tenant_may_name_a_compiled_model(served):
+    text = (f"tenants:\n  - {{name: ops, api_keys: [{KEYS['ops']}], admin: true}}\n"
+            f"  - {{name: vision, api_keys: [sk-vision-0000000009], models: [cnn]}}\n")
+    rc = Reconfigurer(served.svc, ServeConfig(), "", health_check=False)
+    try:
+        cfg, _ = rc.propose(text)
+        assert [t.models for t in cfg.tenants] == [None, ("cnn",)]
+        with pytest.raises(ConfigError, match="nope is not served here"):
+            rc.propose(text.replace("[cnn]", "[nope]"))
+    finally:
+        served.svc.reconfigurer = None
 
 
 # ---------------------------------------------------------------------------------------------- the batcher
