@@ -14,6 +14,7 @@ refusal at admission is the one the configuration implies.
 from __future__ import annotations
 
 import bisect
+import itertools
 
 import numpy as np
 import pytest
@@ -85,11 +86,13 @@ def test_request_larger_than_max_batch_is_refused_at_admission():
     assert len(b) == 0 and b.next_batch(0.0).batch is None
 
 
-def test_a_request_is_never_split_and_never_overtaken():
-    b = DynamicBatcher(4, (1, 2, 4), batching())
+@pytest.mark.parametrize("delay_us", [0, 1000])
+def test_a_request_is_never_split_and_never_overtaken(delay_us):
+    b = DynamicBatcher(4, (1, 2, 4), batching(max_queue_delay_microseconds=delay_us))
     two, three, one = b.add(Request(2), 0.0), b.add(Request(3), 0.0), b.add(Request(1), 0.0)
-    assert [q.id for q in b.next_batch(0.0).batch.requests] == [two.id]        # 2 + 3 > 4: the 1 waits too
-    assert [q.id for q in b.next_batch(0.0).batch.requests] == [three.id, one.id]
+    at = delay_us / 1e6
+    assert [q.id for q in b.next_batch(at).batch.requests] == [two.id]         # 2 + 3 > 4: the 1 waits too
+    assert [q.id for q in b.next_batch(at).batch.requests] == [three.id, one.id]
 
 
 def test_min_batch_waits_for_the_queue_delay():
@@ -280,10 +283,27 @@ def do_next(acc: Account, now: float, waking: bool) -> None:
     if not order:
         assert nxt.wake_at is None
         return
-    assert acc.b.batching is not None and acc.db.max_queue_delay_microseconds > 0
-    assert now < nxt.wake_at <= acc.info[order[0]]["enqueued"] + acc.db.max_queue_delay_microseconds / 1e6
+    check_wait(acc, now, order, nxt.wake_at)
     assert not waking or changed, "woke at wake_at and nothing happened"
     acc.wake_at = nxt.wake_at
+
+
+def check_wait(acc: Account, now: float, order: list[int], wake_at: float) -> None:
+    """The batcher waits only when Triton's rules say wait: everything queued fits one batch below the
+    largest preferred size, no prefix of it is a preferred size of min_batch rows or more, and the oldest
+    has not waited the delay; it wakes by the delay's end and by the first deadline."""
+    b, db = acc.b, acc.db
+    assert b.batching is not None and db.max_queue_delay_microseconds > 0, "waited without a queue delay"
+    rows = [acc.info[i]["rows"] for i in order]
+    sums = list(itertools.accumulate(rows))
+    max_pref = db.preferred_batch_size[-1] if db.preferred_batch_size else b.max_batch
+    assert sums[-1] <= b.max_batch, "waited with more queued than one batch holds"
+    assert sums[-1] < max_pref, "waited with the largest preferred size (or max_batch) at hand"
+    assert not any(s in db.preferred_batch_size and s >= db.min_batch for s in sums), \
+        "waited with a preferred size at hand"
+    due = min(acc.info[i]["enqueued"] for i in order) + db.max_queue_delay_microseconds / 1e6
+    deadlines = [i["deadline"] for i in acc.info.values() if i["state"] == "queued" and i["deadline"] is not None]
+    assert now < wake_at <= min(deadlines + [due]), "wakes too late for the delay or a deadline"
 
 
 def do_add(acc: Account, now: float, rows: int, prio: int, timeout: int) -> None:
@@ -335,20 +355,30 @@ def setups(draw):
     return DynamicBatcher(max_batch, gears, db), db
 
 
-OPS = st.one_of(st.tuples(st.just("add"), st.integers(1, 14), st.integers(0, 4), st.sampled_from((0, 300, 3000))),
-                st.tuples(st.just("tick"), st.sampled_from((0, 100, 700, 1500, 5000))),
-                st.tuples(st.just("next")), st.tuples(st.just("wake")), st.tuples(st.just("expire")),
-                st.tuples(st.just("cancel"), st.integers(0, 40)))
+def ops(max_batch: int, levels: int):
+    """One step: admissions mostly valid (a row count past max_batch and a priority past the levels now
+    and then), clock steps of 0-5 ms, and the calls."""
+    rows = st.one_of(st.integers(1, max_batch), st.integers(1, max_batch), st.integers(1, max_batch),
+                     st.just(max_batch + 1))
+    prio = st.one_of(st.just(0), st.integers(0, levels), st.just(levels + 1)) if levels else \
+        st.one_of(st.just(0), st.just(0), st.just(0), st.just(1))
+    adds = [st.tuples(st.just("add"), rows, prio, st.sampled_from((0, 300, 3000))),
+            st.tuples(st.just("add"), rows, prio, st.just(0))] * 2
+    return st.one_of(*adds,
+                     st.tuples(st.just("tick"), st.sampled_from((0, 100, 700, 1500, 5000))),
+                     st.tuples(st.just("next")), st.tuples(st.just("wake")), st.tuples(st.just("expire")),
+                     st.tuples(st.just("cancel"), st.integers(0, 40)))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(setups(), st.lists(OPS, max_size=60))
-def test_policy_properties(setup, ops):
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(setups(), st.data())
+def test_policy_properties(setup, data):
     b, db = setup
     acc = Account(b, db)
     acc.wake_at = None
     now = 0.0
-    for op in ops:
+    steps = data.draw(st.lists(ops(b.max_batch, db.priority_levels if db else 0), min_size=20, max_size=80))
+    for op in steps:
         if op[0] not in ("tick", "wake"):
             acc.wake_at = None               # a wait's promise holds only while nothing else happens
         if op[0] == "add":

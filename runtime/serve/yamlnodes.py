@@ -29,16 +29,17 @@ def name(key, where: str, path: str, error: type[Exception]) -> str:
 
 def keyed(node, known: Sequence[str], where: str, path: str, error: type[Exception],
           what: str = "a mapping") -> dict:
-    """key -> (key node, value node) of the mapping node at ``path``; ``error`` when the node is not a
-    mapping (``expected <what>``), has a key that is not a plain name (:func:`name`) or a key not in
-    ``known`` (the message lists them in this order)."""
+    """key -> (key node, value node) of the mapping node at ``path`` ("" for the file's root); ``error``
+    when the node is not a mapping (``expected <what>``), has a key that is not a plain name (:func:`name`)
+    or a key not in ``known`` (the message lists them in this order)."""
     import yaml
     if not isinstance(node, yaml.MappingNode):
-        raise error(f"{where}line {line(node)}: {path}: expected {what}")
+        raise error(f"{where}line {line(node)}: {path + ': ' if path else ''}expected {what}")
     keys = {name(k, where, path, error): (k, v) for k, v in node.value}
     for key, (k, _) in keys.items():
         if key not in known:
-            raise error(f"{where}line {line(k)}: unknown key {path}.{key} (known: {', '.join(known)})")
+            raise error(f"{where}line {line(k)}: unknown key {path + '.' if path else ''}{key} "
+                        f"(known: {', '.join(known)})")
     return keys
 
 

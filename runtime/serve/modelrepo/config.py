@@ -213,7 +213,8 @@ def _dynamic_batching(node, where: str, vals: dict, lines: dict) -> DynamicBatch
         vals["max_batch_size"] = mb
         lines.setdefault("max_batch_size", lines[f"{path}.max_batch"])
     if "default_queue_policy" in keys:
-        kw["default_queue_policy"] = _queue_policy(keys["default_queue_policy"][1], where, f"{path}.default_queue_policy")
+        kw["default_queue_policy"] = _queue_policy(keys["default_queue_policy"][1], where,
+                                                   f"{path}.default_queue_policy")
     if "priority_queue_policy" in keys:
         kw["priority_queue_policy"] = _level_policies(keys["priority_queue_policy"][1], where,
                                                       f"{path}.priority_queue_policy")

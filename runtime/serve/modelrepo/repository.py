@@ -210,7 +210,7 @@ def _disagrees(config: ModelConfig, om: OmInfo) -> str:
     try:
         complete(parsed, om)
     except ModelConfigError as e:
-        return e.detail
+        return f"its .om disagrees with the model's configuration: {e.detail}"
     return ""
 
 
