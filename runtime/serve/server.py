@@ -264,7 +264,7 @@ class Frontend:
         reach a step boundary within ``timeout`` s; nothing moved then).  One report per device
         (``device``: ``npu:<index>``, or ``cpu:0`` for the CPU fallback, then the
         :class:`runtime.memory.DefragReport` fields)."""
-        engines = [e for e in list(self.engines.values()) if hasattr(e, "paused")]
+        engines = self._held_engines()
         out = []
         with ExitStack() as held:
             for e in engines:
@@ -279,6 +279,10 @@ class Frontend:
         self._event({"kind": "defragment", "devices": len(out), "bytes_moved": sum(r["bytes_moved"] for r in out),
                      "pause_s": max((r["pause_s"] for r in out), default=0.0), "t": time.monotonic()})
         return out
+
+    def _held_engines(self) -> list:
+        """The in-process engines a defragmentation holds between two steps."""
+        return [e for e in list(self.engines.values()) if hasattr(e, "paused")]
 
     def set_tenants(self, tenants: tuple[Tenant, ...]) -> None:
         """Replace the tenants (keys, classes, quotas) for requests from now on; requests in flight keep the
@@ -378,6 +382,9 @@ class Service(Frontend):
         if self.compiled is not None and model in self.compiled.names:
             return self.compiled.rebind(model, "restore", timeout=timeout)
         return super().restore(model, timeout)
+
+    def _held_engines(self) -> list:
+        return super()._held_engines() + (self.compiled.all_instances() if self.compiled is not None else [])
 
     def state_dict(self) -> dict:
         out = super().state_dict()

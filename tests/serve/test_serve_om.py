@@ -52,6 +52,7 @@ from runtime.serve.modelrepo import scan_repository
 from runtime.serve.reconfigure import Reconfigurer
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Quota, Tenant, key_digest
+from serve_http import call
 
 pytestmark = pytest.mark.serve
 
@@ -547,6 +548,21 @@ def test_unload_answers_what_is_in_flight_then_refuses_and_load_brings_it_back(s
     hc.load_model("hot", headers=H())
     assert hc.is_model_ready("hot", headers=H())
     check_cnn(served, hc.infer("hot", [x_input(th, x)], headers=H()).as_numpy("probs"), x, onnx)
+
+
+def test_admin_fallback_restore_and_defragment_reach_every_instance(served, hc):
+    x = images(3, seed=121)
+    status, res = call(served.srv.url, "/admin/models/cnn/fallback", KEYS["ops"], {})
+    assert status == 200 and res["moved"] and res["placement"] == "cpu", res
+    assert [str(e.placement) for e in served.engines("cnn")] == ["cpu", "cpu"]
+    check_cnn(served, hc.infer("cnn", [x_input(th, x)], headers=H()).as_numpy("probs"), x, what="on cpu")
+    status, res = call(served.srv.url, "/admin/models/cnn/restore", KEYS["ops"], {})
+    assert status == 200 and res["placement"] == "npu 0", res
+    status, res = call(served.srv.url, "/admin/defragment", KEYS["ops"], {})
+    assert status == 200 and {"npu:0", "npu:1"} <= {d["device"] for d in res["devices"]}, res
+    check_cnn(served, hc.infer("cnn", [x_input(th, x)], headers=H()).as_numpy("probs"), x, what="back on npu 0")
+    state = call(served.srv.url, "/admin/state", KEYS["ops"])[1]["compiled_models"]["cnn"]
+    assert [i["placement"] for i in state["versions"]["1"]] == ["npu 0", "npu 0"]
 
 
 # ---------------------------------------------------------------------------------------------- metrics

@@ -308,6 +308,10 @@ class CompiledModels:
             m, v = self._loaded(name, version)
             return list(m.sets[v].engines)
 
+    def all_instances(self) -> list:
+        """Every instance of every loaded version (a defragmentation holds them all)."""
+        return [e for s in self._sets() for e in s.engines]
+
     def describe(self) -> dict:
         """Every model's versions and instances, for operators (``/admin/state``)."""
         with self._lock:
