@@ -115,26 +115,33 @@ def _post(url: str, body: dict, stream: bool = False):
 
 def run_service_demo(rt, out=sys.stdout, clients: int = 6, max_tokens: int = 16) -> bool:
     """``vnpu serve`` on this cluster: SmolLM2 (continuous batching, paged KV cache) and MiniLM (dynamic
-    batching) behind the OpenAI routes on loopback; concurrent chat, a streamed chat and embeddings over
-    HTTP; throughput and a few /metrics lines; then a clean shutdown."""
+    batching) behind the OpenAI routes on loopback, and (3 devices or more) MiniLM-L3 compiled by ``vnpu
+    atc`` behind the Open Inference Protocol (REST and gRPC); concurrent chat, a streamed chat and
+    embeddings over HTTP, tritonclient requests to the compiled model; throughput and a few /metrics lines;
+    then a clean shutdown."""
+    import tempfile
     import threading
     import urllib.request
 
+    from runtime.cli.demo_om import ask_triton, compile_minilm
     from runtime.serve.config import model_spec
     from runtime.serve.engine import EngineConfig
+    from runtime.serve.modelrepo import single_model
     from runtime.serve.server import Server, Service
     n = rt.device_count()
     specs = [model_spec("smollm2", (0,), None, EngineConfig(max_num_seqs=8, max_model_len=256))]
     if n > 1:
         specs.append(model_spec("minilm-l6", (1,), None))
-    svc = Service(rt, tuple(specs))
-    srv = Server(svc).start()
+    tmp = tempfile.TemporaryDirectory(prefix="vnpu-demo-")
+    repos = (single_model(compile_minilm(tmp.name)),) if n > 2 else ()
+    svc = Service(rt, tuple(specs), repositories=repos)
+    srv = Server(svc, grpc_port=0 if repos else None).start()
     ok = True
     try:
         svc.load()
         url = srv.url
-        print(f"\n== vnpu serve on {url} (OpenAI routes; SmolLM2 on npu0" +
-              (", MiniLM-L6 on npu1)" if n > 1 else ")"), file=out)
+        print(f"\n== vnpu serve on {url} (OpenAI routes; SmolLM2 on npu0" + (", MiniLM-L6 on npu1" if n > 1 else "") +
+              (f"; Open Inference Protocol, gRPC on {srv.grpc_url}: MiniLM-L3 .om on npu2)" if repos else ")"), file=out)
         questions = ["What is a neural processing unit?", "Name three colors.", "What is 7 times 8?",
                      "Say hello in French.", "What is the capital of Japan?", "Give me a fruit."]
         res: list = [None] * clients
@@ -166,6 +173,8 @@ def run_service_demo(rt, out=sys.stdout, clients: int = 6, max_tokens: int = 16)
             e = _post(url + "/v1/embeddings", {"model": "minilm-l6", "input": SENTENCES[:3]})
             print(f"  embeddings: {len(e['data'])} x {len(e['data'][0]['embedding'])}, usage {e['usage']}", file=out)
             ok &= len(e["data"]) == 3
+        if repos:
+            ok &= ask_triton(srv, SENTENCES, out)
         metrics = urllib.request.urlopen(url + "/metrics", timeout=60).read().decode().splitlines()
         keep = ("vnpu:generation_tokens_total{", "vnpu:request_success_total{", "vnpu:kv_cache_usage_perc{",
                 "vnpu:time_to_first_token_seconds_count{", "npu_chip_info_hbm_used_memory{")
@@ -175,6 +184,7 @@ def run_service_demo(rt, out=sys.stdout, clients: int = 6, max_tokens: int = 16)
                 print(f"    {ln}", file=out)
     finally:
         srv.stop()
+        tmp.cleanup()
     print("  server drained and stopped", file=out)
     return ok
 

@@ -94,7 +94,7 @@ def check_serve_placement(models, need: int, replicas: int, prog: str) -> None:
         fail(f"{e.detail} on {where}", prog)
 
 
-def check_port_free(host: str, port: int, prog: str) -> None:
+def check_port_free(host: str, port: int, prog: str, flag: str = "--port") -> None:
     """A usage error when the server could not bind ``host:port`` -- another process listens there, or
     the port is privileged -- found by binding a throw-away socket as uvicorn will (SO_REUSEADDR).  Port 0
     (any free port) always binds."""
@@ -108,8 +108,29 @@ def check_port_free(host: str, port: int, prog: str) -> None:
         except OSError as e:
             why = "is in use (another server listens there)" if e.errno == errno.EADDRINUSE else \
                 f"cannot be bound: {e.strerror or e}"
-            fail(f"argument --port: {host}:{port} {why}: stop that server, or pick another port "
-                 f"(--port 0: any free one)", prog)
+            fail(f"argument {flag}: {host}:{port} {why}: stop that server, or pick another port "
+                 f"({flag} 0: any free one)", prog)
 
 
-__all__ = ["check_device_count", "check_port_free", "check_serve_placement", "check_split", "devices_available"]
+def check_compiled_placement(repos, models, need: int, prog: str) -> None:
+    """A usage error unless the compiled models of ``repos`` have distinct names (from each other and from
+    ``models``) and their instances fit the devices (as :func:`check_serve_placement` counts them) beside
+    ``models``."""
+    from devices.errors import AclError
+    from runtime.serve.config import place
+    from runtime.serve.omserve import compiled_needs, place_compiled
+    names = [m.name for m in models] + [m.name for r in repos for m in r.models]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        fail(f"model {dup} is given twice (a compiled model is named after its file or directory)", prog)
+    have = devices_available()
+    count, where = have if have is not None else (need, "the embedded cluster (--devices)")
+    try:
+        compiled = [m for r in repos for m in r.models]
+        place_compiled(compiled, place(tuple(models), count, compiled_needs(compiled)[0]), count)
+    except AclError as e:
+        fail(f"{e.detail} on {where}", prog)
+
+
+__all__ = ["check_compiled_placement", "check_device_count", "check_port_free", "check_serve_placement", "check_split",
+           "devices_available"]

@@ -3,6 +3,15 @@
     vnpu serve --model smollm2 --model minilm-l6 --port 8000
     vnpu serve --model smollm2@0-2 --tp 3 --config serve.yaml
     vnpu serve --config serve.yaml --replicas 2          # two Ray Serve replicas behind the same routes
+    vnpu serve --model smollm2 --model resnet.om --grpc-port 0                   # a compiled model beside it
+    vnpu serve --model-repository models/ --grpc-port 8001     # Triton's layout, Open Inference Protocol
+
+Compiled models (``vnpu atc`` ``.om`` files: ``--model path/x.om``, or every model of ``--model-repository
+DIR`` in Triton's layout with its ``config.yaml``) are served over the Open Inference Protocol (``/v2`` on
+the same port; gRPC on ``--grpc-port``, 0 = any free port, printed as ``vnpu serve: gRPC on HOST:PORT``),
+with dynamic batching, their instances placed on the devices the other models leave free.  A path that
+does not hold a servable model, or a model of the repository with no version to serve: exit 2, one line,
+before anything starts.
 
 Devices: the running cluster, or an embedded one with as many devices as the models need
 (``VNPU_BACKEND=local``: in-process devices).  An embedded cluster's device actors are restarted by Ray
@@ -45,8 +54,14 @@ def register(sub) -> None:
                                      "/v1/embeddings, /metrics",
                        example=("vnpu serve --config serve.yaml", "vnpu serve --model smollm2@0-2 --port 8000",
                                 "vnpu serve reconfigure --set slo.target_p99_ms=500"))
-    s.add_argument("--model", action="append", default=[], metavar="NAME[@DEVICES]",
-                   help="a model to serve, e.g. smollm2@0-2 or minilm-l6 (repeatable; default: the config's)")
+    s.add_argument("--model", action="append", default=[], metavar="NAME[@DEVICES]|PATH.om",
+                   help="a model to serve, e.g. smollm2@0-2, minilm-l6 or a compiled model resnet.om (repeatable; "
+                        "default: the config's)")
+    s.add_argument("--model-repository", default=None, metavar="DIR",
+                   help="serve every compiled model of DIR (Triton's layout: DIR/<name>/<version>/model.om, "
+                        "DIR/<name>/config.yaml)")
+    s.add_argument("--grpc-port", type=int_in(0, 65535), default=None, metavar="PORT",
+                   help="also serve the Open Inference Protocol over gRPC on PORT (0 = any free port)")
     s.add_argument("--tp", type=positive_int, default=None, help="tensor parallel degree of the generation model")
     s.add_argument("--config", type=text_file, help="serve.yaml (models, placement, engine limits, batching)")
     s.add_argument("--host", type=bind_host, default=None, help="bind address (default 127.0.0.1)")
@@ -92,12 +107,31 @@ def _fail(msg: str) -> int:
     return 2
 
 
-def resolve(a):
-    """The ServeConfig of the flags over the config file."""
+def compiled_models(a) -> tuple:
+    """The compiled models of the flags: the ``--model-repository`` (every model must have a version to
+    serve) and each ``--model PATH.om`` as a one-model repository.  ConfigError (one line) otherwise."""
+    from runtime.serve.modelrepo import ModelConfigError, scan_repository, single_model
+    repos = [scan_repository(a.model_repository)] if a.model_repository else []
+    repos += [single_model(text) for text in a.model if is_compiled(text)]
+    for m in (m for r in repos for m in r.models):
+        if m.latest is None:                    # the versions' own reasons first (a missing or corrupt file)
+            why = "; ".join(f"version {v.version}: {v.reason}" for v in m.versions if v.reason) or m.error
+            raise ModelConfigError(f"model {m.name}: nothing to serve: {why}")
+    return tuple(repos)
+
+
+def is_compiled(text: str) -> bool:
+    """Whether a ``--model`` names a compiled model file (``.om``) rather than a built-in model."""
+    return str(text).lower().endswith(".om")
+
+
+def resolve(a, served: tuple[str, ...] = ()):
+    """The ServeConfig of the flags over the config file; ``served``: the compiled models' names (tenants
+    may name them)."""
     from runtime.serve.config import ServeConfig, load_config, model_spec, parse_model_spec
-    cfg = load_config(a.config) if a.config else ServeConfig()
+    cfg = load_config(a.config, served) if a.config else ServeConfig()
     models = list(cfg.models)
-    for text in a.model:
+    for text in (t for t in a.model if not is_compiled(t)):
         name, devs = parse_model_spec(text, "--model: ")
         base = next((m for m in models if m.name == name), None)
         tp = a.tp if (a.tp and model_spec(name, None, None).kind == "generate") else None
@@ -108,7 +142,7 @@ def resolve(a):
     if a.tp and not a.model:
         models = [model_spec(m.name, m.devices, a.tp, m.engine, m.batching, "--tp: ", m.fallback) if m.kind == "generate" else m
                   for m in models]
-    if not models:
+    if not models and not served:
         models = [model_spec("smollm2", None, a.tp, where="--tp: " if a.tp else "")]
     port = cfg.port if a.port is None else a.port
     if not 0 <= port <= 65535:
@@ -126,16 +160,24 @@ def resolve(a):
 def _cmd_serve(a) -> int:
     from devices.errors import AclError
     try:
-        cfg = resolve(a)
+        repos = compiled_models(a)
+        cfg = resolve(a, tuple(m.name for r in repos for m in r.models))
     except (AclError, ValueError) as e:
         return _fail(getattr(e, "detail", str(e)))
     from runtime.serve.config import devices_needed
+    from runtime.serve.omserve import compiled_needs
     if cfg.replicas > 1 and os.environ.get("VNPU_BACKEND", "") == "local":
         return _fail("--replicas > 1 runs Ray Serve replicas on the cluster; unset VNPU_BACKEND=local")
-    need = a.devices or devices_needed(cfg.models) * cfg.replicas
-    from runtime.cli.preflight import check_port_free, check_serve_placement
+    if cfg.replicas > 1 and repos:
+        return _fail("--replicas > 1 serves generation and embedding models; serve compiled models with one replica")
+    named, auto = compiled_needs(m for r in repos for m in r.models)
+    need = a.devices or devices_needed(cfg.models, named, auto) * cfg.replicas
+    from runtime.cli.preflight import check_compiled_placement, check_port_free, check_serve_placement
     check_serve_placement(cfg.models, need, cfg.replicas, "vnpu serve")    # before a cluster starts or weights load
+    check_compiled_placement(repos, cfg.models, need, "vnpu serve")
     check_port_free(cfg.host, cfg.port, "vnpu serve")
+    if a.grpc_port:
+        check_port_free(cfg.host, a.grpc_port, "vnpu serve", "--grpc-port")
     restarts = a.device_restarts if a.device_restarts is not None else device_restarts_for(cfg)
     from runtime.cli.run import job_runtime
     from runtime.cluster.discovery import state_dir
@@ -154,17 +196,19 @@ def _cmd_serve(a) -> int:
                 svc = ReplicaService(cfg.models, cfg.replicas, cfg.tenants)
                 svc.set_tags(cfg.tags)
             else:
-                svc = Service(rt, cfg.models, cfg.tenants, tags=cfg.tags)
+                svc = Service(rt, cfg.models, cfg.tenants, tags=cfg.tags, repositories=repos)
             sampler = Sampler(svc, history, rt)
             from runtime.serve.heal import SelfHealing
             from runtime.serve.reconfigure import Reconfigurer
             healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt)
             Reconfigurer(svc, cfg, Path(a.config).read_text() if a.config else "", healing, history)
-            srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated, cfg.http)
+            srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated, cfg.http, grpc_port=a.grpc_port)
             loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)
 
             def bound(s):
                 print(f"vnpu serve: listening on {s.url}", flush=True)
+                if s.grpc_url is not None:
+                    print(f"vnpu serve: gRPC on {s.grpc_url}", flush=True)
                 serverfile.write(state_dir(), s.url, history.path)
                 history.record_event("lifecycle", source="server", diagnosis=f"server started on {s.url}",
                                      detail={"pid": os.getpid(), "url": s.url, "slo": dataclasses.asdict(cfg.slo)})
@@ -214,6 +258,10 @@ def _load(svc, srv) -> None:
         if n > 1:
             where = f"{n} Ray Serve replicas, each on {where}"
         print(f"vnpu serve: {spec.name} on {where}", flush=True)
+    for name, m in (svc.state_dict().get("compiled_models") or {}).items():
+        for version, insts in m["versions"].items():
+            where = "; ".join(" -> ".join(i["chain"]) for i in insts)
+            print(f"vnpu serve: {name} version {version}: {len(insts)} instance(s) on {where}", flush=True)
     print("vnpu serve: ready", flush=True)
 
 

@@ -178,11 +178,12 @@ def parse_model_spec(spec: str, where: str = "") -> tuple[str, tuple[int, ...] |
     return name, (parse_devices(devs, where) if at else None)
 
 
-def place(models: tuple[ModelSpec, ...], device_count: int) -> tuple[ModelSpec, ...]:
+def place(models: tuple[ModelSpec, ...], device_count: int, reserved=()) -> tuple[ModelSpec, ...]:
     """Give every model without devices the next free ones (``tp`` of them for a generation model, one
-    for an encoder; never a device some chain names as a fallback); check that the devices exist, that no
-    two models share one, and that no fallback entry overlaps its own first placement.  An error names
-    where the model was given (:attr:`ModelSpec.origin`: the file and line)."""
+    for an encoder; never a device some chain names as a fallback, nor one of ``reserved`` -- the devices
+    compiled models name); check that the devices exist, that no two models share one, and that no
+    fallback entry overlaps its own first placement.  An error names where the model was given
+    (:attr:`ModelSpec.origin`: the file and line)."""
     def at(m: ModelSpec) -> str:
         return f"{m.origin}: model {m.name}" if m.origin else f"model {m.name}"
     used: set[int] = set()
@@ -207,29 +208,30 @@ def place(models: tuple[ModelSpec, ...], device_count: int) -> tuple[ModelSpec, 
                 raise ConfigError(f"{at(m)}: device {min(clash)} is already used by another model")
             used.update(m.devices)
     out = []
-    nxt = 0
-    taken = used | spares
+    taken = used | spares | set(reserved)
     for m in models:
         if m.devices is None:
-            devs = []
-            while len(devs) < m.device_count:
-                while nxt in taken:
-                    nxt += 1
-                if nxt >= device_count:
-                    raise ConfigError(f"{at(m)}: needs {m.device_count} free device(s), only "
-                                      f"{len(devs)} left of {device_count}")
-                devs.append(nxt)
-                taken.add(nxt)
-            m = dataclasses.replace(m, devices=tuple(devs))
+            m = dataclasses.replace(m, devices=take_free(m.device_count, taken, device_count, at(m)))
         out.append(m)
     return tuple(out)
 
 
-def devices_needed(models: tuple[ModelSpec, ...]) -> int:
+def take_free(n: int, taken: set[int], device_count: int, who: str) -> tuple[int, ...]:
+    """The next ``n`` free devices (the lowest ids not in ``taken``; added to it) -- how every model without
+    devices is placed; ConfigError naming ``who`` when fewer are left."""
+    devs = [d for d in range(device_count) if d not in taken][:n]
+    if len(devs) < n:
+        raise ConfigError(f"{who}: needs {n} free device(s), only {len(devs)} left of {device_count}")
+    taken.update(devs)
+    return tuple(devs)
+
+
+def devices_needed(models: tuple[ModelSpec, ...], explicit_extra=(), auto_extra: int = 0) -> int:
     """Devices a set of models needs: each model's first placement (the next free ones when none is given)
-    plus every device a chain names explicitly."""
-    explicit = {d for m in models for d in m.chain_devices}
-    auto = sum(m.device_count for m in models if m.devices is None)
+    plus every device a chain names explicitly; ``explicit_extra`` / ``auto_extra``: the devices other
+    models (compiled ones) name, and how many they take from the free ones."""
+    explicit = {d for m in models for d in m.chain_devices} | set(explicit_extra)
+    auto = sum(m.device_count for m in models if m.devices is None) + auto_extra
     return max([len(explicit) + auto] + [d + 1 for d in explicit])
 
 
@@ -322,16 +324,17 @@ def _built(cls, values: dict, where: str, path: str, line: int):
                           f"{getattr(e, 'detail', str(e))}") from None
 
 
-def load_config(path: str | Path) -> ServeConfig:
-    """Read and validate ``serve.yaml``."""
+def load_config(path: str | Path, served: tuple[str, ...] = ()) -> ServeConfig:
+    """Read and validate ``serve.yaml``; ``served``: the other models the server serves (compiled models),
+    which tenants may name too."""
     try:
         text = Path(path).read_text()
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
-    return parse_config(text, str(path))
+    return parse_config(text, str(path), served)
 
 
-def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
+def parse_config(text: str, name: str = "serve.yaml", served: tuple[str, ...] = ()) -> ServeConfig:
     import yaml
     where = f"{name}: "
     try:
@@ -404,7 +407,8 @@ def parse_config(text: str, name: str = "serve.yaml") -> ServeConfig:
     tenants: list[Tenant] = []
     if "tenants" in nodes:
         v = nodes["tenants"][1]
-        tenants = items(v, where, "tenants", lambda t, at: _tenant(t, where, at, names), ConfigError, "tenants")
+        tenants = items(v, where, "tenants", lambda t, at: _tenant(t, where, at, names + list(served)), ConfigError,
+                        "tenants")
         try:
             TenantRegistry(tuple(tenants))
         except InvalidParamError as e:

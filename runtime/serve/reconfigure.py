@@ -66,7 +66,7 @@ class Reconfigurer:
                 raise ConfigError(f"--set {s!r}: the value is not valid YAML") from None
             _set_path(doc, key.strip().split("."), value, key.strip())
         text = yaml.safe_dump(doc, sort_keys=False)
-        new = parse_config(text, "reconfigure")
+        new = parse_config(text, "reconfigure", self.service.compiled_names())
         old = self.cfg
         if "models" not in doc:                          # what the command line chose stays as it is
             models = tuple(dataclasses.replace(m, engine=dataclasses.replace(

@@ -85,6 +85,9 @@ class Frontend:
         max_len = max([m.engine.max_model_len for m in self.specs if m.kind == "generate"] or [512])
         self.registry, self.stat_logger, self.tenant_metrics = make_registry(rt, self.engines, max_len, self.quotas,
                                                                              self.tenants.tenants)
+        if model_repository is not None:
+            from .v2.metrics import TritonCollector
+            self.registry.register(TritonCollector(model_repository))
         self.state = "starting"
         self.error: str | None = None
         self.created = int(time.time())
@@ -224,6 +227,10 @@ class Frontend:
                                 "model_not_found")
         return e
 
+    def compiled_names(self) -> tuple[str, ...]:
+        """The compiled models served over the Open Inference Protocol (tenants may name them)."""
+        return ()
+
     def model_cards(self, tenant: Tenant | None = None) -> list[dict]:
         from .api.protocol import model_card
         return [model_card(n, self.created, e.config.max_model_len if e.kind == "generate" else e.max_len)
@@ -260,7 +267,7 @@ class Frontend:
         reach a step boundary within ``timeout`` s; nothing moved then).  One report per device
         (``device``: ``npu:<index>``, or ``cpu:0`` for the CPU fallback, then the
         :class:`runtime.memory.DefragReport` fields)."""
-        engines = [e for e in list(self.engines.values()) if hasattr(e, "paused")]
+        engines = self._held_engines()
         out = []
         with ExitStack() as held:
             for e in engines:
@@ -275,6 +282,10 @@ class Frontend:
         self._event({"kind": "defragment", "devices": len(out), "bytes_moved": sum(r["bytes_moved"] for r in out),
                      "pause_s": max((r["pause_s"] for r in out), default=0.0), "t": time.monotonic()})
         return out
+
+    def _held_engines(self) -> list:
+        """The in-process engines a defragmentation holds between two steps."""
+        return [e for e in list(self.engines.values()) if hasattr(e, "paused")]
 
     def set_tenants(self, tenants: tuple[Tenant, ...]) -> None:
         """Replace the tenants (keys, classes, quotas) for requests from now on; requests in flight keep the
@@ -320,26 +331,81 @@ class Frontend:
 
 
 class Service(Frontend):
-    """The engines of the models in this process, on runtime ``rt`` (the single-replica server)."""
+    """The engines of the models in this process, on runtime ``rt`` (the single-replica server):
+    generation and embedding models (``models``), and compiled models (``repositories``: model
+    repositories or single ``.om`` files, :class:`runtime.serve.modelrepo.Repository`) served over the Open
+    Inference Protocol by :class:`runtime.serve.omserve.CompiledModels` -- placed on the devices the other
+    models leave free, loaded with them, drained and shut down with them."""
 
     def __init__(self, rt, models: tuple[ModelSpec, ...], tenants: tuple[Tenant, ...] = (),
-                 clock: Callable[[], float] = time.monotonic, tags: tuple[tuple[str, int], ...] = ()):
-        if not models:
+                 clock: Callable[[], float] = time.monotonic, tags: tuple[tuple[str, int], ...] = (),
+                 repositories: tuple = ()):
+        if not models and not repositories:
             raise Unavailable("no model to serve (give --model or a config with models)")
         self.rt = rt
-        super().__init__(rt, place(models, rt.device_count()), tenants, clock, tags=tags)
         self.binder = DeviceBinder(rt)
+        self.compiled = None                     #: the compiled models (a runtime.serve.omserve.CompiledModels)
+        if repositories:
+            from .omserve import CompiledModels, compiled_needs
+            specs = place(models, rt.device_count(), compiled_needs(m for r in repositories for m in r.models)[0])
+            self.compiled = CompiledModels(rt, repositories, specs, self.binder, [self._event])
+        else:
+            specs = place(models, rt.device_count())
+        super().__init__(rt, specs, tenants, clock, tags=tags, model_repository=self.compiled)
 
     def _load(self) -> None:
-        """Build and start every engine (blocking: weights upload, KV cache, graph captures)."""
+        """Build and start every engine (blocking: weights upload, KV cache, graph captures), then load
+        the compiled models."""
         for spec in self.specs:
             eng = ENGINE_BUILDERS[spec.kind](self.rt, spec, self.stat_loggers, self.binder, [self._event])
             self.engines[spec.name] = eng
             eng.start()
             log.info("serving %s on devices %s", spec.name, list(spec.devices))
+        if self.compiled is not None:
+            self.compiled.load_all()
+
+    def compiled_names(self) -> tuple[str, ...]:
+        return self.compiled.names if self.compiled is not None else ()
+
+    def wait_drained(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not super().wait_drained(timeout):
+            return False
+        return self.compiled is None or self.compiled.wait_idle(None if deadline is None else
+                                                                max(0.0, deadline - time.monotonic()))
+
+    def gauges(self) -> dict[str, float]:
+        g = super().gauges()
+        if self.compiled is not None:
+            g["queue_depth"] += self.compiled.waiting()
+        return g
+
+    def fallback(self, model: str, reason: str = "requested", timeout: float | None = None,
+                 away_from: int | None = None):
+        if self.compiled is not None and model in self.compiled.names:
+            return self.compiled.rebind(model, "fallback", reason, timeout, away_from)
+        return super().fallback(model, reason, timeout, away_from)
+
+    def restore(self, model: str, timeout: float | None = None):
+        if self.compiled is not None and model in self.compiled.names:
+            return self.compiled.rebind(model, "restore", timeout=timeout)
+        return super().restore(model, timeout)
+
+    def _held_engines(self) -> list:
+        return super()._held_engines() + (self.compiled.all_instances() if self.compiled is not None else [])
+
+    def state_dict(self) -> dict:
+        out = super().state_dict()
+        if self.compiled is not None:
+            out["compiled_models"] = self.compiled.describe()
+        return out
 
     def _closed(self) -> None:
-        self.binder.close()
+        try:
+            if self.compiled is not None:
+                self.compiled.close()
+        finally:
+            self.binder.close()
 
 
 class _Uvicorn:

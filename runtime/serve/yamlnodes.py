@@ -1,8 +1,10 @@
 """Reading ``serve.yaml`` node by node, so that every error names the key and its line: the line of a
-node, the keys of a mapping node, and the items of a list node.  Shared by the config loader (:mod:`runtime.serve.config`) and the
-``self_healing`` section's (:mod:`runtime.serve.heal.config`); each passes its own error class (a
-:class:`~devices.errors.InvalidParamError`), the message is the same shape for both:
-``<file>: line N: <key path>: expected ...``."""
+node, the keys of a mapping node, and the items of a list node, and a scalar checked by a reader
+(:func:`value` with :func:`integer`, :func:`number`, :func:`boolean`, :func:`text`, :func:`one_of`).
+Shared by the config loader (:mod:`runtime.serve.config`), the ``self_healing`` section's
+(:mod:`runtime.serve.heal.config`) and a model repository's ``config.yaml`` (:mod:`runtime.serve.modelrepo.config`);
+each passes its own error class (a :class:`~devices.errors.InvalidParamError`), the message is the same
+shape for all: ``<file>: line N: <key path>: expected ...``."""
 from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
@@ -37,12 +39,12 @@ def unknown_key(key: str, known: Sequence[str], where: str, at: int, path: str) 
 
 def keyed(node, known: Sequence[str], where: str, path: str, error: type[Exception],
           what: str = "a mapping") -> dict:
-    """key -> (key node, value node) of the mapping node at ``path``; ``error`` when the node is not a
-    mapping (``expected <what>``), has a key that is not a plain name (:func:`name`) or a key not in
-    ``known`` (the message lists them in this order)."""
+    """key -> (key node, value node) of the mapping node at ``path`` ("" for the file's root); ``error``
+    when the node is not a mapping (``expected <what>``), has a key that is not a plain name (:func:`name`)
+    or a key not in ``known`` (the message lists them in this order)."""
     import yaml
     if not isinstance(node, yaml.MappingNode):
-        raise error(f"{where}line {line(node)}: {path}: expected {what}")
+        raise error(f"{where}line {line(node)}: {path + ': ' if path else ''}expected {what}")
     keys = {name(k, where, path, error): (k, v) for k, v in node.value}
     for key, (k, _) in keys.items():
         if key not in known:
@@ -75,4 +77,56 @@ def items(node, where: str, path: str, parse: Callable[[object, str], T], error:
     return [parse(n, f"{path}[{i}]") for i, n in enumerate(node.value)]
 
 
-__all__ = ["items", "keyed", "line", "load", "name", "unknown_key"]
+def value(node, where: str, path: str, error: type[Exception], read: Callable[[object], T]) -> T:
+    """``read`` of the Python value of the node at ``path`` (:func:`load`); a ValueError from ``read``
+    becomes ``error`` (``<where>line N: <path>: <its message>``).  ``read`` is one of the readers below
+    or any function that raises ValueError with the reason."""
+    v = load(node, where, path, error)
+    try:
+        return read(v)
+    except ValueError as e:
+        raise error(f"{where}line {line(node)}: {path}: {e}") from None
+
+
+def integer(lo: int | None = None) -> Callable[[object], int]:
+    """A reader (:func:`value`) of an integer (not a boolean), ``>= lo`` when given."""
+    def read(v) -> int:
+        if not isinstance(v, int) or isinstance(v, bool) or (lo is not None and v < lo):
+            raise ValueError(f"expected an integer{f' >= {lo}' if lo is not None else ''}, got {v!r}")
+        return v
+    return read
+
+
+def number(lo: float | None = None) -> Callable[[object], float]:
+    """A reader of a number (int or float, not a boolean), ``>= lo`` when given."""
+    def read(v) -> float:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or (lo is not None and v < lo):
+            raise ValueError(f"expected a number{f' >= {lo}' if lo is not None else ''}, got {v!r}")
+        return v
+    return read
+
+
+def boolean(v) -> bool:
+    """A reader of true or false."""
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {v!r}")
+    return v
+
+
+def text(v) -> str:
+    """A reader of a non-empty string."""
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"expected a non-empty string, got {v!r}")
+    return v
+
+
+def one_of(choices: Sequence[str]) -> Callable[[object], str]:
+    """A reader of one of ``choices`` (a string)."""
+    def read(v) -> str:
+        if v not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {v!r}")
+        return v
+    return read
+
+
+__all__ = ["boolean", "integer", "items", "keyed", "line", "load", "name", "number", "one_of", "text", "unknown_key", "value"]

@@ -364,6 +364,7 @@ class EngineLifecycle:
         """Stop taking requests; block until those in flight finish (False after ``timeout``)."""
         with self._lock:
             self._accepting = False
+            self._lock.notify_all()             # wait_until watchers see it (e.g. ``not e.accepting``)
         return self.wait_idle(timeout)
 
     # ------------------------------------------------------------------ the engine thread

@@ -45,15 +45,16 @@ def _authorization(context) -> str | None:
 
 def _rpc(open_: bool = False, model: bool = False):
     """The gate of one method ``fn(self, request, tenant)``: authentication, error mapping, per-tenant
-    request counts; ``model``: a model request, whose outcome the server's sampler hears."""
+    request counts; ``model``: a model request (``fn(self, request, tenant, admitted)``: ``admitted`` a list
+    the method appends to once the request is admitted), whose outcome the server's sampler hears."""
     def wrap(fn):
         @functools.wraps(fn)
         async def call(self, request, context):
-            t0, tenant, status, exc = time.monotonic(), None, 200, None
+            t0, tenant, status, exc, admitted = time.monotonic(), None, 200, None, []
             try:
                 if not open_:
                     tenant = self.service.tenants.authenticate(_authorization(context))
-                return await fn(self, request, tenant)
+                return await (fn(self, request, tenant, admitted) if model else fn(self, request, tenant))
             except asyncio.CancelledError:            # the client cancelled, or its deadline passed
                 status = 499
                 raise
@@ -65,8 +66,8 @@ def _rpc(open_: bool = False, model: bool = False):
             finally:
                 if tenant is not None:
                     self.service.tenant_metrics.requests.labels(tenant.name, str(status)).inc()
-                if model:                             # a 503 is the server not admitting (shed), as on REST
-                    self.service.observe(outcome_of(status, exc, False), time.monotonic() - t0)
+                if model:                             # a 503 before admission is shed, as on REST
+                    self.service.observe(outcome_of(status, exc, bool(admitted)), time.monotonic() - t0)
             await context.abort(GRPC_CODES.get(status, _S.INTERNAL), msg)
         return call
     return wrap
@@ -110,10 +111,10 @@ class InferenceServicer(wire.GRPCInferenceServiceServicer):
         return message({"config": D.model_config(cfg)}, M.ModelConfigResponse)
 
     @_rpc(model=True)
-    async def ModelInfer(self, request, tenant):
+    async def ModelInfer(self, request, tenant, admitted):
         big = request.ByteSize() >= OFF_LOOP_BYTES
         wreq, (meta, req) = await _off_loop(big, self._prepare, request, tenant)
-        result = await execute(self.service, req)
+        result = await execute(self.service, req, on_admitted=lambda: admitted.append(True))
         big = sum(getattr(a, "nbytes", 0) for a in result.outputs.values()) >= OFF_LOOP_BYTES
         return await _off_loop(big, encode_response, meta, wreq, result)
 

@@ -35,7 +35,8 @@ async def _infer(request: Request, tenant: Tenant, st: ServeState, model: str, v
     big = len(body) >= OFF_LOOP_BYTES
     args = (st, tenant, model, version, body, request.headers.get(HEADER_LENGTH))
     meta, wire, req = await blocking(_parse_and_prepare, *args) if big else _parse_and_prepare(*args)
-    result = await execute(st.service, req, lambda: disconnected(request))
+    result = await execute(st.service, req, lambda: disconnected(request),
+                           lambda: setattr(request.state, "admitted", True))
     if result is None:
         return client_gone()
     big = sum(getattr(a, "nbytes", 0) for a in result.outputs.values()) >= OFF_LOOP_BYTES

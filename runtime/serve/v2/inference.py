@@ -49,12 +49,16 @@ def _settle_when_done(fut, ticket, rows: int) -> None:
     fut.add_done_callback(done)
 
 
-async def execute(service, req: InferRequest,
-                  gone: Callable[[], Awaitable] | None = None) -> InferResult | None:
+async def execute(service, req: InferRequest, gone: Callable[[], Awaitable] | None = None,
+                  on_admitted: Callable[[], None] | None = None) -> InferResult | None:
     """Run ``req`` (after :func:`prepare`); its result, or None when the client went away (``gone()``: an
-    awaitable that completes then, made once the request is queued)."""
+    awaitable that completes then, made once the request is queued).  ``on_admitted()`` once the tenant's
+    quota admitted it: a failure from then on (a 503 included: timed out in the queue, the model's engine
+    failed) is the server's error for the sampler, not load shed before admission."""
     repo = model_view(service, req.tenant, req.model)
     ticket = admit_tenant(service, req.tenant, req.rows)
+    if on_admitted is not None:
+        on_admitted()
     try:
         fut = repo.submit(req)
     except BaseException:

@@ -1,0 +1,93 @@
+"""What the compiled-model engine builds on a placement (:mod:`.om_engine`'s ``_build``): a runner that
+executes one batch of a ``.om`` as ONE call and returns host arrays.
+
+- :class:`DeviceRunner` (an NPU placement): the model loaded with :func:`runtime.offline.load` on the
+  placement's device -- weights uploaded and every gear's graph captured once -- and executed through
+  :meth:`runtime.offline.OfflineModel.run`: one graph replay per batch, the same path as ``acl.mdl``, on
+  the runner's own stream (instances sharing a device do not wait on each other's streams);
+- :class:`HostRunner` (the ``cpu`` end of the chain): the same kernel graph run by numpy on the host
+  (:class:`runtime.atc.hostrun.HostRun`, one per gear, made on first use), no device in between.
+
+Both take the inputs in the ``.om``'s order (``input_names``; the dynamic-batch input is the runner's
+business) and a gear (the batch size executed; None for a model without dynamic batch gears), and give
+the outputs in the ``.om``'s order (``output_names``).  Blocking: building uploads the weights and captures
+the graphs (host-synchronous); :meth:`run` blocks for the execution; :meth:`close` frees the device memory.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from runtime.atc.hostrun import HostRun
+from runtime.atc.om import read_om
+from runtime.atc.options import DYNAMIC_INPUT_NAME
+
+from .placement import SERVE_CPU_ID
+
+
+def _names(manifest: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    ins = tuple(io["name"] for io in manifest["inputs"] if not (manifest["dynamic_batch"] and
+                                                                io["name"] == DYNAMIC_INPUT_NAME))
+    return ins, tuple(io["name"] for io in manifest["outputs"])
+
+
+class DeviceRunner:
+    """A ``.om`` loaded on one NPU (``devices[0]``)."""
+
+    def __init__(self, path: str | Path, devices: list):
+        from runtime import offline
+        self.devices = list(devices)
+        dev = self.devices[0]
+        self.model = offline.load(path, dev)
+        self.dynamic = bool(self.model.desc.dynamic_batch)
+        self.input_names, self.output_names = _names(self.model.manifest)
+        try:
+            self.stream = dev.stream()
+        except BaseException:
+            self.model.unload()
+            raise
+
+    def run(self, arrays: Sequence[np.ndarray], gear: int | None) -> list[np.ndarray]:
+        return self.model.run(list(arrays), batch=gear if self.dynamic else None, stream=self.stream)
+
+    def close(self) -> None:
+        """Unload the model and destroy the stream (both are tried; the first failure is raised)."""
+        try:
+            self.model.unload()
+        finally:
+            self.stream.destroy()
+
+
+class HostRunner:
+    """A ``.om`` run on the host by numpy (the CPU fallback placement; ``devices``: its CPU device, which
+    only says where the runner is)."""
+
+    def __init__(self, path: str | Path, devices: list):
+        self.devices = list(devices)
+        self.manifest, self.weights = read_om(Path(path).read_bytes())
+        self.dynamic = bool(self.manifest["dynamic_batch"])
+        self.input_names, self.output_names = _names(self.manifest)
+        self._gears: dict[int | None, HostRun] = {}
+
+    def run(self, arrays: Sequence[np.ndarray], gear: int | None) -> list[np.ndarray]:
+        key = gear if self.dynamic else None
+        hr = self._gears.get(key)
+        if hr is None:
+            hr = self._gears[key] = HostRun(self.manifest, self.weights, key)
+        return hr.run(list(arrays))
+
+    def close(self) -> None:
+        self._gears.clear()
+
+
+def build_runner(path: str | Path, devices: list) -> DeviceRunner | HostRunner:
+    """The runner of ``path`` on ``devices``: on the host for the serve CPU fallback device, else on the
+    NPU.  Raises what loading raises (a :class:`devices.errors.ModelError` with its CANN code)."""
+    if devices and devices[0].physical_id == SERVE_CPU_ID:
+        return HostRunner(path, devices)
+    return DeviceRunner(path, devices)
+
+
+__all__ = ["DeviceRunner", "HostRunner", "build_runner"]

@@ -1,0 +1,105 @@
+"""The instances of one served model version (Triton's model instances) and the router in front of them:
+each request goes to the least loaded instance (fewest requests queued or running), and to the next one
+when that instance refuses it (its queue full, or it failed); only when every instance refuses is the
+request refused (:class:`QueueFull` if any queue was full -- the server is busy --, else
+:class:`Unavailable`).  A priority the model does not have is refused by the first instance asked.
+
+Each instance batches its own queue (:class:`runtime.serve.engine.om_engine.OmEngine`): a level's
+``max_queue_size`` bounds each instance's queue, so a model of N instances holds up to N times that.
+
+Blocking: building loads the model on every instance's first placement; :meth:`InstanceSet.drain` waits
+for the requests in flight; :meth:`InstanceSet.shutdown` frees the devices; the rest is host-only.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Callable, Sequence
+
+from ..engine.errors import QueueFull, Unavailable
+from ..engine.om_engine import OmEngine
+from ..engine.placement import DeviceBinder, RebindResult
+from ..modelrepo import ModelConfig, ModelVersion
+from ..v2.repository import InferRequest
+from .placement import InstancePlacement
+from .stats import VersionStats
+
+
+class InstanceSet:
+    """Every instance of ``version`` of model ``config.name``, one per entry of ``placements``.  Raises
+    (after freeing the instances already built) when an instance cannot load."""
+
+    def __init__(self, rt, config: ModelConfig, version: ModelVersion, placements: Sequence[InstancePlacement],
+                 stats: VersionStats, binder: DeviceBinder, on_event: Sequence[Callable[[dict], None]] = (),
+                 clock: Callable[[], float] = time.monotonic):
+        self.name, self.version = config.name, str(version.version)
+        self.engines: list[OmEngine] = []
+        try:
+            for i, p in enumerate(placements):
+                self.engines.append(OmEngine(rt, config.name, self.version, version.path, config, version.gears, stats,
+                                             p.first, p.fallback, binder, clock, on_event, i))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def start(self) -> None:
+        for e in self.engines:
+            e.start()
+
+    def submit(self, request: InferRequest) -> Future:
+        """``request`` to the least loaded instance that takes it (see the module)."""
+        refusal: BaseException | None = None
+        for e in sorted(self.engines, key=lambda x: x.load):
+            try:
+                return e.submit(request)
+            except (QueueFull, Unavailable) as x:
+                refusal = x if not isinstance(refusal, QueueFull) else refusal
+        raise refusal or Unavailable(f"model {self.name!r} version {self.version} has no instance")
+
+    @property
+    def ready(self) -> bool:
+        return any(e.accepting for e in self.engines)
+
+    @property
+    def waiting(self) -> int:
+        return sum(e.waiting for e in self.engines)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return all(e.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                   for e in self.engines)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Stop taking requests; wait (up to ``timeout`` s) for those in flight."""
+        for e in self.engines:
+            e.drain(0)
+        return self.wait_idle(timeout)
+
+    def shutdown(self) -> None:
+        """Shut every instance down (what is left is refused), freeing its device memory; the first failure
+        is raised once all were tried."""
+        err = None
+        for e in self.engines:
+            try:
+                e.shutdown()
+            except Exception as x:  # noqa: BLE001 - shut the others down too
+                err = err or x
+        if err is not None:
+            raise err
+
+    def rebind(self, kind: str, reason: str = "requested", timeout: float | None = None,
+               away_from: int | None = None) -> list[RebindResult]:
+        """``fallback`` / ``restore`` every instance (blocks until each is re-bound)."""
+        if kind == "fallback":
+            return [e.fallback(reason, timeout, away_from) for e in self.engines]
+        return [e.restore(timeout) for e in self.engines]
+
+    def describe(self) -> list[dict]:
+        """Each instance's placement and chain, for operators."""
+        return [{"instance": e.instance, "placement": str(e.placement), "index": e.index,
+                 "chain": [str(p) for p in e.chain], "rebinds": e.rebinds, "waiting": e.waiting,
+                 "failed_batches": e.failed_batches, "replayed_batches": e.replayed_batches,
+                 "error": e.error} for e in self.engines]
+
+
+__all__ = ["InstanceSet"]
