@@ -32,9 +32,11 @@ class TagRules:
 
 def request_tag(header: str | None, field) -> str | None:
     """The request's tag from the header and the body field (400 when they differ or the field is not a
-    short string)."""
-    if field is not None and (not isinstance(field, str) or len(field) > MAX_TAG_CHARS):
-        raise InvalidRequest(f"{TAG_FIELD} must be a string of at most {MAX_TAG_CHARS} characters", TAG_FIELD)
+    non-empty string of at most MAX_TAG_CHARS characters; an empty header is no tag)."""
+    if field is not None and (not isinstance(field, str) or not field or len(field) > MAX_TAG_CHARS):
+        raise InvalidRequest(f"{TAG_FIELD} must be a non-empty string of at most {MAX_TAG_CHARS} characters",
+                             TAG_FIELD)
+    header = header or None
     if header is not None and field is not None and header != field:
         raise InvalidRequest(f"the {TAG_HEADER} header ({header!r}) and {TAG_FIELD} ({field!r}) differ", TAG_FIELD)
     return field if field is not None else header
