@@ -21,8 +21,11 @@ The test session's environment is fixed here, BEFORE anything imports numpy or R
   its cluster token (``~/.ray/auth_token``).  The suite must pass where neither exists -- a machine with
   them from an earlier run hid that multi-node clusters failed without them -- so the session points
   both at a new empty root, removed at the end: ``RAY_TMPDIR`` at an empty directory (Ray's default dir
-  absent) and ``HOME`` at an empty home (no ``~/.ray``, no ``~/.vnpu``).  What the machine holds in
-  ``/tmp/ray`` or ``~/.ray`` is neither read nor touched.  Tests of the ``multinode`` tier check that
+  absent) and ``HOME`` at an empty home (no ``~/.ray``, no ``~/.vnpu``, no ``~/.cache/vnpu``: the
+  session's first SmolLM2 load dequantises its GGUF and fills the weight cache there, which the
+  ``vnpu serve`` subprocesses and Ray Serve replicas of the session then map --
+  ``runtime.models.weight_cache``).  What the machine holds in ``/tmp/ray`` or ``~/.ray`` is neither read
+  nor touched.  Tests of the ``multinode`` tier check that
   Ray's default dir is still absent before and after them (:data:`RAY_DEFAULT_DIR`).
 """
 from __future__ import annotations
@@ -41,6 +44,8 @@ os.environ["HOME"] = os.path.join(FRESH_ROOT, "home")
 for _k in ("RAY_TMPDIR", "HOME"):
     os.mkdir(os.environ[_k], 0o700)
 for _k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):           # no token from the caller either
+    os.environ.pop(_k, None)
+for _k in ("VNPU_CACHE_DIR", "XDG_CACHE_HOME"):                # the weight cache lives in the empty home too
     os.environ.pop(_k, None)
 #: Ray's default temp dir in this session: absent, and the multinode tier proves it stays so
 RAY_DEFAULT_DIR = os.path.join(os.environ["RAY_TMPDIR"], "ray")

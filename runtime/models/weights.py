@@ -18,6 +18,8 @@ import numpy as np
 
 from devices.errors import ACL_ERROR_INVALID_FILE, AclError, InvalidParamError
 
+from . import weight_cache
+
 
 # ---------------------------------------------------------------------------------------------- files
 def package_file(dist: str, suffix: str) -> Path:
@@ -181,8 +183,16 @@ def load_gguf(path: str | Path) -> GgufModel:
 
 @functools.lru_cache(maxsize=2)
 def load_gguf_cached(path: str) -> GgufModel:
-    """One dequantisation per process (4-6 s, ~540 MB); jobs only read the arrays."""
-    return load_gguf(path)
+    """One load per process, one dequantisation per machine: the first process dequantises (4-6 s on a
+    quiet 2-core machine, ~540 MB) and writes the on-disk cache (:mod:`.weight_cache`); every process, the
+    first included, maps it read-only (the pages are shared).  Jobs only read the arrays."""
+    hit = weight_cache.load(path)
+    if hit is not None:
+        return GgufModel(*hit)
+    g = load_gguf(path)
+    if weight_cache.store(path, g.tensors, g.meta, g.types):
+        hit = weight_cache.load(path)                  # the shared mapping, not this process's private copy
+    return g if hit is None else GgufModel(*hit)
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -372,3 +372,87 @@ def test_job_memory_is_placed_by_lifetime_and_survives_a_defragmentation(prompts
         assert dev.mem_info()[0] == dev.mem_info()[1]
     finally:
         small.close()
+
+
+# ---------------------------------------------------------------------------------------------- the weight cache
+def _write_gguf(path, scale: float) -> None:
+    """A small GGUF with F32, F16 and Q8_0 tensors and the kinds of metadata a model file carries."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.block_count", 2)
+    w.add_float32("llama.rope.freq_base", 1e5)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_array("tokenizer.ggml.tokens", ["<s>", "Ġthe", "caf\u00e9", "\U0001F389", "a b"])
+    w.add_array("tokenizer.ggml.token_type", [3, 1, 1, 1, 1])
+    w.add_string("tokenizer.chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}")
+    rng = np.random.default_rng(7)
+    q8 = (rng.standard_normal((4, 64)) * scale).astype(np.float32)
+    w.add_tensor("blk.0.attn_q.weight", gguf.quants.quantize(q8, gguf.GGMLQuantizationType.Q8_0),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("blk.0.attn_norm.weight", (rng.standard_normal(64) * scale).astype(np.float32))
+    w.add_tensor("output.weight", (rng.standard_normal((3, 8)) * scale).astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _same(a, b) -> None:
+    """Bit for bit: the same names in order, shapes, float32 bits, metadata and tensor types."""
+    assert list(a.tensors) == list(b.tensors) and a.meta == b.meta and a.types == b.types
+    for k in a.tensors:
+        assert a.tensors[k].dtype == b.tensors[k].dtype == np.float32 and a.tensors[k].shape == b.tensors[k].shape
+        assert np.array_equal(a.tensors[k].view(np.uint32), b.tensors[k].view(np.uint32)), k
+
+
+def test_the_weight_cache_maps_what_a_fresh_dequantisation_gives(tmp_path, monkeypatch):
+    """The first load dequantises and writes the entry (directories 0700); every load -- the first too --
+    returns read-only arrays over the entry's one mapping, bit-identical to a fresh ``load_gguf``; a
+    second writer finds the entry there and succeeds too."""
+    import stat
+
+    from runtime.models import weight_cache, weights
+    monkeypatch.setenv("VNPU_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "m.gguf"
+    _write_gguf(src, 1.0)
+    fresh = weights.load_gguf(src)
+    assert weight_cache.load(src) is None                           # nothing cached yet
+    first = weights.load_gguf_cached.__wrapped__(str(src))          # (around the per-process lru cache)
+    entry = weight_cache.entry_dir(src)
+    assert stat.S_IMODE(entry.parent.stat().st_mode) == 0o700 and stat.S_IMODE(entry.stat().st_mode) == 0o700
+    again = weights.load_gguf_cached.__wrapped__(str(src))
+    for g in (first, again):
+        _same(g, fresh)
+        assert not any(t.flags.writeable for t in g.tensors.values())
+    assert first.types["blk.0.attn_q.weight"] == "Q8_0" and first.meta["tokenizer.ggml.tokens"][3] == "\U0001F389"
+    assert weight_cache.store(src, fresh.tensors, fresh.meta, fresh.types)      # a racing writer: fine
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]             # one entry, no leftovers
+
+
+def test_a_changed_file_or_a_damaged_entry_is_never_served_stale(tmp_path, monkeypatch):
+    """A rewritten model file is a new entry (its size/mtime are in the key); a truncated blob is ignored,
+    the file dequantised again and the entry replaced; an unwritable cache only means no cache."""
+    import os
+
+    from runtime.models import weight_cache, weights
+    from runtime.models.weights import GgufModel
+    monkeypatch.setenv("VNPU_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "m.gguf"
+    _write_gguf(src, 1.0)
+    old = weights.load_gguf_cached.__wrapped__(str(src))
+    st = src.stat()
+    _write_gguf(src, 2.0)                                           # same size, other values
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+    new, fresh = weights.load_gguf_cached.__wrapped__(str(src)), weights.load_gguf(src)
+    _same(new, fresh)
+    assert not np.array_equal(new.tensors["blk.0.attn_norm.weight"], old.tensors["blk.0.attn_norm.weight"])
+    blob = weight_cache.entry_dir(src) / weight_cache.BLOB
+    with open(blob, "r+b") as f:                                    # (edited in place: mapped arrays see it)
+        f.truncate(blob.stat().st_size - 4)
+    assert weight_cache.load(src) is None
+    _same(weights.load_gguf_cached.__wrapped__(str(src)), fresh)
+    _same(GgufModel(*weight_cache.load(src)), fresh)                # and the entry was written anew
+    (tmp_path / "plain-file").write_text("")
+    monkeypatch.setenv("VNPU_CACHE_DIR", str(tmp_path / "plain-file" / "cache"))
+    assert weight_cache.store(src, fresh.tensors, fresh.meta, fresh.types) is False
+    _same(weights.load_gguf_cached.__wrapped__(str(src)), fresh)

@@ -6,6 +6,10 @@ The SLO target is set below any real request's latency, so the p99 over the wind
 (no timing luck); the ``slow`` trigger scales out by one replica, which takes the spare NPU; "recovered" on
 2 cores means the new replica serves its share of the traffic (two concurrent requests land one on each
 replica).  The action event carries the p99 that fired it and the detection-to-recovery time.
+
+One Ray cluster for the module (a Ray start is the dearest thing here): 2 device actors that Ray restarts
+when killed.  Each test opens its own runtime on the devices as they are then (``discover``: a device
+another test had killed is the restarted actor), so the tests run in any order.
 """
 from __future__ import annotations
 
@@ -27,12 +31,26 @@ pytestmark = [pytest.mark.serve, pytest.mark.cluster]
 ADMIN = "sk-ops-0123456789"
 
 
-def test_sustained_p99_above_target_scales_out_to_the_spare(tmp_path):
-    import ray
-
+@pytest.fixture(scope="module")
+def cluster():
     from runtime.cluster import ClusterSpec, LocalCluster
-    c = LocalCluster(ClusterSpec(devices=2, arena_bytes=1 << 30))
-    rt = Runtime(c.backend())
+    c = LocalCluster(ClusterSpec(devices=2, arena_bytes=1 << 30), max_restarts=3)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def runtime_on(cluster) -> Runtime:
+    """A runtime on the cluster's device actors where they are now (restarted ones included)."""
+    from runtime.cluster.discovery import discover
+    from runtime.cluster.remote import RemoteBackend
+    return Runtime(RemoteBackend(discover(), cluster.token))
+
+
+def test_sustained_p99_above_target_scales_out_to_the_spare(tmp_path, cluster):
+    import ray
+    rt = runtime_on(cluster)
     spec = model_spec("smollm2", (0,), 1, EngineConfig(max_num_seqs=2, max_num_batched_tokens=32, max_model_len=48,
                                                        num_gpu_blocks_override=16))
     svc = ReplicaService((spec,), 1, (Tenant("ops", (key_digest(ADMIN),), admin=True),),
@@ -88,21 +106,18 @@ self_healing:
         srv.stop()
         hist.close()
         rt.close()
-        c.close()
 
 
-def test_a_killed_cluster_device_is_restarted_by_ray_and_warmed():
+def test_a_killed_cluster_device_is_restarted_by_ray_and_warmed(cluster):
     """``restart_device`` on the cluster backend: a killed device actor (its process dies) comes back
     through Ray's actor restart; the runtime reconnects, resets and warms it (checked results)."""
-    from runtime.cluster import ClusterSpec, LocalCluster
     from runtime.cluster.failover import wait_polled
     from runtime.serve.heal.actions import warm
     import threading
-    c = LocalCluster(ClusterSpec(devices=2, arena_bytes=1 << 28), max_restarts=3)
-    rt = Runtime(c.backend())
+    rt = runtime_on(cluster)
     try:
         old = rt.device(1)
-        pid_before = c.where[1]["pid"] if "pid" in c.where[1] else None
+        pid_before = rt.backend.where[1]["pid"]
         old.handle.inject_fault("kill")
         assert wait_polled(threading.Condition(), lambda: old.is_lost, 60)
         new = rt.restart_device(1)
@@ -112,4 +127,3 @@ def test_a_killed_cluster_device_is_restarted_by_ray_and_warmed():
         assert not rt.device(0).is_lost and warm(rt.device(0), 1) >= 0.0       # the other device untouched
     finally:
         rt.close()
-        c.close()
