@@ -629,11 +629,11 @@ def test_silent_heartbeat_flags_the_device_lost(fresh):
     real = srv.device.telemetry
     calls = []
 
-    def stalling_telemetry():                            # beats stop, but the stream stays open
+    def stalling_telemetry(*args, **kw):                 # beats stop, but the stream stays open
         calls.append(1)
         if len(calls) > 3:
             release.wait(30)
-        return real()
+        return real(*args, **kw)
     srv.device.telemetry = stalling_telemetry
     try:
         events: queue.Queue[HealthEvent] = queue.Queue()
