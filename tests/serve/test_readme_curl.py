@@ -21,8 +21,6 @@ import pytest
 pytestmark = pytest.mark.serve
 
 ROOT = Path(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-if shutil.which("curl") is None:
-    pytest.skip("the README's examples need curl", allow_module_level=True)
 
 
 def bash_blocks(md: str) -> list[str]:
@@ -42,9 +40,11 @@ def curl_commands(md: str) -> list[str]:
 def run_curl(cmd: str, url: str) -> tuple[int, str]:
     """(HTTP status, body) of a README curl, pointed at ``url`` instead of localhost:8000; the status comes
     from curl's ``-w`` (added), the body is what the command prints (after its own pipe, if any)."""
-    cmd = cmd.replace("localhost:8000", url.removeprefix("http://")).replace("127.0.0.1:8000", url.removeprefix("http://"))
+    hostport = url.removeprefix("http://")
+    cmd = cmd.replace("localhost:8000", hostport).replace("127.0.0.1:8000", hostport)
     head, _, pipe = cmd.partition(" | ")
     head = head.replace("curl ", "curl -w '\\n%{http_code}' ", 1)
+    assert shutil.which("curl"), "the README's examples run curl: install it"
     p = subprocess.run(["bash", "-c", f"set -o pipefail; {head}"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, (cmd, p.stderr)
     body, _, status = p.stdout.rpartition("\n")

@@ -87,7 +87,8 @@ def serve_yaml_keys() -> list[str]:
     keys += [f"models[].batching.{k}" for k in c.BATCHING_SCHEMA] + [f"defaults.{k}" for k in c.DEFAULTS_KEYS]
     keys += [f"self_healing.{k}" for k in h.ROOT_KEYS] + [f"self_healing.triggers[].{k}" for k in h.TRIGGER_KEYS]
     keys += [f"self_healing.recovery.{k}" for k in h.RECOVERY_KEYS]
-    keys += [f"self_healing.flapping.{k}" for k in h.FLAPPING_KEYS] + [f"self_healing.alerts[].{k}" for k in h.ALERT_KEYS]
+    keys += [f"self_healing.flapping.{k}" for k in h.FLAPPING_KEYS]
+    keys += [f"self_healing.alerts[].{k}" for k in h.ALERT_KEYS]
     # the CANN runtime article's dialect (runtime.serve.dialect), rewritten at load
     keys += [f"scheduler.{k}" for k in d.SCHEDULER_KEYS] + [f"memory.{k}" for k in d.MEMORY_KEYS]
     keys += [f"scheduler.strategies[{s}].{k}" for s, ks in d.STRATEGY_KEYS.items() for k in ks]
@@ -107,7 +108,8 @@ def _serve_docs() -> str:
 def test_the_schema_walk_sees_every_section():
     keys = serve_yaml_keys()
     for k in ("server.port", "http.max_body_bytes", "tenants[].quota.tokens_per_minute",
-              "models[].engine.max_num_seqs", "self_healing.flapping.hold", "scheduler.strategies[fallback_chain].primary"):
+              "models[].engine.max_num_seqs", "self_healing.flapping.hold",
+              "scheduler.strategies[fallback_chain].primary"):
         assert k in keys
     assert len(keys) > 100
 
@@ -150,7 +152,8 @@ def test_every_self_healing_action_param_and_metric_is_documented():
     missing = [a for a in ACTIONS if a not in rows]
     missing += [f"{a}.{p}" for a, act in ACTIONS.items() if a in rows for p in act.params if f"`{p}`" not in rows[a]]
     missing += [m for m in METRICS if f"`{m}`" not in text]
-    assert not missing, f"self-healing actions, parameters or metrics missing from docs/serving/configuration.md: {missing}"
+    assert not missing, f"self-healing actions, parameters or metrics missing from docs/serving/configuration.md: " \
+                        f"{missing}"
 
 
 # ---------------------------------------------------------------------------------------------- the site
