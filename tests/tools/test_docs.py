@@ -72,6 +72,59 @@ def test_a_command_left_out_is_named():
     assert undocumented_commands(["vnpu bench serve"], "`vnpu bench serve-om`") == ["vnpu bench serve"]
 
 
+def _sections(md: str) -> dict[str, str]:
+    """``## `vnpu ...` `` heading -> the text below it, of docs/cli-flags.md."""
+    parts = re.split(r"^## `([^`]+)`$", md, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def undocumented_flags(parser, md: str, docs: str = "") -> list[str]:
+    """``vnpu <command> <flag>`` for every option string of the parser its command's section of ``md`` does not
+    show; a flag hidden from ``--help`` (``vnpu atc``'s ATC flags that fail with E10001) must be named somewhere
+    in ``docs`` instead."""
+    sections = _sections(md)
+    out = []
+    for path, p in _walk(parser):
+        sec = sections.get(" ".join(path), "")
+        for a in p._actions:
+            where = docs if a.help == argparse.SUPPRESS else sec
+            out += [f"{' '.join(path)} {o}" for o in a.option_strings
+                    if not re.search(re.escape(o) + r"(?![\w-])", where)]
+    return out
+
+
+def _walk(p, path=("vnpu",)):
+    yield path, p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            seen = set()
+            for name, sp in a.choices.items():
+                if id(sp) not in seen:
+                    seen.add(id(sp))
+                    yield from _walk(sp, path + (name,))
+
+
+def test_every_flag_of_every_command_is_documented():
+    """docs/cli-flags.md (``scripts/cli_reference.py`` writes it from the parser) shows every flag under its
+    command; a flag added without re-running the script fails here."""
+    from runtime.cli import build_parser
+    missing = undocumented_flags(build_parser(), _docs_text("cli-flags.md"), _docs_text())
+    assert not missing, f"flags missing from docs/cli-flags.md (run scripts/cli_reference.py): {missing}"
+
+
+def test_a_flag_left_out_is_named():
+    from runtime.cli import build_parser
+    md = _docs_text("cli-flags.md")
+    sec = _sections(md)["vnpu smi"]
+    assert "--loop" in sec
+    cut = md.replace(sec, sec.replace("--loop", "--lo"))
+    assert undocumented_flags(build_parser(), cut, _docs_text()) == ["vnpu smi --loop"]
+    docs = _docs_text()
+    assert "`--keep_dtype`" in docs
+    hidden = undocumented_flags(build_parser(), md, docs.replace("`--keep_dtype`", ""))
+    assert hidden == ["vnpu atc --keep_dtype"]
+
+
 # ---------------------------------------------------------------------------------------------- serve.yaml
 def serve_yaml_keys() -> list[str]:
     """Every key path serve.yaml accepts, from the schemas the loader checks a file against."""
