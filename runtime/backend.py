@@ -36,7 +36,8 @@ class DeviceHandle(Protocol):
     :class:`driver.client.RemoteDevice` (gRPC), satisfy it; mypy checks that (``scripts/test.sh``,
     ``tests/typecheck_handles.py``), so a method the runtime starts to use must be added here and to
     both handles: to :class:`devices.device.Device`, and (for the remote one) as a row of
-    :class:`driver.calls.DeviceCalls` with its RPC -- the one path, in the README's architecture section.
+    :class:`driver.calls.DeviceCalls` with its RPC -- the one path, in docs/architecture.md ("How to add a
+    device method").
 
     ``submit`` only orders the device (it returns once the ops are queued); ``synchronize_*`` block the
     host (``timeout_ms``: -1 forever, 0 poll); ``hccl_comm_join`` blocks the host until every rank has

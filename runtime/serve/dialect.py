@@ -4,7 +4,7 @@ vnpu's canonical ones *before* the schema checks (:mod:`runtime.serve.config`), 
 so an error in a dialect file still names its file, line and key path; an unknown key still fails (with
 a did-you-mean).  ``vnpu serve config --print`` shows the canonical form.
 
-Every alias is in the tables below (and nowhere else); README.md "Coming from the CANN runtime article"
+Every alias is in the tables below (and nowhere else); docs/serving/cann-dialect.md
 lists them.
 
 ========================================================  =================================================
