@@ -202,3 +202,75 @@ def test_stress_capacity_never_contradicts_the_runs_p99():
     cap, text = _cap([(10, 0.1), (10, 0.1), (20, 0.1), (40, 2.0)])
     assert cap["rate"] == pytest.approx(2.0) and cap["samples"] == 40
     assert text.startswith("; target p99 800 ms held up to 2.0 req/s (p99 100 ms of 40 requests at <= 2.0 req/s)")
+
+
+# ------------------------------------------------------------------------------------------ chaos output
+RAY_DEATH = ("\x1b[33m(raylet)\x1b[0m A worker died or was killed while executing a task by an unexpected system "
+             "error. To troubleshoot the problem, check the logs for the dead worker. Worker PID: {pid} Worker exit "
+             "type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2.")
+
+
+def test_chaos_noise_is_captured_matched_to_the_faults_and_summarised(capsys, caplog):
+    """Ray's coloured worker-death paragraph (written by another thread, as Ray's error listener does) and
+    the driver's lost-device warnings (one per client) never reach stdout/stderr raw; what the faults
+    explain is one line, what they do not is one line each; every other line passes through."""
+    import logging
+    import threading
+    from runtime.cluster import chaos_noise
+    faults = [{"kind": "kill", "device": 0, "params": {"pid": 4242}}, {"kind": "hang", "device": 1, "params": {}}]
+    log = logging.getLogger(chaos_noise.DRIVER_LOGGER)
+    caplog.set_level(logging.WARNING, chaos_noise.DRIVER_LOGGER)
+    with chaos_noise.NoiseCapture() as noise:
+        th = threading.Thread(target=lambda: (print(RAY_DEATH.format(pid=4242)), print(RAY_DEATH.format(pid=777))))
+        th.start()
+        th.join()
+        print("  t=  5.0s  kill      device 0  detected after 9 ms (stream)")
+        for dev, n in ((0, 1), (1, 3), (5, 1)):            # device 1's three clients; device 5: no fault hit it
+            for _ in range(n):
+                log.warning("device %d at %s lost: %s", dev, "127.0.0.1:1", "no heartbeat for 0.4 s")
+        log.warning("device 3 reconnected")                  # not a lost warning: passes through
+        print("no newline at the end", end="")
+    out, err = capsys.readouterr()
+    assert out == "  t=  5.0s  kill      device 0  detected after 9 ms (stream)\nno newline at the end"
+    assert "raylet" not in err and "\x1b[" not in out + err and " lost: " not in err
+    assert [r.getMessage() for r in caplog.records] == ["device 3 reconnected"]     # the rest never emitted
+    log.warning("device %d at %s lost: %s", 0, "x", "after the campaign")           # the filter is gone
+    assert caplog.records[-1].getMessage().endswith("after the campaign")
+    s = noise.summary({"faults": faults})
+    assert (s["worker_deaths"], s["lost_warnings"]) == (2, 5)
+    assert [m["pid"] for m in s["worker_deaths_unexplained"]] == [777]
+    assert [w["device"] for w in s["lost_unexplained"]] == [5]
+    text = chaos_noise.lines(s)
+    assert text[0].startswith("expected noise: 1 worker death(s) reported by Ray and 4 lost-device warning(s) of "
+                              "the driver (each client of a device warns once) came from the 2 fault(s) above")
+    assert text[1:] == ["ray: worker pid 777 died (SYSTEM_ERROR) and no fault of this campaign killed it",
+                        "device 5 lost (no heartbeat for 0.4 s) and no fault of this campaign hit it"]
+
+
+def test_chaos_leaks_and_hbm_read_as_sentences():
+    from runtime.cluster.chaos import failures, hbm_text, leaks_text
+    assert leaks_text({"actors": [], "processes": [], "segments": []}) == "none"
+    assert leaks_text({"actors": ["vnpu_dev_1"], "processes": [4242, 4343],
+                       "segments": ["vnpu_1_2_0_ab"]}) == ("1 actor (vnpu_dev_1), 2 processes (pid 4242, pid 4343), "
+                                                            "1 shared-memory segment (vnpu_1_2_0_ab)")
+    assert hbm_text({"hbm_back_to_baseline": True, "hbm_used_end": {0: 0, 1: 0, 2: 0}}) == \
+        "HBM back to baseline on all 3 devices (0 B in use)"
+    bad = {"hbm_back_to_baseline": False, "hbm_not_back": {1: {"start": 0, "end": 3 << 20}}, "hbm_used_end": {}}
+    assert hbm_text(bad) == "HBM NOT back to baseline on device 1 (start 0 B, end 3.0 MiB)"
+    rep = {"check": {"ok": True}, "correct": True, "clean": False, "leaks": {"processes": [4242]}, **bad}
+    assert failures(rep) == [hbm_text(bad), "left behind 1 process (pid 4242)"]
+    assert not any("{" in x for x in failures(rep))
+
+
+def test_cli_slo_flags_set_the_limits_and_the_html_report_states_the_verdict(tmp_path, capsys):
+    hot_device(tmp_path / "h.sqlite", n=120, over_from=30, lat_from=50).close()
+    rep = tmp_path / "r.html"
+    assert main(["diagnose", "--history", str(tmp_path / "h.sqlite"), "--target-p99-ms", "2000", "--json",
+                 "--output", str(rep)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    # 1500 ms is within a 2000 ms target: no symptom; the hot device is over its limit on its own
+    assert doc["limits"]["p99_latency_ms"]["limit"] == 2000.0 and doc["limits"]["p99_latency_ms"]["source"] == \
+        "SLO, command line"
+    assert doc["symptoms"] == [] and [a["metric"] for a in doc["over_limit"]] == ["device_temperature_c"]
+    page = rep.read_text()
+    assert "verdict: no symptom, but 1 metric(s) over a limit" in page and "85 °C throttle point" in page
