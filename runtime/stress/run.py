@@ -238,13 +238,14 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
                and e.source == "policy"]
     manual = [e for e in events if e.manual and not _own(e)]
     windows = _windows(cfg, recs)
+    capacity = _capacity(windows, recs, cfg, target)
     rep = {
         "model": model, "kind": kind, "url": cfg.url,
         "profile": {"name": cfg.profile.name, "peak_rate": cfg.profile.peak, "duration_s": cfg.profile.duration_s,
                     "poisson": cfg.poisson},
         "rates": gen.rates(),
         "requests": _request_counts(kind, recs, reference, chk), "latency_ms": _latency_ms(recs),
-        "target_p99_ms": target, "capacity": _capacity(windows, recs, cfg, target),
+        "target_p99_ms": target, "capacity": capacity, "capacity_rate": (capacity or {}).get("rate"),
         "check": {"ok": chk["ok"], "counts": chk["counts"], "by_kind": chk["by_kind"],
                   "violations": chk["violations"][:20]},
         "faults": _fault_timeline(fired, events, wall1), "planned_faults": len(plan),
@@ -253,7 +254,6 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
         "risks": _risks(samples_peak), "windows": windows,
         "server_side": source is not None, "history": gen.history,
     }
-    rep["capacity_rate"] = (rep["capacity"] or {}).get("rate")
     rep["advice"] = advice(rep)
     return rep
 
@@ -367,7 +367,7 @@ def _capacity(windows: list[dict], recs, cfg: StressConfig, target: float | None
     if target is None:
         return None
     w = cfg.window_s
-    lat = [[] for _ in windows]
+    lat: list[list[float]] = [[] for _ in windows]
     for r in recs:
         if r.sent is not None and r.outcome == "ok" and r.latency_s is not None and 0 <= r.sent // w < len(windows):
             lat[int(r.sent // w)].append(r.latency_s * 1e3)
