@@ -152,9 +152,9 @@ def summary_lines(pm: dict) -> list[str]:
            f"from {n.get('p99_latency_ms', 0)} per-second samples"
            + (" (under 100: the 99th percentile is about the worst one)" if 0 < n.get('p99_latency_ms', 0) < 100
               else "")
-           + f", worst second {_f(a['p99_worst_second_ms'], '.0f')} ms, above target "
-           f"{_f(a['p99_share_above_target'], '.1%')} of the time ({n.get('p99_above_target', 0)} of "
-           f"{n.get('p99_latency_ms', 0)} samples)",
+           + f", worst second {_f(a['p99_worst_second_ms'], '.0f')} ms, above target in "
+           f"{_f(a['p99_share_above_target'], '.1%')} of the samples ({n.get('p99_above_target', 0)} of "
+           f"{n.get('p99_latency_ms', 0)})",
            f"faults {a['faults']}, self-healing actions {a['self_heal_actions']} ({a['self_heal_failed']} not ok, "
            f"recovery max {_f(a['recovery_s_max'], '.1f')} s, mean {_f(a['recovery_s_mean'], '.1f')} s), "
            f"manual interventions {a['manual_interventions']}",

@@ -159,7 +159,7 @@ def test_postmortem_says_what_each_share_rests_on(tmp_path):
     assert pm["samples"]["p99_latency_ms"] == 120 and pm["samples"]["p99_above_target"] == 40
     assert pm["samples"]["aicore_util"] == 240 and pm["samples"]["devices"] == 2
     text = "\n".join(pm_lines(pm))
-    assert "from 120 per-second samples" in text and "(40 of 120 samples)" in text
+    assert "from 120 per-second samples" in text and "above target in 33.3% of the samples (40 of 120)" in text
     assert "(240 samples of 2 devices)" in text
     short = analyse(src, T0, T0 + 29, targets_of([]))
     assert "from 30 per-second samples (under 100: the 99th percentile is about the worst one)" in \
