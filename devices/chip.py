@@ -15,6 +15,15 @@ Sources and assumptions for ``ASCEND_910B3`` (an Ascend 910B-class training part
   benchmark measures for real; this is only the device's own dispatch).
 - Power/thermal: 400 W TDP, ~90 W idle, ambient 35 C, +0.12 C/W at steady state (assumptions that land
   the idle/busy readings near the npu-smi samples in the reference).
+- Thermal limits (``temp_throttle_c`` / ``temp_alarm_c`` / ``temp_critical_c``): 85 / 95 / 105 C.
+  Huawei publishes no die-temperature limits for the 910B; these follow the shape of public accelerator
+  datasheets (Cambricon MLU290-M5 product manual 4.3.4.2: power reduced in steps from 97 C, THERMTRIP
+  shutdown at 100 C; ``nvidia-smi -q`` likewise lists a "Slowdown Temp" below the "Shutdown Temp") with
+  85 C as the point the part is run throttled (also the ``thermal`` trigger of the serve config's
+  self-healing example) and 95 / 105 C as npu-smi's Alarm / Critical health (assumptions).
+- Saturation: ``saturation_util_pct`` = 90 % AI Core busy -- the point where an M/M/1 queue's wait is
+  9x the service time (rho / (1 - rho)); above it latency grows faster than load (queueing theory, not a
+  datasheet figure).
 """
 from __future__ import annotations
 
@@ -44,6 +53,10 @@ class ChipSpec:
     c_per_w: float
     max_streams: int = 1984
     max_events: int = 65536
+    temp_throttle_c: float = 85.0  #: die temperature from which the part is run throttled
+    temp_alarm_c: float = 95.0     #: npu-smi health Alarm at or above this
+    temp_critical_c: float = 105.0  #: npu-smi health Critical at or above this
+    saturation_util_pct: float = 90.0  #: AI Core utilization (%) from which queueing dominates latency
 
 
 ASCEND_910B3 = ChipSpec(

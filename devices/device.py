@@ -40,8 +40,6 @@ from .tasks import Collective, CopyD2D, ExecGraph, Launch, Memset, Record, Strea
 from .tenancy import Owner, TenantQuota, limited, same_tenant, tenant_of
 
 DEFAULT_ARENA = 1 << 30
-#: die temperature (C) at which health goes to Alarm / Critical
-TEMP_ALARM_C, TEMP_CRITICAL_C = 95.0, 105.0
 
 
 @dataclass(frozen=True)
@@ -579,9 +577,10 @@ class Device:
         conds = self.faults.conditions()
         self._thermal(self._power, 0.0)
         temp = self._temp_c
-        if temp >= TEMP_ALARM_C:
-            level = "Critical" if temp >= TEMP_CRITICAL_C else "Alarm"
-            limit = TEMP_CRITICAL_C if temp >= TEMP_CRITICAL_C else TEMP_ALARM_C
+        alarm_c, critical_c = self.config.spec.temp_alarm_c, self.config.spec.temp_critical_c
+        if temp >= alarm_c:
+            level = "Critical" if temp >= critical_c else "Alarm"
+            limit = critical_c if temp >= critical_c else alarm_c
             conds.append(HealthCondition(Condition.OVERHEAT, level, f"temperature {temp:.0f} C >= {limit:.0f} C",
                                          value=round(temp, 1)))
         canaries = self.arena.stats().canary_violations

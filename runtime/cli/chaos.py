@@ -58,8 +58,11 @@ def _cmd_chaos(a) -> int:
     cfg = ChaosConfig(workload=a.workload, devices=a.devices, spares=a.spares, duration_s=a.duration,
                       every_s=a.every, faults=a.faults, seed=a.seed, baseline_s=a.baseline, options=opts,
                       nodes=a.nodes)
-    rep = run_campaign(cfg, out=lambda s: print(s, flush=True))
-    for line in summary_lines(rep):
+    from runtime.cluster import chaos_noise
+    with chaos_noise.NoiseCapture() as noise:         # Ray's worker-death paragraphs, the driver's warnings
+        rep = run_campaign(cfg, out=lambda s: print(s, flush=True))
+    rep["noise"] = noise.summary(rep)
+    for line in summary_lines(rep) + chaos_noise.lines(rep["noise"]):
         print(line)
     if a.output:
         try:

@@ -1,6 +1,8 @@
 """``vnpu diagnose``: anomalies in a server's history lined up with its events, ranked root-cause
-candidates with evidence and advice (:mod:`runtime.observe.diagnose`); ``--output`` writes an HTML report
-with plots (inline SVG) or Markdown.
+candidates with evidence, confidence and advice (:mod:`runtime.observe.diagnose`) -- a finding crosses a
+limit from the chip's specs or the SLO (``--target-p99-ms`` / ``--availability`` override the server's) in
+enough samples, else the verdict is "no significant anomaly"; ``--output`` writes an HTML report with plots
+(inline SVG) or Markdown.
 
     vnpu diagnose --since 1h --focus latency --output report.html
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 
 from runtime.cli.reader import add_report_args, reading, report_kind, resolve_since, since
+from runtime.cliargs import float_in
 
 
 def register(sub) -> None:
@@ -19,6 +22,11 @@ def register(sub) -> None:
     d.add_argument("--since", type=since, default=("ago", 3600.0), help="how far back (1h, 30m, or a time)")
     d.add_argument("--until", type=since, default=None, help="end of the window (default: now)")
     d.add_argument("--focus", choices=tuple(FOCUS), default=None, help="rank only the causes of this symptom")
+    d.add_argument("--target-p99-ms", type=float_in(0.0, lo_open=True), default=None,
+                   help="the p99 target a latency finding must cross (default: the server's slo.target_p99_ms)")
+    d.add_argument("--availability", type=float_in(0.0, 1.0, lo_open=True), default=None,
+                   help="the availability target whose error budget an error finding must cross, e.g. 0.995 "
+                        "(default: the server's slo)")
     add_report_args(d, "report.html or report.md")
     d.set_defaults(fn=_cmd)
 
@@ -26,10 +34,12 @@ def register(sub) -> None:
 def _cmd(a) -> int:
     kind = report_kind(a, "vnpu diagnose")
     from runtime.observe.diagnose import Options, diagnose, summary_lines
+    from runtime.observe.postmortem import targets_of
     with reading(a, "vnpu diagnose") as src:
         now = src.now()
         until = resolve_since(a.until, now) if a.until else now
-        d = diagnose(src, Options(since=resolve_since(a.since, until), until=until, focus=a.focus))
+        tg = targets_of(src.events(until=until), a.target_p99_ms, a.availability)
+        d = diagnose(src, Options(since=resolve_since(a.since, until), until=until, focus=a.focus, targets=tg))
     if kind:
         from runtime.observe import report
         report.write(a.output, report.diagnosis_html(d) if kind == "html" else report.diagnosis_markdown(d))

@@ -569,10 +569,47 @@ def failures(r: dict) -> list[str]:
     if not r["correct"]:
         out.append(f"results differ from the fault-free run {r['wrong_result_ids']}")
     if not r["hbm_back_to_baseline"]:
-        out.append(f"HBM not back to baseline {r['hbm_not_back']}")
+        out.append(hbm_text(r))
     if not r["clean"]:
-        out.append(f"left behind {({k: v for k, v in r['leaks'].items() if v})}")
+        out.append(f"left behind {leaks_text(r['leaks'])}")
     return out
+
+
+def _mib(n) -> str:
+    return "?" if n is None else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} B"
+
+
+def hbm_text(r: dict) -> str:
+    """``HBM back to baseline on all 3 devices (0 B in use)`` or which device is not, with its start and end."""
+    end = r.get("hbm_used_end") or {}
+    if r["hbm_back_to_baseline"]:
+        used = sorted({v for v in end.values() if v is not None})
+        return (f"HBM back to baseline on all {len(end)} devices ("
+                + (f"{_mib(used[0])} in use" if len(used) == 1 else "in use: " + ", ".join(
+                    f"device {d} {_mib(v)}" for d, v in sorted(end.items()))) + ")")
+    if not r.get("hbm_not_back"):
+        return "HBM NOT back to baseline: no device could be asked"
+    return "HBM NOT back to baseline on " + ", ".join(
+        f"device {d} (start {_mib(x.get('start'))}, end {_mib(x.get('end'))})" for d, x in sorted(r["hbm_not_back"].items()))
+
+
+#: leak kind -> (singular, plural)
+_LEAK_WORDS = {"actors": ("actor", "actors"), "processes": ("process", "processes"),
+               "segments": ("shared-memory segment", "shared-memory segments"),
+               "segments_of_dead_processes": ("segment of a dead process", "segments of dead processes")}
+
+
+def leaks_text(leaks: dict) -> str:
+    """``none``, or ``1 process (pid 4242), 2 shared-memory segments (vnpu_1_2_0_ab, ...)``."""
+    parts = []
+    for k, v in leaks.items():
+        if not v:
+            continue
+        one, many = _LEAK_WORDS.get(k, (k, k))
+        names = [f"pid {x}" if isinstance(x, int) else str(x) for x in v]
+        parts.append(f"{len(v)} {one if len(v) == 1 else many} ({', '.join(names[:4])}"
+                     f"{', ...' if len(names) > 4 else ''})")
+    return ", ".join(parts) or "none"
 
 
 def summary_lines(r: dict) -> list[str]:
@@ -600,11 +637,11 @@ def summary_lines(r: dict) -> list[str]:
         f"availability: {r['availability_pct']:.1f} %",
         f"throughput: {t['with_faults_rps']:.1f} req/s with faults vs {t['fault_free_rps']:.1f} fault-free "
         f"({(t['ratio'] or 0) * 100:.0f} %)",
-        f"end state: HBM {'back to baseline' if r['hbm_back_to_baseline'] else 'NOT at baseline ' + str(r['hbm_not_back'])}"
-        f" {r['hbm_used_end']}; leaks: {'none' if r['clean'] else r['leaks']}",
+        f"end state: {hbm_text(r)}; leaks: {leaks_text(r['leaks'])}",
     ]
     return lines
 
 
 __all__ = ["ChaosConfig", "WORKLOADS", "run_campaign", "failures", "summary_lines", "leaks", "hbm_report", "FAULT_KINDS",
+           "hbm_text", "leaks_text",
            "NODE_FAULTS"]

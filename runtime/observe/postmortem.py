@@ -125,6 +125,10 @@ def analyse(src, since: float, until: float, targets: Targets | None = None) -> 
             "kv_cache_usage_mean": _mean([v for _, v in src.samples("kv_cache_usage", since, until)]),
             "replicas_mean": _mean([v for _, v in src.samples("replicas", since, until)]),
         },
+        # what each figure rests on: samples (one a second) and devices
+        "samples": {"error_rate": int(e.size), "shed_rate": int(s.size), "p99_latency_ms": int(p99.size),
+                    "p99_above_target": int((p99 > tg.p99_ms).sum()) if p99.size else 0,
+                    "aicore_util": len(util), "devices": len(src.devices())},
         "timeline": [x.to_dict() for x in events],
     }
     return out
@@ -135,19 +139,27 @@ def _f(v, fmt: str, none: str = "n/a") -> str:
 
 
 def summary_lines(pm: dict) -> list[str]:
+    """The text a terminal shows; every share says how many samples it rests on."""
     w, t, a = pm["window"], pm["target"], pm["actual"]
+    n = pm.get("samples") or {}
     ts = lambda x: time.strftime("%H:%M:%S", time.gmtime(x))  # noqa: E731
     ok = lambda b: "n/a" if b is None else ("met" if b else "MISSED")  # noqa: E731
     out = [f"postmortem {ts(w['since'])} .. {ts(w['until'])} UTC ({w['seconds']:.0f} s); targets from {t['from']}",
            f"availability: target {t['availability']:.2%}, actual "
-           f"{_f(a['availability'], '.3%')} ({ok(a['availability_met'])}); shed {_f(a['shed'], '.2%')}",
-           f"p99 latency: target {t['p99_ms']:.0f} ms, actual {_f(a['p99_ms'], '.0f')} ms ({ok(a['p99_met'])}), "
-           f"worst second {_f(a['p99_worst_second_ms'], '.0f')} ms, above target "
-           f"{_f(a['p99_share_above_target'], '.1%')} of the time",
+           f"{_f(a['availability'], '.3%')} ({ok(a['availability_met'])}) over {a['requests']:.0f} requests in "
+           f"{n.get('error_rate', 0)} samples; shed {_f(a['shed'], '.2%')} ({n.get('shed_rate', 0)} samples)",
+           f"p99 latency: target {t['p99_ms']:.0f} ms, actual {_f(a['p99_ms'], '.0f')} ms ({ok(a['p99_met'])}) "
+           f"from {n.get('p99_latency_ms', 0)} per-second samples"
+           + (" (under 100: the 99th percentile is about the worst one)" if 0 < n.get('p99_latency_ms', 0) < 100
+              else "")
+           + f", worst second {_f(a['p99_worst_second_ms'], '.0f')} ms, above target in "
+           f"{_f(a['p99_share_above_target'], '.1%')} of the samples ({n.get('p99_above_target', 0)} of "
+           f"{n.get('p99_latency_ms', 0)})",
            f"faults {a['faults']}, self-healing actions {a['self_heal_actions']} ({a['self_heal_failed']} not ok, "
            f"recovery max {_f(a['recovery_s_max'], '.1f')} s, mean {_f(a['recovery_s_mean'], '.1f')} s), "
            f"manual interventions {a['manual_interventions']}",
-           f"utilization: AI Core {_f(a['aicore_util_mean'], '.0f')} %, KV cache "
+           f"utilization: AI Core {_f(a['aicore_util_mean'], '.0f')} % ({n.get('aicore_util', 0)} samples of "
+           f"{n.get('devices', 0)} devices), KV cache "
            f"{_f(a['kv_cache_usage_mean'], '.0%')}, replicas {_f(a['replicas_mean'], '.1f')}",
            "timeline:"]
     t0 = w["since"]

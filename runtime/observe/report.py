@@ -88,7 +88,7 @@ def _event_marks(events: list[Event]) -> list[tuple[float, str]]:
 def diagnosis_html(d) -> str:
     """A :class:`~runtime.observe.diagnose.Diagnosis` as one self-contained HTML page."""
     from .diagnose import describe, summary_lines
-    body = [f"<p>{html.escape(summary_lines(d)[0])}</p>"]
+    body = [f"<p>{html.escape(ln)}</p>" for ln in summary_lines(d)[:2]]
     marks = _event_marks(d.events)
     if d.symptoms:
         body.append("<h2>Symptoms</h2>")
@@ -99,7 +99,8 @@ def diagnosis_html(d) -> str:
     body.append("<h2>Root-cause candidates</h2>" if d.candidates else "<h2>No root-cause candidate</h2>")
     for i, c in enumerate(d.candidates[:8], 1):
         where = f" on {c.scope}" if c.scope else ""
-        body.append(f"<h3>#{i} {html.escape(c.cause + where)} &mdash; score {c.score:.2f}</h3><ul>")
+        body.append(f"<h3>#{i} {html.escape(c.cause + where)} &mdash; confidence {c.score:.2f} ({c.confidence})"
+                    f"</h3><ul>")
         body += [f"<li>{html.escape(ev)}</li>" for ev in c.evidence[:6]]
         body.append("</ul>")
         if c.anomaly is not None:
@@ -108,9 +109,16 @@ def diagnosis_html(d) -> str:
                                  METRICS[a.metric][0], (a.onset, a.end), marks))
         if c.advice:
             body.append(f"<p class='advice'>Advice: {html.escape(c.advice)}</p>")
-    rest = [a for a in d.anomalies if not any(c.anomaly is a for c in d.candidates) and a not in d.symptoms]
+    if d.over_limit:
+        body.append("<h2>Over a limit, no symptom to explain</h2><ul>")
+        body += [f"<li>{html.escape(describe(a))}</li>" for a in d.over_limit[:20]]
+        body.append("</ul>")
+    found = {(a.metric, a.scope, a.kind, a.onset) for a in [*d.symptoms, *d.over_limit]}
+    rest = [a for a in d.anomalies if (a.metric, a.scope, a.kind, a.onset) not in found
+            and not any(c.anomaly is not None and (c.anomaly.metric, c.anomaly.scope, c.anomaly.onset)
+                        == (a.metric, a.scope, a.onset) for c in d.candidates)]
     if rest:
-        body.append("<h2>Other anomalies</h2><ul>")
+        body.append("<h2>Statistical anomalies within every limit (not findings)</h2><ul>")
         body += [f"<li>{html.escape(describe(a))}</li>" for a in rest[:20]]
         body.append("</ul>")
     if d.events:

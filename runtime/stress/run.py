@@ -16,8 +16,10 @@ server's own account (its events and samples), and the report.
    event after it on the same device (detection) and the first ``recovery`` (or successful ``action``)
    after that (recovery).
 5. *Figures*: admitted = sent - shed; success = ok / admitted; p50/p99 of the successful requests'
-   latency; the capacity at which the p99 target holds (the highest achieved rate of a 10 s window whose
-   p99 stayed within target and shed < 5 %); advice.
+   latency; the capacity at which the p99 target holds: the highest achieved rate R of a 10 s window such
+   that the successes of every window at or below R, pooled, have a p99 within target, shed < 5 % and
+   number at least ``min_capacity_samples`` (pooled, so the capacity never contradicts the run's own p99:
+   at the run's highest rate the pool is the whole run); advice.
 """
 from __future__ import annotations
 
@@ -72,6 +74,7 @@ class StressConfig:
     target_p99_ms: float | None = None
     drain_s: float = 120.0
     window_s: float = 10.0
+    min_capacity_samples: int = 20      #: successful requests a capacity figure must rest on
 
 
 class StressError(Exception):
@@ -235,13 +238,14 @@ def build_report(cfg: StressConfig, model: str, kind: str, gen: OpenLoop, fired:
                and e.source == "policy"]
     manual = [e for e in events if e.manual and not _own(e)]
     windows = _windows(cfg, recs)
+    capacity = _capacity(windows, recs, cfg, target)
     rep = {
         "model": model, "kind": kind, "url": cfg.url,
         "profile": {"name": cfg.profile.name, "peak_rate": cfg.profile.peak, "duration_s": cfg.profile.duration_s,
                     "poisson": cfg.poisson},
         "rates": gen.rates(),
         "requests": _request_counts(kind, recs, reference, chk), "latency_ms": _latency_ms(recs),
-        "target_p99_ms": target, "capacity_rate": _capacity(windows, target),
+        "target_p99_ms": target, "capacity": capacity, "capacity_rate": (capacity or {}).get("rate"),
         "check": {"ok": chk["ok"], "counts": chk["counts"], "by_kind": chk["by_kind"],
                   "violations": chk["violations"][:20]},
         "faults": _fault_timeline(fired, events, wall1), "planned_faults": len(plan),
@@ -274,7 +278,7 @@ def _latency_ms(recs) -> dict:
     """p50/p95/p99/max of the successful requests' latency, in ms."""
     lat_ms = [r.latency_s * 1e3 for r in recs if r.outcome == "ok" and r.latency_s is not None]
     return {"p50": _pct(lat_ms, 50), "p95": _pct(lat_ms, 95), "p99": _pct(lat_ms, 99),
-            "max": max(lat_ms) if lat_ms else None}
+            "max": max(lat_ms) if lat_ms else None, "n": len(lat_ms)}
 
 
 def _server_account(source, wall0: float, wall1: float, slo: dict) -> tuple[list, dict, dict]:
@@ -356,13 +360,48 @@ def _windows(cfg: StressConfig, recs) -> list[dict]:
     return windows
 
 
-def _capacity(windows: list[dict], target: float | None) -> float | None:
-    """The highest achieved rate of a window whose p99 held ``target`` with shed < 5 % (None: no target)."""
+def _capacity(windows: list[dict], recs, cfg: StressConfig, target: float | None) -> dict | None:
+    """The capacity at which the p99 ``target`` holds (module doc, 5.): ``{"rate", "samples", "p99_ms"}``
+    with ``rate`` None when no rate qualifies (then ``samples`` / ``p99_ms`` are the whole run's); None
+    without a target."""
     if target is None:
         return None
-    good = [x["achieved_rate"] for x in windows if x["p99_ms"] is not None and x["p99_ms"] <= target
-            and x["shed"] < 0.05]
-    return max(good) if good else 0.0
+    w = cfg.window_s
+    lat: list[list[float]] = [[] for _ in windows]
+    for r in recs:
+        if r.sent is not None and r.outcome == "ok" and r.latency_s is not None and 0 <= r.sent // w < len(windows):
+            lat[int(r.sent // w)].append(r.latency_s * 1e3)
+    best = None
+    for rate in sorted({x["achieved_rate"] for x in windows}):
+        ks = [k for k, x in enumerate(windows) if x["achieved_rate"] <= rate]
+        pool = [v for k in ks for v in lat[k]]
+        shed = sum(windows[k]["shed"] * windows[k]["achieved_rate"] for k in ks)
+        sent = sum(windows[k]["achieved_rate"] for k in ks)
+        p99 = _pct(pool, 99)
+        if (len(pool) >= cfg.min_capacity_samples and p99 is not None and p99 <= target
+                and (shed / sent if sent else 0.0) < 0.05):
+            best = {"rate": rate, "samples": len(pool), "p99_ms": p99}
+    if best is None:
+        pool = [v for x in lat for v in x]
+        best = {"rate": None, "samples": len(pool), "p99_ms": _pct(pool, 99)}
+    return {**best, "min_samples": cfg.min_capacity_samples}
+
+
+def _capacity_text(rep: dict) -> str:
+    """``; target p99 800 ms held up to 4.0 req/s (p99 612 ms of 380 requests at <= 4.0 req/s)``, or why
+    no rate qualifies."""
+    tgt, cap = rep["target_p99_ms"], rep.get("capacity")
+    if tgt is None or cap is None:
+        return ""
+    f = lambda v: "n/a" if v is None else f"{v:.0f}"  # noqa: E731
+    if cap["rate"] is not None:
+        return (f"; target p99 {tgt:.0f} ms held up to {cap['rate']:.1f} req/s (p99 {f(cap['p99_ms'])} ms of "
+                f"{cap['samples']} requests at <= {cap['rate']:.1f} req/s)")
+    if cap["samples"] < cap["min_samples"]:
+        return (f"; too few successful requests ({cap['samples']}, need {cap['min_samples']}) to say at which rate "
+                f"the {tgt:.0f} ms p99 target holds")
+    return (f"; target p99 {tgt:.0f} ms not held at any measured rate (p99 {f(cap['p99_ms'])} ms of "
+            f"{cap['samples']} requests)")
 
 
 def _risks(samples_peak: dict) -> list[dict]:
@@ -438,7 +477,8 @@ def advice(rep: dict) -> list[str]:
     if tgt is not None and lat["p99"] is not None and lat["p99"] > tgt:
         cap = rep["capacity_rate"]
         out.append(f"p99 {lat['p99']:.0f} ms is above the {tgt:.0f} ms target" +
-                   (f"; the target held up to {cap:.1f} req/s" if cap else "") + ": add a scale_out trigger on p99")
+                   (f"; the target held up to {cap:.1f} req/s" if cap is not None else "")
+                   + ": add a scale_out trigger on p99")
     for f in rep["faults"]:
         if f["injected"] and f["detected_after_s"] is None:
             out.append(f"{f['kind']} on npu:{f['device']} at +{f['at_s']:.0f} s was not detected by the server "
@@ -472,9 +512,7 @@ def summary_lines(rep: dict) -> list[str]:
              f"{'ok' if rep['check']['ok'] else 'violations: ' + json.dumps(rep['check']['by_kind'])}; "
              f"results differing from the fault-free reference: {rq['differs_from_reference']}",
              f"latency ms: p50 {f(lat['p50'], '.0f')}, p95 {f(lat['p95'], '.0f')}, p99 {f(lat['p99'], '.0f')}, "
-             f"max {f(lat['max'], '.0f')}" + (f"; target p99 {rep['target_p99_ms']:.0f} ms held up to "
-                                                 f"{f(rep['capacity_rate'], '.1f')} req/s"
-                                                 if rep["target_p99_ms"] is not None else "")]
+             f"max {f(lat['max'], '.0f')} ({lat.get('n', 0)} successful requests)" + _capacity_text(rep)]
     for x in rep["faults"]:
         lines.append(f"fault {x['kind']} on npu:{x['device']} at +{x['at_s']:.0f} s: "
                      + ("NOT INJECTED: " + str(x["error"]) if not x["injected"] else

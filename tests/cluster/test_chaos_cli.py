@@ -65,6 +65,19 @@ def test_chaos_cli_report(tmp_path):
         assert f["detected_after_s"] is not None and f["cause"], f
         assert re.search(rf"{re.escape(f['kind'])}\s+device {f['device']}\s+detected after \d+ ms \(", ln), ln
     assert {"detection_latency_s", "recovery_latency_s", "availability_pct", "throughput"} <= set(r)
+    # one detection line per fault: Ray's worker-death paragraphs and the driver's lost-device warnings (one
+    # per client of a device) are captured, matched to the faults and summarised in one line
+    both = p.stdout + p.stderr
+    assert "\x1b[" not in both and "A worker died" not in both and "(raylet)" not in both, both[-3000:]
+    assert " lost: " not in both, both[-3000:]
+    noise = r["noise"]
+    assert noise["worker_deaths_unexplained"] == [] and noise["lost_unexplained"] == [], noise
+    assert noise["lost_warnings"] >= 1                  # a hang or a kill was detected: the driver warned
+    assert sum(1 for ln in p.stdout.splitlines() if ln.startswith("expected noise: ")) == 1, p.stdout
+    # the end state reads as a sentence, not a Python dict
+    end = next(ln for ln in p.stdout.splitlines() if ln.startswith("end state: "))
+    assert end.startswith("end state: HBM back to baseline on all 3 devices (") and end.endswith("; leaks: none")
+    assert "{" not in end, end
     # back to baseline, checked here as well as by the campaign itself
     assert r["hbm_back_to_baseline"] and r["clean"], r["leaks"]
     assert not [pid for pid in r["device_pids_seen"] if alive(pid)]
