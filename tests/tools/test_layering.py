@@ -31,6 +31,7 @@ without a place.
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +114,12 @@ def all_modules() -> dict[str, Path]:
 MODULES = all_modules()
 
 
+@functools.cache
+def tree_of(mod: str) -> ast.Module:
+    """``mod``'s syntax tree, parsed once per session (several scans walk every module; none changes a tree)."""
+    return ast.parse(MODULES[mod].read_text(), filename=str(MODULES[mod]))
+
+
 def _is_package(mod: str) -> bool:
     return MODULES.get(mod, Path()).name == "__init__.py"
 
@@ -125,8 +132,17 @@ def _resolve_relative(importer: str, level: int, module: str | None) -> str:
     return ".".join(base + ([module] if module else []))
 
 
+@functools.cache
+def _imports_of(mod: str) -> tuple[Import, ...]:
+    return tuple(_scan_imports(mod))
+
+
 def imports_of(mod: str) -> list[Import]:
-    tree = ast.parse(MODULES[mod].read_text(), filename=str(MODULES[mod]))
+    return list(_imports_of(mod))
+
+
+def _scan_imports(mod: str) -> list[Import]:
+    tree = tree_of(mod)
     out: list[Import] = []
 
     def visit(node: ast.AST, lazy: bool) -> None:
@@ -268,7 +284,7 @@ def test_backend_providers_register_their_backend():
     from runtime.backend import PROVIDERS
     for name, mod in PROVIDERS.items():
         assert mod in MODULES, f"provider {mod} of backend {name!r} does not exist"
-        tree = ast.parse(MODULES[mod].read_text())
+        tree = tree_of(mod)
         calls = [n.value for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
         assert any(isinstance(c.func, ast.Name) and c.func.id == "register_backend" and c.args
                    and isinstance(c.args[0], ast.Constant) and c.args[0].value == name for c in calls), \
@@ -415,7 +431,7 @@ def private_attributes(mod: str, tree: ast.AST) -> list[str]:
 def test_no_module_imports_private_names():
     bad = private_imports()
     for mod, path in MODULES.items():
-        bad += private_attributes(mod, ast.parse(path.read_text(), str(path)))
+        bad += private_attributes(mod, tree_of(mod))
     assert not bad, "\n".join(bad)
 
 
@@ -467,7 +483,7 @@ def test_no_private_attribute_reach_ins():
     bad = []
     for mod, path in MODULES.items():
         if "._gen" not in mod:
-            bad += private_reach_ins(mod, ast.parse(path.read_text(), str(path)))
+            bad += private_reach_ins(mod, tree_of(mod))
     assert not bad, "\n".join(bad)
 
 
@@ -552,7 +568,7 @@ def test_ray_is_imported_only_after_prepare():
     ``driver.client``'s kernel pickling; it cannot see the runtime.)"""
     bad = []
     for mod, path in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = tree_of(mod)
         if mod.startswith("runtime"):
             bad += ray_before_prepare(mod, tree)
         else:
@@ -612,14 +628,14 @@ def test_scan_sees_lazy_and_relative_imports():
 
 
 # ---------------------------------------------------------------------------------------------- error table
-def error_code_literals(codes: set[int]) -> list[str]:
+def error_code_literals(codes: set[int], mods=None) -> list[str]:
     """Integer literals equal to a CANN code of the error table, anywhere outside ``devices/errors.py``:
     every module names its codes (``ACL_ERROR_RT_...``), so one table says what each number means."""
     bad = []
-    for mod, path in MODULES.items():
+    for mod in (MODULES if mods is None else mods):
         if mod == "devices.errors" or mod.startswith("driver._gen"):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(tree_of(mod)):
             if isinstance(node, ast.Constant) and type(node.value) is int and node.value in codes:
                 bad.append(f"{mod}:{node.lineno} writes error code {node.value} as a literal")
     return bad
@@ -642,4 +658,4 @@ def test_error_literal_scan_catches_one(tmp_path, monkeypatch):
     p = tmp_path / "x.py"
     p.write_text("def f():\n    raise RuntimeError(207001)\n")
     monkeypatch.setitem(MODULES, "runtime.x", p)
-    assert error_code_literals({207001}) == ["runtime.x:2 writes error code 207001 as a literal"]
+    assert error_code_literals({207001}, ["runtime.x"]) == ["runtime.x:2 writes error code 207001 as a literal"]
