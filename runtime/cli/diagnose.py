@@ -1,6 +1,6 @@
 """``vnpu diagnose``: anomalies in a server's history lined up with its events, ranked root-cause
 candidates with evidence and advice (:mod:`runtime.observe.diagnose`); ``--output`` writes an HTML report
-with plots (inline SVG) or Markdown.
+with plots (inline SVG), a PDF (a page of text, then the plots) or Markdown, by its suffix.
 
     vnpu diagnose --since 1h --focus latency --output report.html
 """
@@ -19,7 +19,7 @@ def register(sub) -> None:
     d.add_argument("--since", type=since, default=("ago", 3600.0), help="how far back (1h, 30m, or a time)")
     d.add_argument("--until", type=since, default=None, help="end of the window (default: now)")
     d.add_argument("--focus", choices=tuple(FOCUS), default=None, help="rank only the causes of this symptom")
-    add_report_args(d, "report.html or report.md")
+    add_report_args(d, "report.html, report.pdf or report.md")
     d.set_defaults(fn=_cmd)
 
 
@@ -32,7 +32,7 @@ def _cmd(a) -> int:
         d = diagnose(src, Options(since=resolve_since(a.since, until), until=until, focus=a.focus))
     if kind:
         from runtime.observe import report
-        report.write(a.output, report.diagnosis_html(d) if kind == "html" else report.diagnosis_markdown(d))
+        report.write_diagnosis(a.output, d)
     if a.json:
         print(json.dumps(d.to_dict(), indent=1))
     else:
