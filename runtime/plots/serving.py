@@ -34,7 +34,7 @@ def figure(doc: dict) -> Figure:
     lat.plot(x, [r["baseline"]["itl_ms_p99"] for r in rows], "s--", color="C2", alpha=0.55,
              label="inter-token p99, baseline")
     lat.set_ylabel("latency p99 (ms)")
-    lat.set_yscale("log")
+    lat.set_ylim(bottom=0)
     for ax in (tput, lat):
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))

@@ -1,5 +1,5 @@
 """A metric over time, as the diagnose, stress-test and postmortem reports draw it: the samples as a line,
-an anomaly's window shaded, events as dashed vertical marks (numbered, listed under the plot), an SLO target
+an anomaly's window shaded, events as dashed vertical marks (numbered, listed under the time axis), an SLO target
 as a horizontal line.  Axes are labelled with their units: the time axis in UTC clock time (``clock="utc"``,
 samples stamped with wall-clock seconds) or in seconds from the start (``clock="s"``, a stress test's
 windows); the value axis as ``name (unit)``.
@@ -10,6 +10,7 @@ figure of its own.  Host-blocking.
 from __future__ import annotations
 
 import datetime as _dt
+import textwrap
 from dataclasses import dataclass
 
 import matplotlib.dates as mdates
@@ -18,6 +19,8 @@ from matplotlib.figure import Figure
 from .figure import new_figure
 
 CLOCKS = ("utc", "s")
+#: characters of the events' list under a plot (more are cut with " ...")
+MARKS_TEXT = 330
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,10 @@ def draw(ax, plot: TimePlot) -> None:
                     textcoords="offset points", color="C1", fontsize="small")
     if plot.target is not None:
         ax.axhline(plot.target, color="C3", ls=":", lw=1.4, label=f"{plot.target_label} {plot.target:g} {plot.unit}")
-    if shown:
-        ax.text(0.0, -0.3, "  ".join(f"{i}: {label}" for i, (_t, label) in enumerate(shown, 1))[:300],
-                transform=ax.transAxes, fontsize="x-small", color="C1", va="top", wrap=True)
+    if shown:                                   # the marks' legend under the time axis's label
+        listed = "  ".join(f"{i}: {label}" for i, (_t, label) in enumerate(shown, 1))
+        listed = textwrap.shorten(listed, MARKS_TEXT, placeholder=" ...")
+        ax.set_xlabel(ax.get_xlabel() + "\n" + "\n".join(textwrap.wrap(listed, 110)), fontsize="small")
     if plot.shade is not None or plot.target is not None or plot.extra:
         ax.legend(fontsize="x-small", loc="upper left")
 
