@@ -8,16 +8,17 @@
   each; an embedded cluster where the benchmark starts one);
 - ``reports``: a real server (MiniLM-L3 on two in-process devices behind the real HTTP server, its sampler
   recording the history) under a real 40 s stress test with an overheat and a slow device injected; then
-  ``vnpu stress-test``'s report plots (``stress_*.png``), ``vnpu diagnose`` and ``vnpu postmortem`` on that
-  history (``diagnose_*.png``, ``postmortem_*.png``) and ``vnpu monitor``'s frame rendered by rich to SVG
-  (``monitor.svg``: Console(record=True).save_svg).
+  ``vnpu stress-test``'s report plots (``stress_rate.png``, ``stress_p99.png``), ``vnpu diagnose``'s first
+  symptom and ``vnpu postmortem``'s p99 on that history (``diagnose_symptom.png``, ``postmortem_p99.png``)
+  and ``vnpu monitor``'s frame rendered by rich to SVG (``monitor.svg``: Console(record=True).save_svg).
 
 The figures carry the machine's numbers of the run that drew them (load, cores): regenerate, don't edit.
-Every figure is a PNG of ~50-100 KB (the monitor an SVG of ~40 KB).
+Every figure is a PNG of ~30-90 KB (the monitor an SVG of ~35 KB).
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import subprocess
@@ -37,6 +38,8 @@ BENCH_ARGS = {
     "scale": ["--devices", "2,4,8", "--hbm-mb", "16", "--allreduce-bytes", "64K", "--iters", "3"],
 }
 ADMIN = "sk-ops-docs-figures-0123456789"
+#: resolution of the report figures in the docs (small files; the benchmarks' --plot keeps its default)
+DOCS_DPI = 90
 
 
 def _shown(path: Path) -> str:
@@ -68,13 +71,12 @@ def _stress(url: str, rt) -> dict:
         rt.devices()[0].handle.inject_fault("clear")
 
 
-def _pngs(plots: list, prefix: str, out: Path) -> None:
+def _png(plot, name: str, out: Path) -> None:
     from runtime.plots.figure import save
     from runtime.plots.timeline import figure
-    for i, plot in enumerate(plots):
-        path = out / f"{prefix}_{i}.png"
-        save(figure(plot), str(path))
-        print(f"{_shown(path)}: {plot.title}")
+    path = out / f"{name}.png"
+    save(figure(plot), str(path), dpi=DOCS_DPI)
+    print(f"{_shown(path)}: {plot.title}")
 
 
 def reports(out: Path) -> None:
@@ -86,7 +88,7 @@ def reports(out: Path) -> None:
     from runtime.backend import LocalBackend
     from runtime.cli.monitor import render
     from runtime.observe import report
-    from runtime.observe.dashboard import DEFAULT_METRICS, build
+    from runtime.observe.dashboard import DEFAULT_METRICS, build, metric_name
     from runtime.observe.diagnose import Options, diagnose
     from runtime.observe.metrics_store import History
     from runtime.observe.postmortem import analyse, targets_of
@@ -114,15 +116,19 @@ def reports(out: Path) -> None:
         srv.stop()
         rt.close()
     print("\n".join(summary_lines(rep)))
-    _pngs(stress_plots(rep), "stress", out)
+    rates, p99 = stress_plots(rep)[:2]
+    _png(rates, "stress_rate", out)
+    _png(p99, "stress_p99", out)
     src = FileSource(hist)
     try:
         d = diagnose(src, Options(since=t0, until=t1))
-        _pngs(report.diagnosis_plots(d)[:2], "diagnose", out)
+        plots = report.diagnosis_plots(d)
+        if plots:
+            _png(plots[0], "diagnose_symptom", out)
         pm = analyse(src, t0, t1, targets_of(src.events(until=t1)))
-        _pngs(report.postmortem_plots(src, pm), "postmortem", out)
-        con = Console(record=True, width=110, force_terminal=True, color_system="truecolor")
-        con.print(render(build(src, list(DEFAULT_METRICS), window_s=t1 - t0)))
+        _png(report.postmortem_plots(src, pm)[0], "postmortem_p99", out)
+        con = Console(record=True, width=110, force_terminal=True, color_system="truecolor", file=io.StringIO())
+        con.print(render(build(src, [metric_name(m) for m in DEFAULT_METRICS], window_s=t1 - t0)))
         con.save_svg(str(out / "monitor.svg"), title="vnpu monitor")
         print(_shown(out / "monitor.svg"))
     finally:

@@ -75,8 +75,9 @@ def draw(ax, plot: TimePlot) -> None:
     lo, hi = ts[0], ts[-1]
     if plot.shade is not None:
         a, b = max(plot.shade[0], lo), min(plot.shade[1], hi)
-        if b >= a:
-            ax.axvspan(_x(plot, a), _x(plot, b), color="C6", alpha=0.2, lw=0, label="anomaly window")
+        if b >= a:                              # at least 1 % of the axis wide: a one-sample anomaly shows
+            pad = max(0.0, 0.005 * (hi - lo) - (b - a) / 2)
+            ax.axvspan(_x(plot, a - pad), _x(plot, b + pad), color="C3", alpha=0.15, lw=0, label="anomaly window")
     shown = [(t, label) for t, label in plot.marks if lo <= t <= hi]
     for i, (t, _label) in enumerate(shown, 1):
         ax.axvline(_x(plot, t), color="C1", ls="--", lw=1.0)
@@ -85,7 +86,7 @@ def draw(ax, plot: TimePlot) -> None:
     if plot.target is not None:
         ax.axhline(plot.target, color="C3", ls=":", lw=1.4, label=f"{plot.target_label} {plot.target:g} {plot.unit}")
     if shown:                                   # the marks' legend under the time axis's label
-        listed = "  ".join(f"{i}: {label}" for i, (_t, label) in enumerate(shown, 1))
+        listed = "; ".join(f"{i}: {label}" for i, (_t, label) in enumerate(shown, 1))
         listed = textwrap.shorten(listed, MARKS_TEXT, placeholder=" ...")
         ax.set_xlabel(ax.get_xlabel() + "\n" + "\n".join(textwrap.wrap(listed, 110)), fontsize="small")
     if plot.shade is not None or plot.target is not None or plot.extra:
