@@ -54,7 +54,7 @@ def bench(name: str, out: Path) -> None:
     if p.returncode != 0:
         raise SystemExit(f"bench {name}: exit {p.returncode}\n{p.stderr[-2000:]}")
     doc = json.loads(p.stdout.strip().splitlines()[-1])
-    print(f"{_shown(png)}: verified {doc['verified']}")
+    print(f"{_shown(png)}: verified {doc['verified']} (load average {os.getloadavg()[0]:.1f})")
 
 
 def _stress(url: str, rt) -> dict:
@@ -130,7 +130,7 @@ def reports(out: Path) -> None:
         con = Console(record=True, width=110, force_terminal=True, color_system="truecolor", file=io.StringIO())
         con.print(render(build(src, [metric_name(m) for m in DEFAULT_METRICS], window_s=t1 - t0)))
         con.save_svg(str(out / "monitor.svg"), title="vnpu monitor")
-        print(_shown(out / "monitor.svg"))
+        print(f"{_shown(out / 'monitor.svg')} (load average {os.getloadavg()[0]:.1f})")
     finally:
         src.close()
         hist.close()
