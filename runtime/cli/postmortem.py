@@ -29,6 +29,7 @@ def register(sub) -> None:
 
 def _cmd(a) -> int:
     from runtime.observe.postmortem import analyse, incident_window, summary_lines, targets_of
+    from runtime.observe.report import postmortem_plots, write_report
     kind = report_kind(a, "vnpu postmortem")
     with reading(a, "vnpu postmortem") as src:
         if a.event is not None:
@@ -38,12 +39,10 @@ def _cmd(a) -> int:
             lo = resolve_since(a.since or ("ago", 3600.0), hi)
         tg = targets_of(src.events(until=hi), a.target_p99_ms, a.availability)
         pm = analyse(src, lo, hi, tg)
-        if kind:
-            from runtime.observe import report
-            plots = report.postmortem_plots(src, pm) if kind != "md" else []
+        plots = postmortem_plots(src, pm) if kind in ("html", "pdf") else []      # read while the source is open
     lines = summary_lines(pm)
     if kind:
-        report.write_report(a.output, "vnpu postmortem", lines, plots)
+        write_report(a.output, "vnpu postmortem", lines, plots)
     if a.json:
         print(json.dumps(pm, indent=1))
     else:
