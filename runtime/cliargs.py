@@ -344,6 +344,20 @@ def writable_file(s: str) -> str:
     return s
 
 
+def suffixed_file(suffixes: tuple[str, ...], what: str = "file"):
+    """``type=``: a file the command writes whose suffix (case-insensitive) is one of ``suffixes`` -- the
+    format is chosen by it (a plot: ``.png``, ``.svg``, ``.pdf``) -- and that it can write
+    (:func:`writable_file`)."""
+    def check(s: str) -> str:
+        suffix = os.path.splitext(s)[1].lower()
+        if suffix not in suffixes:
+            raise argparse.ArgumentTypeError(f"{s}: a {what} is written as {', '.join(suffixes)} (by the suffix), "
+                                             f"not {suffix or 'a file without a suffix'}")
+        return writable_file(s)
+    check.__name__ = f"{what.replace(' ', '_')}_file"
+    return check
+
+
 def writable_dir(s: str) -> str:
     """``type=``: a folder the command writes into, created when missing (:func:`output_dir_problem`)."""
     problem = output_dir_problem(s)

@@ -43,6 +43,8 @@ from devices import procstat
 from runtime.cliargs import fail, nonneg_int, positive_int, size
 from runtime.cluster import rayenv
 
+from .common import add_plot_arg, write_plot
+
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 DTYPES = ("float32", "float16", "float64", "int8", "int32", "int64", "bfloat16")
 REDOPS = ("sum", "prod", "max", "min")
@@ -75,6 +77,7 @@ def register(bench_subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--no-baselines", action="store_true", help="skip the plain Ray and torch gloo baselines")
     p.add_argument("--no-bound", action="store_true", help="skip the memory-bound limit of each row")
+    add_plot_arg(p, "bus bandwidth vs size with the memory-bound lines")
     p.set_defaults(fn=_bench_hccl)
 
 
@@ -597,17 +600,18 @@ def _report(a, backend: str, rows: list[dict], baselines: dict, ndev: int, out) 
     and no value was out of bounds, else 1."""
     avg = statistics.mean(r["busbw"] for r in rows) if rows else 0.0
     wrong = sum(r["wrong"] for r in rows)
+    keep = ("op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong", "bound", "cpu_us")
+    doc = {"devices": a.devices, "backend": backend, "algo": a.algo or "auto",
+           "rows": [{k: r[k] for k in keep if k in r} for r in rows], "avg_busbw": avg,
+           "out_of_bounds": wrong, "verified": bool(rows) and not wrong, "baselines": baselines}
     if a.json:
-        keep = ("op", "size", "count", "type", "redop", "root", "time_us", "algbw", "busbw", "wrong", "bound", "cpu_us")
-        print(json.dumps({"devices": a.devices, "backend": backend, "algo": a.algo or "auto",
-                          "rows": [{k: r[k] for k in keep if k in r} for r in rows], "avg_busbw": avg,
-                          "out_of_bounds": wrong, "verified": bool(rows) and not wrong, "baselines": baselines}))
+        print(json.dumps(doc))
     else:
         print(f"# Out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}", file=out)
         print(f"# Avg bus bandwidth    : {avg:.4f}", file=out)
         if baselines:
             _print_baselines(baselines, ndev, out)
-    return 0 if rows and not wrong else 1
+    return write_plot(a, "hccl", doc) or (0 if rows and not wrong else 1)
 
 
 def _fmt_bound(row: dict) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 
 from runtime.cliargs import fail, size
 
-from .common import fmt_size as _fmt_size, median_time as _median_time
+from .common import add_plot_arg, fmt_size as _fmt_size, median_time as _median_time, write_plot
 
 
 def register(bs) -> None:
@@ -20,6 +20,7 @@ def register(bs) -> None:
     mc.add_argument("--grpc-max-bytes", type=size, default="64M",
                     help="largest size also measured over the gRPC path")
     mc.add_argument("--json", action="store_true", help="print the rows as JSON")
+    add_plot_arg(mc, "bandwidth vs size with np.copyto as the bound")
     mc.set_defaults(fn=run)
 
 
@@ -69,8 +70,9 @@ def run(a) -> int:
         if slow is not None:
             slow.backend.close()
     verified = bool(rows) and all(r["verified"] for r in rows)
+    doc = {"rows": rows, "verified": verified}
     if a.json:
-        print(json.dumps({"rows": rows, "verified": verified}))
+        print(json.dumps(doc))
     else:
         print(f"{'size':>10} {'copyto GB/s':>12} {'H2D GB/s':>9} {'D2H GB/s':>9} {'H2D/copyto':>10} "
               f"{'D2H/copyto':>10} {'gRPC H2D':>9} {'gRPC D2H':>9} ok")
@@ -80,4 +82,4 @@ def run(a) -> int:
                   f"{r.get('grpc_h2d_gbs', float('nan')):9.2f} {r.get('grpc_d2h_gbs', float('nan')):9.2f} "
                   f"{'yes' if r['verified'] else 'NO'}")
         print(f"verified: {'yes' if verified else 'NO: a copy came back different'}")
-    return 0 if verified else 1
+    return write_plot(a, "memcpy", doc) or (0 if verified else 1)

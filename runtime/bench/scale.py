@@ -32,6 +32,8 @@ from devices import procstat
 from runtime.cliargs import fail, int_list, positive_int, size
 from runtime.cluster import rayenv
 
+from .common import add_plot_arg, write_plot
+
 
 def register(bs) -> None:
     p = bs.add_parser("scale", help="many devices per machine: start time, memory per device, AllReduce "
@@ -43,6 +45,7 @@ def register(bs) -> None:
     p.add_argument("--iters", type=positive_int, default=10, help="timed AllReduce iterations")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain-actor baseline")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    add_plot_arg(p, "start time, memory per device and AllReduce time vs devices")
     p.set_defaults(fn=run)
 
 
@@ -198,15 +201,16 @@ def run(a) -> int:
                   f"{format(pl['cpu_s_median'], '.2f') if pl else '-':>9} {ar['time_us']:>10.0f} {ar['algo']:>8} "
                   f"{bd['t1_us']:>9.0f} {bd['tn_us']:>9.0f} {ar['wrong']:>7}", file=out, flush=True)
     wrong = sum(r["allreduce"]["wrong"] for r in rows)
+    doc = {"machine": machine, "hbm_mb": a.hbm_mb, "allreduce_bytes": nbytes, "rows": rows,
+           "verified": bool(rows) and not wrong}
     if a.json:
-        print(json.dumps({"machine": machine, "hbm_mb": a.hbm_mb, "allreduce_bytes": nbytes, "rows": rows,
-                          "verified": bool(rows) and not wrong}))
+        print(json.dumps(doc))
     else:
         print(f"# start: from asking Ray for every device actor at once until all serve gRPC; plain: as many empty "
               f"Ray actors, same cluster, just before; CPU: CPU time of each process once all serve, "
               f"median\n# AllReduce results {'OK' if not wrong else 'WRONG'} "
               f"({wrong} bad elements)", file=out)
-    return 0 if rows and not wrong else 1
+    return write_plot(a, "scale", doc) or (0 if rows and not wrong else 1)
 
 
 __all__ = ["register", "run", "proc_memory"]

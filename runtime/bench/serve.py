@@ -25,8 +25,9 @@ import threading
 import time
 from urllib.parse import urlparse
 
-from runtime.cliargs import int_list, positive_int
+from runtime.cliargs import fail, int_list, positive_int
 
+from .common import add_plot_arg, write_plot
 from .serve_workload import NumpyDecode, pct as _pct, prompt as _prompt
 
 
@@ -41,6 +42,7 @@ def register(bench_sub) -> None:
     p.add_argument("--backend", choices=["cluster", "local"], default="cluster",
                    help="the device as a Ray actor over gRPC (default) or in this process")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_plot_arg(p, "output tokens/s and p99 latencies vs concurrency (the concurrency sweep)")
     from .serve_load import register_flags
     register_flags(p)
     p.set_defaults(fn=_run)
@@ -212,6 +214,8 @@ def _runtime(backend: str):
 
 def _run(a) -> int:
     if a.load_step:
+        if a.plot:
+            fail("argument --plot: draws the concurrency sweep; not with --load-step", "vnpu bench serve")
         from .serve_load import run
         return run(a)
     from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
@@ -240,7 +244,7 @@ def _run(a) -> int:
            "top": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"]}, "verified": ok}
     if a.json:
         print(json.dumps(doc))
-        return 0 if ok else 1
+        return write_plot(a, "serve", doc) or (0 if ok else 1)
     print(f"vnpu bench serve: {a.model} on one device ({a.backend}), {a.requests} streamed requests x "
           f"{a.max_tokens} tokens per level; baseline = same engine with max_num_seqs=1; bound = numpy decode "
           f"at batch = concurrency")
@@ -259,4 +263,4 @@ def _run(a) -> int:
     print(f"verified: {'yes' if ok else 'NO: a streamed request lost, cut short or changed its tokens or text'}"
           + (f" ({ties} near tie(s): text parted from the non-streamed one at a top-2 logprob gap < {tol:.1e})"
              if ties else ""))
-    return 0 if ok else 1
+    return write_plot(a, "serve", doc) or (0 if ok else 1)

@@ -2,7 +2,7 @@
 candidates with evidence, confidence and advice (:mod:`runtime.observe.diagnose`) -- a finding crosses a
 limit from the chip's specs or the SLO (``--target-p99-ms`` / ``--availability`` override the server's) in
 enough samples, else the verdict is "no significant anomaly"; ``--output`` writes an HTML report with plots
-(inline SVG) or Markdown.
+(inline SVG), a PDF (a page of text, then the plots) or Markdown, by its suffix.
 
     vnpu diagnose --since 1h --focus latency --output report.html
 """
@@ -27,7 +27,7 @@ def register(sub) -> None:
     d.add_argument("--availability", type=float_in(0.0, 1.0, lo_open=True), default=None,
                    help="the availability target whose error budget an error finding must cross, e.g. 0.995 "
                         "(default: the server's slo)")
-    add_report_args(d, "report.html or report.md")
+    add_report_args(d, "report.html, report.pdf or report.md")
     d.set_defaults(fn=_cmd)
 
 
@@ -42,7 +42,7 @@ def _cmd(a) -> int:
         d = diagnose(src, Options(since=resolve_since(a.since, until), until=until, focus=a.focus, targets=tg))
     if kind:
         from runtime.observe import report
-        report.write(a.output, report.diagnosis_html(d) if kind == "html" else report.diagnosis_markdown(d))
+        report.write_diagnosis(a.output, d)
     if a.json:
         print(json.dumps(d.to_dict(), indent=1))
     else:

@@ -23,12 +23,13 @@ def register(sub) -> None:
                    help="the p99 target (default: the server's slo.target_p99_ms)")
     p.add_argument("--availability", type=float_in(0.0, 1.0, lo_open=True), default=None,
                    help="the availability target as a fraction, e.g. 0.995 (default: the server's slo)")
-    add_report_args(p, "also write the report (.html or .md)")
+    add_report_args(p, "also write the report (.html, .pdf or .md)")
     p.set_defaults(fn=_cmd)
 
 
 def _cmd(a) -> int:
     from runtime.observe.postmortem import analyse, incident_window, summary_lines, targets_of
+    from runtime.observe.report import postmortem_plots, write_report
     kind = report_kind(a, "vnpu postmortem")
     with reading(a, "vnpu postmortem") as src:
         if a.event is not None:
@@ -38,11 +39,10 @@ def _cmd(a) -> int:
             lo = resolve_since(a.since or ("ago", 3600.0), hi)
         tg = targets_of(src.events(until=hi), a.target_p99_ms, a.availability)
         pm = analyse(src, lo, hi, tg)
+        plots = postmortem_plots(src, pm) if kind in ("html", "pdf") else []      # read while the source is open
     lines = summary_lines(pm)
     if kind:
-        from runtime.observe import report
-        report.write(a.output, report.lines_html("vnpu postmortem", lines) if kind == "html"
-                     else "# vnpu postmortem\n\n```\n" + "\n".join(lines) + "\n```\n")
+        write_report(a.output, "vnpu postmortem", lines, plots)
     if a.json:
         print(json.dumps(pm, indent=1))
     else:

@@ -8,7 +8,8 @@ child process with ``VNPU_PROF`` naming it, so that every runtime client the com
 exits and leaves its records there (:mod:`runtime.profiler`).  Then writes
 ``mindstudio_profiler_output/`` (timeline, op_summary, op_statistic, api_statistic, summary) and prints
 the summary: the launch / alloc / copy / sync / compute / idle breakdown on the modeled and the wall
-clock, the top ops and the verdict.  Exits with the command's own status.  Interrupting (Ctrl-C) is passed
+clock, the top ops and the verdict, and where to open the timeline (ui.perfetto.dev, chrome://tracing).  Exits
+with the command's own status.  Interrupting (Ctrl-C) is passed
 to the command, which then exits and writes its profile.  A bad flag is exit 2 with one line on stderr.
 """
 from __future__ import annotations
@@ -73,4 +74,6 @@ def _cmd(a) -> int:
     print(f"profile: {prof_dir}")
     for path in (res.trace, res.op_summary, res.op_statistic, res.api_statistic, res.summary_path):
         print(f"  {os.path.relpath(path, prof_dir)}")
+    print(f"timeline: open {os.path.abspath(res.trace)} in https://ui.perfetto.dev (Open trace file) or "
+          "chrome://tracing (Load)")
     return status

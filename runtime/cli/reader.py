@@ -2,7 +2,7 @@
 it reads: ``--history FILE`` | ``--url U`` (+ ``--api-key`` / ``$VNPU_API_KEY``) | the running server's
 file in the state directory (see :func:`runtime.observe.source.open_source`); the time arguments
 (``--since 1h``, an ISO time, or epoch seconds); and what a reporting command (``diagnose``,
-``postmortem``) writes: ``--output FILE`` (.html or .md; ``--report`` is the same flag) and ``--json``."""
+``postmortem``) writes: ``--output FILE`` (.html, .pdf or .md; ``--report`` is the same flag) and ``--json``."""
 from __future__ import annotations
 
 import argparse
@@ -45,11 +45,8 @@ def reading(a, prog: str):
             fail(str(e), prog)
 
 
-_REPORT_KINDS = {".html": "html", ".htm": "html", ".md": "md"}
-
-
 def add_report_args(p, output_help: str) -> None:
-    """``--output FILE`` (a report page, .html or .md), ``--json`` and where the history is
+    """``--output FILE`` (a report: .html, .pdf or .md), ``--json`` and where the history is
     (:func:`add_source_args`): the arguments every reporting command takes."""
     add_output_arg(p, output_help)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -57,15 +54,15 @@ def add_report_args(p, output_help: str) -> None:
 
 
 def report_kind(a, prog: str) -> str | None:
-    """``"html"`` or ``"md"`` by ``--output``'s suffix, None without ``--output``; any other suffix is a
-    usage error of ``prog``."""
+    """``"html"``, ``"md"`` or ``"pdf"`` by ``--output``'s suffix (:data:`runtime.observe.report.KINDS`), None
+    without ``--output``; any other suffix is a usage error of ``prog``."""
     if not a.output:
         return None
-    for suffix, kind in _REPORT_KINDS.items():
-        if a.output.endswith(suffix):
-            return kind
-    fail(f"argument --output: {a.output} is neither .html nor .md", prog)
-    return None
+    from runtime.observe.report import KINDS, kind_of
+    kind = kind_of(a.output)
+    if kind is None:
+        fail(f"argument --output: {a.output} is not a report file (use {', '.join(KINDS)})", prog)
+    return kind
 
 
 def since(s: str):

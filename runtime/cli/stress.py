@@ -38,7 +38,7 @@ def register(sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="seed of the arrivals, prompts and faults (default 0)")
     s.add_argument("--workers", type=int_at_least(1), default=64, help="concurrent requests in flight at most")
     s.add_argument("--timeout", type=duration, default="60s", help="per request")
-    add_output_arg(s, "write an HTML (or .json) report")
+    add_output_arg(s, "write a report: .html, .pdf (text, then plots) or .json")
     s.add_argument("--json", action="store_true", help="print the report as JSON (without the request history)")
     s.add_argument("--url", help="the server (default: the one in $VNPU_HOME/serve/server.json)")
     s.add_argument("--api-key", help="an admin key (default: $VNPU_API_KEY)")
@@ -87,8 +87,8 @@ def _cmd(a) -> int:
     from runtime.observe.source import HttpSource
     from runtime.stress.run import StressConfig, StressError, run_stress, summary_lines
     prog = "vnpu stress-test"
-    if a.output and not a.output.endswith((".html", ".htm", ".json")):
-        fail(f"argument --output: {a.output} is neither .html nor .json", prog)
+    if a.output and not a.output.lower().endswith((".html", ".htm", ".pdf", ".json")):
+        fail(f"argument --output: {a.output} is not a report file (use .html, .pdf or .json)", prog)
     profile = _profile(a)
     doc = serverfile.read(state_dir())
     url = a.url or (doc or {}).get("url")
@@ -126,9 +126,8 @@ def _cmd(a) -> int:
             with open(a.output, "w") as f:
                 json.dump(rep, f, indent=1, default=str)
         else:
-            from runtime.stress.report import stress_html
-            with open(a.output, "w") as f:
-                f.write(stress_html(rep, lines))
+            from runtime.stress.report import write_stress
+            write_stress(a.output, rep, lines)
     if a.json:
         print(json.dumps({k: v for k, v in rep.items() if k != "history"}, indent=1, default=str))
     else:

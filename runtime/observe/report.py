@@ -1,8 +1,12 @@
-"""Reports as files: a diagnosis (or a stress test, a postmortem) as Markdown or self-contained HTML.
+"""Reports as files: a diagnosis (or a stress test, a postmortem) as Markdown, self-contained HTML or PDF.
 
-The HTML has no script and loads nothing (no JS CDN, no web font): plots are inline SVG drawn here --
-the metric around each finding, the anomaly's window shaded, events as vertical marks.  Markdown carries
-the same text with a small table per finding (no plots).
+The HTML has no script and loads nothing (no JS CDN, no web font): plots are matplotlib figures inlined as
+SVG (:mod:`runtime.plots.timeline`: the metric around each finding with its axes and units, the anomaly's
+window shaded, events as numbered vertical marks).  PDF (an output path ending in ``.pdf``): a page of the
+report's text, then the same plots (:mod:`runtime.plots.pdf`).  Markdown carries the text only.
+
+Which file is written follows the output's suffix (:data:`KINDS`); :func:`write_report` writes any of them
+from the report's text lines and plots.  Host-blocking (drawing, writing).
 """
 from __future__ import annotations
 
@@ -14,55 +18,34 @@ from typing import Iterable
 from .anomaly import Anomaly
 from .metrics_store import METRICS, Event
 
+#: output suffix -> the kind of report written there
+KINDS = {".html": "html", ".htm": "html", ".md": "md", ".pdf": "pdf"}
+
 
 def _t(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ts))
 
 
-def svg_plot(points: list[tuple[float, float]], title: str, unit: str = "", shade: tuple[float, float] | None = None,
-             marks: Iterable[tuple[float, str]] = (), width: int = 640, height: int = 180) -> str:
-    """An inline SVG line plot of ``points`` with ``shade`` (a ts interval) and ``marks`` ((ts, label)
-    vertical lines).  Empty series: a box saying so."""
-    pad_l, pad_r, pad_t, pad_b = 60, 10, 22, 24
-    w, h = width - pad_l - pad_r, height - pad_t - pad_b
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="{html.escape(title)}">',
-           f'<rect x="0" y="0" width="{width}" height="{height}" fill="#fff" stroke="#ccc"/>',
-           f'<text x="{pad_l}" y="15" font-size="12" font-family="sans-serif">{html.escape(title)}</text>']
-    if not points:
-        out.append(f'<text x="{pad_l}" y="{pad_t + h / 2}" font-size="12">no samples</text></svg>')
-        return "".join(out)
-    t0, t1 = points[0][0], points[-1][0]
-    vs = [v for _, v in points]
-    lo, hi = min(vs), max(vs)
-    if hi == lo:
-        lo, hi = lo - 1.0, hi + 1.0
-    span = max(t1 - t0, 1e-9)
+def time_plot(points: list[tuple[float, float]], title: str, unit: str = "", shade: tuple[float, float] | None = None,
+              marks: Iterable[tuple[float, str]] = (), clock: str = "utc", target: float | None = None,
+              target_label: str = "target", extra: Iterable[tuple[str, list[tuple[float, float]]]] = ()):
+    """What to draw for one metric (a :class:`runtime.plots.timeline.TimePlot`): ``points`` ``(t, value)``,
+    ``shade`` an interval, ``marks`` ``(t, label)`` events, ``target`` a horizontal line, ``extra`` more
+    ``(label, points)`` series on the same axes; ``clock``: ``utc`` (t in wall-clock seconds) or ``s``
+    (seconds from the start)."""
+    from runtime.plots.timeline import TimePlot
 
-    def x(t: float) -> float:
-        return pad_l + (t - t0) / span * w
+    def pts(ps):
+        return tuple((float(t), float(v)) for t, v in ps)
+    return TimePlot(pts(points), title, unit, shade, tuple((float(t), str(label)) for t, label in marks), target,
+                    target_label, clock, tuple((str(label), pts(ps)) for label, ps in extra))
 
-    def y(v: float) -> float:
-        return pad_t + (1.0 - (v - lo) / (hi - lo)) * h
 
-    if shade is not None:
-        a, b = max(shade[0], t0), min(shade[1], t1)
-        if b >= a:
-            out.append(f'<rect x="{x(a):.1f}" y="{pad_t}" width="{max(2.0, x(b) - x(a)):.1f}" height="{h}" '
-                       f'fill="#f6c" fill-opacity="0.25"/>')
-    for ts, label in marks:
-        if t0 <= ts <= t1:
-            out.append(f'<line x1="{x(ts):.1f}" x2="{x(ts):.1f}" y1="{pad_t}" y2="{pad_t + h}" stroke="#c60" '
-                       f'stroke-dasharray="3,2"><title>{html.escape(label)}</title></line>')
-    path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in points)
-    out.append(f'<polyline points="{path}" fill="none" stroke="#036" stroke-width="1.2"/>')
-    for v in (lo, hi):
-        out.append(f'<text x="{pad_l - 4}" y="{y(v) + 4:.1f}" font-size="10" text-anchor="end" '
-                   f'font-family="sans-serif">{v:.4g}{html.escape(" " + unit if unit else "")}</text>')
-    out.append(f'<text x="{pad_l}" y="{height - 6}" font-size="10" font-family="sans-serif">{_t(t0)}</text>'
-               f'<text x="{pad_l + w}" y="{height - 6}" font-size="10" text-anchor="end" '
-               f'font-family="sans-serif">{_t(t1)} UTC</text></svg>')
-    return "".join(out)
+def plot_html(plot) -> str:
+    """A :func:`time_plot` as an inline ``<svg>`` element with axes, labels and units."""
+    from runtime.plots.figure import inline_svg
+    from runtime.plots.timeline import figure
+    return f"<figure>{inline_svg(figure(plot))}</figure>"
 
 
 def around(points: list[tuple[float, float]], a: Anomaly, before_s: float = 300.0,
@@ -85,6 +68,20 @@ def _event_marks(events: list[Event]) -> list[tuple[float, str]]:
     return [(e.ts, f"#{e.id} {e.kind}: {e.diagnosis}") for e in events]
 
 
+def _anomaly_plot(d, a: Anomaly, marks: list[tuple[float, str]]):
+    return time_plot(around(d.series.get((a.metric, a.scope), []), a), f"{a.metric} {a.scope}".strip(),
+                     METRICS[a.metric][0], (a.onset, a.end), marks)
+
+
+def diagnosis_plots(d) -> list:
+    """The plots of a :class:`~runtime.observe.diagnose.Diagnosis`: each shown symptom, then the anomaly of
+    each shown root-cause candidate (:func:`time_plot`)."""
+    marks = _event_marks(d.events)
+    plots = [_anomaly_plot(d, s, marks) for s in d.symptoms[:5]]
+    plots += [_anomaly_plot(d, c.anomaly, marks) for c in d.candidates[:8] if c.anomaly is not None]
+    return plots
+
+
 def diagnosis_html(d) -> str:
     """A :class:`~runtime.observe.diagnose.Diagnosis` as one self-contained HTML page."""
     from .diagnose import describe, summary_lines
@@ -94,8 +91,7 @@ def diagnosis_html(d) -> str:
         body.append("<h2>Symptoms</h2>")
         for s in d.symptoms[:5]:
             body.append(f"<p>{html.escape(describe(s))}</p>")
-            body.append(svg_plot(around(d.series.get((s.metric, s.scope), []), s), f"{s.metric} {s.scope}".strip(),
-                                 METRICS[s.metric][0], (s.onset, s.end), marks))
+            body.append(plot_html(_anomaly_plot(d, s, marks)))
     body.append("<h2>Root-cause candidates</h2>" if d.candidates else "<h2>No root-cause candidate</h2>")
     for i, c in enumerate(d.candidates[:8], 1):
         where = f" on {c.scope}" if c.scope else ""
@@ -104,9 +100,7 @@ def diagnosis_html(d) -> str:
         body += [f"<li>{html.escape(ev)}</li>" for ev in c.evidence[:6]]
         body.append("</ul>")
         if c.anomaly is not None:
-            a = c.anomaly
-            body.append(svg_plot(around(d.series.get((a.metric, a.scope), []), a), f"{a.metric} {a.scope}".strip(),
-                                 METRICS[a.metric][0], (a.onset, a.end), marks))
+            body.append(plot_html(_anomaly_plot(d, c.anomaly, marks)))
         if c.advice:
             body.append(f"<p class='advice'>Advice: {html.escape(c.advice)}</p>")
     if d.over_limit:
@@ -139,8 +133,55 @@ def diagnosis_markdown(d) -> str:
 
 
 def lines_html(title: str, lines: list[str], plots: Iterable[str] = ()) -> str:
-    """A plain report page: lines as paragraphs, then plots."""
+    """A plain report page: lines as paragraphs, then plots (HTML elements: :func:`plot_html`)."""
     return html_page(title, [f"<p>{html.escape(ln)}</p>" for ln in lines] + list(plots))
+
+
+def kind_of(path: str) -> str | None:
+    """The kind of report (``html``, ``md``, ``pdf``) written to ``path``, by its suffix (None: no kind)."""
+    low = str(path).lower()
+    return next((kind for suffix, kind in KINDS.items() if low.endswith(suffix)), None)
+
+
+def write_report(path: str | Path, title: str, lines: list[str], plots: list, page: str | None = None) -> None:
+    """Write a report to ``path`` as its suffix says (:data:`KINDS`): HTML (``page`` when given, else
+    ``lines`` then ``plots``), PDF (a page of ``lines``, then ``plots``: :mod:`runtime.plots.pdf`) or Markdown
+    (``lines`` only).  ``plots``: :func:`time_plot` values."""
+    kind = kind_of(str(path))
+    if kind == "pdf":
+        from runtime.plots import pdf
+        pdf.write(str(path), title, lines, plots)
+    elif kind == "html":
+        write(path, page if page is not None else lines_html(title, lines, [plot_html(p) for p in plots]))
+    elif kind == "md":
+        write(path, f"# {title}\n\n```\n" + "\n".join(lines) + "\n```\n")
+    else:
+        raise ValueError(f"{path}: not a report file (use {', '.join(KINDS)})")
+
+
+def write_diagnosis(path: str | Path, d) -> None:
+    """A :class:`~runtime.observe.diagnose.Diagnosis` as HTML, PDF or Markdown (by the suffix)."""
+    kind = kind_of(str(path))
+    if kind == "md":
+        write(path, diagnosis_markdown(d))
+        return
+    from .diagnose import summary_lines
+    write_report(path, "vnpu diagnose", summary_lines(d, top=8), diagnosis_plots(d),
+                 page=diagnosis_html(d) if kind == "html" else None)
+
+
+def postmortem_plots(src, pm: dict) -> list:
+    """The plots of a postmortem (``pm``: :func:`runtime.observe.postmortem.analyse`'s dict) from the history
+    ``src``: p99 latency per second against the p99 target, requests per second, the server-side error rate
+    against the error budget (1 - the availability target), events marked."""
+    lo, hi = pm["window"]["since"], pm["window"]["until"]
+    marks = [(e["ts"], f"#{e['id']} {e['kind']}: {e['diagnosis'] or e['source']}") for e in pm["timeline"]]
+    tg = pm["target"]
+    return [time_plot(src.samples("p99_latency_ms", lo, hi), "p99_latency_ms", "ms", marks=marks,
+                      target=tg["p99_ms"], target_label="p99 target"),
+            time_plot(src.samples("qps", lo, hi), "qps", METRICS["qps"][0], marks=marks),
+            time_plot(src.samples("error_rate", lo, hi), "error_rate", METRICS["error_rate"][0], marks=marks,
+                      target=1.0 - tg["availability"], target_label="error budget")]
 
 
 def write(path: str | Path, text: str) -> None:

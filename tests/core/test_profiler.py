@@ -417,6 +417,8 @@ def test_vnpu_prof_on_a_user_script(tmp_path):
     assert "verdict:" in r.stdout and "launch" in r.stdout and "compute" in r.stdout
     assert "2 runtime client(s)" in r.stdout                    # the script and the process it started
     dirs = glob.glob(str(out / "PROF_*"))
+    trace = glob.glob(os.path.join(dirs[0], "mindstudio_profiler_output", "msprof_*.json"))[0]
+    assert f"timeline: open {trace} in https://ui.perfetto.dev" in r.stdout and "chrome://tracing" in r.stdout
     assert len(dirs) == 1 and os.path.basename(dirs[0]).count("_") == 3
     msout = os.path.join(dirs[0], "mindstudio_profiler_output")
     rows = _read_csv(glob.glob(os.path.join(msout, "op_summary_*.csv"))[0])

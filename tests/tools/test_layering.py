@@ -44,7 +44,7 @@ PACKAGES = ("devices", "driver", "runtime")
 #: ``runtime`` alone is the package ``__init__`` and any top-level module not placed more precisely.
 CORE_SUBLAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # need nothing else of the runtime: host buffers, argument checks, the compiler, the metrics store
-    ("support", ("runtime", "runtime.hostbuf", "runtime.cliargs", "runtime.atc", "runtime.observe")),
+    ("support", ("runtime", "runtime.hostbuf", "runtime.cliargs", "runtime.atc", "runtime.observe", "runtime.plots")),
     # what the device API is built of: the caching allocator, profiling hooks, the sanitizer
     ("services", ("runtime.memory", "runtime.profiler", "runtime.sanitize")),
     ("device API", ("runtime.backend", "runtime.graph", "runtime.api")),

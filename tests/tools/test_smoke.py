@@ -1,6 +1,7 @@
 """Smoke tier (marker ``smoke``; budget ~3 min on 2 cores: the cluster, SmolLM2 loads): every ``vnpu
 bench ... --json`` at a tiny size against one small ``vnpu up`` cluster reports verified results and exits
-0; a benchmark whose verification fails exits 1; one model job runs on the cluster backend.
+0 (and the ``--plot`` of those that draw one holds the JSON's numbers); a benchmark whose verification fails
+exits 1; one model job runs on the cluster backend.
 
 The benchmarks run as the user runs them (a subprocess each, attached to the cluster through VNPU_HOME);
 the failing-verification cases run in this process, where a defect can be planted in the runtime."""
@@ -53,14 +54,29 @@ def cluster_env(tmp_path_factory):
         assert down.returncode == 0, down.stdout + down.stderr
 
 
-def test_bench_commands_report_verified_results(cluster_env):
+#: benchmark with --plot -> (axes, line, the line's y values in its --json document)
+PLOTTED = {
+    "memcpy": ("bandwidth (GB/s)", "bound: np.copyto, same run", lambda d: [r["copyto_gbs"] for r in d["rows"]]),
+    "hccl": ("bus bandwidth (GB/s)", "allreduce busbw",
+             lambda d: [r["busbw"] for r in d["rows"] if r["op"] == "allreduce"]),
+    "serve": ("output tokens/s", "vnpu serve", lambda d: [r["output_tokens_per_s"] for r in d["levels"]]),
+    "scale": ("start time (s)", "vnpu devices", lambda d: [r["start_s"] for r in d["rows"]]),
+}
+
+
+def test_bench_commands_report_verified_results(cluster_env, tmp_path):
     from runtime.bench import BENCHMARKS
+    from runtime.plots.figure import read_png_series
     assert set(BENCHES) == set(BENCHMARKS), "a benchmark without a smoke run"
     for name, args in BENCHES.items():
-        p = _vnpu(["bench", name, *args, "--json"], cluster_env)
+        plot = ["--plot", str(tmp_path / f"{name}.png")] if name in PLOTTED else []
+        p = _vnpu(["bench", name, *args, "--json", *plot], cluster_env)
         assert p.returncode == 0, f"bench {name}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
         res = json.loads(p.stdout.strip().splitlines()[-1])
         assert res["verified"] is True, (name, res)
+        if plot:                                   # the picture's line holds the run's JSON numbers
+            axes, label, ys = PLOTTED[name]
+            assert read_png_series(plot[1])[axes][label]["y"] == ys(res), name
 
 
 # In a child process each (a process attached to the cluster as a Ray driver holds files under its
