@@ -43,6 +43,7 @@ class ConsoleLogHandler(logging.Handler):
     def __init__(self, console: Console, level: int = logging.INFO):
         super().__init__(level)
         self.console = console
+        self.before: tuple = ("vnpu", logging.NOTSET, True)    #: (logger, its level, its propagation) before
         self.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(prog)s: %(message)s", "%m-%d %H:%M:%S"))
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -55,13 +56,25 @@ class ConsoleLogHandler(logging.Handler):
 
 def log_to(console: Console, level: str, name: str = "vnpu") -> ConsoleLogHandler:
     """Send the ``name`` logger's records at ``level`` (a :data:`LOG_LEVELS` name) and above to ``console``,
-    once: no other handler of it, and no copy to the root logger's handlers (no duplicated lines)."""
+    once: no other console handler on it, and no copy to the root logger's handlers (no duplicated lines).
+    :func:`unlog` undoes it (a command run in-process, as tests do, leaves the logger as it was)."""
     lg = logging.getLogger(name)
     for h in list(lg.handlers):
         if isinstance(h, ConsoleLogHandler):
-            lg.removeHandler(h)
+            unlog(h)
     h = ConsoleLogHandler(console, LOG_LEVELS[level])
+    h.before = (name, lg.level, lg.propagate)
     lg.addHandler(h)
     lg.setLevel(LOG_LEVELS[level])
     lg.propagate = False
     return h
+
+
+def unlog(handler: ConsoleLogHandler) -> None:
+    """Take ``handler`` off its logger and give the logger back its level and propagation."""
+    name, level, propagate = handler.before
+    lg = logging.getLogger(name)
+    if handler in lg.handlers:
+        lg.removeHandler(handler)
+        lg.setLevel(level)
+        lg.propagate = propagate

@@ -16,8 +16,13 @@ before anything starts.
 Devices: the running cluster, or an embedded one with as many devices as the models need
 (``VNPU_BACKEND=local``: in-process devices).  An embedded cluster's device actors are restarted by Ray
 (``--device-restarts``; default: always when ``self_healing`` has a ``restart_device`` trigger) so that
-the action can take a killed device back; on a running cluster that takes ``vnpu up --device-restarts N``.  Prints ``vnpu serve: listening on URL`` once bound (port
-0 picks a free port) and ``vnpu serve: ready`` once the engines are loaded; SIGTERM/SIGINT drains (no new
+the action can take a killed device back; on a running cluster that takes ``vnpu up --device-restarts N``.
+
+The log (stdout, ``--log-level``): ``vnpu serve: listening on URL`` once bound (port 0 picks a free port), the
+startup stages (:mod:`runtime.cli.stages`: live on a terminal, a plain line each otherwise), the start
+summary once the engines are loaded (:mod:`runtime.serve.summary`) and ``vnpu serve: ready``; then an access
+line per request (:mod:`runtime.serve.access_log`; ``--no-access-log``) and a stats line every
+``--stats-interval`` seconds (:mod:`runtime.serve.stats_log`).  SIGTERM/SIGINT drains (no new
 requests, running ones finish) and exits 0.  Bad flags or config: one line on stderr, exit 2 -- among them
 an open server (no tenants with API keys) on a non-loopback ``--host`` without ``--allow-unauthenticated``.
 
@@ -187,7 +192,18 @@ def _cmd_serve(a) -> int:
     if a.grpc_port:
         check_port_free(cfg.host, a.grpc_port, "vnpu serve", "--grpc-port")
     restarts = a.device_restarts if a.device_restarts is not None else device_restarts_for(cfg)
-    log, progress = _log_setup(a.log_level)
+    log, progress, handler = _log_setup(a.log_level)
+    try:
+        return _serve(a, cfg, repos, need, restarts, log, progress)
+    finally:
+        _stop_stages(progress)
+        from runtime.cli.console import unlog
+        unlog(handler)
+
+
+def _serve(a, cfg, repos, need: int, restarts: int, log, progress) -> int:
+    """Serve ``cfg`` on ``need`` devices until drained (the flags and config are checked)."""
+    from devices.errors import AclError
     t_start = time.monotonic()
     from runtime.cli.run import job_runtime
     from runtime.cluster.discovery import state_dir
@@ -250,25 +266,25 @@ def _cmd_serve(a) -> int:
         return _fail(f"{e.code} {e.name}: {e.detail}")
     finally:
         history.close()
-        _stop_stages(progress)
     log.info("drained, bye")
     return 0
 
 
 def _log_setup(level: str):
     """The server's log on stdout at ``level`` (:func:`runtime.cli.console.log_to`) and its startup stages
-    (through the log when stdout is not a terminal); returns (the ``vnpu.serve`` logger, the stage sink)."""
+    (through the log when stdout is not a terminal); returns (the ``vnpu.serve`` logger, the stage sink, the
+    log handler -- :func:`runtime.cli.console.unlog` it when the command ends)."""
     import logging
 
     from runtime import stages
     from runtime.cli.console import log_to, stdout_console
     from runtime.cli.stages import StageProgress
     console = stdout_console()
-    log_to(console, level)
+    handler = log_to(console, level)
     log = logging.getLogger("vnpu.serve")
     progress = StageProgress("vnpu serve", console, plain=lambda text: log.info("%s", text))
     stages.set_sink(progress)
-    return log, progress
+    return log, progress, handler
 
 
 def _stop_stages(progress) -> None:

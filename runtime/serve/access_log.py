@@ -5,8 +5,8 @@
 
 ``tenant``: the caller's tenant once a route authenticated it (``-`` for a request refused before that: a
 bad key's 401, a body over the limit); ``tokens``: prompt + generated tokens of a generation (the prompt's
-tokens + 0 for embeddings; ``-`` where no model ran); ``latency``: from the request's arrival to the
-response's last byte (a stream: its end).  Probes and scrapes (:data:`QUIET_PATHS`) are logged at debug
+tokens + 0 for embeddings; ``-`` where no model ran); ``latency``: from the request's arrival until the
+app is done with it (its last byte sent; a stream: its end).  Probes and scrapes (:data:`QUIET_PATHS`) are logged at debug
 level, everything else at info.  What the routes learn (tenant, tokens) reaches the line through the
 request's ASGI ``state`` (``request.state.tenant``, ``request.state.tokens``).  Runs on the event loop;
 never blocks.

@@ -8,15 +8,24 @@
     model minilm-l6 (embedding) on npu 1 -> cpu
       batching: max_batch_size 32, max_wait_ms 5, max_queued_requests 256; max_len 512
     tenants: 3 (API key required)
-    started in 11.5 s; serving on http://127.0.0.1:8000 (/v1/completions, /v1/chat/completions, ...)
+    started in 11.5 s; serving on http://127.0.0.1:8000 (/v1/completions, /v1/chat/completions, /v1/embeddings, ...)
 
 Every number is read from the running engines (:meth:`runtime.serve.server.Frontend.state_dict`: the KV
 blocks the runner allocated, the graphs it captured), not from the config.  Host-only; never blocks.
 """
 from __future__ import annotations
 
-#: the routes a client calls, in the order the last line names them
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/models", "/metrics", "/health")
+#: model kind -> the routes that serve it, in the order the last line names them
+ROUTES = {"generate": ("/v1/completions", "/v1/chat/completions"), "embed": ("/v1/embeddings",),
+          "compiled": ("/v2/models/{name}/infer",)}
+#: routes every server has
+COMMON_ROUTES = ("/v1/models", "/metrics", "/health")
+
+
+def routes(service) -> list[str]:
+    """The routes ``service`` answers for the kinds of models it serves, then :data:`COMMON_ROUTES`."""
+    kinds = {s.kind for s in service.specs} | ({"compiled"} if service.compiled_names() else set())
+    return [r for k in ROUTES if k in kinds for r in ROUTES[k]] + list(COMMON_ROUTES)
 
 
 def _generation(name: str, m: dict) -> list[str]:
@@ -73,5 +82,5 @@ def start_summary(service, url: str, started_s: float, grpc_url: str | None = No
     lines.append(f"tenants: {n} (API key required)" if n else "tenants: none (open server: no API key asked)")
     if grpc_url is not None:
         lines.append(f"gRPC (Open Inference Protocol) on {grpc_url}")
-    lines.append(f"started in {started_s:.1f} s; serving on {url} ({', '.join(ROUTES)})")
+    lines.append(f"started in {started_s:.1f} s; serving on {url} ({', '.join(routes(service))})")
     return lines

@@ -82,7 +82,8 @@ def test_startup_stages_and_a_summary_of_the_running_engine(served):
     assert ("  batching: max_num_seqs 2, max_num_batched_tokens 32, max_queued_requests 8, scheduler "
             f"{state['mode']} ({state['policy']})") in summary
     assert "tenants: 2 (API key required)" in summary
-    assert re.search(rf"started in [\d.]+ s; serving on {re.escape(served.url)} \(/v1/completions", summary)
+    assert re.search(rf"started in [\d.]+ s; serving on {re.escape(served.url)} \(/v1/completions, "
+                     r"/v1/chat/completions, /v1/models, /metrics, /health\)$", summary, re.M)  # no /v1/embeddings
     for once in ("vnpu serve: ready", "vnpu serve: listening on", "capturing graphs"):
         assert sum(once in ln for ln in lines) == 1, (once, lines)
 
@@ -165,3 +166,29 @@ def test_a_bad_log_level_exits_2_with_one_line(capsys):
     assert main(["serve", "--log-level", "loud"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--log-level" in err and "Traceback" not in err
+
+
+def test_the_stats_period_is_on_the_samplers_clock(caplog):
+    """:class:`StatsLog` ticked by hand at explicit times (as the sampler's clock gives them): a line once
+    the interval has passed, rates over exactly that window, an idle window after an idle one at debug."""
+    import logging
+
+    from runtime.serve.engine.stats import FinishedRequest, StepStats
+    from runtime.serve.stats_log import StatsLog
+    s = StatsLog(10.0, clock=lambda: 1000.0)
+    gauges = {"running": 1, "queue_depth": 2, "kv_cache_usage": 0.25}
+    s.record("m", StepStats(prompt_tokens=30, generation_tokens=4))
+    assert s.on_tick(1009.5, gauges, {}) is None                        # 9.5 s: not yet
+    s.record("m", StepStats(generation_tokens=6, finished=[FinishedRequest("stop", 1.0, 0.1, 30, 10, 10)]))
+    with caplog.at_level(logging.DEBUG, logger="vnpu.serve.stats"):
+        line = s.on_tick(1010.0, gauges, {})
+        assert line == ("Avg prompt throughput: 3.0 tokens/s, Avg generation throughput: 1.0 tokens/s, Running: 1 "
+                        "reqs, Waiting: 2 reqs, KV cache usage: 25.0% (10.00 s: 30 prompt + 10 generated tokens, "
+                        "1 reqs finished)")
+        idle = {"running": 0, "queue_depth": 0, "kv_cache_usage": 0.0}
+        assert s.on_tick(1015.0, idle, {}) is None
+        first = s.on_tick(1020.0, idle, {})                             # idle: said once at info ...
+        second = s.on_tick(1030.0, idle, {})                            # ... then at debug only
+    assert first is not None and second is not None and "(10.00 s: 0 prompt + 0 generated" in second
+    levels = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "vnpu.serve.stats"]
+    assert levels == [(logging.INFO, line), (logging.INFO, first), (logging.DEBUG, second)]
