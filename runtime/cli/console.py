@@ -49,7 +49,7 @@ class ConsoleLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             record.prog = record.name.replace(".", " ")
-            self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
+            self.console.print(self.format(record), markup=False, highlight=False, emoji=False, soft_wrap=True)
         except Exception:  # noqa: BLE001 - logging must not raise (logging's own rule)
             self.handleError(record)
 
