@@ -224,7 +224,10 @@ def _serve(a, cfg, repos, need: int, restarts: int, log, progress) -> int:
             else:
                 svc = Service(rt, cfg.models, cfg.tenants, tags=cfg.tags, repositories=repos)
             sampler = Sampler(svc, history, rt)
-            if a.stats_interval > 0:
+            if a.stats_interval > 0 and cfg.replicas > 1:      # the replicas' engines report in their processes
+                log.info("no stats line with %d Ray Serve replicas (their engines count in their own processes)",
+                         cfg.replicas)
+            elif a.stats_interval > 0:
                 from runtime.serve.stats_log import StatsLog
                 stats = StatsLog(a.stats_interval, sampler.clock)
                 svc.stat_loggers.append(stats)                   # engines built from now on report to it
