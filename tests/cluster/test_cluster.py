@@ -169,6 +169,7 @@ def test_up_smi_down_leave_nothing_behind(tmp_path):
         assert token.exists() and (token.stat().st_mode & 0o777) == 0o600
         again = run("up", "--devices", "2")
         assert again.returncode == 0 and "already up" in again.stdout
+        assert "starting devices" not in again.stderr                  # nothing started
         smi = run("smi", "--json")
         assert smi.returncode == 0, smi.stderr
         rows = json.loads(smi.stdout)["devices"]
