@@ -50,7 +50,16 @@ def _cmd_up(a) -> int:
         spec = replace(spec, policy=replace(spec.policy, pickled_kernels=a.allow_pickled_kernels,
                                             shm_fast_path=spec.policy.shm_fast_path and not a.no_shm_fast_path))
     _check_packages(spec.policy.kernels)
-    st, started = cluster_up(spec, device_restarts=a.device_restarts)
+    from runtime.cli.console import stderr_console
+    from runtime.cli.stages import showing_stages
+    from runtime.cluster import running_state
+    from runtime.stages import STARTING_DEVICES, stage
+    if running_state() is not None:                     # up already: nothing starts (said below)
+        st, started = cluster_up(spec, device_restarts=a.device_restarts)
+    else:
+        with showing_stages("vnpu up", stderr_console()):
+            with stage(STARTING_DEVICES, f"Ray head and {spec.devices} x {spec.chip} device actors"):
+                st, started = cluster_up(spec, device_restarts=a.device_restarts)
     if not started:
         asked = {"devices": spec.devices if (a.devices or a.config) else None,            # what the flags asked
                  "arena_bytes": spec.arena_bytes if (a.hbm_mb or a.config) else None,

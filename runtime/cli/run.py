@@ -27,15 +27,39 @@ def job_runtime(devices: int, device_restarts: int = 0):
     """The runtime a job runs on: the cluster backend, or in-process devices with VNPU_BACKEND=local
     (``VNPU_DEVICES`` of them, default 4: asking for more is an error, as on a cluster).  An embedded
     cluster's device actors are restarted by Ray ``device_restarts`` times (-1: always)."""
-    if os.environ.get("VNPU_BACKEND", "") == "local":
-        from runtime.api import Runtime, runtime_scope
-        from runtime.backend import LocalBackend
-        with runtime_scope(Runtime(LocalBackend())) as rt:   # VNPU_DEVICES devices (default 4)
-            yield rt
-    else:
-        from runtime.cluster import cluster_runtime
-        with cluster_runtime(devices=devices, device_restarts=device_restarts) as rt:
-            yield rt
+    from runtime.stages import STARTING_DEVICES, stage
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("VNPU_BACKEND", "") == "local":
+            from runtime.api import Runtime, runtime_scope
+            from runtime.backend import LocalBackend
+            with stage(STARTING_DEVICES, f"{os.environ.get('VNPU_DEVICES', '4')} in-process devices"):
+                rt = stack.enter_context(runtime_scope(Runtime(LocalBackend())))  # VNPU_DEVICES (default 4)
+        else:
+            from runtime.cluster import cluster_runtime
+            with stage(STARTING_DEVICES, f"{devices} device(s): the running cluster, or an embedded one"):
+                rt = stack.enter_context(cluster_runtime(devices=devices, device_restarts=device_restarts))
+        yield rt
+
+
+@contextlib.contextmanager
+def job_runtime_shown(devices: int, prog: str):
+    """:func:`job_runtime` with the startup stages shown on stderr (:mod:`runtime.cli.stages`); yields the
+    runtime and ``startup_done()``, which the command calls once its job is built (weights loaded and
+    uploaded: stages too) -- the display ends there, before the job's output starts."""
+    from runtime import stages
+    from runtime.cli.console import stderr_console
+    from runtime.cli.stages import StageProgress
+    progress = StageProgress(prog, stderr_console())
+    before = stages.set_sink(progress)
+
+    def startup_done() -> None:
+        stages.set_sink(before)
+        progress.close()
+    try:
+        with job_runtime(devices) as rt:
+            yield rt, startup_done
+    finally:
+        startup_done()
 
 
 def _fail(msg: str) -> int:
@@ -69,8 +93,11 @@ def _cmd_embed(a) -> int:
     check_split(a.model, a.parallel, a.devices, "vnpu run embed", ("dp", "tp"))
     check_device_count(a.devices, "vnpu run embed")
     from runtime.models import EmbedJob
-    with job_runtime(a.devices) as rt:
-        job = EmbedJob(rt, a.model, devices=a.devices, parallel=a.parallel, batch_size=a.batch_size)
+    with job_runtime_shown(a.devices, "vnpu run embed") as (rt, startup_done):
+        try:
+            job = EmbedJob(rt, a.model, devices=a.devices, parallel=a.parallel, batch_size=a.batch_size)
+        finally:
+            startup_done()
         try:
             emb = job.embed(texts)
         finally:
@@ -110,14 +137,15 @@ def _cmd_embed(a) -> int:
 # ---------------------------------------------------------------------------------------------- generate
 class Progress:
     """A progress bar on stderr (tokens done / expected, rate, elapsed) drawn by ``rich.progress``; on a
-    non-terminal stderr nothing is redrawn, only a final line is written."""
+    non-terminal stderr nothing is redrawn, only a final line is written.  Its clock (``clock``, seconds)
+    starts when it is made: the command makes it when generation starts, after the startup stages."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, clock=None):
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress as Bar, TaskProgressColumn, TextColumn,
                                    TimeElapsedColumn)
         from runtime.cli.console import stderr_console
         import time
-        self._time = time.perf_counter
+        self._time = clock or time.perf_counter
         self.total, self.n, self.t0 = total, 0, self._time()
         self.console = stderr_console()
         self.tty = self.console.is_terminal
@@ -156,7 +184,7 @@ def _cmd_generate(a) -> int:
     from runtime.models import GenerateJob
     stream = not a.json and len(prompts) == 1
     total = len(prompts) * a.max_new_tokens
-    bar = Progress(total) if total >= 64 and not stream else None   # long batch runs: a bar on stderr
+    bar: Progress | None = None
 
     def on_token(i, tok, piece):
         if stream:
@@ -165,16 +193,22 @@ def _cmd_generate(a) -> int:
         if bar is not None:
             bar.step()
 
-    with job_runtime(a.devices) as rt:
-        job = GenerateJob(rt, a.model, devices=a.devices, parallel=parallel, max_len=a.max_len, graphs=not a.eager)
+    with job_runtime_shown(a.devices, "vnpu run generate") as (rt, startup_done):
+        try:
+            job = GenerateJob(rt, a.model, devices=a.devices, parallel=parallel, max_len=a.max_len,
+                              graphs=not a.eager)
+        finally:
+            startup_done()
+        if total >= 64 and not stream:
+            bar = Progress(total)                          # long batch runs: a bar on stderr, from now on
         try:
             res = job.generate(prompts, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                                top_k=a.top_k, top_p=a.top_p, seed=a.seed, raw=a.raw,
                                on_token=on_token if (stream or bar) else None)
         finally:
-            job.close()
             if bar is not None:
-                bar.done()
+                bar.done()                                 # the generation's time, not the job's teardown
+            job.close()
         st = job.last_stats
     if a.json:
         print(json.dumps({"model": a.model, "parallel": parallel, "devices": a.devices,

@@ -16,8 +16,13 @@ before anything starts.
 Devices: the running cluster, or an embedded one with as many devices as the models need
 (``VNPU_BACKEND=local``: in-process devices).  An embedded cluster's device actors are restarted by Ray
 (``--device-restarts``; default: always when ``self_healing`` has a ``restart_device`` trigger) so that
-the action can take a killed device back; on a running cluster that takes ``vnpu up --device-restarts N``.  Prints ``vnpu serve: listening on URL`` once bound (port
-0 picks a free port) and ``vnpu serve: ready`` once the engines are loaded; SIGTERM/SIGINT drains (no new
+the action can take a killed device back; on a running cluster that takes ``vnpu up --device-restarts N``.
+
+The log (stdout, ``--log-level``): ``vnpu serve: listening on URL`` once bound (port 0 picks a free port), the
+startup stages (:mod:`runtime.cli.stages`: live on a terminal, a plain line each otherwise), the start
+summary once the engines are loaded (:mod:`runtime.serve.summary`) and ``vnpu serve: ready``; then an access
+line per request (:mod:`runtime.serve.access_log`; ``--no-access-log``) and a stats line every
+``--stats-interval`` seconds (:mod:`runtime.serve.stats_log`).  SIGTERM/SIGINT drains (no new
 requests, running ones finish) and exits 0.  Bad flags or config: one line on stderr, exit 2 -- among them
 an open server (no tenants with API keys) on a non-loopback ``--host`` without ``--allow-unauthenticated``.
 
@@ -44,9 +49,11 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
-from runtime.cliargs import bind_host, int_in, positive_int, text_file
+from runtime.cli.console import LOG_LEVELS
+from runtime.cliargs import bind_host, int_in, nonneg_float, positive_int, text_file
 
 
 def register(sub) -> None:
@@ -76,6 +83,12 @@ def register(sub) -> None:
                    help="Ray Serve replicas of the engines (default 1: in this process, no Ray Serve)")
     s.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve without API keys on a non-loopback --host (refused otherwise)")
+    s.add_argument("--log-level", choices=tuple(LOG_LEVELS), default="info",
+                   help="the server's log on stdout: debug adds probes, scrapes and idle stats lines (default info)")
+    s.add_argument("--no-access-log", action="store_true", help="no access line per request")
+    s.add_argument("--stats-interval", type=nonneg_float, default=10.0, metavar="SECONDS",
+                   help="a stats line (throughput, running/waiting, KV cache use) every SECONDS, on the metrics "
+                        "sampler's 1 s ticks (default 10; 0: none)")
     s.set_defaults(fn=_cmd_serve)
     ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure,config}")
     c = ops.add_parser("config", help="check a serve.yaml (vnpu's names or the CANN runtime article's) and print "
@@ -179,6 +192,19 @@ def _cmd_serve(a) -> int:
     if a.grpc_port:
         check_port_free(cfg.host, a.grpc_port, "vnpu serve", "--grpc-port")
     restarts = a.device_restarts if a.device_restarts is not None else device_restarts_for(cfg)
+    log, progress, handler = _log_setup(a.log_level)
+    try:
+        return _serve(a, cfg, repos, need, restarts, log, progress)
+    finally:
+        _stop_stages(progress)
+        from runtime.cli.console import unlog
+        unlog(handler)
+
+
+def _serve(a, cfg, repos, need: int, restarts: int, log, progress) -> int:
+    """Serve ``cfg`` on ``need`` devices until drained (the flags and config are checked)."""
+    from devices.errors import AclError
+    t_start = time.monotonic()
     from runtime.cli.run import job_runtime
     from runtime.cluster.discovery import state_dir
     from runtime.observe.metrics_store import History, HistoryError, default_path
@@ -198,17 +224,27 @@ def _cmd_serve(a) -> int:
             else:
                 svc = Service(rt, cfg.models, cfg.tenants, tags=cfg.tags, repositories=repos)
             sampler = Sampler(svc, history, rt)
+            if a.stats_interval > 0 and cfg.replicas > 1:      # the replicas' engines report in their processes
+                log.info("no stats line with %d Ray Serve replicas (their engines count in their own processes)",
+                         cfg.replicas)
+            elif a.stats_interval > 0:
+                from runtime.serve.stats_log import StatsLog
+                stats = StatsLog(a.stats_interval, sampler.clock)
+                svc.stat_loggers.append(stats)                   # engines built from now on report to it
+                sampler.listen(stats.on_tick)
             from runtime.serve.heal import SelfHealing
             from runtime.serve.reconfigure import Reconfigurer
             healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt)
             Reconfigurer(svc, cfg, Path(a.config).read_text() if a.config else "", healing, history)
-            srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated, cfg.http, grpc_port=a.grpc_port)
-            loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)
+            srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated, cfg.http, grpc_port=a.grpc_port,
+                         access_log=not a.no_access_log)
+            loader = threading.Thread(target=_load, args=(svc, srv, progress, t_start), name="vnpu-serve-load",
+                                      daemon=True)
 
             def bound(s):
-                print(f"vnpu serve: listening on {s.url}", flush=True)
+                log.info("listening on %s", s.url)
                 if s.grpc_url is not None:
-                    print(f"vnpu serve: gRPC on {s.grpc_url}", flush=True)
+                    log.info("gRPC on %s", s.grpc_url)
                 serverfile.write(state_dir(), s.url, history.path)
                 history.record_event("lifecycle", source="server", diagnosis=f"server started on {s.url}",
                                      detail={"pid": os.getpid(), "url": s.url, "slo": dataclasses.asdict(cfg.slo)})
@@ -233,8 +269,32 @@ def _cmd_serve(a) -> int:
         return _fail(f"{e.code} {e.name}: {e.detail}")
     finally:
         history.close()
-    print("vnpu serve: drained, bye", flush=True)
+    log.info("drained, bye")
     return 0
+
+
+def _log_setup(level: str):
+    """The server's log on stdout at ``level`` (:func:`runtime.cli.console.log_to`) and its startup stages
+    (through the log when stdout is not a terminal); returns (the ``vnpu.serve`` logger, the stage sink, the
+    log handler -- :func:`runtime.cli.console.unlog` it when the command ends)."""
+    import logging
+
+    from runtime import stages
+    from runtime.cli.console import log_to, stdout_console
+    from runtime.cli.stages import StageProgress
+    console = stdout_console()
+    handler = log_to(console, level)
+    log = logging.getLogger("vnpu.serve")
+    progress = StageProgress("vnpu serve", console, plain=lambda text: log.info("%s", text))
+    stages.set_sink(progress)
+    return log, progress, handler
+
+
+def _stop_stages(progress) -> None:
+    """Startup is over (served, or failed): stop showing stages."""
+    from runtime import stages
+    stages.set_sink(None)
+    progress.close()
 
 
 def device_restarts_for(cfg) -> int:
@@ -245,24 +305,22 @@ def device_restarts_for(cfg) -> int:
     return -1 if sh.enabled and any(t.action == "restart_device" for t in sh.triggers) else 0
 
 
-def _load(svc, srv) -> None:
+def _load(svc, srv, progress, t_start: float) -> None:
+    """Load the engines (their stages shown), then log the start summary and ``ready``."""
+    import logging
+
+    from runtime.serve.summary import start_summary
     try:
         svc.load()
     except Exception:  # noqa: BLE001 - reported by the exit line
         srv.uv.should_exit = True
         return
-    for spec in svc.specs:
-        chain = "".join(f" -> {p}" for p in spec.fallback)
-        where = f"device(s) {','.join(map(str, spec.devices))}{chain}"
-        n = getattr(svc, "replica_count", 1)
-        if n > 1:
-            where = f"{n} Ray Serve replicas, each on {where}"
-        print(f"vnpu serve: {spec.name} on {where}", flush=True)
-    for name, m in (svc.state_dict().get("compiled_models") or {}).items():
-        for version, insts in m["versions"].items():
-            where = "; ".join(" -> ".join(i["chain"]) for i in insts)
-            print(f"vnpu serve: {name} version {version}: {len(insts)} instance(s) on {where}", flush=True)
-    print("vnpu serve: ready", flush=True)
+    finally:
+        _stop_stages(progress)
+    log = logging.getLogger("vnpu.serve")
+    for line in start_summary(svc, srv.url, time.monotonic() - t_start, srv.grpc_url):
+        log.info("%s", line)
+    log.info("ready")
 
 
 def _cmd_config(a) -> int:

@@ -26,6 +26,7 @@ import numpy as np
 
 from devices.errors import AclError, InvalidParamError
 from runtime import hccl
+from runtime.stages import LOADING_WEIGHTS, UPLOADING, stage
 
 from .common import (Block, Closer, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
                      upload_block)
@@ -235,7 +236,8 @@ class EmbedJob(JobBase):
 
     def __init__(self, rt, model: str = "minilm-l6", devices: int | Sequence = 1, parallel: str = "dp",
                  batch_size: int = 32, block_dim: int = 0):
-        cfg, w = load_encoder(model)
+        with stage(LOADING_WEIGHTS, str(model)):
+            cfg, w = load_encoder(model)
         if parallel not in ("dp", "tp"):
             raise InvalidParamError(f"parallel must be dp or tp for an encoder, got {parallel!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -257,11 +259,13 @@ class EmbedJob(JobBase):
             if parallel == "tp" and n > 1:
                 comms = hccl.comm_init_all(devs)
                 self._comms = list(comms)
-            for r, d in enumerate(devs):
-                if parallel == "tp":
-                    self.ranks.append(BertRank(d, cfg, w, r, n, comms[r] if comms else None, block_dim))
-                else:
-                    self.ranks.append(BertRank(d, cfg, w, block_dim=block_dim))
+            with stage(UPLOADING, f"{model} on {n} device(s)", total=n) as advance:
+                for r, d in enumerate(devs):
+                    if parallel == "tp":
+                        self.ranks.append(BertRank(d, cfg, w, r, n, comms[r] if comms else None, block_dim))
+                    else:
+                        self.ranks.append(BertRank(d, cfg, w, block_dim=block_dim))
+                    advance()
         except BaseException:
             self._teardown()
             raise

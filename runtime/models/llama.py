@@ -48,6 +48,7 @@ import numpy as np
 
 from devices.errors import AclError, InvalidParamError
 from runtime import hccl
+from runtime.stages import LOADING_WEIGHTS, UPLOADING, stage
 
 from .common import (Block, Closer, DescCache, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
                      td, upload_block)
@@ -485,8 +486,9 @@ class GenerateJob(JobBase):
         path = str(gguf_path or DECODER_MODELS[model]())
         self.model = model
         self.parallel = parallel
-        self.tok: GgufBpeTokenizer = gguf_tokenizer(path)
-        g = load_gguf_cached(path)
+        with stage(LOADING_WEIGHTS, model):
+            self.tok: GgufBpeTokenizer = gguf_tokenizer(path)
+            g = load_gguf_cached(path)
         cfg = LlamaConfig.from_gguf_meta(g.meta)
         self.cfg = cfg
         if not isinstance(max_len, int) or max_len < 2:
@@ -510,8 +512,10 @@ class GenerateJob(JobBase):
             if n > 1:
                 comms = hccl.comm_init_all(devs)
                 self._comms = list(comms)
-            for r, (dev, sp) in enumerate(zip(devs, specs)):
-                self.ranks.append(LlamaRank(dev, cfg, sp, host, comms[r] if comms else None, parallel))
+            with stage(UPLOADING, f"{model} on {n} device(s)", total=n) as advance:
+                for r, (dev, sp) in enumerate(zip(devs, specs)):
+                    self.ranks.append(LlamaRank(dev, cfg, sp, host, comms[r] if comms else None, parallel))
+                    advance()
         except BaseException:
             self._teardown()
             raise

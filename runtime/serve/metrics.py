@@ -114,6 +114,8 @@ class EngineCollector:
                                       "(fallback or restore).", labels=LABELS)
         seqs = GaugeMetricFamily(P + "scheduler_max_num_seqs", "Batch limit the scheduler mode chose for the last "
                                  "step.", labels=LABELS + ("mode",))
+        cache = GaugeMetricFamily(P + "cache_config_info", "Information of the LLMEngine CacheConfig (the KV blocks "
+                                  "the engine allocated).", labels=LABELS + ("block_size", "num_gpu_blocks"))
         for name, e in list(self.engines.items()):
             if e.kind == "embed" and hasattr(e, "chain"):              # an in-process encoder: its chain
                 wait.add_metric([name, "0"], e.waiting)
@@ -130,12 +132,14 @@ class EngineCollector:
             rebinds.add_metric([name, "0"], s.rebinds)
             lim = s.limits.max_num_seqs if s.limits is not None else e.config.max_num_seqs
             seqs.add_metric([name, "0", e.config.mode.mode], lim)
+            cache.add_metric([name, "0", str(e.config.block_size), str(s.num_blocks)], 1)
         yield run
         yield wait
         yield kv
         yield place
         yield rebinds
         yield seqs
+        yield cache
 
 
 class NpuCollector:

@@ -27,6 +27,7 @@ import time
 from contextlib import ExitStack
 from typing import Callable
 
+from .access_log import AccessLog
 from .api import build_app
 from .api.connections import ConnectionCounter, guarded_protocol
 from .api.guard import RequestGuard
@@ -318,14 +319,20 @@ class Frontend:
             d = {"kind": e.kind}
             if e.kind == "generate" and hasattr(e, "chain"):
                 s = e.snapshot()
+                c = e.config
                 d.update(placement=str(e.placement), index=s.placement, chain=[str(p) for p in e.chain],
-                         rebinds=s.rebinds, running=s.running, waiting=s.waiting, mode=e.config.mode.mode,
-                         policy=e.config.scheduling_policy,
-                         max_num_seqs=s.limits.max_num_seqs if s.limits else e.config.max_num_seqs)
+                         rebinds=s.rebinds, running=s.running, waiting=s.waiting, mode=c.mode.mode,
+                         policy=c.scheduling_policy,
+                         max_num_seqs=s.limits.max_num_seqs if s.limits else c.max_num_seqs,
+                         kv_blocks=s.num_blocks, block_size=c.block_size, max_model_len=c.max_model_len,
+                         graphs=s.graphs, graph_buckets=list(c.decode_buckets) if c.graphs else [],
+                         max_num_batched_tokens=c.max_num_batched_tokens, max_queued_requests=c.max_queued_requests)
             elif e.kind == "embed" and hasattr(e, "chain"):
                 d.update(placement=str(e.placement), index=e.index, chain=[str(p) for p in e.chain],
                          rebinds=e.rebinds, waiting=e.waiting, failed_batches=e.failed_batches,
-                         replayed_batches=e.replayed_batches)
+                         replayed_batches=e.replayed_batches, max_batch_size=e.max_batch_size,
+                         max_wait_ms=e.max_wait_s * 1e3, max_queued_requests=e.max_queued_requests,
+                         max_len=e.max_len)
             out["models"][n] = d
         return out
 
@@ -360,7 +367,7 @@ class Service(Frontend):
             eng = ENGINE_BUILDERS[spec.kind](self.rt, spec, self.stat_loggers, self.binder, [self._event])
             self.engines[spec.name] = eng
             eng.start()
-            log.info("serving %s on devices %s", spec.name, list(spec.devices))
+            log.debug("serving %s on devices %s", spec.name, list(spec.devices))
         if self.compiled is not None:
             self.compiled.load_all()
 
@@ -449,14 +456,15 @@ class Server:
 
     def __init__(self, service: Frontend, host: str = "127.0.0.1", port: int = 0,
                  allow_unauthenticated: bool = False, http: HttpLimits = HttpLimits(),
-                 tokenizer: TokenizePool | None = None, grpc_port: int | None = None):
+                 tokenizer: TokenizePool | None = None, grpc_port: int | None = None, access_log: bool = True):
         """Raises InvalidParamError for an open server (no API keys) on a non-loopback ``host`` unless
         ``allow_unauthenticated``.  ``http``: what one client may send (:mod:`runtime.serve.limits`: body
         size, header and body deadlines, connections per client and in all); ``tokenizer``: the pool that
         tokenizes requests -- the caller's, which the caller closes (default: the server's own of
         ``http.tokenizer_threads`` threads, closed when the server stops); ``grpc_port``: also serve the
         Open Inference Protocol over gRPC on ``host`` (0: a free port, :attr:`grpc_url` once started;
-        messages up to ``http.max_body_bytes``)."""
+        messages up to ``http.max_body_bytes``); ``access_log``: a line per HTTP request on the logger
+        ``vnpu.serve.access`` (:mod:`.access_log`; uvicorn's own access log is always off)."""
         import uvicorn
         check_bind(host, service.tenants, allow_unauthenticated)
         self.grpc = None
@@ -469,7 +477,8 @@ class Server:
         self._owns_tokenizer = tokenizer is None
         self.connections = ConnectionCounter(http.max_connections_per_client, http.max_connections)  #: by client
         self.app = build_app(service, self.tokenizer)
-        cfg = uvicorn.Config(RequestGuard(self.app, service, http), host=host, port=port, log_level="warning",
+        app = RequestGuard(self.app, service, http)
+        cfg = uvicorn.Config(AccessLog(app) if access_log else app, host=host, port=port, log_level="warning",
                              access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="off",
                              http=guarded_protocol(http, self.connections))
         self.uv = _Uvicorn.make(cfg, service, state_of(self.app).long_polls.close)

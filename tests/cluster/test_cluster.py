@@ -160,12 +160,16 @@ def test_up_smi_down_leave_nothing_behind(tmp_path):
     try:
         up = run("up", "--devices", "2", "--hbm-mb", "64")
         assert up.returncode == 0, up.stderr
+        said = [ln for ln in up.stderr.splitlines() if ln.startswith("vnpu up: ")]     # piped: its stage, plainly
+        assert len(said) == 1 and said[0].startswith("vnpu up: starting devices: Ray head and 2 x "), up.stderr
+        assert "\x1b" not in up.stderr + up.stdout
         temp_dir = json.loads((tmp_path / "home" / "cluster.json").read_text())["temp_dir"]
         assert _procs_with(temp_dir), "no Ray process runs for the cluster"
         token = tmp_path / "home" / "token"
         assert token.exists() and (token.stat().st_mode & 0o777) == 0o600
         again = run("up", "--devices", "2")
         assert again.returncode == 0 and "already up" in again.stdout
+        assert "starting devices" not in again.stderr                  # nothing started
         smi = run("smi", "--json")
         assert smi.returncode == 0, smi.stderr
         rows = json.loads(smi.stdout)["devices"]

@@ -253,7 +253,7 @@ def test_sigterm_drains_then_exits(tmp_path):
     def read():
         for ln in p.stdout:
             lines.append(ln.strip())
-            if ln.startswith("vnpu serve: ready"):
+            if "vnpu serve: ready" in ln:
                 ready.set()
         ready.set()
 
@@ -273,7 +273,7 @@ def test_sigterm_drains_then_exits(tmp_path):
         rest = list(it)
         assert rest[-1].choices[0].finish_reason == "length"
         assert p.wait(60) == 0
-        assert "vnpu serve: drained, bye" in lines
+        assert any(ln.endswith("vnpu serve: drained, bye") for ln in lines), lines
         assert sum(1 for ch in [first] + rest if ch.choices and ch.choices[0].text) >= 10
     finally:
         if p.poll() is None:

@@ -435,7 +435,7 @@ def test_sigterm_with_dropped_requests_in_flight_logs_no_traceback(tmp_path):
     def read_out():
         for ln in p.stdout:
             lines.append(ln.strip())
-            if ln.startswith("vnpu serve: ready"):
+            if "vnpu serve: ready" in ln:
                 ready.set()
         ready.set()
     readers = [threading.Thread(target=read_out, daemon=True),
@@ -475,6 +475,6 @@ def test_sigterm_with_dropped_requests_in_flight_logs_no_traceback(tmp_path):
     for t in readers:
         t.join(30)
     log = "".join(err)
-    assert "vnpu serve: drained, bye" in lines
+    assert any(ln.endswith("vnpu serve: drained, bye") for ln in lines), lines
     for bad in ("Traceback", "Exception in ASGI application", "No response returned", "Task was destroyed"):
         assert bad not in log, log[-3000:]

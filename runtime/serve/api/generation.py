@@ -19,7 +19,7 @@ from ..tags import PRIORITY_HEADER, TAG_HEADER, request_tag
 from ..tenants import Tenant
 from . import protocol as P
 from .errors import error_body, error_response
-from .handling import admit, settle
+from .handling import admit, note_tokens, settle
 from .state import serve_state
 from .streaming import EventStream, Submitted, client_gone, collect, sse
 
@@ -90,6 +90,7 @@ async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[i
             sub.when_finished(charge)
     if outs is None:
         return client_gone()
+    note_tokens(request, sum(len(x) for x in ids), sum(o.completion_tokens for o in outs))
     return _with_priority(_answer(eng, body, outs, rid, created, chat, sum(len(x) for x in ids), params), priority)
 
 
@@ -140,10 +141,12 @@ def _streamed(eng, body, request: Request, sub: Submitted, rid: str, created: in
         else:
             sub.when_finished(charge)
         st.service.observe(outcome, time.monotonic() - t0)
-    return EventStream(_stream(eng, sub, rid, body.model, created, chat, include, n, ended), lambda: ended("client"))
+    return EventStream(_stream(eng, sub, rid, body.model, created, chat, include, n, ended,
+                               lambda p, c: note_tokens(request, p, c)), lambda: ended("client"))
 
 
-async def _stream(eng, sub: Submitted, rid, model, created, chat: bool, include_usage: bool, n: int, ended):
+async def _stream(eng, sub: Submitted, rid, model, created, chat: bool, include_usage: bool, n: int, ended,
+                  tokens=lambda p, c: None):
     chunk = P.chat_chunk if chat else P.completion_chunk
     ptoks = sum(h.prompt_tokens for h in sub.handles)
     ctoks = [0] * n
@@ -177,5 +180,6 @@ async def _stream(eng, sub: Submitted, rid, model, created, chat: bool, include_
             yield sse(chunk(rid, model, created, [], P.usage(ptoks, sum(ctoks))))
         yield "data: [DONE]\n\n"
     finally:                                              # the client gone: abort (frees the KV blocks)
+        tokens(ptoks, sum(ctoks))
         ended("error" if failed else "ok" if finished else "client")
 

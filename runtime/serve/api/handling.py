@@ -80,6 +80,11 @@ async def admin_of(request: Request) -> Tenant:
     return t
 
 
+def note_tokens(request: Request, prompt: int, completion: int = 0) -> None:
+    """The tokens a request's model computed (prompt, generated), for its access-log line."""
+    request.state.tokens = (int(prompt), int(completion))
+
+
 # ---------------------------------------------------------------------------------------------- quotas
 def _counted(service, tenant: Tenant, check, tokens: int):
     try:

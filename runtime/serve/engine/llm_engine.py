@@ -42,6 +42,7 @@ from devices.errors import AclError, InvalidParamError
 from runtime.models.llama import DECODER_MODELS
 from runtime.models.tokenizer import gguf_tokenizer
 from runtime.models.weights import LlamaConfig, load_gguf_cached
+from runtime.stages import LOADING_WEIGHTS, stage
 
 from .block_manager import BlockManager
 from .config import EngineConfig
@@ -99,8 +100,9 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         EngineLifecycle.__init__(self, rt, model, devices, fallback, binder, clock, stat_loggers, on_event)
         self.config = config
         path = str(gguf_path or DECODER_MODELS[model]())
-        self.tok = gguf_tokenizer(path)
-        self._gguf = g = load_gguf_cached(path)
+        with stage(LOADING_WEIGHTS, model):
+            self.tok = gguf_tokenizer(path)
+            self._gguf = g = load_gguf_cached(path)
         self.model_config = cfg = LlamaConfig.from_gguf_meta(g.meta)
         if config.max_model_len > cfg.context:
             raise InvalidParamError(f"max_model_len {config.max_model_len} exceeds the model's context of {cfg.context}")
@@ -399,7 +401,7 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
 
     # ------------------------------------------------------------------ the lifecycle's hooks
     def _build(self, devs: list) -> ModelRunner:
-        return ModelRunner(devs, self._gguf, self.model_config, self.config)
+        return ModelRunner(devs, self._gguf, self.model_config, self.config, self.model)
 
     def _detach(self) -> list[Request]:
         return self.scheduler.take_all()

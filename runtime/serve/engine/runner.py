@@ -28,6 +28,7 @@ import numpy as np
 from devices.errors import AclError, InvalidParamError
 from devices.kernel import TensorDesc
 from runtime import hccl
+from runtime.stages import CAPTURING, UPLOADING, stage
 from runtime.models.common import Block, Closer, align, td
 from runtime.models.llama import LlamaRank, host_weights, rank_specs
 from runtime.models.weights import LlamaConfig
@@ -214,7 +215,7 @@ class ModelRunner:
     """SmolLM2 on ``devices`` (tensor parallel when more than one): weights, KV caches, captured
     decode graphs.  ``gguf``: the loaded model (:func:`runtime.models.weights.load_gguf_cached`)."""
 
-    def __init__(self, devices: list, gguf, cfg: LlamaConfig, ecfg: EngineConfig):
+    def __init__(self, devices: list, gguf, cfg: LlamaConfig, ecfg: EngineConfig, name: str = "model"):
         self.cfg, self.ecfg = cfg, ecfg
         n = len(devices)
         if n > 1 and (cfg.n_kv_heads % n or cfg.n_heads % n or cfg.d_ff % n):
@@ -230,24 +231,34 @@ class ModelRunner:
                 comms = hccl.comm_init_all(devices, hccl.CommOptions(exec_timeout_s=HCCL_EXEC_TIMEOUT_S))
                 self.comms = list(comms)
             host = host_weights(gguf, cfg)
-            for r, (dev, sp) in enumerate(zip(devices, rank_specs(cfg, "tp" if n > 1 else "none", n))):
-                lr = LlamaRank(dev, cfg, sp, host, comms[r] if comms else None, "tp" if n > 1 else "none")
-                try:
-                    self.ranks.append(_Rank(lr, cfg, ecfg))
-                except BaseException:
-                    lr.close()
-                    raise
-            self.num_blocks = self._size_cache()
-            for rk in self.ranks:
-                rk.kv = KvCache(rk.dev, cfg.n_layers, self.num_blocks, ecfg.block_size, rk.hkv, cfg.head_dim)
+            with stage(UPLOADING, f"{name} on {n} device(s)", total=n) as advance:
+                for r, (dev, sp) in enumerate(zip(devices, rank_specs(cfg, "tp" if n > 1 else "none", n))):
+                    lr = LlamaRank(dev, cfg, sp, host, comms[r] if comms else None, "tp" if n > 1 else "none")
+                    try:
+                        self.ranks.append(_Rank(lr, cfg, ecfg))
+                    except BaseException:
+                        lr.close()
+                        raise
+                    advance()
+                self.num_blocks = self._size_cache()
+                for rk in self.ranks:
+                    rk.kv = KvCache(rk.dev, cfg.n_layers, self.num_blocks, ecfg.block_size, rk.hkv, cfg.head_dim)
             if ecfg.graphs:
-                for b in ecfg.decode_buckets:
-                    for rk in self.ranks:
-                        rk.capture(b)
-                        self.captures += 1
+                self._capture_all(name)
         except BaseException:
             self.close()
             raise
+
+    def _capture_all(self, name: str) -> None:
+        """Capture the decode step of every bucket on every rank (blocks while each is recorded)."""
+        buckets = self.ecfg.decode_buckets
+        with stage(CAPTURING, f"{name}: batch sizes {', '.join(map(str, buckets))}",
+                   total=len(buckets) * len(self.ranks)) as advance:
+            for b in buckets:
+                for rk in self.ranks:
+                    rk.capture(b)
+                    self.captures += 1
+                    advance()
 
     def _size_cache(self) -> int:
         e = self.ecfg

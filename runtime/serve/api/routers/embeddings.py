@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from ...engine.errors import InvalidRequest
 from ...tenants import Tenant
 from .. import protocol as P
-from ..handling import admit, precheck, settle, tenant_of
+from ..handling import admit, note_tokens, precheck, settle, tenant_of
 from ..sizes import input_floors
 from ..state import ServeState, serve_state
 from ..streaming import client_gone, disconnected
@@ -59,6 +59,7 @@ async def embeddings(body: P.EmbeddingRequest, request: Request, tenant: Tenant 
     failed = _failed(work)
     settle(st, ticket, tenant, body.model, 0 if failed else sum(counts), 0)
     vecs = work.result()
+    note_tokens(request, sum(counts))
     return P.embeddings(body.model, vecs, body.encoding_format or "float", sum(counts))
 
 
