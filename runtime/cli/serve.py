@@ -203,7 +203,7 @@ def _cmd_serve(a) -> int:
             healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt)
             Reconfigurer(svc, cfg, Path(a.config).read_text() if a.config else "", healing, history)
             srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated, cfg.http, grpc_port=a.grpc_port)
-            loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)
+            loader = threading.Thread(target=_load, args=(svc, srv, history), name="vnpu-serve-load", daemon=True)
 
             def bound(s):
                 print(f"vnpu serve: listening on {s.url}", flush=True)
@@ -245,12 +245,15 @@ def device_restarts_for(cfg) -> int:
     return -1 if sh.enabled and any(t.action == "restart_device" for t in sh.triggers) else 0
 
 
-def _load(svc, srv) -> None:
+def _load(svc, srv, history=None) -> None:
     try:
         svc.load()
     except Exception:  # noqa: BLE001 - reported by the exit line
         srv.uv.should_exit = True
         return
+    if history is not None and hasattr(svc, "pick_auto_slo"):
+        for name, t in svc.pick_auto_slo(history).items():
+            print(f"vnpu serve: {name}: scheduler mode auto, target p99 {t:g} ms (from the history)", flush=True)
     for spec in svc.specs:
         chain = "".join(f" -> {p}" for p in spec.fallback)
         where = f"device(s) {','.join(map(str, spec.devices))}{chain}"

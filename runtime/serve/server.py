@@ -301,6 +301,27 @@ class Frontend:
         step on, without dropping anything."""
         self.engine(model, "generate").set_mode(mode)
 
+    def pick_auto_slo(self, history, now: float | None = None) -> dict[str, float]:
+        """Give every generation model in scheduler mode ``auto`` the target its history supports
+        (:func:`runtime.serve.auto_slo.pick_target`; ``now``: the history's clock, default wall time).
+        Models without enough history keep their target.  Returns model -> the target picked; records a
+        ``config`` event per pick.  Blocks for one SQLite read per model."""
+        from .auto_slo import pick_target
+        now = time.time() if now is None else now
+        picked: dict[str, float] = {}
+        for n, e in list(self.engines.items()):
+            mode = getattr(getattr(e, "config", None), "mode", None)
+            if getattr(mode, "mode", None) != "auto":
+                continue
+            t = pick_target(history, now)
+            if t is None:
+                continue
+            e.set_mode(dataclasses.replace(mode, target_p99_ms=t))
+            picked[n] = t
+            history.record_event("config", source="auto_slo", diagnosis=f"{n}: scheduler mode auto picked "
+                                 f"target_p99_ms={t:g} from the history", detail={"model": n, "target_p99_ms": t})
+        return picked
+
     def slo(self) -> dict:
         """The running config's ``slo`` (``target_p99_ms``, ``availability`` as a fraction; None where not
         set; what reconfigure changed included); {} when the server keeps no config."""

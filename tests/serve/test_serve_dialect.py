@@ -101,11 +101,12 @@ def test_defaults_reach_a_model_through_device_names():
         parse_config(SEED.read_text() + "devices: {accelerator_v3: 0, accelerator_v2: 1}\nmodels: [smollm2]\n")
 
 
-@pytest.mark.parametrize("word, mode", [("auto", "adaptive"), ("manual", "conservative"), ("hybrid", "adaptive")])
-def test_seed_modes_map_onto_vnpus_with_a_note(word, mode):
-    cfg = parse_config(f"scheduler: {{mode: {word}}}\n")
-    assert dict(cfg.defaults.scheduler)["mode"] == mode
-    assert word in _not_acted_on(cfg)["scheduler.mode"]
+@pytest.mark.parametrize("word", ["auto", "manual", "hybrid"])
+def test_seed_modes_are_vnpu_modes_acted_on(word):
+    cfg = parse_config(f"scheduler: {{mode: {word}}}\nmodels: [smollm2]\n")   # none needs an slo target
+    assert dict(cfg.defaults.scheduler)["mode"] == word
+    assert cfg.models[0].engine.mode.mode == word
+    assert "scheduler.mode" not in _not_acted_on(cfg)
 
 
 @pytest.mark.parametrize("old, new, where", [
