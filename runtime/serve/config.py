@@ -116,12 +116,21 @@ class SloConfig:
 @dataclass(frozen=True)
 class MemorySpec:
     """``memory:``: the device caching pool as the seed describes it (``strategy``, ``pool_bytes``,
-    ``defrag_interval_s``, ``overflow_protection``).  Kept and shown by ``serve config --print``; serve does
-    not act on it yet (see :data:`MEMORY_NOT_ACTED_ON`)."""
+    ``defrag_interval_s``, ``overflow_protection``), applied by :mod:`runtime.serve.memory_pool`."""
     strategy: str | None = None
     pool_bytes: int | None = None
     defrag_interval_s: float | None = None
     overflow_protection: bool | None = None
+
+    def __post_init__(self):
+        from .memory_pool import STRATEGIES
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise InvalidParamError(f"strategy {self.strategy!r} is unknown "
+                                    f"(known: {', '.join(STRATEGIES)})")
+        if self.pool_bytes is not None and self.pool_bytes <= 0:
+            raise InvalidParamError(f"pool_bytes must be > 0, got {self.pool_bytes!r}")
+        if self.defrag_interval_s is not None and not self.defrag_interval_s > 0:
+            raise InvalidParamError(f"defrag_interval_s must be > 0, got {self.defrag_interval_s!r}")
 
 
 @dataclass(frozen=True)
@@ -271,13 +280,6 @@ MEMORY_SCHEMA = {"strategy": (_STR, None), "pool_bytes": (_INT, 0), "defrag_inte
                  "overflow_protection": (_BOOL, None)}
 DEFAULTS_KEYS = ("placement", "fallback", "scheduler", "engine", "batching")
 ROOT_KEYS = ("server", "http", "slo", "tenants", "models", "self_healing", "defaults", "devices", "memory", "tags")
-#: why each ``memory:`` key has no effect yet
-MEMORY_NOT_ACTED_ON = {
-    "strategy": "serve's engines use the device caching pool as VNPU_ALLOC_CONF configures it",
-    "pool_bytes": "engines size HBM by engine.gpu_memory_utilization; no pool pre-warm",
-    "defrag_interval_s": "no periodic defragmentation (the self_healing action defragment runs on a trigger)",
-    "overflow_protection": "no cache release / batch degrade before OOM (engine.max_queued_requests sheds load)"}
-
 
 def _scalar(node, kind: str, minimum, nullable: bool, where: str):
     import yaml
@@ -392,8 +394,6 @@ def parse_config(text: str, name: str = "serve.yaml", served: tuple[str, ...] = 
     if "memory" in nodes:
         mv = _mapping(nodes["memory"][1], MEMORY_SCHEMA, where, "memory")
         cfg = dataclasses.replace(cfg, memory=_built(MemorySpec, mv, where, "memory", _line(nodes["memory"][1])))
-        notes += tuple(NotActedOn(f"memory.{k}", mv[f"__line_{k}"], str(mv[k]), MEMORY_NOT_ACTED_ON[k])
-                       for k in MEMORY_SCHEMA if k in mv)
     if "tags" in nodes:
         cfg = dataclasses.replace(cfg, tags=_tags(nodes["tags"][1], where))
     models: list[ModelSpec] = []
