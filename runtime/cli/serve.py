@@ -76,6 +76,20 @@ def register(sub) -> None:
                    help="Ray Serve replicas of the engines (default 1: in this process, no Ray Serve)")
     s.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve without API keys on a non-loopback --host (refused otherwise)")
+    from runtime.cliargs import bool_word, duration, size
+    from runtime.serve.memory_pool import STRATEGIES
+    s.add_argument("--memory-strategy", choices=list(STRATEGIES), default=None,
+                   help="the device pools' strategy (memory.strategy)")
+    s.add_argument("--enable-memory-pool", type=bool_word, default=None, metavar="true|false",
+                   help="manage the device pools as memory: says (default true; false: leave them as "
+                        "VNPU_ALLOC_CONF makes them)")
+    s.add_argument("--pool-size", type=size, default=None, metavar="SIZE",
+                   help="each device pool's size, pre-warmed at start (memory.pool_size, e.g. 3GB)")
+    s.add_argument("--defrag-interval", type=duration, default=None, metavar="DURATION",
+                   help="live defragmentation every DURATION (memory.defrag_interval, e.g. 3m)")
+    s.add_argument("--overflow-protection", type=bool_word, default=None, metavar="true|false",
+                   help="free the cache and degrade batch and queue before the pool overflows "
+                        "(memory.overflow_protection)")
     s.set_defaults(fn=_cmd_serve)
     ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure,config}")
     c = ops.add_parser("config", help="check a serve.yaml (vnpu's names or the CANN runtime article's) and print "
@@ -96,6 +110,9 @@ def register(sub) -> None:
                       help="a setting over the running config, e.g. models.smollm2.scheduler.mode=latency "
                            "(repeatable)")
     what.add_argument("-f", "--file", type=text_file, default=None, help="a whole new serve.yaml")
+    from runtime.cliargs import size as _size
+    what.add_argument("--memory-pool-size", type=_size, default=None, metavar="SIZE",
+                      help="grow or shrink the device pools to SIZE (e.g. 4GB; memory.pool_size), live")
     r.add_argument("--url", default=None, help="the server (default: the one in $VNPU_HOME/serve/server.json)")
     r.add_argument("--api-key", default=None, help="an admin key (default: $VNPU_API_KEY)")
     r.add_argument("--json", action="store_true", help="print the server's answer as JSON")
@@ -151,10 +168,22 @@ def resolve(a, served: tuple[str, ...] = ()):
     if replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {replicas}")
     out = dataclasses.replace(cfg, host=a.host or cfg.host, port=port, models=tuple(models), replicas=replicas,
-                              allow_unauthenticated=cfg.allow_unauthenticated or a.allow_unauthenticated)
+                              allow_unauthenticated=cfg.allow_unauthenticated or a.allow_unauthenticated,
+                              memory=_memory_flags(a, cfg.memory))
     from runtime.serve.tenants import check_bind
     check_bind(out.host, out.registry(), out.allow_unauthenticated)
     return out
+
+
+def _memory_flags(a, mem):
+    """``memory:`` with the command line's --memory-strategy / --pool-size / --defrag-interval /
+    --overflow-protection over it."""
+    from runtime.serve.config import MemorySpec
+    over = {k: v for k, v in (("strategy", getattr(a, "memory_strategy", None)),
+                              ("pool_bytes", getattr(a, "pool_size", None)),
+                              ("defrag_interval_s", getattr(a, "defrag_interval", None)),
+                              ("overflow_protection", getattr(a, "overflow_protection", None))) if v is not None}
+    return dataclasses.replace(mem, **over) if over else (mem if mem is not None else MemorySpec())
 
 
 def _cmd_serve(a) -> int:
@@ -168,6 +197,10 @@ def _cmd_serve(a) -> int:
     from runtime.serve.omserve import compiled_needs
     if cfg.replicas > 1 and os.environ.get("VNPU_BACKEND", "") == "local":
         return _fail("--replicas > 1 runs Ray Serve replicas on the cluster; unset VNPU_BACKEND=local")
+    from runtime.serve.config import MemorySpec
+    if cfg.replicas > 1 and cfg.memory != MemorySpec():
+        return _fail("memory (--pool-size, --defrag-interval ...) manages in-process engines' pools; serve with "
+                     "one replica")
     if cfg.replicas > 1 and repos:
         return _fail("--replicas > 1 serves generation and embedding models; serve compiled models with one replica")
     named, auto = compiled_needs(m for r in repos for m in r.models)
@@ -197,6 +230,7 @@ def _cmd_serve(a) -> int:
                 svc.set_tags(cfg.tags)
             else:
                 svc = Service(rt, cfg.models, cfg.tenants, tags=cfg.tags, repositories=repos)
+                svc.manage_memory(cfg.memory, enabled=a.enable_memory_pool is not False)
             sampler = Sampler(svc, history, rt)
             from runtime.serve.heal import SelfHealing
             from runtime.serve.reconfigure import Reconfigurer
@@ -311,7 +345,10 @@ def _cmd_reconfigure(a) -> int:
     if not key:
         print(f"{prog}: error: an admin key is needed (--api-key or VNPU_API_KEY)", file=sys.stderr)
         return 2
-    body = {"config": Path(a.file).read_text() if a.file else None, "set": a.set or []}
+    sets = list(a.set or [])
+    if a.memory_pool_size is not None:
+        sets.append(f"memory.pool_size={a.memory_pool_size}")
+    body = {"config": Path(a.file).read_text() if a.file else None, "set": sets}
     req = urllib.request.Request(url.rstrip("/") + "/admin/reconfigure", data=json.dumps(body).encode(),
                                  method="POST", headers={"Authorization": f"Bearer {key}",
                                                          "Content-Type": "application/json"})

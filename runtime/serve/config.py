@@ -273,8 +273,9 @@ HTTP_SCHEMA = {"max_body_bytes": (_INT, 1), "max_header_bytes": (_INT, 1), "head
                "body_timeout_s": (_NUM, None), "max_connections_per_client": (_INT, 1), "max_connections": (_INT, 1),
                "tokenizer_threads": (_INT, 1)}
 SLO_SCHEMA = {"target_p99_ms": (_NUM, None), "availability": (_STR, None)}
-QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None)}
-TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin")
+QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None),
+                "hbm_bytes": (_INT, 1)}
+TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin", "hbm_quota")
 MODEL_KEYS = {"model", "tp", "engine", "batching", "fallback", "scheduler"}
 MEMORY_SCHEMA = {"strategy": (_STR, None), "pool_bytes": (_INT, 0), "defrag_interval_s": (_NUM, 0),
                  "overflow_protection": (_BOOL, None)}
@@ -577,10 +578,25 @@ def _tenant(node, where: str, path: str, models: list[str]) -> Tenant:
     if "quota" in keys:
         qn = keys["quota"][1]
         quota = _built(Quota, _mapping(qn, QUOTA_SCHEMA, where, f"{path}.quota"), where, f"{path}.quota", _line(qn))
+    if "hbm_quota" in keys:                         # the seed's spelling: hbm_quota: "1GB" -> quota.hbm_bytes
+        from .dialect import parse_bytes
+        hn = keys["hbm_quota"][1]
+        try:
+            hbm = parse_bytes(_scalar_any(hn, f"{where}line {_line(hn)}: {path}.hbm_quota"), "hbm_quota")
+            quota = dataclasses.replace(quota, hbm_bytes=hbm)
+        except InvalidParamError as e:
+            raise ConfigError(f"{where}line {_line(hn)}: {path}.hbm_quota: {getattr(e, 'detail', e)}") from None
     try:
         return Tenant(name, tuple(digests), prio, quota, admin, allowed)
     except InvalidParamError as e:
         raise ConfigError(f"{where}line {_line(node)}: {path}: {getattr(e, 'detail', e)}") from None
+
+
+def _scalar_any(node, where: str):
+    import yaml
+    if not isinstance(node, yaml.ScalarNode):
+        raise ConfigError(f"{where}: expected a single value")
+    return yaml.safe_load(yaml.serialize(node))
 
 
 def _resolve(text: str, names: dict, where: str, path: str, line: int) -> Placement:

@@ -128,8 +128,11 @@ class MemoryManager:
     # -------------------------------------------------------------- size
     def start(self) -> dict[int, int]:
         """Check the strategy against each pool, cap and pre-warm them; arm the defragmentation timer.
-        Returns device index -> bytes reserved."""
+        Returns device index -> bytes reserved ({} when the plan is disabled: nothing is touched)."""
+        if not self.plan.enabled:
+            return {}
         with self._lock:
+            self.check_size(self.plan.pool_bytes)
             for d in self.devices():
                 if not d.pool.config.lifetime_pools:
                     raise InvalidParamError(f"memory strategy fragmentation_aware needs the pool's lifetime_pools "
@@ -164,12 +167,31 @@ class MemoryManager:
                                  self.plan.overflow_protection, self.plan.enabled)
             return self._size(nbytes)
 
+    def update(self, plan: PoolPlan) -> dict[int, int]:
+        """A new plan, live (reconfigure): the pools resized as :meth:`resize` does (checked first), the
+        defragmentation timer re-armed from now, overflow protection's throttle lifted when it is turned
+        off.  Returns device index -> bytes reserved."""
+        with self._lock:
+            self.check_size(plan.pool_bytes)
+            old, self.plan = self.plan, PoolPlan(plan.strategy, plan.pool_bytes, plan.defrag_interval_s,
+                                                 plan.overflow_protection, self.plan.enabled)
+            if plan.defrag_interval_s != old.defrag_interval_s:
+                self.next_defrag = None if plan.defrag_interval_s is None else self.clock() + plan.defrag_interval_s
+            if not plan.overflow_protection and self.factor < 1.0:
+                self.factor = 1.0
+                self._throttle(1.0)
+            if plan.pool_bytes != old.pool_bytes:
+                return self._size(plan.pool_bytes)
+            return {d.index: d.pool.reserved() for d in self.devices()}
+
     # -------------------------------------------------------------- periodic work
     def tick(self, now: float | None = None) -> list[str]:
         """One round at ``now`` (default: the clock): a defragmentation when due, then overflow protection.
         Returns what it did (``defragment``, ``degrade <factor>``, ``recover <factor>``)."""
         now = self.clock() if now is None else now
         did: list[str] = []
+        if not self.plan.enabled:
+            return did
         with self._lock:
             if self.next_defrag is not None and now >= self.next_defrag:
                 self._defragment()

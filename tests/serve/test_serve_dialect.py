@@ -152,7 +152,8 @@ def test_serve_config_print_shows_the_canonical_form(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "pool_bytes: 3221225472" in r.stdout and "premium_user: 0" in r.stdout
     assert "metric: hbm_fragmentation" in r.stdout and "action: defragment" in r.stdout
-    assert "# accepted, not acted on:" in r.stdout and "memory.defrag_interval_s = 180.0 (line 22)" in r.stdout
+    assert "# accepted, not acted on:" in r.stdout and "self_healing.triggers[0] = " in r.stdout
+    assert "defrag_interval_s: 180" in r.stdout and "memory.defrag_interval_s = " not in r.stdout   # acted on
     bad = tmp_path / "runtime_config.yaml"
     bad.write_text(SEED.read_text().replace("timeout_ms: 50", "timeout: 50"))
     r = _vnpu("serve", "config", "--print", str(bad))
