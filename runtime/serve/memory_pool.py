@@ -180,6 +180,8 @@ class MemoryManager:
             if not plan.overflow_protection and self.factor < 1.0:
                 self.factor = 1.0
                 self._throttle(1.0)
+            if self.plan.active and self._thread is None:
+                self.start_thread()
             if plan.pool_bytes != old.pool_bytes:
                 return self._size(plan.pool_bytes)
             return {d.index: d.pool.reserved() for d in self.devices()}
@@ -230,7 +232,9 @@ class MemoryManager:
         return [f"{kind} {f:g}"]
 
     def start_thread(self, period_s: float = 1.0) -> None:
-        """Tick every ``period_s`` s in a daemon thread until :meth:`stop`."""
+        """Tick every ``period_s`` s in a daemon thread until :meth:`stop` (once; later calls do nothing)."""
+        if self._thread is not None:
+            return
         def run():
             while not self._stop.wait(period_s):
                 try:

@@ -143,7 +143,7 @@ class Frontend:
         pre-warms the pools, then ticks)."""
         try:
             self._load()
-            if self.memory is not None and self.memory.plan.enabled:
+            if self.memory is not None and self.memory.plan.active:
                 self.memory.start()
                 self.memory.start_thread()
         except BaseException as e:
