@@ -51,7 +51,8 @@ def register_flags(p) -> None:
     pos = float_in(0.0, lo_open=True)
     p.add_argument("--load-step", action="store_true", help="modes and replicas under a light-to-heavy load step")
     p.add_argument("--mode", type=mode_list, default="ultra_low_latency,adaptive",
-                   help="scheduler modes to compare (--load-step)")
+                   help="scheduler modes to compare (--load-step): ultra_low_latency, conservative, adaptive, "
+                        "and the seed's manual, hybrid, auto (auto picks its target from the runs before it)")
     p.add_argument("--replicas", type=int_list, default="1,2", help="replica counts (1 = in-process; --load-step)")
     p.add_argument("--light-s", type=pos, default=8.0, help="seconds of light load")
     p.add_argument("--heavy-s", type=pos, default=12.0, help="seconds of heavy load")
