@@ -101,10 +101,20 @@ def register(sub) -> None:
     c.add_argument("config_file", nargs="?", type=text_file, default=None, metavar="FILE",
                    help="the file (or --config FILE)")
     c.set_defaults(fn=_cmd_config)
-    r = ops.add_parser("reconfigure", help="change a running server's scheduler, tenants, slo and self-healing "
-                                           "without a restart (validated, health-checked, rolled back on failure)",
+    r = ops.add_parser("reconfigure", help="change a running server's scheduler, tenants, slo, memory and "
+                                           "self-healing without a restart (validated, health-checked, rolled "
+                                           "back on failure)",
                        example=("vnpu serve reconfigure --set models.smollm2.scheduler.mode=adaptive",
-                                "vnpu serve reconfigure -f new-serve.yaml --url http://127.0.0.1:8000"))
+                                "vnpu serve reconfigure -f new-serve.yaml --url http://127.0.0.1:8000",
+                                "vnpu serve reconfigure --memory-pool-size 4GB"))
+    _reconfigure_flags(r, "vnpu serve reconfigure")
+    top = sub.add_parser("reconfigure", help="vnpu serve reconfigure (the seed's `runtime reconfigure`)",
+                         example=("vnpu reconfigure --memory-pool-size 4GB",
+                                  "vnpu reconfigure --set slo.target_p99_ms=500"))
+    _reconfigure_flags(top, "vnpu reconfigure")
+
+
+def _reconfigure_flags(r, prog: str) -> None:
     what = r.add_mutually_exclusive_group(required=True)
     what.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                       help="a setting over the running config, e.g. models.smollm2.scheduler.mode=latency "
@@ -116,7 +126,7 @@ def register(sub) -> None:
     r.add_argument("--url", default=None, help="the server (default: the one in $VNPU_HOME/serve/server.json)")
     r.add_argument("--api-key", default=None, help="an admin key (default: $VNPU_API_KEY)")
     r.add_argument("--json", action="store_true", help="print the server's answer as JSON")
-    r.set_defaults(fn=_cmd_reconfigure)
+    r.set_defaults(fn=_cmd_reconfigure, reconfigure_prog=prog)
 
 
 def _fail(msg: str) -> int:
@@ -332,7 +342,7 @@ def _cmd_reconfigure(a) -> int:
 
     from runtime.cluster.discovery import state_dir
     from runtime.observe import serverfile
-    prog = "vnpu serve reconfigure"
+    prog = getattr(a, "reconfigure_prog", "vnpu serve reconfigure")
     url = a.url
     if url is None:
         info = serverfile.read(state_dir())

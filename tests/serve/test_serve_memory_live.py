@@ -105,6 +105,8 @@ def test_resize_live_while_requests_stream(served):
 
 
 def test_reconfigure_cli_memory_pool_size(served):
+    """``vnpu serve reconfigure --memory-pool-size`` and the seed's ``vnpu reconfigure`` (a real client
+    process against the real server)."""
     srv, _ = served
     pool = srv.service.rt.device(0).pool
     run = lambda *a: subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "reconfigure", *a,   # noqa: E731
@@ -113,8 +115,10 @@ def test_reconfigure_cli_memory_pool_size(served):
     r = run("--memory-pool-size", "900MB")
     assert r.returncode == 0, r.stderr
     assert "memory: pool_bytes" in r.stdout and pool.limit == 900 * MB
-    r = run("--memory-pool-size", "1MB")
+    r = subprocess.run([sys.executable, "-m", "runtime.cli", "reconfigure", "--memory-pool-size", "1MB", "--url", srv.url,
+                        "--api-key", KEYS["ops"]], capture_output=True, text=True, timeout=120)   # the seed's verb
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "below what device 0 holds" in r.stderr
+    assert r.stderr.startswith("vnpu reconfigure: error: reconfigure: memory:")
     assert pool.limit == 900 * MB
 
 
