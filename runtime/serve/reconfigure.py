@@ -174,7 +174,11 @@ class Reconfigurer:
 
     def _install(self, cfg: ServeConfig, text: str) -> None:
         svc = self.service
+        before = {m.name: m for m in self.cfg.models}
         for m in cfg.models:
+            o = before.get(m.name)
+            if m.engine is not None and m.engine.mode.mode == "auto" and o is not None and o.engine == m.engine:
+                continue                                 # auto keeps the target it picked from the history
             if m.kind == "generate" and m.name in svc.engines:
                 cur = getattr(svc.engines[m.name], "config", None)
                 if cur is None or getattr(cur, "mode", None) != m.engine.mode:
