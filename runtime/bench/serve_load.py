@@ -333,6 +333,10 @@ def verified(doc: dict) -> bool:
 
 
 def _print_run(run: dict, target: float) -> None:
+    if run["mode"] == "auto":
+        picked = run.get("target_p99_ms")
+        print(f"  replicas={run['replicas']} auto: target p99 picked from the runs before it: "
+              f"{'none yet (runs as manual)' if picked is None else f'{picked:.0f} ms'}", flush=True)
     for ph, s in run["phases"].items():
         ok = "within" if s["e2e_ms_p99"] <= target else "OVER"
         print(f"  replicas={run['replicas']} {run['mode']:<18} {ph:<5}: offered {s['offered_rps']:>5.2f} req/s "

@@ -17,6 +17,7 @@ import pytest
 
 from devices.device import DeviceConfig
 from runtime.api import Runtime
+from runtime.observe.metrics_store import History
 from runtime.backend import LocalBackend
 from runtime.serve.config import ConfigError, parse_config
 from runtime.serve.engine.modes import ModeConfig
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.serve
 MB = 1 << 20
 KEYS = {"small": "sk-small-000000000001", "big": "sk-big-00000000000002", "ops": "sk-ops-00000000000003"}
 CONFIG = f"""
+scheduler: {{mode: auto}}
 memory:
   strategy: "fragmentation_aware"
   pool_size: "900MB"
@@ -69,6 +71,20 @@ def test_the_pool_is_capped_and_pre_warmed_at_start(served):
     assert pool.limit == 900 * MB and pool.reserved() == 900 * MB
     st = srv.service.state_dict()["memory"]
     assert st["pools"]["npu:0"]["reserved"] == 900 * MB and st["strategy"] == "fragmentation_aware"
+
+
+def test_auto_picks_its_slo_from_the_history_and_keeps_it_across_a_reconfigure(served):
+    srv, rc = served
+    eng = srv.service.engines["smollm2"]
+    assert (eng.config.mode.mode, eng.config.mode.target_p99_ms) == ("auto", None)    # no slo, no history yet
+    with History(":memory:") as h:
+        for i in range(40):
+            h.record_samples(1000.0 + i, {"p99_latency_ms": 100.0 + i})
+        assert srv.service.pick_auto_slo(h, 1040.0) == {"smollm2": 135.0}          # nearest rank 36 of 40
+        assert any("picked target_p99_ms=135" in e.diagnosis for e in h.events())
+    assert eng.config.mode.target_p99_ms == 135.0
+    assert rc.apply(sets=["memory.defrag_interval=10m"])["result"] == "ok"
+    assert eng.config.mode.target_p99_ms == 135.0 and srv.service.memory.plan.defrag_interval_s == 600.0
 
 
 def test_resize_live_while_requests_stream(served):
