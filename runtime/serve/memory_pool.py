@@ -9,7 +9,8 @@
   without a driver call, and the pool never grows past it.  :meth:`MemoryManager.resize` grows or
   shrinks it live (``vnpu serve reconfigure --memory-pool-size 4GB``): no live block moves or is freed
   -- a size below what the engines hold (weights, KV caches, activations in flight) is refused
-  (:class:`PoolTooSmall`); cached segments over the new size go back to the driver.
+  (:class:`PoolTooSmall`); cached segments over the new size go back to the driver, then and at each tick
+  (what was still in use then goes back once freed, without waiting for a busy stream).
 - **Strategy** (:data:`STRATEGIES`): ``fragmentation_aware`` -- long-lived blocks in their own pools at
   the top of HBM (the pool's ``lifetime_pools``, on unless ``VNPU_ALLOC_CONF`` turns it off; refused
   then) and the periodic defragmentation below.
@@ -204,6 +205,10 @@ class MemoryManager:
                 did.append("defragment")
             if self.plan.overflow_protection:
                 did += self._protect()
+            for d in self.devices():                         # a shrink finishes as the blocks it waited for free
+                p = d.pool
+                if p.limit is not None and p.reserved() > p.limit:
+                    p.trim(0)
         return did
 
     def headroom(self) -> float:
