@@ -34,7 +34,8 @@ from .serve_workload import NumpyDecode, pct as _pct, prompt as _prompt
 def register(bench_sub) -> None:
     p = bench_sub.add_parser("serve", help="vnpu serve under concurrent clients vs max_num_seqs=1 and numpy",
                              example=("vnpu bench serve --concurrency 1,4,16 --requests 32 --max-tokens 32",
-                                      "vnpu bench serve --load-step --mode ultra_low_latency,adaptive --replicas 1,2"))
+                                      "vnpu bench serve --load-step --mode ultra_low_latency,adaptive --replicas 1,2",
+                                      "vnpu bench serve --load-step --mode manual,hybrid,adaptive,auto --replicas 1"))
     p.add_argument("--model", default="smollm2", choices=["smollm2"], help="the generation model served")
     p.add_argument("--concurrency", type=int_list, default="1,4,16", help="comma-separated client counts")
     p.add_argument("--requests", type=positive_int, default=32, help="requests per concurrency level")

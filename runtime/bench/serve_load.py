@@ -51,7 +51,8 @@ def register_flags(p) -> None:
     pos = float_in(0.0, lo_open=True)
     p.add_argument("--load-step", action="store_true", help="modes and replicas under a light-to-heavy load step")
     p.add_argument("--mode", type=mode_list, default="ultra_low_latency,adaptive",
-                   help="scheduler modes to compare (--load-step)")
+                   help="scheduler modes to compare (--load-step): ultra_low_latency, conservative, adaptive, "
+                        "and the seed's manual, hybrid, auto (auto picks its target from the runs before it)")
     p.add_argument("--replicas", type=int_list, default="1,2", help="replica counts (1 = in-process; --load-step)")
     p.add_argument("--light-s", type=pos, default=8.0, help="seconds of light load")
     p.add_argument("--heavy-s", type=pos, default=12.0, help="seconds of heavy load")
@@ -285,14 +286,26 @@ def _calibrate(svc, url: str, model: str, T: int) -> tuple[float, float]:
 
 def _run_modes(doc: dict, svc, url: str, replicas: int, a, modes: list[str], phases: list, target) -> None:
     """``a.rounds`` rounds of the load step in each mode against ``url`` (served by ``svc`` on ``replicas``
-    replicas): each run added to ``doc["runs"]`` and printed.  Blocks the host for every phase."""
+    replicas): each run added to ``doc["runs"]`` and printed.  Blocks the host for every phase.
+
+    ``auto`` picks its target from a history: the heavy-phase p99 of the runs before it in this bench,
+    recorded into a scratch (in-memory) metrics store (:func:`runtime.serve.auto_slo.pick_target`, one sample per run;
+    with none yet -- auto listed first -- it runs as manual)."""
+    from runtime.observe.metrics_store import History
+    from runtime.serve.auto_slo import AutoSlo, pick_target
     from runtime.serve.engine.modes import ModeConfig
-    for k in range(a.rounds):
-        for m in modes:
-            svc.set_mode(a.model, ModeConfig(m, target_p99_ms=target))
-            doc["runs"].append({"replicas": replicas, "mode": m, "round": k,
-                                "phases": load_step(url, a.model, phases, a.max_tokens, a.seed + k)})
-            _print_run(doc["runs"][-1], target)
+    with History(":memory:") as hist:
+        for k in range(a.rounds):
+            for m in modes:
+                t = target
+                if m == "auto":
+                    t = pick_target(hist, float(len(doc["runs"]) + 1), AutoSlo(lookback_s=1e9, min_samples=1))
+                svc.set_mode(a.model, ModeConfig(m, target_p99_ms=t))
+                doc["runs"].append({"replicas": replicas, "mode": m, "round": k, "target_p99_ms": t,
+                                    "phases": load_step(url, a.model, phases, a.max_tokens, a.seed + k)})
+                hist.record_samples(float(len(doc["runs"])),
+                                    {"p99_latency_ms": doc["runs"][-1]["phases"]["heavy"]["e2e_ms_p99"]})
+                _print_run(doc["runs"][-1], target)
 
 
 def _print_summary(doc: dict, paths: dict, stream_interval_ms: float) -> None:
@@ -320,6 +333,10 @@ def verified(doc: dict) -> bool:
 
 
 def _print_run(run: dict, target: float) -> None:
+    if run["mode"] == "auto":
+        picked = run.get("target_p99_ms")
+        print(f"  replicas={run['replicas']} auto: target p99 picked from the runs before it: "
+              f"{'none yet (runs as manual)' if picked is None else f'{picked:.0f} ms'}", flush=True)
     for ph, s in run["phases"].items():
         ok = "within" if s["e2e_ms_p99"] <= target else "OVER"
         print(f"  replicas={run['replicas']} {run['mode']:<18} {ph:<5}: offered {s['offered_rps']:>5.2f} req/s "
@@ -337,10 +354,12 @@ def _comparisons(doc: dict, modes: list[str]) -> None:
             hv = [x["phases"]["heavy"] for x in doc["runs"] if x["replicas"] == r and x["mode"] == m]
             if hv:
                 by[m] = {k: statistics.median(h[k] for h in hv) for k in ("e2e_ms_p99", "output_tokens_per_s")}
-        if "adaptive" in by and "ultra_low_latency" in by:
-            ad, ul = by["adaptive"], by["ultra_low_latency"]
+        ul = by.get("ultra_low_latency")
+        for m, ad in by.items():
+            if ul is None or m == "ultra_low_latency":
+                continue
             ratio = ad["output_tokens_per_s"] / max(ul["output_tokens_per_s"], 1e-9)
-            lines.append(f"replicas={r}, heavy phase: adaptive p99 {ad['e2e_ms_p99']:.0f} ms (target {t:.0f}) at "
+            lines.append(f"replicas={r}, heavy phase: {m} p99 {ad['e2e_ms_p99']:.0f} ms (target {t:.0f}) at "
                          f"{ad['output_tokens_per_s']:.0f} tok/s = {ratio:.2f}x ultra_low_latency's "
                          f"{ul['output_tokens_per_s']:.0f} tok/s (p99 {ul['e2e_ms_p99']:.0f} ms)")
     doc["comparisons"] = lines

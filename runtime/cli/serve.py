@@ -89,6 +89,20 @@ def register(sub) -> None:
     s.add_argument("--stats-interval", type=nonneg_float, default=10.0, metavar="SECONDS",
                    help="a stats line (throughput, running/waiting, KV cache use) every SECONDS, on the metrics "
                         "sampler's 1 s ticks (default 10; 0: none)")
+    from runtime.cliargs import bool_word, duration, size
+    from runtime.serve.memory_pool import STRATEGIES
+    s.add_argument("--memory-strategy", choices=list(STRATEGIES), default=None,
+                   help="the device pools' strategy (memory.strategy)")
+    s.add_argument("--enable-memory-pool", type=bool_word, default=None, metavar="true|false",
+                   help="manage the device pools as memory: says (default true; false: leave them as "
+                        "VNPU_ALLOC_CONF makes them)")
+    s.add_argument("--pool-size", type=size, default=None, metavar="SIZE",
+                   help="each device pool's size, pre-warmed at start (memory.pool_size, e.g. 3GB)")
+    s.add_argument("--defrag-interval", type=duration, default=None, metavar="DURATION",
+                   help="live defragmentation every DURATION (memory.defrag_interval, e.g. 3m)")
+    s.add_argument("--overflow-protection", type=bool_word, default=None, metavar="true|false",
+                   help="free the cache and degrade batch and queue before the pool overflows "
+                        "(memory.overflow_protection)")
     s.set_defaults(fn=_cmd_serve)
     ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure,config}")
     c = ops.add_parser("config", help="check a serve.yaml (vnpu's names or the CANN runtime article's) and print "
@@ -100,19 +114,32 @@ def register(sub) -> None:
     c.add_argument("config_file", nargs="?", type=text_file, default=None, metavar="FILE",
                    help="the file (or --config FILE)")
     c.set_defaults(fn=_cmd_config)
-    r = ops.add_parser("reconfigure", help="change a running server's scheduler, tenants, slo and self-healing "
-                                           "without a restart (validated, health-checked, rolled back on failure)",
+    r = ops.add_parser("reconfigure", help="change a running server's scheduler, tenants, slo, memory and "
+                                           "self-healing without a restart (validated, health-checked, rolled "
+                                           "back on failure)",
                        example=("vnpu serve reconfigure --set models.smollm2.scheduler.mode=adaptive",
-                                "vnpu serve reconfigure -f new-serve.yaml --url http://127.0.0.1:8000"))
+                                "vnpu serve reconfigure -f new-serve.yaml --url http://127.0.0.1:8000",
+                                "vnpu serve reconfigure --memory-pool-size 4GB"))
+    _reconfigure_flags(r, "vnpu serve reconfigure")
+    top = sub.add_parser("reconfigure", help="vnpu serve reconfigure (the seed's `runtime reconfigure`)",
+                         example=("vnpu reconfigure --memory-pool-size 4GB",
+                                  "vnpu reconfigure --set slo.target_p99_ms=500"))
+    _reconfigure_flags(top, "vnpu reconfigure")
+
+
+def _reconfigure_flags(r, prog: str) -> None:
     what = r.add_mutually_exclusive_group(required=True)
     what.add_argument("--set", action="append", default=None, metavar="KEY=VALUE",
                       help="a setting over the running config, e.g. models.smollm2.scheduler.mode=latency "
                            "(repeatable)")
     what.add_argument("-f", "--file", type=text_file, default=None, help="a whole new serve.yaml")
+    from runtime.cliargs import size as _size
+    what.add_argument("--memory-pool-size", type=_size, default=None, metavar="SIZE",
+                      help="grow or shrink the device pools to SIZE (e.g. 4GB; memory.pool_size), live")
     r.add_argument("--url", default=None, help="the server (default: the one in $VNPU_HOME/serve/server.json)")
     r.add_argument("--api-key", default=None, help="an admin key (default: $VNPU_API_KEY)")
     r.add_argument("--json", action="store_true", help="print the server's answer as JSON")
-    r.set_defaults(fn=_cmd_reconfigure)
+    r.set_defaults(fn=_cmd_reconfigure, reconfigure_prog=prog)
 
 
 def _fail(msg: str) -> int:
@@ -164,10 +191,22 @@ def resolve(a, served: tuple[str, ...] = ()):
     if replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {replicas}")
     out = dataclasses.replace(cfg, host=a.host or cfg.host, port=port, models=tuple(models), replicas=replicas,
-                              allow_unauthenticated=cfg.allow_unauthenticated or a.allow_unauthenticated)
+                              allow_unauthenticated=cfg.allow_unauthenticated or a.allow_unauthenticated,
+                              memory=_memory_flags(a, cfg.memory))
     from runtime.serve.tenants import check_bind
     check_bind(out.host, out.registry(), out.allow_unauthenticated)
     return out
+
+
+def _memory_flags(a, mem):
+    """``memory:`` with the command line's --memory-strategy / --pool-size / --defrag-interval /
+    --overflow-protection over it."""
+    from runtime.serve.config import MemorySpec
+    over = {k: v for k, v in (("strategy", getattr(a, "memory_strategy", None)),
+                              ("pool_bytes", getattr(a, "pool_size", None)),
+                              ("defrag_interval_s", getattr(a, "defrag_interval", None)),
+                              ("overflow_protection", getattr(a, "overflow_protection", None))) if v is not None}
+    return dataclasses.replace(mem, **over) if over else (mem if mem is not None else MemorySpec())
 
 
 def _cmd_serve(a) -> int:
@@ -181,6 +220,10 @@ def _cmd_serve(a) -> int:
     from runtime.serve.omserve import compiled_needs
     if cfg.replicas > 1 and os.environ.get("VNPU_BACKEND", "") == "local":
         return _fail("--replicas > 1 runs Ray Serve replicas on the cluster; unset VNPU_BACKEND=local")
+    from runtime.serve.config import MemorySpec
+    if cfg.replicas > 1 and cfg.memory != MemorySpec():
+        return _fail("memory (--pool-size, --defrag-interval ...) manages in-process engines' pools; serve with "
+                     "one replica")
     if cfg.replicas > 1 and repos:
         return _fail("--replicas > 1 serves generation and embedding models; serve compiled models with one replica")
     named, auto = compiled_needs(m for r in repos for m in r.models)
@@ -223,6 +266,7 @@ def _serve(a, cfg, repos, need: int, restarts: int, log, progress) -> int:
                 svc.set_tags(cfg.tags)
             else:
                 svc = Service(rt, cfg.models, cfg.tenants, tags=cfg.tags, repositories=repos)
+                svc.manage_memory(cfg.memory, enabled=a.enable_memory_pool is not False)
             sampler = Sampler(svc, history, rt)
             if a.stats_interval > 0 and cfg.replicas > 1:      # the replicas' engines report in their processes
                 log.info("no stats line with %d Ray Serve replicas (their engines count in their own processes)",
@@ -238,7 +282,7 @@ def _serve(a, cfg, repos, need: int, restarts: int, log, progress) -> int:
             Reconfigurer(svc, cfg, Path(a.config).read_text() if a.config else "", healing, history)
             srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated, cfg.http, grpc_port=a.grpc_port,
                          access_log=not a.no_access_log)
-            loader = threading.Thread(target=_load, args=(svc, srv, progress, t_start), name="vnpu-serve-load",
+            loader = threading.Thread(target=_load, args=(svc, srv, progress, t_start, history), name="vnpu-serve-load",
                                       daemon=True)
 
             def bound(s):
@@ -305,7 +349,7 @@ def device_restarts_for(cfg) -> int:
     return -1 if sh.enabled and any(t.action == "restart_device" for t in sh.triggers) else 0
 
 
-def _load(svc, srv, progress, t_start: float) -> None:
+def _load(svc, srv, progress, t_start: float, history=None) -> None:
     """Load the engines (their stages shown), then log the start summary and ``ready``."""
     import logging
 
@@ -318,6 +362,9 @@ def _load(svc, srv, progress, t_start: float) -> None:
     finally:
         _stop_stages(progress)
     log = logging.getLogger("vnpu.serve")
+    if history is not None and hasattr(svc, "pick_auto_slo"):   # Ray Serve replicas pick in their processes
+        for name, t in svc.pick_auto_slo(history).items():
+            log.info("%s: scheduler mode auto, target p99 %g ms (from the history)", name, t)
     for line in start_summary(svc, srv.url, time.monotonic() - t_start, srv.grpc_url):
         log.info("%s", line)
     log.info("ready")
@@ -353,7 +400,7 @@ def _cmd_reconfigure(a) -> int:
 
     from runtime.cluster.discovery import state_dir
     from runtime.observe import serverfile
-    prog = "vnpu serve reconfigure"
+    prog = getattr(a, "reconfigure_prog", "vnpu serve reconfigure")
     url = a.url
     if url is None:
         info = serverfile.read(state_dir())
@@ -366,7 +413,10 @@ def _cmd_reconfigure(a) -> int:
     if not key:
         print(f"{prog}: error: an admin key is needed (--api-key or VNPU_API_KEY)", file=sys.stderr)
         return 2
-    body = {"config": Path(a.file).read_text() if a.file else None, "set": a.set or []}
+    sets = list(a.set or [])
+    if a.memory_pool_size is not None:
+        sets.append(f"memory.pool_size={a.memory_pool_size}")
+    body = {"config": Path(a.file).read_text() if a.file else None, "set": sets}
     req = urllib.request.Request(url.rstrip("/") + "/admin/reconfigure", data=json.dumps(body).encode(),
                                  method="POST", headers={"Authorization": f"Bearer {key}",
                                                          "Content-Type": "application/json"})

@@ -94,6 +94,7 @@ class CachingAllocator:
         self._pending: list[tuple[Block, list[int]]] = []
         self._dead: set[int] = set()
         self._total: int | None = None
+        self._limit: int | None = None          #: set_limit(): a cap on reserved bytes, None = none
         self._tick = 0
         self.stats = MemoryStats()
         #: bumped whenever a range of the pool stops being valid (a free, a move): host-side caches of
@@ -278,15 +279,18 @@ class CachingAllocator:
         return PLACEMENT_HIGH if lifetime == LONG else PLACEMENT_LOW
 
     def _allowed(self) -> int:
+        if self.config.per_process_memory_fraction >= 1.0 and self._limit is not None:
+            return self._limit
         if self._total is None:
             self._total = int(self.driver.mem_info()[1])
-        return int(self.config.per_process_memory_fraction * self._total)
+        allowed = int(self.config.per_process_memory_fraction * self._total)
+        return allowed if self._limit is None else min(allowed, self._limit)
 
     def _new_segment(self, pool: FreeBlocks, stream: int, seg_size: int, size: int) -> Block | None:
         """A new segment (the standard size, else one just holding ``size``), as one free block in
         ``pool``; None when the driver has no room."""
         reserved = self.stats.stats["reserved_bytes"]["all"].current
-        limited = self.config.per_process_memory_fraction < 1.0
+        limited = self.config.per_process_memory_fraction < 1.0 or self._limit is not None
         tight = _plan.tight_size(size)
         for want in dict.fromkeys((seg_size, tight)):
             if limited and reserved + want > self._allowed():
@@ -340,7 +344,9 @@ class CachingAllocator:
             f"({_mib(arena.free)} of {_mib(arena.total)}), cached {cached} B (reserved by this pool "
             f"{_mib(reserved)}, allocated {_mib(allocated)}), largest free {arena.largest_free} B "
             f"(arena fragmentation {arena.fragmentation:.3f}). "
-            + ("Free memory exceeds the request: the arena is fragmented -- call Device.defragment(), or set "
+            + (f"The pool's size limit ({_mib(self._limit)}) is reached: raise it (set_limit; serve: memory.pool_size) "
+               "or lower the batch size." if self._limit is not None and reserved + nbytes > self._limit else
+               "Free memory exceeds the request: the arena is fragmented -- call Device.defragment(), or set "
                "VNPU_ALLOC_CONF=max_split_size_mb:<n> to bound splitting."
                if arena.free >= nbytes else "Free tensors or lower the batch size."))
 
@@ -431,6 +437,67 @@ class CachingAllocator:
         hang its caller).  Returns how many segments went back."""
         with self._lock:
             return self._release_cached(timeout_ms)
+
+    # ------------------------------------------------------------------------------------------ pool size
+    @property
+    def limit(self) -> int | None:
+        """The cap on reserved bytes (:meth:`set_limit`), None when only ``per_process_memory_fraction``
+        caps the pool."""
+        return self._limit
+
+    def reserved(self) -> int:
+        """Bytes the pool holds from the driver (live and cached)."""
+        return self.stats.stats["reserved_bytes"]["all"].current
+
+    def set_limit(self, nbytes: int | None, timeout_ms: float = -1) -> int:
+        """Cap the pool at ``nbytes`` reserved (None: no cap beyond ``per_process_memory_fraction``): no
+        new segment past it (a request that does not fit after the pool freed its cache raises 207001), and
+        cached segments over it go back to the driver now (host-blocking: waits for the work queued on their
+        streams, as :meth:`empty_cache`).  Live blocks are never touched: what is still over the cap goes
+        back at a later :meth:`trim`, once they are freed.  Returns the bytes reserved after."""
+        if nbytes is not None and (nbytes.__class__ is not int or nbytes <= 0):
+            raise InvalidParamError(f"pool limit must be a positive number of bytes or None, got {nbytes!r}")
+        with self._lock:
+            self._limit = nbytes
+            self._trim(timeout_ms)
+            return self.reserved()
+
+    def trim(self, timeout_ms: float = -1) -> int:
+        """Give cached segments back until the pool is within its cap (host-blocking as :meth:`empty_cache`;
+        nothing to do without a cap).  Returns the bytes reserved after."""
+        with self._lock:
+            self._trim(timeout_ms)
+            return self.reserved()
+
+    def _trim(self, timeout_ms: float) -> None:
+        """Cached segments back to the driver until the pool is within its cap: short-lived ones first, the
+        longest unused first."""
+        over = self.reserved() - (self._limit if self._limit is not None else self.reserved())
+        if over <= 0:
+            return
+        chosen, n = [], 0
+        for b in sorted(self._whole_free(), key=lambda b: (b.segment.lifetime == LONG, b.freed_at)):
+            if n >= over:
+                break
+            chosen.append(b)
+            n += b.segment.size
+        self._free_whole(chosen, timeout_ms)
+
+    def reserve(self, nbytes: int) -> int:
+        """Pre-warm: grow the pool with cached segments until it reserves ``nbytes`` (segments of the large
+        pool's size, the last one smaller; they belong to no stream, so the first stream that needs one
+        takes it without a wait), or until the cap or the driver refuses.  Blocks the host for the driver
+        calls.  Returns the bytes reserved after."""
+        if nbytes.__class__ is not int or nbytes < 0:
+            raise InvalidParamError(f"pool size must be a non-negative number of bytes, got {nbytes!r}")
+        pool = self._pools[(LARGE, SHORT)]
+        with self._lock:
+            while self.reserved() < nbytes:
+                left = -(-(nbytes - self.reserved()) // ROUND_LARGE) * ROUND_LARGE
+                want = min(self.config.large_segment_size, left)
+                if self._new_segment(pool, NO_STREAM, want, want) is None:
+                    break
+            return self.reserved()
 
     # ------------------------------------------------------------------------------------------ free
     def free(self, h: Handle) -> None:

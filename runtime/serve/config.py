@@ -116,12 +116,21 @@ class SloConfig:
 @dataclass(frozen=True)
 class MemorySpec:
     """``memory:``: the device caching pool as the seed describes it (``strategy``, ``pool_bytes``,
-    ``defrag_interval_s``, ``overflow_protection``).  Kept and shown by ``serve config --print``; serve does
-    not act on it yet (see :data:`MEMORY_NOT_ACTED_ON`)."""
+    ``defrag_interval_s``, ``overflow_protection``), applied by :mod:`runtime.serve.memory_pool`."""
     strategy: str | None = None
     pool_bytes: int | None = None
     defrag_interval_s: float | None = None
     overflow_protection: bool | None = None
+
+    def __post_init__(self):
+        from .memory_pool import STRATEGIES
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            raise InvalidParamError(f"strategy {self.strategy!r} is unknown "
+                                    f"(known: {', '.join(STRATEGIES)})")
+        if self.pool_bytes is not None and self.pool_bytes <= 0:
+            raise InvalidParamError(f"pool_bytes must be > 0, got {self.pool_bytes!r}")
+        if self.defrag_interval_s is not None and not self.defrag_interval_s > 0:
+            raise InvalidParamError(f"defrag_interval_s must be > 0, got {self.defrag_interval_s!r}")
 
 
 @dataclass(frozen=True)
@@ -264,20 +273,14 @@ HTTP_SCHEMA = {"max_body_bytes": (_INT, 1), "max_header_bytes": (_INT, 1), "head
                "body_timeout_s": (_NUM, None), "max_connections_per_client": (_INT, 1), "max_connections": (_INT, 1),
                "tokenizer_threads": (_INT, 1)}
 SLO_SCHEMA = {"target_p99_ms": (_NUM, None), "availability": (_STR, None)}
-QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None)}
-TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin")
+QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None),
+                "hbm_bytes": (_INT, 1)}
+TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin", "hbm_quota")
 MODEL_KEYS = {"model", "tp", "engine", "batching", "fallback", "scheduler"}
 MEMORY_SCHEMA = {"strategy": (_STR, None), "pool_bytes": (_INT, 0), "defrag_interval_s": (_NUM, 0),
                  "overflow_protection": (_BOOL, None)}
 DEFAULTS_KEYS = ("placement", "fallback", "scheduler", "engine", "batching")
 ROOT_KEYS = ("server", "http", "slo", "tenants", "models", "self_healing", "defaults", "devices", "memory", "tags")
-#: why each ``memory:`` key has no effect yet
-MEMORY_NOT_ACTED_ON = {
-    "strategy": "serve's engines use the device caching pool as VNPU_ALLOC_CONF configures it",
-    "pool_bytes": "engines size HBM by engine.gpu_memory_utilization; no pool pre-warm",
-    "defrag_interval_s": "no periodic defragmentation (the self_healing action defragment runs on a trigger)",
-    "overflow_protection": "no cache release / batch degrade before OOM (engine.max_queued_requests sheds load)"}
-
 
 def _scalar(node, kind: str, minimum, nullable: bool, where: str):
     import yaml
@@ -392,8 +395,6 @@ def parse_config(text: str, name: str = "serve.yaml", served: tuple[str, ...] = 
     if "memory" in nodes:
         mv = _mapping(nodes["memory"][1], MEMORY_SCHEMA, where, "memory")
         cfg = dataclasses.replace(cfg, memory=_built(MemorySpec, mv, where, "memory", _line(nodes["memory"][1])))
-        notes += tuple(NotActedOn(f"memory.{k}", mv[f"__line_{k}"], str(mv[k]), MEMORY_NOT_ACTED_ON[k])
-                       for k in MEMORY_SCHEMA if k in mv)
     if "tags" in nodes:
         cfg = dataclasses.replace(cfg, tags=_tags(nodes["tags"][1], where))
     models: list[ModelSpec] = []
@@ -577,10 +578,25 @@ def _tenant(node, where: str, path: str, models: list[str]) -> Tenant:
     if "quota" in keys:
         qn = keys["quota"][1]
         quota = _built(Quota, _mapping(qn, QUOTA_SCHEMA, where, f"{path}.quota"), where, f"{path}.quota", _line(qn))
+    if "hbm_quota" in keys:                         # the seed's spelling: hbm_quota: "1GB" -> quota.hbm_bytes
+        from .dialect import parse_bytes
+        hn = keys["hbm_quota"][1]
+        try:
+            hbm = parse_bytes(_scalar_any(hn, f"{where}line {_line(hn)}: {path}.hbm_quota"), "hbm_quota")
+            quota = dataclasses.replace(quota, hbm_bytes=hbm)
+        except InvalidParamError as e:
+            raise ConfigError(f"{where}line {_line(hn)}: {path}.hbm_quota: {getattr(e, 'detail', e)}") from None
     try:
         return Tenant(name, tuple(digests), prio, quota, admin, allowed)
     except InvalidParamError as e:
         raise ConfigError(f"{where}line {_line(node)}: {path}: {getattr(e, 'detail', e)}") from None
+
+
+def _scalar_any(node, where: str):
+    import yaml
+    if not isinstance(node, yaml.ScalarNode):
+        raise ConfigError(f"{where}: expected a single value")
+    return yaml.safe_load(yaml.serialize(node))
 
 
 def _resolve(text: str, names: dict, where: str, path: str, line: int) -> Placement:

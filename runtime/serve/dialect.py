@@ -10,7 +10,8 @@ lists them.
 ========================================================  =================================================
 seed                                                      vnpu (canonical)
 ========================================================  =================================================
-``scheduler.mode: adaptive | auto | manual | hybrid``     ``defaults.scheduler.mode`` (:data:`MODES`)
+``scheduler.mode: adaptive | auto | manual | hybrid``     ``defaults.scheduler.mode``, the same names
+                                                          (:mod:`runtime.serve.engine.modes`)
 ``strategies[dynamic_batching].min_batch``                ``defaults.scheduler.low_latency_batch``
 ``strategies[dynamic_batching].max_batch``                ``defaults.engine.max_num_seqs`` and
                                                           ``defaults.batching.max_batch_size``
@@ -47,12 +48,9 @@ from .yamlnodes import unknown_key
 #: seed scheduler mode -> (vnpu mode, note; "" when the meaning is the same)
 MODES: dict[str, tuple[str, str]] = {
     "adaptive": ("adaptive", ""),
-    "auto": ("adaptive", "auto (adaptive with the SLO picked from history) runs as adaptive against "
-                         "slo.target_p99_ms"),
-    "manual": ("conservative", "manual (fixed batch and delay as configured) runs as conservative: the "
-                               "configured max_num_seqs, no hold"),
-    "hybrid": ("adaptive", "hybrid (adaptive within manual bounds) runs as adaptive: low_latency_batch is "
-                           "its floor, max_num_seqs its ceiling"),
+    "auto": ("auto", ""),
+    "manual": ("manual", ""),
+    "hybrid": ("hybrid", ""),
 }
 #: seed priority word -> vnpu priority class (vLLM's meaning: lower runs first); integers pass through
 PRIORITY_WORDS: dict[str, int] = {"high": 0, "normal": 5, "low": 10}

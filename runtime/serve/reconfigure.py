@@ -3,7 +3,9 @@ validated first, applied without a restart and without dropping a request, healt
 when the check fails, and recorded as a manual intervention (``config`` event, ``manual=True``).
 
 What applies live: every model's scheduler mode (``models[].scheduler``: from the engine's next step on),
-the tenants (keys, priority classes, quotas, admin), the ``slo``, and the ``self_healing`` section (the
+the tenants (keys, priority classes, quotas, admin), the ``slo``, ``memory`` (the pools grow or shrink
+without touching a live block -- a size below what the engines hold is refused --, the defragmentation
+interval, overflow protection: :mod:`runtime.serve.memory_pool`), and the ``self_healing`` section (the
 policy engine keeps the state of triggers that keep their name).  What needs a restart -- ``server``,
 the models served, their devices, fallback chains, engine and batching limits -- is refused by name,
 before anything changes.
@@ -56,6 +58,9 @@ class Reconfigurer:
             raise ConfigError(f"reconfigure: not valid YAML: {getattr(e, 'problem', e)}") from None
         if not isinstance(doc, dict):
             raise ConfigError("reconfigure: the config must be a mapping")
+        mem = {k: v for k, v in dataclasses.asdict(self.cfg.memory).items() if v is not None}
+        if "memory" not in doc and mem and config_text is None:
+            doc["memory"] = mem                          # what the command line set (--pool-size ...) stays
         for s in sets:
             key, eq, raw = str(s).partition("=")
             if not eq or not key.strip():
@@ -64,6 +69,9 @@ class Reconfigurer:
                 value = yaml.safe_load(raw)
             except yaml.YAMLError:
                 raise ConfigError(f"--set {s!r}: the value is not valid YAML") from None
+            if key.strip() in ("memory.pool_size", "memory.pool_bytes") and isinstance(doc.get("memory"), dict):
+                doc["memory"].pop("pool_size", None)     # the seed's name and vnpu's: the new one replaces both
+                doc["memory"].pop("pool_bytes", None)
             _set_path(doc, key.strip().split("."), value, key.strip())
         text = yaml.safe_dump(doc, sort_keys=False)
         new = parse_config(text, "reconfigure", self.service.compiled_names())
@@ -106,6 +114,21 @@ class Reconfigurer:
                                       f"(live: scheduler, tenants, slo, self_healing)")
             elif m.batching != o.batching:
                 raise ConfigError(f"reconfigure: models.{m.name}.batching cannot change without a restart")
+        if new.memory != old.memory:
+            self._check_memory(new)
+
+    def _check_memory(self, new: ServeConfig) -> None:
+        from devices.errors import InvalidParamError
+
+        from .memory_pool import PoolPlan
+        mm = getattr(self.service, "memory", None)
+        if mm is None:
+            raise ConfigError("reconfigure: memory: this server manages no memory pool (replicas, or no engine on a "
+                              "device); it cannot change live")
+        try:
+            mm.check_size(PoolPlan.from_spec(new.memory).pool_bytes)
+        except InvalidParamError as e:
+            raise ConfigError(f"reconfigure: memory: {getattr(e, 'detail', e)}") from None
 
     # -------------------------------------------------------------- applying
     def apply(self, config_text: str | None = None, sets: list[str] | tuple[str, ...] = (), who: str = "operator",
@@ -151,7 +174,11 @@ class Reconfigurer:
 
     def _install(self, cfg: ServeConfig, text: str) -> None:
         svc = self.service
+        before = {m.name: m for m in self.cfg.models}
         for m in cfg.models:
+            o = before.get(m.name)
+            if m.engine is not None and m.engine.mode.mode == "auto" and o is not None and o.engine == m.engine:
+                continue                                 # auto keeps the target it picked from the history
             if m.kind == "generate" and m.name in svc.engines:
                 cur = getattr(svc.engines[m.name], "config", None)
                 if cur is None or getattr(cur, "mode", None) != m.engine.mode:
@@ -162,6 +189,9 @@ class Reconfigurer:
             svc.set_tags(cfg.tags)
         if self.healing is not None and cfg.self_healing != self.cfg.self_healing:
             self.healing.update(cfg.self_healing)
+        if cfg.memory != self.cfg.memory and getattr(svc, "memory", None) is not None:
+            from .memory_pool import PoolPlan
+            svc.memory.update(PoolPlan.from_spec(cfg.memory))
         self.cfg, self.text = cfg, text
 
     def _check(self) -> tuple[bool, str]:
@@ -195,6 +225,9 @@ class Reconfigurer:
             out.append(f"tags: {dict(new.tags)}")
         if old.slo != new.slo:
             out.append(f"slo: {dataclasses.asdict(new.slo)}")
+        if old.memory != new.memory:
+            a, b = dataclasses.asdict(old.memory), dataclasses.asdict(new.memory)
+            out.append("memory: " + ", ".join(f"{k} {a[k]!r} -> {b[k]!r}" for k in a if a[k] != b[k]))
         if old.self_healing != new.self_healing:
             out.append(f"self_healing: {len(new.self_healing.triggers)} trigger(s), "
                        f"{'enabled' if new.self_healing.enabled else 'disabled'}")

@@ -98,6 +98,7 @@ class Frontend:
         self.history = None                      #: the History the observers record into (admin routes read it)
         self.reconfigurer = None                 #: a runtime.serve.reconfigure.Reconfigurer (POST /admin/reconfigure)
         self.healing = None                      #: a runtime.serve.heal.SelfHealing (its state in /admin/state)
+        self.memory = None                       #: a runtime.serve.memory_pool.MemoryManager (memory:), see manage_memory
         self._cv = threading.Condition()
 
     def _event(self, ev: dict) -> None:
@@ -139,9 +140,13 @@ class Frontend:
 
     # -------------------------------------------------------------- lifecycle
     def load(self) -> None:
-        """Build and start every engine (blocking)."""
+        """Build and start every engine (blocking); then the memory manager, when there is one (caps and
+        pre-warms the pools, then ticks)."""
         try:
             self._load()
+            if self.memory is not None and self.memory.plan.active:
+                self.memory.start()
+                self.memory.start_thread()
         except BaseException as e:
             with self._cv:
                 self.state, self.error = "failed", f"{type(e).__name__}: {e}"
@@ -175,8 +180,32 @@ class Frontend:
                 return False
         return True
 
+    def manage_memory(self, spec, enabled: bool = True, clock: Callable[[], float] = time.monotonic):
+        """Put the device pools under ``spec`` (a :class:`runtime.serve.config.MemorySpec`): a
+        :class:`runtime.serve.memory_pool.MemoryManager` over :meth:`pool_devices`, degrading through
+        :meth:`throttle` and defragmenting with :meth:`defragment`; started once the engines are loaded
+        (caps and pre-warms the pools: blocks the host for the driver calls), then ticking once a second
+        until :meth:`close`.  Returns it."""
+        from .memory_pool import MemoryManager, PoolPlan
+        plan = PoolPlan.from_spec(spec)
+        self.memory = MemoryManager(self.pool_devices, self.throttle, self.defragment,
+                                    PoolPlan(plan.strategy, plan.pool_bytes, plan.defrag_interval_s,
+                                             plan.overflow_protection, enabled), clock)
+        return self.memory
+
+    def pool_devices(self) -> list:
+        """The NPU devices (runtime devices with a caching pool) the in-process engines run on, once each."""
+        devs: dict[int, object] = {}
+        for e in self._held_engines():
+            for d in getattr(e, "devices", ()):
+                if getattr(d, "rt", None) is getattr(self, "rt", None):
+                    devs.setdefault(id(d), d)
+        return list(devs.values())
+
     def close(self) -> None:
         """Shut every engine down (aborting what is left) and free its device memory."""
+        if self.memory is not None:
+            self.memory.stop()
         with self._cv:
             self.state = "stopped"
             self._cv.notify_all()
@@ -302,6 +331,27 @@ class Frontend:
         step on, without dropping anything."""
         self.engine(model, "generate").set_mode(mode)
 
+    def pick_auto_slo(self, history, now: float | None = None) -> dict[str, float]:
+        """Give every generation model in scheduler mode ``auto`` the target its history supports
+        (:func:`runtime.serve.auto_slo.pick_target`; ``now``: the history's clock, default wall time).
+        Models without enough history keep their target.  Returns model -> the target picked; records a
+        ``config`` event per pick.  Blocks for one SQLite read per model."""
+        from .auto_slo import pick_target
+        now = time.time() if now is None else now
+        picked: dict[str, float] = {}
+        for n, e in list(self.engines.items()):
+            mode = getattr(getattr(e, "config", None), "mode", None)
+            if getattr(mode, "mode", None) != "auto":
+                continue
+            t = pick_target(history, now)
+            if t is None:
+                continue
+            e.set_mode(dataclasses.replace(mode, target_p99_ms=t))
+            picked[n] = t
+            history.record_event("config", source="auto_slo", diagnosis=f"{n}: scheduler mode auto picked "
+                                 f"target_p99_ms={t:g} from the history", detail={"model": n, "target_p99_ms": t})
+        return picked
+
     def slo(self) -> dict:
         """The running config's ``slo`` (``target_p99_ms``, ``availability`` as a fraction; None where not
         set; what reconfigure changed included); {} when the server keeps no config."""
@@ -315,6 +365,8 @@ class Frontend:
                "tenants": [self.quotas.usage(t) for t in self.tenants.tenants], "events": list(self.events[-50:])}
         if self.healing is not None:
             out["self_healing"] = self.healing.state()
+        if self.memory is not None:
+            out["memory"] = self.memory.state()
         for n, e in list(self.engines.items()):
             d = {"kind": e.kind}
             if e.kind == "generate" and hasattr(e, "chain"):

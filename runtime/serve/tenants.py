@@ -58,7 +58,7 @@ class Forbidden(ServeError):
 
 class RateLimited(ServeError):
     """Over a quota (HTTP 429, ``rate_limit_exceeded``).  ``retry_after_s``: when the same request would
-    pass (None: never -- it is larger than the quota itself); ``limit``: ``requests`` or ``tokens``."""
+    pass (None: never -- it is larger than the quota itself); ``limit``: ``requests``, ``tokens`` or ``hbm``."""
 
     def __init__(self, message: str, retry_after_s: float | None, limit: str, headers: dict | None = None):
         super().__init__(message, None, "rate_limit_exceeded")
@@ -68,6 +68,15 @@ class RateLimited(ServeError):
 
     def __reduce__(self):
         return (type(self), (self.message, self.retry_after_s, self.limit, self.headers))
+
+
+class HbmQuotaExceeded(RateLimited):
+    """Over the tenant's HBM quota (HTTP 429, code ``hbm_quota_exceeded``; the device's out-of-memory error,
+    CANN 207001, that the request would have risked is named in the message)."""
+
+    def __init__(self, message: str, retry_after_s: float | None, limit: str = "hbm", headers: dict | None = None):
+        super().__init__(message, retry_after_s, limit, headers)
+        self.code = "hbm_quota_exceeded"
 
 
 def key_digest(key: str) -> str:
@@ -92,13 +101,17 @@ def parse_key(text: str) -> str:
 @dataclass(frozen=True)
 class Quota:
     """``concurrent_requests``: requests in flight at once; ``tokens_per_minute``: prompt + completion
-    tokens over a sliding minute.  None: unlimited."""
+    tokens over a sliding minute; ``hbm_bytes`` (serve.yaml ``hbm_quota: 1GB``): device memory the tenant's
+    requests in flight may hold -- each request counts its worst case, the KV-cache blocks of its prompt
+    plus ``max_tokens`` on the model's devices, from admission until the engine has finished it.  None:
+    unlimited."""
     concurrent_requests: int | None = None
     tokens_per_minute: int | None = None
     retry_after_s: float = 1.0          #: what a concurrency refusal asks the client to wait
+    hbm_bytes: int | None = None
 
     def __post_init__(self):
-        for k in ("concurrent_requests", "tokens_per_minute"):
+        for k in ("concurrent_requests", "tokens_per_minute", "hbm_bytes"):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise InvalidParamError(f"{k} must be a positive integer, got {v!r}")
@@ -215,6 +228,7 @@ class Charge:
 @dataclass
 class _Ledger:
     in_flight: int = 0
+    hbm: int = 0                                          #: bytes held by its requests in flight
     unsettled: int = 0                                    #: admitted, charge not yet settled
     window: deque = field(default_factory=deque)          #: Charge, oldest first
     requests: int = 0
@@ -228,8 +242,9 @@ class Ticket:
     charge until :meth:`settle`.  A request whose client went away releases its slot at once and is
     settled once the engine has said what it did for it (the work done is charged, answered or not)."""
 
-    def __init__(self, quotas: "Quotas", tenant: Tenant, charge: Charge | None):
+    def __init__(self, quotas: "Quotas", tenant: Tenant, charge: Charge | None, hbm: int = 0):
         self.quotas, self.tenant = quotas, tenant
+        self.hbm = hbm                       #: HBM bytes it holds in the tenant's ledger until settled
         self.charge = charge                 #: its tokens in the window (None: the tenant has no token quota)
         self.released = self.settled = False
 
@@ -276,15 +291,18 @@ class Quotas:
         if self.admission >= 1.0:
             return q
         f = lambda v: None if v is None else max(1, math.ceil(v * self.admission))     # noqa: E731
-        return Quota(f(q.concurrent_requests), f(q.tokens_per_minute), q.retry_after_s)
+        return Quota(f(q.concurrent_requests), f(q.tokens_per_minute), q.retry_after_s, q.hbm_bytes)
 
-    def admit(self, tenant: Tenant, tokens: int) -> Ticket:
-        """Admit a request that may use ``tokens`` (prompt + max_tokens), or raise :class:`RateLimited`."""
+    def admit(self, tenant: Tenant, tokens: int, hbm: int = 0) -> Ticket:
+        """Admit a request that may use ``tokens`` (prompt + max_tokens) and hold ``hbm`` bytes of device
+        memory, or raise :class:`RateLimited` (:class:`HbmQuotaExceeded`)."""
         q = self._scaled(tenant.quota)
         now = self.clock()
         with self._lock:
             led = self._ledger(tenant.name)
             self._refuse_over(tenant, q, led, tokens, now)
+            self._refuse_hbm(tenant, q, led, int(hbm))
+            led.hbm += int(hbm)
             charge = None
             if q.tokens_per_minute is not None:
                 charge = Charge(now, int(tokens))
@@ -293,7 +311,24 @@ class Quotas:
             led.unsettled += 1
             led.requests += 1
             self._lock.notify_all()
-        return Ticket(self, tenant, charge)
+        return Ticket(self, tenant, charge, int(hbm))
+
+    def _refuse_hbm(self, tenant: Tenant, q: Quota, led: _Ledger, hbm: int) -> None:
+        """Raise :class:`HbmQuotaExceeded` (counted) when ``hbm`` more bytes would break the HBM quota."""
+        if q.hbm_bytes is None or led.hbm + hbm <= q.hbm_bytes:
+            return
+        from devices.errors import ACL_ERROR_RT_MEMORY_ALLOCATION, error_name
+        led.rate_limited += 1
+        self._lock.notify_all()
+        never = hbm > q.hbm_bytes
+        raise HbmQuotaExceeded(
+            f"HBM quota reached for tenant {tenant.name}: Limit {q.hbm_bytes} B, Held {led.hbm} B, Requested "
+            f"{hbm} B (the KV cache of the prompt + max_tokens); refused before the device could fail with "
+            f"{ACL_ERROR_RT_MEMORY_ALLOCATION} {error_name(ACL_ERROR_RT_MEMORY_ALLOCATION)}. "
+            + ("Reduce the prompt or max_tokens." if never else f"Please try again in {q.retry_after_s:g}s."),
+            None if never else q.retry_after_s, "hbm",
+            {"x-ratelimit-limit-hbm-bytes": str(q.hbm_bytes),
+             "x-ratelimit-remaining-hbm-bytes": str(max(0, q.hbm_bytes - led.hbm))})
 
     def precheck(self, tenant: Tenant, min_tokens: int) -> None:
         """Before the work of sizing a request (tokenizing it): raise :class:`RateLimited` now if a request
@@ -364,6 +399,7 @@ class Quotas:
                 ticket.released = True
                 led.in_flight -= 1
             led.unsettled -= 1
+            led.hbm -= ticket.hbm
             led.prompt_tokens += prompt
             led.completion_tokens += completion
             if ticket.charge is not None:
@@ -379,7 +415,7 @@ class Quotas:
             self._trim(led, now)
             window = sum(c.tokens for c in led.window)
             return {"tenant": tenant.name, "priority": tenant.priority,
-                    "in_flight": led.in_flight, "requests": led.requests,
+                    "in_flight": led.in_flight, "hbm_bytes": led.hbm, "requests": led.requests,
                     "prompt_tokens": led.prompt_tokens, "completion_tokens": led.completion_tokens,
                     "rate_limited": led.rate_limited, "tokens_this_minute": window,
                     "limits": {"concurrent_requests": q.concurrent_requests, "tokens_per_minute": q.tokens_per_minute}}

@@ -287,7 +287,9 @@ def test_engine_aging_lets_a_long_wait_run_first(eng):
     ("ultra_low_latency", None, 1.0, 2), ("conservative", None, 1.0, 4),
     ("adaptive", 3_600_000.0, 1.0, 2),               # a loose target (1 h): the smallest batch meets it
     ("adaptive", 0.001, 1.0, 4),                     # an impossible one: drain the 8 soonest (2 rounds of 4)
-    ("conservative", None, 0.5, 2)])
+    ("conservative", None, 0.5, 2),
+    ("manual", None, 1.0, 4),                        # the configured batch, whatever the load
+    ("auto", None, 1.0, 4)])                         # auto before a target is picked: as manual
 def test_engine_honours_each_mode_s_limits(eng, mode, target, throttle, expect):
     eng.set_mode(ModeConfig(mode, low_latency_batch=2, target_p99_ms=target))
     eng.set_throttle(throttle)                                     # self-healing's throttle narrows any mode

@@ -41,6 +41,13 @@ def _error_of(outs: list[RequestOutput]):
     return None
 
 
+def _hbm(eng, tokens: int) -> int:
+    """The HBM a request of ``tokens`` (prompts + max_tokens) may hold on ``eng`` (0 for an engine that
+    does not say: replicas in other processes)."""
+    fn = getattr(eng, "kv_bytes", None)
+    return int(fn(tokens)) if fn is not None else 0
+
+
 def _reason(o: RequestOutput) -> str | None:
     if o.finish_reason is None:
         return None
@@ -70,7 +77,7 @@ async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[i
         sub.when_finished(charge)
     try:
         await sub.add(ids, params, prompt_param, priority,
-                      lambda tokens: tickets.append(admit(request, tenant, tokens)))
+                      lambda tokens: tickets.append(admit(request, tenant, tokens, _hbm(eng, tokens))))
     except BaseException:
         if tickets:
             abandon()

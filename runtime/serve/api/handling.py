@@ -100,15 +100,16 @@ def precheck(request: Request, tenant: Tenant, min_tokens: int) -> None:
     _counted(st.service, tenant, st.service.quotas.precheck, min_tokens)
 
 
-def admit_tenant(service, tenant: Tenant, tokens: int):
-    """``tenant``'s quota ticket for ``tokens`` from ``service``'s quotas (429 over quota, counted per
-    tenant) -- for any transport (the gRPC side has no HTTP request)."""
-    return _counted(service, tenant, service.quotas.admit, tokens)
+def admit_tenant(service, tenant: Tenant, tokens: int, hbm: int = 0):
+    """``tenant``'s quota ticket for ``tokens`` and ``hbm`` bytes of device memory from ``service``'s quotas
+    (429 over quota, counted per tenant) -- for any transport (the gRPC side has no HTTP request)."""
+    return _counted(service, tenant, lambda t, n: service.quotas.admit(t, n, hbm), tokens)
 
 
-def admit(request: Request, tenant: Tenant, tokens: int):
-    """The tenant's quota ticket for ``tokens`` (429 over quota); the request counts as admitted."""
-    ticket = admit_tenant(serve_state(request).service, tenant, tokens)
+def admit(request: Request, tenant: Tenant, tokens: int, hbm: int = 0):
+    """The tenant's quota ticket for ``tokens`` and ``hbm`` bytes (429 over quota); the request counts as
+    admitted."""
+    ticket = admit_tenant(serve_state(request).service, tenant, tokens, hbm)
     request.state.admitted = True
     return ticket
 

@@ -48,6 +48,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .errors import InvalidRequest
 from .lifecycle import EngineLifecycle
+from .kv_cache import kv_bytes_per_block
 from .modes import MODES, LoadTracker, ModeConfig, StepLimits, throttled
 from .output import OutputProcessor
 from .placement import DeviceBinder, Placement
@@ -295,6 +296,12 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
             n = len(self.scheduler.running) + len(self.scheduler.waiting) + sum(1 for k, _ in self._inbox if k == "add")
             return n >= lim.max_num_seqs
         self._hold(full, deadline)
+
+    def kv_bytes(self, tokens: int) -> int:
+        """Device memory the KV cache of ``tokens`` tokens takes on this engine's devices (whole blocks of
+        ``block_size``; all ranks together) -- what a tenant's HBM quota counts per request.  Pure."""
+        c, bs = self.model_config, self.config.block_size
+        return -(-int(tokens) // bs) * kv_bytes_per_block(c.n_layers, bs, c.n_kv_heads, c.head_dim)
 
     def set_mode(self, mode: ModeConfig) -> None:
         """Switch the scheduler mode of a running engine (from the next step; nothing is dropped -- a

@@ -19,6 +19,17 @@ chosen per step from the load the engine has seen (a registry, :data:`MODES`, na
   ``max_wait_ms`` and the predicted latency leaves slack, it holds a step that would admit new requests for
   up to one mean inter-arrival gap (never more than ``max_wait_ms``, never more than a quarter of the slack)
   so that they join one prefill.
+- ``manual`` (the seed's, and Triton's dynamic batcher): the configured batch (``max_num_seqs``, the
+  seed's ``max_batch``) and delay (``max_wait_ms``, the seed's ``timeout_ms``), whatever the load: a step
+  that would admit new requests is held until the batch is full or the oldest new request has waited
+  ``max_wait_ms``.  Never adapts.
+- ``hybrid``: adaptive within the manual bounds -- the batch adaptive picks, never below
+  ``low_latency_batch`` (the seed's ``min_batch``) nor above ``max_num_seqs``, the hold never over
+  ``max_wait_ms``; before it has a model of the device (no decode step timed yet) or without a target it
+  runs as ``manual``.
+- ``auto``: adaptive, against a target picked from the server's history (:mod:`runtime.serve.auto_slo`:
+  ``target_p99_ms`` is replaced when the server starts and finds enough history); with no target yet it
+  runs as ``hybrid`` does without one (``manual``).
 
 Everything here is pure (no device, no thread, no wall clock): :class:`LoadTracker` keeps the
 observations on the engine's injectable clock, :func:`MODES` entries map an :class:`Observation` to
@@ -58,7 +69,7 @@ class ModeConfig:
         t = self.target_p99_ms
         if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not t > 0):
             raise InvalidParamError(f"target_p99_ms must be > 0, got {t!r}")
-        if self.mode == "adaptive" and t is None:
+        if self.mode in NEEDS_TARGET and t is None:
             raise InvalidParamError("mode adaptive needs slo.target_p99_ms (the latency it sizes batches against)")
         if not 0 < self.margin <= 1:
             raise InvalidParamError(f"margin must be in (0, 1], got {self.margin!r}")
@@ -149,6 +160,25 @@ def adaptive(obs: Observation, max_num_seqs: int, max_num_batched_tokens: int, c
     return StepLimits(b, max(b, max_num_batched_tokens), wait)
 
 
+def manual(obs: Observation, max_num_seqs: int, max_num_batched_tokens: int, cfg: ModeConfig) -> StepLimits:
+    wait = cfg.max_wait_ms / 1e3 if obs.demand < max_num_seqs else 0.0
+    return StepLimits(max_num_seqs, max_num_batched_tokens, wait)
+
+
+def hybrid(obs: Observation, max_num_seqs: int, max_num_batched_tokens: int, cfg: ModeConfig) -> StepLimits:
+    if cfg.target_p99_ms is None or obs.step_a is None:
+        return manual(obs, max_num_seqs, max_num_batched_tokens, cfg)
+    lim = adaptive(obs, max_num_seqs, max_num_batched_tokens, cfg)
+    b = min(max(lim.max_num_seqs, min(cfg.low_latency_batch, max_num_seqs)), max_num_seqs)
+    return StepLimits(b, max(b, max_num_batched_tokens), min(lim.max_wait_s, cfg.max_wait_ms / 1e3))
+
+
+def auto(obs: Observation, max_num_seqs: int, max_num_batched_tokens: int, cfg: ModeConfig) -> StepLimits:
+    if cfg.target_p99_ms is None:
+        return manual(obs, max_num_seqs, max_num_batched_tokens, cfg)
+    return adaptive(obs, max_num_seqs, max_num_batched_tokens, cfg)
+
+
 def throttled(lim: StepLimits, factor: float) -> StepLimits:
     """``lim`` with the batch and the token budget scaled by ``factor`` (0 < factor <= 1; at least one
     sequence, and at least as many tokens as sequences): what a throttled engine may do per step."""
@@ -163,7 +193,12 @@ MODES: dict[str, Callable[..., StepLimits]] = {
     "ultra_low_latency": ultra_low_latency,
     "conservative": conservative,
     "adaptive": adaptive,
+    "manual": manual,
+    "hybrid": hybrid,
+    "auto": auto,
 }
+#: modes that cannot run without ``target_p99_ms`` (auto and hybrid run as manual until they have one)
+NEEDS_TARGET = ("adaptive",)
 
 
 class LoadTracker:
