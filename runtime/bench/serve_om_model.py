@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 
 #: the default model: channels and image size of the CNN, its batch gears
-CNN_CHANNELS, CNN_HW, CNN_CLASSES = 16, 32, 10
+CNN_CHANNELS, CNN_HW, CNN_CLASSES = 8, 16, 10
 DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
 
 
 def cnn_onnx(path: Path, seed: int = 0) -> Path:
     """A small ResNet-style CNN (conv+BN+relu, max pool, grouped conv+BN+relu with a residual add, conv+relu,
-    global average pool, Gemm): ``x [N, 3, hw, hw] -> logits [N, 10]``, random weights of ``seed``,
+    global average pool, Gemm): ``x [N, 3, 16, 16] -> logits [N, 10]`` (the size of the CNN of the serving tests), random weights of ``seed``,
     written as ONNX to ``path``."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper

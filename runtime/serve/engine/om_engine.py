@@ -2,7 +2,8 @@
 
 Requests (each with its own rows on the batch axis) are admitted into the instance's
 :class:`~runtime.serve.batcher.DynamicBatcher` (priority levels, per-level queue bound and timeout, the
-model's ``max_queue_size`` a :class:`QueueFull`); the engine thread asks the batcher for the next batch --
+level's ``max_queue_size`` a :class:`QueueFull` -- this instance's share; the model-wide bound over all its
+instances is :class:`runtime.serve.omserve.instances.InstanceSet`'s); the engine thread asks the batcher for the next batch --
 holding until the batcher's wake-up time or the next arrival when it says to wait -- and runs it as ONE
 call of its runner (:mod:`.om_runner`: one graph replay on the NPU, or the host's numpy run on the ``cpu``
 end of the chain): the requests' rows concatenated in order and zero-padded up to the smallest compiled
@@ -106,6 +107,11 @@ class OmEngine(EngineLifecycle):
         """Requests queued, not yet in a batch."""
         with self._lock:
             return len(self.batcher)
+
+    def waiting_at(self, level: int) -> int:
+        """Requests queued at priority ``level``, not yet in a batch."""
+        with self._lock:
+            return self.batcher.waiting_at(level)
 
     @property
     def load(self) -> int:
