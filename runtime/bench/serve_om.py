@@ -131,7 +131,7 @@ def _measure(clients: _Clients, stat_client, model: str, conc: int, n: int) -> d
     lat, wall = r["latencies_s"], r["wall_s"]
     execs = after["executions"] - before["executions"]
     return {"requests": n, "answered": len(lat), "verified": r["verified"], "wrong": r["wrong"], "failed": r["failed"],
-            "errors": r["errors"], "wall_s": round(wall, 3), "requests_per_s": round(len(lat) / wall, 1),
+            "errors": r["errors"], "wall_s": round(wall, 6), "requests_per_s": round(len(lat) / wall, 1),
             "p50_ms": round(1e3 * pct(lat, 50), 2), "p90_ms": round(1e3 * pct(lat, 90), 2),
             "p99_ms": round(1e3 * pct(lat, 99), 2), "server_rows": after["rows"] - before["rows"],
             "executions": execs, "batches": batches,
