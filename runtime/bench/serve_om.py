@@ -6,8 +6,9 @@ against batching off and the machine's bound, in the same run.
   one instance on one device, ``max_batch_size`` = ``--max-batch``, ``max_queue_delay_microseconds`` =
   ``--delay-us``.  Per concurrency C: ``--requests`` one-row requests from C closed-loop clients -- the
   official ``tritonclient`` (gRPC by default, sync, binary data, one connection per client) in a process of
-  their own (:mod:`.serve_om_clients`) -- requests/s and latency p50/p90/p99 as the clients see them, and the
-  batches the server executed (its statistics extension, read over the protocol).
+  their own (:mod:`.serve_om_clients`) -- requests/s and latency p50/p90/p99 as the clients see them, the
+  batches the server executed (its statistics extension, read over the protocol), and the server process's
+  CPU time per request (all its threads: protocol, engine, device; what a loaded machine does not inflate).
 - **baseline**: the same ``.om`` on the same server and device with ``max_batch_size: 1`` (batching off).
 - **bound**: the batches the server executed at that concurrency (each at its gear, as the server runs it)
   executed back to back in this process with no server around them: by onnxruntime on one thread (one
@@ -28,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -123,7 +125,9 @@ def _stats(client, model: str) -> dict:
 
 def _measure(clients: _Clients, stat_client, model: str, conc: int, n: int) -> dict:
     before = _stats(stat_client, model)
+    cpu0 = time.process_time()
     r = clients.ask({"model": model, "concurrency": conc, "requests": n})
+    cpu = time.process_time() - cpu0
     after = _stats(stat_client, model)
     batches = {b: c - before["batches"].get(b, (0, 0))[0] for b, (c, _) in after["batches"].items()}
     batches = {b: c for b, c in sorted(batches.items()) if c}
@@ -136,7 +140,8 @@ def _measure(clients: _Clients, stat_client, model: str, conc: int, n: int) -> d
             "p99_ms": round(1e3 * pct(lat, 99), 2), "server_rows": after["rows"] - before["rows"],
             "executions": execs, "batches": batches,
             "mean_batch": round((after["rows"] - before["rows"]) / execs, 2) if execs else 0.0,
-            "server_infer_ms_per_execution": round(infer_ns / 1e6 / execs, 3) if execs else 0.0}
+            "server_infer_ms_per_execution": round(infer_ns / 1e6 / execs, 3) if execs else 0.0,
+            "server_cpu_ms_per_request": round(1e3 * cpu / n, 3)}
 
 
 def _level(conc: int, on: dict, off: dict, bound: Bound, delay_us: int) -> dict:
@@ -244,16 +249,19 @@ def _print(doc: dict) -> None:
           f"max_queue_delay {doc['delay_us']} us, 1 instance on one device ({doc['backend']}); clients: "
           f"{doc['clients']}; baseline = the same server with max_batch_size 1; bound = the same batches in this "
           f"process (numpy kernel graph / onnxruntime, 1 thread); load average {doc['loadavg']}")
-    print(f"{'conc':>4} | {'req/s':>7} {'p50':>7} {'p90':>7} {'p99 ms':>7} {'batch':>5} | {'off req/s':>9} "
-          f"{'p99 ms':>7} {'x off':>6} | {'numpy':>7} {'of':>5} | {'ort':>8} {'of':>5} | {'p99 budget':>10} {'of':>5}")
+    print(f"{'conc':>4} | {'req/s':>7} {'p50':>7} {'p90':>7} {'p99 ms':>7} {'batch':>5} {'cpu ms':>6} | "
+          f"{'off req/s':>9} {'p99 ms':>7} {'x off':>6} | {'numpy':>7} {'of':>5} | {'ort':>8} {'of':>5} | "
+          f"{'p99 budget':>10} {'of':>5}")
     for r in doc["levels"]:
         on, off = r["on"], r["off"]
         print(f"{r['concurrency']:>4} | {on['requests_per_s']:>7.1f} {on['p50_ms']:>7.1f} {on['p90_ms']:>7.1f} "
-              f"{on['p99_ms']:>7.1f} {on['mean_batch']:>5.1f} | {off['requests_per_s']:>9.1f} {off['p99_ms']:>7.1f} "
+              f"{on['p99_ms']:>7.1f} {on['mean_batch']:>5.1f} {on['server_cpu_ms_per_request']:>6.2f} | "
+              f"{off['requests_per_s']:>9.1f} {off['p99_ms']:>7.1f} "
               f"{_f(r['x_off'], '>6.2f')} | {_f(r['numpy_bound_rps'], '>7.0f')} {_f(r['of_numpy_bound'], '>5.2f')} | "
               f"{_f(r['ort_bound_rps'], '>8.0f')} {_f(r['of_ort_bound'], '>5.2f')} | {r['p99_budget_ms']:>10.1f} "
               f"{r['p99_of_budget']:>5.2f}")
-    print("req/s and latencies as the clients see them; batch: mean rows per execution (server statistics); "
+    print("req/s and latencies as the clients see them; batch: mean rows per execution (server statistics); cpu ms: "
+          "the server process's CPU time per request; "
           "numpy/ort: rows/s of the same batches in-process; p99 budget: delay + 2 x the numpy time of the "
           "largest batch executed")
     print("verified: " + ("yes (every request got its own row; the server counted exactly the rows sent)"

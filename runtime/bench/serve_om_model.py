@@ -26,8 +26,8 @@ DEFAULT_GEARS = (1, 2, 4, 8, 16, 32)
 
 def cnn_onnx(path: Path, seed: int = 0) -> Path:
     """A small ResNet-style CNN (conv+BN+relu, max pool, grouped conv+BN+relu with a residual add, conv+relu,
-    global average pool, Gemm): ``x [N, 3, 16, 16] -> logits [N, 10]`` (the size of the CNN of the serving tests), random weights of ``seed``,
-    written as ONNX to ``path``."""
+    global average pool, Gemm): ``x [N, 3, 16, 16] -> logits [N, 10]`` (the size of the serving tests' CNN),
+    random weights of ``seed``, written as ONNX to ``path``."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     r = np.random.default_rng(seed)

@@ -100,4 +100,5 @@ def test_the_readme_repository_example_and_tritonclient_snippet_work_as_written(
 
 def _output_names() -> list[str]:
     import onnxruntime as ort
-    return [o.name for o in ort.InferenceSession(str(minilm_l3_onnx()), providers=["CPUExecutionProvider"]).get_outputs()]
+    sess = ort.InferenceSession(str(minilm_l3_onnx()), providers=["CPUExecutionProvider"])
+    return [o.name for o in sess.get_outputs()]
