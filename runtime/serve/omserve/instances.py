@@ -71,6 +71,8 @@ class InstanceSet:
                             "(max_queue_size, over all its instances); retry later")
 
     def _route(self, request: InferRequest) -> Future:
+        if len(self.engines) == 1:                   # nothing to choose (and no engine lock to take for it)
+            return self.engines[0].submit(request)
         refusal: BaseException | None = None
         for e in sorted(self.engines, key=lambda x: x.load):
             try:
