@@ -10,7 +10,6 @@ calling thread.  Host-only.
 """
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 import time
@@ -121,9 +120,11 @@ def stack(reqs: list[dict[str, np.ndarray]], names: list[str], rows: int) -> lis
 
 
 class Bound:
-    """The in-process bound of one model: per batch size, the median seconds of one execution by
-    onnxruntime (``onnx`` given; one intra-op and one inter-op thread) and by the ``.om``'s kernel graph in
-    numpy at its gear (:class:`HostRun`), on inputs like the clients'."""
+    """The in-process bound of one model: per batch size, the seconds of one execution by onnxruntime
+    (``onnx`` given; one intra-op and one inter-op thread) and by the ``.om``'s kernel graph in numpy at its
+    gear (:class:`HostRun`), on inputs like the clients' -- the fastest of the runs (at least 3, for
+    ``min_s`` seconds, at most 50): what the machine can do, which other jobs' load does not inflate (a
+    median on a loaded 2-core machine swings 2-10x between runs of a few ms)."""
 
     def __init__(self, om: Path, onnx_path: Path | None, reqs: list[dict[str, np.ndarray]], min_s: float = 0.15):
         from runtime.atc.hostrun import HostRun
@@ -155,10 +156,10 @@ class Bound:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return min(times)
 
     def seconds(self, engine: str, rows: int) -> float | None:
-        """Median seconds of one execution of a batch of ``rows`` rows (run at its gear, as the server
+        """Seconds (the fastest run) of one execution of a batch of ``rows`` rows (run at its gear, as the server
         runs it) by ``engine`` (``onnxruntime`` / ``numpy``); None without an ONNX for onnxruntime."""
         g = self.gear(rows)
         key = (engine, g)
