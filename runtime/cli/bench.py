@@ -11,4 +11,4 @@ def register(sub) -> None:
                        example=("vnpu bench memcpy", "vnpu bench hccl --devices 4", "vnpu bench <benchmark> --help"))
     bs = b.add_subparsers(dest="bench", required=True)
     for name in BENCHMARKS:
-        importlib.import_module(f"runtime.bench.{name}").register(bs)
+        importlib.import_module(f"runtime.bench.{name.replace('-', '_')}").register(bs)

@@ -10,6 +10,8 @@ The repository (each .om compiled once for the module):
 - ``minilm``: MiniLM-L3 from the wheel's ONNX through ``vnpu atc`` (gears 1, 2, 4; 16 tokens), npu 1;
 - ``strict``: the CNN with one instance on npu 1, two priority levels, a queue of 2 per level and per-
   request timeouts allowed -- the model the tests hold with ``paused()`` to make batches deterministic;
+- ``shared``: the CNN with two instances on npu 0 and a queue of 3 for the model (Triton's max_queue_size
+  bounds the model, not each instance);
 - ``hot``: the CNN, reloaded with a new version while a client loops; ``chaos``: the CNN alone on npu 2,
   whose device the test kills (the instance goes down its chain to ``cpu``).
 
@@ -72,7 +74,9 @@ CONFIGS = {"cnn": "max_batch_size: 8\ndynamic_batching: {max_queue_delay_microse
            "minilm": "instance_group: [{count: 1, devices: [1]}]\n",
            "strict": STRICT,
            "hot": "instance_group: [{count: 1, devices: [0]}]\n",
-           "chaos": "instance_group: [{count: 1, devices: [2]}]\nfallback: [cpu]\n"}
+           "chaos": "instance_group: [{count: 1, devices: [2]}]\nfallback: [cpu]\n",
+           "shared": "dynamic_batching: {default_queue_policy: {max_queue_size: 3}}\n"
+                     "instance_group: [{count: 2, devices: [0]}]\n"}
 
 
 class FakeClock:
@@ -403,6 +407,31 @@ def test_a_full_queue_is_a_503_and_the_queued_requests_are_served(served, gc):
         assert e.value.status() == "StatusCode.UNAVAILABLE"
     check_cnn(served, f0.result(WAIT)[0], xs[0])
     check_cnn(served, f1.result(WAIT)[0], xs[1])
+
+
+def test_max_queue_size_bounds_the_model_over_all_its_instances(served, gc):
+    """``shared``: two instances, max_queue_size 3.  With both held, three requests queue (spread over the
+    two by the router); the fourth is refused (503 / UNAVAILABLE) though each instance holds fewer than 3
+    -- the bound is the model's, as in Triton -- and the three queued ones are served with their own rows."""
+    e0, e1 = served.engines("shared")
+    xs = [images(1, seed=91 + i) for i in range(3)]
+    with e0.paused(WAIT), e1.paused(WAIT):
+        futs = []
+        for x in xs:
+            to = e0 if e0.waiting <= e1.waiting else e1          # the router's pick: the least loaded, first
+            n = to.waiting
+            futs.append(spawn(_infer_bg, served, x, "shared"))
+            assert to.wait_until(lambda e: e.waiting == n + 1, WAIT)
+        assert max(e0.waiting, e1.waiting) < 3 and e0.waiting + e1.waiting == 3
+        with pytest.raises(InferenceServerException) as e:
+            _infer_bg(served, xs[0], "shared")
+        assert e.value.status() == "503" and "maximum queue size" in e.value.message()
+        assert "model 'shared'" in e.value.message()
+        with pytest.raises(InferenceServerException) as e:
+            gc.infer("shared", [x_input(tg, xs[0])], headers=H())
+        assert e.value.status() == "StatusCode.UNAVAILABLE" and "maximum queue size" in e.value.message()
+    for f, x in zip(futs, xs):
+        check_cnn(served, f.result(WAIT)[0], x)
 
 
 def test_a_request_whose_client_went_away_is_dropped_before_its_batch(served, gc):

@@ -93,6 +93,23 @@ def test_bench_hccl_bad_arguments_exit_cleanly():
         assert not p.stdout.strip()
 
 
+def test_bench_serve_om_bad_models_exit_cleanly(tmp_path):
+    """A missing file, a file that is no .om, an .om without dynamic batch gears: exit 2 with one line on
+    stderr, before any server starts."""
+    from runtime.atc import compile_model, make_options
+    from runtime.bench.serve_om_model import cnn_onnx
+    static = tmp_path / "static.om"
+    compile_model(str(cnn_onnx(tmp_path / "cnn.onnx")), make_options("x:1,3,16,16")).save(str(static))
+    (tmp_path / "junk.om").write_bytes(b"not a model")
+    for args, says in ((["--model", str(tmp_path / "none.om")], "cannot read"),
+                       (["--model", str(tmp_path / "junk.om")], "not a vnpu .om file"),
+                       (["--model", str(static)], "needs a .om with dynamic batch gears")):
+        p = _cli("bench", "serve-om", *args)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and says in lines[0], (args, p.stderr)
+        assert not p.stdout.strip()
+
+
 @pytest.mark.cluster
 def test_bench_scale_smoke():
     """4 device actors: start time beside as many empty Ray actors, memory per device process, and an

@@ -32,6 +32,7 @@ BENCHES = {
     "memory": ["--pairs", "20", "--raw-pairs", "20", "--steps", "20", "--seeds", "1", "--defrag-tensors", "2"],
     "scale": ["--devices", "2", "--hbm-mb", "64", "--allreduce-bytes", "1K", "--iters", "1", "--no-baseline"],
     "overhead": ["--steps", "2", "--layers", "1", "--tokens", "4", "--hidden", "64", "--ffn", "128", "--rounds", "0"],
+    "serve-om": ["--concurrency", "1,3", "--requests", "9", "--backend", "local"],     # ~15 s
 }
 
 
@@ -64,19 +65,60 @@ PLOTTED = {
 }
 
 
-def test_bench_commands_report_verified_results(cluster_env, tmp_path):
+@pytest.fixture(scope="module")
+def bench_results(cluster_env, tmp_path_factory) -> dict:
+    """Every benchmark's JSON (each run once, as the user runs it) and, for those that draw, the picture."""
+    out, plots = {}, tmp_path_factory.mktemp("plots")
+    for name, args in BENCHES.items():
+        plot = ["--plot", str(plots / f"{name}.png")] if name in PLOTTED else []
+        p = _vnpu(["bench", name, *args, "--json", *plot], cluster_env)
+        assert p.returncode == 0, f"bench {name}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+        out[name] = json.loads(p.stdout.strip().splitlines()[-1])
+        if plot:
+            out[name]["_plot"] = plot[1]
+    return out
+
+
+def test_bench_commands_report_verified_results(bench_results):
     from runtime.bench import BENCHMARKS
     from runtime.plots.figure import read_png_series
     assert set(BENCHES) == set(BENCHMARKS), "a benchmark without a smoke run"
-    for name, args in BENCHES.items():
-        plot = ["--plot", str(tmp_path / f"{name}.png")] if name in PLOTTED else []
-        p = _vnpu(["bench", name, *args, "--json", *plot], cluster_env)
-        assert p.returncode == 0, f"bench {name}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
-        res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert set(PLOTTED) == {name for name, res in bench_results.items() if "_plot" in res}
+    for name, res in bench_results.items():
         assert res["verified"] is True, (name, res)
-        if plot:                                   # the picture's line holds the run's JSON numbers
+        if "_plot" in res:                         # the picture's line holds the run's JSON numbers
             axes, label, ys = PLOTTED[name]
-            assert read_png_series(plot[1])[axes][label]["y"] == ys(res), name
+            assert read_png_series(res["_plot"])[axes][label]["y"] == ys(res), name
+
+
+def test_serve_om_json_is_consistent(bench_results):
+    """``vnpu bench serve-om``'s figures agree with each other (never with a speed): every level has both
+    modes, the requests sent were answered and counted by the server, the executed batches add up to
+    them (batching off: one row each), the bound is positive and every ratio is its fields' quotient."""
+    res = bench_results["serve-om"]
+    n = int(BENCHES["serve-om"][BENCHES["serve-om"].index("--requests") + 1])
+    assert [r["concurrency"] for r in res["levels"]] == [1, 3] and res["gears"] == sorted(res["gears"])
+    assert 1 <= res["max_batch_size"] <= res["gears"][-1]
+
+    def rel(a, b, digits):                      # a: b rounded to ``digits`` decimals, of fields rounded too
+        return abs(a - b) <= 0.5 * 10 ** -digits + 0.002 * abs(b)
+    for r in res["levels"]:
+        for mode in ("on", "off"):
+            m = r[mode]
+            assert m["requests"] == m["answered"] == m["verified"] == m["server_rows"] == n, (mode, m)
+            assert m["wrong"] == m["failed"] == 0
+            batches = {int(k): v for k, v in m["batches"].items()}
+            assert sum(k * v for k, v in batches.items()) == n and sum(batches.values()) == m["executions"]
+            assert max(batches) <= (res["max_batch_size"] if mode == "on" else 1)
+            assert m["mean_batch"] == round(n / m["executions"], 2)
+            assert 0 < m["p50_ms"] <= m["p90_ms"] <= m["p99_ms"] and m["wall_s"] > 0
+            assert rel(m["requests_per_s"], n / m["wall_s"], 1)
+        assert r["numpy_bound_rps"] > 0 and r["ort_bound_rps"] > 0 and r["exec_ms_largest_batch"] > 0
+        assert rel(r["x_off"], r["on"]["requests_per_s"] / r["off"]["requests_per_s"], 2)
+        assert rel(r["of_numpy_bound"], r["on"]["requests_per_s"] / r["numpy_bound_rps"], 3)
+        assert rel(r["of_ort_bound"], r["on"]["requests_per_s"] / r["ort_bound_rps"], 3)
+        assert rel(r["p99_budget_ms"], res["delay_us"] / 1e3 + 2 * r["exec_ms_largest_batch"], 3)
+        assert rel(r["p99_of_budget"], r["on"]["p99_ms"] / r["p99_budget_ms"], 2)
 
 
 # In a child process each (a process attached to the cluster as a Ray driver holds files under its

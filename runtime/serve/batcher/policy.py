@@ -81,6 +81,14 @@ class DynamicBatcher:
         """Requests waiting (the timed-out ones :meth:`expire` has not handed back included)."""
         return len(self._queues) + len(self._timed_out)
 
+    def level_of(self, priority) -> int:
+        """The priority level a request of ``priority`` queues at (InvalidRequest for a bad priority)."""
+        return self._queues.level_of(priority)
+
+    def waiting_at(self, level: int) -> int:
+        """Requests waiting at priority ``level`` (those :meth:`expire` has not handed back excluded)."""
+        return self._queues.count(level)
+
     # ------------------------------------------------------------------------------------------ calls
     def add(self, request: Request, now: float) -> Queued:
         """Admit ``request`` at ``now``, or refuse it: InvalidRequest (rows not in 1..max_batch, a bad

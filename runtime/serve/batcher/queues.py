@@ -61,6 +61,11 @@ class LevelQueues:
                                  f"{b.default_priority_level})", "priority")
         return priority
 
+    def count(self, level: int) -> int:
+        """Requests waiting at ``level`` (delayed ones included; 0 for a level the model does not have)."""
+        lq = self._levels.get(level)
+        return len(lq) if lq is not None else 0
+
     def admit(self, request: Request, now: float) -> Queued:
         """Queue ``request`` at ``now``; InvalidRequest / QueueFull as the module says."""
         if not isinstance(request.timeout_us, int) or isinstance(request.timeout_us, bool) or request.timeout_us < 0:

@@ -2,11 +2,13 @@
 
 Requests (each with its own rows on the batch axis) are admitted into the instance's
 :class:`~runtime.serve.batcher.DynamicBatcher` (priority levels, per-level queue bound and timeout, the
-model's ``max_queue_size`` a :class:`QueueFull`); the engine thread asks the batcher for the next batch --
-holding until the batcher's wake-up time or the next arrival when it says to wait -- and runs it as ONE
-call of its runner (:mod:`.om_runner`: one graph replay on the NPU, or the host's numpy run on the ``cpu``
-end of the chain): the requests' rows concatenated in order and zero-padded up to the smallest compiled
-batch gear, the outputs cut back into each request's rows (the padding rows go to nobody).  A request
+level's ``max_queue_size`` a :class:`QueueFull` -- this instance's share; the model-wide bound over all
+its instances is :class:`runtime.serve.omserve.instances.InstanceSet`'s); the engine thread asks the
+batcher for the next batch -- holding until the batcher's wake-up time or the next arrival when it says
+to wait -- and runs it as ONE call of its runner (:mod:`.om_runner`: one graph replay on the NPU, or the
+host's numpy run on the ``cpu`` end of the chain): the requests' rows concatenated in order and
+zero-padded up to the smallest compiled batch gear, the outputs cut back into each request's rows (the
+padding rows go to nobody).  A request
 that timed out in the queue fails with :class:`~runtime.serve.batcher.RequestTimedOut` (503); one whose
 future was cancelled (its client went away) before its batch started is dropped -- taken out of the queue
 at once, or left out of the batch that had already formed.
@@ -106,6 +108,11 @@ class OmEngine(EngineLifecycle):
         """Requests queued, not yet in a batch."""
         with self._lock:
             return len(self.batcher)
+
+    def waiting_at(self, level: int) -> int:
+        """Requests queued at priority ``level``, not yet in a batch."""
+        with self._lock:
+            return self.batcher.waiting_at(level)
 
     @property
     def load(self) -> int:

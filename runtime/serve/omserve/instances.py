@@ -4,14 +4,17 @@ when that instance refuses it (its queue full, or it failed); only when every in
 request refused (:class:`QueueFull` if any queue was full -- the server is busy --, else
 :class:`Unavailable`).  A priority the model does not have is refused by the first instance asked.
 
-Each instance batches its own queue (:class:`runtime.serve.engine.om_engine.OmEngine`): a level's
-``max_queue_size`` bounds each instance's queue, so a model of N instances holds up to N times that.
+Each instance batches its own queue (:class:`runtime.serve.engine.om_engine.OmEngine`); a priority level's
+``max_queue_size`` bounds the model's queue, as in Triton: the requests waiting at that level on all the
+instances together (admissions are serialised, so the count cannot be overshot); the next one is refused
+with :class:`QueueFull` (503 / ``UNAVAILABLE``) whichever instance it would have gone to.
 
 Blocking: building loads the model on every instance's first placement; :meth:`InstanceSet.drain` waits
 for the requests in flight; :meth:`InstanceSet.shutdown` frees the devices; the rest is host-only.
 """
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future
 from typing import Callable, Sequence
@@ -33,6 +36,8 @@ class InstanceSet:
                  stats: VersionStats, binder: DeviceBinder, on_event: Sequence[Callable[[dict], None]] = (),
                  clock: Callable[[], float] = time.monotonic):
         self.name, self.version = config.name, str(version.version)
+        self._batching = config.dynamic_batching
+        self._admit = threading.Lock()                 #: one admission at a time: the model's queue bound holds
         self.engines: list[OmEngine] = []
         try:
             for i, p in enumerate(placements):
@@ -48,6 +53,26 @@ class InstanceSet:
 
     def submit(self, request: InferRequest) -> Future:
         """``request`` to the least loaded instance that takes it (see the module)."""
+        with self._admit:
+            self._check_model_queue(request)
+            return self._route(request)
+
+    def _check_model_queue(self, request: InferRequest) -> None:
+        """QueueFull when the level ``request`` queues at holds the model's ``max_queue_size`` requests on
+        all the instances together (InvalidRequest for a priority the model does not have)."""
+        if self._batching is None or not self.engines:
+            return
+        level = self.engines[0].batcher.level_of(request.priority or 0)
+        cap = self._batching.queue_policy(level).max_queue_size
+        if cap and sum(e.waiting_at(level) for e in self.engines) >= cap:
+            which = f"priority level {level} of model {self.name!r}" if self._batching.priority_levels else \
+                f"model {self.name!r}"
+            raise QueueFull(f"exceeds the maximum queue size: the queue of {which} holds {cap} requests "
+                            "(max_queue_size, over all its instances); retry later")
+
+    def _route(self, request: InferRequest) -> Future:
+        if len(self.engines) == 1:                   # nothing to choose (and no engine lock to take for it)
+            return self.engines[0].submit(request)
         refusal: BaseException | None = None
         for e in sorted(self.engines, key=lambda x: x.load):
             try:

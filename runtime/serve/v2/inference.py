@@ -49,6 +49,31 @@ def _settle_when_done(fut, ticket, rows: int) -> None:
     fut.add_done_callback(done)
 
 
+def _walk_away(work, fut, ticket, rows: int) -> None:
+    """Nobody waits for the request any more: free the tenant's slot now, settle the charge once the engine
+    is done with it, cancel it (dropped if its batch has not started)."""
+    ticket.release()
+    _settle_when_done(fut, ticket, rows)
+    fut.cancel()
+    work.cancel()
+
+
+async def _result_or_cancelled(work, fut, ticket, rows: int) -> None:
+    """Wait for ``work`` (the request's future on this loop) alone -- one awaited future, no ``asyncio.wait``
+    per request; its outcome is read by the caller.  This task cancelled meanwhile (a gRPC call cancelled or
+    past its deadline): the request is walked away from and CancelledError goes on; ``work`` cancelled by the
+    engine alone (unload, stop) or failing is an outcome like any other."""
+    try:
+        await work
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            _walk_away(work, fut, ticket, rows)
+            raise
+    except Exception:  # noqa: BLE001 - the request's own failure: the caller reads it from ``work``
+        pass
+
+
 async def execute(service, req: InferRequest, gone: Callable[[], Awaitable] | None = None,
                   on_admitted: Callable[[], None] | None = None) -> InferResult | None:
     """Run ``req`` (after :func:`prepare`); its result, or None when the client went away (``gone()``: an
@@ -65,22 +90,20 @@ async def execute(service, req: InferRequest, gone: Callable[[], Awaitable] | No
         ticket.settle(0, 0)
         raise
     work = asyncio.wrap_future(fut)
-    watch = asyncio.ensure_future(gone()) if gone is not None else None
-    answered = False
-    try:
-        waits = {work} if watch is None else {work, watch}
-        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        answered = work in done
-    finally:
-        if watch is not None:
+    if gone is None:
+        await _result_or_cancelled(work, fut, ticket, req.rows)
+    else:
+        watch = asyncio.ensure_future(gone())
+        answered = False
+        try:
+            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            answered = work in done
+        finally:
             watch.cancel()
-        if not answered:                       # gone, or this task was cancelled
-            ticket.release()
-            _settle_when_done(fut, ticket, req.rows)
-            fut.cancel()
-            work.cancel()
-    if not answered:
-        return None
+            if not answered:                   # gone, or this task was cancelled
+                _walk_away(work, fut, ticket, req.rows)
+        if not answered:
+            return None
     ok = not work.cancelled() and work.exception() is None
     ticket.settle(req.rows if ok else 0, 0)
     if work.cancelled():
