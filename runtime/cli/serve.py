@@ -46,7 +46,7 @@ import sys
 import threading
 from pathlib import Path
 
-from runtime.cliargs import bind_host, int_in, positive_int, text_file
+from runtime.cliargs import bind_host, boolean, int_in, positive_int, text_file
 
 
 def register(sub) -> None:
@@ -76,6 +76,14 @@ def register(sub) -> None:
                    help="Ray Serve replicas of the engines (default 1: in this process, no Ray Serve)")
     s.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve without API keys on a non-loopback --host (refused otherwise)")
+    s.add_argument("--guardian-mode", type=boolean, default=False, metavar="true|false",
+                   help="self-healing with no manual step: the policy on, a lost device restarted and the engines "
+                        "moved back to it once it passes the deep check (runtime.serve.heal.guardian)")
+    s.add_argument("--alert-channel", action="append", default=[], metavar="slack:#CHAN|webhook:URL|file:PATH|log",
+                   help="one more alert sink (repeatable); a Slack channel posts {\"text\": ...} to its webhook URL")
+    s.add_argument("--alert-webhook-url", default=None, metavar="URL",
+                   help="the Slack incoming-webhook URL of --alert-channel slack:#CHAN (default: "
+                        "$VNPU_SLACK_WEBHOOK_URL, or the url of a slack sink in self_healing.alerts)")
     s.set_defaults(fn=_cmd_serve)
     ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure,config}")
     c = ops.add_parser("config", help="check a serve.yaml (vnpu's names or the CANN runtime article's) and print "
@@ -151,10 +159,20 @@ def resolve(a, served: tuple[str, ...] = ()):
     if replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {replicas}")
     out = dataclasses.replace(cfg, host=a.host or cfg.host, port=port, models=tuple(models), replicas=replicas,
-                              allow_unauthenticated=cfg.allow_unauthenticated or a.allow_unauthenticated)
+                              allow_unauthenticated=cfg.allow_unauthenticated or a.allow_unauthenticated,
+                              self_healing=healing_of(a, cfg.self_healing))
     from runtime.serve.tenants import check_bind
     check_bind(out.host, out.registry(), out.allow_unauthenticated)
     return out
+
+
+def healing_of(a, spec):
+    """The config's ``self_healing`` with ``--alert-channel`` sinks and ``--guardian-mode``
+    (:mod:`runtime.serve.heal.guardian`); SpecError (one line) for a channel it cannot deliver to."""
+    from runtime.serve.heal.guardian import SLACK_URL_ENV, guardian, with_channels
+    spec = with_channels(spec, list(getattr(a, "alert_channel", []) or []),
+                         getattr(a, "alert_webhook_url", None) or os.environ.get(SLACK_URL_ENV))
+    return guardian(spec) if getattr(a, "guardian_mode", False) else spec
 
 
 def _cmd_serve(a) -> int:

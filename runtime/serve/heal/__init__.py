@@ -6,6 +6,8 @@ for what they do, :mod:`.alerts` for where they say so, :mod:`.spec` for the con
 """
 from __future__ import annotations
 
+import time
+
 from .actions import ACTIONS, Context
 from .alerts import SINKS
 from .policy import PolicyEngine
@@ -19,7 +21,8 @@ class SelfHealing:
 
     def __init__(self, service, spec: SelfHealingSpec, history, sampler, rt=None, reconfigurer=None,
                  server: str = ""):
-        self.ctx = Context(service, rt, spec.recovery.warmup_requests, reconfigurer)
+        self.ctx = Context(service, rt, spec.recovery.warmup_requests, reconfigurer,
+                           clock=getattr(sampler, "clock", time.time))
         self.engine = PolicyEngine(spec, self.ctx, history, server)
         self.sampler = sampler
         sampler.listen(self.engine.on_tick)
