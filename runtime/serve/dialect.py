@@ -27,7 +27,9 @@ seed                                                      vnpu (canonical)
 ``memory.strategy``, ``memory.overflow_protection``       same names
 ``self_healing.triggers[{metric, threshold, ...}]``       ``{name, metric, condition, window, action, params}``
                                                           (:data:`METRICS`, :data:`ACTIONS`, :func:`condition`)
-``self_healing.recovery.health_check: "/health?..."``     ``health_check: true``
+``threshold: "sudden_drop>40% in 1m"``                    ``{condition: "> 0.4", aggregate: drop, window: 60}``
+                                                          (:data:`RELATIVE_WORDS`)
+``self_healing.recovery.health_check: "/health?..."``     ``health_check: true`` (the deep check)
 ========================================================  =================================================
 
 What vnpu accepts but does not act on (no such mechanism yet) is kept as a :class:`NotActedOn` -- the

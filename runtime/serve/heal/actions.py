@@ -18,8 +18,15 @@ throttle is lifted, a fallback restored.
   on a cluster, device actors that Ray restarts -- ``vnpu up --device-restarts N``, or the embedded
   cluster of a ``vnpu serve`` whose policy has this action), health-checked, warmed with
   ``recovery.warmup_requests`` kernel runs, and returned as a *spare* (engines go back with ``restore``);
-- ``scale_out {replicas: +1}`` / ``scale_in {replicas: 1}``: Ray Serve replicas (a server with replicas);
-  a scale-out is released by a scale-in of as many;
+  With ``recovery.move_back`` the engines instead go back to the device by themselves once it passed the
+  deep check for ``recovery.return_after`` (hysteresis), warmed there with ``warmup_requests`` real
+  requests, moved off again when that fails (``rollback_on_failure``);
+- ``restart_engine {model}`` (the seed's ``restart_worker``): each engine rebuilt on the placement it is on,
+  its unfinished requests replayed there; then ``warmup_requests`` real requests through it;
+- ``scale_out {replicas: +1, model}`` / ``scale_in {replicas: 1}``: Ray Serve replicas (a server with
+  replicas), else instances of the compiled models; a scale-out is released by removing as many;
+- ``cache_results {ttl, max_entries}`` (the seed's ``cache_recent_results``): the per-tenant result cache of
+  deterministic requests (:mod:`runtime.serve.result_cache`) on; released: off and emptied;
 - ``defragment {timeout: 60s}``: the memory pool's live defragmentation (the server's ``defragment()``:
   every engine held between two steps, each of its devices compacted once; per replica with replicas);
   the event holds the bytes moved, the pause and each device's fragmentation before/after; checked:
@@ -251,6 +258,33 @@ def warm(dev, runs: int) -> float:
     return time.monotonic() - t0
 
 
+def device_check(dev) -> tuple[bool, str]:
+    """Is device ``dev`` usable: healthy, and a tiny ``add`` returns numpy's answer?  (The deep health
+    check's device part: :mod:`.deep`.)"""
+    if getattr(dev, "is_lost", False):
+        return False, "lost"
+    level, reasons = dev.health()
+    if level not in ("OK", "Warning"):
+        return False, f"{level}: {'; '.join(reasons)}"
+    a = np.arange(256, dtype=np.float32)
+    b = np.full(256, 0.5, np.float32)
+    x, y, z = dev.from_numpy(a), dev.from_numpy(b), dev.empty((256,))
+    try:
+        dev.launch("add", [x, y], [z])
+        got = z.numpy()
+    except Exception as e:  # noqa: BLE001 - the check's answer
+        return False, f"a tiny add failed: {type(e).__name__}: {e}"
+    finally:
+        for t in (x, y, z):
+            try:
+                t.free()
+            except Exception:  # noqa: BLE001 - a lost device frees nothing
+                pass
+    if not np.array_equal(got, a + b):
+        return False, "a tiny add returned wrong values"
+    return True, level
+
+
 class NotYet(Exception):
     """A release that is not due yet (e.g. a recovered device that has not passed its checks long enough):
     the policy tries again on the next tick, quietly."""
@@ -327,7 +361,6 @@ def _mover(ctx: Context, i: int, models: list[str]) -> Callable[[], str]:
     the engines that left it go back to their first placement and are warmed with ``warmup_requests`` real
     requests; a failed warm-up moves them off again (``rollback_on_failure``) and the move back is tried
     later.  Raises :class:`NotYet` while the wait runs."""
-    from .deep import device_check
     since: list[float] = []
 
     def release() -> str:

@@ -14,37 +14,9 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
-
-from .actions import PROBES, probe
+from .actions import PROBES, device_check, probe
 
 _one_at_a_time = threading.Lock()
-
-
-def device_check(dev) -> tuple[bool, str]:
-    """Is device ``dev`` usable: healthy, and a tiny ``add`` returns numpy's answer?"""
-    if getattr(dev, "is_lost", False):
-        return False, "lost"
-    level, reasons = dev.health()
-    if level not in ("OK", "Warning"):
-        return False, f"{level}: {'; '.join(reasons)}"
-    a = np.arange(256, dtype=np.float32)
-    b = np.full(256, 0.5, np.float32)
-    x, y, z = dev.from_numpy(a), dev.from_numpy(b), dev.empty((256,))
-    try:
-        dev.launch("add", [x, y], [z])
-        got = z.numpy()
-    except Exception as e:  # noqa: BLE001 - the check's answer
-        return False, f"a tiny add failed: {type(e).__name__}: {e}"
-    finally:
-        for t in (x, y, z):
-            try:
-                t.free()
-            except Exception:  # noqa: BLE001 - a lost device frees nothing
-                pass
-    if not np.array_equal(got, a + b):
-        return False, "a tiny add returned wrong values"
-    return True, level
 
 
 def deep_health(service, rt) -> tuple[int, dict]:
@@ -71,4 +43,4 @@ def deep_health(service, rt) -> tuple[int, dict]:
     return (200 if healthy else 503), out
 
 
-__all__ = ["deep_health", "device_check"]
+__all__ = ["deep_health"]
