@@ -22,8 +22,6 @@ seconds, no sleeps).
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,7 @@ import pytest
 import tritonclient.http as th
 
 from devices.device import DeviceConfig
+from cli_checks import cli, tripwires  # noqa: F401 - a fixture
 from onnx_models import cnn, images, ort_run
 from runtime.api import Runtime
 from runtime.atc import compile_model, make_options
@@ -396,6 +395,8 @@ def test_deep_health_runs_work_on_every_device_and_model(env):
     assert set(body["devices"]) == {"0", "1", "2"} and all(d["ok"] for d in body["devices"].values())
     assert body["models"]["smollm2"] == {"ok": True, "detail": "smollm2 serves on npu 0"}
     assert call(srv.url, "/health", None)[1] == {"status": "ok"}       # shallow: no work
+    st, err = call(srv.url, "/health?deep=maybe", None)
+    assert st == 400 and "deep" in str(err), err
     rt.device(1).handle.inject_fault("task-fail", count=1)             # the tiny add fails there
     st, body = call(srv.url, "/health?deep=true", None, timeout=120.0)
     assert st == 503 and body["status"] == "degraded"
@@ -429,21 +430,15 @@ def test_alerts_reach_slack_as_text(env):
     assert rx.content_types == ["application/json"]
 
 
-def _vnpu(*args):
-    import os
-    e = dict(os.environ, VNPU_BACKEND="local")
-    e.pop("VNPU_SLACK_WEBHOOK_URL", None)
-    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True, timeout=120,
-                          env=e)
-
-
 @pytest.mark.parametrize("args, words", [
     (["--alert-channel", "slack:#runtime-guard"], "a Slack channel needs its incoming-webhook URL"),
     (["--alert-channel", "slack:runtime-guard", "--alert-webhook-url", "http://127.0.0.1:9/x"], "expected slack:#channel"),
     (["--alert-channel", "pager:ops"], "expected slack:#channel, webhook:URL, file:PATH or log"),
     (["--guardian-mode", "maybe"], "expected true or false"),
 ])
-def test_bad_alert_channels_and_guardian_flags_exit_2_with_one_line(args, words):
-    r = _vnpu("serve", "--model", "smollm2", "--port", "0", *args)
-    assert r.returncode == 2 and r.stdout == "", r.stderr
-    assert r.stderr.count("\n") == 1 and words in r.stderr
+def test_bad_alert_channels_and_guardian_flags_exit_2_with_one_line(args, words, tripwires, capsys, monkeypatch):
+    """In-process, with tripwires: refused before any device or cluster starts."""
+    monkeypatch.delenv("VNPU_SLACK_WEBHOOK_URL", raising=False)
+    rc, out, err = cli(["serve", "--model", "smollm2", "--port", "0", *args], capsys)
+    assert rc == 2 and out == "", err
+    assert err.count("\n") == 1 and words in err
