@@ -22,6 +22,7 @@ seconds, no sleeps).
 from __future__ import annotations
 
 import argparse
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -165,7 +166,7 @@ def test_error_rate_restarts_the_worker_in_place_and_replays_the_stream_in_fligh
     policy(seed_policy(0))
     eng = srv.service.engines["smollm2"]
     prompt = "Once upon a time"
-    want = client(srv).completions.create(model="smollm2", prompt=prompt, max_tokens=24, temperature=0,
+    want = client(srv).completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0,
                                           extra_body={"ignore_eos": True}).choices[0].text
     n0, t0 = eng.rebinds, clk.t
     rt.device(0).handle.inject_fault("task-fail", count=2)
@@ -174,25 +175,30 @@ def test_error_rate_restarts_the_worker_in_place_and_replays_the_stream_in_fligh
             ask(srv)
     tick_for(sampler, clk, 60)                                # the 1 m window is not covered yet
     assert policy_events(hist, t0, "action") == []
-    s = client(srv).completions.create(model="smollm2", prompt=prompt, max_tokens=24, temperature=0, stream=True,
+    s = client(srv).completions.create(model="smollm2", prompt=prompt, max_tokens=12, temperature=0, stream=True,
                                        extra_body={"ignore_eos": True}, stream_options={"include_usage": True})
     text, usage = [], None
     for ch in s:
         if ch.choices:
             text.append(ch.choices[0].text)
-            if len(text) == 1:                                # a request ends (a sample), the window is covered:
-                ask(srv, max_tokens=1)                        # the restart comes mid-stream
-                tick_for(sampler, clk, 1)
+            if len(text) == 1:                                # mid-stream: a request ends (a sample), then the
+                ask(srv, max_tokens=1)                        # tick that covers the window, while the engine is
+                with eng.paused(60):                          # held: the restart runs before its next step
+                    th = threading.Thread(target=tick_for, args=(sampler, clk, 1))
+                    th.start()
+                    assert eng.wait_until(lambda _: eng.pending_rebinds == 1, 60)
+                th.join(300)
+                assert not th.is_alive()
         if ch.usage is not None:
             usage = ch.usage.completion_tokens
     (act,) = policy_events(hist, t0, "action")
     assert act.result == "ok", act.result
     assert act.detail["action"] == "restart_engine" and act.value > 0.05
-    assert act.detail["restarted"]["smollm2"]["placement"] == "npu 0"       # the same device
+    assert act.detail["restarted"]["smollm2"] == {"placement": "npu 0", "replayed": 1}   # same device; the stream
     assert act.detail["restarted"]["cnn"]["placement"] == "npu 2"
     assert act.detail["warmup"][0] == "smollm2: 10 warm-up request(s) served"
     assert eng.rebinds == n0 + 1 and eng.index == 0
-    assert "".join(text) == want and usage == 24                # every token, once, as greedy decoding gives it
+    assert "".join(text) == want and usage == 12                # every token, once, as greedy decoding gives it
     assert ask(srv).choices[0].finish_reason == "length"
 
 
@@ -311,7 +317,7 @@ def test_high_latency_turns_on_a_per_tenant_result_cache(env):
     (act,) = policy_events(hist, t0, "action")
     assert act.result == "ok" and act.detail["ttl_s"] == 60.0 and svc.result_cache.enabled
 
-    def raw(key, max_tokens=4, **body):
+    def raw(key, max_tokens=2, **body):
         return client(srv, key).completions.with_raw_response.create(model="smollm2", prompt="Hello there",
                                                                      max_tokens=max_tokens, **body)
     first = raw(USER, temperature=0)
@@ -324,7 +330,7 @@ def test_high_latency_turns_on_a_per_tenant_result_cache(env):
     assert all(r.headers.get("x-vnpu-cache") is None for r in sampled)
     seeded = [raw(USER, temperature=1.0, seed=7) for _ in range(2)]
     assert seeded[1].headers.get("x-vnpu-cache") == "hit"
-    assert raw(USER, temperature=0, max_tokens=5).headers.get("x-vnpu-cache") is None   # another request
+    assert raw(USER, temperature=0, max_tokens=3).headers.get("x-vnpu-cache") is None   # another request
     clk.t += 61.0                                             # past the TTL
     assert raw(USER, temperature=0).headers.get("x-vnpu-cache") is None
     tick_for(sampler, clk, 1)                                 # the requests above: whatever their latency
