@@ -86,7 +86,8 @@ def served(tmp_path_factory):
     (root / "cnn" / "1").mkdir(parents=True)
     (root / "cnn" / "config.yaml").write_text("max_batch_size: 8\ninstance_group: [{count: 1, devices: [2]}]\n")
     onnx = cnn(seed=4)
-    (root / "cnn" / "1" / "model.om").write_bytes(compile_model(onnx, make_options("x:-1,3,16,16", "1,2,4,8")).to_bytes())
+    blob = compile_model(onnx, make_options("x:-1,3,16,16", "1,2,4,8")).to_bytes()
+    (root / "cnn" / "1" / "model.om").write_bytes(blob)
     rt = Runtime(LocalBackend(3, DeviceConfig(arena_bytes=1 << 30)))
     spec = model_spec("smollm2", (0,), 1, EngineConfig(max_num_seqs=2, max_num_batched_tokens=32, max_model_len=64,
                                                        num_gpu_blocks_override=16),
@@ -438,7 +439,8 @@ def test_alerts_reach_slack_as_text(env):
 
 @pytest.mark.parametrize("args, words", [
     (["--alert-channel", "slack:#runtime-guard"], "a Slack channel needs its incoming-webhook URL"),
-    (["--alert-channel", "slack:runtime-guard", "--alert-webhook-url", "http://127.0.0.1:9/x"], "expected slack:#channel"),
+    (["--alert-channel", "slack:runtime-guard", "--alert-webhook-url", "http://127.0.0.1:9/x"],
+     "expected slack:#channel"),
     (["--alert-channel", "pager:ops"], "expected slack:#channel, webhook:URL, file:PATH or log"),
     (["--guardian-mode", "maybe"], "expected true or false"),
 ])
