@@ -218,7 +218,7 @@ def _cmd_serve(a) -> int:
             sampler = Sampler(svc, history, rt)
             from runtime.serve.heal import SelfHealing
             from runtime.serve.reconfigure import Reconfigurer
-            healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt)
+            healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt, adjust=lambda s: healing_of(a, s))
             Reconfigurer(svc, cfg, Path(a.config).read_text() if a.config else "", healing, history)
             srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated, cfg.http, grpc_port=a.grpc_port)
             loader = threading.Thread(target=_load, args=(svc, srv), name="vnpu-serve-load", daemon=True)

@@ -420,7 +420,8 @@ def test_alerts_reach_slack_as_text(env):
         a = argparse.Namespace(alert_channel=["slack:#runtime-guard"], alert_webhook_url=rx.url, guardian_mode=True)
         sh = healing_of(a, parse_config(seed_policy(4), "runtime_config.yaml").self_healing)
         assert [(x.kind, x.channel) for x in sh.alerts] == [("slack", "#runtime-guard")] and sh.enabled
-        h = SelfHealing(srv.service, sh, hist, sampler, rt)
+        assert sh.recovery.move_back and [t.name for t in sh.triggers][-1] == "guardian_device_lost"
+        h = SelfHealing(srv.service, sh, hist, sampler, rt, adjust=lambda s: healing_of(a, s))
         try:
             _hot(rt.device(2), 82.0)
             tick_for(sampler, clk, 1)
@@ -430,6 +431,10 @@ def test_alerts_reach_slack_as_text(env):
             h.close()
     finally:
         rx.close()
+    plain = parse_config("self_healing: {enabled: false}\n").self_healing
+    h.update(plain)                                            # a reconfigure keeps what the command line added
+    assert h.engine.spec.enabled and h.state()["triggers"] == ["guardian_device_lost"]
+    assert [(x.kind, x.url) for x in h.engine.spec.alerts] == [("slack", rx.url)]
     (body,) = rx.bodies
     assert set(body) == {"text", "channel"} and body["channel"] == "#runtime-guard"
     assert body["text"].startswith("[warning] vnpu: device_temperature_throttle_requests_by (value 8")
