@@ -187,6 +187,16 @@ nonneg_float = float_in(0.0)
 probability = float_in(0.0, 1.0, lo_open=True)          # (0, 1]
 
 
+def boolean(s: str) -> bool:
+    """``true``/``false`` (also yes/no, on/off, 1/0), as the CANN runtime article writes flags."""
+    v = str(s).strip().lower()
+    if v in ("true", "yes", "on", "1"):
+        return True
+    if v in ("false", "no", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
 def int_list(s: str) -> list[int]:
     """``type=``: comma-separated positive integers (``1,4,16``)."""
     try:

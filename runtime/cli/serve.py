@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 from runtime.cli.console import LOG_LEVELS
-from runtime.cliargs import bind_host, int_in, nonneg_float, positive_int, text_file
+from runtime.cliargs import bind_host, boolean, int_in, nonneg_float, positive_int, text_file
 
 
 def register(sub) -> None:
@@ -103,6 +103,14 @@ def register(sub) -> None:
     s.add_argument("--overflow-protection", type=bool_word, default=None, metavar="true|false",
                    help="free the cache and degrade batch and queue before the pool overflows "
                         "(memory.overflow_protection)")
+    s.add_argument("--guardian-mode", type=boolean, default=False, metavar="true|false",
+                   help="self-healing with no manual step: the policy on, a lost device restarted and the engines "
+                        "moved back to it once it passes the deep check (runtime.serve.heal.guardian)")
+    s.add_argument("--alert-channel", action="append", default=[], metavar="slack:#CHAN|webhook:URL|file:PATH|log",
+                   help="one more alert sink (repeatable); a Slack channel posts {\"text\": ...} to its webhook URL")
+    s.add_argument("--alert-webhook-url", default=None, metavar="URL",
+                   help="the Slack incoming-webhook URL of --alert-channel slack:#CHAN (default: "
+                        "$VNPU_SLACK_WEBHOOK_URL, or the url of a slack sink in self_healing.alerts)")
     s.set_defaults(fn=_cmd_serve)
     ops = s.add_subparsers(dest="serve_cmd", metavar="{reconfigure,config}")
     c = ops.add_parser("config", help="check a serve.yaml (vnpu's names or the CANN runtime article's) and print "
@@ -192,7 +200,8 @@ def resolve(a, served: tuple[str, ...] = ()):
         raise ValueError(f"--replicas must be >= 1, got {replicas}")
     out = dataclasses.replace(cfg, host=a.host or cfg.host, port=port, models=tuple(models), replicas=replicas,
                               allow_unauthenticated=cfg.allow_unauthenticated or a.allow_unauthenticated,
-                              memory=_memory_flags(a, cfg.memory))
+                              memory=_memory_flags(a, cfg.memory),
+                              self_healing=healing_of(a, cfg.self_healing))
     from runtime.serve.tenants import check_bind
     check_bind(out.host, out.registry(), out.allow_unauthenticated)
     return out
@@ -207,6 +216,15 @@ def _memory_flags(a, mem):
                               ("defrag_interval_s", getattr(a, "defrag_interval", None)),
                               ("overflow_protection", getattr(a, "overflow_protection", None))) if v is not None}
     return dataclasses.replace(mem, **over) if over else (mem if mem is not None else MemorySpec())
+
+
+def healing_of(a, spec):
+    """The config's ``self_healing`` with ``--alert-channel`` sinks and ``--guardian-mode``
+    (:mod:`runtime.serve.heal.guardian`); SpecError (one line) for a channel it cannot deliver to."""
+    from runtime.serve.heal.guardian import SLACK_URL_ENV, guardian, with_channels
+    spec = with_channels(spec, list(getattr(a, "alert_channel", []) or []),
+                         getattr(a, "alert_webhook_url", None) or os.environ.get(SLACK_URL_ENV))
+    return guardian(spec) if getattr(a, "guardian_mode", False) else spec
 
 
 def _cmd_serve(a) -> int:
@@ -278,7 +296,7 @@ def _serve(a, cfg, repos, need: int, restarts: int, log, progress) -> int:
                 sampler.listen(stats.on_tick)
             from runtime.serve.heal import SelfHealing
             from runtime.serve.reconfigure import Reconfigurer
-            healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt)
+            healing = SelfHealing(svc, cfg.self_healing, history, sampler, rt, adjust=lambda s: healing_of(a, s))
             Reconfigurer(svc, cfg, Path(a.config).read_text() if a.config else "", healing, history)
             srv = Server(svc, cfg.host, cfg.port, cfg.allow_unauthenticated, cfg.http, grpc_port=a.grpc_port,
                          access_log=not a.no_access_log)

@@ -84,9 +84,11 @@ def _healing(sh) -> dict:
                          "hold": sh.flapping.hold_s},
             "triggers": [_trigger(t) for t in sh.triggers],
             "recovery": {"warmup_requests": r.warmup_requests, "health_check": r.health_check,
-                         "rollback_on_failure": r.rollback_on_failure, "cooldown": r.cooldown_s},
+                         "rollback_on_failure": r.rollback_on_failure, "cooldown": r.cooldown_s,
+                         "move_back": r.move_back, "return_after": r.return_after_s},
             **({"alerts": [{k: v for k, v in (("kind", a.kind), ("path", a.path), ("url", a.url),
-                                              ("timeout", a.timeout_s)) if v is not None} for a in sh.alerts]}
+                                              ("channel", a.channel), ("timeout", a.timeout_s)) if v is not None}
+                           for a in sh.alerts]}
                if sh.alerts else {})}
 
 

@@ -28,7 +28,9 @@ seed                                                      vnpu (canonical)
 ``memory.strategy``, ``memory.overflow_protection``       same names
 ``self_healing.triggers[{metric, threshold, ...}]``       ``{name, metric, condition, window, action, params}``
                                                           (:data:`METRICS`, :data:`ACTIONS`, :func:`condition`)
-``self_healing.recovery.health_check: "/health?..."``     ``health_check: true``
+``threshold: "sudden_drop>40% in 1m"``                    ``{condition: "> 0.4", aggregate: drop, window: 60}``
+                                                          (:data:`RELATIVE_WORDS`)
+``self_healing.recovery.health_check: "/health?..."``     ``health_check: true`` (the deep check)
 ========================================================  =================================================
 
 What vnpu accepts but does not act on (no such mechanism yet) is kept as a :class:`NotActedOn` -- the
@@ -63,18 +65,19 @@ METRICS: dict[str, tuple[str | None, str]] = {
     "device_temperature": ("device_temperature_c", ""),
     "qps": ("qps", ""),
     "latency": ("p99_latency_ms", ""),
-    "network_latency": (None, "vnpu measures no network latency (its latencies are end-to-end: "
-                              "p99_latency_ms)"),
+    "network_latency": ("p99_latency_ms", ""),    # the latency the server sees: end to end, p99
 }
 #: seed action (its first word) -> (vnpu action, its parameter built from the rest, or None and why not)
 ACTIONS: dict[str, tuple[str | None, str]] = {
-    "restart_worker": (None, "no engine/replica restart action yet (restart_device restarts a whole device)"),
+    "restart_worker": ("restart_engine", ""),
     "trigger_defrag": ("defragment", ""),
     "throttle_requests": ("throttle", ""),
     "throttle_requests_by": ("throttle", "by"),
     "scale_workers": ("scale_out", "replicas"),
-    "cache_recent_results": (None, "no result cache yet"),
+    "cache_recent_results": ("cache_results", ""),
 }
+#: seed relative condition word -> vnpu window aggregate (``sudden_drop>40% in 1m``: drop > 0.4 over 60 s)
+RELATIVE_WORDS: dict[str, str] = {"sudden_drop": "drop", "sudden_rise": "rise", "drop": "drop", "rise": "rise"}
 #: the seed's strategy entries and their keys
 STRATEGY_KEYS: dict[str, tuple[str, ...]] = {
     "dynamic_batching": ("name", "enabled", "min_batch", "max_batch", "timeout_ms"),
@@ -435,9 +438,7 @@ def _recovery(node, where: str, notes: list):
             if not str(text).startswith("/health"):
                 raise DialectError(f"{where}line {_line(v)}: self_healing.recovery.health_check: expected true, "
                                    f"false or a /health URL path, got {text!r}")
-            notes.append(NotActedOn("self_healing.recovery.health_check", _line(v), str(text),
-                                    "the recovery check is vnpu's own (device health and a probe request on the "
-                                    "model); no URL is called -- health_check: true"))
+            # the recovery checks are the deep check /health?deep=true serves (runtime.serve.heal.deep)
             v = _node(True, v)
         out.append((k, v))
     return yaml.MappingNode(node.tag, out, node.start_mark, node.end_mark)
@@ -459,6 +460,23 @@ def _triggers(node, where: str, notes: list, extra: list):
     for t in extra:
         out.append(t)
     return yaml.SequenceNode(node.tag, out, node.start_mark, node.end_mark)
+
+
+def _relative(threshold, node, where: str, path: str) -> tuple[str, str, float] | None:
+    """A relative threshold ``sudden_drop>40% in 1m`` as (aggregate, condition, window seconds); None for an
+    absolute one (``5%``, ``> 85°C``)."""
+    if not isinstance(threshold, str) or re.match(r"\s*[a-z_]+\s*(>=|<=|>|<)", threshold) is None:
+        return None
+    m = re.fullmatch(r"\s*([a-z_]+)\s*(>=|<=|>|<)\s*(\S+)\s+in\s+(\S+)\s*", threshold)
+    if m is None or m.group(1) not in RELATIVE_WORDS:
+        raise DialectError(f"{where}line {_line(node)}: {path}: expected a relative threshold '<change><op><percent> "
+                           f"in <window>' (change: {', '.join(RELATIVE_WORDS)}; e.g. sudden_drop>40% in 1m), "
+                           f"got {threshold!r}")
+    frac = _checked(lambda: parse_fraction(m.group(3), "threshold"), node, where, path)
+    secs = _checked(lambda: parse_duration(m.group(4), "window"), node, where, path)
+    if secs <= 0:
+        raise DialectError(f"{where}line {_line(node)}: {path}: the window of a relative threshold must be > 0")
+    return RELATIVE_WORDS[m.group(1)], f"{m.group(2)} {frac:g}", secs
 
 
 def _seed_trigger(t, where: str, at: str, names: list, notes: list):
@@ -506,9 +524,11 @@ def _seed_trigger(t, where: str, at: str, names: list, notes: list):
                            f"(e.g. {'throttle_requests_by 20%' if param == 'by' else 'scale_workers +2'})")
     elif rest.strip():
         raise DialectError(f"{where}line {_line(an)}: {at}.action: {word} takes no value, got {rest.strip()!r}")
-    relative = isinstance(threshold, str) and re.search(r"[a-z_]+\s*(>=|<=|>|<)", threshold) is not None
-    why = why_metric or why_action or ("relative conditions over a window (e.g. sudden_drop>40% in 1m) are not "
-                                       "supported yet" if relative else "")
+    relative = _relative(threshold, tn, where, f"{at}.threshold")
+    if relative is not None and "window" in p:
+        raise DialectError(f"{where}line {_line(p['window'][1])}: {at}.window: a relative threshold gives its own "
+                           f"window ('in 1m'); drop one of them")
+    why = why_metric or why_action
     text = f"{{metric: {seed_metric}, threshold: {threshold}, action: {action_text}}}"
     if why:
         notes.append(NotActedOn(at, _line(t), text, why))
@@ -518,9 +538,14 @@ def _seed_trigger(t, where: str, at: str, names: list, notes: list):
     while name in names:
         name, n = f"{base}_{n}", n + 1
     names.append(name)
-    cond = _checked(lambda: condition(threshold, STORE[metric][0], "threshold"), tn, where, f"{at}.threshold")
+    if relative is not None:
+        cond = relative[1]
+    else:
+        cond = _checked(lambda: condition(threshold, STORE[metric][0], "threshold"), tn, where, f"{at}.threshold")
     canon = [("name", _node(name, t)), ("metric", _node(metric, mn)), ("condition", _node(cond, tn)),
              ("action", _node(action, an))]
+    if relative is not None:
+        canon += [("aggregate", _node(relative[0], tn)), ("window", _node(relative[2], tn))]
     if params:
         canon.append(("params", _node(params, an)))
     for key in ("window", "cooldown", "aggregate"):

@@ -189,6 +189,9 @@ class ReplicaBody:
     def restore(self, model: str):
         return self.svc.restore(model)
 
+    def restart(self, model: str):
+        return self.svc.restart(model, "requested through the front")
+
     def drain(self, timeout: float | None = None) -> bool:
         self.svc.begin_drain()
         return self.svc.wait_drained(timeout)
@@ -649,6 +652,18 @@ class ReplicaService(Frontend):
 
     def restore(self, model: str, timeout: float | None = None):
         raise InvalidParamError("with replicas, restore per replica (each has its own chain)")
+
+    def restart(self, model: str, reason: str = "requested", timeout: float | None = None):
+        """Restart ``model``'s engine in every replica that is not failed, one after the other, each on its
+        own placement with its requests replayed there (blocks the caller); one result for them all."""
+        from .engine.placement import RebindResult
+        with self._cv:
+            reps = [r for r in self.replicas.values() if r.state != "failed"]
+        res = [r.handle.restart.remote(model).result(timeout_s=timeout or 600) for r in reps]
+        if not res:
+            raise Unavailable("no replica to restart")
+        return RebindResult(False, 0, 0, "; ".join(f"{r.name}: {x.placement}" for r, x in zip(reps, res)), reason,
+                            sum(x.replayed for x in res), max(x.seconds for x in res))
 
     def begin_drain(self) -> None:
         with self._cv:

@@ -39,6 +39,7 @@ from .engine.errors import ModelNotFound, Unavailable
 from .engine.placement import DeviceBinder
 from .limits import HttpLimits
 from .metrics import make_registry
+from .result_cache import ResultCache
 from .tags import TagRules
 from .tenants import Quotas, Tenant, TenantRegistry, check_bind
 
@@ -99,6 +100,7 @@ class Frontend:
         self.reconfigurer = None                 #: a runtime.serve.reconfigure.Reconfigurer (POST /admin/reconfigure)
         self.healing = None                      #: a runtime.serve.heal.SelfHealing (its state in /admin/state)
         self.memory = None                       #: a runtime.serve.memory_pool.MemoryManager (memory:), see manage_memory
+        self.result_cache = ResultCache(clock)   #: deterministic answers per tenant (off until self-healing)
         self._cv = threading.Condition()
 
     def _event(self, ev: dict) -> None:
@@ -236,6 +238,12 @@ class Frontend:
             body["failed"] = failed
         return 503, body
 
+    def deep_health(self) -> tuple[int, dict]:
+        """``GET /health?deep=true``: the health, plus a tiny kernel on every device and a request through
+        every in-process model (:mod:`runtime.serve.heal.deep`; blocks for them)."""
+        from .heal.deep import deep_health
+        return deep_health(self, getattr(self, "rt", None))
+
     def check_accepting(self) -> None:
         if self.state != "ready":
             raise Unavailable(f"the server is {self.state}")
@@ -277,6 +285,11 @@ class Frontend:
     def restore(self, model: str, timeout: float | None = None):
         """Move ``model``'s engine back to its first placement when healthy (blocks until re-bound)."""
         return self.engine(model, None).restore(timeout)
+
+    def restart(self, model: str, reason: str = "requested", timeout: float | None = None):
+        """Restart ``model``'s engine on the placement it is on, its unfinished requests replayed there
+        (blocks until rebuilt; see :meth:`runtime.serve.engine.lifecycle.EngineLifecycle.restart`)."""
+        return self.engine(model, None).restart(reason, timeout)
 
     def throttle(self, factor: float) -> dict:
         """Admit less by ``factor`` (0 < factor <= 1; 1 restores): every generation engine's batch, step
@@ -426,6 +439,13 @@ class Service(Frontend):
     def compiled_names(self) -> tuple[str, ...]:
         return self.compiled.names if self.compiled is not None else ()
 
+    def scale_instances(self, model: str, n: int) -> list[str]:
+        """``n`` more instances of compiled model ``model`` (``n`` < 0: retire as many added ones); blocks
+        for the loads or the drains.  Their names."""
+        if self.compiled is None or model not in self.compiled.names:
+            raise Unavailable(f"{model!r} is not a compiled model of this server (instances are theirs)")
+        return self.compiled.scale(model, n)
+
     def wait_drained(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         if not super().wait_drained(timeout):
@@ -449,6 +469,11 @@ class Service(Frontend):
         if self.compiled is not None and model in self.compiled.names:
             return self.compiled.rebind(model, "restore", timeout=timeout)
         return super().restore(model, timeout)
+
+    def restart(self, model: str, reason: str = "requested", timeout: float | None = None):
+        if self.compiled is not None and model in self.compiled.names:
+            return self.compiled.rebind(model, "restart", reason, timeout)
+        return super().restart(model, reason, timeout)
 
     def _held_engines(self) -> list:
         return super()._held_engines() + (self.compiled.all_instances() if self.compiled is not None else [])

@@ -60,22 +60,37 @@ def test_the_seed_memory_fragment_is_kept_in_vnpu_units_and_acted_on():
 def test_the_seed_self_healing_fragment_maps_metrics_actions_and_units():
     cfg = parse_config(_section("self_healing"), "runtime_config.yaml")
     sh = cfg.self_healing
-    got = {t.name: (t.metric, t.condition.op, t.condition.threshold, t.window_s, t.action, t.params)
+    got = {t.name: (t.metric, t.condition.op, t.condition.threshold, t.window_s, t.action, t.params, t.aggregate)
            for t in sh.triggers}
     assert got == {
-        "memory_fragmentation_trigger_defrag": ("hbm_fragmentation", ">", 0.7, 300.0, "defragment", {"timeout": 60.0}),
+        "error_rate_restart_worker": ("error_rate", ">", 0.05, 60.0, "restart_engine", {"model": None}, "mean"),
+        "memory_fragmentation_trigger_defrag": ("hbm_fragmentation", ">", 0.7, 300.0, "defragment", {"timeout": 60.0},
+                                                "mean"),
         "device_temperature_throttle_requests": ("device_temperature_c", ">", 85.0, 30.0, "throttle",
-                                                 {"by": 0.2, "for": 300.0}),
+                                                 {"by": 0.2, "for": 300.0}, "mean"),
+        "qps_scale_workers": ("qps", ">", 0.4, 60.0, "scale_out", {"replicas": 2, "model": None}, "drop"),
         "device_temperature_throttle_requests_by": ("device_temperature_c", ">", 80.0, 0.0, "throttle",
-                                                    {"by": 0.2, "for": 300.0})}
+                                                    {"by": 0.2, "for": 300.0}, "mean"),
+        "network_latency_cache_recent_results": ("p99_latency_ms", ">", 500.0, 0.0, "cache_results",
+                                                 {"ttl": 60.0, "max_entries": 1024}, "mean")}
     assert (sh.recovery.warmup_requests, sh.recovery.health_check, sh.recovery.rollback_on_failure) == (10, True, True)
-    idle = _not_acted_on(cfg)
-    assert "restart" in idle["self_healing.triggers[0]"]               # restart_worker
-    assert "relative" in idle["self_healing.triggers[3]"]              # qps sudden_drop>40% in 1m
-    assert "network latency" in idle["self_healing.triggers[5]"]       # network_latency / cache_recent_results
-    assert "no URL is called" in idle["self_healing.recovery.health_check"]
-    whole = load_config(SEED).not_acted_on                              # each names its own line in the file
-    assert {n.line for n in whole if n.path.startswith("self_healing")} == {27, 30, 32, 35}
+    assert not [n for n in cfg.not_acted_on if n.path.startswith("self_healing")]   # every line acts
+
+
+@pytest.mark.parametrize("threshold, words", [
+    ("sudden_fall>40% in 1m", "expected a relative threshold"),
+    ("sudden_drop>40%", "expected a relative threshold"),
+    ("sudden_drop>140% in 1m", "must be in"),
+    ("sudden_drop>40% in 0s", "must be > 0"),
+])
+def test_a_bad_relative_threshold_names_its_line(threshold, words):
+    text = SEED.read_text().replace('"sudden_drop>40% in 1m"', f'"{threshold}"')
+    with pytest.raises(ConfigError, match=r"runtime_config.yaml: line 30: self_healing.triggers\[3\].threshold: .*"
+                                          + words):
+        parse_config(text, "runtime_config.yaml")
+    both = SEED.read_text().replace('"sudden_drop>40% in 1m",', '"sudden_drop>40% in 1m", window: 2m,')
+    with pytest.raises(ConfigError, match=r"line 30: self_healing.triggers\[3\].window: a relative threshold gives"):
+        parse_config(both, "runtime_config.yaml")
 
 
 def test_the_whole_seed_loads_and_its_canonical_form_loads_again_the_same():
@@ -152,7 +167,10 @@ def test_serve_config_print_shows_the_canonical_form(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "pool_bytes: 3221225472" in r.stdout and "premium_user: 0" in r.stdout
     assert "metric: hbm_fragmentation" in r.stdout and "action: defragment" in r.stdout
-    assert "# accepted, not acted on:" in r.stdout and "self_healing.triggers[0] = " in r.stdout
+    assert "# accepted, not acted on:" in r.stdout
+    not_acted = r.stdout[r.stdout.index("# accepted, not acted on:"):]
+    assert "defaults = accelerator_v3, accelerator_v2 (line 16)" in not_acted     # no devices: entry names them
+    assert "self_healing" not in not_acted and "memory" not in not_acted and "scheduler" not in not_acted
     assert "defrag_interval_s: 180" in r.stdout and "memory.defrag_interval_s = " not in r.stdout   # acted on
     bad = tmp_path / "runtime_config.yaml"
     bad.write_text(SEED.read_text().replace("timeout_ms: 50", "timeout: 50"))

@@ -17,7 +17,6 @@ policy run in seconds (no sleeps).  Each test builds its own policy (a ``self_he
 """
 from __future__ import annotations
 
-import http.server
 import json
 import threading
 
@@ -37,6 +36,7 @@ from runtime.serve.metrics_sampler import Sampler
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Tenant, key_digest
 from serve_http import call
+from webhook_receiver import Receiver
 
 pytestmark = pytest.mark.serve
 
@@ -116,36 +116,6 @@ def since(hist, t0, kinds):
 def released(hist, t0):
     """The policy's releases (recovery events of the sampler -- a device healthy again -- left out)."""
     return [e for e in since(hist, t0, ["recovery"]) if e.source == "policy"]
-
-
-class Receiver:
-    """A webhook receiver on loopback (port 0) that keeps every JSON body POSTed to it."""
-
-    def __init__(self):
-        self.bodies: list[dict] = []
-        self.cv = threading.Condition()
-        outer = self
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                n = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(n))
-                with outer.cv:
-                    outer.bodies.append(body)
-                    outer.cv.notify_all()
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def test_overheat_throttles_then_restores_and_alerts_reach_a_webhook(env, tmp_path):

@@ -102,6 +102,9 @@ self_healing:
         t[0] += 1.0
         server, _ = sampler.tick(t[0])
         assert server["replicas"] == 2
+        res = svc.restart("smollm2", "test")                 # restart_worker: each replica's engine, in place
+        assert res.placement.count(": npu 0") == 2 and not res.moved      # each on its own device 0
+        assert ask().usage.completion_tokens == 4
     finally:
         srv.stop()
         hist.close()

@@ -62,7 +62,7 @@ def test_the_issues_example_config_parses():
     thermal, errors, frag, slow, dead = sh.triggers
     assert (thermal.window_s, thermal.params) == (10.0, {"by": pytest.approx(0.2), "for": 300.0})
     assert errors.condition.threshold == pytest.approx(0.05) and errors.window_s == 30.0
-    assert slow.condition.threshold == 1600.0 and slow.params == {"replicas": 1}
+    assert slow.condition.threshold == 1600.0 and slow.params == {"replicas": 1, "model": None}
     assert dead.condition.threshold == 4.0 and dead.window_s == 0.0
     assert (sh.recovery.warmup_requests, sh.recovery.cooldown_s) == (3, 120.0)
     assert [a.kind for a in sh.alerts] == ["log", "file", "webhook"] and sh.alerts[2].url.endswith("/hook")

@@ -3,7 +3,7 @@ compiles MiniLM-L3 (the wheel's ONNX in place of the file name), its ``config.ya
 repository in Triton's layout as its ``mkdir``/``mv`` lines say, a real server serves that repository
 (three in-process devices: the example's instance on npu 1, its chain ``[2, cpu]``; without the LLM the
 command serves beside it), and its ``tritonclient`` snippet runs unmodified but for the server's address:
-it prints what the README's comment says, and the embeddings it got equal onnxruntime's."""
+it prints what the docs' comment says, and the embeddings it got equal onnxruntime's."""
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +33,7 @@ SECTION = "## Serving compiled models"
 
 
 def _blocks() -> dict[str, list[str]]:
-    """The fenced blocks of the README's compiled-model section, by language, in order."""
+    """The fenced blocks of the docs' compiled-model section, by language, in order."""
     text = (ROOT / DOC).read_text()
     start = text.index(SECTION)
     end = text.find("\n## ", start + 1)
@@ -58,7 +58,7 @@ def test_the_readme_repository_example_and_tritonclient_snippet_work_as_written(
     bash, = [b for b in blocks["bash"] if "vnpu atc " in b]
     yaml_text, = blocks["yaml"]
     snippet = blocks["python"][-1]
-    # the atc command, on the wheel's ONNX, run where the README's next lines expect its output
+    # the atc command, on the wheel's ONNX, run where the docs' next lines expect its output
     args, named = _atc_args(bash)
     assert named.endswith("MiniLM-L3-v2.onnx")
     args[args.index("--model") + 1] = str(minilm_l3_onnx())
@@ -88,7 +88,7 @@ def test_the_readme_repository_example_and_tritonclient_snippet_work_as_written(
         with contextlib.redirect_stdout(out):
             exec(compile(code, "docs/serving/kserve-v2.md (compiled models snippet)", "exec"), ns)     # noqa: S102 - the doc's code
         shape_line, count_line = out.getvalue().splitlines()
-        assert shape_line == "(3, 384) 1"                 # what the README's comment says it prints
+        assert shape_line == "(3, 384) 1"                 # what the docs' comment says it prints
         assert int(count_line) >= 1
         ids = ns["ids"]
         want = dict(zip(_output_names(), ort_run(str(minilm_l3_onnx()), {"input_ids": ids,

@@ -91,8 +91,8 @@ def test_the_docs_name_no_command_the_parser_lacks():
             code += [ln.removeprefix("$ ") for ln in part.splitlines()] if i % 2 else re.findall(r"`([^`\n]+)`", part)
     assert len(code) > 1000
     assert unknown_commands(command_paths(), "\n".join(code)) == []
-    assert unknown_commands(command_paths(), "vnpu bench serve-om\nvnpu serve --port 0\nvnpu chaos check r.json") == \
-        ["vnpu bench serve-om"]
+    assert unknown_commands(command_paths(), "vnpu bench teleport\nvnpu serve --port 0\nvnpu chaos check r.json") == \
+        ["vnpu bench teleport"]
 
 
 def test_a_command_left_out_is_named():

@@ -15,6 +15,7 @@ from fastapi import Request
 from ..engine.errors import InvalidRequest
 from ..engine.request import RequestOutput
 from ..engine.sampling import SamplingParams
+from ..result_cache import cache_key, deterministic
 from ..tags import PRIORITY_HEADER, TAG_HEADER, request_tag
 from ..tenants import Tenant
 from . import protocol as P
@@ -22,6 +23,10 @@ from .errors import error_body, error_response
 from .handling import admit, note_tokens, settle
 from .state import serve_state
 from .streaming import EventStream, Submitted, client_gone, collect, sse
+
+#: the header that marks an answer served from the result cache
+CACHE_HEADER = "x-vnpu-cache"
+
 
 def sampling(req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     """The sampling parameters of a completion or chat request (OpenAI's defaults for fields not given;
@@ -65,6 +70,10 @@ async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[i
         raise InvalidRequest("stream_options is only allowed with stream=true", "stream_options")
     tag = request_tag(request.headers.get(TAG_HEADER), body.vnpu_tag)
     priority = tenant.effective_priority(body.priority, st.service.tag_rules.class_of(tag))
+    cache, key = _cached(st, body, tenant, ids, params, chat)
+    hit = cache.get(tenant.name, key) if cache is not None and key is not None else None
+    if hit is not None:                             # the engine is not asked, no quota ticket is taken
+        return _with_priority(_hit(hit), priority)
     sub = Submitted(eng, asyncio.get_running_loop())
     tickets: list = []                              # the ticket, once the engine's checks passed
 
@@ -98,7 +107,27 @@ async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[i
     if outs is None:
         return client_gone()
     note_tokens(request, sum(len(x) for x in ids), sum(o.completion_tokens for o in outs))
-    return _with_priority(_answer(eng, body, outs, rid, created, chat, sum(len(x) for x in ids), params), priority)
+    answer = _answer(eng, body, outs, rid, created, chat, sum(len(x) for x in ids), params)
+    if cache is not None and key is not None and isinstance(answer, dict):
+        cache.put(tenant.name, key, answer)
+    return _with_priority(answer, priority)
+
+
+def _cached(st, body, tenant: Tenant, ids, params: SamplingParams, chat: bool):
+    """The result cache and this request's key there, when the cache is on and the request is a
+    deterministic, non-streamed one (:mod:`runtime.serve.result_cache`); else (cache, None)."""
+    cache = getattr(st.service, "result_cache", None)
+    if cache is None or not cache.enabled or body.stream or not deterministic(params):
+        return cache, None
+    return cache, cache_key(body.model, "chat" if chat else "completion", ids, params)
+
+
+def _hit(answer: dict):
+    """A cached answer, said to be one (header ``x-vnpu-cache: hit``)."""
+    from fastapi.responses import JSONResponse
+    r = JSONResponse(answer)
+    r.headers[CACHE_HEADER] = "hit"
+    return r
 
 
 def _with_priority(answer, priority: int):

@@ -183,6 +183,14 @@ class EngineLifecycle:
         healthy (the engine stays where it is)."""
         return self._request_rebind(_Rebind("restore", "requested", Future()), timeout)
 
+    def restart(self, reason: str = "requested", timeout: float | None = None) -> RebindResult:
+        """Restart the engine where it is (the seed's ``restart_worker``): between two steps, free the
+        placement's model and caches and build them again on the same entry, the unfinished requests
+        taken along and replayed there (a generation's KV cache recomputed from its prompt and the tokens it
+        already has: no token is lost or sent twice).  Blocks until rebuilt; :class:`Unavailable` (the
+        engine built again where it was, or failed) when the entry no longer builds."""
+        return self._request_rebind(_Rebind("restart", reason, Future()), timeout)
+
     @property
     def pending_rebinds(self) -> int:
         """``fallback`` / ``restore`` requests waiting for the next step boundary."""

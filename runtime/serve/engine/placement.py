@@ -185,12 +185,14 @@ class RebindResult:
 
 def rebind_candidates(binder: DeviceBinder, chain: Sequence[Placement], index: int, kind: str, model: str,
                       away_from: int | None = None) -> RebindResult | range | tuple[int, ...]:
-    """What a ``fallback`` or ``restore`` request means for an engine on ``chain[index]``: a
+    """What a ``fallback``, ``restore`` or ``restart`` request means for an engine on ``chain[index]``: a
     :class:`RebindResult` with ``moved`` False when there is nothing to do (already off device ``away_from``,
-    already on the first entry), else the chain entries to try, in order.  :class:`Unavailable` when the
-    request cannot be met (a fallback from the last entry; a restore to a first entry that is not healthy:
-    one health call per device)."""
+    already on the first entry), else the chain entries to try, in order (a restart: the entry it is on,
+    built again).  :class:`Unavailable` when the request cannot be met (a fallback from the last entry; a
+    restore to a first entry that is not healthy: one health call per device)."""
     here = chain[index]
+    if kind == "restart":
+        return (index,)
     if kind == "fallback" and away_from is not None and (here.cpu or away_from not in here.devices):
         return RebindResult(False, index, index, str(here), f"already off device {away_from}", 0, 0.0)
     if kind == "fallback":

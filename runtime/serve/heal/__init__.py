@@ -6,6 +6,9 @@ for what they do, :mod:`.alerts` for where they say so, :mod:`.spec` for the con
 """
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 from .actions import ACTIONS, Context
 from .alerts import SINKS
 from .policy import PolicyEngine
@@ -18,8 +21,12 @@ class SelfHealing:
     """The policy engine of ``service`` on ``sampler``'s ticks (``spec``: the config's ``self_healing``)."""
 
     def __init__(self, service, spec: SelfHealingSpec, history, sampler, rt=None, reconfigurer=None,
-                 server: str = ""):
-        self.ctx = Context(service, rt, spec.recovery.warmup_requests, reconfigurer)
+                 server: str = "", adjust: Callable[[SelfHealingSpec], SelfHealingSpec] | None = None):
+        """``adjust``: what the command line adds to every spec this policy takes later (``reconfigure``):
+        guardian mode, alert channels (:func:`runtime.cli.serve.healing_of`); ``spec`` has it already."""
+        self.adjust = adjust
+        self.ctx = Context(service, rt, spec.recovery.warmup_requests, reconfigurer,
+                           clock=getattr(sampler, "clock", time.time))
         self.engine = PolicyEngine(spec, self.ctx, history, server)
         self.sampler = sampler
         sampler.listen(self.engine.on_tick)
@@ -32,7 +39,7 @@ class SelfHealing:
                 "spares": sorted(self.ctx.spares)}
 
     def update(self, spec: SelfHealingSpec) -> None:
-        self.engine.update(spec)
+        self.engine.update(self.adjust(spec) if self.adjust is not None else spec)
 
     def active(self) -> dict[str, str]:
         return self.engine.active()

@@ -18,8 +18,15 @@ throttle is lifted, a fallback restored.
   on a cluster, device actors that Ray restarts -- ``vnpu up --device-restarts N``, or the embedded
   cluster of a ``vnpu serve`` whose policy has this action), health-checked, warmed with
   ``recovery.warmup_requests`` kernel runs, and returned as a *spare* (engines go back with ``restore``);
-- ``scale_out {replicas: +1}`` / ``scale_in {replicas: 1}``: Ray Serve replicas (a server with replicas);
-  a scale-out is released by a scale-in of as many;
+  With ``recovery.move_back`` the engines instead go back to the device by themselves once it passed the
+  deep check for ``recovery.return_after`` (hysteresis), warmed there with ``warmup_requests`` real
+  requests, moved off again when that fails (``rollback_on_failure``);
+- ``restart_engine {model}`` (the seed's ``restart_worker``): each engine rebuilt on the placement it is on,
+  its unfinished requests replayed there; then ``warmup_requests`` real requests through it;
+- ``scale_out {replicas: +1, model}`` / ``scale_in {replicas: 1}``: Ray Serve replicas (a server with
+  replicas), else instances of the compiled models; a scale-out is released by removing as many;
+- ``cache_results {ttl, max_entries}`` (the seed's ``cache_recent_results``): the per-tenant result cache of
+  deterministic requests (:mod:`runtime.serve.result_cache`) on; released: off and emptied;
 - ``defragment {timeout: 60s}``: the memory pool's live defragmentation (the server's ``defragment()``:
   every engine held between two steps, each of its devices compacted once; per replica with replicas);
   the event holds the bytes moved, the pause and each device's fragmentation before/after; checked:
@@ -84,6 +91,10 @@ class Context:
     reconfigurer: object = None
     spares: set = field(default_factory=set)
     throttles: dict = field(default_factory=dict)    #: trigger@scope -> admission factor it holds
+    clock: Callable[[], float] = time.time           #: the policy's clock (the sampler's: injectable)
+    move_back: bool = False                          #: engines go back to a restarted device by themselves
+    return_after_s: float = 30.0                     #: ... once it passed the deep check this long
+    rollback_on_failure: bool = True
 
 
 class Action:
@@ -129,10 +140,11 @@ PROBES: dict[str, tuple[str, Callable]] = {"generate": ("add_request", _probe_ge
                                            "embed": ("chain", _probe_embed)}
 
 
-def probe(ctx: Context, model: str, timeout_s: float = 120.0) -> tuple[bool, str]:
+def probe(ctx, model: str, timeout_s: float = 120.0) -> tuple[bool, str]:
     """One request through ``model``'s in-process engine (a one-token greedy generation, or one
-    embedding): does it serve where it is now?"""
-    eng = ctx.service.engines.get(model)
+    embedding): does it serve where it is now?  ``ctx``: a :class:`Context`, or the service itself."""
+    svc = getattr(ctx, "service", ctx)
+    eng = svc.engines.get(model)
     has, fn = PROBES.get(getattr(eng, "kind", ""), ("", None))
     if eng is None or fn is None or not hasattr(eng, has):
         return True, "no in-process engine to probe"
@@ -246,6 +258,48 @@ def warm(dev, runs: int) -> float:
     return time.monotonic() - t0
 
 
+def device_check(dev) -> tuple[bool, str]:
+    """Is device ``dev`` usable: healthy, and a tiny ``add`` returns numpy's answer?  (The deep health
+    check's device part: :mod:`.deep`.)"""
+    if getattr(dev, "is_lost", False):
+        return False, "lost"
+    level, reasons = dev.health()
+    if level not in ("OK", "Warning"):
+        return False, f"{level}: {'; '.join(reasons)}"
+    a = np.arange(256, dtype=np.float32)
+    b = np.full(256, 0.5, np.float32)
+    x, y, z = dev.from_numpy(a), dev.from_numpy(b), dev.empty((256,))
+    try:
+        dev.launch("add", [x, y], [z])
+        got = z.numpy()
+    except Exception as e:  # noqa: BLE001 - the check's answer
+        return False, f"a tiny add failed: {type(e).__name__}: {e}"
+    finally:
+        for t in (x, y, z):
+            try:
+                t.free()
+            except Exception:  # noqa: BLE001 - a lost device frees nothing
+                pass
+    if not np.array_equal(got, a + b):
+        return False, "a tiny add returned wrong values"
+    return True, level
+
+
+class NotYet(Exception):
+    """A release that is not due yet (e.g. a recovered device that has not passed its checks long enough):
+    the policy tries again on the next tick, quietly."""
+
+
+def warm_model(ctx: Context, model: str, runs: int) -> tuple[bool, str]:
+    """``runs`` real requests through ``model`` where it runs now (each a one-token greedy generation or
+    one embedding: :func:`probe`); the first failure, or what ran."""
+    for k in range(max(0, runs)):
+        ok, why = probe(ctx, model)
+        if not ok:
+            return False, f"warm-up request {k + 1}/{runs}: {why}"
+    return True, f"{model}: {runs} warm-up request(s) served"
+
+
 class RestartDevice(Action):
     name = "restart_device"
     params = {}
@@ -258,17 +312,7 @@ class RestartDevice(Action):
         rt = ctx.rt
         if rt is None or not hasattr(rt, "restart_device"):
             raise ActionUnavailable("this server has no runtime that can restart devices")
-        moved = {}
-        for name, e in list(ctx.service.engines.items()):       # nothing may stay bound to the old device
-            pl = getattr(e, "placement", None)
-            if pl is not None and i in getattr(pl, "devices", ()):
-                try:
-                    # away_from: the engine may have re-bound itself meanwhile (it saw the loss first);
-                    # then it stays where it went
-                    moved[name] = ctx.service.fallback(name, f"automatic: device {i} is lost",
-                                                       away_from=i).placement
-                except Exception as x:  # noqa: BLE001 - recorded; the restart goes on
-                    moved[name] = f"failed: {x}"
+        moved = _move_off(ctx, i)
         from devices.errors import UnsupportedError
         try:
             dev = rt.restart_device(i)
@@ -277,7 +321,6 @@ class RestartDevice(Action):
         level, reasons = dev.health()
         if level not in ("OK", "Warning"):
             raise RuntimeError(f"device {i} restarted but reports {level}: {'; '.join(reasons)}")
-        secs = warm(dev, ctx.warmup_requests)
         ctx.spares.add(i)
 
         def check():
@@ -285,9 +328,123 @@ class RestartDevice(Action):
                 return False, f"device {i} is lost again"
             lv, why = dev.health()
             return lv in ("OK", "Warning"), f"device {i} {lv}{': ' + '; '.join(why) if why else ''}"
+        if ctx.move_back:
+            back = [m for m, p in moved.items() if not p.startswith("failed")]
+            return Outcome(f"device {i} restarted; {', '.join(back) or 'nothing'} moves back after "
+                           f"{ctx.return_after_s:g} s of passing the deep check",
+                           {"device": i, "engines_moved": moved, "spares": sorted(ctx.spares)}, check=check,
+                           release=_mover(ctx, i, back))
+        secs = warm(dev, ctx.warmup_requests)
         return Outcome(f"device {i} restarted, warmed ({ctx.warmup_requests} runs, {secs:.2f} s), back as a spare",
                        {"device": i, "warmup_runs": ctx.warmup_requests, "warmup_s": secs, "engines_moved": moved,
                         "spares": sorted(ctx.spares)}, check=check)
+
+
+def _move_off(ctx: Context, i: int) -> dict[str, str]:
+    """Every engine still bound to device ``i`` one step down its chain: model -> where it went."""
+    moved = {}
+    for name, e in list(ctx.service.engines.items()):
+        pl = getattr(e, "placement", None)
+        if pl is not None and i in getattr(pl, "devices", ()):
+            try:
+                # away_from: the engine may have re-bound itself meanwhile (it saw the loss first);
+                # then it stays where it went
+                moved[name] = ctx.service.fallback(name, f"automatic: device {i} is lost", away_from=i).placement
+            except Exception as x:  # noqa: BLE001 - recorded; the restart goes on
+                moved[name] = f"failed: {x}"
+    return moved
+
+
+def _mover(ctx: Context, i: int, models: list[str]) -> Callable[[], str]:
+    """The release of a restart with ``move_back``: once device ``i`` has passed the deep check (health and
+    a tiny kernel) on every try for ``return_after_s`` (hysteresis: one failed try starts the wait again),
+    the engines that left it go back to their first placement and are warmed with ``warmup_requests`` real
+    requests; a failed warm-up moves them off again (``rollback_on_failure``) and the move back is tried
+    later.  Raises :class:`NotYet` while the wait runs."""
+    since: list[float] = []
+
+    def release() -> str:
+        ok, why = device_check(ctx.rt.device(i))
+        now = ctx.clock()
+        if not ok:
+            since.clear()
+            raise NotYet(f"device {i}: {why}")
+        since[:] = since or [now]
+        if now - since[0] < ctx.return_after_s:
+            raise NotYet(f"device {i} healthy for {now - since[0]:g} of {ctx.return_after_s:g} s")
+        out = []
+        for m in models:
+            out.append(f"{m} -> {ctx.service.restore(m).placement}")
+            good, said = warm_model(ctx, m, ctx.warmup_requests)
+            if not good:
+                since.clear()
+                if not ctx.rollback_on_failure:
+                    raise RuntimeError(f"move back to device {i} failed: {said}")
+                away = ctx.service.fallback(m, f"rollback: {said}", away_from=i).placement
+                raise RuntimeError(f"move back to device {i} failed: {said}; rolled back ({m} -> {away})")
+            out.append(said)
+        ctx.spares.discard(i)
+        return f"device {i} passed the deep check for {now - since[0]:g} s; moved back: {'; '.join(out) or 'nothing'}"
+    return release
+
+
+class RestartEngine(Action):
+    """The seed's ``restart_worker``: each model's engine (``model``, or every one) restarted on the
+    placement it is on, its requests replayed; then ``warmup_requests`` real requests through it."""
+    name = "restart_engine"
+    params = {"model": (str, None)}
+
+    def run(self, ctx: Context, fired: Fired) -> Outcome:
+        svc = ctx.service
+        if not hasattr(svc, "restart"):
+            raise ActionUnavailable("this server cannot restart its engines")
+        m = fired.params.get("model")
+        models = [m] if m is not None else [*svc.engines, *svc.compiled_names()]
+        done, warmed = {}, []
+        for name in models:
+            r = svc.restart(name, f"policy {fired.trigger}")
+            done[name] = {"placement": r.placement, "replayed": r.replayed}
+        for name in models:
+            ok, why = warm_model(ctx, name, ctx.warmup_requests)
+            if not ok:
+                raise RuntimeError(f"restarted, but {why}")
+            warmed.append(why)
+        return Outcome("restarted " + ", ".join(f"{n} on {d['placement']} ({d['replayed']} request(s) replayed)"
+                                                for n, d in done.items()),
+                       {"restarted": done, "warmup": warmed}, check=_probe_all(ctx, _generate_models(ctx, None)))
+
+
+def _ttl(v) -> float:
+    s = parse_duration(v, "cache_results.ttl")
+    if s <= 0:
+        raise SpecError(f"cache_results.ttl: must be > 0, got {v!r}")
+    return s
+
+
+def _entries(v) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise SpecError(f"cache_results.max_entries: expected an integer >= 1, got {v!r}")
+    return v
+
+
+class CacheResults(Action):
+    """The seed's ``cache_recent_results``: answer deterministic requests again from a per-tenant cache
+    for ``ttl`` (:mod:`runtime.serve.result_cache`); released: the cache off and emptied."""
+    name = "cache_results"
+    params = {"ttl": (_ttl, 60.0), "max_entries": (_entries, 1024)}
+
+    def run(self, ctx: Context, fired: Fired) -> Outcome:
+        cache = getattr(ctx.service, "result_cache", None)
+        if cache is None:
+            raise ActionUnavailable("this server has no result cache")
+        from ..result_cache import CacheOptions
+        opts = CacheOptions(fired.params.get("ttl", 60.0), fired.params.get("max_entries", 1024))
+        cache.enable(opts, ctx.clock)
+
+        def off() -> str:
+            return f"result cache off ({cache.disable()} entries dropped)"
+        return Outcome(f"result cache on: deterministic requests, per tenant, ttl {opts.ttl_s:g} s",
+                       {"ttl_s": opts.ttl_s, "max_entries": opts.max_entries}, undo=off, release=off)
 
 
 def _replicas(v) -> int:
@@ -301,19 +458,33 @@ def _replicas(v) -> int:
 
 
 class ScaleOut(Action):
+    """Replicas on a server with Ray Serve replicas; else instances of its compiled models (``model``, or
+    every one); released by removing as many."""
     name = "scale_out"
-    params = {"replicas": (_replicas, 1)}
+    params = {"replicas": (_replicas, 1), "model": (str, None)}
 
     def run(self, ctx: Context, fired: Fired) -> Outcome:
         svc = ctx.service
-        if not hasattr(svc, "scale_out"):
-            raise ActionUnavailable("this server runs its engines in-process (no replicas to add); start it "
-                                    "with --replicas to scale out")
         n = fired.params.get("replicas", 1)
-        res = svc.scale_out(n)
-        return Outcome(f"added {n} replica(s): {', '.join(res.get('added', []))}", {"added": res.get("added", [])},
-                       check=lambda: (svc.health()[0] == 200, f"health {svc.health()[0]}"),
-                       release=lambda: (svc.scale_in(n), f"removed {n} replica(s)")[1])
+        if hasattr(svc, "scale_out"):
+            res = svc.scale_out(n)
+            return Outcome(f"added {n} replica(s): {', '.join(res.get('added', []))}",
+                           {"added": res.get("added", [])},
+                           check=lambda: (svc.health()[0] == 200, f"health {svc.health()[0]}"),
+                           release=lambda: (svc.scale_in(n), f"removed {n} replica(s)")[1])
+        m = fired.params.get("model")
+        models = [m] if m is not None else list(svc.compiled_names())
+        if not models:
+            raise ActionUnavailable("this server runs its engines in-process (no replicas to add) and serves no "
+                                    "compiled model (no instances to add); start it with --replicas to scale out")
+        added = [x for name in models for x in svc.scale_instances(name, n)]
+
+        def fewer() -> str:
+            gone = [x for name in models for x in svc.scale_instances(name, -n)]
+            return f"removed {len(gone)} instance(s): {', '.join(gone)}"
+        return Outcome(f"added {len(added)} instance(s): {', '.join(added)}", {"added": added},
+                       check=lambda: (svc.health()[0] == 200, f"health {svc.health()[0]}"), undo=fewer,
+                       release=fewer)
 
 
 class ScaleIn(Action):
@@ -378,5 +549,5 @@ class Rollback(Action):
 
 
 #: action name -> action (a registry)
-ACTIONS: dict[str, Action] = {a.name: a for a in (Throttle(), Fallback(), Restore(), RestartDevice(), ScaleOut(),
-                                                   ScaleIn(), Defragment(), Rollback())}
+ACTIONS: dict[str, Action] = {a.name: a for a in (Throttle(), Fallback(), Restore(), RestartDevice(), RestartEngine(),
+                                                   ScaleOut(), ScaleIn(), Defragment(), CacheResults(), Rollback())}

@@ -6,7 +6,10 @@ An alert is a JSON object: ``{"ts", "severity", "trigger", "action", "value", "d
 - ``log``: one WARNING line on the ``vnpu.serve.alerts`` logger;
 - ``file {path}``: one JSON line appended (the file is created mode 0600);
 - ``webhook {url}``: an HTTP POST of the JSON (``Content-Type: application/json``), ``timeout_s`` at most;
-  a non-2xx answer or a connection error is a failed delivery (reported, never raised into the policy).
+  a non-2xx answer or a connection error is a failed delivery (reported, never raised into the policy);
+- ``slack {url, channel}``: a Slack incoming webhook: an HTTP POST of ``{"text": "<one line>"}`` (and
+  ``"channel"`` when given -- ``vnpu serve --alert-channel slack:#runtime-guard``), the line
+  ``[severity] trigger: diagnosis -> action (result)``; delivered as a webhook is.
 
 Blocking: ``send`` blocks for the write or the POST (up to its timeout).
 """
@@ -63,8 +66,12 @@ class FileSink(Sink):
 class WebhookSink(Sink):
     kind = "webhook"
 
+    def body(self, alert: dict) -> dict:
+        return alert
+
     def send(self, alert: dict) -> None:
-        req = urllib.request.Request(str(self.spec.url), data=json.dumps(alert, default=str).encode(), method="POST",
+        req = urllib.request.Request(str(self.spec.url), data=json.dumps(self.body(alert), default=str).encode(),
+                                     method="POST",
                                      headers={"Content-Type": "application/json", "User-Agent": "vnpu-alerts"})
         try:
             with urllib.request.urlopen(req, timeout=self.spec.timeout_s) as r:
@@ -77,10 +84,32 @@ class WebhookSink(Sink):
         return f"webhook {self.spec.url}"
 
 
+def slack_text(alert: dict) -> str:
+    """The one line a Slack message says of ``alert``."""
+    value = alert.get("value")
+    at = f" (value {value:.4g})" if isinstance(value, (int, float)) else ""
+    server = f" on {alert['server']}" if alert.get("server") else ""
+    return (f"[{alert.get('severity')}] vnpu{server}: {alert.get('trigger') or '-'}{at}: {alert.get('diagnosis')} "
+            f"-> {alert.get('action') or '-'} ({alert.get('result') or 'pending'})")
+
+
+class SlackSink(WebhookSink):
+    kind = "slack"
+
+    def body(self, alert: dict) -> dict:
+        out = {"text": slack_text(alert)}
+        if self.spec.channel:
+            out["channel"] = self.spec.channel
+        return out
+
+    def __str__(self) -> str:
+        return f"slack {self.spec.channel or self.spec.url}"
+
+
 #: alert kind -> sink class (a registry)
-SINKS: dict[str, type[Sink]] = {s.kind: s for s in (LogSink, FileSink, WebhookSink)}
+SINKS: dict[str, type[Sink]] = {s.kind: s for s in (LogSink, FileSink, WebhookSink, SlackSink)}
 #: what each kind needs
-REQUIRED: dict[str, tuple[str, ...]] = {"log": (), "file": ("path",), "webhook": ("url",)}
+REQUIRED: dict[str, tuple[str, ...]] = {"log": (), "file": ("path",), "webhook": ("url",), "slack": ("url",)}
 
 
 def make_sink(spec: AlertSpec) -> Sink:

@@ -13,8 +13,10 @@
         - {name: slow, metric: p99_latency_ms, condition: "> 2 * slo.target_p99_ms", window: 1m,
            action: scale_out, params: {replicas: +1}, release: "< 400", cooldown: 5m, aggregate: mean}
         - {name: dead, metric: device_health, condition: "== lost", action: restart_device}
-      recovery: {warmup_requests: 3, health_check: true, rollback_on_failure: true, cooldown: 2m}
-      alerts: [{kind: log}, {kind: file, path: alerts.jsonl}, {kind: webhook, url: "http://127.0.0.1:9000/hook"}]
+      recovery: {warmup_requests: 3, health_check: true, rollback_on_failure: true, cooldown: 2m,
+                 move_back: true, return_after: 30s}    # engines go back to a restarted device by themselves
+      alerts: [{kind: log}, {kind: file, path: alerts.jsonl}, {kind: webhook, url: "http://127.0.0.1:9000/hook"},
+               {kind: slack, url: "https://hooks.slack.com/services/...", channel: "#runtime-guard"}]
 """
 from __future__ import annotations
 
@@ -31,9 +33,9 @@ from .spec import (AGGREGATES, AlertSpec, FlappingSpec, RecoverySpec, SelfHealin
 
 TRIGGER_KEYS = ("name", "metric", "condition", "action", "window", "params", "release", "aggregate", "cooldown")
 ROOT_KEYS = ("enabled", "triggers", "recovery", "alerts", "max_actions_per_hour", "hysteresis", "flapping", "risk")
-RECOVERY_KEYS = ("warmup_requests", "health_check", "rollback_on_failure", "cooldown")
+RECOVERY_KEYS = ("warmup_requests", "health_check", "rollback_on_failure", "cooldown", "move_back", "return_after")
 FLAPPING_KEYS = ("window", "max_fires", "hold")
-ALERT_KEYS = ("kind", "path", "url", "timeout")
+ALERT_KEYS = ("kind", "path", "url", "timeout", "channel")
 
 
 def _mapping(node, known: tuple[str, ...], where: str, path: str) -> dict:
@@ -92,7 +94,9 @@ def parse_self_healing(node, where: str, slo) -> SelfHealingSpec:
         rec = RecoverySpec(_get(r, "warmup_requests", _int(0), where, rp, rec.warmup_requests),
                            _get(r, "health_check", _bool, where, rp, rec.health_check),
                            _get(r, "rollback_on_failure", _bool, where, rp, rec.rollback_on_failure),
-                           _get(r, "cooldown", parse_duration, where, rp, rec.cooldown_s))
+                           _get(r, "cooldown", parse_duration, where, rp, rec.cooldown_s),
+                           _get(r, "move_back", _bool, where, rp, rec.move_back),
+                           _get(r, "return_after", parse_duration, where, rp, rec.return_after_s))
     fl = FlappingSpec()
     if "flapping" in d:
         f = _mapping(d["flapping"][1], FLAPPING_KEYS, where, f"{p}.flapping")
@@ -160,4 +164,7 @@ def _alert(node, where: str, path: str) -> AlertSpec:
         raise SpecError(f"{where}line {_line(d['url'][1])}: {path}.url: expected an http:// or https:// URL, "
                         f"got {url!r}")
     timeout = _get(d, "timeout", parse_duration, where, path, 5.0)
-    return AlertSpec(kind, _get(d, "path", _str, where, path), url, timeout)
+    channel = _get(d, "channel", _str, where, path)
+    if channel is not None and kind != "slack":
+        raise SpecError(f"{where}line {_line(d['channel'][1])}: {path}.channel: only a slack sink has a channel")
+    return AlertSpec(kind, _get(d, "path", _str, where, path), url, timeout, channel)

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 
 from runtime.observe.metrics_store import METRICS, History
 
-from .actions import ACTIONS, ActionUnavailable, Context, Fired, Outcome
+from .actions import ACTIONS, ActionUnavailable, Context, Fired, NotYet, Outcome
 from .alerts import Sink, make_sink
-from .spec import AGGREGATES, SelfHealingSpec, TriggerSpec
+from .spec import AGGREGATES, RELATIVE, SelfHealingSpec, TriggerSpec
 
 log = logging.getLogger("vnpu.serve")
 
@@ -81,7 +81,9 @@ class PolicyEngine:
         """Take a new spec (reconfigure): triggers keep their state by name; sinks are rebuilt."""
         with self._lock:
             self.spec = spec
-            self.ctx.warmup_requests = spec.recovery.warmup_requests
+            rec = spec.recovery
+            self.ctx.warmup_requests, self.ctx.rollback_on_failure = rec.warmup_requests, rec.rollback_on_failure
+            self.ctx.move_back, self.ctx.return_after_s = rec.move_back, rec.return_after_s
             self.sinks: list[Sink] = [make_sink(a) for a in spec.alerts]
             names = {t.name for t in spec.triggers}
             for key in [k for k in self._states if k[0] not in names]:
@@ -113,6 +115,8 @@ class PolicyEngine:
             st.first_ts = now
         while st.window and st.window[0][0] < now - t.window_s:
             st.window.popleft()
+        if t.aggregate in RELATIVE:                            # a change over the window, not a level
+            value = AGGREGATES[t.aggregate]([v for _, v in st.window])
         if t.condition.holds(value):
             st.onset = now if st.onset is None else st.onset
         elif st.active is None:
@@ -232,6 +236,8 @@ class PolicyEngine:
         t0 = time.monotonic()
         try:
             msg = st.active.release()
+        except NotYet:
+            return                                             # not due yet (a recovering device): next tick
         except Exception as e:  # noqa: BLE001 - try again on the next tick
             err = f"{type(e).__name__}: {e}"
             if st.release_failed != err:

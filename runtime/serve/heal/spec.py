@@ -28,9 +28,27 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 #: the operator that releases a trigger of each operator
 OPPOSITE = {">": "<=", ">=": "<", "<": ">=", "<=": ">", "==": "!=", "!=": "=="}
-#: aggregates of a window (a registry)
+def _drop(xs: list[float]) -> float:
+    """How far the latest sample fell below the window's peak, as a fraction of the peak (0 when it did not)."""
+    peak = max(xs)
+    return max(0.0, 1.0 - xs[-1] / peak) if peak > 0 else 0.0
+
+
+def _rise(xs: list[float]) -> float:
+    """How far the latest sample rose above the window's low, as a fraction of the low (inf from 0)."""
+    low = min(xs)
+    if low <= 0:
+        return math.inf if xs[-1] > 0 else 0.0
+    return max(0.0, xs[-1] / low - 1.0)
+
+
+#: aggregates of a window (a registry); ``drop``/``rise`` are relative: the seed's ``sudden_drop>40% in 1m``
+#: is ``aggregate: drop, condition: "> 40%", window: 1m``
 AGGREGATES: dict[str, Callable[[list[float]], float]] = {
-    "mean": lambda xs: sum(xs) / len(xs), "max": max, "min": min, "last": lambda xs: xs[-1]}
+    "mean": lambda xs: sum(xs) / len(xs), "max": max, "min": min, "last": lambda xs: xs[-1],
+    "drop": _drop, "rise": _rise}
+#: the aggregates that measure a change over the window (a trigger's streak is judged on them, not on samples)
+RELATIVE = frozenset({"drop", "rise"})
 HEALTH_WORDS = {k.lower(): v for k, v in HEALTH_CODES.items()}
 
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -146,11 +164,15 @@ class TriggerSpec:
 class RecoverySpec:
     """After an action: warm a restarted device with ``warmup_requests`` runs, check health, undo the
     action when the check fails (``rollback_on_failure``); a trigger waits ``cooldown_s`` after its action
-    ended before it may fire again."""
+    ended before it may fire again.  With ``move_back`` the engines a ``restart_device`` moved off go back
+    to the device once it passed the deep check for ``return_after_s`` (and are warmed there with
+    ``warmup_requests`` real requests; moved off again when that fails and ``rollback_on_failure``)."""
     warmup_requests: int = 3
     health_check: bool = True
     rollback_on_failure: bool = True
     cooldown_s: float = 120.0
+    move_back: bool = False                          #: engines return to a restarted device by themselves
+    return_after_s: float = 30.0                     #: ... once it passed the deep check this long
 
 
 @dataclass(frozen=True)
@@ -164,11 +186,13 @@ class FlappingSpec:
 
 @dataclass(frozen=True)
 class AlertSpec:
-    """One alert sink: ``kind`` (log, file, webhook) and its settings (``path``, ``url``)."""
+    """One alert sink: ``kind`` (log, file, webhook, slack) and its settings (``path``, ``url``, a Slack
+    ``channel``)."""
     kind: str
     path: str | None = None
     url: str | None = None
     timeout_s: float = 5.0
+    channel: str | None = None
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,13 @@ class InstanceSet:
         self.name, self.version = config.name, str(version.version)
         self._batching = config.dynamic_batching
         self._admit = threading.Lock()                 #: one admission at a time: the model's queue bound holds
+        self.placements = tuple(placements)
+        self._make = lambda i, p: OmEngine(rt, config.name, self.version, version.path, config, version.gears, stats,
+                                           p.first, p.fallback, binder, clock, on_event, i)
         self.engines: list[OmEngine] = []
         try:
             for i, p in enumerate(placements):
-                self.engines.append(OmEngine(rt, config.name, self.version, version.path, config, version.gears, stats,
-                                             p.first, p.fallback, binder, clock, on_event, i))
+                self.engines.append(self._make(i, p))
         except BaseException:
             self.shutdown()
             raise
@@ -50,6 +52,38 @@ class InstanceSet:
     def start(self) -> None:
         for e in self.engines:
             e.start()
+
+    def grow(self, n: int) -> list[str]:
+        """``n`` more instances, started, placed as the configured ones in turn (the seed's ``scale_workers``
+        on a compiled model: more instances to batch on; instances on one device share its cores).  Blocks
+        for their model loads; raises (the ones built freed) when one cannot load.  Their names."""
+        new: list[OmEngine] = []
+        try:
+            for k in range(n):
+                i = len(self.engines) + k
+                new.append(self._make(i, self.placements[i % len(self.placements)]))
+        except BaseException:
+            for e in new:
+                e.shutdown()
+            raise
+        for e in new:
+            e.start()
+        self.engines = self.engines + new               # routing reads the list whole: no lock needed
+        return [f"{self.name}/{self.version}#{e.instance}" for e in new]
+
+    def shrink(self, n: int, timeout: float | None = 120.0) -> list[str]:
+        """Retire the ``n`` newest instances beyond the configured ones (never fewer than configured):
+        they stop taking requests at once, finish those they hold (up to ``timeout``), then shut down.
+        Their names."""
+        n = max(0, min(n, len(self.engines) - len(self.placements)))
+        if n == 0:
+            return []
+        gone = self.engines[-n:]
+        self.engines = self.engines[:-n]
+        for e in gone:
+            e.drain(timeout)
+            e.shutdown()
+        return [f"{self.name}/{self.version}#{e.instance}" for e in gone]
 
     def submit(self, request: InferRequest) -> Future:
         """``request`` to the least loaded instance that takes it (see the module)."""
@@ -114,9 +148,11 @@ class InstanceSet:
 
     def rebind(self, kind: str, reason: str = "requested", timeout: float | None = None,
                away_from: int | None = None) -> list[RebindResult]:
-        """``fallback`` / ``restore`` every instance (blocks until each is re-bound)."""
+        """``fallback`` / ``restore`` / ``restart`` every instance (blocks until each is re-bound)."""
         if kind == "fallback":
             return [e.fallback(reason, timeout, away_from) for e in self.engines]
+        if kind == "restart":
+            return [e.restart(reason, timeout) for e in self.engines]
         return [e.restore(timeout) for e in self.engines]
 
     def describe(self) -> list[dict]:

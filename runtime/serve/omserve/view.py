@@ -301,6 +301,16 @@ class CompiledModels:
         return RebindResult(any(r.moved for r in res), res[0].from_index, res[0].to_index, where, reason,
                             sum(r.replayed for r in res), max(r.seconds for r in res))
 
+    def scale(self, name: str, n: int) -> list[str]:
+        """``n`` > 0: add ``n`` instances to every loaded version of ``name``; ``n`` < 0: retire as many
+        added ones (see :meth:`InstanceSet.grow` / :meth:`InstanceSet.shrink`; blocks).  The instances'
+        names."""
+        with self._lock:
+            sets = list(self._get(name).sets.values())
+        if not sets:
+            raise Unavailable(f"model {name!r} is not loaded")
+        return [x for s in sets for x in (s.grow(n) if n > 0 else s.shrink(-n))]
+
     def instances(self, name: str, version: str | None = None) -> list:
         """The instances (:class:`~runtime.serve.engine.om_engine.OmEngine`) of ``name``'s loaded version
         (the newest when None), e.g. to hold one with ``paused()``."""

@@ -28,8 +28,10 @@ def _manual(st: ServeState, tenant: Tenant, what: str, detail: dict | None = Non
 
 
 @router.get("/health")
-async def health(st: ServeState = Depends(serve_state)):
-    status, body = st.service.health()
+async def health(deep: bool = False, st: ServeState = Depends(serve_state)):
+    """The server's state; ``?deep=true``: also a tiny kernel on every device and a one-token request through
+    every model (503 when one fails; see :mod:`runtime.serve.heal.deep`)."""
+    status, body = await blocking(st.service.deep_health) if deep else st.service.health()
     return JSONResponse(body, status_code=status, headers={"Retry-After": "1"} if status == 503 else None)
 
 
