@@ -95,17 +95,67 @@ def _ray_default_dir_absent(request):
     assert not os.path.exists(RAY_DEFAULT_DIR), f"a multinode test left Ray's default temp dir {RAY_DEFAULT_DIR}"
 
 
+def _test_cluster():
+    from driver.policy import DevicePolicy
+    from runtime.cluster import ClusterSpec, LocalCluster
+    return LocalCluster(ClusterSpec(devices=4, arena_bytes=TEST_ARENA, policy=DevicePolicy(pickled_kernels=True)))
+
+
+class SharedCluster:
+    """One 4-device cluster for consecutive ``rt[cluster]`` modules that leave their devices as they found
+    them (each module still gets its own runtime, closed -- its memory, streams and events freed -- when the
+    module ends).  It is started by the first such module and closed before the next test that may start a
+    Ray cluster of its own in this process (a test of the cluster/serve/multinode/smoke/security tiers that
+    is not such a module: one process holds one Ray cluster), and at the end.  A module that kills, hangs or
+    resets the devices of ``rt`` sets ``OWN_CLUSTER = True`` and gets a cluster of its own."""
+
+    def __init__(self):
+        self._cluster = None
+
+    @property
+    def started(self) -> bool:
+        return self._cluster is not None
+
+    def get(self):
+        if self._cluster is None:
+            self._cluster = _test_cluster()
+        return self._cluster
+
+    def close(self) -> None:
+        c, self._cluster = self._cluster, None
+        if c is not None:
+            c.close()
+
+
+SHARED_CLUSTER = SharedCluster()
+#: the tiers whose tests may start a Ray cluster in the test process
+RAY_TIERS = ("cluster", "serve", "multinode", "smoke", "security")
+
+
+def _shares_the_cluster(item) -> bool:
+    cs = getattr(item, "callspec", None)
+    return (cs is not None and cs.params.get("rt") == "cluster"
+            and not getattr(item.module, "OWN_CLUSTER", False))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield                                             # the item's fixtures (a module's runtime) are gone now
+    if SHARED_CLUSTER.started and (nextitem is None or (
+            not _shares_the_cluster(nextitem) and any(nextitem.get_closest_marker(t) for t in RAY_TIERS))):
+        SHARED_CLUSTER.close()
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def rt(request):
     cluster = None
     if request.param == "local":
         r = make_local_runtime()
-    else:
-        from driver.policy import DevicePolicy
-        from runtime.cluster import ClusterSpec, LocalCluster
-        cluster = LocalCluster(ClusterSpec(devices=4, arena_bytes=TEST_ARENA,
-                                           policy=DevicePolicy(pickled_kernels=True)))
+    elif getattr(request.module, "OWN_CLUSTER", False):
+        cluster = _test_cluster()
         r = Runtime(cluster.backend())
+    else:
+        r = Runtime(SHARED_CLUSTER.get().backend())
     try:
         with installed(r):
             yield r
@@ -137,6 +187,7 @@ def _over_budget() -> list[str]:
 
 
 def pytest_sessionfinish(session, exitstatus):
+    SHARED_CLUSTER.close()                            # also after -x or Ctrl-C
     if os.environ.get("VNPU_TIER_BUDGETS") == "enforce" and _over_budget() and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

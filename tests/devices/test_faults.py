@@ -43,6 +43,9 @@ from runtime.api import SYNC_TIMEOUT_ENV, Runtime
 from runtime.backend import LocalBackend
 from runtime.cluster.chaos import CAMPAIGN_PARAMS, ChaosConfig
 
+#: these tests kill, hang and slow the devices of ``rt``: its cluster half runs on a cluster of its own
+OWN_CLUSTER = True
+
 SYNC_MS = 20_000
 N = 1024
 
