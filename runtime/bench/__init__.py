@@ -1,4 +1,4 @@
 """Benchmarks (``vnpu bench ...``): each prints vnpu's figures beside baselines measured in the same
 run.  One module per benchmark, each with ``register(subparsers)``; :data:`BENCHMARKS` lists them."""
 
-BENCHMARKS = ("launch", "memcpy", "hccl", "infer", "serve", "mdl", "sanitize", "memory", "scale", "overhead")
+BENCHMARKS = ("launch", "memcpy", "hccl", "infer", "serve", "mdl", "sanitize", "memory", "scale", "overhead", "kernels")
