@@ -7,7 +7,8 @@ on plain numpy arrays in this process: no launch, no scheduler, no RPC.  Its bou
 that computes the same result (for paged attention: attention over keys and values already contiguous,
 no block-table gather, no masking beyond the causal one).  Shapes are SmolLM2-135M's (576 wide, 9 query
 and 3 key-value heads of 64, FFN 1536, vocabulary 49152, paged KV blocks of 16) at decode batch B over a
-context of ``--context`` tokens, and a prefill chunk of ``--prefill-tokens`` tokens of one sequence.
+context of ``--context`` tokens, and a prefill chunk of ``--prefill-tokens`` tokens of one sequence (its
+LM head on the last row only, as the engine samples it).
 
 Each row: median microseconds of the kernel and of its bound (alternated, so both see the same machine
 load), the ratio, and whether the kernel's output matched the bound's within float32 rounding.  Matmuls
@@ -161,6 +162,7 @@ def _cases(n: int, ctx: int | None, rng) -> list[Case]:
         return g / (1 + np.exp(-g)) * gu[1]
 
     head_w = E
+    xh = x if ctx is not None else x[-1:]              # the head runs on the sampled rows: a prefill's last
 
     def mm(a_, w_, out_):
         return lambda: np.matmul(a_, w_.T, out=out_)
@@ -187,7 +189,8 @@ def _cases(n: int, ctx: int | None, rng) -> list[Case]:
              {"transpose_b": True}, gate_up(o(2, n, ff))),
         Case("swiglu", "swiglu", (gu[0], gu[1]), (o(n, ff),), {}, swiglu_bound),
         Case("matmul down", "matmul", (hh, wd), (o(n, d),), {"transpose_b": True}, mm(hh, wd, o(n, d))),
-        Case("matmul head", "matmul", (x, head_w), (o(n, V),), {"transpose_b": True}, mm(x, head_w, o(n, V)),
+        Case("matmul head", "matmul", (xh, head_w), (o(len(xh), V),), {"transpose_b": True},
+             mm(xh, head_w, o(len(xh), V)),
              per_layer=False),
     ]
 
