@@ -41,7 +41,8 @@ def pct(xs: list[float], q: float) -> float:
 
 
 class NumpyDecode:
-    """SmolLM2 decode steps for a batch of B sequences in plain numpy (the bound)."""
+    """SmolLM2 decode steps for a batch of B sequences in plain numpy (the bound: the fastest of its timed
+    steps, so that a moment of load on a shared machine does not lower it)."""
 
     def __init__(self, g, cfg):
         t = g.tensors
@@ -78,7 +79,7 @@ class NumpyDecode:
         return (s @ v).reshape(B, H, S, dh)
 
     def prefill_s(self, P: int, steps: int = 3) -> float:
-        """Median seconds of one prompt's prefill of ``P`` tokens (every layer's matmuls over the P rows,
+        """Seconds of one prompt's prefill (the fastest of ``steps``: a bound is what the math can reach) of ``P`` tokens (every layer's matmuls over the P rows,
         causal attention over them, the head for the last row)."""
         c = self.cfg
         dh, hkv = c.head_dim, c.n_kv_heads
@@ -100,7 +101,7 @@ class NumpyDecode:
                 x = x + ((gg / (1 + np.exp(-gg))) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
             self._rms(x[-1:], self.ON) @ self.E.T
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return min(times)
 
     def workload_tokens_per_s(self, B: int, prompt_tokens: float, max_tokens: int, steps: int = 3) -> dict:
         """Output tokens/s of the math alone for ``B`` concurrent requests of ``prompt_tokens`` prompt
@@ -139,6 +140,6 @@ class NumpyDecode:
                 x = x + ((gg / (1 + np.exp(-gg))) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
             self._rms(x, self.ON) @ self.E.T
             times.append(time.perf_counter() - t0)
-        return B / statistics.median(times)
+        return B / min(times)
 
 
