@@ -337,8 +337,9 @@ class Device:
                     self._plans.clear()
                 self._plans[key] = plan
 
-        return Task("kernel", blocks=plan.block_dim, run=lambda b: plan.runner().run_block(b),
-                    duration=plan.duration, name=op.kernel)
+        return Task("kernel", blocks=plan.exec_blocks, run=lambda b: plan.runner().run_block(b),
+                    duration=plan.duration, name=op.kernel, block_dim=plan.block_dim,
+                    whole=None if plan.kernel.user else plan.run_whole)
 
     def _plan(self, op: Launch, owner) -> "LaunchPlan":
         """Validate a launch (shapes, dtypes, every tensor inside a live allocation of ``owner``) and
@@ -633,20 +634,31 @@ class Device:
 
 class LaunchPlan:
     """A validated launch and, once it first runs, its bound views (reused while the arena's
-    generation is unchanged: no allocation freed, so every view still points at live memory)."""
+    generation is unchanged: no allocation freed, so every view still points at live memory).
 
-    __slots__ = ("dev", "kernel", "op", "attrs", "block_dim", "duration", "owner", "gen", "_runner", "_lock")
+    Priced and run apart: the cost model prices ``block_dim`` blocks (the modeled clock), while a built-in
+    kernel runs as ``exec_blocks`` = min(block_dim, the device's host threads) blocks -- each a larger share
+    of the same split rule, so a matmul is one BLAS call per thread that can really run, not one slice per
+    emulated AI Core one after another -- and as one call (:meth:`run_whole`) where its blocks would run
+    one after another anyway (a graph replay).  A user kernel runs exactly ``block_dim`` blocks: its code
+    may depend on them."""
+
+    __slots__ = ("dev", "kernel", "op", "attrs", "block_dim", "exec_blocks", "duration", "owner", "gen",
+                 "_runners", "_lock")
 
     def __init__(self, dev, kernel, op, attrs, block_dim, duration, owner, gen):
         self.dev, self.kernel, self.op, self.attrs = dev, kernel, op, attrs
         self.block_dim, self.duration, self.owner, self.gen = block_dim, duration, owner, gen
-        self._runner: tuple | None = None
+        self.exec_blocks = block_dim if kernel.user else max(1, min(block_dim, dev.config.host_threads))
+        self._runners: dict[int, tuple] = {}
         self._lock = threading.Lock()
 
-    def runner(self) -> KernelRunner:
+    def runner(self, blocks: int = 0) -> KernelRunner:
+        """The kernel bound to its views, run as ``blocks`` blocks (0: :attr:`exec_blocks`)."""
+        blocks = blocks or self.exec_blocks
         arena = self.dev.arena
         with self._lock:
-            cached = self._runner
+            cached = self._runners.get(blocks)
             if cached is not None and cached[0] == arena.gen:
                 return cached[1]
             gen = arena.gen
@@ -654,9 +666,13 @@ class LaunchPlan:
             for a in ins:
                 a.flags.writeable = False
             outs = [arena.typed_view(d.ptr, d.shape, d.dtype, self.owner) for d in self.op.outputs]
-            r = KernelRunner(self.kernel, ins, outs, self.attrs, self.block_dim, self.dev.id)
-            self._runner = (gen, r)
+            r = KernelRunner(self.kernel, ins, outs, self.attrs, blocks, self.dev.id)
+            self._runners[blocks] = (gen, r)
             return r
+
+    def run_whole(self) -> None:
+        """The whole launch as one block (one call of the kernel over every tensor; built-in kernels)."""
+        self.runner(1).run_block(0)
 
 
 def _nothing() -> None:

@@ -43,6 +43,7 @@ class GraphStep:
     run: Callable[[int], None]
     duration: float                 #: modeled seconds
     skip: Callable | None = None
+    whole: Callable[[], None] | None = None     #: all blocks as one call (built-in kernels): what a replay runs
 
 
 class TaskGraph:
@@ -72,7 +73,7 @@ class TaskGraph:
         steps = []
         for op in self.ops:
             t = self._build(op)
-            steps.append(GraphStep(t.name or t.kind, t.blocks, t.run, t.duration, t.skip))
+            steps.append(GraphStep(t.name or t.kind, t.block_dim or t.blocks, t.run, t.duration, t.skip, t.whole))
         return tuple(steps), gen
 
     def run(self) -> None:
@@ -91,6 +92,9 @@ class TaskGraph:
         for i, s in enumerate(steps):
             run = s.run
             try:
+                if s.whole is not None:     # the blocks would run one after another here: one call instead
+                    s.whole()
+                    continue
                 for b in range(s.blocks):
                     run(b)
             except BaseException as e:

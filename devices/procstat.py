@@ -3,8 +3,9 @@
 The file is ``pid (comm) state ppid ...`` (proc(5)); ``comm`` may hold spaces and parentheses, so the
 fields are taken after the LAST ``)``.  :func:`fields` returns them from field 3 (the state) onwards, and
 the helpers below name the ones vnpu reads: the state (``Z`` = a zombie, which counts as gone), the parent
-pid (field 4), the CPU time (fields 14 + 15, clock ticks) and the start time (field 22, clock ticks after
-boot: with the pid, it names one process even after the pid is reused).
+pid (field 4), the CPU time (fields 14 + 15, clock ticks), the niceness (field 19, per thread: ``task/<tid>/stat``)
+and the start time (field 22, clock ticks after boot: with the pid, it names one process even after the pid
+is reused).
 
 Every call is one read of a small file in ``/proc`` (it never blocks on another process).  A process that
 does not exist (or vanished while read) gives an empty / None / False answer, never an exception.
@@ -16,14 +17,15 @@ from __future__ import annotations
 import os
 
 #: indices into :func:`fields` (field number in proc(5) minus 3)
-_STATE, _PPID, _UTIME, _STIME, _STARTTIME = 0, 1, 11, 12, 19
+_STATE, _PPID, _UTIME, _STIME, _NICE, _STARTTIME = 0, 1, 11, 12, 16, 19
 
 
-def fields(pid: int) -> list[bytes]:
-    """``/proc/<pid>/stat`` from field 3 (the state) onwards -- after "pid (comm) ", whatever the command
-    name holds; empty when there is no such process."""
+def fields(pid: int, tid: int | None = None) -> list[bytes]:
+    """``/proc/<pid>/stat`` (``tid``: that thread's ``/proc/<pid>/task/<tid>/stat``) from field 3 (the state)
+    onwards -- after "pid (comm) ", whatever the command name holds; empty when there is no such process."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(path, "rb") as f:
             stat = f.read()
     except OSError:
         return []
@@ -58,6 +60,26 @@ def parent(pid: int) -> int | None:
 def start_time(pid: int) -> int | None:
     """The start time (clock ticks after boot), None when there is no such process."""
     return _int(pid, _STARTTIME)
+
+
+def niceness(pid: int) -> int | None:
+    """The niceness of the process's main thread, None when there is no such process."""
+    return _int(pid, _NICE)
+
+
+def thread_niceness(pid: int) -> dict[int, int]:
+    """tid -> niceness of every thread of the process (niceness is per thread on Linux: a thread started
+    before a priority change keeps its own); empty when there is no such process."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return {}
+    out = {}
+    for t in tids:
+        fs = fields(pid, t)
+        if len(fs) > _NICE:
+            out[t] = int(fs[_NICE])
+    return out
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -101,5 +123,5 @@ def descendants(roots: set[int]) -> set[int]:
     return out
 
 
-__all__ = ["fields", "state", "alive", "parent", "start_time", "cpu_seconds", "parents", "children",
+__all__ = ["fields", "state", "alive", "parent", "start_time", "niceness", "thread_niceness", "cpu_seconds", "parents", "children",
            "descendants"]

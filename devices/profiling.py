@@ -136,7 +136,7 @@ class TaskProfiler:
         if kind not in ("kernel", "copy"):
             return
         name = task.name or kind
-        block_dim = task.blocks
+        block_dim = task.block_dim or task.blocks
         ins: tuple = ()
         outs: tuple = ()
         op_type = type(op).__name__

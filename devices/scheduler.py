@@ -46,7 +46,7 @@ _CORE_TASKS = ("kernel", "copy")
 class Task:
     """One unit of stream work.  ``kind``: kernel | copy | record | wait."""
     kind: str
-    blocks: int = 1
+    blocks: int = 1                                 #: run(b) calls the cores make (b in range(blocks))
     run: Callable[[int], None] | None = None        #: run(block_idx) for kernel/copy tasks
     duration: float = 0.0                           #: modeled seconds
     event: "Event | None" = None
@@ -62,6 +62,12 @@ class Task:
     #: task failed) or an injected failure takes its place -- a collective gives its operator up, so that its
     #: peers are not left waiting for this rank.  Must not block (the scheduler's lock may be held).
     skip: Callable[[AclError], None] | None = None
+    #: a kernel launch's block_dim as priced by the cost model and reported by the profiler (0: ``blocks``);
+    #: a built-in kernel may run as fewer, larger blocks than it is priced at (devices.device.LaunchPlan)
+    block_dim: int = 0
+    #: the whole launch as one call (built-in kernels), for a runner that would otherwise call ``run`` for
+    #: each block one after another on one thread (a graph replay)
+    whole: Callable[[], None] | None = None
 
 
 @dataclass

@@ -20,6 +20,8 @@ import os
 import sys
 import threading
 
+from devices import procstat
+
 NAMESPACE = "vnpu"
 ACTOR_PREFIX = "npu"
 BLAS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -33,7 +35,13 @@ class NpuHost:
     """Body of the Ray actor (plain class so that it can also run in-process)."""
 
     def __init__(self, device_id: int, token: str, arena_bytes: int, chip: str = "Ascend910B3",
-                 host: str | None = None, cores: int | None = None, policy=None):
+                 host: str | None = None, cores: int | None = None, policy=None, niceness: int | None = None):
+        """``niceness``: the priority this process runs at (None: leave it).  The cluster starts device
+        workers at it already (``runtime.cluster.priority``); in a Ray it did not start, the host sets it
+        here before it starts any thread of its own -- raising niceness always works, lowering it only
+        with CAP_SYS_NICE (else the process stays where Ray put it; ``where()`` says what it got)."""
+        if niceness is not None:
+            _set_niceness(niceness)
         for k, v in BLAS_ENV.items():
             os.environ.setdefault(k, v)
         try:
@@ -76,7 +84,7 @@ class NpuHost:
         info = self.device.info()
         return {"device_id": info.device_id, "address": self.server.address, "arena": info.arena_name,
                 "arena_bytes": info.hbm_total, "chip": info.chip, "pid": os.getpid(), "host": self.host,
-                "node": info.node, "ray_node": self.ray_node}
+                "node": info.node, "ray_node": self.ray_node, "niceness": procstat.niceness(os.getpid())}
 
     def ping(self) -> int:
         return os.getpid()
@@ -87,6 +95,17 @@ class NpuHost:
             self.server.stop(0.5)
             self.device.close()                  # closes HCCL's transports too
         return True
+
+
+def _set_niceness(n: int) -> None:
+    """Every thread of this process at niceness ``n`` (niceness is per thread on Linux); a thread it may
+    not lower is left as it is (no CAP_SYS_NICE)."""
+    for tid, cur in procstat.thread_niceness(os.getpid()).items():
+        if cur != n:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, n)
+            except OSError:         # EPERM (lowering, unprivileged) or the thread ended meanwhile
+                pass
 
 
 def _node_ip() -> str:

@@ -208,6 +208,18 @@ def int_list(s: str) -> list[int]:
     return vals
 
 
+def int_range(s: str) -> tuple[int, int]:
+    """``type=``: ``LO-HI`` (or one number ``N`` = ``N-N``) of positive integers with LO <= HI."""
+    parts = s.split("-")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (0, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a range LO-HI of integers, e.g. 64-256") from None
+    if lo < 1 or hi < lo:
+        raise argparse.ArgumentTypeError(f"takes a range LO-HI of positive integers with LO <= HI, e.g. 64-256; got {s!r}")
+    return lo, hi
+
+
 _DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m)?\s*")
 
 

@@ -1,12 +1,21 @@
 """``vnpu bench serve``: the OpenAI server under concurrent streaming clients, against its baseline and
 the machine's bound, in the same run.
 
-- vnpu: the server (continuous batching, paged KV cache, decode graphs) on one device; per concurrency
-  C, ``--requests`` streamed completions (``ignore_eos``, ``--max-tokens`` each) from C client threads
-  over loopback HTTP: output tokens/s, requests/s, TTFT and inter-token latency p50/p99 as clients see them.
+- vnpu: the server ``vnpu serve`` starts -- the same engine configuration (``EngineConfig()``'s defaults:
+  continuous batching, paged KV cache, decode graphs), on the same devices (the running cluster, else an
+  embedded one: ``--backend cluster``, the default; ``local``: a device in this process) -- serving SmolLM2
+  on one device; per concurrency C, ``--requests`` streamed completions (``ignore_eos``, ``--max-tokens``
+  each, prompts of ``--prompt-tokens`` tokens) from C client threads over loopback HTTP: output tokens/s,
+  requests/s, TTFT and inter-token latency p50/p99 as clients see them.
 - baseline: the same engine with ``max_num_seqs=1`` (graphs on): one request at a time.
-- bound: the same decode forward in plain numpy in this process, batch B = C, at the same context
-  length: tokens/s of the math alone (no runtime, no HTTP, no prefill).
+- bound: the same model in plain numpy (float32, one thread) in this process, measured in this run: C
+  prompt prefills of the mean prompt length (every layer's matmuls, causal attention, the head's last
+  row) plus ``--max-tokens`` decode steps at batch C over the mean context (prompt + half the output:
+  embedding, norms, the weights' matmuls, rope, attention over the context, the LM head) -- output
+  tokens/s of the math alone (no runtime, no HTTP, no scheduling).  The decode-only figure is shown too.
+  Measured before the servers start and again after they stop; each figure keeps the faster of the two.
+- peer (``--peer URL``, optional): an OpenAI-compatible server (a llama.cpp server on the same GGUF),
+  driven by the same client with the same prompts; its rows are not verified (another engine).
 
 Verified (exit 0) when every streamed request produced its ``--max-tokens`` tokens by the server's own count
 (``stream_options.include_usage``) and streamed the text of the non-streamed greedy completion of its prompt
@@ -21,14 +30,15 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import os
 import threading
 import time
 from urllib.parse import urlparse
 
-from runtime.cliargs import fail, int_list, positive_int
+from runtime.cliargs import fail, int_list, int_range, positive_int
 
 from .common import add_plot_arg, write_plot
-from .serve_workload import NumpyDecode, pct as _pct, prompt as _prompt
+from .serve_workload import NumpyDecode, pct as _pct, prompt as _prompt, sized_prompts
 
 
 def register(bench_sub) -> None:
@@ -41,7 +51,13 @@ def register(bench_sub) -> None:
     p.add_argument("--requests", type=positive_int, default=32, help="requests per concurrency level")
     p.add_argument("--max-tokens", type=positive_int, default=32, help="output tokens per request")
     p.add_argument("--backend", choices=["cluster", "local"], default="cluster",
-                   help="the device as a Ray actor over gRPC (default) or in this process")
+                   help="cluster (default): the devices vnpu serve uses -- the running cluster, else an embedded "
+                        "one (a Ray actor over gRPC); local: a device in this process")
+    p.add_argument("--prompt-tokens", type=int_range, default="64-256", metavar="LO-HI",
+                   help="prompt lengths in tokens, spread over the range (default 64-256)")
+    p.add_argument("--peer", default=None, metavar="URL",
+                   help="also drive this OpenAI-compatible server (e.g. a llama.cpp server on the same GGUF)")
+    p.add_argument("--peer-model", default=None, help="the model name the peer serves (default: its first)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     add_plot_arg(p, "output tokens/s and p99 latencies vs concurrency (the concurrency sweep)")
     from .serve_load import register_flags
@@ -85,14 +101,16 @@ def _top2_gap(top: dict) -> float:
     return v[0] - v[1] if len(v) >= 2 else math.inf
 
 
-def stream_one(url: str, model: str, prompt: str, max_tokens: int, api_key: str | None = None) -> dict:
+def stream_one(url: str, model: str, prompt: str, max_tokens: int, api_key: str | None = None,
+               count_chunks: bool = False) -> dict:
     """One streamed greedy completion as its client sees it: ``ttft`` (s), ``gaps`` between the text pieces
     (s), ``chunks`` (pieces that carried text), ``text`` (all of them), ``tokens`` (the server's count: the
-    usage chunk of ``stream_options.include_usage``; 0 without one) and ``finish`` (the finish reason)."""
+    usage chunk of ``stream_options.include_usage``; without one 0, or the text chunks with
+    ``count_chunks`` -- a peer that sends no usage), ``prompt_tokens`` (the usage's) and ``finish``."""
     t0 = time.perf_counter()
     conn, r = _post(url, {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                           "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}, api_key)
-    stamps, pieces, tokens, finish = [], [], 0, None
+    stamps, pieces, tokens, finish, ptoks = [], [], 0, None, 0
     try:
         for line in r:
             if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
@@ -105,10 +123,12 @@ def stream_one(url: str, model: str, prompt: str, max_tokens: int, api_key: str 
                 finish = ch.get("finish_reason") or finish
             if ev.get("usage"):
                 tokens = ev["usage"]["completion_tokens"]
+                ptoks = ev["usage"].get("prompt_tokens", 0)
     finally:
         conn.close()
     return {"ttft": (stamps[0] - t0) if stamps else float("nan"), "gaps": [b - a for a, b in zip(stamps, stamps[1:])],
-            "chunks": len(stamps), "text": "".join(pieces), "tokens": tokens, "finish": finish}
+            "chunks": len(stamps), "text": "".join(pieces), "tokens": tokens or (len(stamps) if count_chunks else 0),
+            "finish": finish, "prompt_tokens": ptoks}
 
 
 def check(got: dict, ref: dict, max_tokens: int, tie_tol: float) -> str:
@@ -135,13 +155,14 @@ def tie_tolerance(cfg) -> float:
     return 8 * math.sqrt(cfg.n_layers * cfg.d_ff) * 2.0 ** -24 * 30.0
 
 
-def load(url: str, model: str, conc: int, n: int, max_tokens: int, refs: dict[str, dict], tie_tol: float,
+def load(url: str, model: str, conc: int, n: int, max_tokens: int, refs: dict[str, dict] | None, tie_tol: float,
           prompt=_prompt, api_key: str | None = None) -> dict:
     """``n`` streamed requests (``prompt(i)``) from ``conc`` client threads; each checked against ``refs``
-    (:func:`reference` of its prompt) by :func:`check`."""
+    (:func:`reference` of its prompt) by :func:`check` (None: not checked, tokens counted from the usage
+    or the text chunks -- a peer server)."""
     nxt = iter(range(n))
     lock = threading.Lock()
-    ttft, itl, toks = [], [], [0]
+    ttft, itl, toks, ptoks = [], [], [0], [0]
     verdicts = {"ok": 0, "near_tie": 0, "bad": 0}
     errors: list[str] = []
 
@@ -153,15 +174,16 @@ def load(url: str, model: str, conc: int, n: int, max_tokens: int, refs: dict[st
                 return
             try:
                 p = prompt(i)
-                got = stream_one(url, model, p, max_tokens, api_key)
+                got = stream_one(url, model, p, max_tokens, api_key, count_chunks=refs is None)
             except Exception as e:  # noqa: BLE001 - reported
                 errors.append(str(e))
                 return
-            v = check(got, refs[p], max_tokens, tie_tol)
+            v = check(got, refs[p], max_tokens, tie_tol) if refs is not None else "ok"
             with lock:
                 ttft.append(got["ttft"])
                 itl.extend(got["gaps"])
                 toks[0] += got["tokens"]
+                ptoks[0] += got["prompt_tokens"]
                 verdicts[v] += 1
 
     th = [threading.Thread(target=client) for _ in range(conc)]
@@ -177,24 +199,34 @@ def load(url: str, model: str, conc: int, n: int, max_tokens: int, refs: dict[st
             "output_tokens_per_s": round(toks[0] / wall, 2), "requests_per_s": round(n / wall, 3),
             "ttft_ms_p50": round(1e3 * _pct(ttft, 50), 1), "ttft_ms_p99": round(1e3 * _pct(ttft, 99), 1),
             "itl_ms_p50": round(1e3 * _pct(itl, 50), 2), "itl_ms_p99": round(1e3 * _pct(itl, 99), 2),
+            "prompt_tokens_mean": round(ptoks[0] / n, 1),
             "verified": verdicts["ok"] + verdicts["near_tie"], "near_ties": verdicts["near_tie"],
             "unverified": verdicts["bad"]}
 
 
-def _serve(rt, model: str, max_num_seqs: int, levels: list[int], n: int, max_tokens: int,
-           tie_tol: float) -> tuple[list[dict], dict]:
-    from runtime.serve.config import model_spec
+def engine_config(max_num_seqs: int | None, n: int, longest: int):
+    """``vnpu serve``'s engine configuration (``EngineConfig()``), with room for ``max_num_seqs`` sequences
+    (None: the default, or more), ``n`` queued requests and ``longest`` tokens of prompt and output."""
+    from dataclasses import replace
+
     from runtime.serve.engine import EngineConfig
+    d = EngineConfig()
+    return replace(d, max_num_seqs=max_num_seqs or d.max_num_seqs, max_queued_requests=max(d.max_queued_requests, n),
+                   max_model_len=max(d.max_model_len, longest))
+
+
+def _serve(rt, model: str, cfg, levels: list[int], n: int, max_tokens: int,
+           tie_tol: float, prompts: list[str]) -> tuple[list[dict], dict]:
+    from runtime.serve.config import model_spec
     from runtime.serve.server import Server, Service
-    cfg = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(256, max_num_seqs),
-                       max_model_len=256, max_queued_requests=max(64, n))
     svc = Service(rt, (model_spec(model, (0,), None, cfg),))
     srv = Server(svc).start()
+    pick = prompts.__getitem__
     try:
         svc.load()
-        refs = {p: reference(srv.url, model, p, max_tokens) for p in {_prompt(i) for i in range(n)}}
-        load(srv.url, model, 1, 1, max_tokens, refs, tie_tol)          # warm up
-        rows = [load(srv.url, model, c, n, max_tokens, refs, tie_tol) for c in levels]
+        refs = {p: reference(srv.url, model, p, max_tokens) for p in prompts}
+        load(srv.url, model, 1, 1, max_tokens, refs, tie_tol, pick)          # warm up
+        rows = [load(srv.url, model, c, n, max_tokens, refs, tie_tol, pick) for c in levels]
         snap = svc.engines[model].snapshot()
         info = {"kv_blocks": snap.num_blocks, "graphs": snap.graphs, "captures": snap.captures,
                 "preemptions": snap.num_preemptions, "steps": snap.steps}
@@ -213,55 +245,117 @@ def _runtime(backend: str):
     return cluster_runtime(spec=ClusterSpec(devices=1, arena_bytes=1 << 30))
 
 
+def peer_model(url: str) -> str:
+    """The first model a peer OpenAI-compatible server lists (GET /v1/models)."""
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    try:
+        conn.request("GET", "/v1/models")
+        r = conn.getresponse()
+        body = json.loads(r.read())
+    finally:
+        conn.close()
+    data = body.get("data") or []
+    if r.status != 200 or not data:
+        raise RuntimeError(f"peer {url}: GET /v1/models gave HTTP {r.status} with no model")
+    return str(data[0]["id"])
+
+
+def _peer(a, levels: list[int], pick) -> list[dict]:
+    """The same load against the peer server (not verified: another engine)."""
+    model = a.peer_model or peer_model(a.peer)
+    load(a.peer, model, 1, 1, a.max_tokens, None, 0.0, pick)                 # warm up
+    return [load(a.peer, model, c, a.requests, a.max_tokens, None, 0.0, pick) for c in levels]
+
+
+def _faster(x: dict, y: dict) -> dict:
+    """The faster of two bound measurements, figure by figure (prefill: the shorter time)."""
+    return {"tokens_per_s": max(x["tokens_per_s"], y["tokens_per_s"]),
+            "decode_tokens_per_s": max(x["decode_tokens_per_s"], y["decode_tokens_per_s"]),
+            "prefill_ms": min(x["prefill_ms"], y["prefill_ms"]), "context": y["context"]}
+
+
 def _run(a) -> int:
     if a.load_step:
         if a.plot:
             fail("argument --plot: draws the concurrency sweep; not with --load-step", "vnpu bench serve")
         from .serve_load import run
         return run(a)
+    from runtime.models.tokenizer import gguf_tokenizer
     from runtime.models.weights import LlamaConfig, load_gguf_cached, smollm2_gguf
     levels = list(a.concurrency)                      # checked by argparse (runtime.cliargs.int_list)
     g = load_gguf_cached(str(smollm2_gguf()))
     cfg = LlamaConfig.from_gguf_meta(g.meta)
+    lo, hi = a.prompt_tokens
+    prompts = sized_prompts(gguf_tokenizer(str(smollm2_gguf())), lo, hi, a.requests)
     ref = NumpyDecode(g, cfg)
     tol = tie_tolerance(cfg)
+    longest = hi + a.max_tokens + 8
+    # the bound is measured before the servers and again after them; each level keeps the faster of the two
+    # (the machine's load drifts over a run: the bound is what the math alone reached in this run)
+    est = (lo + hi) / 2 + 1
+    first = {c: ref.workload_tokens_per_s(c, est, a.max_tokens) for c in levels}
     with _runtime(a.backend) as rt:
-        vnpu, info = _serve(rt, a.model, max(levels), levels, a.requests, a.max_tokens, tol)
-        base, binfo = _serve(rt, a.model, 1, levels, a.requests, a.max_tokens, tol)
-    ctx = 16 + a.max_tokens // 2
-    bound = {c: round(ref.tokens_per_s(c, ctx), 1) for c in levels}
+        vnpu, info = _serve(rt, a.model, engine_config(max(max(levels), 16), a.requests, longest), levels,
+                            a.requests, a.max_tokens, tol, prompts)
+        base, binfo = _serve(rt, a.model, engine_config(1, a.requests, longest), levels, a.requests, a.max_tokens,
+                             tol, prompts)
+    peer = _peer(a, levels, prompts.__getitem__) if a.peer else None
+    ptok = sum(r["prompt_tokens_mean"] for r in vnpu) / len(vnpu) or est
+    bounds = {c: _faster(first[c], ref.workload_tokens_per_s(c, ptok, a.max_tokens)) for c in levels}
     rows = []
-    for v, b in zip(vnpu, base):
+    for i, (v, b) in enumerate(zip(vnpu, base)):
         c = v["concurrency"]
-        rows.append({**v, "baseline": b, "numpy_bound_tokens_per_s": bound[c],
-                     "x_baseline": round(v["output_tokens_per_s"] / b["output_tokens_per_s"], 2),
-                     "of_bound": round(v["output_tokens_per_s"] / bound[c], 3)})
+        bd = bounds[c]
+        row = {**v, "baseline": b, "numpy_bound_tokens_per_s": round(bd["tokens_per_s"], 1),
+               "numpy_decode_bound_tokens_per_s": round(bd["decode_tokens_per_s"], 1),
+               "bound_context": bd["context"], "bound_prefill_ms": round(bd["prefill_ms"], 1),
+               "x_baseline": round(v["output_tokens_per_s"] / b["output_tokens_per_s"], 2),
+               "of_bound": round(v["output_tokens_per_s"] / bd["tokens_per_s"], 3)}
+        if peer is not None:
+            row["peer"] = peer[i]
+            row["x_peer"] = round(v["output_tokens_per_s"] / peer[i]["output_tokens_per_s"], 2)
+        rows.append(row)
     top = rows[-1]
     # every streamed request: max_tokens tokens by the server's usage count (ignore_eos), and the text of the
     # non-streamed request of its prompt (but for a near tie): nothing lost, cut short or doubled
     ok = all(x["unverified"] == 0 and x["verified"] == x["requests"] for r in rows for x in (r, r["baseline"]))
-    doc = {"model": a.model, "backend": a.backend, "max_tokens": a.max_tokens, "engine": info,
-           "baseline_engine": binfo, "levels": rows,
-           "top": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"]}, "verified": ok}
+    doc = {"model": a.model, "backend": a.backend, "max_tokens": a.max_tokens, "prompt_tokens": [lo, hi],
+           "engine": info, "baseline_engine": binfo, "levels": rows, "peer": a.peer,
+           "top": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"], "of_bound": top["of_bound"]},
+           "load": [round(x, 2) for x in os.getloadavg()], "verified": ok}
     if a.json:
         print(json.dumps(doc))
         return write_plot(a, "serve", doc) or (0 if ok else 1)
-    print(f"vnpu bench serve: {a.model} on one device ({a.backend}), {a.requests} streamed requests x "
-          f"{a.max_tokens} tokens per level; baseline = same engine with max_num_seqs=1; bound = numpy decode "
-          f"at batch = concurrency")
+    _print(a, doc, tol)
+    return write_plot(a, "serve", doc) or (0 if ok else 1)
+
+
+def _print(a, doc: dict, tol: float) -> None:
+    rows, info, top = doc["levels"], doc["engine"], doc["top"]
+    lo, hi = doc["prompt_tokens"]
+    print(f"vnpu bench serve: {a.model} on one device ({a.backend}: vnpu serve's engine), {a.requests} streamed "
+          f"requests x {a.max_tokens} tokens per level, prompts of {lo}-{hi} tokens; baseline = same engine with "
+          f"max_num_seqs=1; bound = numpy fp32 prefills + decode steps at batch = concurrency "
+          f"(load {doc['load']})")
+    peer_h = f" | {'peer tok/s':>10} {'x':>5}" if doc["peer"] else ""
     print(f"{'conc':>4} | {'out tok/s':>9} {'req/s':>6} {'TTFT p50/p99 ms':>16} {'ITL p50/p99 ms':>15} | "
-          f"{'baseline tok/s':>14} {'x':>5} | {'numpy bound':>11} {'of bound':>8}")
+          f"{'baseline tok/s':>14} {'x':>5} | {'bound':>7} {'of bound':>8} {'decode bound':>12}{peer_h}")
     for r in rows:
+        peer = f" | {r['peer']['output_tokens_per_s']:>10.1f} {r['x_peer']:>5.2f}" if "peer" in r else ""
         print(f"{r['concurrency']:>4} | {r['output_tokens_per_s']:>9.1f} {r['requests_per_s']:>6.2f} "
               f"{r['ttft_ms_p50']:>7.0f}/{r['ttft_ms_p99']:<8.0f} {r['itl_ms_p50']:>6.1f}/{r['itl_ms_p99']:<8.1f} | "
               f"{r['baseline']['output_tokens_per_s']:>14.1f} {r['x_baseline']:>5.2f} | "
-              f"{r['numpy_bound_tokens_per_s']:>11.1f} {r['of_bound']:>8.2f}")
+              f"{r['numpy_bound_tokens_per_s']:>7.1f} {r['of_bound']:>8.2f} {r['numpy_decode_bound_tokens_per_s']:>12.1f}"
+              f"{peer}")
+    r0 = rows[0]
+    print(f"bound: per request a prefill of {round(r0['prompt_tokens_mean'])} tokens ({r0['bound_prefill_ms']} ms) and "
+          f"{a.max_tokens} decode steps over a {r0['bound_context']}-token context, numpy float32, one thread")
     print(f"engine: {info['kv_blocks']} KV blocks, {info['graphs']} decode graphs (captured {info['captures']}, "
           f"constant), {info['steps']} steps, {info['preemptions']} preemptions")
     print(f"concurrency {top['concurrency']}: {top['x_baseline']:.2f}x the baseline's output tokens/s, "
           f"{top['of_bound']:.2f} of the numpy bound")
     ties = sum(x["near_ties"] for r in rows for x in (r, r["baseline"]))
-    print(f"verified: {'yes' if ok else 'NO: a streamed request lost, cut short or changed its tokens or text'}"
+    print(f"verified: {'yes' if doc['verified'] else 'NO: a streamed request lost, cut short or changed its tokens or text'}"
           + (f" ({ties} near tie(s): text parted from the non-streamed one at a top-2 logprob gap < {tol:.1e})"
              if ties else ""))
-    return write_plot(a, "serve", doc) or (0 if ok else 1)

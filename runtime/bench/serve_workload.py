@@ -1,5 +1,6 @@
 """What the serve benchmarks share: the prompts they send, the percentile they report, and the bound they
-compare against (:class:`NumpyDecode`: SmolLM2 decode steps in plain numpy, the math alone)."""
+compare against (:class:`NumpyDecode`: SmolLM2 decode steps and prompt prefills in plain numpy, float32,
+one thread: the math alone)."""
 from __future__ import annotations
 
 import math
@@ -16,6 +17,21 @@ def prompt(i: int) -> str:
     return " ".join(WORDS[(i + k) % len(WORDS)] for k in range(6 + i % 9))
 
 
+def sized_prompts(tokenizer, lo: int, hi: int, n: int) -> list[str]:
+    """``n`` prompts of ``lo``..``hi`` tokens (spread evenly over the range, in a shuffled order; each the
+    benchmark's words from its own starting word), as ``tokenizer`` counts them."""
+    out = []
+    for i in range(n):
+        want = lo + ((i * 7919) % n) * (hi - lo) // max(1, n - 1) if n > 1 else lo
+        words = [WORDS[(i + k) % len(WORDS)] for k in range(want)]
+        text = " ".join(words)
+        while len(tokenizer.encode(text)) > want and len(words) > 1:
+            words.pop()
+            text = " ".join(words)
+        out.append(text)
+    return out
+
+
 def pct(xs: list[float], q: float) -> float:
     """The nearest-rank ``q``-th percentile (NaN for no samples)."""
     if not xs:
@@ -25,7 +41,8 @@ def pct(xs: list[float], q: float) -> float:
 
 
 class NumpyDecode:
-    """SmolLM2 decode steps for a batch of B sequences in plain numpy (the bound)."""
+    """SmolLM2 decode steps for a batch of B sequences in plain numpy (the bound: the fastest of its timed
+    steps, so that a moment of load on a shared machine does not lower it)."""
 
     def __init__(self, g, cfg):
         t = g.tensors
@@ -46,6 +63,56 @@ class NumpyDecode:
         out[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * s
         out[..., 1::2] = x[..., 1::2] * c + x[..., 0::2] * s
         return out
+
+    def _attention(self, q, k, v, causal: bool):
+        """q [B, H, S, D] over k, v [B, Hkv, L, D] (GQA); ``causal``: query i sees keys j <= L - S + i."""
+        c = self.cfg
+        B, H, S, dh = q.shape
+        g = H // c.n_kv_heads
+        s = q.reshape(B, c.n_kv_heads, g * S, dh) @ k.transpose(0, 1, 3, 2) / np.float32(math.sqrt(dh))
+        if causal:
+            L = k.shape[2]
+            vis = np.arange(L)[None, :] <= (L - S + np.arange(S))[:, None]
+            s = np.where(np.tile(vis, (g, 1))[None, None], s, np.float32(-np.inf))
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        return (s @ v).reshape(B, H, S, dh)
+
+    def prefill_s(self, P: int, steps: int = 3) -> float:
+        """Seconds of one prompt's prefill (the fastest of ``steps``: a bound is what the math can reach) of ``P`` tokens (every layer's matmuls over the P rows,
+        causal attention over them, the head for the last row)."""
+        c = self.cfg
+        dh, hkv = c.head_dim, c.n_kv_heads
+        ids = np.random.default_rng(1).integers(0, c.vocab, P)
+        pos = np.arange(P)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            x = self.E[ids]
+            for L in self.L:
+                h = self._rms(x, L["attn_norm"])
+                q = self._rope((h @ L["attn_q"].T).reshape(P, c.n_heads, dh), pos).transpose(1, 0, 2)[None]
+                k = self._rope((h @ L["attn_k"].T).reshape(P, hkv, dh), pos).transpose(1, 0, 2)[None]
+                v = (h @ L["attn_v"].T).reshape(P, hkv, dh).transpose(1, 0, 2)[None]
+                a = self._attention(q, k, v, True)[0].transpose(1, 0, 2).reshape(P, -1)
+                x = x + a @ L["attn_output"].T
+                h = self._rms(x, L["ffn_norm"])
+                gg = h @ L["ffn_gate"].T
+                x = x + ((gg / (1 + np.exp(-gg))) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
+            self._rms(x[-1:], self.ON) @ self.E.T
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    def workload_tokens_per_s(self, B: int, prompt_tokens: float, max_tokens: int, steps: int = 3) -> dict:
+        """Output tokens/s of the math alone for ``B`` concurrent requests of ``prompt_tokens`` prompt
+        tokens (their mean) and ``max_tokens`` output tokens each: ``B`` prefills plus ``max_tokens`` decode
+        steps at batch ``B`` over the mean context (prompt + half the output).  Also the decode-only figure."""
+        P = max(1, round(prompt_tokens))
+        step_tps = self.tokens_per_s(B, P + max_tokens // 2, steps)
+        pre = self.prefill_s(P, steps)
+        t = B * pre + max_tokens * B / step_tps
+        return {"tokens_per_s": B * max_tokens / t, "decode_tokens_per_s": step_tps, "prefill_ms": 1e3 * pre,
+                "context": P + max_tokens // 2}
 
     def tokens_per_s(self, B: int, ctx: int, steps: int = 3) -> float:
         c = self.cfg
@@ -73,6 +140,6 @@ class NumpyDecode:
                 x = x + ((gg / (1 + np.exp(-gg))) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
             self._rms(x, self.ON) @ self.E.T
             times.append(time.perf_counter() - t0)
-        return B / statistics.median(times)
+        return B / min(times)
 
 

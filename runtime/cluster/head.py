@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", action="append", default=[], help="a kernel package (file or directory) to load")
     p.add_argument("--allow-pickled-kernels", action="store_true", help="the admin may upload pickled kernels")
     p.add_argument("--no-shm-fast-path", action="store_true", help="no arena is a /dev/shm segment")
+    p.add_argument("--device-niceness", type=int, default=None, help="niceness of the device processes")
     p.add_argument("--ready-fd", type=int, required=True, help="write one JSON line here once the devices serve")
     a = p.parse_args(argv)
     rayenv.ensure_token()
@@ -49,13 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     from .discovery import LOOPBACK, load_token
     from driver.policy import DevicePolicy
 
+    from . import priority
     from .local import ClusterSpec, start_devices, stop_devices
 
     ready = os.fdopen(a.ready_fd, "w")
     policy = DevicePolicy(kernels=tuple(a.kernels), pickled_kernels=a.allow_pickled_kernels,
                           shm_fast_path=not a.no_shm_fast_path)
     spec = ClusterSpec(devices=a.devices, chip=a.chip, arena_bytes=a.arena_bytes, cores=a.cores, bind=LOOPBACK,
-                       policy=policy)
+                       policy=policy, device_niceness=a.device_niceness)
+    # the raylet this process starts passes it on to its workers: devices at their niceness, not Ray's 15
+    os.environ.update(priority.raylet_env(priority.resolve(spec.device_niceness)))
     stop = threading.Event()
     try:
         # address="local": a Ray of its own, never one that RAY_ADDRESS or /tmp/ray names

@@ -27,7 +27,7 @@ from driver.policy import DevicePolicy
 from devices import segments
 from devices.errors import ACL_ERROR_RT_DEV_SETUP_ERROR, ACL_ERROR_RT_NO_DEVICE, AclError, InvalidParamError
 
-from . import procs
+from . import priority, procs
 from . import rayenv
 from .discovery import (LOOPBACK, attach_ray, discover, kernel_dir, load_token, new_token,  # noqa: F401
                         read_state, revocations_file, state_dir, state_file, token_file)
@@ -61,6 +61,9 @@ class ClusterSpec:
     #: shared-memory fast path, per-tenant quotas (driver.policy); the revocation list and the kernel package
     #: directory of the cluster's state are added when devices start (node_policy)
     policy: DevicePolicy = DevicePolicy()
+    #: niceness of the device processes (:mod:`runtime.cluster.priority`): None = ``$VNPU_DEVICE_NICENESS``
+    #: or 0, not Ray's worker niceness 15
+    device_niceness: int | None = None
 
 
 @contextlib.contextmanager
@@ -88,7 +91,8 @@ def free_port(host: str = LOOPBACK) -> int:
 def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
     """Read the head node type's virtual NPUs (``resources.NPU``) and labels from a cluster.yaml, and the
     kernel packages every device loads (``metadata: {vnpu: {kernels: [FILE or DIR, ...]}}``, relative to the
-    file; Ray leaves ``metadata`` to its users)."""
+    file; Ray leaves ``metadata`` to its users) and the devices' niceness (``metadata: {vnpu:
+    {device_niceness: N}}``, :mod:`runtime.cluster.priority`)."""
     import yaml
     try:
         cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -97,7 +101,9 @@ def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
         n = int(head.get("resources", {}).get("NPU", 0))
         arena = int(labels.get("vnpu.hbm-bytes", 1 << 30))
         chip = str(labels.get("vnpu.chip", "Ascend910B3"))
-        kernels = ((cfg.get("metadata") or {}).get("vnpu") or {}).get("kernels") or []
+        meta = (cfg.get("metadata") or {}).get("vnpu") or {}
+        kernels = meta.get("kernels") or []
+        nice = meta.get("device_niceness")
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise InvalidParamError(f"{path}: cannot read a cluster.yaml: {' '.join(str(e).split())}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -109,9 +115,12 @@ def spec_from_yaml(path: str | os.PathLike) -> ClusterSpec:
         raise InvalidParamError(f"{path}: vnpu.hbm-bytes must be positive, got {arena}")
     if not isinstance(kernels, list) or not all(isinstance(k, str) and k for k in kernels):
         raise InvalidParamError(f"{path}: metadata.vnpu.kernels must be a list of kernel package paths")
+    if nice is not None:
+        nice = priority.check(nice, f"{path}: metadata.vnpu.device_niceness")
     base = Path(path).resolve().parent
     kernels = tuple(str(base / Path(k).expanduser()) for k in kernels)
-    return ClusterSpec(devices=n, chip=chip, arena_bytes=arena, policy=DevicePolicy(kernels=kernels))
+    return ClusterSpec(devices=n, chip=chip, arena_bytes=arena, policy=DevicePolicy(kernels=kernels),
+                       device_niceness=nice)
 
 
 def node_policy(policy: DevicePolicy) -> DevicePolicy:
@@ -147,6 +156,7 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
         opts["lifetime"] = "detached"
     host = None if spec.bind == "node" else spec.bind
     policy = node_policy(spec.policy)
+    nice = priority.resolve(spec.device_niceness)
 
     def options(slot) -> dict:
         o = dict(opts, **slot.options)
@@ -154,7 +164,8 @@ def start_devices(spec: ClusterSpec, token: str, *, detached: bool, first_id: in
             o["runtime_env"] = {"env_vars": dict(BLAS_ENV, VNPU_NODE_ID=f"sim-node-{slot.device_id % spec.nodes}")}
         return o
     actors = [cls.options(name=actor_name(s.device_id), **options(s)).remote(s.device_id, token, s.arena_bytes,
-                                                                              s.chip, host, spec.cores, policy)
+                                                                              s.chip, host, spec.cores, policy,
+                                                                              niceness=nice)
               for s in slots_for(spec, first_id, node_filter)]
     return ray.get([a.where.remote() for a in actors], timeout=timeout_s), actors
 
@@ -233,8 +244,10 @@ class LocalCluster:
                 rayenv.ensure_token()
                 # the raylet and so every worker it starts inherit these (a job-level runtime_env would cost
                 # every worker a runtime-env round trip, see start_devices); address="local": always a Ray
-                # of its own, never one that RAY_ADDRESS names
-                with raylet_env(dict(BLAS_ENV, VNPU_TOKEN=self.token)):
+                # of its own, never one that RAY_ADDRESS names.  Its workers run at the devices' niceness,
+                # not Ray's 15 (runtime.cluster.priority)
+                env = dict(BLAS_ENV, VNPU_TOKEN=self.token, **priority.raylet_env(priority.resolve(spec.device_niceness)))
+                with raylet_env(env):
                     ray.init(address="local", namespace=NAMESPACE, include_dashboard=False,
                              _node_ip_address=LOOPBACK, resources={"NPU": spec.devices}, _temp_dir=self.temp_dir,
                              logging_level="ERROR", log_to_driver=False, configure_logging=True)
@@ -294,7 +307,8 @@ def cluster_up(spec: ClusterSpec, device_restarts: int = 0) -> tuple[dict, bool]
     rfd, wfd = os.pipe()
     cmd = [sys.executable, "-m", "runtime.cluster.head", f"--temp-dir={temp_dir}", f"--devices={spec.devices}",
            f"--chip={spec.chip}", f"--arena-bytes={spec.arena_bytes}", f"--ready-fd={wfd}",
-           f"--device-restarts={int(device_restarts)}"]
+           f"--device-restarts={int(device_restarts)}",
+           f"--device-niceness={priority.resolve(spec.device_niceness)}"]
     if spec.cores:
         cmd.append(f"--cores={spec.cores}")
     cmd += [f"--kernels={k}" for k in spec.policy.kernels]         # the policy travels to the head's devices

@@ -36,7 +36,7 @@ from devices import procstat, segments
 from devices.errors import InvalidParamError
 from driver.host import BLAS_ENV, NAMESPACE
 
-from . import procs
+from . import priority, procs
 from . import rayenv
 from .local import raylet_env
 from .actor_placement import CHIP_LABEL, HBM_LABEL
@@ -162,7 +162,7 @@ class MultiNodeCluster:
         # every raylet passes its environment on to its workers (no runtime_env: see local.start_devices)
         args = {"num_cpus": n.cpus, "labels": n.labels(), "temp_dir": self.temp_dir,
                 "object_store_memory": self.spec.object_store_bytes,
-                "env_vars": dict(BLAS_ENV, VNPU_TOKEN=self.token)}
+                "env_vars": dict(BLAS_ENV, VNPU_TOKEN=self.token, **priority.raylet_env(priority.resolve(None)))}
         if n.npus:
             args["resources"] = {"NPU": n.npus}
         if head:

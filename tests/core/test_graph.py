@@ -678,3 +678,43 @@ def test_plans_check_the_callers_tenant_when_made_and_when_run():
         assert d.memcpy_d2h(pb, 256, owner=bob).view(np.float32).tolist() == [9.0] * 64
     finally:
         d.close()
+
+
+def test_a_split_matmul_runs_as_few_calls_priced_as_its_blocks():
+    """A built-in kernel launched as 20 blocks is priced as 20 blocks (the modeled clock: exactly the
+    roofline of the chip's constants, as before the split was decoupled) but runs as one call per host
+    thread (eager: the profiler records min(20, host threads) blocks of a block_dim 20 task) and as one call
+    in a graph replay; the results are the matmul's, within float32 accumulation error, either way."""
+    from devices.chip import ASCEND_910B3 as C
+    from devices.kernel import TensorDesc
+    from devices.tasks import ExecGraph, Launch
+    d = _device(93)
+    try:
+        sid = d.create_stream()
+        m, k, n = 48, 576, 1728
+        rng = np.random.default_rng(3)
+        a, b = rng.standard_normal((m, k), np.float32), rng.standard_normal((n, k), np.float32)
+        pa, pb, po, pg = d.malloc(a.nbytes), d.malloc(b.nbytes), d.malloc(m * n * 4), d.malloc(m * n * 4)
+        d.memcpy_h2d(pa, a)
+        d.memcpy_h2d(pb, b)
+        ta, tb = TensorDesc(pa, (m, k)), TensorDesc(pb, (n, k))
+        mm = Launch(sid, "matmul", (ta, tb), (TensorDesc(po, (m, n)),), {"transpose_b": True}, block_dim=20)
+        # the roofline written out from the chip's constants: all 20 cores, fp32 cube rate, HBM traffic
+        flops, nbytes = 2.0 * m * n * k, 4.0 * (m * k + n * k + m * n)
+        want_s = C.launch_cost_s + max(flops / C.cube_flops_fp32, nbytes / C.hbm_bandwidth)
+        d.profile("start")
+        assert _priced_ms(d, sid, mm) == pytest.approx(want_s * 1e3, rel=1e-9)
+        tasks = [t for t in d.profile("stop")["tasks"] if t["name"] == "matmul"]
+        assert len(tasks) == 1 and tasks[0]["block_dim"] == 20
+        assert len(tasks[0]["blocks"]) == min(20, d.config.host_threads)
+        ref = a.astype(np.float64) @ b.T.astype(np.float64)
+        tol = dict(rtol=1e-5, atol=4 * float(np.finfo(np.float32).eps) * k * float(np.abs(ref).max()))
+        np.testing.assert_allclose(d.memcpy_d2h(po, m * n * 4).view(np.float32).reshape(m, n), ref, **tol)
+        # captured: the graph lists the launch's 20 blocks and prices the replay as eager, runs it as one call
+        gid = d.graph_create([Launch(sid, "matmul", (ta, tb), (TensorDesc(pg, (m, n)),), {"transpose_b": True},
+                                     block_dim=20)])
+        assert d.graph_info(gid)["steps"] == [{"name": "matmul", "blocks": 20}]
+        assert _priced_ms(d, sid, ExecGraph(sid, gid)) == pytest.approx(want_s * 1e3, rel=1e-9)
+        np.testing.assert_allclose(d.memcpy_d2h(pg, m * n * 4).view(np.float32).reshape(m, n), ref, **tol)
+    finally:
+        d.close()

@@ -27,10 +27,11 @@ BENCHES = {
              "--iters", "1", "--warmup", "0", "--no-baselines", "--dtype", "bfloat16"],
     "mdl": ["--batch", "1", "--seq", "8", "--rounds", "1", "--backend", "cluster"],
     "infer": ["--tokens", "2", "--rounds", "1", "--no-multi", "--backend", "cluster"],
-    "serve": ["--concurrency", "1", "--requests", "1", "--max-tokens", "2", "--backend", "cluster"],
+    "serve": ["--concurrency", "1", "--requests", "1", "--max-tokens", "2", "--prompt-tokens", "8-16", "--backend", "cluster"],
     "sanitize": ["--tokens", "3", "--rounds", "1", "--sentences", "8", "--launches", "10"],   # in-process, ~25 s
     "memory": ["--pairs", "20", "--raw-pairs", "20", "--steps", "20", "--seeds", "1", "--defrag-tensors", "2"],
     "scale": ["--devices", "2", "--hbm-mb", "64", "--allreduce-bytes", "1K", "--iters", "1", "--no-baseline"],
+    "kernels": ["--batch", "1", "--context", "16", "--prefill-tokens", "16", "--repeat", "1"],   # in-process, ~3 s
     "overhead": ["--steps", "2", "--layers", "1", "--tokens", "4", "--hidden", "64", "--ffn", "128", "--rounds", "0"],
     "serve-om": ["--concurrency", "1,3", "--requests", "9", "--backend", "local"],     # ~15 s
 }
