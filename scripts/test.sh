@@ -15,4 +15,16 @@ if ! NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site"; t
   exit 1
 fi
 rm -rf "$site"
-exec .venv/bin/python -m pytest "$@"
+if [ "$#" -gt 0 ]; then                        # a selection of the caller's: as they asked
+  exec .venv/bin/python -m pytest "$@"
+fi
+# the whole suite in two parts.  The in-process tests (no tier marker: every device, runtime, model and
+# tool test that starts no cluster, server or subprocess of its own) run on two pytest-xdist workers, a
+# test file per worker at a time (--dist loadfile: a module's fixtures are built once); each worker is a
+# session of its own (its own fresh HOME and RAY_TMPDIR, tests/conftest.py) and every resource they touch is
+# per process (/dev/shm segments named by pid, ports bound to 0).  The tiers that start Ray clusters, servers
+# and processes then run one test at a time, as before: two Ray clusters in one process cannot be, and their
+# budgets are wall time of one test at a time.
+heavy="cluster or serve or multinode or smoke or security or rpc"
+.venv/bin/python -m pytest -n 2 --dist loadfile -m "not ($heavy)" -p no:cacheprovider
+exec .venv/bin/python -m pytest -m "$heavy" -p no:cacheprovider

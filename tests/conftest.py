@@ -176,10 +176,18 @@ TIER_BUDGETS_S = {"multinode": 130.0, "serve": 240.0, "security": 60.0, "smoke":
 _tier_time: dict[str, float] = {}
 
 
+_tiers_of: dict[str, tuple[str, ...]] = {}      #: test id -> the budgeted tiers its markers name
+
+
+def pytest_collection_modifyitems(items):
+    # by marker, not by keyword: a test's keywords also hold its folders' names (tests/serve/, tests/security/)
+    for item in items:
+        _tiers_of[item.nodeid] = tuple(t for t in TIER_BUDGETS_S if item.get_closest_marker(t) is not None)
+
+
 def pytest_runtest_logreport(report):
-    for tier in TIER_BUDGETS_S:
-        if tier in report.keywords:
-            _tier_time[tier] = _tier_time.get(tier, 0.0) + report.duration
+    for tier in _tiers_of.get(report.nodeid, ()):
+        _tier_time[tier] = _tier_time.get(tier, 0.0) + report.duration
 
 
 def _over_budget() -> list[str]:
