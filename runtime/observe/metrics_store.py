@@ -236,6 +236,20 @@ class History:
         with self._lock:
             return [(float(t), float(v)) for t, v in self._conn().execute(q + " ORDER BY ts", args)]
 
+    def bucketed(self, metric: str, bucket_s: float, since: float, until: float,
+                 scope: str = "") -> list[tuple[int, float]]:
+        """``(bin, mean)`` of ``metric`` in ``scope`` over ``[since, until)`` in bins of ``bucket_s`` seconds
+        (bin ``k`` covers ``[k * bucket_s, (k + 1) * bucket_s)``), oldest first; bins with no sample are left
+        out; times are >= 0.  One aggregate query (the forecaster's read)."""
+        if not bucket_s > 0:
+            raise ValueError(f"bucket_s must be > 0, got {bucket_s!r}")
+        with self._lock:
+            rows = self._conn().execute(
+                "SELECT CAST(ts / ? AS INTEGER) AS k, AVG(value) FROM samples WHERE metric=? AND scope=? "
+                "AND ts >= ? AND ts < ? GROUP BY k ORDER BY k",
+                (float(bucket_s), metric, scope, float(since), float(until))).fetchall()
+        return [(int(k), float(v)) for k, v in rows]
+
     def scopes(self, metric: str) -> list[str]:
         """The scopes ``metric`` has samples in (``""`` and/or ``npu:<id>``), sorted."""
         with self._lock:
