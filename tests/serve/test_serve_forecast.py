@@ -17,6 +17,7 @@ from runtime.observe.metrics_store import History
 from runtime.serve.config import ConfigError, parse_config
 from runtime.serve.heal.actions import Context
 from runtime.serve.heal.policy import PolicyEngine
+from runtime.serve.metrics import ForecastCollector
 
 DAY = 86400.0
 T0 = 19_000 * DAY                # a UTC midnight
@@ -91,6 +92,15 @@ def test_the_seasonal_forecast_of_a_daily_pattern_is_as_accurate_as_its_noise_al
     fc = Forecaster(three_days)
     assert fc.get(T0 + 3 * DAY + 10) is fc.get(T0 + 3 * DAY + 20)
     assert fc.scopes() == [model_scope("m")]
+    # /metrics: the gauges read at scrape are the forecast's own points (08:00 on day 4: 1 h to the rise)
+    now = T0 + 3 * DAY + 8 * 3600.0
+    fams = {m.name: m for m in ForecastCollector(fc, lambda: now).collect()}
+    at = {s.labels["horizon"]: s.value for s in fams["vnpu:forecast_requests_per_second"].samples}
+    f = forecast(three_days, now, model_scope("m"), opts)
+    assert at == {"15m": f.points[2][1], "30m": f.points[5][1], "1h": f.points[11][1]}
+    assert at["15m"] < 30 < at["1h"]                 # the 09:00 rise is forecast, not yet happening
+    peak = fams["vnpu:forecast_peak_requests_per_second"].samples
+    assert [(s.labels["model_name"], s.value) for s in peak] == [("m", f.peak())]
 
 
 POLICY = """
