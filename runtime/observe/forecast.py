@@ -68,14 +68,34 @@ class Forecast:
     def mean(self) -> float:
         return sum(v for _, v in self.points) / len(self.points) if self.points else math.nan
 
+    def at(self, ahead_s: float) -> float:
+        """The forecast of the bin due ``ahead_s`` after now (the first bin's if none is due yet; NaN if none)."""
+        due = [v for t, v in self.points if t <= self.now + ahead_s]
+        return due[-1] if due else (self.points[0][1] if self.points else math.nan)
+
+    @property
+    def model(self) -> str:
+        """The model whose rate this is (``"*"``: the server's)."""
+        return self.scope.removeprefix(MODEL_SCOPE_PREFIX) or "*"
+
+    def to_dict(self) -> dict:
+        return {"now": self.now, "scope": self.scope, "model": self.model, "level": self.level,
+                "seasonal": self.seasonal, "bins": self.bins, "peak": self.peak() if self.points else None,
+                "points": [[t, v] for t, v in self.points]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Forecast":
+        return cls(float(d["now"]), str(d["scope"]), tuple((float(t), float(v)) for t, v in d["points"]),
+                   float(d["level"]), bool(d["seasonal"]), int(d["bins"]))
+
 
 def forecast(history: History, now: float, scope: str = "", opts: ForecastOptions = ForecastOptions(),
              metric: str = "qps") -> Forecast:
     """Forecast ``metric`` of ``scope`` for the ``opts.horizon_s`` after ``now`` from the history before it."""
     b = opts.bucket_s
     first = math.floor((now - opts.lookback_s) / b)
-    last = math.floor(now / b)                           # the current, partial bin is not used
-    bins = history.bucketed(metric, b, first * b, last * b, scope)
+    last = math.floor(now / b)                           # the current bin, as far as it went
+    bins = history.bucketed(metric, b, first * b, math.nextafter(now, math.inf), scope)
     nphase = max(1, round(opts.season_s / b))
     span = (bins[-1][0] - bins[0][0] + 1) if bins else 0
     seasonal = span >= nphase
@@ -121,3 +141,13 @@ class Forecaster:
     def scopes(self) -> list[str]:
         """The scopes with ``qps`` history: the server (``""``) and each model's."""
         return [s for s in self.history.scopes("qps") if s == "" or s.startswith(MODEL_SCOPE_PREFIX)]
+
+    def all(self, now: float | None = None) -> list[Forecast]:
+        """The forecast of every scope with history (the server first, then each model by name) as of ``now``
+        (default: the newest sample's time -- a live server's now, a recorded history's end)."""
+        if now is None:
+            span = self.history.span()
+            if span is None:
+                return []
+            now = span[1]
+        return [f for f in (self.get(now, s) for s in self.scopes()) if f.points]

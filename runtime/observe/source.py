@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterable
 
 from . import serverfile
+from .forecast import Forecast, Forecaster
 from .metrics_store import METRICS, Event, History, HistoryError, UnknownMetric, default_path
 
 
@@ -60,6 +61,11 @@ class HistorySource:
     def now(self) -> float:
         """The time the history's newest data speaks of ("now" for ``--since 1h``): the newest sample or
         event, or the wall clock for a live server."""
+        raise NotImplementedError
+
+    def forecasts(self) -> list[Forecast]:
+        """The next hour's forecast request rate of the server and of each model with history
+        (:mod:`runtime.observe.forecast`), as of :meth:`now`."""
         raise NotImplementedError
 
     def devices(self) -> list[str]:
@@ -114,7 +120,7 @@ class FileSource(HistorySource):
         devs = {}
         for m in METRICS:
             for s in self.h.scopes(m):
-                if s:
+                if s.startswith("npu:"):                  # devices (a model's scope holds its qps)
                     devs.setdefault(s, {})
         for s in devs:
             devs[s] = self.h.latest(s)
@@ -122,6 +128,9 @@ class FileSource(HistorySource):
 
     def events(self, since=None, until=None, kinds=None, limit=None):
         return self.h.events(since, until, kinds, limit)
+
+    def forecasts(self):
+        return Forecaster(self.h).all()
 
     def event(self, event_id):
         try:
@@ -193,6 +202,10 @@ class HttpSource(HistorySource):
                                                           "limit": limit})
         out = [Event(**{**e, "detail": e.get("detail") or {}}) for e in doc.get("events", [])]
         return [e for e in out if until is None or e.ts <= until]
+
+    def forecasts(self):
+        doc = self._call("GET", "/admin/history/forecast")
+        return [Forecast.from_dict(d) for d in doc.get("forecasts", [])]
 
     def record_event(self, kind, *, diagnosis="", detail=None, manual=False, source="operator"):
         doc = self._call("POST", "/admin/events", body={"kind": kind, "diagnosis": diagnosis, "source": source,

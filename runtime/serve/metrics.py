@@ -266,16 +266,10 @@ class ForecastCollector:
                                "(* = the server) this far ahead.", labels=("model_name", "horizon"))
         peak = GaugeMetricFamily(P + "forecast_peak_requests_per_second", "Highest forecast requests per second "
                                  "within the next hour.", labels=("model_name",))
-        now = self.clock()
-        for scope in self.forecaster.scopes():
-            f = self.forecaster.get(now, scope)
-            if not f.points:
-                continue
-            name = scope.removeprefix("model:") or "*"
+        for f in self.forecaster.all(self.clock()):
             for label, ahead in FORECAST_HORIZONS.items():
-                due = [v for t, v in f.points if t <= now + ahead]
-                at.add_metric([name, label], due[-1] if due else f.points[0][1])
-            peak.add_metric([name], f.peak())
+                at.add_metric([f.model, label], f.at(ahead))
+            peak.add_metric([f.model], f.peak())
         yield at
         yield peak
 

@@ -74,7 +74,7 @@ def mape(h: History, opts: ForecastOptions) -> float:
 def test_the_seasonal_forecast_of_a_daily_pattern_is_as_accurate_as_its_noise_allows(three_days):
     opts = ForecastOptions()
     f = forecast(three_days, T0 + 3 * DAY, model_scope("m"), opts)
-    assert f.seasonal and f.bins == 3 * 288
+    assert f.seasonal and f.bins == 3 * 288 + 1            # 3 days and the current bin (its first sample)
     # the error budget follows the injected noise: a 5-min held-out bin averages 5 samples (sd sigma/sqrt(5)),
     # the profile adds that over sqrt(3 days), the level an EWMA of residuals (~0.3 of it): the expected
     # |error| is ~0.8 * sqrt(1 + 1/3 + 0.1) ~ 1.0 sigma_bin; twice that bounds it
