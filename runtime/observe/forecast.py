@@ -16,7 +16,9 @@ averaged away), a level shift is followed at the EWMA's speed (``alpha`` per bin
 forecasts from the level alone, and the forecast knows nothing of events that never happened before.
 
 Blocking: :func:`forecast` runs one aggregate query on the store (milliseconds for a week of 1 s samples)
-and a pass over the bins; :class:`Forecaster` caches it per scope for one bin.
+(a few hundred milliseconds for a week of 1 s samples) and a pass over the bins;
+:class:`Forecaster` caches it per scope for one bin, so keep one Forecaster per history (the server, the
+policy engine and ``vnpu monitor`` each hold theirs).
 """
 from __future__ import annotations
 
@@ -141,6 +143,7 @@ class Forecaster:
     def scopes(self) -> list[str]:
         """The scopes with ``qps`` history: the server (``""``) and each model's."""
         return [s for s in self.history.scopes("qps") if s == "" or s.startswith(MODEL_SCOPE_PREFIX)]
+
 
     def all(self, now: float | None = None) -> list[Forecast]:
         """The forecast of every scope with history (the server first, then each model by name) as of ``now``

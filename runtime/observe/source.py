@@ -109,6 +109,7 @@ class FileSource(HistorySource):
             except HistoryError as e:
                 raise SourceError(str(e)) from None
         self.where = self.h.path
+        self._fc: Forecaster | None = None
 
     def samples(self, metric, since=None, until=None, scope=""):
         try:
@@ -130,7 +131,9 @@ class FileSource(HistorySource):
         return self.h.events(since, until, kinds, limit)
 
     def forecasts(self):
-        return Forecaster(self.h).all()
+        if self._fc is None:                          # one per source: monitor redraws within a bin
+            self._fc = Forecaster(self.h)
+        return self._fc.all()
 
     def event(self, event_id):
         try:

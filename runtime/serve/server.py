@@ -99,6 +99,7 @@ class Frontend:
         self.stat_loggers: list = [self.stat_logger]
         self.observers: list = []                #: the sampler(s): request outcomes and events go there
         self.history = None                      #: the History the observers record into (admin routes read it)
+        self.forecaster: Forecaster | None = None   #: the request-rate forecasts of that history (cached per bin)
         self.reconfigurer = None                 #: a runtime.serve.reconfigure.Reconfigurer (POST /admin/reconfigure)
         self.healing = None                      #: a runtime.serve.heal.SelfHealing (its state in /admin/state)
         self.memory = None                       #: a runtime.serve.memory_pool.MemoryManager (memory:), see manage_memory
@@ -121,8 +122,9 @@ class Frontend:
         backs the ``/admin/history`` routes."""
         self.observers.append(obs)
         self.stat_loggers.append(obs)
-        if self.history is None:                 # the forecast gauges read the first observer's history
-            self.registry.register(ForecastCollector(Forecaster(obs.history), obs.clock))
+        if self.history is None:                 # the forecasts (gauges, route) read the first observer's history
+            self.forecaster = Forecaster(obs.history)
+            self.registry.register(ForecastCollector(self.forecaster, obs.clock))
         self.history = obs.history
 
     def observe(self, outcome: str, latency_s: float | None = None, model: str | None = None) -> None:

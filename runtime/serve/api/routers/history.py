@@ -46,7 +46,8 @@ async def history_forecast(tenant: Tenant = Depends(admin_of), st: ServeState = 
     """The next hour's forecast request rate of the server and each model as of the newest sample
     (``vnpu monitor`` shows it)."""
     h = _history(st)
-    fs = await blocking(Forecaster(h).all)
+    fc = st.service.forecaster or Forecaster(h)
+    fs = await blocking(fc.all)
     return {"forecasts": [f.to_dict() for f in fs]}
 
 
