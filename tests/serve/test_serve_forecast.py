@@ -14,6 +14,7 @@ import pytest
 
 from runtime.observe.forecast import ForecastOptions, Forecaster, forecast, model_scope
 from runtime.observe.metrics_store import History
+from runtime.serve.canonical import render
 from runtime.serve.config import ConfigError, parse_config
 from runtime.serve.heal.actions import Context
 from runtime.serve.heal.policy import PolicyEngine
@@ -158,6 +159,15 @@ def test_a_forecast_trigger_scales_out_before_the_daily_rise_not_after():
         print(f"scaled out {onset - acts[0].ts:.0f} s before the rise")
     finally:
         h.close()
+
+
+def test_config_print_keeps_a_forecast_trigger_and_reads_back_the_same():
+    sh = parse_config(POLICY).self_healing
+    printed = render(parse_config(POLICY))
+    assert "lead: 1800.0" in printed and "model: m" in printed
+    assert parse_config(printed).self_healing == sh
+    assert sh.triggers[0].lead_s == 1800.0 and sh.triggers[0].model == "m"
+    assert parse_config(POLICY.replace(" lead: 30m,", "")).self_healing.triggers[0].lead_s == 3600.0   # the horizon
 
 
 @pytest.mark.parametrize("bad, words", [
