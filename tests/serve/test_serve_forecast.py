@@ -170,6 +170,18 @@ def test_config_print_keeps_a_forecast_trigger_and_reads_back_the_same():
     assert parse_config(POLICY.replace(" lead: 30m,", "")).self_healing.triggers[0].lead_s == 3600.0   # the horizon
 
 
+def test_a_seed_style_forecast_trigger_means_the_same():
+    seed = """
+self_healing:
+  enabled: true
+  triggers:
+    - {metric: forecast_qps, threshold: "30", lead: 30m, model: m, action: "scale_workers +2", name: prescale}
+  recovery: {cooldown: 1m}
+"""
+    t, = parse_config(seed).self_healing.triggers
+    assert t == parse_config(POLICY).self_healing.triggers[0]
+
+
 @pytest.mark.parametrize("bad, words", [
     ("{name: x, metric: qps, condition: '> 3', lead: 5m, action: scale_out}", "only a forecast metric"),
     ("{name: x, metric: forecast_qps, condition: '> 3', lead: 2h, action: scale_out}", "at most the forecast horizon"),
