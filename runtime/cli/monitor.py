@@ -1,5 +1,5 @@
 """``vnpu monitor``: a live dashboard of a running server (``rich.live.Live``): the chosen metrics with
-sparklines, a per-device table, recent events; redrawn every ``--interval``.  ``--once`` draws one frame
+sparklines, a per-device table, the next hour's forecast request rate per model, recent events; redrawn every ``--interval``.  ``--once`` draws one frame
 and exits; ``--json`` prints the frame's data (one JSON document per frame; with ``--once``, one).
 
     vnpu monitor --metrics qps,p99,error_rate,mem_frag,temp --interval 1s
@@ -80,7 +80,22 @@ def render(view):
     for e in view.events:
         et.add_row(str(e.id), time.strftime("%H:%M:%S", time.gmtime(e.ts)), e.kind + (" (manual)" if e.manual else ""),
                    e.source, e.diagnosis or e.trigger, e.result)
-    return Group(mt, dt, et)
+    return Group(mt, dt, forecast_table(view.forecasts), et)
+
+
+def forecast_table(forecasts):
+    """The next hour's forecast request rate per model (``*``: the server), :mod:`runtime.observe.forecast`."""
+    from rich import box
+    from rich.table import Table
+    ft = Table(title="forecast requests/s (next hour)", box=box.SIMPLE_HEAD, title_justify="left")
+    for c in ("model", "+15m", "+30m", "+1h", "peak", "model kind"):
+        ft.add_column(c, no_wrap=True, justify="left" if c in ("model", "model kind") else "right")
+    for f in forecasts:
+        ft.add_row(f.model, *(f"{f.at(s):.3g}" for s in (900.0, 1800.0, 3600.0)), f"{f.peak():.3g}",
+                   f"seasonal ({f.bins} bins)" if f.seasonal else f"level only ({f.bins} bins, < 1 day)")
+    if not forecasts:
+        ft.add_row("-", "-", "-", "-", "-", "no request-rate history yet")
+    return ft
 
 
 def _cmd(a) -> int:

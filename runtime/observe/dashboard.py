@@ -65,12 +65,14 @@ class View:
     devices: dict[str, dict[str, float]]
     events: list[Event]
     server: dict[str, float] = field(default_factory=dict)
+    forecasts: list = field(default_factory=list)    #: runtime.observe.forecast.Forecast per model
 
     def to_dict(self) -> dict:
         return {"now": self.now, "source": self.where, "server": self.server,
                 "metrics": [{"metric": r.metric, "scope": r.scope, "latest": r.latest, "min": r.lo, "max": r.hi}
                             for r in self.rows],
-                "devices": self.devices, "events": [e.to_dict() for e in self.events]}
+                "devices": self.devices, "events": [e.to_dict() for e in self.events],
+                "forecasts": [f.to_dict() for f in self.forecasts]}
 
 
 def build(src, metrics: list[str], window_s: float = 120.0, events: int = 8, width: int = 40) -> View:
@@ -89,4 +91,4 @@ def build(src, metrics: list[str], window_s: float = 120.0, events: int = 8, wid
                             sparkline(vs, width)))
     dev_table = {s: {m: devs[s][m][1] for m, _ in DEVICE_COLUMNS if m in devs[s]} for s in scopes}
     return View(now, src.where, rows, dev_table, src.events(limit=events),
-                {m: v for m, (_, v) in server.items()})
+                {m: v for m, (_, v) in server.items()}, src.forecasts())

@@ -236,11 +236,31 @@ class History:
         with self._lock:
             return [(float(t), float(v)) for t, v in self._conn().execute(q + " ORDER BY ts", args)]
 
-    def scopes(self, metric: str) -> list[str]:
-        """The scopes ``metric`` has samples in (``""`` and/or ``npu:<id>``), sorted."""
+    def bucketed(self, metric: str, bucket_s: float, since: float, until: float,
+                 scope: str = "") -> list[tuple[int, float]]:
+        """``(bin, mean)`` of ``metric`` in ``scope`` over ``[since, until)`` in bins of ``bucket_s`` seconds
+        (bin ``k`` covers ``[k * bucket_s, (k + 1) * bucket_s)``), oldest first; bins with no sample are left
+        out; times are >= 0.  One aggregate query (the forecaster's read)."""
+        if not bucket_s > 0:
+            raise ValueError(f"bucket_s must be > 0, got {bucket_s!r}")
         with self._lock:
-            return sorted(r[0] for r in self._conn().execute("SELECT DISTINCT scope FROM samples WHERE metric=?",
-                                                             (metric,)))
+            rows = self._conn().execute(
+                "SELECT CAST(ts / ? AS INTEGER) AS k, AVG(value) FROM samples WHERE metric=? AND scope=? "
+                "AND ts >= ? AND ts < ? GROUP BY k ORDER BY k",
+                (float(bucket_s), metric, scope, float(since), float(until))).fetchall()
+        return [(int(k), float(v)) for k, v in rows]
+
+    def scopes(self, metric: str) -> list[str]:
+        """The scopes ``metric`` has samples in (``""``, ``npu:<id>``, ``model:<name>``), sorted.  A skip scan
+        of the (metric, scope, ts) index: one probe per scope, not a pass over a week of samples."""
+        out: list[str] = []
+        with self._lock:
+            db = self._conn()
+            row = db.execute("SELECT MIN(scope) FROM samples WHERE metric=?", (metric,)).fetchone()
+            while row is not None and row[0] is not None:
+                out.append(row[0])
+                row = db.execute("SELECT MIN(scope) FROM samples WHERE metric=? AND scope>?", (metric, row[0])).fetchone()
+        return out
 
     def latest(self, scope: str = "") -> dict[str, tuple[float, float]]:
         """metric -> (ts, value) of its newest sample in ``scope``."""
@@ -343,7 +363,8 @@ class History:
     def span(self) -> tuple[float, float] | None:
         """(oldest, newest) sample time, or None when there are no samples."""
         with self._lock:
-            lo, hi = self._conn().execute("SELECT MIN(ts), MAX(ts) FROM samples").fetchone()
+            lo, hi = self._conn().execute("SELECT (SELECT MIN(ts) FROM samples), (SELECT MAX(ts) FROM samples)"
+                                          ).fetchone()       # two index probes (one MIN-and-MAX query scans)
         return None if lo is None else (float(lo), float(hi))
 
     # -------------------------------------------------------------- lifecycle

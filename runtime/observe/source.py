@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterable
 
 from . import serverfile
+from .forecast import Forecast, Forecaster
 from .metrics_store import METRICS, Event, History, HistoryError, UnknownMetric, default_path
 
 
@@ -60,6 +61,11 @@ class HistorySource:
     def now(self) -> float:
         """The time the history's newest data speaks of ("now" for ``--since 1h``): the newest sample or
         event, or the wall clock for a live server."""
+        raise NotImplementedError
+
+    def forecasts(self) -> list[Forecast]:
+        """The next hour's forecast request rate of the server and of each model with history
+        (:mod:`runtime.observe.forecast`), as of :meth:`now`."""
         raise NotImplementedError
 
     def devices(self) -> list[str]:
@@ -103,6 +109,7 @@ class FileSource(HistorySource):
             except HistoryError as e:
                 raise SourceError(str(e)) from None
         self.where = self.h.path
+        self._fc: Forecaster | None = None
 
     def samples(self, metric, since=None, until=None, scope=""):
         try:
@@ -114,7 +121,7 @@ class FileSource(HistorySource):
         devs = {}
         for m in METRICS:
             for s in self.h.scopes(m):
-                if s:
+                if s.startswith("npu:"):                  # devices (a model's scope holds its qps)
                     devs.setdefault(s, {})
         for s in devs:
             devs[s] = self.h.latest(s)
@@ -122,6 +129,11 @@ class FileSource(HistorySource):
 
     def events(self, since=None, until=None, kinds=None, limit=None):
         return self.h.events(since, until, kinds, limit)
+
+    def forecasts(self):
+        if self._fc is None:                          # one per source: monitor redraws within a bin
+            self._fc = Forecaster(self.h)
+        return self._fc.all()
 
     def event(self, event_id):
         try:
@@ -193,6 +205,10 @@ class HttpSource(HistorySource):
                                                           "limit": limit})
         out = [Event(**{**e, "detail": e.get("detail") or {}}) for e in doc.get("events", [])]
         return [e for e in out if until is None or e.ts <= until]
+
+    def forecasts(self):
+        doc = self._call("GET", "/admin/history/forecast")
+        return [Forecast.from_dict(d) for d in doc.get("forecasts", [])]
 
     def record_event(self, kind, *, diagnosis="", detail=None, manual=False, source="operator"):
         doc = self._call("POST", "/admin/events", body={"kind": kind, "diagnosis": diagnosis, "source": source,

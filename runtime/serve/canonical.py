@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
+from runtime.observe.forecast import FORECAST_METRICS
+
 from .config import ServeConfig
 from .engine.config import EngineConfig
 
@@ -104,6 +106,10 @@ def _trigger(t) -> dict:
         out["aggregate"] = t.aggregate
     if t.cooldown_s is not None:
         out["cooldown"] = t.cooldown_s
+    if t.metric in FORECAST_METRICS:
+        out["lead"] = t.lead_s
+        if t.model:
+            out["model"] = t.model
     return out
 
 

@@ -87,7 +87,7 @@ STRATEGY_KEYS: dict[str, tuple[str, ...]] = {
 SCHEDULER_KEYS = ("mode", "strategies")
 MEMORY_KEYS = {"strategy": "strategy", "pool_size": "pool_bytes", "defrag_interval": "defrag_interval_s",
                "overflow_protection": "overflow_protection"}
-SEED_TRIGGER_KEYS = ("name", "metric", "threshold", "window", "action", "cooldown", "aggregate")
+SEED_TRIGGER_KEYS = ("name", "metric", "threshold", "window", "action", "cooldown", "aggregate", "lead", "model")
 #: sizes are binary, as memory tools print them (npu-smi's and nvidia-smi's "MB" are MiB): 3GB = 3 GiB
 _BYTE_UNITS = {"": 1, "b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -382,8 +382,9 @@ def _fallback_chain(p: dict, where: str, at: str, defaults: dict, triggers: list
 
 
 def _unit(metric: str) -> str:
+    from runtime.observe.forecast import FORECAST_METRICS
     from runtime.observe.metrics_store import METRICS as STORE
-    return STORE[metric][0]
+    return STORE[FORECAST_METRICS.get(metric, metric)][0]
 
 
 def _memory(node, where: str):
@@ -491,11 +492,12 @@ def _seed_trigger(t, where: str, at: str, names: list, notes: list):
     seed_metric = str(_value(mn, where, f"{at}.metric"))
     threshold = _value(tn, where, f"{at}.threshold")
     action_text = str(_value(an, where, f"{at}.action")).strip()
+    from runtime.observe.forecast import FORECAST_METRICS
     from runtime.observe.metrics_store import METRICS as STORE
     from .heal.actions import ACTIONS as VNPU_ACTIONS
     if seed_metric in METRICS:
         metric, why_metric = METRICS[seed_metric]
-    elif seed_metric in STORE:
+    elif seed_metric in STORE or seed_metric in FORECAST_METRICS:      # vnpu's names, a forecast's too
         metric, why_metric = seed_metric, ""
     else:
         import difflib
@@ -541,14 +543,14 @@ def _seed_trigger(t, where: str, at: str, names: list, notes: list):
     if relative is not None:
         cond = relative[1]
     else:
-        cond = _checked(lambda: condition(threshold, STORE[metric][0], "threshold"), tn, where, f"{at}.threshold")
+        cond = _checked(lambda: condition(threshold, _unit(metric), "threshold"), tn, where, f"{at}.threshold")
     canon = [("name", _node(name, t)), ("metric", _node(metric, mn)), ("condition", _node(cond, tn)),
              ("action", _node(action, an))]
     if relative is not None:
         canon += [("aggregate", _node(relative[0], tn)), ("window", _node(relative[2], tn))]
     if params:
         canon.append(("params", _node(params, an)))
-    for key in ("window", "cooldown", "aggregate"):
+    for key in ("window", "cooldown", "aggregate", "lead", "model"):
         if key in p:
             canon.append((key, p[key][1]))
     import yaml

@@ -248,6 +248,32 @@ class _InFlight:
         yield g
 
 
+#: the forecast gauge's horizons: label -> seconds ahead
+FORECAST_HORIZONS: dict[str, float] = {"15m": 900.0, "30m": 1800.0, "1h": 3600.0}
+
+
+class ForecastCollector:
+    """``vnpu:forecast_requests_per_second{model_name,horizon}``: the forecast request rate (seasonal-naive +
+    EWMA level, :mod:`runtime.observe.forecast`) of each model with history (``model_name="*"``: the
+    server) at 15 min, 30 min and 1 h ahead, and ``vnpu:forecast_peak_requests_per_second{model_name}``: the
+    highest within the hour.  Read at scrape from the History (one aggregate query per scope and bin)."""
+
+    def __init__(self, forecaster, clock):
+        self.forecaster, self.clock = forecaster, clock
+
+    def collect(self):
+        at = GaugeMetricFamily(P + "forecast_requests_per_second", "Forecast requests per second of the model "
+                               "(* = the server) this far ahead.", labels=("model_name", "horizon"))
+        peak = GaugeMetricFamily(P + "forecast_peak_requests_per_second", "Highest forecast requests per second "
+                                 "within the next hour.", labels=("model_name",))
+        for f in self.forecaster.all(self.clock()):
+            for label, ahead in FORECAST_HORIZONS.items():
+                at.add_metric([f.model, label], f.at(ahead))
+            peak.add_metric([f.model], f.peak())
+        yield at
+        yield peak
+
+
 def make_registry(rt, engines: dict, max_model_len: int = 8192, quotas=None,
                   tenants=()) -> tuple[CollectorRegistry, PrometheusStatLogger, TenantMetrics]:
     reg = CollectorRegistry()

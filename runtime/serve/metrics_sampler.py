@@ -6,7 +6,9 @@ time to first token through the stat-logger interface (:meth:`Sampler.record`); 
 (re-binds) reach :meth:`Sampler.engine_event`.  :meth:`Sampler.tick` turns what arrived since the last tick
 into one sample per metric of :data:`runtime.observe.metrics_store.METRICS`:
 
-- ``qps``: requests that ended (served or failed) per second since the last tick;
+- ``qps``: requests that ended (served or failed) per second since the last tick; also per model (scope
+  ``model:<name>``, every model that had a request since the server started: 0 when none ended), the
+  history the forecast (:mod:`runtime.observe.forecast`) reads;
 - ``p50/p95/p99_latency_ms``: end-to-end latency (as the HTTP client sees it) of those requests; no sample
   when none ended (a percentile of nothing is not a number);
 - ``ttft_p99_ms``: the engines' time to first token;
@@ -39,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from runtime.observe.forecast import model_scope
 from runtime.observe.metrics_store import HEALTH_CODES, History, device_scope
 
 log = logging.getLogger("vnpu.serve")
@@ -76,6 +79,7 @@ class _Window:
     errors: int = 0
     shed: int = 0
     arrived: int = 0
+    by_model: dict = field(default_factory=dict)     # model -> requests ended
 
 
 class Sampler:
@@ -97,6 +101,7 @@ class Sampler:
         self._health: dict[int, int] = {}            # device -> last health code seen
         self._episode: dict[int, tuple] = {}         # device -> (event id, ts) of its first fault since OK
         self._failed: dict[str, int] = {}            # engine -> failed steps seen
+        self._models: set[str] = set()               # models with a request since the start (per-model qps)
         self._listeners: list[Callable[[float, dict, dict], None]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,14 +109,18 @@ class Sampler:
         service.attach_observer(self)
 
     # -------------------------------------------------------------- what the server reports
-    def observe(self, outcome: str, latency_s: float | None = None) -> None:
-        """One request ended with ``outcome`` (a key of :data:`OUTCOMES`) after ``latency_s``."""
+    def observe(self, outcome: str, latency_s: float | None = None, model: str | None = None) -> None:
+        """One request (to ``model`` when known) ended with ``outcome`` (a key of :data:`OUTCOMES`) after
+        ``latency_s``."""
         ended, error, shed = OUTCOMES[outcome]
         with self._lock:
             w = self._win
             w.arrived += 1
             if ended:
                 w.ended += 1
+                if model:
+                    w.by_model[model] = w.by_model.get(model, 0) + 1
+                    self._models.add(model)
                 if latency_s is not None:
                     w.latencies.append(float(latency_s))
             w.errors += error
@@ -160,6 +169,7 @@ class Sampler:
             w, self._win = self._win, _Window()
             dt = now - self._last_tick if self._last_tick is not None else self.interval_s
             self._last_tick = now
+            models = sorted(self._models)
         dt = max(dt, 1e-6)
         server = {
             "qps": w.ended / dt,
@@ -173,7 +183,8 @@ class Sampler:
         server.update(self.service.gauges())
         self._failed_steps(now)
         devices = self._devices(now)
-        self.history.record_tick(now, {"": server, **{device_scope(d): s for d, s in devices.items()}})
+        per_model = {model_scope(m): {"qps": w.by_model.get(m, 0) / dt} for m in models}
+        self.history.record_tick(now, {"": server, **{device_scope(d): s for d, s in devices.items()}, **per_model})
         self.ticks += 1
         for fn in list(self._listeners):
             try:

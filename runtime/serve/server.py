@@ -27,6 +27,8 @@ import time
 from contextlib import ExitStack
 from typing import Callable
 
+from runtime.observe.forecast import Forecaster
+
 from .access_log import AccessLog
 from .api import build_app
 from .api.connections import ConnectionCounter, guarded_protocol
@@ -38,7 +40,7 @@ from .engine import EmbedEngine, GenerateEngine
 from .engine.errors import ModelNotFound, Unavailable
 from .engine.placement import DeviceBinder
 from .limits import HttpLimits
-from .metrics import make_registry
+from .metrics import ForecastCollector, make_registry
 from .result_cache import ResultCache
 from .tags import TagRules
 from .tenants import Quotas, Tenant, TenantRegistry, check_bind
@@ -97,6 +99,7 @@ class Frontend:
         self.stat_loggers: list = [self.stat_logger]
         self.observers: list = []                #: the sampler(s): request outcomes and events go there
         self.history = None                      #: the History the observers record into (admin routes read it)
+        self.forecaster: Forecaster | None = None   #: the request-rate forecasts of that history (cached per bin)
         self.reconfigurer = None                 #: a runtime.serve.reconfigure.Reconfigurer (POST /admin/reconfigure)
         self.healing = None                      #: a runtime.serve.heal.SelfHealing (its state in /admin/state)
         self.memory = None                       #: a runtime.serve.memory_pool.MemoryManager (memory:), see manage_memory
@@ -119,12 +122,16 @@ class Frontend:
         backs the ``/admin/history`` routes."""
         self.observers.append(obs)
         self.stat_loggers.append(obs)
+        if self.history is None:                 # the forecasts (gauges, route) read the first observer's history
+            self.forecaster = Forecaster(obs.history)
+            self.registry.register(ForecastCollector(self.forecaster, obs.clock))
         self.history = obs.history
 
-    def observe(self, outcome: str, latency_s: float | None = None) -> None:
-        """The HTTP layer: one request ended (see :data:`runtime.serve.metrics_sampler.OUTCOMES`)."""
+    def observe(self, outcome: str, latency_s: float | None = None, model: str | None = None) -> None:
+        """The HTTP layer: one request (to ``model`` when known) ended (see
+        :data:`runtime.serve.metrics_sampler.OUTCOMES`)."""
         for o in list(self.observers):
-            o.observe(outcome, latency_s)
+            o.observe(outcome, latency_s, model)
 
     def gauges(self) -> dict[str, float]:
         """Server-wide gauges now: requests waiting and running, KV-cache use (the fullest engine), the

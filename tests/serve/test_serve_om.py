@@ -647,3 +647,5 @@ def test_a_request_failing_after_admission_is_an_error_for_the_sampler(served, g
     gc.infer("strict", [x_input(tg, x)], headers=H())
     server, _ = served.sampler.tick()
     assert server["error_rate"] == 0.5 and server["shed_rate"] == 0.2
+    # every request that ended was strict's (REST by its /v2 path, gRPC by model_name): its qps is the server's
+    assert served.sampler.history.latest("model:strict")["qps"][1] == pytest.approx(server["qps"]) and server["qps"] > 0

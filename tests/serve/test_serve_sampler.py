@@ -115,6 +115,7 @@ def test_outcomes_latency_and_shed_are_counted_apart(served):
             tiny.completions.create(model="smollm2", prompt="Hello there", max_tokens=60, temperature=0)
     server, devices = sampler.tick(1002.0)
     assert server["qps"] == pytest.approx(3 / 2.0)
+    assert hist.samples("qps", 1002.0, 1002.0, "model:smollm2") == [(1002.0, pytest.approx(3 / 2.0))]  # per model
     assert server["error_rate"] == 0.0
     assert server["shed_rate"] == pytest.approx(3 / 7)
     assert 0 < server["p50_latency_ms"] <= server["p95_latency_ms"] <= server["p99_latency_ms"]

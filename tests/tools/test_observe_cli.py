@@ -62,6 +62,11 @@ def test_file_and_http_sources_give_the_same_answers(live):
         assert h.samples(m, T0 + 2, T0 + 12, scope) == f.samples(m, T0 + 2, T0 + 12, scope) != []
     assert h.latest() == f.latest()
     assert h.devices() == f.devices() == ["npu:0", "npu:1"]
+    # the forecast: 20 s of history, less than a day: the level only (the mean qps), the same both ways
+    fh, ff = h.forecasts(), f.forecasts()
+    assert [x.to_dict() for x in fh] == [x.to_dict() for x in ff] and [x.model for x in ff] == ["*"]
+    qps = [v for _, v in hist.samples("qps", T0, T0 + 19)]
+    assert not ff[0].seasonal and ff[0].peak() == pytest.approx(sum(qps) / len(qps))
     assert [e.to_dict() for e in h.events(kinds=["fault", "action"])] == \
         [e.to_dict() for e in f.events(kinds=["fault", "action"])]
     assert [e.id for e in h.events(until=T0 + 5.5)] == [e.id for e in f.events(until=T0 + 5.5)]
@@ -88,8 +93,10 @@ def test_monitor_once_json_and_text_through_the_routes(live, capsys):
     assert next(m for m in doc["metrics"] if m["metric"] == "device_temperature_c" and m["scope"] == "npu:0"
                 )["latest"] == pytest.approx(temp)
     assert [e["kind"] for e in doc["events"]][-2:] in (["fault", "action"], ["action", "manual"])
+    assert [(x["model"], len(x["points"])) for x in doc["forecasts"]] == [("*", 12)]
     rc, out, err = _cli(["monitor", "--once", "--url", srv.url, "--api-key", ADMIN], capsys)
     assert rc == 0 and "device_temperature_c" in out and "npu:1" in out and "recent events" in out
+    assert "forecast requests/s (next hour)" in out and "level only" in out
 
 
 def incident_history(path):

@@ -65,6 +65,7 @@ async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[i
     event stream with ``body.stream``.  The engine checks them all before any is queued (400), the ticket is
     taken in between (429), then they are queued all together (503 when they do not fit now)."""
     st = serve_state(request)
+    request.state.model = body.model                  # the sampler's per-model request rate
     st.service.check_accepting()
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest("stream_options is only allowed with stream=true", "stream_options")
@@ -176,7 +177,7 @@ def _streamed(eng, body, request: Request, sub: Submitted, rid: str, created: in
             abandon()
         else:
             sub.when_finished(charge)
-        st.service.observe(outcome, time.monotonic() - t0)
+        st.service.observe(outcome, time.monotonic() - t0, body.model)
     return EventStream(_stream(eng, sub, rid, body.model, created, chat, include, n, ended,
                                lambda p, c: note_tokens(request, p, c)), lambda: ended("client"))
 

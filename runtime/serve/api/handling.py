@@ -60,8 +60,15 @@ async def count_request(request: Request, call_next):
         st.tenant_metrics.requests.labels(t.name, str(resp.status_code)).inc()
     if model_route(request.url.path) and not getattr(request.state, "streaming", False):
         st.service.observe(outcome_of(resp.status_code, getattr(request.state, "exc", None),
-                                      getattr(request.state, "admitted", False)), time.monotonic() - t0)
+                                      getattr(request.state, "admitted", False)), time.monotonic() - t0,
+                           getattr(request.state, "model", None) or v2_model(request.url.path))
     return resp
+
+
+def v2_model(path: str) -> str | None:
+    """The model of a ``/v2/models/{m}[/versions/{v}]/infer`` path (None for another path)."""
+    parts = path.split("/")
+    return parts[3] if len(parts) >= 5 and parts[1:3] == ["v2", "models"] and parts[-1] == "infer" else None
 
 
 # ---------------------------------------------------------------------------------------------- the caller

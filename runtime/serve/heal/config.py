@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from runtime.observe.forecast import FORECAST_METRICS, ForecastOptions
 from runtime.observe.metrics_store import METRICS
 
 from ..yamlnodes import items, keyed, load
@@ -31,7 +32,8 @@ from .alerts import REQUIRED, SINKS
 from .spec import (AGGREGATES, AlertSpec, FlappingSpec, RecoverySpec, SelfHealingSpec, SpecError, TriggerSpec,
                    parse_condition, parse_duration, parse_fraction)
 
-TRIGGER_KEYS = ("name", "metric", "condition", "action", "window", "params", "release", "aggregate", "cooldown")
+TRIGGER_KEYS = ("name", "metric", "condition", "action", "window", "params", "release", "aggregate", "cooldown",
+                "lead", "model")
 ROOT_KEYS = ("enabled", "triggers", "recovery", "alerts", "max_actions_per_hour", "hysteresis", "flapping", "risk")
 RECOVERY_KEYS = ("warmup_requests", "health_check", "rollback_on_failure", "cooldown", "move_back", "return_after")
 FLAPPING_KEYS = ("window", "max_fires", "hold")
@@ -130,7 +132,7 @@ def _trigger(node, where: str, path: str, slo: dict) -> TriggerSpec:
         if req not in d:
             raise SpecError(f"{where}line {_line(node)}: {path}: the key '{req}' is required")
     name = _get(d, "name", _str, where, path)
-    metric = _get(d, "metric", _one_of(METRICS, "metric"), where, path)
+    metric = _get(d, "metric", _one_of({**METRICS, **FORECAST_METRICS}, "metric"), where, path)
     action = _get(d, "action", _one_of(ACTIONS, "action"), where, path)
     cond = _get(d, "condition", lambda v: parse_condition(v, slo), where, path)
     release = _get(d, "release", lambda v: parse_condition(v, slo), where, path)
@@ -146,9 +148,25 @@ def _trigger(node, where: str, path: str, slo: dict) -> TriggerSpec:
         params = _get(d, "params", ACTIONS[action].read_params, where, path)
     else:
         params = ACTIONS[action].read_params({})
+    lead, model = _forecast_keys(d, metric, where, path)
     return TriggerSpec(name, metric, cond, action, _get(d, "window", parse_duration, where, path, 0.0), params,
                        release, _get(d, "aggregate", _one_of(AGGREGATES, "aggregate"), where, path, "mean"),
-                       _get(d, "cooldown", parse_duration, where, path))
+                       _get(d, "cooldown", parse_duration, where, path), lead, model)
+
+
+def _forecast_keys(d: dict, metric: str, where: str, path: str) -> tuple[float, str]:
+    """``lead`` (how far ahead a forecast trigger looks; up to the forecast's horizon, default all of it) and
+    ``model`` (whose rate; default the server's) -- only on a forecast metric."""
+    horizon = ForecastOptions().horizon_s
+    for k in ("lead", "model"):
+        if k in d and metric not in FORECAST_METRICS:
+            raise SpecError(f"{where}line {_line(d[k][1])}: {path}.{k}: only a forecast metric "
+                            f"({', '.join(FORECAST_METRICS)}) takes '{k}'")
+    lead = _get(d, "lead", parse_duration, where, path, horizon)
+    if not 0 < lead <= horizon:
+        raise SpecError(f"{where}line {_line(d['lead'][1])}: {path}.lead: must be > 0 and at most the forecast "
+                        f"horizon ({horizon:g} s), got {lead:g} s")
+    return lead, _get(d, "model", _str, where, path, "")
 
 
 def _alert(node, where: str, path: str) -> AlertSpec:

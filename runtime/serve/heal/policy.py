@@ -25,6 +25,10 @@ milliseconds); an action's own run time is added to its durations.
 
 Blocking: a tick that fires or releases an action blocks until the action (a re-bind, a restart) and its
 health check end.
+
+A forecast metric (``forecast_qps``: :mod:`runtime.observe.forecast`) is the highest forecast request rate
+within the trigger's ``lead`` (of the server, or of its ``model``): a trigger ``forecast_qps > 40`` with
+``lead: 30m`` scales out about half an hour before a rise the history has seen every day.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from runtime.observe.forecast import FORECAST_METRICS, Forecaster, model_scope
 from runtime.observe.metrics_store import METRICS, History
 
 from .actions import ACTIONS, ActionUnavailable, Context, Fired, NotYet, Outcome
@@ -75,6 +80,7 @@ class PolicyEngine:
         self._lock = threading.RLock()
         self._states: dict[tuple[str, str], _State] = {}
         self._actions: deque = deque()                   # times of actions run (max_actions_per_hour)
+        self.forecaster = Forecaster(history)            # forecast metrics (forecast_qps), cached per bin
         self.update(spec)
 
     def update(self, spec: SelfHealingSpec) -> None:
@@ -98,7 +104,11 @@ class PolicyEngine:
             return
         with self._lock:
             for t in self.spec.triggers:
-                if t.metric in DEVICE_METRICS:
+                if t.metric in FORECAST_METRICS:
+                    scope = model_scope(t.model) if t.model else ""
+                    self._step(t, scope, now, self.forecaster.get(now, scope, FORECAST_METRICS[t.metric])
+                               .peak(t.lead_s))
+                elif t.metric in DEVICE_METRICS:
                     for d, samples in sorted(devices.items()):
                         if t.metric in samples:
                             self._step(t, f"npu:{d}", now, float(samples[t.metric]))

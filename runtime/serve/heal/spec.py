@@ -155,6 +155,8 @@ class TriggerSpec:
     release: Condition | None = None                 #: None: the condition's opposite with hysteresis
     aggregate: str = "mean"
     cooldown_s: float | None = None                  #: None: recovery.cooldown
+    lead_s: float = 0.0                              #: forecast metrics: look this far ahead (peak within)
+    model: str = ""                                  #: forecast metrics: one model's rate ("" the server's)
 
     def release_condition(self, hysteresis: float) -> Condition:
         return self.release if self.release is not None else self.condition.released(hysteresis)

@@ -67,7 +67,8 @@ def _rpc(open_: bool = False, model: bool = False):
                 if tenant is not None:
                     self.service.tenant_metrics.requests.labels(tenant.name, str(status)).inc()
                 if model:                             # a 503 before admission is shed, as on REST
-                    self.service.observe(outcome_of(status, exc, bool(admitted)), time.monotonic() - t0)
+                    self.service.observe(outcome_of(status, exc, bool(admitted)), time.monotonic() - t0,
+                                         getattr(request, "model_name", None) or None)
             await context.abort(GRPC_CODES.get(status, _S.INTERNAL), msg)
         return call
     return wrap

@@ -31,6 +31,7 @@ def _texts(eng, body: P.EmbeddingRequest) -> list[str]:
 async def embeddings(body: P.EmbeddingRequest, request: Request, tenant: Tenant = Depends(tenant_of),
                      st: ServeState = Depends(serve_state)):
     eng = st.service.engine(body.model, "embed", tenant)
+    request.state.model = body.model                  # the sampler's per-model request rate
     st.service.check_accepting()
     texts = _texts(eng, body)
     precheck(request, tenant, sum(input_floors(eng, texts)))                                     # before the work

@@ -9,6 +9,8 @@ import math
 
 from fastapi import APIRouter, Depends
 
+from runtime.observe.forecast import Forecaster
+
 from ...engine.errors import InvalidRequest
 from ...tenants import Tenant
 from .. import protocol as P
@@ -37,6 +39,16 @@ async def history_samples(metric: str, since: float | None = None, until: float 
     except ValueError as e:                              # an unknown metric
         raise InvalidRequest(str(e), "metric") from None
     return {"metric": metric, "scope": scope, "points": [[t, v] for t, v in pts]}
+
+
+@router.get("/admin/history/forecast")
+async def history_forecast(tenant: Tenant = Depends(admin_of), st: ServeState = Depends(serve_state)):
+    """The next hour's forecast request rate of the server and each model as of the newest sample
+    (``vnpu monitor`` shows it)."""
+    h = _history(st)
+    fc = st.service.forecaster or Forecaster(h)
+    fs = await blocking(fc.all)
+    return {"forecasts": [f.to_dict() for f in fs]}
 
 
 @router.get("/admin/history/events")
