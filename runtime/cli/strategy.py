@@ -36,14 +36,18 @@ def register(sub) -> None:
     st = sub.add_parser("strategy", help="list and apply shared strategies",
                         example=("vnpu strategy list", "vnpu strategy apply ecommerce_peak_guard --dry-run"))
     ops = st.add_subparsers(dest="op", required=True, metavar="{list,show,apply}")
-    ls = ops.add_parser("list", help="the strategies in the local strategy directory")
+    ls = ops.add_parser("list", help="the strategies in the local strategy directory",
+                        example=("vnpu strategy list", "vnpu strategy list --json"))
     ls.add_argument("--json", action="store_true", help="print them as JSON")
     ls.set_defaults(fn=_list)
-    sh = ops.add_parser("show", help="a strategy's metadata and config fragment")
+    sh = ops.add_parser("show", help="a strategy's metadata and config fragment",
+                        example=("vnpu strategy show ecommerce_peak_guard",))
     sh.add_argument("name", help="the strategy's name")
     sh.set_defaults(fn=_show)
     ap = ops.add_parser("apply", help="set a strategy's config fragment over the running server (live) or "
-                                      "print it merged over --config (--dry-run)")
+                                      "print it merged over --config (--dry-run)",
+                        example=("vnpu strategy apply ecommerce_peak_guard",
+                                 "vnpu strategy apply ecommerce_peak_guard --dry-run --config serve.yaml"))
     ap.add_argument("name", help="the strategy's name")
     ap.add_argument("--dry-run", action="store_true", help="print the merged config instead of applying it")
     ap.add_argument("--config", type=text_file, default=None, help="with --dry-run: the config to merge over")

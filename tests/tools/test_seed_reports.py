@@ -191,6 +191,11 @@ def test_share_strategy_writes_the_documented_bundle(tmp_path, capsys, monkeypat
     assert (d / "evidence" / "stress_report.html").read_text() == "<html>p99 held</html>"
     rc, out, err = cli(["strategy", "list"], capsys)
     assert rc == 0 and out.startswith("ecommerce_peak_guard") and "[ecommerce,peak]" in out
+    rc, out, err = cli(["strategy", "show", "ecommerce_peak_guard"], capsys)
+    assert rc == 0 and yaml.safe_load(out) == doc["config"]          # the comment lines are YAML comments
+    (d / "evidence" / "stress_report.html").write_text("tampered")
+    rc, out, err = cli(["strategy", "show", "ecommerce_peak_guard"], capsys)
+    assert rc == 2 and "evidence/stress_report.html is missing or changed" in err
     rc, out, err = share(tmp_path, capsys)                  # no silent overwrite
     assert rc == 2 and "exists" in err
     assert share(tmp_path, capsys, "--force")[0] == 0
