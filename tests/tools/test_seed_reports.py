@@ -108,6 +108,28 @@ def test_postmortem_integer_event_ids_keep_working(history, capsys):
     assert json.loads(out)["window"]["since"] == T0 + 550 - 60
 
 
+def test_event_mark_names_a_window_postmortem_finds(tmp_path, capsys):
+    h = latency_history(tmp_path / "m.sqlite", n=300, at=1000)
+    assert cli(["event", "mark", "cyber_monday", "--history", h], capsys)[0] == 0
+    hist = History(h)
+    t_start = hist.events()[-1].ts
+    hist.record_samples(t_start + 120, {"qps": 50.0})
+    hist.close()
+    rc, out, err = cli(["event", "mark", "cyber_monday", "--end", "--note", "over", "--history", h], capsys)
+    assert rc == 0 and "cyber_monday end recorded" in out
+    hist = History(h)
+    t_end = hist.events()[-1].ts
+    marks = [(e.kind, e.manual, e.detail) for e in hist.events()[-2:]]
+    hist.close()
+    assert marks == [("lifecycle", False, {"event": "cyber_monday", "phase": p}) for p in ("start", "end")]
+    rc, out, err = cli(["postmortem", "--history", h, "--event", "cyber_monday", "--json"], capsys)
+    assert rc == 0, err
+    w = json.loads(out)["window"]
+    assert (w["since"], w["until"]) == (t_start - 60, t_end + 60)
+    rc, out, err = cli(["event", "mark", "42", "--history", h], capsys)
+    assert rc == 2 and "not an event name" in err
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["--event", "cyber_monday"], "no event named 'cyber_monday'"),
     (["--event", "9bad name"], "neither an event id nor an event name"),
