@@ -16,7 +16,7 @@ from runtime.memory import AllocConfig
 
 #: command groups, in the order ``vnpu --help`` lists them
 COMMANDS = ("cluster", "token", "kernels", "smi", "demo", "run", "serve", "atc", "chaos", "sanitize", "prof",
-            "bench", "monitor", "diagnose", "postmortem", "stress")
+            "bench", "monitor", "diagnose", "postmortem", "event", "stress", "strategy")
 
 
 def version() -> str:

@@ -5,6 +5,7 @@ enough samples, else the verdict is "no significant anomaly"; ``--output`` write
 (inline SVG), a PDF (a page of text, then the plots) or Markdown, by its suffix.
 
     vnpu diagnose --since 1h --focus latency --output report.html
+    vnpu diagnose --time-range last_1h --focus latency_spike --output runtime_health.pdf   (the article's)
 """
 from __future__ import annotations
 
@@ -19,9 +20,12 @@ def register(sub) -> None:
     d = sub.add_parser("diagnose", help="find anomalies in the server's history and rank their root causes",
                        example=("vnpu diagnose --since 1h --focus latency --output report.html",
                                 "vnpu diagnose --history history.sqlite --since 2026-12-01T03:00:00 --json"))
-    d.add_argument("--since", type=since, default=("ago", 3600.0), help="how far back (1h, 30m, or a time)")
+    d.add_argument("--since", "--time-range", dest="since", type=since, default=("ago", 3600.0),
+                   help="how far back (1h, 30m, last_1h, last_24h, or a time)")
     d.add_argument("--until", type=since, default=None, help="end of the window (default: now)")
-    d.add_argument("--focus", choices=tuple(FOCUS), default=None, help="rank only the causes of this symptom")
+    d.add_argument("--focus", type=_focus, default=None,
+                   help=f"rank only the causes of this symptom: {', '.join(FOCUS)} (or an article name: "
+                        f"latency_spike, memory_leak, error_spike, overheat, ...)")
     d.add_argument("--target-p99-ms", type=float_in(0.0, lo_open=True), default=None,
                    help="the p99 target a latency finding must cross (default: the server's slo.target_p99_ms)")
     d.add_argument("--availability", type=float_in(0.0, 1.0, lo_open=True), default=None,
@@ -29,6 +33,15 @@ def register(sub) -> None:
                         "(default: the server's slo)")
     add_report_args(d, "report.html, report.pdf or report.md")
     d.set_defaults(fn=_cmd)
+
+
+def _focus(s: str) -> str:
+    import argparse
+    from runtime.observe.diagnose import focus_name
+    try:
+        return focus_name(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _cmd(a) -> int:

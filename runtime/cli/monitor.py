@@ -3,6 +3,7 @@ sparklines, a per-device table, the next hour's forecast request rate per model,
 and exits; ``--json`` prints the frame's data (one JSON document per frame; with ``--once``, one).
 
     vnpu monitor --metrics qps,p99,error_rate,mem_frag,temp --interval 1s
+    vnpu monitor --live --metrics "qps,latency,mem_frag,error_rate"     (the article's; latency = p99)
 """
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def register(sub) -> None:
                    help=f"comma-separated metrics or aliases (default {','.join(DEFAULT_METRICS)})")
     m.add_argument("--interval", type=duration, default="1s", help="redraw every ... (default 1s)")
     m.add_argument("--window", type=duration, default="2m", help="history shown by the sparklines (default 2m)")
-    m.add_argument("--once", action="store_true", help="draw one frame and exit")
+    lo = m.add_mutually_exclusive_group()
+    lo.add_argument("--live", action="store_true",
+                    help="redraw until interrupted (the default; the CANN article's spelling)")
+    lo.add_argument("--once", action="store_true", help="draw one frame and exit")
     m.add_argument("--json", action="store_true", help="print each frame's data as JSON")
     add_source_args(m)
     m.set_defaults(fn=_cmd)

@@ -12,7 +12,7 @@ import re
 
 from runtime.cliargs import add_output_arg, fail
 
-_AGO = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)\s*")
+_AGO = re.compile(r"\s*(?:last[_ ]?)?([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d)\s*")
 _UNIT = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -66,7 +66,8 @@ def report_kind(a, prog: str) -> str | None:
 
 
 def since(s: str):
-    """``type=``: how far back: ``90s`` / ``30m`` / ``1h`` / ``2d`` (relative: a negative number of seconds is
+    """``type=``: how far back: ``90s`` / ``30m`` / ``1h`` / ``2d``, also as the CANN article writes it,
+    ``last_1h`` / ``last_30m`` / ``last_24h`` (relative: a negative number of seconds is
     returned as ``("ago", s)``), an ISO time (``2026-12-01T03:00:00``, UTC unless it says otherwise), or
     epoch seconds."""
     m = _AGO.fullmatch(s)

@@ -412,7 +412,12 @@ def _cmd_config(a) -> int:
 
 
 def _cmd_reconfigure(a) -> int:
-    """POST /admin/reconfigure to the running server: exit 0 applied, 1 rolled back, 2 refused."""
+    return run_reconfigure(a)
+
+
+def run_reconfigure(a) -> int:
+    """POST /admin/reconfigure to the running server: exit 0 applied, 1 rolled back, 2 refused (``a``: the
+    reconfigure flags' namespace: url, api_key, set, file, memory_pool_size, json, reconfigure_prog)."""
     import urllib.error
     import urllib.request
 

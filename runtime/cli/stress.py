@@ -6,6 +6,11 @@ manual interventions the server recorded, the risks it saw, and advice (:mod:`ru
 
     vnpu stress-test --profile burst --duration 2m --rate 20 --faults kill,hang,overheat --every 20s
     vnpu stress-test --profile profile.yaml --duration 5m --output stress.html --json
+    vnpu stress-test --profile black_friday_2024 --duration 30m --output stress_report.html  (a named preset)
+
+A named preset (``runtime/stress/profiles.yaml``, :mod:`runtime.stress.presets`) brings its own rate shape,
+peak rate, duration and fault plan; ``--rate``, ``--duration``, ``--faults``, ``--every`` override them.  Every
+run is recorded in the server's history as the named event of its profile (``vnpu postmortem --event NAME``).
 """
 from __future__ import annotations
 
@@ -23,12 +28,16 @@ def register(sub) -> None:
                                            "self-healing report",
                        example=("vnpu stress-test --profile burst --duration 2m --rate 20 --faults kill,hang --every 20s",
                                 "vnpu stress-test --profile steady --duration 5m --output stress.html"))
-    s.add_argument("--profile", default="steady", help="steady | burst | diurnal | spike | a profile .yaml")
-    s.add_argument("--duration", type=duration, default="5m", help="length of the load (e.g. 2m, 300s)")
-    s.add_argument("--rate", type=float_in(0.0, lo_open=True), default=10.0, help="peak requests/s (default 10)")
-    s.add_argument("--faults", type=choices_list(STRESS_FAULTS, "fault kind"), default=None,
-                   help=f"comma-separated among {','.join(STRESS_FAULTS)} (default: none)")
-    s.add_argument("--every", type=duration, default="30s", help="one fault every ... (default 30s)")
+    s.add_argument("--profile", default="steady",
+                   help="steady | burst | diurnal | spike | a named preset (black_friday_2024, flash_sale, "
+                        "nightly_batch) | a profile .yaml")
+    s.add_argument("--duration", type=duration, default=None,
+                   help="length of the load (e.g. 2m, 300s; default 5m, or the preset's)")
+    s.add_argument("--rate", type=float_in(0.0, lo_open=True), default=None,
+                   help="peak requests/s (default 10, or the preset's)")
+    s.add_argument("--faults", type=_faults, default=None,
+                   help=f"comma-separated among {','.join(STRESS_FAULTS)}, or none (default: none, or the preset's)")
+    s.add_argument("--every", type=duration, default=None, help="one fault every ... (default 30s, or the preset's)")
     s.add_argument("--fault-devices", type=_devices, default=None,
                    help="devices the faults hit, e.g. 0-3 (default: all of the cluster's but the last, a spare)")
     s.add_argument("--model", default=None, help="the model to load (default: the server's first)")
@@ -43,6 +52,11 @@ def register(sub) -> None:
     s.add_argument("--url", help="the server (default: the one in $VNPU_HOME/serve/server.json)")
     s.add_argument("--api-key", help="an admin key (default: $VNPU_API_KEY)")
     s.set_defaults(fn=_cmd)
+
+
+def _faults(s: str) -> list[str]:
+    from runtime.stress.faults import STRESS_FAULTS
+    return [] if s.strip().lower() == "none" else choices_list(STRESS_FAULTS, "fault kind")(s)
 
 
 def _devices(s: str) -> tuple[int, ...]:
@@ -63,19 +77,31 @@ def _devices(s: str) -> tuple[int, ...]:
 
 
 def _profile(a):
+    """The rate profile; a named preset also sets ``a.faults`` / ``a.every`` unless given (and marks
+    ``a.preset_faults``)."""
     from runtime.cliargs import fail, read_text
+    from runtime.stress.presets import load
     from runtime.stress.profiles import PROFILES, ProfileError, builtin, from_doc
+    a.preset_faults = False
     try:
         if a.profile in PROFILES:
-            return builtin(a.profile, a.rate, a.duration)
+            return builtin(a.profile, a.rate or 10.0, a.duration or 300.0)
+        presets = load()
+        if a.profile in presets:
+            pre = presets[a.profile]
+            if a.faults is None and pre.faults:
+                a.faults, a.preset_faults = list(pre.faults), True
+            a.every = a.every or pre.every_s
+            return pre.profile(a.rate, a.duration)
         if a.profile.endswith((".yaml", ".yml")):
             import yaml
             try:
                 doc = yaml.safe_load(read_text(a.profile))
             except yaml.YAMLError as e:
                 fail(f"argument --profile: {a.profile}: {' '.join(str(e).split())}", "vnpu stress-test")
-            return from_doc(doc, a.rate, a.duration, os.path.basename(a.profile))
-        raise ProfileError(f"unknown profile {a.profile!r} (known: {', '.join(PROFILES)}, or a .yaml file)")
+            return from_doc(doc, a.rate or 10.0, a.duration or 300.0, os.path.basename(a.profile))
+        raise ProfileError(f"unknown profile {a.profile!r} (known: {', '.join([*PROFILES, *presets])}, or a "
+                           f".yaml file)")
     except (ProfileError, ValueError) as e:
         fail(f"argument --profile: {e}", "vnpu stress-test")
 
@@ -96,9 +122,15 @@ def _cmd(a) -> int:
         fail("no running server (no $VNPU_HOME/serve/server.json): give --url", prog)
     key = a.api_key or os.environ.get("VNPU_API_KEY") or None
     faults = tuple(a.faults or ())
+    a.every = a.every or 30.0
     if faults:
         from runtime.cluster.discovery import read_state
         if os.environ.get("VNPU_BACKEND", "") == "local" or read_state() is None:
+            if a.preset_faults:
+                print(f"vnpu stress-test: profile {a.profile}: its fault plan ({','.join(faults)}) is skipped: the "
+                      f"server runs on no vnpu cluster (load only)", file=sys.stderr)
+                faults = ()
+        if faults and (os.environ.get("VNPU_BACKEND", "") == "local" or read_state() is None):
             fail("--faults needs the cluster the server runs on (vnpu up, then vnpu serve); in-process devices "
                  "of another process cannot be reached", prog)
     with contextlib.ExitStack() as stack:

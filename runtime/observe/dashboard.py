@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .metrics_store import METRICS, Event
 
 ALIASES: dict[str, str] = {
-    "p50": "p50_latency_ms", "p95": "p95_latency_ms", "p99": "p99_latency_ms", "ttft": "ttft_p99_ms",
+    "p50": "p50_latency_ms", "p95": "p95_latency_ms", "p99": "p99_latency_ms", "latency": "p99_latency_ms", "ttft": "ttft_p99_ms",
     "errors": "error_rate", "shed": "shed_rate", "queue": "queue_depth", "kv": "kv_cache_usage",
     "mem_frag": "hbm_fragmentation", "frag": "hbm_fragmentation", "pool_frag": "pool_fragmentation",
     "temp": "device_temperature_c", "power": "device_power_w", "util": "aicore_util", "aicore": "aicore_util",

@@ -48,6 +48,23 @@ FOCUS: dict[str, tuple[str, ...]] = {
 }
 ALL = tuple(dict.fromkeys(m for ms in FOCUS.values() for m in ms))
 
+#: the CANN article's focus names (``--focus latency_spike``) -> a key of :data:`FOCUS`; the one table
+FOCUS_ALIASES: dict[str, str] = {
+    "latency_spike": "latency", "slow_requests": "latency", "throughput_drop": "latency",
+    "memory_leak": "memory", "mem_frag": "memory", "fragmentation": "memory", "oom": "memory",
+    "error_spike": "errors", "error_burst": "errors", "error_rate": "errors", "device_failure": "errors",
+    "overheat": "thermal", "thermal_throttle": "thermal", "temperature": "thermal",
+}
+
+
+def focus_name(s: str) -> str:
+    """A key of :data:`FOCUS` for ``s`` (itself or an article alias); :class:`ValueError` (one line) if none."""
+    k = s.strip().lower()
+    k = FOCUS_ALIASES.get(k, k)
+    if k not in FOCUS:
+        raise ValueError(f"unknown focus {s!r} (known: {', '.join(FOCUS)}; aliases: {', '.join(FOCUS_ALIASES)})")
+    return k
+
 #: metric -> the direction users feel (+1: up is bad)
 SYMPTOMS: dict[str, int] = {"p99_latency_ms": 1, "p95_latency_ms": 1, "ttft_p99_ms": 1, "error_rate": 1,
                             "shed_rate": 1}

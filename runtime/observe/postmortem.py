@@ -80,6 +80,54 @@ def incident_window(src, event_id: int, gap_s: float = 120.0, margin_s: float = 
     return first.ts - margin_s, end + margin_s, chain
 
 
+def named_events(src, name: str) -> list[Event]:
+    """The events recorded under the name ``name`` (``detail.event``: ``vnpu stress-test --profile NAME``
+    records its start and end so, ``vnpu event mark NAME`` one mark), oldest first."""
+    return [e for e in src.events() if isinstance(e.detail, dict) and e.detail.get("event") == name]
+
+
+def named_window(src, name: str, margin_s: float = 60.0) -> tuple[float, float, list[Event]]:
+    """(start, end, events) of the named event ``name``: from its first to its last record (a stress run's
+    start and end), widened by ``margin_s``; the *latest* run when the name was recorded by several runs
+    (a new run starts at a ``lifecycle`` record whose ``detail.phase`` is ``start``).  :class:`KeyError`
+    (one line) if the history has no event of that name."""
+    evs = named_events(src, name)
+    if not evs:
+        raise KeyError(f"no event named {name!r}")
+    starts = [i for i, e in enumerate(evs) if e.detail.get("phase") == "start"]
+    evs = evs[starts[-1]:] if starts else evs
+    end = max(e.ts + (e.duration_s or 0.0) for e in evs)
+    return evs[0].ts - margin_s, end + margin_s, evs
+
+
+def metric_summary(src, metrics, since: float, until: float) -> dict:
+    """``{metric: {scope: {samples, mean, p50, p99, min, max}}}`` over ``[since, until]`` for each of
+    ``metrics`` (server-wide scope ``""`` and every device that has samples) -- ``--metrics all``."""
+    out: dict = {}
+    for m in metrics:
+        per: dict = {}
+        for scope in [""] + list(src.devices()):
+            v = np.array([x for _, x in src.samples(m, since, until, scope)])
+            if v.size:
+                per[scope or "server"] = {"samples": int(v.size), "mean": float(v.mean()),
+                                          "p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
+                                          "min": float(v.min()), "max": float(v.max())}
+        out[m] = per
+    return out
+
+
+def metric_lines(summary: dict) -> list[str]:
+    """The terminal lines of :func:`metric_summary` (metrics without samples say so)."""
+    out = ["metrics (samples, mean, p50, p99, min, max):"]
+    for m, per in summary.items():
+        if not per:
+            out.append(f"  {m}: no samples")
+        for scope, r in per.items():
+            out.append(f"  {m} [{scope}]: {r['samples']}, {r['mean']:.4g}, {r['p50']:.4g}, {r['p99']:.4g}, "
+                       f"{r['min']:.4g}, {r['max']:.4g}")
+    return out
+
+
 def _mean(xs) -> float | None:
     return float(np.mean(xs)) if len(xs) else None
 

@@ -197,12 +197,14 @@ def run_stress(cfg: StressConfig, inject: Callable[[str, int], dict] | None = No
     if source is not None:
         _safe(lambda: source.record_event("lifecycle", source="stress-test",
                                           diagnosis=f"stress-test started: profile {cfg.profile.name}",
-                                          detail={"profile": cfg.profile.name, "faults": list(cfg.faults)}))
+                                          detail={"profile": cfg.profile.name, "faults": list(cfg.faults),
+                                                  "event": cfg.profile.name, "phase": "start"}))
     gen.run(cfg.drain_s, on_arrival=driver.on_arrival)
     driver.join()
     wall1 = time.time()
     if source is not None:
-        _safe(lambda: source.record_event("lifecycle", source="stress-test", diagnosis="stress-test ended"))
+        _safe(lambda: source.record_event("lifecycle", source="stress-test", diagnosis="stress-test ended",
+                                          detail={"event": cfg.profile.name, "phase": "end"}))
     slo = state.get("slo") if isinstance(state.get("slo"), dict) else {}
     return build_report(cfg, model, kind, gen, driver.fired, plan, reference, source, wall0, wall1, slo)
 

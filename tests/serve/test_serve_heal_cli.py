@@ -4,7 +4,8 @@
 - ``server.json`` (mode 0600) names the URL, pid and History of the running server and is gone after a
   clean stop; the sampler thread fills the History in the state directory;
 - ``vnpu serve reconfigure --set`` finds the server through ``server.json``, applies, exits 0; the change is
-  a manual intervention; without an admin key it exits 2 with one line;
+  a manual intervention; without an admin key it exits 2 with one line; a strategy bundle written by
+  ``vnpu share-strategy`` is applied live by ``vnpu strategy apply`` through the same path;
 - a SIGTERM ends a history long poll in flight at once (not at its ``wait_s``);
 - the History survives the restart: the second server serves the first one's samples and events;
 - a bad ``self_healing`` section: exit 2, one line naming the key and its line.
@@ -110,6 +111,20 @@ def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):
         first = get(s.url, "/admin/history/events?kinds=config")["events"]
         assert len(first) == 1 and first[0]["manual"] and first[0]["source"] == "admin ops"
         t_first = get(s.url, "/admin/history/latest")["server"]["qps"][0]
+        # a shared strategy (the article's share-strategy) applied live through the same reconfigure path
+        tuned = tmp_path / "tuned.yaml"
+        tuned.write_text("slo: {target_p99_ms: 1500}\nself_healing:\n  triggers:\n    - {name: thermal, metric: "
+                         "device_temperature_c, condition: '> 95', window: 10s, action: throttle}\n")
+        env = dict(vnpu_env(home), VNPU_API_KEY=ADMIN)
+        r = subprocess.run([sys.executable, "-m", "runtime.cli", "share-strategy", "--name", "ecommerce_peak_guard",
+                            "--config", str(tuned), "--tags", "ecommerce,peak", "--description", "tuned", "--license",
+                            "apache-2.0"], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        r = subprocess.run([sys.executable, "-m", "runtime.cli", "strategy", "apply", "ecommerce_peak_guard"], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and r.stdout.startswith("vnpu strategy apply: ok: "), (r.stdout, r.stderr)
+        assert get(s.url, "/admin/state")["slo"]["target_p99_ms"] == 1500
+        assert len(get(s.url, "/admin/history/events?kinds=config")["events"]) == 2
         # SIGTERM with a long poll in flight (no sample will be newer than after): the poll answers when the
         # server shuts down, not at its wait_s -- the 10 s join is only "far below the poll's 20 s"
         got: dict = {}

@@ -284,3 +284,35 @@ def test_a_hang_that_clears_is_recovered_by_the_devices_own_recovery_event(tmp_p
     assert f["recovered_after_s"] == pytest.approx(2.9) and "OK again" in f["recovered_by"]
     assert rep["self_healing"] == []
     h.close()
+
+
+@pytest.mark.serve
+def test_the_black_friday_preset_runs_and_postmortem_reads_it_by_name(server, capsys):
+    """The article's `stress-test --profile black_friday_2024 --duration 30m` (its rate shape at a small peak,
+    30 min on a 600x clock, no faults: this server is in-process) records its run in the server's history as
+    the named event; `postmortem --event black_friday_2024 --metrics all` finds the run's window by that
+    name and summarises the metrics the server sampled during it."""
+    from runtime.cli import main
+    from runtime.observe.source import HttpSource
+    from runtime.stress.presets import load
+    from runtime.stress.run import StressConfig, run_stress
+    rt, srv, hist = server
+    prof = load()["black_friday_2024"].profile(rate=0.1, duration_s=1800.0)
+    clk = ScaledClock(600.0)
+    cfg = StressConfig(url=srv.url, api_key=ADMIN, profile=prof, distinct_inputs=4, workers=16,
+                       target_p99_ms=10_000.0, drain_s=60)
+    rep = run_stress(cfg, None, HttpSource(srv.url, ADMIN), clock=clk, wait_until=clk.wait_until)
+    assert rep["requests"]["lost"] == 0 and rep["rates"]["sent"] == len(arrivals(prof)) > 0
+    marks = [e for e in hist.events(kinds=["lifecycle"]) if e.detail.get("event") == "black_friday_2024"]
+    assert [e.detail["phase"] for e in marks][-2:] == ["start", "end"]
+    start, end = marks[-2].ts, marks[-1].ts
+    rc = main(["postmortem", "--history", str(hist.path), "--event", "black_friday_2024", "--metrics", "all",
+               "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    import json
+    pm = json.loads(out)
+    assert pm["window"]["since"] == pytest.approx(start - 60.0) and pm["window"]["until"] == pytest.approx(end + 60.0)
+    qps = [v for t, v in hist.samples("qps", start - 60.0, end + 60.0)]
+    assert pm["metrics"]["qps"]["server"]["samples"] == len(qps) > 0
+    assert pm["metrics"]["qps"]["server"]["max"] == pytest.approx(max(qps))
