@@ -1,6 +1,7 @@
 """Reconfiguring a running server: a new ``serve.yaml`` (or ``key=value`` settings over the current one),
 validated first, applied without a restart and without dropping a request, health-checked, rolled back
-when the check fails, and recorded as a manual intervention (``config`` event, ``manual=True``).
+when the check fails, and recorded as a manual intervention (``config`` event, ``manual=True``, with the SLO it leaves in effect:
+``vnpu postmortem`` judges each part of a window against the SLO of its time).
 
 What applies live: every model's scheduler mode (``models[].scheduler``: from the engine's next step on),
 the tenants (keys, priority classes, quotas, admin), the ``slo``, ``memory`` (the pools grow or shrink
@@ -155,7 +156,7 @@ class Reconfigurer:
                     "config", source=who, manual=manual, result=result, duration_s=took,
                     diagnosis=f"reconfigure: {'; '.join(changes) or 'no change'}",
                     detail={"changes": changes, "set": list(sets), "file": config_text is not None,
-                            "health_check": why})
+                            "health_check": why, "slo": dataclasses.asdict(self.cfg.slo)})
             return {"result": result, "changes": changes, "health_check": why, "event_id": eid, "seconds": took}
 
     def rollback(self, who: str = "operator") -> str:
@@ -169,7 +170,7 @@ class Reconfigurer:
         if self.history is not None:
             self.history.record_event("config", source=who, manual=not who.startswith("policy"), result="ok",
                                       diagnosis=f"rollback: {'; '.join(changes) or 'no change'}",
-                                      detail={"changes": changes})
+                                      detail={"changes": changes, "slo": dataclasses.asdict(cfg.slo)})
         return f"rolled back: {'; '.join(changes) or 'no change'}"
 
     def _install(self, cfg: ServeConfig, text: str) -> None:

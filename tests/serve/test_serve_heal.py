@@ -493,8 +493,10 @@ def test_admin_state_has_the_running_slo(env, reconf):
     assert st == 200 and ans["result"] == "ok", ans
     body = get(srv, "/admin/state")[1]
     assert body["slo"]["target_p99_ms"] == 750 and body["slo"]["availability"] == pytest.approx(0.995)
+    assert hist.event(ans["event_id"]).detail["slo"] == body["slo"]     # postmortem judges from here on by it
     reconf.rollback("operator")
     assert get(srv, "/admin/state")[1]["slo"]["target_p99_ms"] is None
+    assert hist.events(kinds=["config"])[-1].detail["slo"] == {"target_p99_ms": None, "availability": None}
 
 
 def test_reconfigure_refuses_bad_or_restart_only_changes_and_rolls_back_a_failed_health_check(env, reconf):
