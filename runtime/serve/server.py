@@ -30,6 +30,7 @@ from typing import Callable
 from runtime.observe.forecast import Forecaster
 
 from .access_log import AccessLog
+from .circuit import Breakers
 from .api import build_app
 from .api.connections import ConnectionCounter, guarded_protocol
 from .api.guard import RequestGuard
@@ -86,6 +87,7 @@ class Frontend:
         self.tenants = TenantRegistry(tuple(tenants))
         self.tag_rules = TagRules(tuple(tags))   #: request tag -> priority class (runtime.serve.tags)
         self.quotas = Quotas(clock)
+        self.breakers = Breakers(clock)          #: per-tenant circuit breakers (:mod:`.circuit`)
         max_len = max([m.engine.max_model_len for m in self.specs if m.kind == "generate"] or [512])
         self.registry, self.stat_logger, self.tenant_metrics = make_registry(rt, self.engines, max_len, self.quotas,
                                                                              self.tenants.tenants)
@@ -372,6 +374,12 @@ class Frontend:
                                  f"target_p99_ms={t:g} from the history", detail={"model": n, "target_p99_ms": t})
         return picked
 
+    def _usage(self, t: Tenant) -> dict:
+        u = self.quotas.usage(t)
+        if t.circuit_breaker is not None:
+            u["circuit_breaker"] = self.breakers.state(t.name)
+        return u
+
     def slo(self) -> dict:
         """The running config's ``slo`` (``target_p99_ms``, ``availability`` as a fraction; None where not
         set; what reconfigure changed included); {} when the server keeps no config."""
@@ -382,7 +390,7 @@ class Frontend:
         """The server's state for operators: lifecycle, the ``slo`` it is held to, engines (placement,
         chain, limits), tenants' usage."""
         out = {"state": self.state, "throttle": self.quotas.admission, "slo": self.slo(), "models": {},
-               "tenants": [self.quotas.usage(t) for t in self.tenants.tenants], "events": list(self.events[-50:])}
+               "tenants": [self._usage(t) for t in self.tenants.tenants], "events": list(self.events[-50:])}
         if self.healing is not None:
             out["self_healing"] = self.healing.state()
         if self.memory is not None:
