@@ -27,6 +27,7 @@ import time
 import yaml
 
 from .config import ConfigError, ServeConfig, parse_config
+from .engine.config import LIVE_FIELDS
 from .heal.actions import PROBES, Context, probe
 
 
@@ -108,15 +109,35 @@ class Reconfigurer:
             if m.fallback != o.fallback:
                 raise ConfigError(f"reconfigure: models.{m.name}.fallback cannot change without a restart")
             if m.kind == "generate":
-                a = dataclasses.replace(m.engine, mode=o.engine.mode)
-                if a != o.engine:
-                    diff = [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(o.engine, f.name)]
-                    raise ConfigError(f"reconfigure: models.{m.name}.engine.{diff[0]} cannot change without a restart "
-                                      f"(live: scheduler, tenants, slo, self_healing)")
+                live, restart = o.engine.live_diff(m.engine)
+                if restart:
+                    raise ConfigError(f"reconfigure: models.{m.name}.engine.{restart[0]} cannot change without a "
+                                      f"restart (live: engine.{', engine.'.join(LIVE_FIELDS)}, scheduler, tenants, "
+                                      f"slo, memory, self_healing)")
+                if live:
+                    self._check_engine(m, "set_limits")
             elif m.batching != o.batching:
-                raise ConfigError(f"reconfigure: models.{m.name}.batching cannot change without a restart")
+                self._check_engine(m, "set_batching")
         if new.memory != old.memory:
             self._check_memory(new)
+
+    def _check_engine(self, m, method: str) -> None:
+        """Refuse (ConfigError, nothing changed) live limits ``m``'s running engine cannot take."""
+        from devices.errors import InvalidParamError
+        try:
+            eng = self.service.live_engine(m.name, method)
+            cap = getattr(eng, "capacity", None) if method == "set_limits" else None
+            if cap is not None:
+                for k in ("max_num_seqs", "max_num_batched_tokens"):
+                    if getattr(m.engine, k) > getattr(cap, k):
+                        raise InvalidParamError(f"engine.{k} {getattr(m.engine, k)} is above the {getattr(cap, k)} "
+                                                f"the engine was built with; that needs a restart")
+            elif method == "set_batching" and m.batching.max_batch_size > getattr(eng, "batch_capacity", 0):
+                raise InvalidParamError(f"batching.max_batch_size {m.batching.max_batch_size} is above the "
+                                        f"{getattr(eng, 'batch_capacity', 0)} the engine was built with; that needs "
+                                        f"a restart")
+        except InvalidParamError as e:
+            raise ConfigError(f"reconfigure: models.{m.name}: {getattr(e, 'detail', e)}") from None
 
     def _check_memory(self, new: ServeConfig) -> None:
         from devices.errors import InvalidParamError
@@ -178,7 +199,12 @@ class Reconfigurer:
         before = {m.name: m for m in self.cfg.models}
         for m in cfg.models:
             o = before.get(m.name)
-            if m.engine is not None and m.engine.mode.mode == "auto" and o is not None and o.engine == m.engine:
+            if o is not None and m.name in svc.engines:
+                if m.kind == "generate" and o.engine.live_diff(m.engine)[0]:
+                    svc.set_engine_limits(m.name, m.engine)     # from its next step; its mode is set below
+                elif m.kind == "embed" and o.batching != m.batching:
+                    svc.set_batching(m.name, m.batching)        # from its next batch
+            if m.engine is not None and m.engine.mode.mode == "auto" and o is not None and o.engine.mode == m.engine.mode:
                 continue                                 # auto keeps the target it picked from the history
             if m.kind == "generate" and m.name in svc.engines:
                 cur = getattr(svc.engines[m.name], "config", None)
@@ -220,6 +246,15 @@ class Reconfigurer:
                 diff = [f"{f.name} {getattr(a, f.name)!r} -> {getattr(b, f.name)!r}" for f in dataclasses.fields(a)
                         if getattr(a, f.name) != getattr(b, f.name)]
                 out.append(f"{m.name} scheduler: {', '.join(diff)}")
+            if o is not None and m.kind == "generate":
+                live = o.engine.live_diff(m.engine)[0]
+                if live:
+                    out.append(f"{m.name} engine: " + ", ".join(f"{k} {getattr(o.engine, k)!r} -> "
+                                                             f"{getattr(m.engine, k)!r}" for k in live))
+            elif o is not None and o.batching != m.batching:
+                out.append(f"{m.name} batching: " + ", ".join(
+                    f"{f.name} {getattr(o.batching, f.name)!r} -> {getattr(m.batching, f.name)!r}"
+                    for f in dataclasses.fields(m.batching) if getattr(o.batching, f.name) != getattr(m.batching, f.name)))
         if old.tenants != new.tenants:
             out.append(f"tenants: {', '.join(t.name for t in new.tenants) or 'none'}")
         if old.tags != new.tags:

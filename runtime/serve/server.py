@@ -27,15 +27,16 @@ import time
 from contextlib import ExitStack
 from typing import Callable
 
+from devices.errors import InvalidParamError
 from runtime.observe.forecast import Forecaster
 
 from .access_log import AccessLog
-from .circuit import Breakers
 from .api import build_app
 from .api.connections import ConnectionCounter, guarded_protocol
 from .api.guard import RequestGuard
 from .api.state import state_of
 from .api.tokenize_pool import TokenizePool
+from .circuit import Breakers
 from .config import BatchingConfig, ModelSpec, place
 from .engine import EmbedEngine, GenerateEngine
 from .engine.errors import ModelNotFound, Unavailable
@@ -347,6 +348,26 @@ class Frontend:
     def set_tags(self, tags: tuple[tuple[str, int], ...]) -> None:
         """Replace the tag rules for requests from now on (queued requests keep their priority)."""
         self.tag_rules = TagRules(tuple(tags))
+
+    def live_engine(self, model: str, method: str):
+        """``model``'s engine if it can take ``method`` (``set_limits``, ``set_batching``) while it runs;
+        :class:`InvalidParamError` (one line) when it cannot (Ray Serve replicas, a compiled model)."""
+        e = self.engines.get(model)
+        if e is None or not hasattr(e, method):
+            raise InvalidParamError(f"the engine of {model} here ({type(e).__name__ if e is not None else 'none'}) "
+                                    f"cannot change its limits live; that needs a restart")
+        return e
+
+    def set_engine_limits(self, model: str, config) -> None:
+        """``model``'s generation limits (an :class:`runtime.serve.engine.EngineConfig`; the live fields:
+        batch, step budget, queue bound, policy) from its next step, nothing dropped."""
+        self.live_engine(model, "set_limits").set_limits(config)
+
+    def set_batching(self, model: str, batching) -> None:
+        """``model``'s dynamic batching (a :class:`runtime.serve.config.BatchingConfig`) from its next
+        batch, nothing dropped."""
+        self.live_engine(model, "set_batching").set_batching(batching.max_batch_size, batching.max_wait_ms,
+                                                             batching.max_queued_requests)
 
     def set_mode(self, model: str, mode) -> None:
         """Switch ``model``'s scheduler mode (a :class:`runtime.serve.engine.modes.ModeConfig`) from its next
