@@ -4,12 +4,16 @@ when the check fails, and recorded as a manual intervention (``config`` event, `
 ``vnpu postmortem`` judges each part of a window against the SLO of its time).
 
 What applies live: every model's scheduler mode (``models[].scheduler``: from the engine's next step on),
+the engine limits a running engine takes between two steps (``max_num_seqs`` and ``max_num_batched_tokens``
+up to what it was built with, ``max_queued_requests``, ``scheduling_policy``, ``priority_aging_s``:
+:data:`runtime.serve.engine.config.LIVE_FIELDS`) and an embedding model's dynamic batching (from its next
+batch; ``max_batch_size`` up to the built one),
 the tenants (keys, priority classes, quotas, admin), the ``slo``, ``memory`` (the pools grow or shrink
 without touching a live block -- a size below what the engines hold is refused --, the defragmentation
 interval, overflow protection: :mod:`runtime.serve.memory_pool`), and the ``self_healing`` section (the
 policy engine keeps the state of triggers that keep their name).  What needs a restart -- ``server``,
-the models served, their devices, fallback chains, engine and batching limits -- is refused by name,
-before anything changes.
+the models served, their devices, fallback chains, the other engine fields (block size, model length, KV
+blocks, graphs), a batch above the built one -- is refused by name, before anything changes.
 
 ``key=value`` paths are dotted; a list element is named by its index or its name (a model's name without
 ``@devices``, a tenant's or trigger's ``name``): ``models.smollm2.scheduler.mode=latency``,

@@ -125,7 +125,8 @@ class EmbedEngine(EngineLifecycle):
         """Dynamic batching from the next batch on: up to ``max_batch_size`` texts (at most what the engine was
         built with), waiting up to ``max_wait_ms``; ``max_queued_requests`` bounds the queue for new arrivals.
         Nothing queued or running is dropped.  :class:`InvalidParamError` (nothing changed) otherwise.
-        Host-only (a short lock; a batcher waiting for more arrivals re-reads the new limits)."""
+        Host-only (a short lock; a batch being gathered sees the new size at once, the new wait applies
+        from the next batch)."""
         if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
             raise InvalidParamError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
         if max_batch_size > self.batch_capacity:
