@@ -62,7 +62,7 @@ def _metrics(s: str) -> tuple[str, ...]:
 def _cmd(a) -> int:
     from runtime.cliargs import fail
     from runtime.observe.postmortem import (analyse, incident_window, metric_lines, metric_summary, named_window,
-                                            summary_lines, targets_of)
+                                            summary_lines)
     from runtime.observe.report import postmortem_plots, write_report
     kind = report_kind(a, "vnpu postmortem")
     with reading(a, "vnpu postmortem") as src:
@@ -76,8 +76,7 @@ def _cmd(a) -> int:
         else:
             hi = src.now()
             lo = resolve_since(a.since or ("ago", 3600.0), hi)
-        tg = targets_of(src.events(until=hi), a.target_p99_ms, a.availability)
-        pm = analyse(src, lo, hi, tg)
+        pm = analyse(src, lo, hi, p99_ms=a.target_p99_ms, availability=a.availability)
         if a.metrics:
             pm["metrics"] = metric_summary(src, a.metrics, lo, hi)
         plots = postmortem_plots(src, pm) if kind in ("html", "pdf") else []      # read while the source is open

@@ -122,9 +122,9 @@ def register(sub) -> None:
     c.add_argument("config_file", nargs="?", type=text_file, default=None, metavar="FILE",
                    help="the file (or --config FILE)")
     c.set_defaults(fn=_cmd_config)
-    r = ops.add_parser("reconfigure", help="change a running server's scheduler, tenants, slo, memory and "
-                                           "self-healing without a restart (validated, health-checked, rolled "
-                                           "back on failure)",
+    r = ops.add_parser("reconfigure", help="change a running server's scheduler, engine limits, batching, "
+                                           "tenants, slo, memory and self-healing without a restart (validated, "
+                                           "health-checked, rolled back on failure)",
                        example=("vnpu serve reconfigure --set models.smollm2.scheduler.mode=adaptive",
                                 "vnpu serve reconfigure -f new-serve.yaml --url http://127.0.0.1:8000",
                                 "vnpu serve reconfigure --memory-pool-size 4GB"))

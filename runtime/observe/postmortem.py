@@ -14,8 +14,11 @@ Actual figures (server-wide samples, one a second):
   results and detection-to-recovery times;
 - utilization: mean AI Core % over devices and time, mean KV-cache use, mean replicas.
 
-Targets come from ``--target-p99-ms`` / ``--availability``, else from the newest ``config``/``lifecycle``
-event whose detail carries ``slo``, else the defaults of the serve config (800 ms, 99.5 %).
+Targets come from ``--target-p99-ms`` / ``--availability``, else from the history: the SLO in effect at
+each moment -- the newest ``config``/``lifecycle`` event before it whose detail carries ``slo`` (``vnpu serve``
+records its SLO at start, ``vnpu serve reconfigure`` the one it leaves in effect) --, else the defaults of the
+serve config (800 ms, 99.5 %).  A window that a reconfiguration cut in parts is judged part by part, each
+against the SLO of its own time (``segments``); a target is met when it is met in every part.
 """
 from __future__ import annotations
 
@@ -63,6 +66,20 @@ def targets_of(events: list[Event], p99_ms: float | None = None, availability: f
     return Targets(float(tp) if isinstance(tp, (int, float)) else DEFAULT_TARGET_P99_MS,
                    float(av) if isinstance(av, (int, float)) else DEFAULT_AVAILABILITY,
                    "command line" if (p99_ms is not None or availability is not None) else origin)
+
+
+def slo_segments(src, since: float, until: float, p99_ms: float | None = None,
+                 availability: float | None = None) -> list[tuple[float, float, Targets]]:
+    """``[(start, end, targets)]`` covering ``[since, until]``: the SLO in effect at ``since``, then a new part at
+    every event inside the window that records an ``slo`` (a reconfiguration).  Explicit values override
+    that field in every part (both given: one part)."""
+    if p99_ms is not None and availability is not None:
+        return [(since, until, targets_of([], p99_ms, availability))]
+    out = [(since, targets_of(src.events(until=since), p99_ms, availability))]
+    for e in src.events(since, until):
+        if e.ts > since and isinstance((e.detail or {}).get("slo"), dict):
+            out.append((e.ts, targets_of([e], p99_ms, availability)))
+    return [(t, out[i + 1][0] if i + 1 < len(out) else until, tg) for i, (t, tg) in enumerate(out)]
 
 
 def incident_window(src, event_id: int, gap_s: float = 120.0, margin_s: float = 60.0) -> tuple[float, float, list[Event]]:
@@ -132,37 +149,72 @@ def _mean(xs) -> float | None:
     return float(np.mean(xs)) if len(xs) else None
 
 
-def analyse(src, since: float, until: float, targets: Targets | None = None) -> dict:
-    """The postmortem of ``[since, until]`` as a dict (what ``--json`` prints)."""
+def _share(weights, values) -> float | None:
+    w, v = np.asarray(weights, dtype=float), np.asarray(values, dtype=float)
+    return float((w * v).sum() / w.sum()) if w.sum() > 0 else (float(v.mean()) if v.size else None)
+
+
+def _judge(start: float, end: float, last: bool, tg: Targets, qps: dict, err, p99s) -> dict:
+    """One part of the window against the SLO in effect then (samples at ``[start, end)``, the last part
+    closed)."""
+    inside = (lambda t: start <= t <= end) if last else (lambda t: start <= t < end)  # noqa: E731
+    er = [(t, v) for t, v in err if inside(t)]
+    p99 = np.array([v for t, v in p99s if inside(t)])
+    failed = _share([qps.get(t, 0.0) for t, _ in er], [v for _, v in er])
+    availability = None if failed is None else 1.0 - failed
+    return {"since": start, "until": end,
+            "target": {"p99_ms": tg.p99_ms, "availability": tg.availability, "from": tg.origin},
+            "availability": availability,
+            "availability_met": None if availability is None else availability >= tg.availability,
+            "p99_ms": float(np.percentile(p99, 99)) if p99.size else None,
+            "p99_met": None if not p99.size else bool(np.percentile(p99, 99) <= tg.p99_ms),
+            "p99_above_target": int((p99 > tg.p99_ms).sum()), "samples": {"error_rate": len(er),
+                                                                         "p99_latency_ms": int(p99.size)}}
+
+
+def _all(flags) -> bool | None:
+    known = [f for f in flags if f is not None]
+    return None if not known else all(known)
+
+
+def analyse(src, since: float, until: float, targets: Targets | None = None,
+            p99_ms: float | None = None, availability: float | None = None) -> dict:
+    """The postmortem of ``[since, until]`` as a dict (what ``--json`` prints).  ``targets``: one SLO for
+    the whole window; otherwise each part of it is judged against the SLO in effect then
+    (:func:`slo_segments`, ``p99_ms`` / ``availability`` overriding those fields)."""
     events = src.events(since, until)
-    tg = targets or targets_of(src.events(until=until))
+    segs = [(since, until, targets)] if targets is not None else slo_segments(src, since, until, p99_ms, availability)
+    tg = segs[-1][2]                                     # the SLO at the end of the window
     qps = dict(src.samples("qps", since, until))
     err = src.samples("error_rate", since, until)
     shed = src.samples("shed_rate", since, until)
-    w = np.array([qps.get(t, 0.0) for t, _ in err])
     e = np.array([v for _, v in err])
-    failed_share = float((w * e).sum() / w.sum()) if w.sum() > 0 else (float(e.mean()) if e.size else None)
-    ws = np.array([qps.get(t, 0.0) for t, _ in shed])
-    s = np.array([v for _, v in shed])
-    shed_share = float((ws * s).sum() / ws.sum()) if ws.sum() > 0 else (float(s.mean()) if s.size else None)
-    p99 = np.array([v for _, v in src.samples("p99_latency_ms", since, until)])
+    failed_share = _share([qps.get(t, 0.0) for t, _ in err], e)
+    shed_share = _share([qps.get(t, 0.0) for t, _ in shed], [v for _, v in shed])
+    p99s = src.samples("p99_latency_ms", since, until)
+    p99 = np.array([v for _, v in p99s])
+    parts = [_judge(a, b, i == len(segs) - 1, t, qps, err, p99s) for i, (a, b, t) in enumerate(segs)]
+    above = sum(x["p99_above_target"] for x in parts)
     util = [v for d in src.devices() for _, v in src.samples("aicore_util", since, until, d)]
     actions = [x for x in events if x.kind == "action" and not x.manual]
     manual = [x for x in events if x.manual]
     recov = [x.duration_s for x in actions if x.duration_s is not None]
-    availability = None if failed_share is None else 1.0 - failed_share
+    availability_ = None if failed_share is None else 1.0 - failed_share
+    one = len(parts) == 1
     out = {
         "window": {"since": since, "until": until, "seconds": until - since},
         "target": {"p99_ms": tg.p99_ms, "availability": tg.availability, "from": tg.origin},
+        "segments": parts,
         "actual": {
-            "availability": availability,
-            "availability_met": None if availability is None else availability >= tg.availability,
+            "availability": availability_,
+            "availability_met": (None if availability_ is None else availability_ >= tg.availability) if one
+            else _all(x["availability_met"] for x in parts),
             "requests": float(sum(qps.values())),
             "shed": shed_share,
             "p99_ms": float(np.percentile(p99, 99)) if p99.size else None,
             "p99_worst_second_ms": float(p99.max()) if p99.size else None,
-            "p99_share_above_target": float((p99 > tg.p99_ms).mean()) if p99.size else None,
-            "p99_met": None if not p99.size else bool(np.percentile(p99, 99) <= tg.p99_ms),
+            "p99_share_above_target": float(above / p99.size) if p99.size else None,
+            "p99_met": _all(x["p99_met"] for x in parts),
             "self_heal_actions": len(actions),
             "self_heal_failed": sum(1 for x in actions if x.result not in ("ok", "")),   # failed, unavailable
             "recovery_s_max": max(recov) if recov else None,
@@ -174,9 +226,8 @@ def analyse(src, since: float, until: float, targets: Targets | None = None) -> 
             "replicas_mean": _mean([v for _, v in src.samples("replicas", since, until)]),
         },
         # what each figure rests on: samples (one a second) and devices
-        "samples": {"error_rate": int(e.size), "shed_rate": int(s.size), "p99_latency_ms": int(p99.size),
-                    "p99_above_target": int((p99 > tg.p99_ms).sum()) if p99.size else 0,
-                    "aicore_util": len(util), "devices": len(src.devices())},
+        "samples": {"error_rate": int(e.size), "shed_rate": len(shed), "p99_latency_ms": int(p99.size),
+                    "p99_above_target": above, "aicore_util": len(util), "devices": len(src.devices())},
         "timeline": [x.to_dict() for x in events],
     }
     return out
@@ -209,7 +260,17 @@ def summary_lines(pm: dict) -> list[str]:
            f"utilization: AI Core {_f(a['aicore_util_mean'], '.0f')} % ({n.get('aicore_util', 0)} samples of "
            f"{n.get('devices', 0)} devices), KV cache "
            f"{_f(a['kv_cache_usage_mean'], '.0%')}, replicas {_f(a['replicas_mean'], '.1f')}",
-           "timeline:"]
+           ]
+    segs = pm.get("segments") or []
+    if len(segs) > 1:
+        out.append(f"the SLO changed {len(segs) - 1} time(s) in the window; each part judged against its own:")
+        for g in segs:
+            out.append(f"  {ts(g['since'])} .. {ts(g['until'])}: target p99 {g['target']['p99_ms']:.0f} ms, "
+                       f"availability {g['target']['availability']:.2%} (from {g['target']['from']}); actual p99 "
+                       f"{_f(g['p99_ms'], '.0f')} ms ({ok(g['p99_met'])}), availability "
+                       f"{_f(g['availability'], '.3%')} ({ok(g['availability_met'])}), "
+                       f"{g['samples']['p99_latency_ms']} p99 samples")
+    out.append("timeline:")
     t0 = w["since"]
     for e in pm["timeline"]:
         extra = []

@@ -59,6 +59,10 @@ def _tenant(t) -> dict:
            "quota": {k: v for k, v in asdict(t.quota).items() if v is not None}, "admin": t.admin}
     if t.models is not None:
         out["models"] = list(t.models)
+    b = t.circuit_breaker
+    if b is not None:
+        out["circuit_breaker"] = {"error_rate": f"{b.error_rate * 100:g}%", "window": f"{b.window_s:g}s",
+                                  "open_for": f"{b.open_for_s:g}s", "min_requests": b.min_requests}
     return out
 
 

@@ -275,7 +275,8 @@ HTTP_SCHEMA = {"max_body_bytes": (_INT, 1), "max_header_bytes": (_INT, 1), "head
 SLO_SCHEMA = {"target_p99_ms": (_NUM, None), "availability": (_STR, None)}
 QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None),
                 "hbm_bytes": (_INT, 1)}
-TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin", "hbm_quota")
+TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin", "hbm_quota", "circuit_breaker")
+BREAKER_KEYS = ("error_rate", "window", "open_for", "min_requests")
 MODEL_KEYS = {"model", "tp", "engine", "batching", "fallback", "scheduler"}
 MEMORY_SCHEMA = {"strategy": (_STR, None), "pool_bytes": (_INT, 0), "defrag_interval_s": (_NUM, 0),
                  "overflow_protection": (_BOOL, None)}
@@ -586,8 +587,33 @@ def _tenant(node, where: str, path: str, models: list[str]) -> Tenant:
             quota = dataclasses.replace(quota, hbm_bytes=hbm)
         except InvalidParamError as e:
             raise ConfigError(f"{where}line {_line(hn)}: {path}.hbm_quota: {getattr(e, 'detail', e)}") from None
+    breaker = _breaker(keys["circuit_breaker"][1], where, f"{path}.circuit_breaker") if "circuit_breaker" in keys else None
     try:
-        return Tenant(name, tuple(digests), prio, quota, admin, allowed)
+        return Tenant(name, tuple(digests), prio, quota, admin, allowed, breaker)
+    except InvalidParamError as e:
+        raise ConfigError(f"{where}line {_line(node)}: {path}: {getattr(e, 'detail', e)}") from None
+
+
+def _breaker(node, where: str, path: str):
+    """``circuit_breaker: {error_rate: 50%, window: 30s, open_for: 60s, min_requests: 5}``."""
+    from .circuit import BreakerSpec
+    from .heal.spec import parse_duration, parse_fraction
+    keys = keyed(node, BREAKER_KEYS, where, path, ConfigError, "a circuit breaker (a mapping)")
+    parse = {"error_rate": ("error_rate", parse_fraction), "window": ("window_s", parse_duration),
+             "open_for": ("open_for_s", parse_duration), "min_requests": ("min_requests", None)}
+    kw = {}
+    for key, (_, vn) in keys.items():
+        field, fn = parse[key]
+        at = f"{where}line {_line(vn)}: {path}.{key}"
+        try:
+            kw[field] = _scalar(vn, _INT, None, False, at) if fn is None else fn(_scalar_any(vn, at), key)
+        except ConfigError:
+            raise
+        except InvalidParamError as e:
+            msg = str(getattr(e, "detail", e))
+            raise ConfigError(f"{at}: {msg.removeprefix(key + ': ')}") from None
+    try:
+        return BreakerSpec(**kw)
     except InvalidParamError as e:
         raise ConfigError(f"{where}line {_line(node)}: {path}: {getattr(e, 'detail', e)}") from None
 

@@ -1,14 +1,19 @@
 """Reconfiguring a running server: a new ``serve.yaml`` (or ``key=value`` settings over the current one),
 validated first, applied without a restart and without dropping a request, health-checked, rolled back
-when the check fails, and recorded as a manual intervention (``config`` event, ``manual=True``).
+when the check fails, and recorded as a manual intervention (``config`` event, ``manual=True``, with the SLO it leaves in effect:
+``vnpu postmortem`` judges each part of a window against the SLO of its time).
 
 What applies live: every model's scheduler mode (``models[].scheduler``: from the engine's next step on),
+the engine limits a running engine takes between two steps (``max_num_seqs`` and ``max_num_batched_tokens``
+up to what it was built with, ``max_queued_requests``, ``scheduling_policy``, ``priority_aging_s``:
+:data:`runtime.serve.engine.config.LIVE_FIELDS`) and an embedding model's dynamic batching (from its next
+batch; ``max_batch_size`` up to the built one),
 the tenants (keys, priority classes, quotas, admin), the ``slo``, ``memory`` (the pools grow or shrink
 without touching a live block -- a size below what the engines hold is refused --, the defragmentation
 interval, overflow protection: :mod:`runtime.serve.memory_pool`), and the ``self_healing`` section (the
 policy engine keeps the state of triggers that keep their name).  What needs a restart -- ``server``,
-the models served, their devices, fallback chains, engine and batching limits -- is refused by name,
-before anything changes.
+the models served, their devices, fallback chains, the other engine fields (block size, model length, KV
+blocks, graphs), a batch above the built one -- is refused by name, before anything changes.
 
 ``key=value`` paths are dotted; a list element is named by its index or its name (a model's name without
 ``@devices``, a tenant's or trigger's ``name``): ``models.smollm2.scheduler.mode=latency``,
@@ -26,6 +31,7 @@ import time
 import yaml
 
 from .config import ConfigError, ServeConfig, parse_config
+from .engine.config import LIVE_FIELDS
 from .heal.actions import PROBES, Context, probe
 
 
@@ -107,15 +113,35 @@ class Reconfigurer:
             if m.fallback != o.fallback:
                 raise ConfigError(f"reconfigure: models.{m.name}.fallback cannot change without a restart")
             if m.kind == "generate":
-                a = dataclasses.replace(m.engine, mode=o.engine.mode)
-                if a != o.engine:
-                    diff = [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(o.engine, f.name)]
-                    raise ConfigError(f"reconfigure: models.{m.name}.engine.{diff[0]} cannot change without a restart "
-                                      f"(live: scheduler, tenants, slo, self_healing)")
+                live, restart = o.engine.live_diff(m.engine)
+                if restart:
+                    raise ConfigError(f"reconfigure: models.{m.name}.engine.{restart[0]} cannot change without a "
+                                      f"restart (live: engine.{', engine.'.join(LIVE_FIELDS)}, scheduler, tenants, "
+                                      f"slo, memory, self_healing)")
+                if live:
+                    self._check_engine(m, "set_limits")
             elif m.batching != o.batching:
-                raise ConfigError(f"reconfigure: models.{m.name}.batching cannot change without a restart")
+                self._check_engine(m, "set_batching")
         if new.memory != old.memory:
             self._check_memory(new)
+
+    def _check_engine(self, m, method: str) -> None:
+        """Refuse (ConfigError, nothing changed) live limits ``m``'s running engine cannot take."""
+        from devices.errors import InvalidParamError
+        try:
+            eng = self.service.live_engine(m.name, method)
+            cap = getattr(eng, "capacity", None) if method == "set_limits" else None
+            if cap is not None:
+                for k in ("max_num_seqs", "max_num_batched_tokens"):
+                    if getattr(m.engine, k) > getattr(cap, k):
+                        raise InvalidParamError(f"engine.{k} {getattr(m.engine, k)} is above the {getattr(cap, k)} "
+                                                f"the engine was built with; that needs a restart")
+            elif method == "set_batching" and m.batching.max_batch_size > getattr(eng, "batch_capacity", 0):
+                raise InvalidParamError(f"batching.max_batch_size {m.batching.max_batch_size} is above the "
+                                        f"{getattr(eng, 'batch_capacity', 0)} the engine was built with; that needs "
+                                        f"a restart")
+        except InvalidParamError as e:
+            raise ConfigError(f"reconfigure: models.{m.name}: {getattr(e, 'detail', e)}") from None
 
     def _check_memory(self, new: ServeConfig) -> None:
         from devices.errors import InvalidParamError
@@ -155,7 +181,7 @@ class Reconfigurer:
                     "config", source=who, manual=manual, result=result, duration_s=took,
                     diagnosis=f"reconfigure: {'; '.join(changes) or 'no change'}",
                     detail={"changes": changes, "set": list(sets), "file": config_text is not None,
-                            "health_check": why})
+                            "health_check": why, "slo": dataclasses.asdict(self.cfg.slo)})
             return {"result": result, "changes": changes, "health_check": why, "event_id": eid, "seconds": took}
 
     def rollback(self, who: str = "operator") -> str:
@@ -169,7 +195,7 @@ class Reconfigurer:
         if self.history is not None:
             self.history.record_event("config", source=who, manual=not who.startswith("policy"), result="ok",
                                       diagnosis=f"rollback: {'; '.join(changes) or 'no change'}",
-                                      detail={"changes": changes})
+                                      detail={"changes": changes, "slo": dataclasses.asdict(cfg.slo)})
         return f"rolled back: {'; '.join(changes) or 'no change'}"
 
     def _install(self, cfg: ServeConfig, text: str) -> None:
@@ -177,7 +203,12 @@ class Reconfigurer:
         before = {m.name: m for m in self.cfg.models}
         for m in cfg.models:
             o = before.get(m.name)
-            if m.engine is not None and m.engine.mode.mode == "auto" and o is not None and o.engine == m.engine:
+            if o is not None and m.name in svc.engines:
+                if m.kind == "generate" and o.engine.live_diff(m.engine)[0]:
+                    svc.set_engine_limits(m.name, m.engine)     # from its next step; its mode is set below
+                elif m.kind == "embed" and o.batching != m.batching:
+                    svc.set_batching(m.name, m.batching)        # from its next batch
+            if m.engine is not None and m.engine.mode.mode == "auto" and o is not None and o.engine.mode == m.engine.mode:
                 continue                                 # auto keeps the target it picked from the history
             if m.kind == "generate" and m.name in svc.engines:
                 cur = getattr(svc.engines[m.name], "config", None)
@@ -219,6 +250,15 @@ class Reconfigurer:
                 diff = [f"{f.name} {getattr(a, f.name)!r} -> {getattr(b, f.name)!r}" for f in dataclasses.fields(a)
                         if getattr(a, f.name) != getattr(b, f.name)]
                 out.append(f"{m.name} scheduler: {', '.join(diff)}")
+            if o is not None and m.kind == "generate":
+                live = o.engine.live_diff(m.engine)[0]
+                if live:
+                    out.append(f"{m.name} engine: " + ", ".join(f"{k} {getattr(o.engine, k)!r} -> "
+                                                             f"{getattr(m.engine, k)!r}" for k in live))
+            elif o is not None and o.batching != m.batching:
+                out.append(f"{m.name} batching: " + ", ".join(
+                    f"{f.name} {getattr(o.batching, f.name)!r} -> {getattr(m.batching, f.name)!r}"
+                    for f in dataclasses.fields(m.batching) if getattr(o.batching, f.name) != getattr(m.batching, f.name)))
         if old.tenants != new.tenants:
             out.append(f"tenants: {', '.join(t.name for t in new.tenants) or 'none'}")
         if old.tags != new.tags:

@@ -27,6 +27,7 @@ import time
 from contextlib import ExitStack
 from typing import Callable
 
+from devices.errors import InvalidParamError
 from runtime.observe.forecast import Forecaster
 
 from .access_log import AccessLog
@@ -35,6 +36,7 @@ from .api.connections import ConnectionCounter, guarded_protocol
 from .api.guard import RequestGuard
 from .api.state import state_of
 from .api.tokenize_pool import TokenizePool
+from .circuit import Breakers
 from .config import BatchingConfig, ModelSpec, place
 from .engine import EmbedEngine, GenerateEngine
 from .engine.errors import ModelNotFound, Unavailable
@@ -86,6 +88,7 @@ class Frontend:
         self.tenants = TenantRegistry(tuple(tenants))
         self.tag_rules = TagRules(tuple(tags))   #: request tag -> priority class (runtime.serve.tags)
         self.quotas = Quotas(clock)
+        self.breakers = Breakers(clock)          #: per-tenant circuit breakers (:mod:`.circuit`)
         max_len = max([m.engine.max_model_len for m in self.specs if m.kind == "generate"] or [512])
         self.registry, self.stat_logger, self.tenant_metrics = make_registry(rt, self.engines, max_len, self.quotas,
                                                                              self.tenants.tenants)
@@ -346,6 +349,26 @@ class Frontend:
         """Replace the tag rules for requests from now on (queued requests keep their priority)."""
         self.tag_rules = TagRules(tuple(tags))
 
+    def live_engine(self, model: str, method: str):
+        """``model``'s engine if it can take ``method`` (``set_limits``, ``set_batching``) while it runs;
+        :class:`InvalidParamError` (one line) when it cannot (Ray Serve replicas, a compiled model)."""
+        e = self.engines.get(model)
+        if e is None or not hasattr(e, method):
+            raise InvalidParamError(f"the engine of {model} here ({type(e).__name__ if e is not None else 'none'}) "
+                                    f"cannot change its limits live; that needs a restart")
+        return e
+
+    def set_engine_limits(self, model: str, config) -> None:
+        """``model``'s generation limits (an :class:`runtime.serve.engine.EngineConfig`; the live fields:
+        batch, step budget, queue bound, policy) from its next step, nothing dropped."""
+        self.live_engine(model, "set_limits").set_limits(config)
+
+    def set_batching(self, model: str, batching) -> None:
+        """``model``'s dynamic batching (a :class:`runtime.serve.config.BatchingConfig`) from its next
+        batch, nothing dropped."""
+        self.live_engine(model, "set_batching").set_batching(batching.max_batch_size, batching.max_wait_ms,
+                                                             batching.max_queued_requests)
+
     def set_mode(self, model: str, mode) -> None:
         """Switch ``model``'s scheduler mode (a :class:`runtime.serve.engine.modes.ModeConfig`) from its next
         step on, without dropping anything."""
@@ -372,6 +395,12 @@ class Frontend:
                                  f"target_p99_ms={t:g} from the history", detail={"model": n, "target_p99_ms": t})
         return picked
 
+    def _usage(self, t: Tenant) -> dict:
+        u = self.quotas.usage(t)
+        if t.circuit_breaker is not None:
+            u["circuit_breaker"] = self.breakers.state(t.name)
+        return u
+
     def slo(self) -> dict:
         """The running config's ``slo`` (``target_p99_ms``, ``availability`` as a fraction; None where not
         set; what reconfigure changed included); {} when the server keeps no config."""
@@ -382,7 +411,7 @@ class Frontend:
         """The server's state for operators: lifecycle, the ``slo`` it is held to, engines (placement,
         chain, limits), tenants' usage."""
         out = {"state": self.state, "throttle": self.quotas.admission, "slo": self.slo(), "models": {},
-               "tenants": [self.quotas.usage(t) for t in self.tenants.tenants], "events": list(self.events[-50:])}
+               "tenants": [self._usage(t) for t in self.tenants.tenants], "events": list(self.events[-50:])}
         if self.healing is not None:
             out["self_healing"] = self.healing.state()
         if self.memory is not None:

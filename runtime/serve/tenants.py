@@ -42,6 +42,7 @@ from typing import Callable
 
 from devices.errors import InvalidParamError
 
+from .circuit import BreakerSpec
 from .engine.errors import ServeError
 
 RETRY_AFTER_MAX_S = 120.0     #: the official client gives up on a larger Retry-After
@@ -128,6 +129,7 @@ class Tenant:
     quota: Quota = field(default_factory=Quota)
     admin: bool = False
     models: tuple[str, ...] | None = None    #: the models it may use (None: all)
+    circuit_breaker: BreakerSpec | None = None   #: :mod:`runtime.serve.circuit` (None: none)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name or not self.name.replace("-", "").replace("_", "").isalnum():

@@ -304,3 +304,42 @@ def test_a_fallback_with_no_usable_entry_stays_where_it_was():
     finally:
         eng.shutdown()
         rt.close()
+
+
+def test_reconfigure_changes_dynamic_batching_live_with_requests_queued(served, client):
+    """``batching.max_batch_size`` / ``max_wait_ms`` / ``max_queued_requests`` change while 8 requests wait
+    in the queue: none is dropped, each gets its reference embedding, and they run in batches of the new
+    size; a batch above what the engine was built with is refused by name, nothing changed."""
+    from runtime.serve.config import ConfigError, parse_config
+    from runtime.serve.reconfigure import Reconfigurer
+    rt, srv, ref, tol = served
+    eng = engine(served)
+    text = f"""
+models:
+  - {{model: {MODEL}@0, fallback: [1, cpu], batching: {{max_batch_size: {BATCH}, max_wait_ms: 2}}}}
+tenants:
+  - {{name: ops, api_keys: [{ADMIN}], admin: true}}
+  - {{name: app, api_keys: [{USER}]}}
+"""
+    rc = Reconfigurer(srv.service, parse_config(text), text, health_check=False)
+    try:
+        n0, got = len(eng.batches), {}
+        with eng.paused(60):                                  # the requests are queued, none has run
+            reqs = threading.Thread(target=lambda: got.setdefault("emb", embed_each(client)))
+            reqs.start()
+            queued(eng, len(TEXTS))
+            res = rc.apply(sets=[f"models.{MODEL}.batching.max_batch_size=2", f"models.{MODEL}.batching.max_wait_ms=0",
+                                 f"models.{MODEL}.batching.max_queued_requests=64"])
+        reqs.join(120)
+        assert res["result"] == "ok" and f"{MODEL} batching: max_batch_size 4 -> 2" in res["changes"][0], res
+        check(got["emb"], ref, tol, list(range(len(TEXTS))))
+        assert eng.batches[n0:] == [2] * 4                      # every text once, in batches of the new size
+        assert (eng.max_batch_size, eng.max_wait_s, eng.max_queued_requests) == (2, 0.0, 64)
+        with pytest.raises(ConfigError, match=f"models.{MODEL}: batching.max_batch_size 8 is above the 4 the engine "
+                                              f"was built with; that needs a restart"):
+            rc.apply(sets=[f"models.{MODEL}.batching.max_batch_size=8"])
+        assert eng.max_batch_size == 2
+        rc.rollback()
+        assert (eng.max_batch_size, eng.max_wait_s) == (BATCH, 0.002)
+    finally:
+        srv.service.reconfigurer = None

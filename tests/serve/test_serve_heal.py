@@ -493,8 +493,10 @@ def test_admin_state_has_the_running_slo(env, reconf):
     assert st == 200 and ans["result"] == "ok", ans
     body = get(srv, "/admin/state")[1]
     assert body["slo"]["target_p99_ms"] == 750 and body["slo"]["availability"] == pytest.approx(0.995)
+    assert hist.event(ans["event_id"]).detail["slo"] == body["slo"]     # postmortem judges from here on by it
     reconf.rollback("operator")
     assert get(srv, "/admin/state")[1]["slo"]["target_p99_ms"] is None
+    assert hist.events(kinds=["config"])[-1].detail["slo"] == {"target_p99_ms": None, "availability": None}
 
 
 def test_reconfigure_refuses_bad_or_restart_only_changes_and_rolls_back_a_failed_health_check(env, reconf):
@@ -502,7 +504,10 @@ def test_reconfigure_refuses_bad_or_restart_only_changes_and_rolls_back_a_failed
     eng = srv.service.engines["smollm2"]
     n0 = len(hist.events(kinds=["config"]))
     for body, words in (({"set": ["models.smollm2.scheduler.mode=fastest"]}, "scheduler"),
-                        ({"set": ["models.smollm2.engine.max_num_seqs=4"]}, "max_num_seqs cannot change without a restart"),
+                        ({"set": ["models.smollm2.engine.max_num_seqs=4"]}, "max_num_seqs 4 is above the 2 the engine "
+                                                                            "was built with; that needs a restart"),
+                        ({"set": ["models.smollm2.engine.max_model_len=128"]},
+                         "engine.max_model_len cannot change without a restart"),
                         ({"set": ["models.llama.engine.max_num_seqs=4"]}, "no item named 'llama'"),
                         ({"set": ["nonsense"]}, "expected key=value"),
                         ({"config": "models: [minilm-l6]"}, "the models served cannot change"),
@@ -517,6 +522,46 @@ def test_reconfigure_refuses_bad_or_restart_only_changes_and_rolls_back_a_failed
     assert eng.config.mode.mode == "conservative"
     assert hist.event(body["event_id"]).result == body["result"]
     assert ask(srv).choices[0].finish_reason == "length"
+
+
+def test_reconfigure_changes_engine_limits_live_with_requests_in_flight(env, reconf):
+    """``engine.max_num_seqs`` / ``max_num_batched_tokens`` / ``max_queued_requests`` / ``scheduling_policy``
+    change between two steps while a stream runs: every token of it arrives, requests queued under the
+    narrower batch complete with the same text, and the change is a manual intervention in the history."""
+    rt, srv, sampler, hist, clk, policy = env
+    eng = srv.service.engines["smollm2"]
+    want = ask(srv, max_tokens=8).choices[0].text
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key=USER, max_retries=0)
+    s = c.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=24, temperature=0, stream=True,
+                             extra_body={"ignore_eos": True}, stream_options={"include_usage": True})
+    chunks, answer = 0, None
+    for ch in s:
+        if ch.choices:
+            chunks += 1
+        if chunks == 1 and answer is None:                      # mid-stream
+            answer = post(srv, "/admin/reconfigure", {"set": ["models.smollm2.engine.max_num_seqs=1",
+                                                              "models.smollm2.engine.max_num_batched_tokens=16",
+                                                              "models.smollm2.engine.max_queued_requests=8",
+                                                              "models.smollm2.engine.scheduling_policy=priority"]})
+        if ch.usage is not None:
+            assert ch.usage.completion_tokens == 24             # every token of the stream arrived
+    st, body = answer
+    assert st == 200 and body["result"] == "ok", body
+    c = eng.config
+    assert (c.max_num_seqs, c.max_num_batched_tokens, c.max_queued_requests, c.scheduling_policy) == \
+        (1, 16, 8, "priority") and c.mode.mode == "conservative"
+    assert eng.current_limits().max_num_seqs == 1
+    out: list = []
+    threads = [threading.Thread(target=lambda: out.append(ask(srv, max_tokens=8).choices[0].text)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == [want] * 3                                    # one at a time now, none dropped, same text
+    ev = hist.event(body["event_id"])
+    assert ev.manual and "smollm2 engine: max_num_seqs 2 -> 1, max_num_batched_tokens 32 -> 16" in ev.diagnosis
+    reconf.rollback("operator")
+    assert (eng.config.max_num_seqs, eng.config.scheduling_policy) == (2, "fcfs")
 
 
 def test_throttles_of_two_hot_devices_compose(env):

@@ -14,7 +14,7 @@ import pytest
 from devices.device import DeviceConfig
 from runtime.api import Runtime
 from runtime.backend import LocalBackend
-from runtime.serve.config import parse_config
+from runtime.serve.config import ConfigError, parse_config
 from runtime.serve.engine.modes import ModeConfig
 from runtime.serve.reconfigure import Reconfigurer
 from runtime.serve.server import Server, Service
@@ -118,3 +118,25 @@ def test_tag_rules_change_live(served):
     out = rc.apply(sets=["tags.batch_job=3"])
     assert out["result"] == "ok" and any(c.startswith("tags:") for c in out["changes"])
     assert _queued_at(srv, "app", vnpu_tag="batch_job") == 3
+
+
+def test_the_seeds_dynamic_batching_changes_live(served):
+    """The seed's ``dynamic_batching`` strategy (max_batch, timeout_ms) applied by ``reconfigure`` to the
+    running server: the engine's batch and the mode's wait change from its next step, no restart.  (The
+    model's own ``engine.max_num_seqs`` is dropped from the text: a model's own value wins over a strategy's.)"""
+    srv, rc = served
+    eng = srv.service.engines["smollm2"]
+    seed = CONFIG.replace("  strategies:\n", "  strategies:\n    - {name: dynamic_batching, enabled: true, min_batch: 1, "
+                                             "max_batch: 2, timeout_ms: 7}\n").replace("max_num_seqs: 4, ", "")
+    out = rc.apply(seed)
+    try:
+        assert out["result"] == "ok", out
+        assert any(c.startswith("smollm2 engine: max_num_seqs 4 -> 2") for c in out["changes"]), out["changes"]
+        assert eng.config.max_num_seqs == 2 and eng.config.mode.max_wait_ms == 7
+        assert eng.config.scheduling_policy == "priority"                # stream_priority still implies it
+        assert _queued_at(srv, "app") == 0                               # it serves on
+        with pytest.raises(ConfigError, match="max_num_seqs 8 is above the 4 the engine was built with"):
+            rc.apply(seed.replace("max_batch: 2", "max_batch: 8"))
+    finally:
+        rc.rollback()
+    assert eng.config.max_num_seqs == 4

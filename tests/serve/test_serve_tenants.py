@@ -258,3 +258,44 @@ def test_open_server_refuses_non_loopback_without_keys(served):
     p = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "refusing to serve without API keys" in p.stderr and len(p.stderr.splitlines()) == 1
+
+
+def test_a_failing_tenants_circuit_breaker_opens_alone(served):
+    """A tenant whose embeddings keep failing (real task faults on the encoder's device, 500) is refused 503
+    ``circuit_open`` with Retry-After the time left (the clock is injected) while another tenant on the same
+    model is served; after ``open_for`` one probe is let through: a failing probe opens it again, a good one
+    closes it."""
+    from runtime.serve.circuit import BreakerSpec
+    srv, clock = served
+    svc = srv.service
+    before = svc.tenants.tenants
+    flaky_key = "sk-flaky-000000000006"
+    svc.set_tenants(before + (Tenant("flaky", (key_digest(flaky_key),), models=("minilm-l6",),
+                                     circuit_breaker=BreakerSpec(0.5, 30.0, 60.0, 2)),))
+    fault = svc.rt.device(1).handle                                   # the encoder's device (the fixture)
+
+    def embed(key):
+        st, h, body = raw(srv, "/v1/embeddings", {"model": "minilm-l6", "input": "hello"}, key)
+        return st, h, json.loads(body)
+    try:
+        fault.inject_fault("task-fail", count=2)
+        assert [embed(flaky_key)[0] for _ in range(2)] == [500, 500]
+        st, h, body = embed(flaky_key)
+        assert st == 503 and body["error"]["code"] == "circuit_open", body
+        assert h["retry-after"] == "60" and h["retry-after-ms"] == "60000"
+        assert embed(KEYS["embed"])[0] == 200                         # the other tenant, same model: served
+        clock.t += 45
+        assert embed(flaky_key)[1]["retry-after"] == "15"
+        state = json.loads(raw(srv, "/admin/state", key=KEYS["ops"])[2])
+        (mine,) = [t for t in state["tenants"] if t["tenant"] == "flaky"]
+        assert mine["circuit_breaker"] == {"state": "open", "opened": 1, "retry_after_s": 15.0}
+        clock.t += 15
+        fault.inject_fault("task-fail", count=1)
+        assert embed(flaky_key)[0] == 500                             # the probe fails: open again
+        assert embed(flaky_key)[1]["retry-after"] == "60"
+        clock.t += 60
+        st, _, body = embed(flaky_key)                                 # a good probe closes it
+        assert st == 200 and len(body["data"][0]["embedding"]) == 384
+        assert embed(flaky_key)[0] == 200
+    finally:
+        svc.set_tenants(before)

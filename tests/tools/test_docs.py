@@ -166,6 +166,7 @@ def serve_yaml_keys() -> list[str]:
     keys += [f"server.{k}" for k in c.SERVER_SCHEMA] + [f"http.{k}" for k in c.HTTP_SCHEMA]
     keys += [f"slo.{k}" for k in c.SLO_SCHEMA] + [f"memory.{k}" for k in c.MEMORY_SCHEMA]
     keys += [f"tenants[].{k}" for k in c.TENANT_KEYS] + [f"tenants[].quota.{k}" for k in c.QUOTA_SCHEMA]
+    keys += [f"tenants[].circuit_breaker.{k}" for k in c.BREAKER_KEYS]
     keys += [f"models[].{k}" for k in sorted(c.MODEL_KEYS)]
     keys += [f"models[].engine.{k}" for k in c.ENGINE_SCHEMA] + [f"models[].scheduler.{k}" for k in c.SCHEDULER_SCHEMA]
     keys += [f"models[].batching.{k}" for k in c.BATCHING_SCHEMA] + [f"defaults.{k}" for k in c.DEFAULTS_KEYS]

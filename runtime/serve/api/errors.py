@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from devices.errors import InvalidParamError
 
+from ..circuit import CircuitOpen
 from ..engine.errors import EngineFailure, InvalidRequest, ModelNotFound, QueueFull, ServeError, Unavailable
 from ..tenants import Forbidden, RateLimited, Unauthorized, retry_headers
 
@@ -23,6 +24,7 @@ ERRORS: dict[type, tuple[int, str, str | None]] = {
     ModelNotFound: (404, "invalid_request_error", "model_not_found"),
     RateLimited: (429, "requests", "rate_limit_exceeded"),
     QueueFull: (503, "server_error", "server_overloaded"),
+    CircuitOpen: (503, "server_error", "circuit_open"),
     Unavailable: (503, "server_error", "service_unavailable"),
     EngineFailure: (500, "server_error", None),
 }
@@ -60,6 +62,8 @@ def from_exception(e: Exception) -> JSONResponse:
     status, etype, code = entry
     if isinstance(e, RateLimited):                 # OpenAI: type "requests" or "tokens"
         return error_response(status, e.message, e.limit, None, e.code or code, retry_headers(e))
+    if isinstance(e, CircuitOpen):                 # Retry-After: when the breaker lets a probe through
+        return error_response(status, e.message, etype, None, e.code or code, e.headers())
     if isinstance(e, ServeError):
         return error_response(status, e.message, etype, e.param, e.code or code)
     return error_response(status, getattr(e, "detail", str(e)), etype, None, code)

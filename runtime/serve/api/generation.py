@@ -178,6 +178,8 @@ def _streamed(eng, body, request: Request, sub: Submitted, rid: str, created: in
         else:
             sub.when_finished(charge)
         st.service.observe(outcome, time.monotonic() - t0, body.model)
+        if getattr(request.state, "tenant", None) is not None:
+            st.service.breakers.record(request.state.tenant, outcome)
     return EventStream(_stream(eng, sub, rid, body.model, created, chat, include, n, ended,
                                lambda p, c: note_tokens(request, p, c)), lambda: ended("client"))
 

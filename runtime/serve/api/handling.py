@@ -59,9 +59,12 @@ async def count_request(request: Request, call_next):
     if t is not None:
         st.tenant_metrics.requests.labels(t.name, str(resp.status_code)).inc()
     if model_route(request.url.path) and not getattr(request.state, "streaming", False):
-        st.service.observe(outcome_of(resp.status_code, getattr(request.state, "exc", None),
-                                      getattr(request.state, "admitted", False)), time.monotonic() - t0,
+        outcome = outcome_of(resp.status_code, getattr(request.state, "exc", None),
+                             getattr(request.state, "admitted", False))
+        st.service.observe(outcome, time.monotonic() - t0,
                            getattr(request.state, "model", None) or v2_model(request.url.path))
+        if t is not None:
+            st.service.breakers.record(t, outcome)
     return resp
 
 
@@ -109,7 +112,9 @@ def precheck(request: Request, tenant: Tenant, min_tokens: int) -> None:
 
 def admit_tenant(service, tenant: Tenant, tokens: int, hbm: int = 0):
     """``tenant``'s quota ticket for ``tokens`` and ``hbm`` bytes of device memory from ``service``'s quotas
-    (429 over quota, counted per tenant) -- for any transport (the gRPC side has no HTTP request)."""
+    (429 over quota, counted per tenant; 503 while the tenant's circuit breaker is open) -- for any transport
+    (the gRPC side has no HTTP request)."""
+    service.breakers.check(tenant)
     return _counted(service, tenant, lambda t, n: service.quotas.admit(t, n, hbm), tokens)
 
 

@@ -1,6 +1,7 @@
 """Engine limits (vLLM's scheduler and cache knobs, same names and meaning)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -8,6 +9,11 @@ from devices.errors import InvalidParamError
 
 from .modes import ModeConfig
 from .policies import POLICIES, make_policy
+
+#: what a running engine takes between two steps (:meth:`runtime.serve.engine.LLMEngine.set_limits`):
+#: the batch and step budget up to what it was built with, the queue bound, the scheduling policy
+LIVE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "max_queued_requests", "scheduling_policy",
+               "priority_aging_s")
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,12 @@ class EngineConfig:
         u = self.gpu_memory_utilization
         if not isinstance(u, (int, float)) or isinstance(u, bool) or not 0 < u <= 1:
             raise InvalidParamError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")
+
+    def live_diff(self, other: "EngineConfig") -> tuple[list[str], list[str]]:
+        """(fields that may change while the engine runs, fields that need a restart) in which ``other``
+        differs from this config (``mode`` apart: :meth:`runtime.serve.engine.LLMEngine.set_mode`)."""
+        diff = [f.name for f in dataclasses.fields(self) if f.name != "mode" and getattr(self, f.name) != getattr(other, f.name)]
+        return [k for k in diff if k in LIVE_FIELDS], [k for k in diff if k not in LIVE_FIELDS]
 
     def policy(self):
         """The scheduling policy object (:mod:`.policies`)."""

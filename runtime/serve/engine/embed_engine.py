@@ -100,6 +100,7 @@ class EmbedEngine(EngineLifecycle):
             raise InvalidParamError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
         super().__init__(rt, model, devices, fallback, binder, clock, stat_loggers, on_event)
         self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_ms / 1e3
+        self.batch_capacity = max_batch_size     #: what the job is built with: a live batch stays <=
         self.max_queued_requests = max_queued_requests
         self._q: deque[_Item] = deque()
         self._running = 0
@@ -119,6 +120,26 @@ class EmbedEngine(EngineLifecycle):
     def check(self, texts) -> list[int]:
         """Token counts of ``texts``; refuses empty, non-string or over-long inputs."""
         return check_texts(self.tok, texts, self.max_len, self.model)
+
+    def set_batching(self, max_batch_size: int, max_wait_ms: float, max_queued_requests: int) -> None:
+        """Dynamic batching from the next batch on: up to ``max_batch_size`` texts (at most what the engine was
+        built with), waiting up to ``max_wait_ms``; ``max_queued_requests`` bounds the queue for new arrivals.
+        Nothing queued or running is dropped.  :class:`InvalidParamError` (nothing changed) otherwise.
+        Host-only (a short lock; a batch being gathered sees the new size at once, the new wait applies
+        from the next batch)."""
+        if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
+            raise InvalidParamError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
+        if max_batch_size > self.batch_capacity:
+            raise InvalidParamError(f"batching.max_batch_size {max_batch_size} is above the {self.batch_capacity} "
+                                    f"the engine was built with; that needs a restart")
+        if not isinstance(max_wait_ms, (int, float)) or isinstance(max_wait_ms, bool) or max_wait_ms < 0:
+            raise InvalidParamError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
+        if not isinstance(max_queued_requests, int) or isinstance(max_queued_requests, bool) or max_queued_requests < 1:
+            raise InvalidParamError(f"max_queued_requests must be a positive integer, got {max_queued_requests!r}")
+        with self._lock:
+            self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_ms / 1e3
+            self.max_queued_requests = max_queued_requests
+            self._lock.notify_all()
 
     def submit(self, texts: list[str], tokens: int) -> Future:
         """Queue ``texts`` (already checked); the future's result is ``[len(texts), dim]`` float32.  A failed
@@ -203,7 +224,7 @@ class EmbedEngine(EngineLifecycle):
 
     # ------------------------------------------------------------------ the lifecycle's hooks
     def _build(self, devs: list) -> EmbedJob:
-        return EmbedJob(None, self.model, devices=devs, parallel="dp", batch_size=self.max_batch_size)
+        return EmbedJob(None, self.model, devices=devs, parallel="dp", batch_size=self.batch_capacity)
 
     def _has_work(self) -> bool:
         return bool(self._q)

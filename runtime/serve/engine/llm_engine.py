@@ -100,6 +100,7 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
             raise InvalidParamError(f"unknown decoder model {model!r} (known: {', '.join(DECODER_MODELS)})")
         EngineLifecycle.__init__(self, rt, model, devices, fallback, binder, clock, stat_loggers, on_event)
         self.config = config
+        self.capacity = config      #: what the runner is built with (buffers, graph buckets): live limits stay <=
         path = str(gguf_path or DECODER_MODELS[model]())
         with stage(LOADING_WEIGHTS, model):
             self.tok = gguf_tokenizer(path)
@@ -314,6 +315,29 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
             self.mode = fn
             self._lock.notify_all()
 
+    def set_limits(self, config: EngineConfig) -> None:
+        """Take ``config``'s live limits (:data:`.config.LIVE_FIELDS`: batch, step budget, queue bound,
+        scheduling policy) from the next step on, its mode kept as it is.  Nothing is dropped: a narrower
+        batch or budget only holds new requests back, requests already running finish; a lower queue bound
+        refuses new arrivals only.  :class:`InvalidParamError` (nothing changed) for a field that needs a
+        restart, or a batch / budget above what the engine was built with (its buffers and graphs).
+        Host-only (a short lock)."""
+        if not isinstance(config, EngineConfig):
+            raise InvalidParamError(f"config must be an EngineConfig, got {config!r}")
+        with self._lock:
+            _, restart = self.config.live_diff(config)
+            if restart:
+                raise InvalidParamError(f"engine.{restart[0]} cannot change without a restart")
+            cap = self.capacity
+            for k in ("max_num_seqs", "max_num_batched_tokens"):
+                if getattr(config, k) > getattr(cap, k):
+                    raise InvalidParamError(f"engine.{k} {getattr(config, k)} is above the {getattr(cap, k)} the "
+                                            f"engine was built with (its buffers and graphs); that needs a restart")
+            self.config = dataclasses.replace(config, mode=self.config.mode)
+            if self.scheduler is not None:
+                self.scheduler.reconfigure(self.config)
+            self._lock.notify_all()
+
     def set_throttle(self, factor: float) -> None:
         """Admit less: from the next step the batch and the step's token budget are scaled by ``factor``
         (0 < factor <= 1; 1 = not throttled), and so is the waiting queue's bound (beyond it: QueueFull).
@@ -408,7 +432,7 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
 
     # ------------------------------------------------------------------ the lifecycle's hooks
     def _build(self, devs: list) -> ModelRunner:
-        return ModelRunner(devs, self._gguf, self.model_config, self.config, self.model)
+        return ModelRunner(devs, self._gguf, self.model_config, self.capacity, self.model)
 
     def _detach(self) -> list[Request]:
         return self.scheduler.take_all()

@@ -104,6 +104,10 @@ class Scheduler:
         self.running, self.waiting = [], deque()
         return reqs
 
+    def reconfigure(self, cfg: EngineConfig) -> None:
+        """Schedule under ``cfg``'s limits and policy from the next step (queued and running requests kept)."""
+        self.cfg, self.policy = cfg, cfg.policy()
+
     def schedule(self, limits: StepLimits | None = None, now: float = 0.0) -> SchedulerOutput:
         """The next step: which requests compute how many tokens, under ``limits`` (default: the
         config's) at time ``now`` (the engine's clock; ages priorities)."""
