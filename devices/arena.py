@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import fcntl
+import math
 import mmap
 import os
 import threading
@@ -469,7 +470,7 @@ class HbmArena:
 
     def typed_view(self, ptr: int, shape: tuple[int, ...], dtype, owner=None) -> np.ndarray:
         dt = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        n = int(math.prod(shape))
         off = self.resolve(ptr, n * dt.itemsize, owner)
         if off % dt.itemsize:
             # numpy needs no alignment, but CANN kernels do: report it like the runtime

@@ -8,6 +8,7 @@ gives any gear's (``aclmdlGetCurOutputDims``).  A dynamic-batch model has one mo
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +45,7 @@ class IOSpec:
         return self.gear_dims[-1][1]
 
     def nbytes_at(self, batch: int | None) -> int:
-        return int(np.prod(self.dims_at(batch), dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return int(math.prod(self.dims_at(batch))) * np.dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)

@@ -266,6 +266,48 @@ class OfflineModel:
         self.execute_async(inputs, outputs, stream)
         stream.synchronize(timeout_ms)
 
+    def run_in_place(self, arrays, batch: int | None, stream) -> list[np.ndarray]:
+        """One execution from host arrays straight into the model's own input slots and back out of its
+        output slots: one upload per input and one graph replay queued on ``stream`` (the replay
+        :meth:`execute_async` queues), one wait, one download per output -- no buffers of the caller and no
+        device-to-device copies in between (a server's per-batch path).  ``arrays``: the inputs in the
+        model's order without the dynamic-batch input, each exactly its size at ``batch`` (a gear of a
+        dynamic-batch model, else None) in the model's dtype; the outputs are new host arrays.  Argument
+        errors raise before anything is queued.  Blocks the host until the stream has finished (holding the
+        model's lock throughout: the outputs are read before another execution can reuse the slots)."""
+        with self._lock:
+            self._live()
+            stream = self._check_stream(stream)
+            d = self.desc
+            if d.dynamic_batch:
+                self._gear(batch)
+            else:
+                batch = None
+            specs = [spec for i, spec in enumerate(d.inputs) if not (d.dynamic_batch and i == d.dynamic_input)]
+            slots = [slot for i, slot in enumerate(self._io[batch][0])
+                     if not (d.dynamic_batch and i == d.dynamic_input)]
+            if len(arrays) != len(specs):
+                raise ModelError(f"model {self.id} takes {len(specs)} input(s), got {len(arrays)}",
+                                 code=ACL_ERROR_GE_PARAM_INVALID)
+            datas = []
+            for spec, a in zip(specs, arrays):
+                a = np.ascontiguousarray(a, dtype=spec.dtype)
+                if a.nbytes != spec.nbytes_at(batch):
+                    raise ModelError(f"input {spec.name}: {a.nbytes} B; the model needs {spec.nbytes_at(batch)} B "
+                                     f"({spec.dtype} {list(spec.dims_at(batch))})", code=ACL_ERROR_GE_PARAM_INVALID)
+                datas.append(a)
+            if self._last_stream is not None and self._last_stream is not stream:
+                stream.wait(self._done)                     # never two executions in the workspace at once
+            for slot, a in zip(slots, datas):
+                stream.write(slot, a)
+            self.graphs[batch].execute_async(stream)
+            self._done.record(stream)
+            self._last_stream = stream
+            self.cur_batch = batch if batch is not None else self.cur_batch
+            stream.synchronize()
+            return [self.device.memcpy_d2h(slot, spec.nbytes_at(batch)).view(spec.dtype).reshape(spec.dims_at(batch))
+                    for slot, spec in zip(self._io[batch][1], d.outputs)]
+
     def run(self, arrays: list, batch: int | None = None, stream=None) -> list[np.ndarray]:
         """Convenience for scripts and tests: host arrays in, host arrays out (allocates device buffers for
         one call, uploads, executes, downloads, frees); ``batch`` defaults to the first array's length on a

@@ -153,6 +153,41 @@ def test_each_gear_is_one_graph_captured_once_and_replayed(rt, cnn_om):
         m.unload()
 
 
+def test_run_in_place_gives_what_execute_gives_with_one_replay_and_no_copies(rt, cnn_om):
+    """The server's per-batch path: host arrays into the model's own slots, one replay, outputs out of its
+    slots -- the same numbers as execute() into the caller's buffers (and onnxruntime), every gear; the
+    same replay counted; a wrong size or gear refused before anything is queued."""
+    model, blob = cnn_om
+    dev = rt.device(0)
+    m = offline.load_from_bytes(blob, dev)
+    s = dev.stream()
+    try:
+        for b in (2, 4, 1, 2):
+            x = images(b, seed=30 + b)
+            bufs = Buffers(dev, m, b, seed=30 + b)
+            try:
+                m.execute(bufs.ins, bufs.outs, s)
+                want = bufs.y.numpy(s)
+            finally:
+                bufs.free()
+            before = m.graphs[b].info()["replays"]
+            got = m.run_in_place([x], b, s)
+            assert m.graphs[b].info()["replays"] == before + 1
+            assert got[0].shape == want.shape and got[0].dtype == np.float32
+            np.testing.assert_array_equal(got[0], want)
+            assert_close(got[0], ort_run(model, {"x": x})[0], k=CNN_K, depth=CNN_DEPTH, what=f"batch {b}")
+        replays = {g: m.graphs[g].info()["replays"] for g in m.graphs}
+        assert code_of(lambda: m.run_in_place([images(3, 0)], 2, s)) == ACL_ERROR_GE_PARAM_INVALID
+        assert code_of(lambda: m.run_in_place([images(3, 0)], 3, s)) == ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+        assert code_of(lambda: m.run_in_place([], 2, s)) == ACL_ERROR_GE_PARAM_INVALID
+        assert {g: m.graphs[g].info()["replays"] for g in m.graphs} == replays        # nothing queued
+        np.testing.assert_array_equal(m.run_in_place([images(1, 31)], 1, s)[0],
+                                      m.run([images(1, 31)], batch=1)[0])            # the device still works
+    finally:
+        s.destroy()
+        m.unload()
+
+
 def test_onnx_compiles_on_load(rt, tmp_path):
     model = cnn(seed=6, batch=2)
     path = tmp_path / "cnn.onnx"

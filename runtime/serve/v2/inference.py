@@ -20,6 +20,7 @@ from typing import Awaitable, Callable
 from ..api.handling import admit_tenant
 from ..engine.errors import Unavailable
 from ..tenants import Tenant
+from . import delivery
 from .access import model_view
 from .checks import check_request
 from .repository import InferRequest, InferResult, ModelMetadata
@@ -89,7 +90,7 @@ async def execute(service, req: InferRequest, gone: Callable[[], Awaitable] | No
     except BaseException:
         ticket.settle(0, 0)
         raise
-    work = asyncio.wrap_future(fut)
+    work = delivery.wrap(fut)              # a batch's results reach the loop in one wake-up
     if gone is None:
         await _result_or_cancelled(work, fut, ticket, req.rows)
     else:
