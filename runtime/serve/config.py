@@ -264,7 +264,8 @@ _INT, _NUM, _STR, _BOOL = "integer", "number", "string", "boolean"
 ENGINE_SCHEMA = {"max_num_seqs": (_INT, 1), "max_num_batched_tokens": (_INT, 1), "block_size": (_INT, 1),
                  "max_model_len": (_INT, 2), "gpu_memory_utilization": (_NUM, None),
                  "num_gpu_blocks_override": (_INT, 2, True), "max_queued_requests": (_INT, 1),
-                 "graphs": (_BOOL, None), "scheduling_policy": (_STR, None), "priority_aging_s": (_NUM, None)}
+                 "graphs": (_BOOL, None), "scheduling_policy": (_STR, None), "priority_aging_s": (_NUM, None),
+                 "enable_prefix_caching": (_BOOL, None)}
 SCHEDULER_SCHEMA = {"mode": (_STR, None), "low_latency_batch": (_INT, 1), "max_wait_ms": (_NUM, 0)}
 BATCHING_SCHEMA = {"max_batch_size": (_INT, 1), "max_wait_ms": (_NUM, 0), "max_queued_requests": (_INT, 1)}
 SERVER_SCHEMA = {"host": (_STR, None), "port": (_INT, 0), "allow_unauthenticated": (_BOOL, None),
