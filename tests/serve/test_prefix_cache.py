@@ -115,7 +115,7 @@ def engines():
     rt = Runtime(LocalBackend(3, DeviceConfig(arena_bytes=1 << 30)))
     made = []
     try:
-        for dev, blocks, caching in ((0, 64, True), (1, 64, False), (2, 12, True)):
+        for dev, blocks, caching in ((0, 64, True), (1, 64, False), (2, 8, True)):
             made.append(_engine(rt, dev, blocks, caching))
         yield made
     finally:
@@ -166,7 +166,7 @@ def _expected_hits(prompts: list[list[int]], outs: list[list[int]]) -> int:
 
 def test_shared_system_prompt_same_outputs_and_predicted_hits(engines):
     on, off, _ = engines
-    prompts = _prompts(on, SYSTEM)
+    prompts = _prompts(on, SYSTEM, USERS[:4])
     assert len(on.tok.encode(SYSTEM)) >= 2 * BS
     q0, h0 = on.blocks.queries, on.blocks.hits
     got = _run(on, prompts)
@@ -203,14 +203,14 @@ def test_namespaces_never_hit_each_other(engines):
 
 
 def test_lru_eviction_under_memory_pressure_keeps_outputs(engines):
-    _, off, small = engines                              # 11 usable blocks: about two requests' worth
-    ps = [q for s in (SYSTEM, OTHER, THIRD) for q in _prompts(small, s, USERS[:2])]
-    order = ps[0:2] + ps[2:4] + ps[4:6] + ps[0:2] + ps[4:6]
-    ev0 = small.blocks.pool.evictions
-    got = _run(small, order)
-    assert small.blocks.pool.evictions > ev0
-    assert small.blocks.hits > 0
-    assert got == _run(off, order)
-    assert small.blocks.pool.num_free == small.blocks.pool.num_blocks - 1        # nothing leaked
-    got2 = _run(small, order[:4], together=True)
-    assert got2 == got[:4]
+    _, off, small = engines                              # 7 usable blocks: a request takes 3
+    a0, a1, b0, b1, c0, c1 = [q for s in (SYSTEM, OTHER, THIRD) for q in _prompts(small, s, USERS[:2])]
+    order = [a0, b0, c0, a1, b1, c1]
+    pool = small.blocks.pool
+    ev0, h0 = pool.evictions, small.blocks.hits
+    got = _run(small, order, max_tokens=4)
+    assert pool.evictions > ev0                          # c0 needed a's blocks: a1 finds only what is left
+    assert 0 < small.blocks.hits - h0 < 3 * 2 * BS
+    assert got == _run(off, order, max_tokens=4)
+    assert pool.num_free == pool.num_blocks - 1          # nothing leaked: every block back in the free queue
+    assert _run(small, order[:2], together=True, max_tokens=4) == got[:2]
