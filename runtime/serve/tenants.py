@@ -142,6 +142,8 @@ class Tenant:
             raise InvalidParamError(f"tenant name must be letters, digits, - or _, got {self.name!r}")
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise InvalidParamError(f"priority must be an integer, got {self.priority!r}")
+        if not isinstance(self.share_prefix_cache, bool):
+            raise InvalidParamError(f"share_prefix_cache must be true or false, got {self.share_prefix_cache!r}")
 
     def effective_priority(self, requested: int | None, tag_class: int | None = None) -> int:
         """A request may ask to run later than its class, never earlier; so may its tag's class
