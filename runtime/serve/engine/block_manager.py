@@ -167,6 +167,11 @@ class BlockManager:
             self.queries += tokens
             self.hits += hit_tokens
 
+    def has_uncached_full_block(self, request_id: str, num_computed: int) -> bool:
+        """Whether the request's first ``num_computed`` tokens fill a block not cached yet (cheap: no
+        hashing)."""
+        return self.enable_caching and num_computed // self.block_size > len(self._hashes.get(request_id, ()))
+
     def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int, salt: str = "") -> None:
         """Cache the full blocks among the request's first ``num_computed`` tokens (``token_ids``: at least
         those) that are not cached yet."""

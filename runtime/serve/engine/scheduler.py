@@ -170,4 +170,5 @@ class Scheduler:
         for s in out.scheduled:
             r = s.request
             r.num_computed = s.start + s.count
-            self.blocks.cache_full_blocks(r.request_id, r.all_ids, r.num_computed, r.cache_salt)
+            if self.blocks.has_uncached_full_block(r.request_id, r.num_computed):
+                self.blocks.cache_full_blocks(r.request_id, r.all_ids, r.num_computed, r.cache_salt)
