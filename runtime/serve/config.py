@@ -13,13 +13,14 @@ its line), and model placement (``smollm2@0-2``).
         quota: {concurrent_requests: 8, tokens_per_minute: 20000}
         models: [smollm2]                     # default: every model
         admin: false                          # admin keys reach /metrics and /admin/*
+        share_prefix_cache: false             # true: KV blocks shared with other sharing tenants
     models:
       - model: smollm2@0-2        # name[@devices]: "0", "0-2", "0,2"; no @: the next free devices
         tp: 3                     # devices of a generation model (tensor parallel when > 1)
         fallback: [3, cpu]        # the rest of the chain: device lists ("3", "4-5") or cpu
         engine: {max_num_seqs: 16, max_num_batched_tokens: 256, block_size: 16, max_model_len: 1024,
                  gpu_memory_utilization: 0.9, num_gpu_blocks_override: null, max_queued_requests: 64,
-                 graphs: true, scheduling_policy: priority, priority_aging_s: 10}
+                 graphs: true, scheduling_policy: priority, priority_aging_s: 10, enable_prefix_caching: true}
         scheduler: {mode: adaptive, low_latency_batch: 2, max_wait_ms: 20}
       - model: minilm-l6@4        # an encoder: data parallel over its devices
         fallback: [5, cpu]        # encoders have a chain too (device lists or cpu)
@@ -264,7 +265,8 @@ _INT, _NUM, _STR, _BOOL = "integer", "number", "string", "boolean"
 ENGINE_SCHEMA = {"max_num_seqs": (_INT, 1), "max_num_batched_tokens": (_INT, 1), "block_size": (_INT, 1),
                  "max_model_len": (_INT, 2), "gpu_memory_utilization": (_NUM, None),
                  "num_gpu_blocks_override": (_INT, 2, True), "max_queued_requests": (_INT, 1),
-                 "graphs": (_BOOL, None), "scheduling_policy": (_STR, None), "priority_aging_s": (_NUM, None)}
+                 "graphs": (_BOOL, None), "scheduling_policy": (_STR, None), "priority_aging_s": (_NUM, None),
+                 "enable_prefix_caching": (_BOOL, None)}
 SCHEDULER_SCHEMA = {"mode": (_STR, None), "low_latency_batch": (_INT, 1), "max_wait_ms": (_NUM, 0)}
 BATCHING_SCHEMA = {"max_batch_size": (_INT, 1), "max_wait_ms": (_NUM, 0), "max_queued_requests": (_INT, 1)}
 SERVER_SCHEMA = {"host": (_STR, None), "port": (_INT, 0), "allow_unauthenticated": (_BOOL, None),
@@ -275,7 +277,7 @@ HTTP_SCHEMA = {"max_body_bytes": (_INT, 1), "max_header_bytes": (_INT, 1), "head
 SLO_SCHEMA = {"target_p99_ms": (_NUM, None), "availability": (_STR, None)}
 QUOTA_SCHEMA = {"concurrent_requests": (_INT, 1), "tokens_per_minute": (_INT, 1), "retry_after_s": (_NUM, None),
                 "hbm_bytes": (_INT, 1)}
-TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin", "hbm_quota", "circuit_breaker")
+TENANT_KEYS = ("name", "api_keys", "priority", "quota", "models", "admin", "hbm_quota", "circuit_breaker", "share_prefix_cache")
 BREAKER_KEYS = ("error_rate", "window", "open_for", "min_requests")
 MODEL_KEYS = {"model", "tp", "engine", "batching", "fallback", "scheduler"}
 MEMORY_SCHEMA = {"strategy": (_STR, None), "pool_bytes": (_INT, 0), "defrag_interval_s": (_NUM, 0),
@@ -567,6 +569,10 @@ def _tenant(node, where: str, path: str, models: list[str]) -> Tenant:
     if "admin" in keys:
         an = keys["admin"][1]
         admin = _scalar(an, _BOOL, None, False, f"{where}line {_line(an)}: {path}.admin")
+    share = False
+    if "share_prefix_cache" in keys:
+        sn = keys["share_prefix_cache"][1]
+        share = _scalar(sn, _BOOL, None, False, f"{where}line {_line(sn)}: {path}.share_prefix_cache")
     allowed = None
     if "models" in keys:
         mn = keys["models"][1]
@@ -589,7 +595,7 @@ def _tenant(node, where: str, path: str, models: list[str]) -> Tenant:
             raise ConfigError(f"{where}line {_line(hn)}: {path}.hbm_quota: {getattr(e, 'detail', e)}") from None
     breaker = _breaker(keys["circuit_breaker"][1], where, f"{path}.circuit_breaker") if "circuit_breaker" in keys else None
     try:
-        return Tenant(name, tuple(digests), prio, quota, admin, allowed, breaker)
+        return Tenant(name, tuple(digests), prio, quota, admin, allowed, breaker, share)
     except InvalidParamError as e:
         raise ConfigError(f"{where}line {_line(node)}: {path}: {getattr(e, 'detail', e)}") from None
 

@@ -96,7 +96,8 @@ class PrometheusStatLogger:
 
 
 class EngineCollector:
-    """``vnpu:num_requests_running``/``_waiting`` and ``vnpu:kv_cache_usage_perc``, read at scrape."""
+    """``vnpu:num_requests_running``/``_waiting``, ``vnpu:kv_cache_usage_perc`` and the prefix cache's
+    ``vnpu:prefix_cache_queries``/``_hits`` (tokens), read at scrape."""
 
     def __init__(self, engines: dict):
         self.engines = engines
@@ -114,6 +115,10 @@ class EngineCollector:
                                       "(fallback or restore).", labels=LABELS)
         seqs = GaugeMetricFamily(P + "scheduler_max_num_seqs", "Batch limit the scheduler mode chose for the last "
                                  "step.", labels=LABELS + ("mode",))
+        pq = CounterMetricFamily(P + "prefix_cache_queries", "Prefix cache queries, in terms of number of queried "
+                                 "tokens.", labels=LABELS)
+        ph = CounterMetricFamily(P + "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                                 labels=LABELS)
         cache = GaugeMetricFamily(P + "cache_config_info", "Information of the LLMEngine CacheConfig (the KV blocks "
                                   "the engine allocated).", labels=LABELS + ("block_size", "num_gpu_blocks"))
         for name, e in list(self.engines.items()):
@@ -133,11 +138,15 @@ class EngineCollector:
             lim = s.limits.max_num_seqs if s.limits is not None else e.config.max_num_seqs
             seqs.add_metric([name, "0", e.config.mode.mode], lim)
             cache.add_metric([name, "0", str(e.config.block_size), str(s.num_blocks)], 1)
+            pq.add_metric([name, "0"], s.prefix_cache_queries)
+            ph.add_metric([name, "0"], s.prefix_cache_hits)
         yield run
         yield wait
         yield kv
         yield place
         yield rebinds
+        yield pq
+        yield ph
         yield seqs
         yield cache
 

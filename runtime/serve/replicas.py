@@ -128,13 +128,14 @@ class ReplicaBody:
                 "visible_devices": os.environ.get("ASCEND_RT_VISIBLE_DEVICES", ""), "models": models}
 
     async def generate(self, model: str, prompt_ids: list[int], params: SamplingParams, priority: int,
-                       request_id: str):
+                       request_id: str, cache_salt: str = ""):
         """Yields ``[]`` once accepted, then lists of :class:`RequestOutput` until the last one."""
         eng = self.svc.engine(model, "generate")
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         h = eng.add_request(prompt_ids, params, request_id,
-                            on_output=lambda o: loop.call_soon_threadsafe(q.put_nowait, o), priority=priority)
+                            on_output=lambda o: loop.call_soon_threadsafe(q.put_nowait, o), priority=priority,
+                            cache_salt=cache_salt)
         done = sent = False
         try:
             yield []
@@ -269,7 +270,7 @@ class RemoteGenerateEngine(PromptChecks):
 
     async def add_requests(self, prompts: list[list[int]], params: SamplingParams, priority: int = 0,
                            prompt_param: str = "prompt", on_output: Callable[[int, RequestOutput], None] | None = None,
-                           admit: Callable[[int], object] | None = None) -> list[RequestHandle]:
+                           admit: Callable[[int], object] | None = None, cache_salt: str = "") -> list[RequestHandle]:
         """The in-process engine's :meth:`~runtime.serve.engine.GenerateEngine.add_requests` over the
         replicas: checked here, all together (the same checks and defaults), ``admit(tokens)`` called, then
         each prompt sent to the least busy ready replica; returns once every one is accepted.  A refusal
@@ -279,7 +280,7 @@ class RemoteGenerateEngine(PromptChecks):
         try:
             for i, ids in enumerate(prompts):
                 cb = None if on_output is None else (lambda o, i=i: on_output(i, o))
-                hs.append(await self._add(ids, params, priority, cb))
+                hs.append(await self._add(ids, params, priority, cb, cache_salt))
         except BaseException:
             for h in hs:
                 self.abort(h.request_id)
@@ -287,11 +288,12 @@ class RemoteGenerateEngine(PromptChecks):
         return hs
 
     async def _add(self, prompt_ids: list[int], params: SamplingParams, priority: int,
-                   on_output: Callable[[RequestOutput], None] | None) -> RequestHandle:
+                   on_output: Callable[[RequestOutput], None] | None, cache_salt: str = "") -> RequestHandle:
         """Send one checked request to the least busy ready replica; returns once it is accepted there."""
         rep = self.svc.pick()
         rid = f"req-{uuid.uuid4().hex[:16]}"
-        resp = rep.handle.options(stream=True).generate.remote(self.model, list(prompt_ids), params, priority, rid)
+        resp = rep.handle.options(stream=True).generate.remote(self.model, list(prompt_ids), params, priority, rid,
+                                                                 cache_salt)
         self.svc.started(rep)
         try:
             await resp.__anext__()                                # [] = accepted, or the replica's refusal

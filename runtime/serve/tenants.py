@@ -21,8 +21,10 @@ clients are *HTTP tenants* that it tells apart and isolates itself:
   request larger than the whole per-minute quota can never pass and says so (``x-should-retry: false``).
 - **Isolation.** Requests carry their tenant; a tenant sees its own usage only (``/v1/usage``); what spans
   tenants (``/metrics``, ``/admin/...``) needs an admin key; a tenant limited to some models gets 404 for
-  the others, as OpenAI answers for models one has no access to.  KV blocks are never shared between
-  requests (no prefix cache): a block belongs to one request's table until that request frees it.
+  the others, as OpenAI answers for models one has no access to.  The prefix cache
+  (:mod:`runtime.serve.engine.block_manager`) reuses a tenant's KV blocks for that tenant's later requests
+  only -- a block's hash includes the tenant -- unless the tenant is configured with
+  ``share_prefix_cache: true``: then its blocks and those of every other sharing tenant are one pool.
 
 Pure host-side logic (no HTTP): routes call :meth:`TenantRegistry.authenticate`, :meth:`Quotas.precheck`
 (before tokenizing, on a lower bound of the request's tokens), :meth:`Quotas.admit` and
@@ -130,12 +132,20 @@ class Tenant:
     admin: bool = False
     models: tuple[str, ...] | None = None    #: the models it may use (None: all)
     circuit_breaker: BreakerSpec | None = None   #: :mod:`runtime.serve.circuit` (None: none)
+    share_prefix_cache: bool = False         #: its KV blocks are reused by (and it reuses) other sharing tenants
+
+    @property
+    def cache_salt(self) -> str:
+        """The prefix-cache namespace of its requests: the shared one ("") or its own."""
+        return "" if self.share_prefix_cache else f"tenant:{self.name}"
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
             raise InvalidParamError(f"tenant name must be letters, digits, - or _, got {self.name!r}")
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             raise InvalidParamError(f"priority must be an integer, got {self.priority!r}")
+        if not isinstance(self.share_prefix_cache, bool):
+            raise InvalidParamError(f"share_prefix_cache must be true or false, got {self.share_prefix_cache!r}")
 
     def effective_priority(self, requested: int | None, tag_class: int | None = None) -> int:
         """A request may ask to run later than its class, never earlier; so may its tag's class

@@ -41,7 +41,21 @@ def test_sha256_keys():
     assert TenantRegistry(cfg.tenants).authenticate("Bearer sk-secret-abcdefgh").name == "a"
 
 
+def test_prefix_cache_keys():
+    cfg = parse_config("models:\n  - model: smollm2\n    engine: {enable_prefix_caching: false}\ntenants:\n"
+                       "  - {name: a, api_keys: [sk-aaaaaaaaaa], share_prefix_cache: true}\n"
+                       "  - {name: b, api_keys: [sk-bbbbbbbbbb]}\n")
+    assert cfg.models[0].engine.enable_prefix_caching is False
+    a, b = cfg.tenants
+    assert (a.share_prefix_cache, a.cache_salt, b.share_prefix_cache, b.cache_salt) == (True, "", False, "tenant:b")
+    assert parse_config("models: [smollm2]\n").models[0].engine.enable_prefix_caching is True
+
+
 @pytest.mark.parametrize("text,where", [
+    ("models:\n  - model: smollm2\n    engine: {enable_prefix_caching: 2}\n",
+     "line 3: models[0].engine.enable_prefix_caching"),
+    ("models: [smollm2]\ntenants:\n  - {name: a, api_keys: [sk-aaaaaaaaaa], share_prefix_cache: maybe}\n",
+     "line 3: tenants[0].share_prefix_cache"),
     ("models:\n  - model: smollm2\n    scheduler: {mode: adaptive}\n", "line 3: models[0].scheduler.mode"),
     ("models:\n  - model: smollm2\n    scheduler: {mode: fastest}\n", "line 3: models[0].scheduler"),
     ("models: [smollm2]\ntenants:\n  - name: a\n    api_keys: [sk-aaaaaaaaaa]\n    priority: 5\n",

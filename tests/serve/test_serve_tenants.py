@@ -7,6 +7,7 @@ through once the slot frees, or gives up after ``max_retries`` as its rules say.
 from __future__ import annotations
 
 import json
+import re
 import math
 import subprocess
 import sys
@@ -30,7 +31,8 @@ from runtime.serve.tenants import Quota, Tenant, key_digest
 pytestmark = pytest.mark.serve
 
 KEYS = {"premium": "sk-premium-0000000001", "batch": "sk-batch-000000000002", "bulk": "sk-bulk-0000000000003",
-        "embed": "sk-embed-000000000004", "ops": "sk-ops-00000000000005"}
+        "embed": "sk-embed-000000000004", "ops": "sk-ops-00000000000005", "share1": "sk-share-000000000006",
+        "share2": "sk-share-000000000007"}
 
 
 class FakeClock:
@@ -50,7 +52,9 @@ def served():
                Tenant("batch", d("batch"), 10, Quota(concurrent_requests=1, tokens_per_minute=64, retry_after_s=0.05)),
                Tenant("bulk", d("bulk"), 10),
                Tenant("embed", d("embed"), 0, models=("minilm-l6",)),
-               Tenant("ops", d("ops"), 0, admin=True))
+               Tenant("ops", d("ops"), 0, admin=True),
+               Tenant("share1", d("share1"), 0, share_prefix_cache=True),
+               Tenant("share2", d("share2"), 0, share_prefix_cache=True))
     gen = model_spec("smollm2", (0,), 1, EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=96,
                                                       num_gpu_blocks_override=32, scheduling_policy="priority"))
     svc = Service(rt, (gen, model_spec("minilm-l6", (1,), None)), tenants, clock=clock)
@@ -121,6 +125,38 @@ def test_tenant_separation(served):
     assert 'vnpu:tenant_requests_total{status="404",tenant="embed"}' in text
     st, _, b = raw(srv, "/admin/state", key=KEYS["ops"])
     assert st == 200 and json.loads(b)["models"]["smollm2"]["policy"] == "priority"
+
+
+def _prefix_hits(srv) -> float:
+    text = raw(srv, "/metrics", key=KEYS["ops"])[2].decode()
+    m = re.search(r'^vnpu:prefix_cache_hits_total\{[^}]*model_name="smollm2"[^}]*\} (\S+)$', text, re.M)
+    assert m is not None, "no vnpu:prefix_cache_hits_total for smollm2 in /metrics"
+    return float(m.group(1))
+
+
+def test_prefix_cache_is_per_tenant_unless_shared(served):
+    """A tenant's cached KV blocks serve its own later requests only; tenants configured with
+    ``share_prefix_cache`` share theirs with each other (and with no one else).  Hits in /metrics are the
+    full 16-token blocks of the prompt short of its last token."""
+    srv = served[0]
+    text = ("Tenants of this server ask about the prefix cache: a block of sixteen tokens is reused only when "
+            "every token before it is the same, and only inside one namespace of tenants.")
+
+    def ask(who):
+        r = client(served, who).completions.create(model="smollm2", prompt=text, max_tokens=2, temperature=0,
+                                                   extra_body={"ignore_eos": True})
+        return r.choices[0].text, r.usage.prompt_tokens
+    first, n = ask("premium")
+    full = (n - 1) // 16 * 16
+    assert full >= 32
+    h = _prefix_hits(srv)
+    seq = [("bulk", 0), ("premium", full), ("share1", 0), ("share2", full), ("share1", full), ("bulk", full)]
+    for who, gain in seq:
+        out, _ = ask(who)
+        assert out == first
+        now = _prefix_hits(srv)
+        assert now - h == gain, f"{who}: {now - h} tokens hit, expected {gain}"
+        h = now
 
 
 def test_tokens_per_minute_429_with_exact_retry_after(served):

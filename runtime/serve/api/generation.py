@@ -87,7 +87,8 @@ async def generate(eng, body, request: Request, tenant: Tenant, ids: list[list[i
         sub.when_finished(charge)
     try:
         await sub.add(ids, params, prompt_param, priority,
-                      lambda tokens: tickets.append(admit(request, tenant, tokens, _hbm(eng, tokens))))
+                      lambda tokens: tickets.append(admit(request, tenant, tokens, _hbm(eng, tokens))),
+                      tenant.cache_salt)
     except BaseException:
         if tickets:
             abandon()

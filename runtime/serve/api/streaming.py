@@ -51,14 +51,16 @@ class Submitted:
         self._on_finished = None
 
     async def add(self, prompts: list[list[int]], params: SamplingParams, prompt_param: str, priority: int = 0,
-                  admit: Callable[[int], object] | None = None) -> None:
+                  admit: Callable[[int], object] | None = None, cache_salt: str = "") -> None:
         """Queue the requests of ``prompts`` (the choices, in order), all or none: the engine checks them,
         calls ``admit(tokens)``, queues them (an engine in another process -- Ray Serve replicas -- answers
-        with an awaitable that resolves once they are accepted or raises the refusal)."""
+        with an awaitable that resolves once they are accepted or raises the refusal).  ``cache_salt``: their
+        prefix-cache namespace (the tenant's)."""
         def on_output(i: int, out: RequestOutput):
             with contextlib.suppress(RuntimeError):       # the loop is gone (server stopping)
                 self.loop.call_soon_threadsafe(self._arrived, i, out)
-        hs = self.engine.add_requests(prompts, params, priority, prompt_param, on_output, admit=admit)
+        hs = self.engine.add_requests(prompts, params, priority, prompt_param, on_output, admit=admit,
+                                      cache_salt=cache_salt)
         if inspect.isawaitable(hs):
             hs = await hs
         self.handles.extend(hs)

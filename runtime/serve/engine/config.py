@@ -30,7 +30,9 @@ class EngineConfig:
     (``fcfs`` or ``priority``); ``priority_aging_s``: under ``priority``, seconds of waiting that make a
     request one class more urgent (``inf``: no aging); ``mode``: the scheduler mode and its knobs
     (:class:`runtime.serve.engine.modes.ModeConfig`): per step it narrows ``max_num_seqs`` /
-    ``max_num_batched_tokens`` and may hold a step for more arrivals."""
+    ``max_num_batched_tokens`` and may hold a step for more arrivals; ``enable_prefix_caching``: full KV
+    blocks are cached by content and reused by later requests with the same prefix (vLLM's automatic
+    prefix caching, on by default as in vLLM V1; :mod:`runtime.serve.engine.block_manager`)."""
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 256
     block_size: int = 16
@@ -42,6 +44,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     priority_aging_s: float = 10.0
     mode: ModeConfig = field(default_factory=ModeConfig)
+    enable_prefix_caching: bool = True
 
     def __post_init__(self):
         for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len", "max_queued_requests"):
@@ -63,6 +66,8 @@ class EngineConfig:
             raise InvalidParamError(f"priority_aging_s must be > 0 (inf: no aging), got {a!r}")
         if not isinstance(self.mode, ModeConfig):
             raise InvalidParamError(f"mode must be a ModeConfig, got {self.mode!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise InvalidParamError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
         u = self.gpu_memory_utilization
         if not isinstance(u, (int, float)) or isinstance(u, bool) or not 0 < u <= 1:
             raise InvalidParamError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")

@@ -81,6 +81,9 @@ class EngineSnapshot:
     limits: StepLimits | None = None     #: the limits of the last scheduled step (the mode's choice)
     rebinds: int = 0
     batch: int = 0                       #: requests in the last step's batch
+    prefix_cache_queries: int = 0        #: tokens of admitted requests looked up in the prefix cache
+    prefix_cache_hits: int = 0           #: of those, tokens found cached (not computed)
+    prefix_cached_blocks: int = 0        #: blocks the prefix cache holds now
 
 
 class GenerateEngine(PromptChecks, EngineLifecycle):
@@ -116,7 +119,7 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         self.last_batch = 0
         self.failed_steps = 0                    #: steps that failed on a healthy placement (their requests failed)
         self._open()
-        self.blocks = BlockManager(self.runner.num_blocks, config.block_size)
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.blocks)
         stop_ids = {self.tok.eos_id}
         if self.tok.tokens and self.tok.tokens[0] == "<|endoftext|>":
@@ -142,7 +145,7 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
     def add_requests(self, prompts: Sequence[list[int]], params: SamplingParams, priority: int = 0,
                      prompt_param: str = "prompt", on_output: Callable[[int, RequestOutput], None] | None = None,
                      request_ids: Sequence[str | None] | None = None,
-                     admit: Callable[[int], object] | None = None) -> list[RequestHandle]:
+                     admit: Callable[[int], object] | None = None, cache_salt: str = "") -> list[RequestHandle]:
         """Queue one request's ``prompts`` (token ids) with the same ``params``: all of them or none.  Checked
         first, all together (:meth:`checked`: :class:`InvalidRequest`), then ``admit(tokens)`` is called
         with the tokens they may use at most (prompts + ``max_tokens`` after the defaults) -- the caller's
@@ -151,11 +154,12 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         a request id in use: :class:`InvalidRequest`).  ``priority``: vLLM's (lower runs first; only under
         the ``priority`` scheduling policy -- a non-zero one is refused under ``fcfs``, as vLLM does).
         ``on_output(i, output)``: called on the engine thread with every output of prompt ``i``.  Returns
-        the handles in prompt order, at once."""
+        the handles in prompt order, at once.  ``cache_salt``: the prefix-cache namespace of the requests
+        (their blocks are reused only by requests of the same salt; a tenant's name, or "" for shared)."""
         params = self.checked(prompts, params, priority, prompt_param, admit)
         now = self.clock()
         ids = list(request_ids) if request_ids is not None else [None] * len(prompts)
-        reqs = [Request(p, params, rid, priority, arrival=now) for p, rid in zip(prompts, ids)]
+        reqs = [Request(p, params, rid, priority, arrival=now, cache_salt=cache_salt) for p, rid in zip(prompts, ids)]
         hs = [RequestHandle(r.request_id, len(r.prompt_ids),
                             None if on_output is None else (lambda o, i=i: on_output(i, o)))
               for i, r in enumerate(reqs)]
@@ -172,10 +176,11 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
                     on_output: Callable[[RequestOutput], None] | None = None, priority: int = 0,
-                    prompt_param: str = "prompt") -> RequestHandle:
+                    prompt_param: str = "prompt", cache_salt: str = "") -> RequestHandle:
         """Queue a request of one prompt (:meth:`add_requests`).  Returns at once."""
         cb = None if on_output is None else (lambda i, o: on_output(o))
-        return self.add_requests([prompt_ids], params, priority, prompt_param, cb, [request_id])[0]
+        return self.add_requests([prompt_ids], params, priority, prompt_param, cb, [request_id],
+                                 cache_salt=cache_salt)[0]
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (it finishes with ``abort`` and frees its blocks at the next step)."""
@@ -441,7 +446,8 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         """A fresh KV cache and scheduler on the placement just built; ``reqs`` (unfinished) queued again
         (their caches are recomputed from prompt + tokens so far).  How many were queued."""
         old = self.scheduler
-        self.blocks = BlockManager(self.runner.num_blocks, self.config.block_size)
+        self.blocks = BlockManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.blocks.queries, self.blocks.hits = old.blocks.queries, old.blocks.hits
         self.scheduler = Scheduler(self.config, self.blocks)
         self.scheduler.num_preemptions, self.scheduler.num_displaced = old.num_preemptions, old.num_displaced
         replayed = 0
@@ -477,4 +483,5 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         r = self.runner
         return EngineSnapshot(len(self.scheduler.running), self._queued, pool.usage, pool.num_blocks, pool.num_free,
                               self.scheduler.num_preemptions, r.num_graphs if r else 0, r.captures if r else 0,
-                              self.steps, self.index, self.limits, self.rebinds, self.last_batch)
+                              self.steps, self.index, self.limits, self.rebinds, self.last_batch,
+                              self.blocks.queries, self.blocks.hits, pool.num_cached)

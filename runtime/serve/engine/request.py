@@ -49,7 +49,7 @@ class Request:
     """Engine-side state of one request (owned by the engine thread once added)."""
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                 priority: int = 0, arrival: float | None = None):
+                 priority: int = 0, arrival: float | None = None, cache_salt: str = ""):
         self.request_id = request_id or f"req-{next(_ids)}"
         self.prompt_ids = list(prompt_ids)
         self.params = params
@@ -68,6 +68,8 @@ class Request:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.scheduled_time: float | None = None
+        self.cache_salt = cache_salt                #: prefix-cache namespace (a tenant's, or shared: "")
+        self.cached_tokens = 0                      #: tokens found in the prefix cache at the last admission
 
     @property
     def all_ids(self) -> list[int]:

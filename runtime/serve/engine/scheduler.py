@@ -8,7 +8,8 @@ policy gives them (:mod:`.policies`: ``fcfs`` keeps the queue order, ``priority`
 priority).  When the KV cache has no block for a running request's tokens, the policy's victim
 (``max(running, key=(priority, arrival))``) is preempted: its blocks are freed, its computed tokens reset,
 and it goes back to the waiting queue to be recomputed from its prompt and the tokens it already
-generated.  Under ``priority``, a waiting request that is strictly more urgent than the victim also takes
+generated.  A request admitted with nothing computed first takes the cached blocks of its prompt's
+longest cached prefix (:mod:`.block_manager`, when prefix caching is on) and computes from there.  Under ``priority``, a waiting request that is strictly more urgent than the victim also takes
 its place when the batch is full (at most one displacement per step).
 
 Per step the limits may be narrower than the config's (:class:`.modes.StepLimits`, chosen by the
@@ -151,9 +152,15 @@ class Scheduler:
         if len(out.preempted) == displaced:                   # no block shortage this step (as vLLM)
             while self.waiting and budget > 0 and len(self.running) < max_seqs:
                 req = self.waiting[0]
-                n = min(req.num_tokens - req.num_computed, budget)
-                if not self.blocks.allocate(req.request_id, req.num_computed + n):
+                prefix = self.blocks.cached_prefix(req.all_ids, req.cache_salt) if req.num_computed == 0 else []
+                hit = len(prefix) * self.blocks.block_size
+                n = min(req.num_tokens - req.num_computed - hit, budget)
+                if not self.blocks.allocate(req.request_id, req.num_computed + hit + n, prefix):
                     break
+                if req.num_computed == 0:
+                    self.blocks.counted(req.num_tokens, hit)
+                    req.num_computed = hit
+                    req.cached_tokens = hit
                 self.waiting.popleft()
                 req.status = Status.RUNNING
                 self.running.append(req)
@@ -165,4 +172,7 @@ class Scheduler:
     def advance(self, out: SchedulerOutput) -> None:
         """The step ran: its tokens are in the cache."""
         for s in out.scheduled:
-            s.request.num_computed = s.start + s.count
+            r = s.request
+            r.num_computed = s.start + s.count
+            if self.blocks.has_uncached_full_block(r.request_id, r.num_computed):
+                self.blocks.cache_full_blocks(r.request_id, r.all_ids, r.num_computed, r.cache_salt)
