@@ -2,7 +2,7 @@
 
 The file is ``pid (comm) state ppid ...`` (proc(5)); ``comm`` may hold spaces and parentheses, so the
 fields are taken after the LAST ``)``.  :func:`fields` returns them from field 3 (the state) onwards, and
-the helpers below name the ones vnpu reads: the state (``Z`` = a zombie, which counts as gone), the parent
+the helpers below name the ones vnpu reads: the state (``Z`` = a zombie and ``X`` = dead, which count as gone), the parent
 pid (field 4), the CPU time (fields 14 + 15, clock ticks), the niceness (field 19, per thread: ``task/<tid>/stat``)
 and the start time (field 22, clock ticks after boot: with the pid, it names one process even after the pid
 is reused).
@@ -47,9 +47,10 @@ def state(pid: int) -> str | None:
 
 
 def alive(pid: int) -> bool:
-    """Whether ``pid`` runs: it exists and is not a zombie (an exited process its parent has not reaped)."""
+    """Whether ``pid`` runs: it exists and has not exited -- neither a zombie (``Z``: its parent has not
+    reaped it) nor dead (``X``: being reaped; under load a Ray worker was seen in it for over 15 s)."""
     st = state(pid)
-    return st is not None and st != "Z"
+    return st is not None and st not in ("Z", "X")
 
 
 def parent(pid: int) -> int | None:

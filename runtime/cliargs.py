@@ -274,16 +274,6 @@ def size(s: str) -> int:
     return v
 
 
-def bool_word(s: str) -> bool:
-    """``type=``: ``true``/``false`` (also yes/no, on/off, 1/0), as the seed's ``--enable-memory-pool true``."""
-    t = str(s).strip().lower()
-    if t in ("true", "yes", "on", "1"):
-        return True
-    if t in ("false", "no", "off", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
-
-
 def choices_list(known, what: str = "value"):
     """``type=``: a comma-separated list of names among ``known``."""
     def parse(s: str) -> tuple[str, ...]:

@@ -89,18 +89,18 @@ def register(sub) -> None:
     s.add_argument("--stats-interval", type=nonneg_float, default=10.0, metavar="SECONDS",
                    help="a stats line (throughput, running/waiting, KV cache use) every SECONDS, on the metrics "
                         "sampler's 1 s ticks (default 10; 0: none)")
-    from runtime.cliargs import bool_word, duration, size
+    from runtime.cliargs import boolean, duration, size
     from runtime.serve.memory_pool import STRATEGIES
     s.add_argument("--memory-strategy", choices=list(STRATEGIES), default=None,
                    help="the device pools' strategy (memory.strategy)")
-    s.add_argument("--enable-memory-pool", type=bool_word, default=None, metavar="true|false",
+    s.add_argument("--enable-memory-pool", type=boolean, default=None, metavar="true|false",
                    help="manage the device pools as memory: says (default true; false: leave them as "
                         "VNPU_ALLOC_CONF makes them)")
     s.add_argument("--pool-size", type=size, default=None, metavar="SIZE",
                    help="each device pool's size, pre-warmed at start (memory.pool_size, e.g. 3GB)")
     s.add_argument("--defrag-interval", type=duration, default=None, metavar="DURATION",
                    help="live defragmentation every DURATION (memory.defrag_interval, e.g. 3m)")
-    s.add_argument("--overflow-protection", type=bool_word, default=None, metavar="true|false",
+    s.add_argument("--overflow-protection", type=boolean, default=None, metavar="true|false",
                    help="free the cache and degrade batch and queue before the pool overflows "
                         "(memory.overflow_protection)")
     s.add_argument("--guardian-mode", type=boolean, default=False, metavar="true|false",
