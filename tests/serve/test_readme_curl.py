@@ -10,13 +10,11 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
+from serve_cli import ServeProcess
 
 pytestmark = pytest.mark.serve
 
@@ -37,11 +35,18 @@ def curl_commands(md: str) -> list[str]:
     return out
 
 
+def shipped_port() -> int:
+    """The port the shipped serve.yaml names (what the documented curls address)."""
+    import yaml
+    return int(yaml.safe_load((ROOT / "serve.yaml").read_text())["server"]["port"])
+
+
 def run_curl(cmd: str, url: str) -> tuple[int, str]:
-    """(HTTP status, body) of a README curl, pointed at ``url`` instead of localhost:8000; the status comes
-    from curl's ``-w`` (added), the body is what the command prints (after its own pipe, if any)."""
-    hostport = url.removeprefix("http://")
-    cmd = cmd.replace("localhost:8000", hostport).replace("127.0.0.1:8000", hostport)
+    """(HTTP status, body) of a README curl, pointed at ``url`` (the test server, on a free port) instead of
+    the shipped serve.yaml's address; the status comes from curl's ``-w`` (added), the body is what the
+    command prints (after its own pipe, if any)."""
+    hostport, port = url.removeprefix("http://"), shipped_port()
+    cmd = cmd.replace(f"localhost:{port}", hostport).replace(f"127.0.0.1:{port}", hostport)
     head, _, pipe = cmd.partition(" | ")
     head = head.replace("curl ", "curl -w '\\n%{http_code}' ", 1)
     assert shutil.which("curl"), "the README's examples run curl: install it"
@@ -60,34 +65,17 @@ def without_key(cmd: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     """``vnpu serve --config serve.yaml`` as the quick start runs it, on 3 in-process devices (the shipped
-    placement: smollm2@0, fallback 2, minilm-l6@1)."""
-    env = dict(os.environ, VNPU_BACKEND="local", VNPU_DEVICES="3", OPENBLAS_NUM_THREADS="1")
-    p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--config", str(ROOT / "serve.yaml"),
-                          "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         cwd=ROOT)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read():
-        for ln in p.stdout:
-            lines.append(ln.strip())
-            if "vnpu serve: ready" in ln:
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    placement: smollm2@0, fallback 2, minilm-l6@1), on a free port."""
+    srv = ServeProcess(tmp_path_factory.mktemp("readme"), "--config", ROOT / "serve.yaml", "--port", "0", devices=3)
     try:
-        assert ready.wait(240) and p.poll() is None, (lines, p.stderr.read() if p.poll() is not None else "")
-        yield next(ln.split()[-1] for ln in lines if "listening on" in ln)
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(60) == 0, p.stderr.read()
-        assert any(ln.endswith("vnpu serve: drained, bye") for ln in lines), lines
+        srv.wait_for("vnpu serve: ready")
+        yield srv.url
+        assert srv.stop() == 0, srv.stderr[-3000:]
+        assert any(ln.endswith("vnpu serve: drained, bye") for ln in srv.lines), srv.lines
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        srv.stop()
 
 
 def test_the_readme_quick_start_has_its_curls():

@@ -81,8 +81,8 @@ def test_the_readme_repository_example_and_tritonclient_snippet_work_as_written(
     srv = Server(svc).start()
     try:
         svc.load()
-        assert "127.0.0.1:8000" in snippet
-        code = snippet.replace("127.0.0.1:8000", srv.url.removeprefix("http://"))
+        documented = re.search(r'InferenceServerClient\("([^"]+)"\)', snippet).group(1)   # the doc's address
+        code = snippet.replace(documented, srv.url.removeprefix("http://"))
         ns: dict = {}
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
