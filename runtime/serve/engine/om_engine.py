@@ -47,6 +47,8 @@ log = logging.getLogger("vnpu.serve")
 
 #: the most requests one instance holds waiting (whatever the model's queue policy: memory stays bounded)
 MAX_WAITING = 1024
+#: how many recent executions an engine keeps in :attr:`OmEngine.executions` (at least)
+EXECUTION_LOG = 4096
 
 
 @dataclass
@@ -74,7 +76,9 @@ class OmEngine(EngineLifecycle):
         self.thread_name = f"om{version}.{instance}"
         self.batcher = DynamicBatcher.for_model(config, gears)
         self.max_waiting = max_waiting
-        self.executions: list[tuple[int, int]] = []     #: (rows, gear) of every execution (batching at work)
+        #: (rows, gear) of the recent executions (batching at work), the last :data:`EXECUTION_LOG` to
+        #: :data:`2 * EXECUTION_LOG` of them: a long-running server does not grow it without bound
+        self.executions: list[tuple[int, int]] = []
         self.failed_batches = 0                         #: batches that failed on a healthy placement
         self.replayed_batches = 0                       #: batches re-run after a device loss
         self._running = 0
@@ -188,6 +192,8 @@ class OmEngine(EngineLifecycle):
             q.payload.future.set_result(res)
         self.replayed_batches += rerun
         self.executions.append((batch.rows, batch.gear))
+        if len(self.executions) >= 2 * EXECUTION_LOG:
+            del self.executions[:EXECUTION_LOG]
         self.stats.batch(batch.rows, [(batch.formed - q.enqueued, t3 - q.enqueued) for q in batch.requests],
                          t1 - t0, t2 - t1, t3 - t2)
         self._retired(len(batch.requests))
@@ -251,4 +257,4 @@ class OmEngine(EngineLifecycle):
         self._drop_queue(Unavailable(f"model {self.model!r} version {self.version} shut down"))
 
 
-__all__ = ["MAX_WAITING", "OmEngine"]
+__all__ = ["MAX_WAITING", "EXECUTION_LOG", "OmEngine"]
