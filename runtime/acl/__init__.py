@@ -64,7 +64,7 @@ import json as _json
 from devices.errors import AclError as _AclError
 from runtime import api as _api
 
-from . import mdl, prof, rt, util  # noqa: F401 - acl.rt, acl.util, acl.mdl, acl.prof
+from . import mdl, op, prof, rt, util  # noqa: F401 - acl.rt, acl.util, acl.mdl, acl.op, acl.prof
 from ._applog import app_log  # noqa: F401 - acl.app_log
 from ._buffers import (create_data_buffer, data_type_size, destroy_data_buffer,  # noqa: F401 - acl.*
                        get_data_buffer_addr, get_data_buffer_size, get_data_buffer_size_v2, update_data_buffer)
@@ -140,7 +140,7 @@ from ._state import STATE as _STATE, teardown as _teardown
 from ._tensor_desc import (create_tensor_desc, destroy_tensor_desc, get_tensor_desc_dim,  # noqa: F401 - acl.*
                            get_tensor_desc_dim_v2, get_tensor_desc_element_count, get_tensor_desc_format,
                            get_tensor_desc_name, get_tensor_desc_num_dims, get_tensor_desc_size, get_tensor_desc_type,
-                           set_tensor_desc_name)
+                           set_tensor_const, set_tensor_desc_name)
 
 
 # ---------------------------------------------------------------------------------------------- acl.*

@@ -2,6 +2,7 @@
 
     vnpu atc --model m.onnx --framework 5 --output m [--input_shape "x:-1,3,224,224"]
              [--dynamic_batch_size "1,2,4,8"] [--soc_version Ascend910B3] [--log info]
+    vnpu atc --singleop op_list.json --output op_models [--soc_version ...]   # one .om per operator (acl.op)
     vnpu atc --mode 1 --om m.om --json m.json        # the model's manifest as JSON (no weights)
     vnpu atc --mode 6 --om m.om                      # model info
 
@@ -9,6 +10,8 @@ As ATC: "ATC start working now, please wait for a moment." first; "ATC run succe
 next use." and exit 0 on success; on failure "ATC run failed, Please check the detail log, Try 'atc
 --help' for more information" on stdout, ONE line ``E<code>: <message>`` (ATC's E-codes and texts) on
 stderr, and exit status 255 (ATC's ``main`` returns -1).  ``--output`` gets ".om" appended, as ATC does.
+With ``--singleop`` (ATC's op-list JSON) ``--output`` is a directory that gets one single-operator model
+per entry, named as ATC names them (``0_Add_3_2_8_16_...om``), for ``acl.op.set_model_dir``.
 ``--soc_version`` picks the chip spec of the cost model and the core count the kernels are tiled for
 (default Ascend910B3; real ATC requires it).
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from devices.errors import (ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, ACL_ERROR_GE_PARAM_INVALID, AclError, AtcError,
                             atc_message)
-from runtime.cliargs import output_problem
+from runtime.cliargs import output_dir_problem, output_problem
 
 START = "ATC start working now, please wait for a moment."
 SUCCESS = "ATC run success, welcome to the next use."
@@ -46,9 +49,12 @@ def register(sub) -> None:
                                    "--output [--input_shape --dynamic_batch_size --soc_version])",
                        example=("vnpu atc --model m.onnx --framework 5 --output m --input_shape 'x:-1,128' "
                                 "--dynamic_batch_size '1,2,4,8' --soc_version Ascend910B3",
+                                "vnpu atc --singleop op_list.json --output op_models",
                                 "vnpu atc --mode 6 --om m.om"))
     p.add_argument("--mode", default="0", help="0 generate .om (default), 1 .om to JSON, 6 display model info")
     p.add_argument("--model", default="", help="source model (ONNX)")
+    p.add_argument("--singleop", default="", help="an op-list JSON: compile one single-operator model per "
+                                                  "entry into the --output directory (acl.op)")
     p.add_argument("--framework", default="", help="5 (ONNX)")
     p.add_argument("--output", default="", help="output path without suffix: .om is appended")
     p.add_argument("--input_shape", default=None, help='"name:n,c,h,w;name2:n,c" (-1: the dynamic batch axis)')
@@ -84,7 +90,9 @@ def _run(a) -> int:
         if mode not in MODES:
             raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.mode, parameter="--mode",
                            reason="vnpu atc supports " + ", ".join(f"{k} ({v})" for k, v in MODES.items()))
-        if mode == 0:
+        if mode == 0 and a.singleop:
+            _singleop(a)
+        elif mode == 0:
             _convert(a)
         else:
             _inspect(a, mode)
@@ -143,6 +151,32 @@ def _convert(a) -> None:
     if a.log in ("info", "debug"):
         for line in report_lines(cm.manifest):
             print(f"[INFO] {line}", flush=True)
+
+
+def _singleop(a) -> None:
+    from runtime.atc.singleop import compile_op_list
+    if a.model:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.model, parameter="--model",
+                       reason="--singleop and --model are exclusive")
+    if not a.output:
+        raise AtcError("E10004", ACL_ERROR_GE_PARAM_INVALID, parameter="output")
+    if not Path(a.singleop).is_file():
+        raise AtcError("E10001", ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, value=a.singleop, parameter="--singleop",
+                       reason="the file does not exist or is not a regular file")
+    out = Path(a.output)
+    problem = output_dir_problem(a.output)
+    if problem:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.output, parameter="--output", reason=problem)
+    from runtime.atc import make_options
+    soc = make_options(None, None, a.soc_version).soc_version
+    try:
+        paths = compile_op_list(a.singleop, out, soc)
+    except OSError as e:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.output, parameter="--output",
+                       reason=f"cannot write it ({e.strerror})") from None
+    if a.log in ("info", "debug"):
+        for p in paths:
+            print(f"[INFO] {p}", flush=True)
 
 
 def _check_output(path: str, flag: str) -> None:
