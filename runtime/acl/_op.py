@@ -5,7 +5,7 @@ import itertools
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,14 +43,22 @@ class OpModel:
 @dataclass(frozen=True)
 class OpHandle:
     """aclopHandle: an operator matched once (create_handle), run many times (execute_with_handle)."""
+    handle: int
     model: OpModel
+
+
+@dataclass(eq=False)
+class AttrSet:
+    """aclopAttr: attribute name -> value."""
+    handle: int
+    values: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------- attributes
 @acl_value(0, init=False)
 def create_attr():
     """aclopCreateAttr -> an empty attribute set (pyACL returns the handle alone)."""
-    return add_object(STATE.op_attrs, lambda h: {})
+    return add_object(STATE.op_attrs, AttrSet)
 
 
 def destroy_attr(attr) -> None:
@@ -63,7 +71,7 @@ def destroy_attr(attr) -> None:
 def _set(attr, name, value) -> None:
     if not isinstance(name, str) or not name:
         raise invalid(f"attribute name must be a non-empty str, got {name!r}")
-    object_record(STATE.op_attrs, attr, "operator attribute set")[name] = value
+    object_record(STATE.op_attrs, attr, "operator attribute set").values[name] = value
 
 
 def _scalar(v, kind: type, what: str):
@@ -219,7 +227,7 @@ def _descs(descs, what: str) -> tuple[so.TensorSpec, ...]:
 def _attrs(attr) -> dict:
     if attr is None or attr == 0:
         return {}
-    return dict(object_record(STATE.op_attrs, attr, "operator attribute set"))
+    return dict(object_record(STATE.op_attrs, attr, "operator attribute set").values)
 
 
 def _match(op_type, in_descs, out_descs, attr: dict) -> OpModel:
@@ -303,14 +311,14 @@ def execute_v2(op_type, input_desc, inputs, output_desc, outputs, attr, stream):
 def create_handle(op_type, input_desc, output_desc, attr):
     """aclopCreateHandle -> (handle, ret): match once; execute_with_handle runs it."""
     m = _match(op_type, input_desc, output_desc, _attrs(attr))
-    return add_object(STATE.op_handles, lambda h: OpHandle(m))
+    return add_object(STATE.op_handles, lambda h: OpHandle(h, m))
 
 
 @acl_call(outs=(0,))
 def create_handle_for_cast(src_desc, dst_desc, truncate):
     """aclopCreateHandleForCast -> (handle, ret): the loaded Cast from ``src_desc``'s type to ``dst_desc``'s."""
     m = _match("Cast", [src_desc], [dst_desc], _cast_attr(dst_desc, truncate))
-    return add_object(STATE.op_handles, lambda h: OpHandle(m))
+    return add_object(STATE.op_handles, lambda h: OpHandle(h, m))
 
 
 @acl_call()

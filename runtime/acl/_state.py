@@ -135,7 +135,7 @@ class State:
         self.datasets: dict[int, DatasetRecord] = {}
         self.tensor_descs: dict[int, TensorDescRecord] = {}
         self.op_models: list = []                    # single-operator models (runtime.acl._op.OpModel)
-        self.op_attrs: dict[int, dict] = {}          # aclopAttr handle -> {name: value}
+        self.op_attrs: dict[int, Any] = {}           # aclopAttr handle -> runtime.acl._op.AttrSet
         self.op_handles: dict[int, Any] = {}         # aclopHandle -> runtime.acl._op.OpHandle
 
     @property

@@ -364,22 +364,25 @@ def _entry(i: int, e) -> OpSpec:
     ins = tuple(_tensor(i, f"input_desc[{k}]", d) for k, d in enumerate(e.get("input_desc") or []))
     outs = tuple(_tensor(i, f"output_desc[{k}]", d) for k, d in enumerate(e.get("output_desc") or []))
     attrs = dict(_attr_value(i, a) for a in (e.get("attr") or []))
-    return make_spec(op, ins, outs, attrs, where=f"op {i}")
+    try:
+        return make_spec(op, ins, outs, attrs)
+    except ValueError as err:
+        raise _bad(i, str(err)) from None
 
 
-def make_spec(op: str, ins, outs, attrs: dict, where: str = "") -> OpSpec:
+def make_spec(op: str, ins, outs, attrs: dict) -> OpSpec:
     """An :class:`OpSpec`, checked against the operator's arity and constant inputs (ValueError)."""
     d = OPS.get(op)
     if d is None:
         raise ValueError(f"vnpu has no single-operator {op!r}")
     lo, hi = d.n_inputs
     if not lo <= len(ins) <= hi:
-        raise ValueError(f"{where}: {op} takes {lo if lo == hi else f'{lo} to {hi}'} inputs, got {len(ins)}")
+        raise ValueError(f"{op} takes {lo if lo == hi else f'{lo} to {hi}'} inputs, got {len(ins)}")
     if len(outs) != 1:
-        raise ValueError(f"{where}: {op} has one output, got {len(outs)} output descriptions")
+        raise ValueError(f"{op} has one output, got {len(outs)} output descriptions")
     for k in d.const_inputs:
         if ins[k].const is None:
-            raise ValueError(f"{where}: input {k} of {op} must be constant (is_const with const_value, or "
+            raise ValueError(f"input {k} of {op} must be constant (is_const with const_value, or "
                              "acl.set_tensor_const)")
     return OpSpec(op, tuple(ins), tuple(outs), normalize_attrs(op, attrs))
 
