@@ -134,6 +134,7 @@ class State:
         self.data_buffers: dict[int, DataBufferRecord] = {}
         self.datasets: dict[int, DatasetRecord] = {}
         self.tensor_descs: dict[int, TensorDescRecord] = {}
+        self.aipp_sets: dict[int, Any] = {}         # aclmdlAIPP handle -> runtime.acl._aipp.AippSet
         self.op_models: list = []                    # single-operator models (runtime.acl._op.OpModel)
         self.op_attrs: dict[int, Any] = {}           # aclopAttr handle -> runtime.acl._op.AttrSet
         self.op_handles: dict[int, Any] = {}         # aclopHandle -> runtime.acl._op.OpHandle

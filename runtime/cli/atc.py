@@ -37,7 +37,7 @@ MODES = {0: "generate an offline model", 1: "convert an .om to JSON", 6: "displa
 UNSUPPORTED = {
     "weight": "Caffe weights (vnpu atc converts ONNX models)", "dynamic_image_size": "dynamic image size gears",
     "dynamic_dims": "dynamic dims gears", "input_shape_range": "shape ranges", "out_nodes": "choosing output nodes",
-    "output_type": "changing output dtypes", "insert_op_conf": "AIPP", "input_fp16_nodes": "fp16 input nodes",
+    "output_type": "changing output dtypes", "input_fp16_nodes": "fp16 input nodes",
     "keep_dtype": "per-op precision files",
 }
 #: --precision_mode values that mean what vnpu does (it keeps every op in the model's own dtype)
@@ -61,6 +61,8 @@ def register(sub) -> None:
     p.add_argument("--dynamic_batch_size", default=None, help='"1,2,4,8": the batch gears')
     p.add_argument("--soc_version", default=None, help="chip to compile for (default Ascend910B3)")
     p.add_argument("--input_format", default=None, help="NCHW (default) or ND")
+    p.add_argument("--insert_op_conf", default=None,
+                   help="an AIPP config (aipp_op { ... }): the model input takes pictures (static or dynamic AIPP)")
     p.add_argument("--log", default="null", help="debug|info|warning|error|null: info prints the compile report")
     p.add_argument("--disable_reuse_memory", default="0", help="1: give every intermediate its own memory")
     p.add_argument("--precision_mode", default=None,
@@ -141,7 +143,7 @@ def _convert(a) -> None:
         raise AtcError("E10001", ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, value=a.model, parameter="--model",
                        reason="the file does not exist or is not a regular file")
     opts = make_options(a.input_shape, a.dynamic_batch_size, a.soc_version,
-                        reuse_memory=a.disable_reuse_memory == "0")
+                        reuse_memory=a.disable_reuse_memory == "0", insert_op_conf=a.insert_op_conf)
     cm = compile_model(a.model, opts)
     try:
         cm.save(out)
