@@ -64,7 +64,7 @@ import json as _json
 from devices.errors import AclError as _AclError
 from runtime import api as _api
 
-from . import mdl, prof, rt, util  # noqa: F401 - acl.rt, acl.util, acl.mdl, acl.prof
+from . import mdl, op, prof, rt, util  # noqa: F401 - acl.rt, acl.util, acl.mdl, acl.op, acl.prof
 from ._applog import app_log  # noqa: F401 - acl.app_log
 from ._buffers import (create_data_buffer, data_type_size, destroy_data_buffer,  # noqa: F401 - acl.*
                        get_data_buffer_addr, get_data_buffer_size, get_data_buffer_size_v2, update_data_buffer)
@@ -84,6 +84,7 @@ from ._constants import (  # noqa: F401 - acl.ACL_* (every constant of ._constan
     ACL_ERROR_INVALID_PARAM, ACL_ERROR_INVALID_RESOURCE_HANDLE, ACL_ERROR_KERNEL_ALREADY_REGISTERED,
     ACL_ERROR_KERNEL_NOT_FOUND, ACL_ERROR_MODEL_INPUT_NOT_MATCH, ACL_ERROR_MODEL_NOT_DYNAMIC,
     ACL_ERROR_MODEL_OUTPUT_NOT_MATCH, ACL_ERROR_MODEL_SIZE_INVALID, ACL_ERROR_OP_NOT_FOUND, ACL_ERROR_PARSE_FILE,
+    ACL_ERROR_OP_ATTR_NOT_MATCH, ACL_ERROR_OP_INPUT_NOT_MATCH, ACL_ERROR_OP_OUTPUT_NOT_MATCH, ACL_ERROR_OP_TYPE_NOT_MATCH,
     ACL_ERROR_PARSE_MODEL, ACL_ERROR_READ_MODEL_FAILURE, ACL_ERROR_REPEAT_FINALIZE, ACL_ERROR_REPEAT_INITIALIZE,
     ACL_ERROR_INVALID_PROFILING_CONFIG, ACL_ERROR_PROF_ALREADY_RUN, ACL_ERROR_PROF_NOT_RUN,
     ACL_ERROR_REPEAT_SUBSCRIBE, ACL_ERROR_RT_ADDR_UNALIGNED, ACL_ERROR_RT_AICORE_EXCEPTION,
@@ -140,7 +141,7 @@ from ._state import STATE as _STATE, teardown as _teardown
 from ._tensor_desc import (create_tensor_desc, destroy_tensor_desc, get_tensor_desc_dim,  # noqa: F401 - acl.*
                            get_tensor_desc_dim_v2, get_tensor_desc_element_count, get_tensor_desc_format,
                            get_tensor_desc_name, get_tensor_desc_num_dims, get_tensor_desc_size, get_tensor_desc_type,
-                           set_tensor_desc_name)
+                           set_tensor_const, set_tensor_desc_name)
 
 
 # ---------------------------------------------------------------------------------------------- acl.*

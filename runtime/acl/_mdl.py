@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
-from devices.errors import InvalidParamError
+from devices.errors import ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, InvalidParamError, ModelError
 from runtime import offline
 
 from ._args import as_int, host_view, invalid
@@ -270,6 +270,23 @@ def execute_async(model_id, input, output, stream):  # noqa: A002 - pyACL's para
 
 
 @acl_call()
+def set_dynamic_hw_size(model_id, dataset, index, height, width):
+    """aclmdlSetDynamicHWSize: vnpu atc makes no dynamic image-size models (``--dynamic_image_size`` is
+    refused), so no (height, width) is one of a model's gears: 145013, as GE answers for a size that is not
+    a gear; 100000 for a non-positive size or an index out of range (checked first)."""
+    rec = model_record(model_id)
+    ds = object_record(STATE.datasets, dataset, "dataset")
+    i, h, w = as_int(index, "index"), as_int(height, "height"), as_int(width, "width")
+    if h <= 0 or w <= 0:
+        raise invalid(f"height and width must be positive, got {h}x{w}")
+    if not 0 <= i < len(ds.buffers):
+        raise invalid(f"index {i} is out of range: the dataset holds {len(ds.buffers)} buffers")
+    raise ModelError(f"model {rec.model_id} has no dynamic image size gears ({h}x{w} is not one of them): "
+                     "vnpu atc does not compile --dynamic_image_size models",
+                     code=ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID)
+
+
+@acl_call()
 def set_dynamic_batch_size(model_id, dataset, index, batch_size):
     """aclmdlSetDynamicBatchSize: write ``batch_size`` into the dataset's buffer ``index`` (the model's
     ``ascend_mbatch_shape_data`` input; host-synchronous).  100000 for batch 0, an index out of range, a
@@ -334,6 +351,15 @@ def _index_by_name(model_desc, kind: str, name) -> int:
     if i is None:
         raise invalid(f"the model has no {kind} named {name!r}")
     return i
+
+
+def dataset_buffer(dataset, index: int) -> offline.DataBuffer:
+    """Buffer ``index`` of ``dataset`` as a runtime.offline DataBuffer (100000 when out of range)."""
+    ds = object_record(STATE.datasets, dataset, "dataset")
+    if not 0 <= index < len(ds.buffers):
+        raise invalid(f"index {index} is out of range: the dataset holds {len(ds.buffers)} buffers")
+    b = object_record(STATE.data_buffers, ds.buffers[index], f"data buffer {index} of the dataset")
+    return offline.DataBuffer(b.ptr, b.size)
 
 
 def _buffers(dataset, kind: str) -> list:

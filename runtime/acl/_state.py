@@ -40,6 +40,7 @@ class Context:
     streams: set = field(default_factory=set)   #: handles of every stream created in it
     events: set = field(default_factory=set)
     models: set = field(default_factory=set)    #: ids of the models loaded in it
+    op_instances: dict = field(default_factory=dict)  #: single-operator model id -> its OfflineModel here
     alive: bool = True
 
 
@@ -104,6 +105,7 @@ class TensorDescRecord:
     dims: tuple | None
     format: int
     name: str = ""
+    const: bytes | None = None         #: the data of a constant tensor (acl.set_tensor_const)
 
 
 class State:
@@ -132,6 +134,10 @@ class State:
         self.data_buffers: dict[int, DataBufferRecord] = {}
         self.datasets: dict[int, DatasetRecord] = {}
         self.tensor_descs: dict[int, TensorDescRecord] = {}
+        self.aipp_sets: dict[int, Any] = {}         # aclmdlAIPP handle -> runtime.acl._aipp.AippSet
+        self.op_models: list = []                    # single-operator models (runtime.acl._op.OpModel)
+        self.op_attrs: dict[int, Any] = {}           # aclopAttr handle -> runtime.acl._op.AttrSet
+        self.op_handles: dict[int, Any] = {}         # aclopHandle -> runtime.acl._op.OpHandle
 
     @property
     def initialized(self) -> bool:
@@ -272,7 +278,14 @@ def release_context(c: Context, timeout_ms: float = -1, tables: tuple[dict, dict
     with STATE.lock:
         mrecs = [models.pop(m) for m in list(c.models) if m in models]
         c.models.clear()
+        ops = list(c.op_instances.values())
+        c.op_instances.clear()
     unload_models(mrecs)
+    for m in ops:                          # single-operator models run in this context (acl.op)
+        try:
+            m.unload()
+        except AclError:
+            log.warning("unloading a single-operator model failed", exc_info=True)
     with STATE.lock:
         c.alive = False
         STATE.contexts.pop(c.handle, None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._args import as_int
+from ._args import as_int, host_view
 from ._buffers import data_type_size
 from ._calls import acl_call, acl_value
 from ._constants import ACL_DT_UNDEFINED, ACL_FORMAT_UNDEFINED, ACL_MAX_DIM_CNT, ACL_UNKNOWN_RANK
@@ -100,6 +100,20 @@ def set_tensor_desc_name(desc, name) -> None:
     rec = STATE.tensor_descs.get(desc) if isinstance(desc, int) and not isinstance(desc, bool) else None
     if rec is not None:
         rec.name = "" if name is None else str(name)
+
+
+@acl_call(init=False)
+def set_tensor_const(desc, data_buffer, length):
+    """aclSetTensorConst(desc, data, length): make ``desc`` a constant tensor holding the ``length`` bytes at
+    host address ``data_buffer`` (copied now).  ``length`` must be the description's size; a single
+    operator (``acl.op``) then matches a model compiled with that constant (``is_const``/``const_value``)."""
+    d = _desc(desc)
+    n = as_int(length, "length")
+    size = _count(d) * data_type_size(d.dtype)
+    if n <= 0 or n != size:
+        raise ValueError(f"length {n} is not the description's size ({size} B: {_count(d)} elements of "
+                         f"{data_type_size(d.dtype)} B)")
+    d.const = host_view(data_buffer, n, "constant data").tobytes()
 
 
 def _desc(desc) -> TensorDescRecord:

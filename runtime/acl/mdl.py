@@ -18,6 +18,12 @@ buffer counts 100017/100018, sizes 145000, data types (a dataset tensor descript
 the model) 145022, gears 145013, dynamic input 145011/145012 (see :mod:`runtime.offline.model`); a
 stream of another context 107003.  Nothing is queued when a call is refused.
 
+Dynamic AIPP (a model compiled with ``aipp_mode : dynamic``, :mod:`runtime.atc.aipp`): ``create_aipp(batch)``
+makes a parameter set, the ``set_aipp_*`` calls fill it (those with ``batch_index`` one picture),
+``set_input_aipp(model_id, dataset, index, set)`` writes it into the dataset's buffer of the model's
+``ascend_dynamic_aipp_data`` input (``get_aipp_type`` names which input that is); scaling (``scf``) and AX
+swap are refused with 200006 ACL_ERROR_FEATURE_UNSUPPORTED.
+
 This module holds the API of ``acl.mdl`` and nothing else (``dir(acl.mdl)`` lists exactly it, as pyACL's
 does; tests/reference/pyacl_api.txt); the functions live in :mod:`runtime.acl._mdl`.
 """
@@ -28,6 +34,13 @@ from ._mdl import (  # noqa: F401 - the API of acl.mdl
     get_output_name_by_index, get_input_index_by_name, get_output_index_by_name, get_dynamic_batch,
     get_dynamic_hw, create_dataset, destroy_dataset, add_dataset_buffer, get_dataset_buffer,
     get_dataset_num_buffers, set_dataset_tensor_desc, get_dataset_tensor_desc, execute, execute_async,
-    set_dynamic_batch_size, ri_capture_begin, ri_capture_get_info, ri_capture_end, ri_execute_async, ri_execute,
+    set_dynamic_batch_size, set_dynamic_hw_size, ri_capture_begin, ri_capture_get_info, ri_capture_end,
+    ri_execute_async, ri_execute,
     ri_debug_print, ri_destroy,
+)
+from ._aipp import (  # noqa: F401 - dynamic AIPP
+    create_aipp, destroy_aipp, set_aipp_input_format, set_aipp_src_image_size, set_aipp_csc_params,
+    set_aipp_rbuv_swap_switch, set_aipp_ax_swap_switch, set_aipp_scf_params, set_aipp_crop_params,
+    set_aipp_padding_params, set_aipp_dtc_pixel_mean, set_aipp_dtc_pixel_min, set_aipp_pixel_var_reci,
+    set_input_aipp, get_aipp_type,
 )

@@ -37,7 +37,7 @@ import numpy as np
 
 from devices.errors import ACL_ERROR_GE_INTERNAL_ERROR, ACL_ERROR_GE_PARAM_INVALID, AclError, AtcError
 
-from . import fold, fuse, lower, memplan, om
+from . import aipp, fold, fuse, lower, memplan, om
 from .onnx_import import OnnxSource, instantiate, load_onnx, resolve_shapes
 from .options import DYNAMIC_INPUT_NAME, CompileOptions
 from .program import WEIGHT, Program
@@ -210,6 +210,9 @@ def compile_model(source, options: CompileOptions | None = None) -> CompiledMode
 def _compile(source, opts: CompileOptions) -> CompiledModel:
     src = load_onnx(source)
     shapes, dyn = _gear_shapes(src, opts)
+    aipp_entries: list = []
+    if opts.aipp:
+        src, shapes, aipp_entries = aipp.apply(src, shapes, opts.aipp, bool(opts.dynamic_batch))
     batches = list(opts.dynamic_batch) or [None]
     builds = [_build_gear(src, shapes, b, opts) for b in batches]
     pack = _WeightPack()
@@ -249,4 +252,6 @@ def _compile(source, opts: CompileOptions) -> CompiledModel:
         "workspace_size": max(g["workspace_size"] for g in gears),
         "gears": gears, "report": report,
     }
+    if aipp_entries:
+        manifest["aipp"] = aipp_entries
     return CompiledModel(manifest, pack.blob(), builds)

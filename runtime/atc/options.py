@@ -28,6 +28,7 @@ class CompileOptions:
     fuse: bool = True
     fold_limit: int = 64 << 10
     reuse_memory: bool = True            #: False: ATC's --disable_reuse_memory 1
+    aipp: tuple = ()                     #: AippConfig per input (ATC's --insert_op_conf; runtime.atc.aipp)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return dict(self.input_shape)
@@ -96,10 +97,14 @@ def check_soc(name: str | None) -> str:
 
 
 def make_options(input_shape=None, dynamic_batch_size=None, soc_version=None, fuse: bool = True,
-                 reuse_memory: bool = True) -> CompileOptions:
-    """Options from ATC-style strings (or already parsed values)."""
+                 reuse_memory: bool = True, insert_op_conf: str | None = None) -> CompileOptions:
+    """Options from ATC-style strings (or already parsed values); ``insert_op_conf``: an AIPP config file."""
     shapes = parse_input_shape(input_shape) if isinstance(input_shape, (str, type(None))) else \
         tuple((str(k), tuple(int(d) for d in v)) for k, v in dict(input_shape).items())
     gears = parse_dynamic_batch(dynamic_batch_size) if isinstance(dynamic_batch_size, (str, type(None))) else \
         check_gears(dynamic_batch_size)
-    return CompileOptions(shapes, gears, check_soc(soc_version), fuse, reuse_memory=reuse_memory)
+    aipp: tuple = ()
+    if insert_op_conf:
+        from .aipp import load
+        aipp = load(insert_op_conf)
+    return CompileOptions(shapes, gears, check_soc(soc_version), fuse, reuse_memory=reuse_memory, aipp=aipp)

@@ -2,6 +2,7 @@
 
     vnpu atc --model m.onnx --framework 5 --output m [--input_shape "x:-1,3,224,224"]
              [--dynamic_batch_size "1,2,4,8"] [--soc_version Ascend910B3] [--log info]
+    vnpu atc --singleop op_list.json --output op_models [--soc_version ...]   # one .om per operator (acl.op)
     vnpu atc --mode 1 --om m.om --json m.json        # the model's manifest as JSON (no weights)
     vnpu atc --mode 6 --om m.om                      # model info
 
@@ -9,6 +10,8 @@ As ATC: "ATC start working now, please wait for a moment." first; "ATC run succe
 next use." and exit 0 on success; on failure "ATC run failed, Please check the detail log, Try 'atc
 --help' for more information" on stdout, ONE line ``E<code>: <message>`` (ATC's E-codes and texts) on
 stderr, and exit status 255 (ATC's ``main`` returns -1).  ``--output`` gets ".om" appended, as ATC does.
+With ``--singleop`` (ATC's op-list JSON) ``--output`` is a directory that gets one single-operator model
+per entry, named as ATC names them (``0_Add_3_2_8_16_...om``), for ``acl.op.set_model_dir``.
 ``--soc_version`` picks the chip spec of the cost model and the core count the kernels are tiled for
 (default Ascend910B3; real ATC requires it).
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from devices.errors import (ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, ACL_ERROR_GE_PARAM_INVALID, AclError, AtcError,
                             atc_message)
-from runtime.cliargs import output_problem
+from runtime.cliargs import output_dir_problem, output_problem
 
 START = "ATC start working now, please wait for a moment."
 SUCCESS = "ATC run success, welcome to the next use."
@@ -34,7 +37,7 @@ MODES = {0: "generate an offline model", 1: "convert an .om to JSON", 6: "displa
 UNSUPPORTED = {
     "weight": "Caffe weights (vnpu atc converts ONNX models)", "dynamic_image_size": "dynamic image size gears",
     "dynamic_dims": "dynamic dims gears", "input_shape_range": "shape ranges", "out_nodes": "choosing output nodes",
-    "output_type": "changing output dtypes", "insert_op_conf": "AIPP", "input_fp16_nodes": "fp16 input nodes",
+    "output_type": "changing output dtypes", "input_fp16_nodes": "fp16 input nodes",
     "keep_dtype": "per-op precision files",
 }
 #: --precision_mode values that mean what vnpu does (it keeps every op in the model's own dtype)
@@ -46,15 +49,20 @@ def register(sub) -> None:
                                    "--output [--input_shape --dynamic_batch_size --soc_version])",
                        example=("vnpu atc --model m.onnx --framework 5 --output m --input_shape 'x:-1,128' "
                                 "--dynamic_batch_size '1,2,4,8' --soc_version Ascend910B3",
+                                "vnpu atc --singleop op_list.json --output op_models",
                                 "vnpu atc --mode 6 --om m.om"))
     p.add_argument("--mode", default="0", help="0 generate .om (default), 1 .om to JSON, 6 display model info")
     p.add_argument("--model", default="", help="source model (ONNX)")
+    p.add_argument("--singleop", default="", help="an op-list JSON: compile one single-operator model per "
+                                                  "entry into the --output directory (acl.op)")
     p.add_argument("--framework", default="", help="5 (ONNX)")
     p.add_argument("--output", default="", help="output path without suffix: .om is appended")
     p.add_argument("--input_shape", default=None, help='"name:n,c,h,w;name2:n,c" (-1: the dynamic batch axis)')
     p.add_argument("--dynamic_batch_size", default=None, help='"1,2,4,8": the batch gears')
     p.add_argument("--soc_version", default=None, help="chip to compile for (default Ascend910B3)")
     p.add_argument("--input_format", default=None, help="NCHW (default) or ND")
+    p.add_argument("--insert_op_conf", default=None,
+                   help="an AIPP config (aipp_op { ... }): the model input takes pictures (static or dynamic AIPP)")
     p.add_argument("--log", default="null", help="debug|info|warning|error|null: info prints the compile report")
     p.add_argument("--disable_reuse_memory", default="0", help="1: give every intermediate its own memory")
     p.add_argument("--precision_mode", default=None,
@@ -84,7 +92,9 @@ def _run(a) -> int:
         if mode not in MODES:
             raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.mode, parameter="--mode",
                            reason="vnpu atc supports " + ", ".join(f"{k} ({v})" for k, v in MODES.items()))
-        if mode == 0:
+        if mode == 0 and a.singleop:
+            _singleop(a)
+        elif mode == 0:
             _convert(a)
         else:
             _inspect(a, mode)
@@ -133,7 +143,7 @@ def _convert(a) -> None:
         raise AtcError("E10001", ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, value=a.model, parameter="--model",
                        reason="the file does not exist or is not a regular file")
     opts = make_options(a.input_shape, a.dynamic_batch_size, a.soc_version,
-                        reuse_memory=a.disable_reuse_memory == "0")
+                        reuse_memory=a.disable_reuse_memory == "0", insert_op_conf=a.insert_op_conf)
     cm = compile_model(a.model, opts)
     try:
         cm.save(out)
@@ -143,6 +153,32 @@ def _convert(a) -> None:
     if a.log in ("info", "debug"):
         for line in report_lines(cm.manifest):
             print(f"[INFO] {line}", flush=True)
+
+
+def _singleop(a) -> None:
+    from runtime.atc.singleop import compile_op_list
+    if a.model:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.model, parameter="--model",
+                       reason="--singleop and --model are exclusive")
+    if not a.output:
+        raise AtcError("E10004", ACL_ERROR_GE_PARAM_INVALID, parameter="output")
+    if not Path(a.singleop).is_file():
+        raise AtcError("E10001", ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, value=a.singleop, parameter="--singleop",
+                       reason="the file does not exist or is not a regular file")
+    out = Path(a.output)
+    problem = output_dir_problem(a.output)
+    if problem:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.output, parameter="--output", reason=problem)
+    from runtime.atc import make_options
+    soc = make_options(None, None, a.soc_version).soc_version
+    try:
+        paths = compile_op_list(a.singleop, out, soc)
+    except OSError as e:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.output, parameter="--output",
+                       reason=f"cannot write it ({e.strerror})") from None
+    if a.log in ("info", "debug"):
+        for p in paths:
+            print(f"[INFO] {p}", flush=True)
 
 
 def _check_output(path: str, flag: str) -> None:

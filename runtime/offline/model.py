@@ -355,6 +355,56 @@ class OfflineModel:
         self.device.handle.memcpy_h2d(b.ptr, raw)
         self.cur_batch = batch
 
+    # ------------------------------------------------------------------ AIPP
+    def aipp_type(self, index: int) -> tuple[str, int | None]:
+        """How input ``index`` meets AIPP: ("none" | "static" | "dynamic" | "params", the index of the
+        dynamic-AIPP parameter input a "dynamic" input reads)."""
+        self._live()
+        names = [s.name for s in self.desc.inputs]
+        if not 0 <= index < len(names):
+            raise ModelError(f"input index {index} is out of range: model {self.id} has {len(names)} inputs",
+                             code=ACL_ERROR_INVALID_PARAM)
+        from runtime.atc.aipp import DYNAMIC_AIPP_NAME
+        for e in self.manifest.get("aipp", []):
+            if e["input"] == names[index]:
+                return e["mode"], (names.index(DYNAMIC_AIPP_NAME) if e["mode"] == "dynamic" else None)
+        return ("params", None) if names[index] == DYNAMIC_AIPP_NAME else ("none", None)
+
+    def set_input_aipp(self, buffer, index: int, rows: np.ndarray) -> None:
+        """Write dynamic-AIPP parameters (float64 [pictures, PARAMS], one row per picture) into the
+        parameter input's buffer (host-synchronous), after checking that ``index`` is that input, the
+        buffer holds them, and each row turns its picture into the model input (145000 naming the row)."""
+        from runtime.atc.aipp import PARAMS_BYTES, check_row
+        kind, _ = self.aipp_type(index)
+        if kind != "params":
+            raise ModelError(f"input {index} of model {self.id} is not its dynamic-AIPP parameter input "
+                             "(ascend_dynamic_aipp_data)", code=ACL_ERROR_INVALID_PARAM)
+        entry = next(e for e in self.manifest["aipp"] if e["mode"] == "dynamic")
+        spec = self.desc.inputs[index]
+        pictures = spec.dims[0]
+        if rows.shape[0] > pictures:
+            raise ModelError(f"the parameter set has {rows.shape[0]} pictures; model {self.id} takes {pictures}",
+                             code=ACL_ERROR_GE_PARAM_INVALID)
+        for i, r in enumerate(rows):
+            try:
+                check_row(r, tuple(entry["chw"]), f"picture {i}")
+            except ValueError as e:
+                raise ModelError(str(e), code=ACL_ERROR_GE_PARAM_INVALID) from None
+            if _picture_bytes(r) > entry["bytes"]:
+                raise ModelError(f"picture {i}: {_picture_bytes(r)} B is more than the model's max_src_image_size "
+                                 f"({entry['bytes']} B)", code=ACL_ERROR_GE_PARAM_INVALID)
+        full = np.zeros((pictures, rows.shape[1]), np.float64)
+        full[:len(rows)] = rows
+        full[len(rows):] = rows[-1]
+        raw = full.astype("<f8").view(np.uint8).reshape(-1)
+        b = as_buffer(buffer)
+        if not b.ptr or b.size < raw.size or len(raw) != pictures * PARAMS_BYTES:
+            raise ModelError(f"the dynamic-AIPP parameter buffer has {b.size} B, needs {raw.size}",
+                             code=ACL_ERROR_GE_PARAM_INVALID)
+        self.device.check_range(b.ptr, raw.size)
+        self.device.queue.flush()
+        self.device.handle.memcpy_h2d(b.ptr, raw)
+
     def output_dims(self, index: int, batch: int | None = None) -> tuple[int, ...]:
         """Dims of output ``index`` at ``batch`` (default: the gear last set or executed)."""
         self._live()
@@ -436,3 +486,9 @@ def load(path, device=None, *, input_shape=None, dynamic_batch_size=None) -> Off
         cm.manifest["source"]["file"] = p.name
         return OfflineModel(cm.manifest, cm.weights, dev, str(p))
     return load_from_bytes(data, dev, str(p))
+
+
+def _picture_bytes(row) -> int:
+    from devices.ops.aipp import COL, image_bytes
+    return image_bytes(int(row[COL["input_format"]]), int(row[COL["src_image_size_w"]]),
+                       int(row[COL["src_image_size_h"]]))

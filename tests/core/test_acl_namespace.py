@@ -16,7 +16,7 @@ import pytest
 from runtime import acl
 
 REF = Path(__file__).resolve().parents[1] / "reference" / "pyacl_api.txt"
-NAMESPACES = ("acl", "acl.rt", "acl.util", "acl.mdl", "acl.prof")
+NAMESPACES = ("acl", "acl.rt", "acl.util", "acl.mdl", "acl.op", "acl.prof")
 LINE = re.compile(r"^(@constants|[a-z][a-z0-9_]*)\s+([PCUV])(\s.*)?$")
 
 
@@ -92,7 +92,7 @@ def test_every_api_name_is_a_function_of_that_name_or_a_module(ns):
         obj = getattr(mod, name)
         if name.isupper():
             continue
-        if ns == "acl" and name in ("rt", "util", "mdl", "prof"):
+        if ns == "acl" and name in ("rt", "util", "mdl", "op", "prof"):
             assert obj is module(f"acl.{name}")
             continue
         assert callable(obj), f"{ns}.{name}"

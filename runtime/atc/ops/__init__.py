@@ -14,6 +14,6 @@ Concat, Expand ...), :mod:`.nn` (Softmax, norms, reductions, Conv, pools, BatchN
 :mod:`.matmul` (MatMul, Gemm and the fused matmul / attention ops).
 """
 from .base import INTERNAL, OPS, OpDef, lookup_op, register, where  # noqa: F401
-from . import elementwise, matmul, nn, tensor  # noqa: F401,E402  (each family registers its ops)
+from . import elementwise, image, matmul, nn, tensor  # noqa: F401,E402  (each family registers its ops)
 
 __all__ = ["OPS", "OpDef", "INTERNAL", "lookup_op", "register", "where"]

@@ -23,7 +23,7 @@ class OpDef:
 
 OPS: dict[str, OpDef] = {}
 #: ops only the compiler's own passes create (domain "vnpu"); an ONNX node of that name is not one of them
-INTERNAL = ("FusedMatMul", "FusedConv", "Attention")
+INTERNAL = ("FusedMatMul", "FusedConv", "Attention", "Aipp")
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 

@@ -1,4 +1,4 @@
-"""Neural-network ops: Softmax, LayerNormalization, ReduceMean/Sum/Max/Min, BatchNormalization, Conv
+"""Neural-network ops: Softmax, LayerNormalization, ReduceMean/Sum/Max/Min, ArgMax, BatchNormalization, Conv
 (1-D and 2-D; FusedConv is Conv with a folded BatchNormalization and an activation), MaxPool,
 AveragePool, GlobalAveragePool, GlobalMaxPool.
 
@@ -155,6 +155,39 @@ def _reduce_lower(ctx, node):
 
 
 register(list(_REDUCE), _reduce_infer, _reduce_fold, _reduce_lower)
+
+
+# ---------------------------------------------------------------------------------------------- argmax
+def _argmax_axis(node, ins):
+    if int(node.attrs.get("select_last_index", 0)):
+        raise unsupported(node, "select_last_index=1 is not supported (the first maximum is taken)")
+    return norm_axis(node, int(node.attrs.get("axis", 0)), len(ins[0].shape))
+
+
+def _argmax_infer(node, ins):
+    x = ins[0]
+    ax = _argmax_axis(node, ins)
+    if x.shape[ax] == 0:
+        raise shape_error(node, "data", x.shape, f"cannot take the argmax over empty axis {ax}")
+    keep = int(node.attrs.get("keepdims", 1))
+    return [(tuple((1 if i == ax else d) for i, d in enumerate(x.shape) if keep or i != ax), "int64")]
+
+
+def _argmax_fold(node, ins):
+    ax = _argmax_axis(node, ins)
+    r = np.argmax(ins[0].const, axis=ax)
+    if int(node.attrs.get("keepdims", 1)):
+        r = np.expand_dims(r, ax)
+    return [np.asarray(r, dtype=np.int64)]
+
+
+def _argmax_lower(ctx, node):
+    x = ctx.val(node.inputs[0])
+    ctx.emit("argmax", [ctx.ref(node.inputs[0])], [ctx.out(node)],
+             {"axis": _argmax_axis(node, [x]), "keepdims": bool(int(node.attrs.get("keepdims", 1)))})
+
+
+register("ArgMax", _argmax_infer, _argmax_fold, _argmax_lower)
 
 
 def _global_infer(node, ins):
