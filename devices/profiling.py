@@ -26,7 +26,8 @@ from typing import Any
 MAX_RECORDS = 1 << 19
 
 #: a kernel's unit -> msprof Task Type
-_TASK_TYPES = {"cube": "AI_CORE", "vector": "AI_VECTOR_CORE"}
+_TASK_TYPES = {"cube": "AI_CORE", "vector": "AI_VECTOR_CORE", "dvpp_jpegd": "DVPP", "dvpp_jpege": "DVPP",
+               "dvpp_vpc": "DVPP", "dvpp_pngd": "DVPP"}
 
 
 class TaskRecord:
