@@ -57,10 +57,19 @@ def _check(name: str, unit: str):
     return check
 
 
+def _pixels(p: Pic) -> int:
+    """The pixels an engine task processes: the picture's, or -- for a decoder's output, whose size only
+    the stream knows -- its canvas'."""
+    if p.pixels:
+        return p.pixels
+    bpp = PACKED[p.format][0] if p.format in PACKED else 1
+    return p.width_stride // bpp * p.height_stride
+
+
 def _work(unit: str):
     def work(inputs, outputs, attrs):
         pics = [pic_attr(attrs, k) for k in ("src", "dst") if k in attrs]
-        px = max((p.pixels for p in pics), default=outputs[0].numel)
+        px = max((_pixels(p) for p in pics), default=outputs[0].numel)
         return Work(unit=unit, pixels=float(px), bytes=float(inputs[0].nbytes + outputs[0].nbytes))
     return work
 
