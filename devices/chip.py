@@ -28,7 +28,9 @@ Sources and assumptions for ``ASCEND_910B3`` (an Ascend 910B-class training part
   training and inference series), one VPC channel processes 1080p -> 1080p YUV420SP at 360 FPS.  One
   stream is one channel here: ``dvpp_jpegd_px_s`` = 1920 x 1080 x 128, ``dvpp_vpc_px_s`` = 1920 x 1080 x
   360 pixels/s.  JPEGE and PNGD have no figure beside those: JPEGE is taken at the JPEGD rate, PNGD
-  (software-like decode on the device's CPU) at 1/8 of it (assumptions).
+  (software-like decode on the device's CPU) at 1/8 of it (assumptions).  VDEC: one channel decodes
+  1080p H.264 / H.265 at 240 FPS (CANN 8.5 aclcppdevg_03_0687, Atlas inference products, n x 240 FPS for
+  n <= 12 channels); VENC is taken at 1080p 60 FPS per channel (assumption: no per-channel figure found).
 - Saturation: ``saturation_util_pct`` = 90 % AI Core busy -- the point where an M/M/1 queue's wait is
   9x the service time (rho / (1 - rho)); above it latency grows faster than load (queueing theory, not a
   datasheet figure).
@@ -69,6 +71,8 @@ class ChipSpec:
     dvpp_jpege_px_s: float = 1920 * 1080 * 128.0   #: JPEG encode, input pixels/s (assumption: the JPEGD rate)
     dvpp_vpc_px_s: float = 1920 * 1080 * 360.0     #: VPC resize/crop/convert, pixels/s of the larger picture
     dvpp_pngd_px_s: float = 1920 * 1080 * 16.0     #: PNG decode, output pixels/s (assumption)
+    dvpp_vdec_px_s: float = 1920 * 1080 * 240.0    #: video decode, pixels/s per channel (see above)
+    dvpp_venc_px_s: float = 1920 * 1080 * 60.0     #: video encode, pixels/s per channel (assumption)
 
 
 ASCEND_910B3 = ChipSpec(
@@ -110,7 +114,7 @@ class Work:
 
 #: the DVPP engines a kernel may run on (:attr:`KernelDef.unit` / :attr:`Work.unit`), each with its own
 #: pixel rate in :class:`ChipSpec`
-DVPP_UNITS = ("dvpp_jpegd", "dvpp_jpege", "dvpp_vpc", "dvpp_pngd")
+DVPP_UNITS = ("dvpp_jpegd", "dvpp_jpege", "dvpp_vpc", "dvpp_pngd", "dvpp_vdec", "dvpp_venc")
 
 
 class CostModel:

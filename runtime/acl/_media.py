@@ -32,8 +32,12 @@ def dvpp_malloc(size):
     n = as_int(size, "size")
     if n <= 0:
         raise invalid(f"dvpp_malloc size must be positive, got {n}")
+    return dvpp_alloc(current_context().dev, n)
+
+
+def dvpp_alloc(dev, n: int) -> int:
+    """DVPP memory of ``n`` bytes (> 0) on ``dev``, by CANN's rules (see dvpp_malloc)."""
     n = -(-n // DVPP_SIZE_ALIGN) * DVPP_SIZE_ALIGN + DVPP_SIZE_EXTRA
-    dev = current_context().dev
     base = dev.malloc(n + DVPP_ADDR_ALIGN)
     ptr = -(-base // DVPP_ADDR_ALIGN) * DVPP_ADDR_ALIGN
     with STATE.lock:
@@ -49,6 +53,11 @@ def dvpp_free(dev_ptr):
     p = as_int(dev_ptr, "dev_ptr") if dev_ptr is not None else 0
     if p == 0:
         raise invalid("dvpp_free of NULL")
+    dvpp_release(p)
+
+
+def dvpp_release(p: int) -> None:
+    """Free DVPP memory at ``p`` (207002 when it is none)."""
     with STATE.lock:
         a = MEDIA.dvpp.pop(p, None)
         if a is None:

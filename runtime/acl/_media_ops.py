@@ -30,7 +30,7 @@ from runtime import api
 from ._args import as_int, host_range, host_view, invalid
 from ._calls import acl_call
 from ._media import (batch_pics, channel_record, jpege_record, pic_record, resize_record, roi_record)
-from ._media_state import MEDIA, ChannelDesc, PicDesc, find_dvpp
+from ._media_state import MEDIA, ChannelDesc, PicDesc, VideoChannelDesc, find_dvpp
 from ._state import STATE, current_context, stream_record
 
 ACL_NAMESPACE = "acl.media"
@@ -57,7 +57,7 @@ def _align(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def _dvpp_mem(ptr: int, nbytes: int, what: str, dev: api.Device) -> None:
+def dvpp_range(ptr: int, nbytes: int, what: str, dev: api.Device) -> None:
     """``[ptr, ptr + nbytes)`` must be DVPP memory of ``dev`` (100000 otherwise)."""
     if not ptr:
         raise invalid(f"{what} address is NULL")
@@ -68,7 +68,7 @@ def _dvpp_mem(ptr: int, nbytes: int, what: str, dev: api.Device) -> None:
         raise invalid(f"{what} 0x{ptr:x} is DVPP memory of another device than the stream's")
 
 
-def _pic(d: PicDesc, role: str, formats, align, dev: api.Device, lo=VPC_MIN, hi=VPC_MAX,
+def checked_pic(d: PicDesc, role: str, formats, align, dev: api.Device, lo=VPC_MIN, hi=VPC_MAX,
          sized: bool = True) -> Pic:
     """A checked picture description (see the module docstring); ``sized`` False for an output whose
     width and height the engine fills (JPEGD / PNGD)."""
@@ -89,7 +89,7 @@ def _pic(d: PicDesc, role: str, formats, align, dev: api.Device, lo=VPC_MIN, hi=
     p = Pic(d.format, d.width, d.height, d.width_stride, d.height_stride)
     if d.size < p.buffer_size:
         raise invalid(f"{role}: size {d.size} is smaller than the {p.buffer_size} bytes its layout spans")
-    _dvpp_mem(d.data, p.buffer_size, role, dev)
+    dvpp_range(d.data, p.buffer_size, role, dev)
     return p
 
 
@@ -107,12 +107,12 @@ def _roi(r, role: str, width: int, height: int, yuv: bool = True) -> tuple[int, 
     return left, right, top, bottom
 
 
-def _pic_tuple(p: Pic) -> tuple[int, int, int, int, int]:
+def pic_tuple(p: Pic) -> tuple[int, int, int, int, int]:
     return p.format, p.width, p.height, p.width_stride, p.height_stride
 
 
 # ---------------------------------------------------------------------------------------------- launch
-def _launch(kernel: str, ch: ChannelDesc, rec, src: tuple[int, int], dst: tuple[int, int], attrs: dict,
+def launch_task(kernel: str, ch: ChannelDesc | VideoChannelDesc, rec, src: tuple[int, int], dst: tuple[int, int], attrs: dict,
             done) -> None:
     """Queue engine task ``kernel`` on stream record ``rec`` and, after it, a host function that reads
     its result (int32 [ret_code, width, height, bytes]) and calls ``done(result)``."""
@@ -139,7 +139,7 @@ def _launch(kernel: str, ch: ChannelDesc, rec, src: tuple[int, int], dst: tuple[
     rec.stream.launch_host_func(read_back, blocking=True)
 
 
-def _release(ch: ChannelDesc, dev: api.Device, res: int) -> None:
+def _release(ch: ChannelDesc | VideoChannelDesc, dev: api.Device, res: int) -> None:
     with STATE.lock:
         ch.pending.discard(res)
         if STATE.dev_allocs.pop(res, None) is None:
@@ -224,11 +224,11 @@ def _decode(kernel: str, channel_desc, data, size, output_desc, stream, formats,
     src, n = (0 if data is None else as_int(data, "data")), as_int(size, "size")
     if n <= 0:
         raise invalid(f"stream size must be positive, got {n}")
-    _dvpp_mem(src, n, "input stream", dev)
+    dvpp_range(src, n, "input stream", dev)
     d = pic_record(output_desc)
-    out = _pic(d, "output picture", formats, align, dev, sized=False)
-    _launch(kernel, ch, rec, (src, n), (d.data, out.buffer_size), {"dst": _pic_tuple(out)},
-            _set_pic(d, sized=True))
+    out = checked_pic(d, "output picture", formats, align, dev, sized=False)
+    launch_task(kernel, ch, rec, (src, n), (d.data, out.buffer_size), {"dst": pic_tuple(out)},
+                _set_pic(d, sized=True))
 
 
 @acl_call()
@@ -271,35 +271,35 @@ def dvpp_jpeg_encode_async(channel_desc, input_desc, data, size, config, stream)
     rec = stream_record(stream)
     dev = rec.ctx.dev
     d = pic_record(input_desc)
-    p = _pic(d, "input picture", YUV420SP, VPC_ALIGN, dev, JPEGE_MIN, JPEGE_MAX)
+    p = checked_pic(d, "input picture", YUV420SP, VPC_ALIGN, dev, JPEGE_MIN, JPEGE_MAX)
     cell = host_range(size, 4, "size")
     box = cell.view(as_int(size, "size"), 4).view(np.uint32)
     cap = int(box[0])
     dst = 0 if data is None else as_int(data, "data")
     if cap <= 0:
         raise invalid("the output buffer size (*size) is 0")
-    _dvpp_mem(dst, cap, "output buffer", dev)
+    dvpp_range(dst, cap, "output buffer", dev)
 
     def done(r) -> None:
         if r[0] == 0:
             box[0] = int(r[3])
         _ = cell                                     # the host buffer stays registered until now
 
-    _launch("dvpp_jpege", ch, rec, (d.data, p.buffer_size), (dst, cap),
-            {"src": _pic_tuple(p), "level": max(1, level)}, done)
+    launch_task("dvpp_jpege", ch, rec, (d.data, p.buffer_size), (dst, cap),
+                {"src": pic_tuple(p), "level": max(1, level)}, done)
 
 
 # ---------------------------------------------------------------------------------------------- VPC
 def _vpc(rec, sd: PicDesc, dd: PicDesc, src_fmts, dst_fmts) -> tuple[Pic, Pic]:
     dev = rec.ctx.dev
-    sp = _pic(sd, "input picture", src_fmts, VPC_ALIGN, dev)
-    dp = _pic(dd, "output picture", dst_fmts, VPC_ALIGN, dev)
+    sp = checked_pic(sd, "input picture", src_fmts, VPC_ALIGN, dev)
+    dp = checked_pic(dd, "output picture", dst_fmts, VPC_ALIGN, dev)
     return sp, dp
 
 
 def _queue_vpc(ch, rec, sd: PicDesc, dd: PicDesc, sp: Pic, dp: Pic, attrs: dict) -> None:
-    attrs = dict(attrs, src=_pic_tuple(sp), dst=_pic_tuple(dp))
-    _launch("dvpp_vpc", ch, rec, (sd.data, sp.buffer_size), (dd.data, dp.buffer_size), attrs, _set_pic(dd))
+    attrs = dict(attrs, src=pic_tuple(sp), dst=pic_tuple(dp))
+    launch_task("dvpp_vpc", ch, rec, (sd.data, sp.buffer_size), (dd.data, dp.buffer_size), attrs, _set_pic(dd))
 
 
 def _interp(resize_config) -> int:

@@ -100,12 +100,16 @@ class JpegeConfig:
 
 @dataclass(eq=False)
 class VideoChannelDesc:
-    """aclvdecChannelDesc / aclvencChannelDesc: settings by name (the video API keeps them; see
+    """aclvdecChannelDesc / aclvencChannelDesc: settings by name, and once created the channel's own
+    stream (its callbacks' thread subscribed to it) and the key of its codec on the device (see
     runtime.acl._media_video)."""
     handle: int
-    kind: str
+    kind: str                                     #: "vdec" | "venc"
     settings: dict = field(default_factory=dict)
     created: bool = False
+    key: str = ""
+    stream: Any = None                            #: the channel's StreamRecord
+    pending: set = field(default_factory=set)     #: result buffers of tasks not yet read back
 
 
 @dataclass(eq=False)

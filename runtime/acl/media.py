@@ -1,7 +1,7 @@
 """``acl.media``: DVPP media data processing -- DVPP memory, channels, picture / stream descriptors, and the
 engines: JPEG decode (JPEGD), JPEG encode (JPEGE), PNG decode (PNGD) and the VPC (resize, crop,
-crop-and-paste, batch crops, colour conversion); the video codecs (``vdec_*``, ``venc_*``) are refused
-with ACL_ERROR_API_NOT_SUPPORT.  Calling convention as every acl call (:mod:`runtime.acl._calls`).
+crop-and-paste, batch crops, colour conversion) and the video codecs (VDEC ``vdec_*``, VENC ``venc_*``:
+H.264 / H.265).  Calling convention as every acl call (:mod:`runtime.acl._calls`).
 
 Engine calls (``*_async``) check their descriptors on the host and only order the device: the task runs
 on ``stream`` after its earlier work, on the device's DVPP engine (priced by its own pixel rate, a
