@@ -20,7 +20,7 @@ from PIL import Image
 from acl_checks import ok
 from conftest import installed, make_local_runtime
 from devices.chip import CHIPS, CostModel, Work
-from devices.errors import (ACL_ERROR_API_NOT_SUPPORT, ACL_ERROR_FAILURE, ACL_ERROR_INVALID_PARAM,
+from devices.errors import (ACL_ERROR_FAILURE, ACL_ERROR_INVALID_PARAM,
                             ACL_ERROR_RT_MEMORY_FREE, ACL_ERROR_UNINITIALIZE)
 from runtime import acl, profiler
 
@@ -427,26 +427,11 @@ def test_bad_descriptors_are_refused_before_anything_is_queued(dv):
     test_crop_and_crop_and_paste_move_exactly_the_roi(dv)
 
 
-def test_calls_before_init_and_the_refused_video_codecs(rt):
+def test_calls_before_init_are_refused(rt):
     acl.finalize()
     assert m.dvpp_malloc(64)[-1] == ACL_ERROR_UNINITIALIZE
-    assert m.dvpp_create_pic_desc() == 0
-    ok(acl.init())
-    try:
-        video = [n for n in dir(m) if n.startswith(("vdec_", "venc_"))]
-        assert len([n for n in video if n.startswith("vdec_")]) == 14
-        assert len([n for n in video if n.startswith("venc_")]) == 18
-        for name in video:
-            fn = getattr(m, name)
-            nargs = fn.__wrapped__.__code__.co_argcount
-            res = fn(*([1] * nargs))
-            if name.endswith(("create_channel_desc", "create_frame_config")) or "_get_" in name:
-                assert res == 0, name
-            else:
-                assert res == ACL_ERROR_API_NOT_SUPPORT, name
-            assert "no video codec engine" in acl.get_recent_err_msg(), name
-    finally:
-        acl.finalize()
+    assert m.dvpp_create_pic_desc() == 0 and m.vdec_create_channel_desc() == 0
+    assert "acl.init" in acl.get_recent_err_msg()
 
 
 # ---------------------------------------------------------------------------------------------- cost, profile
