@@ -8,7 +8,7 @@ A pyACL runtime program works after changing only its import line (``import acl`
   (devices, contexts, memory, streams, events, callbacks, kernel launch), ``acl.util`` (host pointers
   <-> numpy/bytes, helper threads) and ``acl.mdl`` (offline models: load, describe, datasets, execute,
   dynamic batch; and model run instances) and ``acl.media`` (DVPP: JPEG / PNG decode, JPEG encode, the
-  VPC; video codecs refused);
+  VPC, H.264 / H.265 VDEC and VENC);
 - outputs first and ``ret`` (an int aclError) last: ``ptr, ret = acl.rt.malloc(size, policy)``; a
   function with no outputs returns only ``ret``; a C function that returns a value rather than an
   aclError returns just that value (``acl.mdl.get_num_inputs(desc)``, ``acl.create_data_buffer(p, n)``),
