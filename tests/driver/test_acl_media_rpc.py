@@ -120,3 +120,61 @@ def test_decode_encode_and_a_failure_on_a_served_device(remote):
         ok(acl.rt.synchronize_stream(stream))
     finally:
         acl.finalize()
+
+
+def test_video_channels_keep_their_codec_on_the_served_device(remote):
+    """VDEC's per-channel decoder lives in the device's process: P-frames decode against the I-frame sent
+    before them over the wire; the pictures equal PyAV's own decode of the same packets."""
+    import fractions
+    import threading
+
+    import av
+
+    w, h = 128, 96
+    enc = av.CodecContext.create("libx264", "w")
+    enc.width, enc.height, enc.pix_fmt = w, h, "yuv420p"
+    enc.time_base = fractions.Fraction(1, 25)
+    enc.options = {"preset": "ultrafast", "tune": "zerolatency"}
+    yy, xx = np.mgrid[0:h, 0:w]
+    packets = []
+    for i in range(3):
+        nv = np.concatenate([((xx + yy + 9 * i) % 200 + 20).astype(np.uint8), np.full((h // 2, w), 128, np.uint8)])
+        f = av.VideoFrame.from_ndarray(nv, format="nv12")
+        f.pts = i
+        packets.append(b"".join(bytes(p) for p in enc.encode(f)))
+    dec = av.CodecContext.create("h264", "r")
+    want = [f.to_ndarray(format="nv12") for p in packets for f in dec.decode(av.Packet(p))]
+    acl.finalize()
+    ok(acl.init())
+    stop = threading.Event()
+    try:
+        ok(acl.rt.set_device(0))
+        ctx = ok(acl.rt.get_context())
+
+        def loop(_):
+            acl.rt.set_context(ctx)
+            while not stop.is_set():
+                acl.rt.process_report(20)
+        tid = ok(acl.util.start_thread(loop, None))
+        got = []
+        ch = m.vdec_create_channel_desc()
+        ok(m.vdec_set_channel_desc_thread_id(ch, tid))
+        ok(m.vdec_set_channel_desc_callback(ch, lambda sd, pd, ud: got.append((ud, m.dvpp_get_pic_desc_ret_code(pd),
+                                                                               m.dvpp_get_pic_desc_data(pd)))))
+        ok(m.vdec_set_channel_desc_entype(ch, 1))
+        ok(m.vdec_create_channel(ch))
+        size = w * h * 3 // 2
+        for i, p in enumerate(packets):
+            sd = m.dvpp_create_stream_desc()
+            ok(m.dvpp_set_stream_desc_data(sd, _put(p)))
+            ok(m.dvpp_set_stream_desc_size(sd, len(p)))
+            ok(m.vdec_send_frame(ch, sd, _pic(ok(m.dvpp_malloc(size)), size, 0, 0, w, h), 0, i))
+        ok(m.vdec_destroy_channel(ch))
+        stop.set()
+        ok(acl.util.stop_thread(tid))
+        assert [g[:2] for g in got] == [(0, 0), (1, 0), (2, 0)]
+        for (_, _, data), ref in zip(got, want):
+            assert np.array_equal(_get(data, size).reshape(h * 3 // 2, w), ref)
+    finally:
+        stop.set()
+        acl.finalize()
