@@ -21,6 +21,16 @@ Sources and assumptions for ``ASCEND_910B3`` (an Ascend 910B-class training part
   shutdown at 100 C; ``nvidia-smi -q`` likewise lists a "Slowdown Temp" below the "Shutdown Temp") with
   85 C as the point the part is run throttled (also the ``thermal`` trigger of the serve config's
   self-healing example) and 95 / 105 C as npu-smi's Alarm / Critical health (assumptions).
+- DVPP (the media engine: JPEG decoder, VPC, JPEG encoder, PNG decoder) is priced by its own pixel rate,
+  not AI Core time.  CANN's "Performance Specifications" of media data processing (hiascend.com, CANN
+  8.0.0 aclcppdevg_03_0356 JPEGD and aclcppdevg_03_0338 VPC; CANN 8.5 aclpythondevg_01_0430 VPC): one
+  JPEGD channel decodes 1080p at 128 FPS (Atlas 200/300/500 = Ascend 310, and per channel on the Atlas
+  training and inference series), one VPC channel processes 1080p -> 1080p YUV420SP at 360 FPS.  One
+  stream is one channel here: ``dvpp_jpegd_px_s`` = 1920 x 1080 x 128, ``dvpp_vpc_px_s`` = 1920 x 1080 x
+  360 pixels/s.  JPEGE and PNGD have no figure beside those: JPEGE is taken at the JPEGD rate, PNGD
+  (software-like decode on the device's CPU) at 1/8 of it (assumptions).  VDEC: one channel decodes
+  1080p H.264 / H.265 at 240 FPS (CANN 8.5 aclcppdevg_03_0687, Atlas inference products, n x 240 FPS for
+  n <= 12 channels); VENC is taken at 1080p 60 FPS per channel (assumption: no per-channel figure found).
 - Saturation: ``saturation_util_pct`` = 90 % AI Core busy -- the point where an M/M/1 queue's wait is
   9x the service time (rho / (1 - rho)); above it latency grows faster than load (queueing theory, not a
   datasheet figure).
@@ -57,6 +67,12 @@ class ChipSpec:
     temp_alarm_c: float = 95.0     #: npu-smi health Alarm at or above this
     temp_critical_c: float = 105.0  #: npu-smi health Critical at or above this
     saturation_util_pct: float = 90.0  #: AI Core utilization (%) from which queueing dominates latency
+    dvpp_jpegd_px_s: float = 1920 * 1080 * 128.0   #: JPEG decode, output pixels/s per channel (see above)
+    dvpp_jpege_px_s: float = 1920 * 1080 * 128.0   #: JPEG encode, input pixels/s (assumption: the JPEGD rate)
+    dvpp_vpc_px_s: float = 1920 * 1080 * 360.0     #: VPC resize/crop/convert, pixels/s of the larger picture
+    dvpp_pngd_px_s: float = 1920 * 1080 * 16.0     #: PNG decode, output pixels/s (assumption)
+    dvpp_vdec_px_s: float = 1920 * 1080 * 240.0    #: video decode, pixels/s per channel (see above)
+    dvpp_venc_px_s: float = 1920 * 1080 * 60.0     #: video encode, pixels/s per channel (assumption)
 
 
 ASCEND_910B3 = ChipSpec(
@@ -91,8 +107,14 @@ class Work:
     """What a task does, for the cost model: floating-point ops and HBM bytes moved."""
     flops: float = 0.0
     bytes: float = 0.0
-    unit: str = "vector"           #: "cube" | "vector" | "dma" | "host" | "link"
+    unit: str = "vector"           #: "cube" | "vector" | "dma" | "host" | "link" | a DVPP engine (DVPP_UNITS)
     fp16: bool = False
+    pixels: float = 0.0            #: pixels a DVPP engine processes (its units only)
+
+
+#: the DVPP engines a kernel may run on (:attr:`KernelDef.unit` / :attr:`Work.unit`), each with its own
+#: pixel rate in :class:`ChipSpec`
+DVPP_UNITS = ("dvpp_jpegd", "dvpp_jpege", "dvpp_vpc", "dvpp_pngd", "dvpp_vdec", "dvpp_venc")
 
 
 class CostModel:
@@ -104,6 +126,8 @@ class CostModel:
     def kernel(self, work: Work, block_dim: int) -> float:
         """A kernel of ``block_dim`` blocks: launch + max(compute on the used cores, HBM traffic)."""
         s = self.spec
+        if work.unit in DVPP_UNITS:
+            return self.dvpp(work)
         used = max(1, min(block_dim, s.ai_cores))
         waves = math.ceil(max(1, block_dim) / s.ai_cores)
         if work.unit == "cube":
@@ -115,6 +139,11 @@ class CostModel:
         # with fewer blocks than cores, the kernel also gets only part of the bandwidth
         t_mem = work.bytes / (s.hbm_bandwidth * min(1.0, used / s.ai_cores * 2)) if work.bytes else 0.0
         return s.launch_cost_s + max(t_compute, t_mem) * (waves if block_dim > s.ai_cores else 1)
+
+    def dvpp(self, work: Work) -> float:
+        """A DVPP task: launch + its pixels at its engine's rate (the AI Cores are not used)."""
+        rate = getattr(self.spec, work.unit + "_px_s")
+        return self.spec.launch_cost_s + work.pixels / rate
 
     def host_copy(self, nbytes: int) -> float:
         """H2D or D2H over PCIe."""

@@ -22,11 +22,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from .chip import DVPP_UNITS
+
 #: records kept per session before later ones are only counted (bounds a forgotten session's memory)
 MAX_RECORDS = 1 << 19
 
 #: a kernel's unit -> msprof Task Type
-_TASK_TYPES = {"cube": "AI_CORE", "vector": "AI_VECTOR_CORE"}
+_TASK_TYPES = {"cube": "AI_CORE", "vector": "AI_VECTOR_CORE", **{u: "DVPP" for u in DVPP_UNITS}}
 
 
 class TaskRecord:

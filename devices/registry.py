@@ -17,7 +17,7 @@ from .errors import ACL_ERROR_KERNEL_ALREADY_REGISTERED, AclError, InvalidParamE
 @dataclass(frozen=True)
 class KernelDef:
     name: str
-    unit: str                                               #: "cube" or "vector"
+    unit: str                                   #: "cube", "vector" or a DVPP engine (devices.chip.DVPP_UNITS)
     run: Callable[..., None]
     check: Callable[[tuple, tuple, dict], None] | None = None
     work: Callable[[tuple, tuple, dict], Work] | None = None

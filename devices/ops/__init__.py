@@ -16,7 +16,9 @@ Families, one module each (its docstring says what its blocks split over):
 - :mod:`.attention`: attention, incre_flash_attention, paged_attention (KV caches read in place);
 - :mod:`.rope`;  :mod:`.embedding`: embedding, scatter_update (in place);
 - :mod:`.cnn`: conv2d, max_pool2d, avg_pool2d, batch_norm;  :mod:`.aipp`: aipp (the image stage ATC puts
-  in front of a model input).
+  in front of a model input);
+- :mod:`.dvpp`: the DVPP media engines (JPEG decode/encode, PNG decode, VPC), on :mod:`.picture`;
+  :mod:`.dvpp_video`: VDEC / VENC (H.264 / H.265, PyAV).
 
 What they share: :mod:`.checks` (launch checks: attribute, dtype and shape validation, InvalidParamError),
 :mod:`.blocks` (how blocks split a launch), :mod:`.work` (flops and bytes for the cost model),
@@ -32,4 +34,5 @@ lengths read from device memory are checked when the kernel runs: one out of ran
 (the cached and indexed kernels trap with ACL_ERROR_RT_AICORE_TRAP_READ/WRITE_OVERFLOW) before any block
 writes anything.
 """
-from . import aipp, attention, cnn, elementwise, embedding, layout, matmul, norm, reduce, rope  # noqa: F401
+from . import (aipp, attention, cnn, dvpp, dvpp_video, elementwise, embedding, layout, matmul, norm,  # noqa: F401
+               reduce, rope)

@@ -7,7 +7,8 @@ A pyACL runtime program works after changing only its import line (``import acl`
   ``ACL_*`` constants, data buffers, tensor descriptions, ``data_type_size``, ``app_log``), ``acl.rt``
   (devices, contexts, memory, streams, events, callbacks, kernel launch), ``acl.util`` (host pointers
   <-> numpy/bytes, helper threads) and ``acl.mdl`` (offline models: load, describe, datasets, execute,
-  dynamic batch; and model run instances);
+  dynamic batch; and model run instances) and ``acl.media`` (DVPP: JPEG / PNG decode, JPEG encode, the
+  VPC, H.264 / H.265 VDEC and VENC);
 - outputs first and ``ret`` (an int aclError) last: ``ptr, ret = acl.rt.malloc(size, policy)``; a
   function with no outputs returns only ``ret``; a C function that returns a value rather than an
   aclError returns just that value (``acl.mdl.get_num_inputs(desc)``, ``acl.create_data_buffer(p, n)``),
@@ -20,10 +21,10 @@ A pyACL runtime program works after changing only its import line (``import acl`
   with :mod:`ctypes`.
 
 The package, one public module per namespace: this ``__init__`` (``acl.*``), :mod:`.rt`, :mod:`.util`,
-:mod:`.mdl` and :mod:`.prof`.  Each holds its API and nothing else -- ``dir(acl.rt)`` lists exactly the
+:mod:`.mdl`, :mod:`.prof` and :mod:`.media`.  Each holds its API and nothing else -- ``dir(acl.rt)`` lists exactly the
 functions of ``acl.rt`` (tests/reference/pyacl_api.txt; the ``ACL_*`` constants are ``acl``'s), as a
 program that enumerates pyACL's modules expects -- and takes it from a private module that implements it
-(:mod:`._rt`, :mod:`._util`, :mod:`._mdl`, :mod:`._prof`; ``acl.*`` from :mod:`._buffers` (data buffers,
+(:mod:`._rt`, :mod:`._util`, :mod:`._mdl`, :mod:`._prof`, :mod:`._media*`; ``acl.*`` from :mod:`._buffers` (data buffers,
 ``data_type_size``), :mod:`._tensor_desc`, :mod:`._applog` (``app_log``) and this file, whose own imports
 are aliased ``_name``).  Beside them: :mod:`._constants` (every ``ACL_*`` value), :mod:`._calls` (the
 calling convention), :mod:`._args` (argument checks) and :mod:`._state` (process state: init count,
@@ -64,7 +65,7 @@ import json as _json
 from devices.errors import AclError as _AclError
 from runtime import api as _api
 
-from . import mdl, op, prof, rt, util  # noqa: F401 - acl.rt, acl.util, acl.mdl, acl.op, acl.prof
+from . import mdl, media, op, prof, rt, util  # noqa: F401 - acl.rt, acl.util, acl.mdl, acl.op, acl.prof, acl.media
 from ._applog import app_log  # noqa: F401 - acl.app_log
 from ._buffers import (create_data_buffer, data_type_size, destroy_data_buffer,  # noqa: F401 - acl.*
                        get_data_buffer_addr, get_data_buffer_size, get_data_buffer_size_v2, update_data_buffer)
@@ -136,6 +137,7 @@ from ._constants import (  # noqa: F401 - acl.ACL_* (every constant of ._constan
     ACL_AICORE_L2_CACHE, ACL_AICORE_PIPE_EXECUTE_UTILIZATION, ACL_AICORE_MEMORY_ACCESS, ACL_AICORE_NONE,
     ACL_PROF_STORAGE_LIMIT, ACL_PROF_SYS_HARDWARE_MEM_FREQ,
 )
+from ._media_state import teardown as _media_teardown
 from ._prof import teardown as _prof_teardown
 from ._state import STATE as _STATE, teardown as _teardown
 from ._tensor_desc import (create_tensor_desc, destroy_tensor_desc, get_tensor_desc_dim,  # noqa: F401 - acl.*
@@ -200,6 +202,7 @@ def _finalize_all() -> None:
     try:
         _prof_teardown()
     finally:
+        _media_teardown()
         _teardown()
 
 

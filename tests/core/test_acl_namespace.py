@@ -1,5 +1,5 @@
 """pyACL's modules hold their API and nothing else: ``dir(acl)``, ``dir(acl.rt)``, ``dir(acl.util)``,
-``dir(acl.mdl)`` and ``dir(acl.prof)`` list exactly the names of tests/reference/pyacl_api.txt (each with
+``dir(acl.mdl)``, ``dir(acl.prof)`` and ``dir(acl.media)`` list exactly the names of tests/reference/pyacl_api.txt (each with
 where it comes from: pyACL's reference, the C API's snake_case, or a vnpu extension).  A program that
 enumerates a module (as the public samples' harnesses do) sees no imported helper (``np``, ``os``,
 ``dataclass``, ``as_int`` ...), and those are not attributes at all, as in the real (C-extension) pyACL.
@@ -16,7 +16,7 @@ import pytest
 from runtime import acl
 
 REF = Path(__file__).resolve().parents[1] / "reference" / "pyacl_api.txt"
-NAMESPACES = ("acl", "acl.rt", "acl.util", "acl.mdl", "acl.op", "acl.prof")
+NAMESPACES = ("acl", "acl.rt", "acl.util", "acl.mdl", "acl.op", "acl.prof", "acl.media")
 LINE = re.compile(r"^(@constants|[a-z][a-z0-9_]*)\s+([PCUV])(\s.*)?$")
 
 
@@ -92,7 +92,7 @@ def test_every_api_name_is_a_function_of_that_name_or_a_module(ns):
         obj = getattr(mod, name)
         if name.isupper():
             continue
-        if ns == "acl" and name in ("rt", "util", "mdl", "op", "prof"):
+        if ns == "acl" and name in ("rt", "util", "mdl", "op", "prof", "media"):
             assert obj is module(f"acl.{name}")
             continue
         assert callable(obj), f"{ns}.{name}"
