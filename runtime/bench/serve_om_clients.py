@@ -5,7 +5,8 @@ data) in a process of their own, so that the server's process does no client wor
 - first, the setup: ``{"url", "protocol" (grpc|http), "inputs": npz, "refs": npz, "names": [...],
   "datatypes": [...], "outputs": [...], "atol": [...]}`` -- sample ``i``'s input ``n`` is ``inputs["i/n"]``
   (one row), its expected output ``o`` is ``refs["i/o"]``; answered ``{"ready": n_samples}``;
-- then one line per load: ``{"model", "concurrency", "requests"}``: ``concurrency`` client threads, each
+- then one line per load: ``{"model", "concurrency", "requests"[, "url"]}`` (``url``: another server than
+  the setup's): ``concurrency`` client threads, each
   with its own connection, send ``requests`` one-row requests in all (closed loop: a thread sends its next
   request when the last one is answered; request ``k`` carries sample ``k % n_samples``); answered with
   ``{"latencies_s": [...], "wall_s", "verified", "wrong", "errors"}`` -- a request is verified when every
@@ -57,7 +58,7 @@ def run_load(mod, setup: dict, samples: list, expected: list, job: dict) -> dict
     start = threading.Barrier(conc + 1)
 
     def client():
-        c = mod.InferenceServerClient(setup["url"])
+        c = mod.InferenceServerClient(job.get("url", setup["url"]))
         try:
             prepared = [_inputs(mod, setup, s) for s in samples]
             start.wait()
