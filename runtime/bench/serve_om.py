@@ -8,7 +8,8 @@ against batching off and the machine's bound, in the same run.
   official ``tritonclient`` (gRPC by default, sync, binary data, one connection per client) in a process of
   their own (:mod:`.serve_om_clients`) -- requests/s and latency p50/p90/p99 as the clients see them, the
   batches the server executed (its statistics extension, read over the protocol), and the server process's
-  CPU time per request (all its threads: protocol, engine, device; what a loaded machine does not inflate).
+  CPU time per request (all its threads: protocol, engine, device; what a loaded machine inflates least)
+  and the client process's (in ``--json``: the clients share the machine's cores with the server).
 - **baseline**: the same ``.om`` on the same server and device with ``max_batch_size: 1`` (batching off).
 - **transport floor** (gRPC): the same clients against a server in this process that answers each request
   with its precomputed, correct response and does nothing else (:mod:`.serve_om_echo`): the most requests/s
@@ -145,7 +146,8 @@ def _measure(clients: _Clients, stat_client, model: str, conc: int, n: int) -> d
             "executions": execs, "batches": batches,
             "mean_batch": round((after["rows"] - before["rows"]) / execs, 2) if execs else 0.0,
             "server_infer_ms_per_execution": round(infer_ns / 1e6 / execs, 3) if execs else 0.0,
-            "server_cpu_ms_per_request": round(1e3 * cpu / n, 3)}
+            "server_cpu_ms_per_request": round(1e3 * cpu / n, 3),
+            "client_cpu_ms_per_request": round(1e3 * r["cpu_s"] / n, 3)}
 
 
 def _measure_echo(clients: _Clients, url: str, conc: int, n: int) -> dict:
@@ -155,7 +157,8 @@ def _measure_echo(clients: _Clients, url: str, conc: int, n: int) -> dict:
     lat, wall = r["latencies_s"], r["wall_s"]
     return {"requests": n, "answered": len(lat), "verified": r["verified"], "failed": r["failed"],
             "errors": r["errors"], "requests_per_s": round(len(lat) / wall, 1), "p99_ms": round(1e3 * pct(lat, 99), 2),
-            "server_cpu_ms_per_request": round(1e3 * cpu / n, 3)}
+            "server_cpu_ms_per_request": round(1e3 * cpu / n, 3),
+            "client_cpu_ms_per_request": round(1e3 * r["cpu_s"] / n, 3)}
 
 
 def _level(conc: int, on: dict, off: dict, bound: Bound, delay_us: int, echo: dict | None) -> dict:

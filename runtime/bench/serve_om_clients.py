@@ -9,7 +9,8 @@ data) in a process of their own, so that the server's process does no client wor
   the setup's): ``concurrency`` client threads, each
   with its own connection, send ``requests`` one-row requests in all (closed loop: a thread sends its next
   request when the last one is answered; request ``k`` carries sample ``k % n_samples``); answered with
-  ``{"latencies_s": [...], "wall_s", "verified", "wrong", "errors"}`` -- a request is verified when every
+  ``{"latencies_s": [...], "wall_s", "cpu_s" (this process's CPU time during the load), "verified", "wrong",
+  "errors"}`` -- a request is verified when every
   output equals its sample's reference within ``atol`` (the caller's tolerance of the computation).
 
 Blocking: each load blocks until its requests are answered.
@@ -17,6 +18,7 @@ Blocking: each load blocks until its requests are answered.
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import threading
 import time
@@ -83,6 +85,7 @@ def run_load(mod, setup: dict, samples: list, expected: list, job: dict) -> dict
         finally:
             c.close()
 
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     th = [threading.Thread(target=client, daemon=True) for _ in range(conc)]
     for t in th:
         t.start()
@@ -91,7 +94,9 @@ def run_load(mod, setup: dict, samples: list, expected: list, job: dict) -> dict
     for t in th:
         t.join()
     wall = time.perf_counter() - t0
-    return {"latencies_s": lat, "wall_s": wall, **counts, "errors": errors[:3], "failed": len(errors)}
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
+    return {"latencies_s": lat, "wall_s": wall, "cpu_s": cpu, **counts, "errors": errors[:3], "failed": len(errors)}
 
 
 def main() -> int:

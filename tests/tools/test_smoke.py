@@ -115,6 +115,7 @@ def test_serve_om_json_is_consistent(bench_results):
             assert m["mean_batch"] == round(n / m["executions"], 2)
             assert 0 < m["p50_ms"] <= m["p90_ms"] <= m["p99_ms"] and m["wall_s"] > 0
             assert rel(m["requests_per_s"], n / m["wall_s"], 1)
+            assert m["server_cpu_ms_per_request"] > 0 and m["client_cpu_ms_per_request"] > 0
         assert r["numpy_bound_rps"] > 0 and r["ort_bound_rps"] > 0 and r["exec_ms_largest_batch"] > 0
         assert rel(r["x_off"], r["on"]["requests_per_s"] / r["off"]["requests_per_s"], 2)
         assert rel(r["of_numpy_bound"], r["on"]["requests_per_s"] / r["numpy_bound_rps"], 3)
