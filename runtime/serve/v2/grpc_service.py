@@ -45,8 +45,9 @@ def _authorization(context) -> str | None:
 
 def _rpc(open_: bool = False, model: bool = False):
     """The gate of one method ``fn(self, request, tenant)``: authentication, error mapping, per-tenant
-    request counts; ``model``: a model request (``fn(self, request, tenant, admitted)``: ``admitted`` a list
-    the method appends to once the request is admitted), whose outcome the server's sampler hears."""
+    request counts; ``model``: a model request (``fn(self, request, tenant, admitted, context)``: ``admitted``
+    a list the method appends to once the request is admitted; :class:`ClientGone` when its client went
+    away, counted as 499), whose outcome the server's sampler hears."""
     def wrap(fn):
         @functools.wraps(fn)
         def call(self, request, context):
