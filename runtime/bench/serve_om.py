@@ -268,7 +268,8 @@ def _run(a) -> int:
 
 
 def _f(x, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
+    """``x`` formatted, or a dash as wide as ``fmt`` (``>W.Pf``) for a figure not measured."""
+    return format("-", fmt.split(".")[0]) if x is None else format(x, fmt)
 
 
 def _print(doc: dict) -> None:
