@@ -21,7 +21,7 @@ M = wire.inference
 
 
 class _Echo(wire.GRPCInferenceServiceServicer):
-    def __init__(self, answers: dict[tuple[bytes, ...], bytes]):
+    def __init__(self, answers: dict[tuple[bytes, ...], object]):
         self.answers = answers
 
     def ModelInfer(self, request, context):
@@ -51,6 +51,7 @@ class EchoServer:
         self._answers = _answers(samples, refs, names, outputs)
         self._workers = workers
         self._server: grpc.Server | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self.url = ""
 
     def start(self) -> "EchoServer":
@@ -65,8 +66,10 @@ class EchoServer:
     def stop(self) -> None:
         if self._server is not None:
             self._server.stop(None).wait(30)
-            self._pool.shutdown(wait=False, cancel_futures=True)
             self._server = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 __all__ = ["EchoServer"]
