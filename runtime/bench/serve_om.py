@@ -8,8 +8,12 @@ against batching off and the machine's bound, in the same run.
   official ``tritonclient`` (gRPC by default, sync, binary data, one connection per client) in a process of
   their own (:mod:`.serve_om_clients`) -- requests/s and latency p50/p90/p99 as the clients see them, the
   batches the server executed (its statistics extension, read over the protocol), and the server process's
-  CPU time per request (all its threads: protocol, engine, device; what a loaded machine does not inflate).
+  CPU time per request (all its threads: protocol, engine, device; what a loaded machine inflates least)
+  and the client process's (in ``--json``: the clients share the machine's cores with the server).
 - **baseline**: the same ``.om`` on the same server and device with ``max_batch_size: 1`` (batching off).
+- **transport floor** (gRPC): the same clients against a server in this process that answers each request
+  with its precomputed, correct response and does nothing else (:mod:`.serve_om_echo`): the most requests/s
+  these clients, gRPC and this machine allow at that concurrency, whatever the server does.
 - **bound**: the batches the server executed at that concurrency (each at its gear, as the server runs it)
   executed back to back in this process with no server around them: by onnxruntime on one thread (one
   device: one thread) and by the ``.om``'s kernel graph in numpy (:class:`runtime.atc.hostrun.HostRun`, the
@@ -36,6 +40,7 @@ import numpy as np
 
 from runtime.cliargs import int_list, nonneg_int, positive_int
 
+from .serve_om_echo import EchoServer
 from .serve_om_model import Bound, Tensor, build_default, samples
 from .serve_workload import pct
 
@@ -141,12 +146,26 @@ def _measure(clients: _Clients, stat_client, model: str, conc: int, n: int) -> d
             "executions": execs, "batches": batches,
             "mean_batch": round((after["rows"] - before["rows"]) / execs, 2) if execs else 0.0,
             "server_infer_ms_per_execution": round(infer_ns / 1e6 / execs, 3) if execs else 0.0,
-            "server_cpu_ms_per_request": round(1e3 * cpu / n, 3)}
+            "server_cpu_ms_per_request": round(1e3 * cpu / n, 3),
+            "client_cpu_ms_per_request": round(1e3 * r["cpu_s"] / n, 3)}
 
 
-def _level(conc: int, on: dict, off: dict, bound: Bound, delay_us: int) -> dict:
-    row = {"concurrency": conc, "on": on, "off": off}
+def _measure_echo(clients: _Clients, url: str, conc: int, n: int) -> dict:
+    cpu0 = time.process_time()
+    r = clients.ask({"model": "echo", "concurrency": conc, "requests": n, "url": url})
+    cpu = time.process_time() - cpu0
+    lat, wall = r["latencies_s"], r["wall_s"]
+    return {"requests": n, "answered": len(lat), "verified": r["verified"], "failed": r["failed"],
+            "errors": r["errors"], "requests_per_s": round(len(lat) / wall, 1), "p99_ms": round(1e3 * pct(lat, 99), 2),
+            "server_cpu_ms_per_request": round(1e3 * cpu / n, 3),
+            "client_cpu_ms_per_request": round(1e3 * r["cpu_s"] / n, 3)}
+
+
+def _level(conc: int, on: dict, off: dict, bound: Bound, delay_us: int, echo: dict | None) -> dict:
+    row = {"concurrency": conc, "on": on, "off": off, "echo": echo}
     row["x_off"] = round(on["requests_per_s"] / off["requests_per_s"], 2) if off["requests_per_s"] else None
+    row["of_echo"] = round(on["requests_per_s"] / echo["requests_per_s"], 3) if echo and echo["requests_per_s"] \
+        else None
     for engine, key in (("numpy", "numpy_bound_rps"), ("onnxruntime", "ort_bound_rps")):
         b = bound.rows_per_s(engine, on["batches"]) if on["batches"] else None
         row[key] = round(b, 1) if b else None
@@ -176,10 +195,12 @@ def _prepare(om: Path, onnx_path: Path | None, work: Path):
     np.savez(work / "refs.npz", **{f"{i}/{o}": r[k] for i, r in enumerate(refs) for k, o in enumerate(outs)})
     setup = {"inputs": str(work / "inputs.npz"), "refs": str(work / "refs.npz"), "names": [t.name for t in ins],
              "datatypes": [t.datatype for t in info.inputs], "outputs": outs, "atol": [REL_TOL * s for s in scale]}
-    return info, bound, setup
+    echo = EchoServer(reqs, refs, [t.name for t in ins], [(t.name, t.datatype) for t in info.outputs])
+    return info, bound, setup, echo
 
 
-def _serve_and_load(a, om: Path, work: Path, info, bound: Bound, setup: dict, max_batch: int) -> list[dict]:
+def _serve_and_load(a, om: Path, work: Path, bound: Bound, setup: dict, echo: EchoServer | None,
+                    max_batch: int) -> list[dict]:
     from runtime.serve.modelrepo import scan_repository
     from runtime.serve.server import Server, Service
     _repository(work / "models", om, max_batch, a.delay_us)
@@ -188,6 +209,8 @@ def _serve_and_load(a, om: Path, work: Path, info, bound: Bound, setup: dict, ma
         svc = Service(rt, (), repositories=(scan_repository(work / "models"),))
         srv = Server(svc, grpc_port=0).start()
         clients = None
+        if echo is not None:
+            echo.start()
         try:
             svc.load()
             url = srv.grpc_url if a.protocol == "grpc" else srv.url.removeprefix("http://")
@@ -201,19 +224,23 @@ def _serve_and_load(a, om: Path, work: Path, info, bound: Bound, setup: dict, ma
                 for c in levels:
                     on = _measure(clients, stat_client, ON, c, a.requests)
                     off = _measure(clients, stat_client, OFF, c, a.requests)
-                    rows.append(_level(c, on, off, bound, a.delay_us))
+                    floor = _measure_echo(clients, echo.url, c, a.requests) if echo is not None else None
+                    rows.append(_level(c, on, off, bound, a.delay_us, floor))
             finally:
                 stat_client.close()
         finally:
             if clients is not None:
                 clients.close()
+            if echo is not None:
+                echo.stop()
             srv.stop()
     return rows
 
 
 def _verified(rows: list[dict]) -> bool:
     return all(m["verified"] == m["requests"] and m["server_rows"] == m["requests"]
-               for r in rows for m in (r["on"], r["off"]))
+               for r in rows for m in (r["on"], r["off"])) and \
+        all(r["echo"]["verified"] == r["echo"]["requests"] for r in rows if r["echo"] is not None)
 
 
 def _run(a) -> int:
@@ -222,12 +249,12 @@ def _run(a) -> int:
         work = Path(tmp)
         try:
             om, onnx_path, label = _model_files(a, work)
-            info, bound, setup = _prepare(om, onnx_path, work)
+            info, bound, setup, echo = _prepare(om, onnx_path, work)
         except (ValueError, ModelConfigError, OSError) as e:
             print(f"vnpu bench serve-om: error: {e}", file=sys.stderr)
             return 2
         max_batch = min(a.max_batch or info.gears[-1], info.gears[-1])
-        rows = _serve_and_load(a, om, work, info, bound, setup, max_batch)
+        rows = _serve_and_load(a, om, work, bound, setup, echo if a.protocol == "grpc" else None, max_batch)
     ok = _verified(rows)
     doc = {"model": label, "gears": list(info.gears), "max_batch_size": max_batch, "delay_us": a.delay_us,
            "backend": a.backend, "instances": 1, "clients": f"tritonclient.{a.protocol} (sync, binary data, one "
@@ -241,29 +268,33 @@ def _run(a) -> int:
 
 
 def _f(x, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
+    """``x`` formatted, or a dash as wide as ``fmt`` (``>W.Pf``) for a figure not measured."""
+    return format("-", fmt.split(".")[0]) if x is None else format(x, fmt)
 
 
 def _print(doc: dict) -> None:
     print(f"vnpu bench serve-om: {doc['model']}, gears {doc['gears']}, max_batch_size {doc['max_batch_size']}, "
           f"max_queue_delay {doc['delay_us']} us, 1 instance on one device ({doc['backend']}); clients: "
           f"{doc['clients']}; baseline = the same server with max_batch_size 1; bound = the same batches in this "
-          f"process (numpy kernel graph / onnxruntime, 1 thread); load average {doc['loadavg']}")
+          f"process (numpy kernel graph / onnxruntime, 1 thread); floor = the same clients against a gRPC server "
+          f"answering precomputed responses; load average {doc['loadavg']}")
     print(f"{'conc':>4} | {'req/s':>7} {'p50':>7} {'p90':>7} {'p99 ms':>7} {'batch':>5} {'cpu ms':>6} | "
           f"{'off req/s':>9} {'p99 ms':>7} {'x off':>6} | {'numpy':>7} {'of':>5} | {'ort':>8} {'of':>5} | "
-          f"{'p99 budget':>10} {'of':>5}")
+          f"{'floor':>7} {'of':>5} | {'p99 budget':>10} {'of':>5}")
     for r in doc["levels"]:
         on, off = r["on"], r["off"]
         print(f"{r['concurrency']:>4} | {on['requests_per_s']:>7.1f} {on['p50_ms']:>7.1f} {on['p90_ms']:>7.1f} "
               f"{on['p99_ms']:>7.1f} {on['mean_batch']:>5.1f} {on['server_cpu_ms_per_request']:>6.2f} | "
               f"{off['requests_per_s']:>9.1f} {off['p99_ms']:>7.1f} "
               f"{_f(r['x_off'], '>6.2f')} | {_f(r['numpy_bound_rps'], '>7.0f')} {_f(r['of_numpy_bound'], '>5.2f')} | "
-              f"{_f(r['ort_bound_rps'], '>8.0f')} {_f(r['of_ort_bound'], '>5.2f')} | {r['p99_budget_ms']:>10.1f} "
+              f"{_f(r['ort_bound_rps'], '>8.0f')} {_f(r['of_ort_bound'], '>5.2f')} | "
+              f"{_f(r['echo'] and r['echo']['requests_per_s'], '>7.0f')} {_f(r['of_echo'], '>5.2f')} | "
+              f"{r['p99_budget_ms']:>10.1f} "
               f"{r['p99_of_budget']:>5.2f}")
     print("req/s and latencies as the clients see them; batch: mean rows per execution (server statistics); cpu ms: "
           "the server process's CPU time per request; "
-          "numpy/ort: rows/s of the same batches in-process; p99 budget: delay + 2 x the numpy time of the "
-          "largest batch executed")
+          "numpy/ort: rows/s of the same batches in-process; floor: req/s of the transport floor (gRPC only); "
+          "p99 budget: delay + 2 x the numpy time of the largest batch executed")
     print("verified: " + ("yes (every request got its own row; the server counted exactly the rows sent)"
                           if doc["verified"] else "NO: a request failed, got a wrong row, or the counts differ"))
 

@@ -5,10 +5,12 @@ data) in a process of their own, so that the server's process does no client wor
 - first, the setup: ``{"url", "protocol" (grpc|http), "inputs": npz, "refs": npz, "names": [...],
   "datatypes": [...], "outputs": [...], "atol": [...]}`` -- sample ``i``'s input ``n`` is ``inputs["i/n"]``
   (one row), its expected output ``o`` is ``refs["i/o"]``; answered ``{"ready": n_samples}``;
-- then one line per load: ``{"model", "concurrency", "requests"}``: ``concurrency`` client threads, each
+- then one line per load: ``{"model", "concurrency", "requests"[, "url"]}`` (``url``: another server than
+  the setup's): ``concurrency`` client threads, each
   with its own connection, send ``requests`` one-row requests in all (closed loop: a thread sends its next
   request when the last one is answered; request ``k`` carries sample ``k % n_samples``); answered with
-  ``{"latencies_s": [...], "wall_s", "verified", "wrong", "errors"}`` -- a request is verified when every
+  ``{"latencies_s": [...], "wall_s", "cpu_s" (this process's CPU time during the load), "verified", "wrong",
+  "errors"}`` -- a request is verified when every
   output equals its sample's reference within ``atol`` (the caller's tolerance of the computation).
 
 Blocking: each load blocks until its requests are answered.
@@ -16,6 +18,7 @@ Blocking: each load blocks until its requests are answered.
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import threading
 import time
@@ -57,7 +60,7 @@ def run_load(mod, setup: dict, samples: list, expected: list, job: dict) -> dict
     start = threading.Barrier(conc + 1)
 
     def client():
-        c = mod.InferenceServerClient(setup["url"])
+        c = mod.InferenceServerClient(job.get("url", setup["url"]))
         try:
             prepared = [_inputs(mod, setup, s) for s in samples]
             start.wait()
@@ -82,6 +85,7 @@ def run_load(mod, setup: dict, samples: list, expected: list, job: dict) -> dict
         finally:
             c.close()
 
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     th = [threading.Thread(target=client, daemon=True) for _ in range(conc)]
     for t in th:
         t.start()
@@ -90,7 +94,9 @@ def run_load(mod, setup: dict, samples: list, expected: list, job: dict) -> dict
     for t in th:
         t.join()
     wall = time.perf_counter() - t0
-    return {"latencies_s": lat, "wall_s": wall, **counts, "errors": errors[:3], "failed": len(errors)}
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime
+    return {"latencies_s": lat, "wall_s": wall, "cpu_s": cpu, **counts, "errors": errors[:3], "failed": len(errors)}
 
 
 def main() -> int:

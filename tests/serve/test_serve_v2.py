@@ -13,6 +13,7 @@ import json
 import struct
 import urllib.error
 import urllib.request
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import grpc
@@ -581,4 +582,42 @@ def test_a_client_that_goes_away_cancels_its_request(served, hc, gc):
     assert quotas.wait_until("ops", lambda u: u["unsettled"] == 0, 30)
     assert repo.models["gated"].calls == 1                        # the two that went away never ran
     res = hc.infer("gated", [th.InferInput("IN", [1, 1], "FP32").set_data_from_numpy(x)], headers=H())
+    np.testing.assert_array_equal(res.as_numpy("OUT"), x)
+
+
+def _tenant_requests(served, status: str, tenant: str = "ops") -> float:
+    """``vnpu:tenant_requests_total`` of ``tenant`` with ``status``, from ``/metrics``."""
+    _, _, body = raw(served, "/metrics")
+    head = f'vnpu:tenant_requests_total{{status="{status}",tenant="{tenant}"}} '
+    return next((float(ln[len(head):]) for ln in body.decode().splitlines() if ln.startswith(head)), 0.0)
+
+
+def test_grpc_calls_past_their_deadline_walk_away_from_their_requests(served, gc):
+    """On the thread-pool gRPC server a call whose deadline passes (the client's timeout) ends its request as a
+    cancelled one does: dropped while queued, its tenant slot freed at once while running (charged once it
+    ran), counted as 499; the workers go on serving."""
+    repo, quotas = served.repo, served.svc.quotas
+    n0, cancelled0, calls0 = len(repo.requests), repo.cancelled, repo.models["gated"].calls
+    gone0 = _tenant_requests(served, "499")
+    x = np.ones((1, 1), np.float32)
+    g = tg.InferInput("IN", [1, 1], "FP32")
+    g.set_data_from_numpy(x)
+    repo.gate.opened.clear()
+    ended: Future = Future()
+    gc.async_infer("gated", [g], callback=lambda result, error: ended.set_result(error), headers=H(),
+                   client_timeout=1.0)                            # runs, held at the gate past its deadline
+    assert repo.gate.wait_started()
+    with pytest.raises(InferenceServerException) as e:
+        gc.infer("gated", [g], headers=H(), client_timeout=1.0)   # queued behind it until its deadline
+    assert e.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert repo.wait_for(lambda r: r.cancelled == cancelled0 + 1 and len(r.requests) == n0 + 2)
+    err = ended.result(60)
+    assert err is not None and err.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert quotas.wait_until("ops", lambda u: u["in_flight"] == 0, 30)   # freed while the batch still runs
+    assert not repo.gate.opened.is_set()
+    repo.gate.opened.set()
+    assert quotas.wait_until("ops", lambda u: u["unsettled"] == 0, 30)
+    assert repo.models["gated"].calls == calls0 + 1                 # the queued one never ran
+    assert _tenant_requests(served, "499") == gone0 + 2
+    res = gc.infer("gated", [g], headers=H(), client_timeout=60)
     np.testing.assert_array_equal(res.as_numpy("OUT"), x)

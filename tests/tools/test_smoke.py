@@ -95,7 +95,8 @@ def test_bench_commands_report_verified_results(bench_results):
 def test_serve_om_json_is_consistent(bench_results):
     """``vnpu bench serve-om``'s figures agree with each other (never with a speed): every level has both
     modes, the requests sent were answered and counted by the server, the executed batches add up to
-    them (batching off: one row each), the bound is positive and every ratio is its fields' quotient."""
+    them (batching off: one row each), the bound is positive, the transport floor answered every request
+    correctly, and every ratio is its fields' quotient."""
     res = bench_results["serve-om"]
     n = int(BENCHES["serve-om"][BENCHES["serve-om"].index("--requests") + 1])
     assert [r["concurrency"] for r in res["levels"]] == [1, 3] and res["gears"] == sorted(res["gears"])
@@ -114,12 +115,16 @@ def test_serve_om_json_is_consistent(bench_results):
             assert m["mean_batch"] == round(n / m["executions"], 2)
             assert 0 < m["p50_ms"] <= m["p90_ms"] <= m["p99_ms"] and m["wall_s"] > 0
             assert rel(m["requests_per_s"], n / m["wall_s"], 1)
+            assert m["server_cpu_ms_per_request"] > 0 and m["client_cpu_ms_per_request"] > 0
         assert r["numpy_bound_rps"] > 0 and r["ort_bound_rps"] > 0 and r["exec_ms_largest_batch"] > 0
         assert rel(r["x_off"], r["on"]["requests_per_s"] / r["off"]["requests_per_s"], 2)
         assert rel(r["of_numpy_bound"], r["on"]["requests_per_s"] / r["numpy_bound_rps"], 3)
         assert rel(r["of_ort_bound"], r["on"]["requests_per_s"] / r["ort_bound_rps"], 3)
         assert rel(r["p99_budget_ms"], res["delay_us"] / 1e3 + 2 * r["exec_ms_largest_batch"], 3)
         assert rel(r["p99_of_budget"], r["on"]["p99_ms"] / r["p99_budget_ms"], 2)
+        e = r["echo"]                           # the transport floor (gRPC, the default protocol)
+        assert e["requests"] == e["answered"] == e["verified"] == n and e["failed"] == 0, e
+        assert e["requests_per_s"] > 0 and rel(r["of_echo"], r["on"]["requests_per_s"] / e["requests_per_s"], 3)
 
 
 # In a child process each (a process attached to the cluster as a Ray driver holds files under its

@@ -37,7 +37,7 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 
-from .handling import count_request, install_error_handlers
+from .handling import CountRequests, install_error_handlers
 from .longpoll import LongPolls
 from .routers import ROUTERS
 from .state import ServeState, attach
@@ -50,7 +50,7 @@ def build_app(service, tokenizer: TokenizePool | None = None) -> FastAPI:
     closes the app's long polls when it stops (:func:`.state.state_of`)."""
     app = FastAPI(title="vnpu serve", docs_url=None, redoc_url=None, openapi_url=None)
     attach(app, ServeState(service, tokenizer or TokenizePool(), LongPolls()))
-    app.middleware("http")(count_request)
+    app.add_middleware(CountRequests)
     install_error_handlers(app)
     for router in ROUTERS:
         _include(app, router)

@@ -8,13 +8,13 @@ ServerReady are open, as ``/v2/health/*`` are), and every refusal of the one err
 (:func:`runtime.serve.api.errors.status_of`) as the gRPC status of its HTTP status (:data:`GRPC_CODES`:
 400 ``INVALID_ARGUMENT``, 401 ``UNAUTHENTICATED``, 403 ``PERMISSION_DENIED``, 404 ``NOT_FOUND``, 429
 ``RESOURCE_EXHAUSTED``, 503 ``UNAVAILABLE``, anything else ``INTERNAL``) with the same message.  A call
-cancelled by its client (or past its deadline) cancels its inference request.  The servicer only adapts;
-its methods run on the event loop of :class:`runtime.serve.v2.grpc_server.GrpcInferenceServer` and move
-large requests' decoding and encoding, and model loads, to worker threads.
+cancelled by its client (or past its deadline) cancels its inference request (the call's termination
+callback, :func:`.inference.execute_blocking`).  The servicer only adapts; its methods are synchronous and
+run on the worker threads of :class:`runtime.serve.v2.grpc_server.GrpcInferenceServer` (one thread per call
+in progress: an inference blocks its thread until its batch is done, a model load until it is loaded).
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import time
@@ -29,7 +29,7 @@ from ..engine.errors import InvalidRequest, ServeError
 from . import documents as D
 from .access import live, model_view, need_admin, ready, repository_of, visible_index
 from .grpc_codec import M, encode_response, message, parse_request
-from .inference import OFF_LOOP_BYTES, execute, prepare
+from .inference import execute_blocking, prepare
 
 log = logging.getLogger("vnpu.serve")
 
@@ -45,19 +45,19 @@ def _authorization(context) -> str | None:
 
 def _rpc(open_: bool = False, model: bool = False):
     """The gate of one method ``fn(self, request, tenant)``: authentication, error mapping, per-tenant
-    request counts; ``model``: a model request (``fn(self, request, tenant, admitted)``: ``admitted`` a list
-    the method appends to once the request is admitted), whose outcome the server's sampler hears."""
+    request counts; ``model``: a model request (``fn(self, request, tenant, admitted, context)``: ``admitted``
+    a list the method appends to once the request is admitted; :class:`ClientGone` when its client went
+    away, counted as 499), whose outcome the server's sampler hears."""
     def wrap(fn):
         @functools.wraps(fn)
-        async def call(self, request, context):
+        def call(self, request, context):
             t0, tenant, status, exc, admitted = time.monotonic(), None, 200, None, []
             try:
                 if not open_:
                     tenant = self.service.tenants.authenticate(_authorization(context))
-                return await (fn(self, request, tenant, admitted) if model else fn(self, request, tenant))
-            except asyncio.CancelledError:            # the client cancelled, or its deadline passed
-                status = 499
-                raise
+                return (fn(self, request, tenant, admitted, context) if model else fn(self, request, tenant))
+            except ClientGone as e:                   # the client cancelled, or its deadline passed
+                status, msg = 499, str(e)
             except Exception as e:  # noqa: BLE001 - every refusal answered as a status, never a traceback
                 exc = e
                 status, msg = status_of(e)
@@ -69,13 +69,13 @@ def _rpc(open_: bool = False, model: bool = False):
                 if model:                             # a 503 before admission is shed, as on REST
                     self.service.observe(outcome_of(status, exc, bool(admitted)), time.monotonic() - t0,
                                          getattr(request, "model_name", None) or None)
-            await context.abort(GRPC_CODES.get(status, _S.INTERNAL), msg)
+            context.abort(GRPC_CODES.get(status, _S.INTERNAL), msg)
         return call
     return wrap
 
 
-async def _off_loop(big: bool, fn, *args):
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args) if big else fn(*args)
+class ClientGone(Exception):
+    """The call was cancelled by its client, or its deadline passed, before its answer (nobody reads it)."""
 
 
 class InferenceServicer(wire.GRPCInferenceServiceServicer):
@@ -85,46 +85,43 @@ class InferenceServicer(wire.GRPCInferenceServiceServicer):
         self.service = service
 
     @_rpc(open_=True)
-    async def ServerLive(self, request, tenant):
+    def ServerLive(self, request, tenant):
         return M.ServerLiveResponse(live=live(self.service))
 
     @_rpc(open_=True)
-    async def ServerReady(self, request, tenant):
+    def ServerReady(self, request, tenant):
         return M.ServerReadyResponse(ready=ready(self.service))
 
     @_rpc()
-    async def ModelReady(self, request, tenant):
+    def ModelReady(self, request, tenant):
         view = model_view(self.service, tenant, request.name)
         return M.ModelReadyResponse(ready=view.ready(request.name, request.version or None))
 
     @_rpc()
-    async def ServerMetadata(self, request, tenant):
+    def ServerMetadata(self, request, tenant):
         return message(D.server_metadata(), M.ServerMetadataResponse)
 
     @_rpc()
-    async def ModelMetadata(self, request, tenant):
+    def ModelMetadata(self, request, tenant):
         meta = model_view(self.service, tenant, request.name).metadata(request.name, request.version or None)
         return message(D.model_metadata(meta), M.ModelMetadataResponse)
 
     @_rpc()
-    async def ModelConfig(self, request, tenant):
+    def ModelConfig(self, request, tenant):
         cfg = model_view(self.service, tenant, request.name).config(request.name, request.version or None)
         return message({"config": D.model_config(cfg)}, M.ModelConfigResponse)
 
     @_rpc(model=True)
-    async def ModelInfer(self, request, tenant, admitted):
-        big = request.ByteSize() >= OFF_LOOP_BYTES
-        wreq, (meta, req) = await _off_loop(big, self._prepare, request, tenant)
-        result = await execute(self.service, req, on_admitted=lambda: admitted.append(True))
-        big = sum(getattr(a, "nbytes", 0) for a in result.outputs.values()) >= OFF_LOOP_BYTES
-        return await _off_loop(big, encode_response, meta, wreq, result)
-
-    def _prepare(self, request, tenant):
+    def ModelInfer(self, request, tenant, admitted, context):
         wreq = parse_request(request)
-        return wreq, prepare(self.service, tenant, request.model_name, request.model_version or None, wreq)
+        meta, req = prepare(self.service, tenant, request.model_name, request.model_version or None, wreq)
+        result = execute_blocking(self.service, req, context.add_callback, lambda: admitted.append(True))
+        if result is None:
+            raise ClientGone("the client cancelled the call, or its deadline passed")
+        return encode_response(meta, wreq, result)
 
     @_rpc()
-    async def ModelStatistics(self, request, tenant):
+    def ModelStatistics(self, request, tenant):
         need_admin(tenant, "model statistics")
         if not request.name:
             repo = repository_of(self.service)
@@ -134,24 +131,24 @@ class InferenceServicer(wire.GRPCInferenceServiceServicer):
         return message(D.statistics(stats), M.ModelStatisticsResponse)
 
     @_rpc()
-    async def RepositoryIndex(self, request, tenant):
+    def RepositoryIndex(self, request, tenant):
         entries = visible_index(self.service, tenant, request.ready)
         return message({"models": D.index(entries)}, M.RepositoryIndexResponse)
 
     @_rpc()
-    async def RepositoryModelLoad(self, request, tenant):
-        return await self._control(request, tenant, "load")
+    def RepositoryModelLoad(self, request, tenant):
+        return self._control(request, tenant, "load")
 
     @_rpc()
-    async def RepositoryModelUnload(self, request, tenant):
-        return await self._control(request, tenant, "unload")
+    def RepositoryModelUnload(self, request, tenant):
+        return self._control(request, tenant, "unload")
 
-    async def _control(self, request, tenant, what: str):
+    def _control(self, request, tenant, what: str):
         need_admin(tenant, f"{what}ing a model")
         extra = sorted(k for k in request.parameters if k != "unload_dependents")
         if extra:
             raise InvalidRequest(f"{what} parameters {', '.join(extra)} are not supported: models load from the "
                                  f"repository's own files", "parameters")
         view = model_view(self.service, tenant, request.model_name)
-        await _off_loop(True, getattr(view, what), request.model_name)
+        getattr(view, what)(request.model_name)
         return M.RepositoryModelLoadResponse() if what == "load" else M.RepositoryModelUnloadResponse()

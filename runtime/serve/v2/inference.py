@@ -8,13 +8,17 @@ HTTP route and the gRPC service only translate).
 2. :func:`execute`: the tenant's quota ticket for the request's rows (429; for a tensor model one "token"
    of a quota is one sample, a batch row), the request to the repository (503 when its queue is full),
    then the result -- or, when the client goes away (``gone()`` completes, or the awaiting task is
-   cancelled: a gRPC call cancelled or past its deadline), the request is cancelled (dropped if its batch
-   has not started), the concurrency slot freed at once and the charge settled once the engine is done
-   with it (rows that ran are charged).
+   cancelled), the request is cancelled (dropped if its batch has not started), the concurrency slot freed
+   at once and the charge settled once the engine is done with it (rows that ran are charged).
+   :func:`execute_blocking` is the same for a caller on a thread of its own (the gRPC server's pool): it
+   blocks that thread until the result, and the transport's "the client went away" callback (a gRPC call
+   cancelled or past its deadline) walks away from the request the same way.
 """
 from __future__ import annotations
 
 import asyncio
+import threading
+from concurrent.futures import CancelledError as FutureCancelled
 from typing import Awaitable, Callable
 
 from ..api.handling import admit_tenant
@@ -50,13 +54,12 @@ def _settle_when_done(fut, ticket, rows: int) -> None:
     fut.add_done_callback(done)
 
 
-def _walk_away(work, fut, ticket, rows: int) -> None:
+def _walk_away(fut, ticket, rows: int) -> None:
     """Nobody waits for the request any more: free the tenant's slot now, settle the charge once the engine
     is done with it, cancel it (dropped if its batch has not started)."""
     ticket.release()
     _settle_when_done(fut, ticket, rows)
     fut.cancel()
-    work.cancel()
 
 
 async def _result_or_cancelled(work, fut, ticket, rows: int) -> None:
@@ -69,7 +72,8 @@ async def _result_or_cancelled(work, fut, ticket, rows: int) -> None:
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
-            _walk_away(work, fut, ticket, rows)
+            _walk_away(fut, ticket, rows)
+            work.cancel()
             raise
     except Exception:  # noqa: BLE001 - the request's own failure: the caller reads it from ``work``
         pass
@@ -81,15 +85,7 @@ async def execute(service, req: InferRequest, gone: Callable[[], Awaitable] | No
     awaitable that completes then, made once the request is queued).  ``on_admitted()`` once the tenant's
     quota admitted it: a failure from then on (a 503 included: timed out in the queue, the model's engine
     failed) is the server's error for the sampler, not load shed before admission."""
-    repo = model_view(service, req.tenant, req.model)
-    ticket = admit_tenant(service, req.tenant, req.rows)
-    if on_admitted is not None:
-        on_admitted()
-    try:
-        fut = repo.submit(req)
-    except BaseException:
-        ticket.settle(0, 0)
-        raise
+    fut, ticket = _submit(service, req, on_admitted)
     work = delivery.wrap(fut)              # a batch's results reach the loop in one wake-up
     if gone is None:
         await _result_or_cancelled(work, fut, ticket, req.rows)
@@ -102,11 +98,67 @@ async def execute(service, req: InferRequest, gone: Callable[[], Awaitable] | No
         finally:
             watch.cancel()
             if not answered:                   # gone, or this task was cancelled
-                _walk_away(work, fut, ticket, req.rows)
+                _walk_away(fut, ticket, req.rows)
+                work.cancel()
         if not answered:
             return None
     ok = not work.cancelled() and work.exception() is None
     ticket.settle(req.rows if ok else 0, 0)
     if work.cancelled():
-        raise Unavailable(f"model {req.model!r} dropped the request (it is unloading or the server is stopping)")
+        raise _dropped(req)
     return work.result()
+
+
+def _submit(service, req: InferRequest, on_admitted: Callable[[], None] | None):
+    """The tenant's ticket for ``req``'s rows, then ``req`` queued: ``(its future, the ticket)``."""
+    repo = model_view(service, req.tenant, req.model)
+    ticket = admit_tenant(service, req.tenant, req.rows)
+    if on_admitted is not None:
+        on_admitted()
+    try:
+        return repo.submit(req), ticket
+    except BaseException:
+        ticket.settle(0, 0)
+        raise
+
+
+def _dropped(req: InferRequest) -> Unavailable:
+    return Unavailable(f"model {req.model!r} dropped the request (it is unloading or the server is stopping)")
+
+
+def execute_blocking(service, req: InferRequest, on_gone: Callable[[Callable[[], None]], bool],
+                     on_admitted: Callable[[], None] | None = None) -> InferResult | None:
+    """:func:`execute` for a caller on a thread of its own: blocks it until ``req``'s result (or the engine's
+    error); None when the client went away.  ``on_gone(fn)`` registers ``fn`` to be called (from any thread)
+    when the client goes away -- a gRPC call's ``context.add_callback``, which also calls it once the call
+    ends normally (then it does nothing) -- and returns False when the client is already gone.  Whichever
+    comes first, the result or the client going away, settles the request (the other does nothing)."""
+    fut, ticket = _submit(service, req, on_admitted)
+    lock, settled = threading.Lock(), [False]
+
+    def claim() -> bool:
+        with lock:
+            first, settled[0] = not settled[0], True
+        return first
+
+    def gone() -> None:
+        if claim():
+            _walk_away(fut, ticket, req.rows)
+
+    if not on_gone(gone):
+        gone()
+    try:
+        result = fut.result()
+    except FutureCancelled:
+        result = None
+    except Exception:  # noqa: BLE001 - the request's own failure: settled below, re-raised
+        if claim():
+            ticket.settle(0, 0)
+        raise
+    if not claim():                            # the client went away first
+        return None
+    if fut.cancelled():                        # the engine dropped it (unload, stop)
+        ticket.settle(0, 0)
+        raise _dropped(req)
+    ticket.settle(req.rows, 0)
+    return result
