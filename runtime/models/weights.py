@@ -1,4 +1,5 @@
-"""Host-side weight loaders: safetensors, GGUF (dequantised to float32) and ONNX initializers.
+"""Host-side weight loaders: safetensors, GGUF (dequantised to float32, or kept in its quantized blocks) and
+ONNX initializers.
 
 Everything here returns plain numpy arrays on the host; the model classes upload them to device tensors
 once per job.  Linear weights are returned in the Hugging Face layout ``[out_features, in_features]``
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from devices.errors import ACL_ERROR_INVALID_FILE, AclError, InvalidParamError
+from devices.ops.qformats import GGUF_TYPE_NAMES
 
 from . import weight_cache
 
@@ -96,12 +98,20 @@ def load_onnx_initializers(path: str | Path) -> dict[str, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------- GGUF
+#: how a decoder's GGUF weights are held in device memory: ``none`` = dequantised to float32 at load,
+#: ``gguf`` = the file's quantized blocks as they are (Q8_0, Q4_1, Q4_K; others dequantised)
+QUANTIZATIONS = ("none", "gguf")
+
+
 @dataclass
 class GgufModel:
-    """Dequantised tensors (float32, numpy order = GGUF ``ne`` reversed) and the metadata fields."""
+    """Tensors (numpy order = GGUF ``ne`` reversed) and the metadata fields.  Float32 unless named in
+    ``qtypes`` (tensor -> format of :data:`devices.ops.qformats.GGUF_FORMATS`): then ``uint8 [rows,
+    row_bytes]``, the file's blocks."""
     tensors: dict[str, np.ndarray]
     meta: dict[str, object] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
+    qtypes: dict[str, str] = field(default_factory=dict)
 
 
 def _field_value(f):
@@ -179,6 +189,37 @@ def load_gguf(path: str | Path) -> GgufModel:
         tensors[t.name] = np.ascontiguousarray(a, dtype=np.float32)
         types[t.name] = t.tensor_type.name
     return GgufModel(tensors, meta, types)
+
+
+def load_gguf_quantized(path: str | Path) -> GgufModel:
+    """The tensors of a Q8_0 / Q4_1 / Q4_K type as the file's blocks (read-only pages of the file, no
+    copy: ``uint8 [rows, row_bytes]``), every other tensor dequantised to float32."""
+    import gguf
+    r, meta = read_gguf_meta(path)
+    tensors: dict[str, np.ndarray] = {}
+    types: dict[str, str] = {}
+    qtypes: dict[str, str] = {}
+    for t in r.tensors:
+        name = t.tensor_type.name
+        types[t.name] = name
+        if name in GGUF_TYPE_NAMES and t.data.ndim == 2:
+            tensors[t.name] = t.data
+            qtypes[t.name] = GGUF_TYPE_NAMES[name]
+        else:
+            tensors[t.name] = np.ascontiguousarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    return GgufModel(tensors, meta, types, qtypes)
+
+
+def load_gguf_for(path: str | Path, quantization: str = "none") -> GgufModel:
+    """The model as :data:`QUANTIZATIONS` ``quantization`` holds it (one load per process either way)."""
+    if quantization not in QUANTIZATIONS:
+        raise InvalidParamError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    return load_gguf_cached(str(path)) if quantization == "none" else _load_quantized_cached(str(path))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_quantized_cached(path: str) -> GgufModel:
+    return load_gguf_quantized(path)
 
 
 @functools.lru_cache(maxsize=2)
