@@ -51,17 +51,25 @@ GGUF_FORMATS: dict[str, QFormat] = {f.name: f for f in (QFormat("q8_0", 32, 34),
 GGUF_TYPE_NAMES = {"Q8_0": "q8_0", "Q4_1": "q4_1", "Q4_K": "q4_k"}
 
 
-def _f16(raw: np.ndarray, at: int) -> np.ndarray:
-    """The fp16 at byte ``at`` of every block ``raw [..., bytes]`` as float32 ``[..., 1]``."""
-    return np.ascontiguousarray(raw[..., at:at + 2]).view(np.float16).astype(np.float32)
+_F16_TABLE: np.ndarray | None = None
 
 
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """``uint8 [..., n]`` -> ``uint8 [..., 2n]``: the low nibbles, then the high nibbles."""
-    out = np.empty(qs.shape[:-1] + (2 * qs.shape[-1],), np.uint8)
-    n = qs.shape[-1]
-    np.bitwise_and(qs, 15, out=out[..., :n])
-    np.right_shift(qs, 4, out=out[..., n:])
+def _f16(blocks: np.ndarray, at: int, count: int = 1) -> np.ndarray:
+    """The ``count`` fp16 values at byte ``at`` of every block ``blocks [N, S, bytes]`` as float32
+    ``[N, S, count]``: one strided copy, then a lookup in a 65536-entry table (numpy's own fp16 cast is
+    several times slower)."""
+    global _F16_TABLE
+    if _F16_TABLE is None:
+        _F16_TABLE = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    bits = np.ascontiguousarray(blocks[..., at:at + 2 * count]).view(np.uint16)
+    return _F16_TABLE[bits]
+
+
+def _nibbles(qs: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``uint8 [n, *B]`` -> ``out uint8 [n, 2, *B]``: plane 0 the low nibbles, plane 1 the high ones
+    (contiguous writes: a plane is a whole row's nibbles of one kind)."""
+    np.bitwise_and(qs, 15, out=out[:, 0])
+    np.right_shift(qs, 4, out=out[:, 1])
     return out
 
 
@@ -78,27 +86,61 @@ def k4_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s, m
 
 
+def _natural(fmt: str, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """How a row's ``k`` weights (natural order) fold into the format's planes: the shape to reshape them
+    to and the axes that make it ``(P, S', L)`` (see :func:`block_terms`)."""
+    if fmt == "q8_0":
+        return (1, k // 32, 32), (0, 1, 2)
+    if fmt == "q4_1":                              # weight 32 s + 16 p + j: plane p, sub-block s, lane j
+        return (k // 32, 2, 16), (1, 0, 2)
+    return (k // 256, 4, 2, 32), (2, 0, 1, 3)      # q4_k: weight 256 b + 64 c + 32 p + j
+
+
+def to_planes(fmt: str, x: np.ndarray) -> np.ndarray:
+    """``x [M, K]`` (natural order) as ``[M, P, S', L]`` in the order of :func:`block_terms`' quants (a
+    copy): what the activations of a matmul are permuted to, once per call."""
+    m, k = x.shape
+    shape, axes = _natural(fmt, k)
+    y = x.reshape((m,) + shape).transpose((0,) + tuple(1 + a for a in axes))
+    return np.ascontiguousarray(y).reshape(m, 2 if fmt != "q8_0" else 1, -1, 16 if fmt == "q4_1" else 32)
+
+
+def from_planes(fmt: str, y: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`to_planes`: ``[N, P, S', L]`` -> ``[N, K]`` in natural order."""
+    n = y.shape[0]
+    k = y[0].size
+    shape, axes = _natural(fmt, k)
+    planes = tuple(shape[a] for a in axes)
+    inv = tuple(int(i) for i in np.argsort(axes))
+    return np.ascontiguousarray(y.reshape((n,) + planes).transpose((0,) + tuple(1 + a for a in inv))).reshape(n, k)
+
+
 def block_terms(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """A quantized matrix ``uint8 [N, row_bytes]`` as ``(q, scale, offset)`` over sub-blocks of 32:
-    ``q uint8/int8 [N, S, 32]``, ``scale float32 [N, S, 1]``, ``offset float32 [N, S, 1]`` or None, with
-    ``w = scale * q + offset``.  What the matmul kernel folds: the offset term is a small matmul of the
-    activations' sub-block sums, so only ``scale * q`` is ever expanded."""
+    """A quantized matrix ``uint8 [N, row_bytes]`` as ``(q, scale, offset)``: ``q uint8/int8 [N, P, S',
+    L]`` (P planes of S' sub-blocks of L lanes, the order :func:`to_planes` gives the activations),
+    ``scale float32 [N, P or 1, S']`` (per sub-block, broadcast over the planes when 1) and ``offset
+    float32 [N, K/32]`` (per 32 weights in natural order) or None:
+    ``w = from_planes(q * scale) + offset`` repeated over each 32.  Planes keep every step on
+    contiguous runs: Q4_1's low nibbles are weights 0..15 of each block, its high nibbles 16..31; Q4_K's
+    are its sub-blocks 2c and 2c+1.  The matmul kernel folds the offset term into a small matmul of the
+    activations' 32-sums and applies the scale to the tile or to the per-sub-block partial products."""
     f = GGUF_FORMATS[fmt]
     n = raw.shape[0]
     blocks = raw.reshape(n, -1, f.block_bytes)
-    if fmt == "q8_0":
-        return blocks[..., 2:].view(np.int8), _f16(blocks, 0), None
-    if fmt == "q4_1":
-        return _nibbles(blocks[..., 4:]), _f16(blocks, 0), _f16(blocks, 2)
-    # q4_k: 8 sub-blocks of 32 per 256
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
-    sc, mn = k4_scales(blocks[..., 4:16])
     nb = blocks.shape[1]
-    q = _nibbles(blocks[..., 16:].reshape(n, nb, 4, 32))          # [n, nb, 4, 64]: sub-blocks 2j, 2j+1
-    q = q.reshape(n, nb * 8, 32)
-    scale = (d * sc).reshape(n, nb * 8, 1)
-    off = -(dmin * mn).reshape(n, nb * 8, 1)
-    return q, scale, off
+    if fmt == "q8_0":
+        return blocks[:, None, :, 2:].view(np.int8), _f16(blocks, 0)[:, None, :, 0], None
+    if fmt == "q4_1":
+        dm = _f16(blocks, 0, 2)
+        q = _nibbles(blocks[..., 4:], np.empty((n, 2, nb, 16), np.uint8))
+        return q, dm[:, None, :, 0], dm[..., 1]
+    # q4_k: 8 sub-blocks of 32 per 256; each 32 bytes of nibbles are sub-blocks 2c (low) and 2c+1 (high)
+    dd = _f16(blocks, 0, 2)
+    sc, mn = k4_scales(blocks[..., 4:16])
+    q = _nibbles(blocks[..., 16:].reshape(n, nb, 4, 32), np.empty((n, 2, nb, 4, 32), np.uint8))
+    scale = (dd[..., :1] * sc).reshape(n, nb, 4, 2).transpose(0, 3, 1, 2).reshape(n, 2, nb * 4)
+    off = -(dd[..., 1:] * mn).reshape(n, nb * 8)
+    return q.reshape(n, 2, nb * 4, 32), scale, off
 
 
 def dequantize(fmt: str, raw: np.ndarray) -> np.ndarray:
@@ -108,10 +150,10 @@ def dequantize(fmt: str, raw: np.ndarray) -> np.ndarray:
     raw = np.asarray(raw, np.uint8)
     n = raw.shape[0]
     q, scale, off = block_terms(fmt, raw.reshape(n, -1))
-    w = q * scale
+    w = from_planes(fmt, q * scale[..., None])
     if off is not None:
-        w += off
-    return w.reshape(n, -1)
+        w = (w.reshape(n, -1, 32) + off[..., None]).reshape(n, -1)
+    return w
 
 
 # ---------------------------------------------------------------------------------------------- int8

@@ -24,7 +24,7 @@ from ..registry import builtin
 from .blocks import as_rows
 from .checks import FLOATS, ID_TYPES, arity, choice_attr, dtype_in, ndim_in, need, same_dtype, shape_is
 from .precision import F16, F32, quiet
-from .qformats import GGUF_FORMATS, block_terms
+from .qformats import GGUF_FORMATS, block_terms, from_planes, to_planes
 from .work import io_bytes
 
 QTYPES = tuple(GGUF_FORMATS) + ("int8",)
@@ -83,32 +83,54 @@ def _wqmm_pd(inputs, outputs, attrs):
     return outputs[0].shape[-1]
 
 
+#: at most this many activation rows, a tile is expanded without its scales and the scales multiply the
+#: per-sub-block partial products ``[S, M, n]`` (M x fewer multiplies than the tile has weights)
+PARTIAL_ROWS = 8
+
+
 def qmatmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray, scale: np.ndarray | None = None) -> None:
-    """``out[M, N] = a[M, K] @ dequant(w)[N, K]^T`` (float32), expanding ``w`` tile by tile of rows."""
+    """``out[M, N] = a[M, K] @ dequant(w)[N, K]^T`` (float32), expanding ``w`` tile by tile of rows.
+
+    int8: each tile converted, one BLAS call, the per-row scales applied to the output columns.  GGUF
+    blocks: each tile's quants converted to float32 in the planes of :func:`.qformats.block_terms` (the
+    activations permuted to match once per call); for a few rows (decode) batched BLAS calls give the
+    partial products of every sub-block, scaled and summed per row; for many rows (prefill) the tile is
+    scaled in place and multiplied by one BLAS call.  The offsets (Q4_1's ``m``, Q4_K's mins) add
+    ``sums32(a) @ offset^T``."""
     m, k = a.shape
     n = w.shape[0]
     rows = max(1, TILE_BYTES // (4 * k))
     tile = np.empty((min(rows, n), k), F32)
+    gguf = qtype != "int8"
+    partial = gguf and m <= PARTIAL_ROWS
+    ap = to_planes(qtype, a) if gguf else a                                   # [M, P, S', L]
+    a_sub = [np.ascontiguousarray(ap[:, p].transpose(1, 0, 2)) for p in range(ap.shape[1])] if partial else None
+    a_flat = ap.reshape(m, k) if gguf else a
     asums = None
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         t = tile[:r1 - r0]
-        if qtype == "int8":
+        if not gguf:
             np.copyto(t, w[r0:r1], casting="unsafe")
+            res = a @ t.T
+            res *= scale[r0:r1]
         else:
             q, sc, off = block_terms(qtype, w[r0:r1])
-            np.multiply(q, sc, out=t.reshape(q.shape))
-        o = out[:, r0:r1]
-        if o.flags.c_contiguous:
-            np.matmul(a, t.T, out=o)
-        else:       # a column slice of a wider output: BLAS writes a contiguous block, then one copy
-            o[...] = a @ t.T
-        if qtype == "int8":
-            o *= scale[r0:r1]
-        elif off is not None:
-            if asums is None:
-                asums = a.reshape(m, -1, 32).sum(axis=2)              # [M, K/32]
-            o += asums @ off[..., 0].T
+            t4 = t.reshape(q.shape)
+            np.copyto(t4, q, casting="unsafe")
+            if partial:
+                res = np.zeros((m, r1 - r0), F32)
+                for p, a_p in enumerate(a_sub):
+                    prod = np.matmul(a_p, t4[:, p].transpose(1, 2, 0))          # [S', M, n]
+                    res += np.einsum("smn,ns->mn", prod, sc[:, p if sc.shape[1] > 1 else 0])
+            else:
+                t4 *= sc[..., None]
+                res = a_flat @ t.T
+            if off is not None:
+                if asums is None:
+                    asums = a.reshape(m, -1, 32).sum(axis=2)                      # [M, K/32]
+                res += asums @ off.T
+        out[:, r0:r1] = res
 
 
 @builtin("weight_quant_matmul", unit="cube", check=_check_wqmm, work=_wqmm_work, parallel_dim=_wqmm_pd)
@@ -192,7 +214,7 @@ def _qembedding_run(ctx, inputs, outputs, attrs):
         np.multiply(rows, inputs[2][ids1][:, None], out=o2)
         return
     q, sc, off = block_terms(qt, rows)
-    o3 = o2.reshape(q.shape)
-    np.multiply(q, sc, out=o3)
+    w = from_planes(qt, q * sc[..., None])
     if off is not None:
-        o3 += off
+        w = (w.reshape(w.shape[0], -1, 32) + off[..., None]).reshape(w.shape)
+    o2[...] = w
