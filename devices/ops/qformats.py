@@ -53,24 +53,42 @@ GGUF_TYPE_NAMES = {"Q8_0": "q8_0", "Q4_1": "q4_1", "Q4_K": "q4_k"}
 
 _F16_TABLE: np.ndarray | None = None
 
+#: each block as a record: numpy gathers a field of every block in ONE strided pass of whole items (a
+#: byte slice of the blocks would cost a loop run per block and per operation)
+_RECORDS = {"q8_0": np.dtype([("d", "<u2"), ("qs", "V32")]),
+            "q4_1": np.dtype([("dm", "<u4"), ("qs", "V16")]),
+            "q4_k": np.dtype([("dd", "<u4"), ("sc", "V12"), ("qs", "V128")])}
 
-def _f16(blocks: np.ndarray, at: int, count: int = 1) -> np.ndarray:
-    """The ``count`` fp16 values at byte ``at`` of every block ``blocks [N, S, bytes]`` as float32
-    ``[N, S, count]``: one strided copy, then a lookup in a 65536-entry table (numpy's own fp16 cast is
+
+def _field(raw: np.ndarray, fmt: str, name: str, dtype) -> np.ndarray:
+    """Field ``name`` of every block of ``raw [N, row_bytes]`` as a contiguous ``[N, S, ...]`` of ``dtype``."""
+    rec = raw.view(_RECORDS[fmt])                        # [N, S] records
+    f = np.ascontiguousarray(rec[name])
+    return f.view(dtype).reshape(rec.shape + (-1,))
+
+
+def _f16(bits: np.ndarray) -> np.ndarray:
+    """fp16 bit patterns (uint16) as float32, by a lookup in a 65536-entry table (numpy's fp16 cast is
     several times slower)."""
     global _F16_TABLE
     if _F16_TABLE is None:
         _F16_TABLE = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-    bits = np.ascontiguousarray(blocks[..., at:at + 2 * count]).view(np.uint16)
-    return _F16_TABLE[bits]
+    return np.take(_F16_TABLE, bits)
 
 
-def _nibbles(qs: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``uint8 [n, *B]`` -> ``out uint8 [n, 2, *B]``: plane 0 the low nibbles, plane 1 the high ones
-    (contiguous writes: a plane is a whole row's nibbles of one kind)."""
-    np.bitwise_and(qs, 15, out=out[:, 0])
-    np.right_shift(qs, 4, out=out[:, 1])
-    return out
+_LOW = np.uint32(0x0F0F0F0F)
+_FOUR = np.uint32(4)
+
+
+def _nibbles(words: np.ndarray, inner: tuple[int, ...]) -> np.ndarray:
+    """Payload ``uint32 [N, S, W]`` (contiguous) -> ``uint8 [N, 2, S, *inner]``: plane 0 the low nibbles of
+    its bytes, plane 1 the high ones (32-bit operations: the masks keep every byte's nibble in place)."""
+    n = words.shape[0]
+    out = np.empty((n, 2) + words.shape[1:], np.uint32)
+    np.bitwise_and(words, _LOW, out=out[:, 0])
+    np.right_shift(words, _FOUR, out=out[:, 1])
+    np.bitwise_and(out[:, 1], _LOW, out=out[:, 1])
+    return out.view(np.uint8).reshape((n, 2, words.shape[1]) + inner)
 
 
 def k4_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -124,20 +142,19 @@ def block_terms(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     contiguous runs: Q4_1's low nibbles are weights 0..15 of each block, its high nibbles 16..31; Q4_K's
     are its sub-blocks 2c and 2c+1.  The matmul kernel folds the offset term into a small matmul of the
     activations' 32-sums and applies the scale to the tile or to the per-sub-block partial products."""
-    f = GGUF_FORMATS[fmt]
     n = raw.shape[0]
-    blocks = raw.reshape(n, -1, f.block_bytes)
-    nb = blocks.shape[1]
+    raw = np.ascontiguousarray(raw).reshape(n, -1)
+    nb = raw.shape[1] // GGUF_FORMATS[fmt].block_bytes
     if fmt == "q8_0":
-        return blocks[:, None, :, 2:].view(np.int8), _f16(blocks, 0)[:, None, :, 0], None
+        q = _field(raw, fmt, "qs", np.int8)
+        return q[:, None], _f16(_field(raw, fmt, "d", np.uint16))[:, None, :, 0], None
     if fmt == "q4_1":
-        dm = _f16(blocks, 0, 2)
-        q = _nibbles(blocks[..., 4:], np.empty((n, 2, nb, 16), np.uint8))
-        return q, dm[:, None, :, 0], dm[..., 1]
+        dm = _f16(_field(raw, fmt, "dm", np.uint16))
+        return _nibbles(_field(raw, fmt, "qs", np.uint32), (16,)), dm[:, None, :, 0], dm[..., 1]
     # q4_k: 8 sub-blocks of 32 per 256; each 32 bytes of nibbles are sub-blocks 2c (low) and 2c+1 (high)
-    dd = _f16(blocks, 0, 2)
-    sc, mn = k4_scales(blocks[..., 4:16])
-    q = _nibbles(blocks[..., 16:].reshape(n, nb, 4, 32), np.empty((n, 2, nb, 4, 32), np.uint8))
+    dd = _f16(_field(raw, fmt, "dd", np.uint16))
+    sc, mn = k4_scales(_field(raw, fmt, "sc", np.uint8))
+    q = _nibbles(_field(raw, fmt, "qs", np.uint32), (4, 32))
     scale = (dd[..., :1] * sc).reshape(n, nb, 4, 2).transpose(0, 3, 1, 2).reshape(n, 2, nb * 4)
     off = -(dd[..., 1:] * mn).reshape(n, nb * 8)
     return q.reshape(n, 2, nb * 4, 32), scale, off
