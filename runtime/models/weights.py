@@ -137,12 +137,25 @@ def read_gguf_header(path: str | Path) -> dict[str, object]:
     given as ``range(count)``: its length only) -- what a model's shape needs, in milliseconds, where
     :func:`read_gguf_meta` spends seconds decoding the tokenizer's vocabulary.  ValueError for a file that
     is not GGUF v2/v3."""
+    return read_gguf_index(path)[0]
+
+
+@dataclass(frozen=True)
+class GgufTensorInfo:
+    name: str
+    shape: tuple[int, ...]     #: numpy order (GGUF ``ne`` reversed)
+    ggml_type: int             #: GGMLQuantizationType value
+    offset: int                #: absolute byte offset of the data in the file
+
+
+def read_gguf_index(path: str | Path) -> tuple[dict[str, object], list[GgufTensorInfo]]:
+    """:func:`read_gguf_header`'s metadata and where every tensor's data is, from the header alone."""
     import mmap
     import struct
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m[:4] != b"GGUF" or struct.unpack_from("<I", m, 4)[0] not in (2, 3):
             raise ValueError(f"{path} is not a GGUF v2/v3 file")
-        _, n_kv = struct.unpack_from("<QQ", m, 8)
+        n_tensors, n_kv = struct.unpack_from("<QQ", m, 8)
         pos = 24
 
         def string(at: int) -> tuple[str, int]:
@@ -175,7 +188,17 @@ def read_gguf_header(path: str | Path) -> dict[str, object]:
                 pos = skip(item, count, pos + 12)
             else:
                 raise ValueError(f"{path}: unknown GGUF value type {kind} of {key}")
-        return out
+        infos = []
+        for _ in range(n_tensors):
+            name, pos = string(pos)
+            (nd,) = struct.unpack_from("<I", m, pos)
+            dims = struct.unpack_from(f"<{nd}Q", m, pos + 4)
+            kind, off = struct.unpack_from("<IQ", m, pos + 4 + 8 * nd)
+            pos += 4 + 8 * nd + 12
+            infos.append((name, tuple(int(d) for d in reversed(dims)), int(kind), int(off)))
+        align = int(out.get("general.alignment", 32))       # type: ignore[call-overload]
+        start = (pos + align - 1) // align * align
+        return out, [GgufTensorInfo(n, sh, k, start + off) for n, sh, k, off in infos]
 
 
 def load_gguf(path: str | Path) -> GgufModel:
@@ -193,20 +216,27 @@ def load_gguf(path: str | Path) -> GgufModel:
 
 def load_gguf_quantized(path: str | Path) -> GgufModel:
     """The tensors of a Q8_0 / Q4_1 / Q4_K type as the file's blocks (read-only pages of the file, no
-    copy: ``uint8 [rows, row_bytes]``), every other tensor dequantised to float32."""
+    copy: ``uint8 [rows, row_bytes]``), every other tensor dequantised to float32.  Reads the header
+    only (:func:`read_gguf_index`: milliseconds; ``meta`` lists arrays by length, as
+    :func:`read_gguf_header` does)."""
     import gguf
-    r, meta = read_gguf_meta(path)
+    meta, infos = read_gguf_index(path)
+    data = np.memmap(path, np.uint8, mode="r")
     tensors: dict[str, np.ndarray] = {}
     types: dict[str, str] = {}
     qtypes: dict[str, str] = {}
-    for t in r.tensors:
-        name = t.tensor_type.name
-        types[t.name] = name
-        if name in GGUF_TYPE_NAMES and t.data.ndim == 2:
-            tensors[t.name] = t.data
-            qtypes[t.name] = GGUF_TYPE_NAMES[name]
+    for t in infos:
+        kind = gguf.GGMLQuantizationType(t.ggml_type)
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+        row_bytes = t.shape[-1] // block * size
+        raw = data[t.offset:t.offset + rows * row_bytes].reshape(rows, row_bytes)
+        types[t.name] = kind.name
+        if kind.name in GGUF_TYPE_NAMES and len(t.shape) == 2:
+            tensors[t.name] = raw
+            qtypes[t.name] = GGUF_TYPE_NAMES[kind.name]
         else:
-            tensors[t.name] = np.ascontiguousarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32)
+            tensors[t.name] = np.ascontiguousarray(gguf.dequantize(raw, kind), dtype=np.float32).reshape(t.shape)
     return GgufModel(tensors, meta, types, qtypes)
 
 

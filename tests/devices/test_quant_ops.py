@@ -17,7 +17,7 @@ from devices.errors import InvalidParamError, KernelError
 from devices.kernel import BlockCtx, TensorDesc, lookup
 from devices.ops.qformats import GGUF_FORMATS, dequantize, quantize_int8
 from fp32 import assert_within, gamma
-from runtime.models.weights import smollm2_gguf
+from runtime.models.weights import load_gguf_quantized, smollm2_gguf
 
 GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_1": gguf.GGMLQuantizationType.Q4_1,
         "q4_k": gguf.GGMLQuantizationType.Q4_K}
@@ -118,11 +118,11 @@ def test_int8_per_channel():
 
 def test_real_smollm2_rows():
     """Rows of the file's own tensors (Q4_1 projection, Q8_0 token embedding) through both kernels."""
-    r = gguf.GGUFReader(str(smollm2_gguf()))
-    t = {x.name: x for x in r.tensors}
+    g = load_gguf_quantized(smollm2_gguf())              # the file's blocks, from its header alone
     for name, fmt in (("blk.3.ffn_down.weight", "q4_1"), ("token_embd.weight", "q8_0")):
-        raw = np.asarray(t[name].data[:96])
-        w = gguf.dequantize(raw, t[name].tensor_type)
+        assert g.qtypes[name] == fmt and g.types[name] == fmt.upper()
+        raw = np.asarray(g.tensors[name][:96])
+        w = gguf.dequantize(raw, GGML[fmt])
         a = np.random.default_rng(10).standard_normal((2, w.shape[1])).astype(np.float32)
         got = run_blocks("weight_quant_matmul", [a, raw], (2, 96), {"qtype": fmt}, 1)
         assert_within(got, reference(a, w), bound(a, w), name)
