@@ -65,6 +65,29 @@ def test_smollm2_gguf_blocks_in_hbm_agree_with_float32(rt, fp32_tokens):
     assert same >= total - NEW_TOKENS // 2                   # at most one late near-tie divergence
 
 
+def test_serve_engine_keeps_the_blocks_and_agrees(rt, fp32_tokens):
+    """The serve engine's runner (paged KV cache, decode graphs) with ``quantization="gguf"``: the same
+    greedy tokens as the float32 job, the weights in HBM as GGUF blocks."""
+    from runtime.serve.engine import GenerateEngine
+    from runtime.serve.engine.sampling import SamplingParams
+    fp32_bytes, ref = fp32_tokens
+    e = GenerateEngine(rt, "smollm2", [0], EngineConfig(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=128,
+                                                        quantization="gguf"))
+    try:
+        q_bytes = sum(r.rank.weight_bytes() for r in e.runner.ranks)
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+        handles = [e.add_request(e.tok.chat_prompt(p), params) for p in PROMPTS]
+        while e.has_unfinished():
+            e.step()
+        got = [h.result(0).token_ids[:len(r)] for h, r in zip(handles, ref)]
+    finally:
+        e.shutdown()
+    same, total = agreement(ref, got)
+    print(f"\nserve engine, GGUF blocks: {q_bytes} B of weights; greedy tokens agreeing with float32: {same}/{total}")
+    assert fp32_bytes >= 4 * q_bytes
+    assert same >= total - NEW_TOKENS // 2
+
+
 def test_quantization_is_checked(rt):
     with pytest.raises(InvalidParamError, match="quantization must be one of none, gguf"):
         GenerateJob(rt, quantization="int4")
