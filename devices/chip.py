@@ -7,6 +7,11 @@ Sources and assumptions for ``ASCEND_910B3`` (an Ascend 910B-class training part
   (``ACL_DEV_ATTR_AICORE_CORE_NUM`` / ``VECTOR_CORE_NUM``); 24 on 910B2.
 - Cube throughput: ~313 TFLOP/s fp16 dense is the public figure for the 910B family; fp32 matmuls run
   through the Cube at a quarter of that (assumption, as HF32-off fp32 on comparable cubes).
+- Cube INT8 throughput: twice the fp16 rate.  Huawei's Hot Chips 31 (2019) talk on the Da Vinci core gives
+  the Cube as 4096 fp16 MACs + 8192 int8 MACs per cycle, and the Ascend 910 as 256 TFLOPS fp16 / 512 TOPS
+  int8 (huawei.com product page of the time); the 910B-class and 310P figures keep that 2:1 ratio
+  (assumption).  Weight-quantized matmuls (int8 per-channel, GGUF Q8_0 / Q4_1 / Q4_K) are priced at this
+  rate over the bytes of their quantized weights.
 - Vector throughput: assumed 1/16 of fp16 Cube (a Vector core does 128 fp16 lanes/cycle at ~1.8 GHz).
 - HBM: 64 GB HBM2e at ~1.6 TB/s (four stacks), per public datasheets; the emulated arena is smaller.
 - Host link: PCIe Gen5 x16, ~64 GB/s raw, ~50 GB/s effective for copies (assumption).
@@ -50,6 +55,7 @@ class ChipSpec:
     vector_cores: int
     cube_flops_fp16: float         #: FLOP/s, whole chip
     cube_flops_fp32: float
+    cube_ops_int8: float           #: OP/s, whole chip (weight-quantized matmuls)
     vector_flops: float            #: FLOP/s, whole chip
     hbm_bytes: int                 #: nominal HBM of the real part (the arena is configured separately)
     hbm_bandwidth: float           #: B/s
@@ -77,7 +83,7 @@ class ChipSpec:
 
 ASCEND_910B3 = ChipSpec(
     name="Ascend910B3", short_name="910B3", ai_cores=20, vector_cores=40,
-    cube_flops_fp16=313e12, cube_flops_fp32=313e12 / 4, vector_flops=313e12 / 16,
+    cube_flops_fp16=313e12, cube_flops_fp32=313e12 / 4, cube_ops_int8=2 * 313e12, vector_flops=313e12 / 16,
     hbm_bytes=64 << 30, hbm_bandwidth=1.6e12, pcie_bandwidth=50e9, link_bandwidth=56e9,
     link_latency_s=2e-6, launch_cost_s=5e-6, tdp_w=400.0, idle_w=90.0, ambient_c=35.0, c_per_w=0.12,
 )
@@ -85,7 +91,7 @@ ASCEND_910B3 = ChipSpec(
 #: A smaller inference part (Atlas 300I-class); figures scaled from public 310P3 numbers (assumption).
 ASCEND_310P3 = ChipSpec(
     name="Ascend310P3", short_name="310P3", ai_cores=8, vector_cores=7,
-    cube_flops_fp16=140e12, cube_flops_fp32=140e12 / 4, vector_flops=140e12 / 16,
+    cube_flops_fp16=140e12, cube_flops_fp32=140e12 / 4, cube_ops_int8=2 * 140e12, vector_flops=140e12 / 16,
     hbm_bytes=24 << 30, hbm_bandwidth=204.8e9, pcie_bandwidth=25e9, link_bandwidth=25e9,
     link_latency_s=5e-6, launch_cost_s=8e-6, tdp_w=72.0, idle_w=15.0, ambient_c=35.0, c_per_w=0.35,
     max_streams=1024, max_events=1023,
@@ -110,6 +116,7 @@ class Work:
     unit: str = "vector"           #: "cube" | "vector" | "dma" | "host" | "link" | a DVPP engine (DVPP_UNITS)
     fp16: bool = False
     pixels: float = 0.0            #: pixels a DVPP engine processes (its units only)
+    int8: bool = False             #: a cube task on quantized weights: priced at the INT8 rate
 
 
 #: the DVPP engines a kernel may run on (:attr:`KernelDef.unit` / :attr:`Work.unit`), each with its own
@@ -131,7 +138,7 @@ class CostModel:
         used = max(1, min(block_dim, s.ai_cores))
         waves = math.ceil(max(1, block_dim) / s.ai_cores)
         if work.unit == "cube":
-            tput = s.cube_flops_fp16 if work.fp16 else s.cube_flops_fp32
+            tput = s.cube_ops_int8 if work.int8 else s.cube_flops_fp16 if work.fp16 else s.cube_flops_fp32
         else:
             tput = s.vector_flops
         per_core = tput / s.ai_cores

@@ -13,6 +13,8 @@ Families, one module each (its docstring says what its blocks split over):
 - :mod:`.layout`: transpose, strided_slice, concat, expand, gather;
 - :mod:`.norm`: softmax, layernorm, rmsnorm;  :mod:`.reduce`: reduce_sum/mean/max/min, argmax;
 - :mod:`.matmul`: matmul, batch_matmul, fused_matmul;
+- :mod:`.quant`: weight_quant_matmul, quant_embedding (weights kept quantized: GGUF Q8_0 / Q4_1 / Q4_K
+  blocks, int8 per-channel; layouts in :mod:`.qformats`);
 - :mod:`.attention`: attention, incre_flash_attention, paged_attention (KV caches read in place);
 - :mod:`.rope`;  :mod:`.embedding`: embedding, scatter_update (in place);
 - :mod:`.cnn`: conv2d, max_pool2d, avg_pool2d, batch_norm;  :mod:`.aipp`: aipp (the image stage ATC puts
@@ -35,4 +37,4 @@ lengths read from device memory are checked when the kernel runs: one out of ran
 writes anything.
 """
 from . import (aipp, attention, cnn, dvpp, dvpp_video, elementwise, embedding, layout, matmul, norm,  # noqa: F401
-               reduce, rope)
+               quant, reduce, rope)

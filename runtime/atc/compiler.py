@@ -102,12 +102,12 @@ def _build_gear(src: OnnxSource, shapes: dict, batch: int | None, opts: CompileO
                 for n, dims in shapes.items()}
     g = instantiate(src, concrete)
     counts = fold.propagate(g, opts.fold_limit)
-    unfused = lower.lower_graph(g, opts.soc_version)
+    unfused = lower.lower_graph(g, opts.soc_version, opts.quant)
     fused = {}
     prog = unfused
     if opts.fuse:
         fused = fuse.fuse(g)
-        prog = lower.lower_graph(g, opts.soc_version)
+        prog = lower.lower_graph(g, opts.soc_version, opts.quant)
     before = {"launches": unfused.launches, "intermediate_bytes": unfused.intermediate_bytes,
               "modeled_us": round(unfused.modeled_s * 1e6, 3)}
     return GearBuild(batch, prog, memplan.plan_memory(prog, opts.reuse_memory), before, counts["folded"],

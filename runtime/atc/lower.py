@@ -16,20 +16,23 @@ from devices.chip import CostModel, Work, chip_by_name
 from devices.errors import (ACL_ERROR_FEATURE_UNSUPPORTED, ACL_ERROR_GE_DATATYPE_INVALID, ACL_ERROR_GE_INTERNAL_ERROR,
                             ACL_ERROR_GE_SHAPE_INVALID, AclError, AtcError)
 from devices.kernel import DTYPES, TensorDesc, check_launch, default_block_dim, lookup
+from devices.ops.qformats import quantize_int8
 
 from .ir import Graph, Node
 from .program import ACT, INPUT, WEIGHT, Buffer, Program, Step, View
 
 
 class LowerCtx:
-    def __init__(self, g: Graph, soc: str):
+    def __init__(self, g: Graph, soc: str, quant: str = "none"):
         self.g = g
+        self.quant = quant                           #: "int8": constant matmul weights lowered quantized
         self.chip = chip_by_name(soc)
         self.cost = CostModel(self.chip)
         self.prog = Program()
         self.refs: dict[str, View] = {}
         self._weights: dict[int, View] = {}          # id(array) -> its weight view
         self._pinned: list[np.ndarray] = []          # arrays made while lowering: their ids stay unique
+        self._quantized: dict[tuple[int, bool], tuple[View, View]] = {}   # (id(array), transposed) -> views
         self.node: Node | None = None
         self.used = {i for n in g.nodes for i in n.inputs if i} | set(g.outputs)   #: values something reads
 
@@ -57,6 +60,19 @@ class LowerCtx:
             self._weights[key] = v
             self._pinned.append(arr)
         return v
+
+    def quantized_weight(self, w: np.ndarray, transpose: bool, name: str) -> tuple[View, View]:
+        """A constant float32 weight (``[N, K]``, or ``[K, N]`` with ``transpose``) as (int8 ``[N, K]``,
+        float32 scales ``[N]``) weight views: symmetric per output channel
+        (:func:`devices.ops.qformats.quantize_int8`), made once per source array."""
+        key = (id(w), transpose)
+        got = self._quantized.get(key)
+        if got is None:
+            q, scale = quantize_int8(w.T if transpose else w)
+            got = (self.weight(q, f"{name}.int8"), self.weight(scale, f"{name}.scale"))
+            self._quantized[key] = got
+            self._pinned.extend((w, q, scale))
+        return got
 
     def ref(self, name: str) -> View:
         v = self.refs.get(name)
@@ -133,10 +149,11 @@ class LowerCtx:
         return step
 
 
-def lower_graph(g: Graph, soc: str) -> Program:
-    """Lower every node of ``g`` (after folding and fusion) to kernel launches."""
+def lower_graph(g: Graph, soc: str, quant: str = "none") -> Program:
+    """Lower every node of ``g`` (after folding and fusion) to kernel launches (``quant="int8"``: constant
+    matmul weights as int8 per channel, see :func:`runtime.atc.ops.matmul.quantized_product`)."""
     from .ops import lookup_op
-    ctx = LowerCtx(g, soc)
+    ctx = LowerCtx(g, soc, quant)
     for name in g.inputs:
         ctx.prog.inputs.append(ctx.input(name))
     for node in g.nodes:

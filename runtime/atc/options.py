@@ -12,6 +12,8 @@ INPUT_SHAPE_SAMPLE = '"input_name1:n1,c1,h1,w1;input_name2:n2,c2,h2,w2"'
 DEFAULT_SOC = "Ascend910B3"
 #: ATC's limits on --dynamic_batch_size profiles
 MIN_GEARS, MAX_GEARS = 2, 100
+#: weight quantizations ``vnpu atc --quant`` offers
+QUANTS = ("none", "int8")
 #: the extra input ATC adds to a dynamic-batch model (ACL_DYNAMIC_TENSOR_NAME)
 DYNAMIC_INPUT_NAME = "ascend_mbatch_shape_data"
 
@@ -21,7 +23,9 @@ class CompileOptions:
     """``input_shape``: name -> dims (-1 marks the dynamic batch axis); ``dynamic_batch``: the gears;
     ``soc_version``: the chip whose cost model prices the kernels and whose cores tile them;
     ``fuse``: run the fusion passes; ``fold_limit``: largest folded constant (bytes) that may grow
-    beyond the constants it was computed from."""
+    beyond the constants it was computed from; ``quant``: one of :data:`QUANTS` (``int8``: every
+    constant 2-D float32 MatMul/Gemm weight stored as int8 with one float32 scale per output channel and
+    run by ``weight_quant_matmul``)."""
     input_shape: tuple[tuple[str, tuple[int, ...]], ...] = ()
     dynamic_batch: tuple[int, ...] = ()
     soc_version: str = DEFAULT_SOC
@@ -29,6 +33,7 @@ class CompileOptions:
     fold_limit: int = 64 << 10
     reuse_memory: bool = True            #: False: ATC's --disable_reuse_memory 1
     aipp: tuple = ()                     #: AippConfig per input (ATC's --insert_op_conf; runtime.atc.aipp)
+    quant: str = "none"                  #: "int8": weight-only per-channel int8 of constant 2-D matmul weights
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return dict(self.input_shape)
@@ -97,8 +102,14 @@ def check_soc(name: str | None) -> str:
 
 
 def make_options(input_shape=None, dynamic_batch_size=None, soc_version=None, fuse: bool = True,
-                 reuse_memory: bool = True, insert_op_conf: str | None = None) -> CompileOptions:
-    """Options from ATC-style strings (or already parsed values); ``insert_op_conf``: an AIPP config file."""
+                 reuse_memory: bool = True, quant: str | None = None,
+                 insert_op_conf: str | None = None) -> CompileOptions:
+    """Options from ATC-style strings (or already parsed values); E10001 for a ``quant`` not in
+    :data:`QUANTS`; ``insert_op_conf``: an AIPP config file."""
+    quant = "none" if quant is None else quant
+    if quant not in QUANTS:
+        raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=quant, parameter="--quant",
+                       reason=f"the value must be one of {', '.join(QUANTS)}")
     shapes = parse_input_shape(input_shape) if isinstance(input_shape, (str, type(None))) else \
         tuple((str(k), tuple(int(d) for d in v)) for k, v in dict(input_shape).items())
     gears = parse_dynamic_batch(dynamic_batch_size) if isinstance(dynamic_batch_size, (str, type(None))) else \
@@ -107,4 +118,5 @@ def make_options(input_shape=None, dynamic_batch_size=None, soc_version=None, fu
     if insert_op_conf:
         from .aipp import load
         aipp = load(insert_op_conf)
-    return CompileOptions(shapes, gears, check_soc(soc_version), fuse, reuse_memory=reuse_memory, aipp=aipp)
+    return CompileOptions(shapes, gears, check_soc(soc_version), fuse, reuse_memory=reuse_memory, quant=quant,
+                          aipp=aipp)

@@ -46,6 +46,10 @@ def register(bench_sub) -> None:
     p.add_argument("--context", type=positive_int, default=256, help="decode context length (tokens)")
     p.add_argument("--prefill-tokens", type=positive_int, default=128, help="prefill chunk length (tokens)")
     p.add_argument("--repeat", type=positive_int, default=15, help="timed runs of each kernel and bound (median)")
+    p.add_argument("-q", "--quantization", choices=("none", "gguf"), default="none",
+                   help="gguf: the weights' kernels on SmolLM2's own GGUF blocks (weight_quant_matmul, "
+                        "quant_embedding: layer 0's Q4_1 projections, the Q8_0 embedding and head); their bound "
+                        "is the float32 matmul of the dequantised weights (what the float32 path runs)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(fn=_run)
 
@@ -195,6 +199,57 @@ def _cases(n: int, ctx: int | None, rng) -> list[Case]:
     ]
 
 
+def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
+    """The weights' kernels on SmolLM2's GGUF blocks (layer 0, the token embedding as the head): each
+    bound is the float32 numpy matmul (or row gather) of the dequantised weight."""
+    from devices.ops.qformats import dequantize
+    from runtime.models.weights import load_gguf_quantized, smollm2_gguf
+    g = load_gguf_quantized(smollm2_gguf())
+    t, qt = g.tensors, g.qtypes
+    c, *_ = _shapes()
+    d, ff, V = c.d_model, c.d_ff, c.vocab
+    blk = "blk.0."
+    wqkv = np.concatenate([np.asarray(t[blk + k]) for k in ("attn_q.weight", "attn_k.weight", "attn_v.weight")])
+    wgu = np.stack([np.asarray(t[blk + "ffn_gate.weight"]), np.asarray(t[blk + "ffn_up.weight"])])
+    wo, wd, emb = (np.asarray(t[blk + "attn_output.weight"]), np.asarray(t[blk + "ffn_down.weight"]),
+                   np.asarray(t["token_embd.weight"]))
+    f4, f8 = qt[blk + "attn_q.weight"], qt["token_embd.weight"]
+
+    def r(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    def o(*shape):
+        return np.empty(shape, np.float32)
+
+    x, att, hh = r(n, d), r(n, wo.shape[1] if f4 != "q4_k" else d), r(n, ff)
+    xh = x if ctx is not None else x[-1:]
+    ids = rng.integers(0, V, n).astype(np.int32)
+    deq = {k: dequantize(f, w.reshape(-1, w.shape[-1])).reshape(w.shape[:-1] + (-1,))
+           for k, f, w in (("qkv", f4, wqkv), ("o", f4, wo), ("gu", f4, wgu), ("down", f4, wd), ("emb", f8, emb))}
+
+    def mm(a_, key, out_):
+        w_ = deq[key]
+        if w_.ndim == 3:
+            return lambda: np.matmul(a_, w_.transpose(0, 2, 1), out=out_)
+        return lambda: np.matmul(a_, w_.T, out=out_)
+
+    att = r(n, deq["o"].shape[1])
+    return [
+        Case(f"quant_embedding {f8}", "quant_embedding", (emb, ids), (o(n, d),), {"qtype": f8},
+             lambda: np.take(deq["emb"], ids, axis=0), per_layer=False),
+        Case(f"wq_matmul qkv {f4}", "weight_quant_matmul", (x, wqkv), (o(n, wqkv.shape[0]),), {"qtype": f4},
+             mm(x, "qkv", o(n, wqkv.shape[0])), tol=1e-4),
+        Case(f"wq_matmul o {f4}", "weight_quant_matmul", (att, wo), (o(n, d),), {"qtype": f4}, mm(att, "o", o(n, d)),
+             tol=1e-4),
+        Case(f"wq_matmul gate|up {f4}", "weight_quant_matmul", (x, wgu), (o(2, n, ff),), {"qtype": f4},
+             mm(x, "gu", o(2, n, ff)), tol=1e-4),
+        Case(f"wq_matmul down {f4}", "weight_quant_matmul", (hh, wd), (o(n, d),), {"qtype": f4},
+             mm(hh, "down", o(n, d)), tol=1e-4),
+        Case(f"wq_matmul head {f8}", "weight_quant_matmul", (xh, emb), (o(len(xh), V),), {"qtype": f8},
+             mm(xh, "emb", o(len(xh), V)), per_layer=False, tol=1e-4),
+    ]
+
+
 def _time_pair(fn_a, fn_b, repeat: int) -> tuple[float, float]:
     """Median seconds of ``fn_a`` and ``fn_b``, run alternately (one warm-up each)."""
     fn_a()
@@ -238,13 +293,20 @@ def _step(rows: list[dict], layers: int) -> dict:
     return {"kernels_ms": round(k / 1e3, 2), "bound_ms": round(b / 1e3, 2), "ratio": round(k / b, 2)}
 
 
-def bench(batches: list[int], context: int, prefill: int, repeat: int) -> dict:
+#: the float32 weight kernels that ``--quantization gguf`` replaces by their quantized counterparts
+_WEIGHT_KERNELS = ("embedding", "matmul qkv", "matmul o", "batch_matmul gate|up", "matmul down", "matmul head")
+
+
+def bench(batches: list[int], context: int, prefill: int, repeat: int, quantization: str = "none") -> dict:
     c, *_ = _shapes()
     rng = np.random.default_rng(0)
-    out = {"layers": c.n_layers, "context": context, "sections": []}
+    out = {"layers": c.n_layers, "context": context, "quantization": quantization, "sections": []}
     for n, ctx, label in [(b, context, f"decode B={b}, context {context}") for b in batches] + \
                          [(prefill, None, f"prefill {prefill} tokens")]:
-        rows = [_measure(cs, repeat) for cs in _cases(n, ctx, rng)]
+        cases = _cases(n, ctx, rng)
+        if quantization == "gguf":
+            cases = [cs for cs in cases if cs.name not in _WEIGHT_KERNELS] + _quant_cases(n, ctx, rng)
+        rows = [_measure(cs, repeat) for cs in cases]
         out["sections"].append({"label": label, "rows": rows, "step": _step(rows, c.n_layers)})
     out["verified"] = all(r["ok"] for s in out["sections"] for r in s["rows"])
     return out
@@ -252,13 +314,13 @@ def bench(batches: list[int], context: int, prefill: int, repeat: int) -> dict:
 
 def _run(a) -> int:
     from runtime.bench.bound import cores
-    doc = bench(list(a.batch), a.context, a.prefill_tokens, a.repeat)
+    doc = bench(list(a.batch), a.context, a.prefill_tokens, a.repeat, getattr(a, "quantization", "none"))
     doc["load"] = [round(x, 2) for x in os.getloadavg()]
     doc["cores"] = cores()
     if a.json:
         print(json.dumps(doc))
         return 0 if doc["verified"] else 1
-    print(f"vnpu bench kernels: SmolLM2-135M kernels in isolation (one call each, this process) vs the least "
+    print(f"vnpu bench kernels: SmolLM2-135M kernels (weights: {doc['quantization']}) in isolation (one call each, this process) vs the least "
           f"numpy for the same result; medians of {a.repeat}; load {doc['load']} on {doc['cores']} cores")
     for s in doc["sections"]:
         print(f"\n{s['label']}")

@@ -55,6 +55,9 @@ def register(bench_sub) -> None:
                         "one (a Ray actor over gRPC); local: a device in this process")
     p.add_argument("--prompt-tokens", type=int_range, default="64-256", metavar="LO-HI",
                    help="prompt lengths in tokens, spread over the range (default 64-256)")
+    p.add_argument("-q", "--quantization", choices=("none", "gguf"), default="none",
+                   help="vnpu serve's --quantization: gguf keeps the GGUF's quantized blocks in HBM (the bound "
+                        "stays float32 numpy)")
     p.add_argument("--peer", default=None, metavar="URL",
                    help="also drive this OpenAI-compatible server (e.g. a llama.cpp server on the same GGUF)")
     p.add_argument("--peer-model", default=None, help="the model name the peer serves (default: its first)")
@@ -204,7 +207,7 @@ def load(url: str, model: str, conc: int, n: int, max_tokens: int, refs: dict[st
             "unverified": verdicts["bad"]}
 
 
-def engine_config(max_num_seqs: int | None, n: int, longest: int):
+def engine_config(max_num_seqs: int | None, n: int, longest: int, quantization: str = "none"):
     """``vnpu serve``'s engine configuration (``EngineConfig()``), with room for ``max_num_seqs`` sequences
     (None: the default, or more), ``n`` queued requests and ``longest`` tokens of prompt and output."""
     from dataclasses import replace
@@ -212,7 +215,7 @@ def engine_config(max_num_seqs: int | None, n: int, longest: int):
     from runtime.serve.engine import EngineConfig
     d = EngineConfig()
     return replace(d, max_num_seqs=max_num_seqs or d.max_num_seqs, max_queued_requests=max(d.max_queued_requests, n),
-                   max_model_len=max(d.max_model_len, longest))
+                   max_model_len=max(d.max_model_len, longest), quantization=quantization)
 
 
 def _serve(rt, model: str, cfg, levels: list[int], n: int, max_tokens: int,
@@ -296,10 +299,11 @@ def _run(a) -> int:
     est = (lo + hi) / 2 + 1
     first = {c: ref.workload_tokens_per_s(c, est, a.max_tokens) for c in levels}
     with _runtime(a.backend) as rt:
-        vnpu, info = _serve(rt, a.model, engine_config(max(max(levels), 16), a.requests, longest), levels,
+        q = getattr(a, "quantization", "none")
+        vnpu, info = _serve(rt, a.model, engine_config(max(max(levels), 16), a.requests, longest, q), levels,
                             a.requests, a.max_tokens, tol, prompts)
-        base, binfo = _serve(rt, a.model, engine_config(1, a.requests, longest), levels, a.requests, a.max_tokens,
-                             tol, prompts)
+        base, binfo = _serve(rt, a.model, engine_config(1, a.requests, longest, q), levels, a.requests,
+                             a.max_tokens, tol, prompts)
     peer = _peer(a, levels, prompts.__getitem__) if a.peer else None
     ptok = sum(r["prompt_tokens_mean"] for r in vnpu) / len(vnpu) or est
     bounds = {c: _faster(first[c], ref.workload_tokens_per_s(c, ptok, a.max_tokens)) for c in levels}
@@ -320,7 +324,8 @@ def _run(a) -> int:
     # every streamed request: max_tokens tokens by the server's usage count (ignore_eos), and the text of the
     # non-streamed request of its prompt (but for a near tie): nothing lost, cut short or doubled
     ok = all(x["unverified"] == 0 and x["verified"] == x["requests"] for r in rows for x in (r, r["baseline"]))
-    doc = {"model": a.model, "backend": a.backend, "max_tokens": a.max_tokens, "prompt_tokens": [lo, hi],
+    doc = {"model": a.model, "backend": a.backend, "quantization": getattr(a, "quantization", "none"),
+           "max_tokens": a.max_tokens, "prompt_tokens": [lo, hi],
            "engine": info, "baseline_engine": binfo, "levels": rows, "peer": a.peer,
            "top": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"], "of_bound": top["of_bound"]},
            "load": [round(x, 2) for x in os.getloadavg()], "verified": ok}
@@ -334,7 +339,8 @@ def _run(a) -> int:
 def _print(a, doc: dict, tol: float) -> None:
     rows, info, top = doc["levels"], doc["engine"], doc["top"]
     lo, hi = doc["prompt_tokens"]
-    print(f"vnpu bench serve: {a.model} on one device ({a.backend}: vnpu serve's engine), {a.requests} streamed "
+    print(f"vnpu bench serve: {a.model} (weights: {doc['quantization']}) on one device ({a.backend}: vnpu serve's "
+          f"engine), {a.requests} streamed "
           f"requests x {a.max_tokens} tokens per level, prompts of {lo}-{hi} tokens; baseline = same engine with "
           f"max_num_seqs=1; bound = numpy fp32 prefills + decode steps at batch = concurrency "
           f"(load {doc['load']})")

@@ -69,6 +69,9 @@ def register(sub) -> None:
                    help=f"{' or '.join(PRECISIONS)} (vnpu keeps the model's dtypes; ATC's default is force_fp16)")
     for flag in UNSUPPORTED:
         p.add_argument(f"--{flag}", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--quant", default=None, metavar="none|int8",
+                   help="int8: weight-only quantization, every constant 2-D MatMul/Gemm weight stored as int8 "
+                        "with a float32 scale per output channel (4x fewer weight bytes); none (default)")
     p.add_argument("--om", default="", help="--mode 1/6: the .om to read")
     p.add_argument("--json", default="", help="--mode 1: the JSON file to write")
     p.set_defaults(fn=_run)
@@ -143,7 +146,8 @@ def _convert(a) -> None:
         raise AtcError("E10001", ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, value=a.model, parameter="--model",
                        reason="the file does not exist or is not a regular file")
     opts = make_options(a.input_shape, a.dynamic_batch_size, a.soc_version,
-                        reuse_memory=a.disable_reuse_memory == "0", insert_op_conf=a.insert_op_conf)
+                        reuse_memory=a.disable_reuse_memory == "0", quant=a.quant,
+                        insert_op_conf=a.insert_op_conf)
     cm = compile_model(a.model, opts)
     try:
         cm.save(out)

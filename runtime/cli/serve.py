@@ -70,6 +70,10 @@ def register(sub) -> None:
     s.add_argument("--grpc-port", type=int_in(0, 65535), default=None, metavar="PORT",
                    help="also serve the Open Inference Protocol over gRPC on PORT (0 = any free port)")
     s.add_argument("--tp", type=positive_int, default=None, help="tensor parallel degree of the generation model")
+    s.add_argument("-q", "--quantization", choices=("none", "gguf"), default=None,   # runtime.models.weights.QUANTIZATIONS
+                   help="how the generation model's GGUF weights sit in HBM: none = dequantised to float32 at "
+                        "load (default), gguf = the file's Q8_0/Q4_1/Q4_K blocks as they are (serve.yaml: "
+                        "engine.quantization)")
     s.add_argument("--config", type=text_file, help="serve.yaml (models, placement, engine limits, batching)")
     s.add_argument("--host", type=bind_host, default=None, help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int_in(0, 65535), default=None, help="port (default 8000; 0 = any free port)")
@@ -192,6 +196,10 @@ def resolve(a, served: tuple[str, ...] = ()):
                   for m in models]
     if not models and not served:
         models = [model_spec("smollm2", None, a.tp, where="--tp: " if a.tp else "")]
+    q = getattr(a, "quantization", None)
+    if q is not None:
+        models = [dataclasses.replace(m, engine=dataclasses.replace(m.engine, quantization=q)) if m.kind == "generate"
+                  else m for m in models]
     port = cfg.port if a.port is None else a.port
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port} is outside [0, 65535]")

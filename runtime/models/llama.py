@@ -47,6 +47,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from devices.errors import AclError, InvalidParamError
+from devices.ops.qformats import GGUF_FORMATS, dequantize
 from runtime import hccl
 from runtime.stages import LOADING_WEIGHTS, UPLOADING, stage
 
@@ -54,7 +55,8 @@ from .common import (Block, Closer, DescCache, JobBase, DeviceTimer, HostPack, J
                      td, upload_block)
 from .tokenizer import GgufBpeTokenizer, gguf_tokenizer
 from .parallel import decoder_splits
-from .weights import LlamaConfig, llama_layer, llama_output, load_gguf_cached, read_gguf_header, smollm2_gguf
+from .weights import (LLAMA_BLOCK, LlamaConfig, llama_layer, llama_output, load_gguf_for, read_gguf_header,
+                      smollm2_gguf)
 
 DECODER_MODELS: dict[str, Callable] = {"smollm2": smollm2_gguf}
 
@@ -127,6 +129,7 @@ class LlamaRank:
         self.packs: dict[str, HostPack] = {}
         self.graph = None                                    # this call's captured decode step
         self.graph_counts = (0, 0)                           # (launches, collectives) inside it
+        self.qt: dict[str, str] = {}                         #: weight -> quantized format (absent: float32)
         try:
             self.w = upload_block(dev, self._host_weights(host))
         except BaseException:
@@ -141,9 +144,12 @@ class LlamaRank:
         spec, cfg = self.spec, self.cfg
         wd = {k: t.desc for k, t in self.w.views.items()}
         for i in spec.layers:
-            wd[f"{i}.wgu2"] = td(wd[f"{i}.wgu"], (2 * spec.ff, cfg.d_model))  # gate|up rows as one matrix
+            g = wd[f"{i}.wgu"]
+            wd[f"{i}.wgu2"] = td(g, (2 * spec.ff, g.shape[-1]))  # gate|up rows as one matrix
         if spec.head:
-            wd["head"] = td(wd["embd"], (spec.v1 - spec.v0, cfg.d_model), spec.v0 * cfg.d_model * 4)
+            e = wd["embd"]
+            row = e.shape[1] * (4 if e.dtype == "float32" else 1)
+            wd["head"] = td(e, (spec.v1 - spec.v0, e.shape[1]), spec.v0 * row)
         return wd
 
     def _kv_descs(self) -> tuple[dict, dict]:
@@ -157,25 +163,93 @@ class LlamaRank:
 
     # -------------------------------------------------------------- weights
     def _host_weights(self, host: dict) -> dict[str, np.ndarray]:
+        """This device's share of the weights; quantized ones (``host["qtypes"]``) stay in their blocks
+        and their format goes to :attr:`qt` (weights joined into one matrix share a format, else they are
+        joined in float32)."""
         cfg, sp = self.cfg, self.spec
         dh = cfg.head_dim
+        qts = host.get("qtypes", {})
         out: dict[str, np.ndarray] = {}
+
         if sp.embed or sp.head:
-            out["embd"] = host["embd"]
+            out["embd"] = np.asarray(host["embd"])
+            if qts.get("embd"):
+                self.qt["embd"] = qts["embd"]
         if sp.head:
             out["out_norm"] = host["out_norm"]
         for i in sp.layers:
             L = host["layers"][i]
-            q = L["wq"][sp.q0 * dh:(sp.q0 + sp.hq) * dh]
-            k = L["wk"][sp.kv0 * dh:(sp.kv0 + sp.hkv) * dh]
-            v = L["wv"][sp.kv0 * dh:(sp.kv0 + sp.hkv) * dh]
+            kind = {r: qts.get((i, r)) for r in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+            parts = [self._rows(L["wq"], kind["wq"], sp.q0 * dh, (sp.q0 + sp.hq) * dh),
+                     self._rows(L["wk"], kind["wk"], sp.kv0 * dh, (sp.kv0 + sp.hkv) * dh),
+                     self._rows(L["wv"], kind["wv"], sp.kv0 * dh, (sp.kv0 + sp.hkv) * dh)]
             out[f"{i}.an"] = L["attn_norm"]
-            out[f"{i}.wqkv"] = np.concatenate([q, k, v], 0)
-            out[f"{i}.wo"] = np.ascontiguousarray(L["wo"][:, sp.q0 * dh:(sp.q0 + sp.hq) * dh])
+            out[f"{i}.wqkv"] = self._join(f"{i}.wqkv", parts, [kind["wq"], kind["wk"], kind["wv"]], np.concatenate)
+            out[f"{i}.wo"] = self._cols(f"{i}.wo", L["wo"], kind["wo"], sp.q0 * dh, (sp.q0 + sp.hq) * dh)
             out[f"{i}.fn"] = L["ffn_norm"]
-            out[f"{i}.wgu"] = np.stack([L["w_gate"][sp.f0:sp.f0 + sp.ff], L["w_up"][sp.f0:sp.f0 + sp.ff]])
-            out[f"{i}.wd"] = np.ascontiguousarray(L["w_down"][:, sp.f0:sp.f0 + sp.ff])
+            gu = [self._rows(L["w_gate"], kind["w_gate"], sp.f0, sp.f0 + sp.ff),
+                  self._rows(L["w_up"], kind["w_up"], sp.f0, sp.f0 + sp.ff)]
+            out[f"{i}.wgu"] = self._join(f"{i}.wgu", gu, [kind["w_gate"], kind["w_up"]], np.stack)
+            out[f"{i}.wd"] = self._cols(f"{i}.wd", L["w_down"], kind["w_down"], sp.f0, sp.f0 + sp.ff)
         return out
+
+    @staticmethod
+    def _rows(w, kind, lo: int, hi: int):
+        return (w, kind) if (lo, hi) == (0, w.shape[0]) else (w[lo:hi], kind)
+
+    def _join(self, key: str, parts: list, kinds: list, fn) -> np.ndarray:
+        """Matrices ``parts`` (``(array, format)`` pairs) joined by ``fn`` (rows: concatenate; a stack):
+        in their blocks when they share a format, else all in float32."""
+        if len(set(kinds)) == 1 and kinds[0] is not None:
+            self.qt[key] = kinds[0]
+            return fn([np.asarray(p) for p, _ in parts])
+        return fn([np.asarray(p, np.float32) if k is None else dequantize(k, np.asarray(p)) for p, k in parts])
+
+    def _cols(self, key: str, w, kind, lo: int, hi: int) -> np.ndarray:
+        """Columns ``[lo, hi)`` of ``w`` (a quantized one: whole blocks, else float32)."""
+        k_all = w.shape[1] if kind is None else GGUF_FORMATS[kind].row_len(w.shape[1])
+        if kind is not None:
+            f = GGUF_FORMATS[kind]
+            if (lo, hi) == (0, k_all):
+                self.qt[key] = kind
+                return np.asarray(w)
+            if lo % f.block == 0 and hi % f.block == 0:
+                self.qt[key] = kind
+                return np.ascontiguousarray(w[:, lo // f.block * f.block_bytes:hi // f.block * f.block_bytes])
+            w = dequantize(kind, np.asarray(w))
+        return np.ascontiguousarray(w[:, lo:hi])
+
+    # -------------------------------------------------------------- weight launches
+    def linear(self, lc, a, key: str, out, bias=None) -> None:
+        """``out = a @ W[key]^T (+ bias)``: a matmul, or on quantized weights a weight_quant_matmul
+        (only orders the device)."""
+        ins = [a, self.wd[key]] + ([] if bias is None else [bias])
+        qt = self.qt.get("embd" if key == "head" else key.replace("wgu2", "wgu"))
+        if qt is None:
+            lc("matmul", ins, [out], transpose_b=True)
+        else:
+            lc("weight_quant_matmul", ins, [out], qtype=qt)
+
+    def gate_up(self, lc, h2, h0, key: str, gu) -> None:
+        """``gu[j] = h @ W[key][j]^T`` for the gate (j = 0) and up (1) halves: one batch_matmul of
+        ``h2 [2, M, d]``, or on quantized weights one weight_quant_matmul of ``h0 [M, d]``."""
+        qt = self.qt.get(key)
+        if qt is None:
+            lc("batch_matmul", [h2, self.wd[key]], [gu], transpose_b=True)
+        else:
+            lc("weight_quant_matmul", [h0, self.wd[key]], [gu], qtype=qt)
+
+    def embed(self, lc, ids, out) -> None:
+        """``out = embd[ids]`` (dequantised rows when the table is quantized)."""
+        qt = self.qt.get("embd")
+        if qt is None:
+            lc("embedding", [self.wd["embd"], ids], [out])
+        else:
+            lc("quant_embedding", [self.wd["embd"], ids], [out], qtype=qt)
+
+    def weight_bytes(self) -> int:
+        """Device bytes of this rank's weights."""
+        return 0 if self.w is None else int(self.w.size)
 
     # -------------------------------------------------------------- per-call buffers
     def plan(self, B: int, P: int, cap: int) -> int:
@@ -350,7 +424,7 @@ class LlamaRank:
         xa, xb = x2.view((1, d)), x2.view((1, d), offset_bytes=d * 4)
         x = xa if single else x2
         if sp.embed:
-            lc("embedding", [w["embd"], td(bf[f"ids{tag}"], (1,) if single else (2, M))], [td(x)])
+            self.embed(lc, td(bf[f"ids{tag}"], (1,) if single else (2, M)), td(x))
         elif self.comm is not None:
             self.comm.recv(x, self.prev, stream=lc.stream)
             lc.collectives += 1
@@ -362,46 +436,46 @@ class LlamaRank:
             if tag == "p":
                 slot = td(H, (M, W * dh))
                 rv = td(slot, (M, self.chunk, sp.hkv, dh))
-                lc("matmul", [h0, w[f"{i}.wqkv"]], [slot], transpose_b=True)
+                self.linear(lc, h0, f"{i}.wqkv", slot)
                 lc("rope", [rv, pos], [rv], **rope_attrs)
                 lc("embedding", [table[i], gids], [gv])
                 lc("attention", qkv, [att], causal=True, q_offset=0)
                 lc("transpose", [att], [att2t], perm=(2, 0, 1, 3))
             else:
                 rv = td(st, (M, self.chunk, sp.hkv, dh))
-                lc("matmul", [h0, w[f"{i}.wqkv"]], [td(st, (M, W * dh))], transpose_b=True)
+                self.linear(lc, h0, f"{i}.wqkv", td(st, (M, W * dh)))
                 lc("rope", [rv, pos], [rv], **rope_attrs)
                 lc("scatter_update", [td(st, (1, B * W * dh)), td(bf["slotd"])], [td(H, (self.cap, B * W * dh))])
                 lc("incre_flash_attention", [st, H] + lens, [att3], **ifa)
             if single:
-                x = self._proj_residual(att2, w[f"{i}.wo"], x, xb if x is xa else xa)
+                x = self._proj_residual(att2, f"{i}.wo", x, xb if x is xa else xa)
                 lc("rmsnorm", [td(x), w[f"{i}.fn"]], [h0], eps=eps)
-                lc("matmul", [h0, w[f"{i}.wgu2"]], [gu1], transpose_b=True)
+                self.linear(lc, h0, f"{i}.wgu2", gu1)
                 lc("swiglu", [td(gu, (1, ff)), td(gu, (1, ff), ff * 4)], [f])
-                x = self._proj_residual(f, w[f"{i}.wd"], x, xb if x is xa else xa)
+                x = self._proj_residual(f, f"{i}.wd", x, xb if x is xa else xa)
                 continue
-            lc("matmul", [att2, w[f"{i}.wo"]], [tmp], transpose_b=True)
+            self.linear(lc, att2, f"{i}.wo", tmp)
             self._all_reduce(bf[f"tmp{tag}"])
             lc("add", [x2d, tmp], [x2d])
             lc("rmsnorm", [x2d, w[f"{i}.fn"]], [h2d], eps=eps)
-            lc("batch_matmul", [h2d, w[f"{i}.wgu"]], [td(gu)], transpose_b=True)
+            self.gate_up(lc, h2d, h0, f"{i}.wgu", td(gu))
             lc("swiglu", [gate, up], [f])
-            lc("matmul", [f, w[f"{i}.wd"]], [tmp], transpose_b=True)
+            self.linear(lc, f, f"{i}.wd", tmp)
             self._all_reduce(bf[f"tmp{tag}"])
             lc("add", [x2d, tmp], [x2d])
         if sp.head:
             last = td(x) if single else td(x2, (B, d), (sq - 1) * B * d * 4)
             lc("rmsnorm", [last, w["out_norm"]], [td(bf["hf"])], eps=eps)
-            lc("matmul", [td(bf["hf"]), w["head"]], [td(bf["logits"])], transpose_b=True)
+            self.linear(lc, td(bf["hf"]), "head", td(bf["logits"]))
         elif self.comm is not None:
             self.comm.send(x, self.next, stream=lc.stream)
             lc.collectives += 1
 
-    def _proj_residual(self, a, wt, x, out):
-        """``out = a @ wt^T + x`` for one row (the residual rides in the bias input; under tensor
+    def _proj_residual(self, a, key, x, out):
+        """``out = a @ W[key]^T + x`` for one row (the residual rides in the bias input; under tensor
         parallelism only rank 0 adds it and the all-reduce sums the partial products)."""
         first = not self.tp or self.comm.rank == 0
-        self.lc("matmul", [a, wt] + ([td(x, (x.shape[-1],))] if first else []), [td(out)], transpose_b=True)
+        self.linear(self.lc, a, key, td(out), td(x, (x.shape[-1],)) if first else None)
         self._all_reduce(out)
         return out
 
@@ -443,6 +517,11 @@ def host_weights(g, cfg: LlamaConfig) -> dict:
     host["out_norm"], head = llama_output(g.tensors)
     if head is not host["embd"]:
         raise InvalidParamError("only tied LM heads are supported (the GGUF has output.weight)")
+    qt = getattr(g, "qtypes", {})
+    host["qtypes"] = {"embd": qt.get("token_embd.weight")}
+    for i in range(cfg.n_layers):
+        for suffix, role in LLAMA_BLOCK.items():
+            host["qtypes"][(i, role)] = qt.get(f"blk.{i}.{suffix}")
     return host
 
 
@@ -471,11 +550,13 @@ class GenerateJob(JobBase):
     the call needs, up to this).  ``block_dim``: blocks per launch (None: the device's helper for
     prefill, one block for decode steps, whose kernels are too small to gain from splitting).
     ``graphs``: capture the first decode step of a call on each device and replay it for the others
-    (False: launch every kernel of every step)."""
+    (False: launch every kernel of every step).  ``quantization``: ``"none"`` (weights dequantised to
+    float32 at load) or ``"gguf"`` (the file's Q8_0 / Q4_1 / Q4_K blocks kept in HBM, computed on by
+    ``weight_quant_matmul`` / ``quant_embedding``)."""
 
     def __init__(self, rt, model: str = "smollm2", devices: int | Sequence[int] = 1, parallel: str = "none",
                  max_len: int = DEFAULT_MAX_LEN, gguf_path: str | None = None, block_dim: int | None = None,
-                 graphs: bool = True):
+                 graphs: bool = True, quantization: str = "none"):
         if model not in DECODER_MODELS:
             raise InvalidParamError(f"unknown decoder model {model!r} (known: {', '.join(DECODER_MODELS)})")
         if parallel not in ("none", "tp", "pp"):
@@ -488,9 +569,10 @@ class GenerateJob(JobBase):
         self.parallel = parallel
         with stage(LOADING_WEIGHTS, model):
             self.tok: GgufBpeTokenizer = gguf_tokenizer(path)
-            g = load_gguf_cached(path)
+            g = load_gguf_for(path, quantization)
         cfg = LlamaConfig.from_gguf_meta(g.meta)
         self.cfg = cfg
+        self.quantization = quantization
         if not isinstance(max_len, int) or max_len < 2:
             raise InvalidParamError(f"max_len must be an integer >= 2, got {max_len!r}")
         self.max_len = min(max_len, cfg.context)

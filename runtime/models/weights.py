@@ -1,4 +1,5 @@
-"""Host-side weight loaders: safetensors, GGUF (dequantised to float32) and ONNX initializers.
+"""Host-side weight loaders: safetensors, GGUF (dequantised to float32, or kept in its quantized blocks) and
+ONNX initializers.
 
 Everything here returns plain numpy arrays on the host; the model classes upload them to device tensors
 once per job.  Linear weights are returned in the Hugging Face layout ``[out_features, in_features]``
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from devices.errors import ACL_ERROR_INVALID_FILE, AclError, InvalidParamError
+from devices.ops.qformats import GGUF_TYPE_NAMES
 
 from . import weight_cache
 
@@ -96,12 +98,20 @@ def load_onnx_initializers(path: str | Path) -> dict[str, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------- GGUF
+#: how a decoder's GGUF weights are held in device memory: ``none`` = dequantised to float32 at load,
+#: ``gguf`` = the file's quantized blocks as they are (Q8_0, Q4_1, Q4_K; others dequantised)
+QUANTIZATIONS = ("none", "gguf")
+
+
 @dataclass
 class GgufModel:
-    """Dequantised tensors (float32, numpy order = GGUF ``ne`` reversed) and the metadata fields."""
+    """Tensors (numpy order = GGUF ``ne`` reversed) and the metadata fields.  Float32 unless named in
+    ``qtypes`` (tensor -> format of :data:`devices.ops.qformats.GGUF_FORMATS`): then ``uint8 [rows,
+    row_bytes]``, the file's blocks."""
     tensors: dict[str, np.ndarray]
     meta: dict[str, object] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
+    qtypes: dict[str, str] = field(default_factory=dict)
 
 
 def _field_value(f):
@@ -127,12 +137,25 @@ def read_gguf_header(path: str | Path) -> dict[str, object]:
     given as ``range(count)``: its length only) -- what a model's shape needs, in milliseconds, where
     :func:`read_gguf_meta` spends seconds decoding the tokenizer's vocabulary.  ValueError for a file that
     is not GGUF v2/v3."""
+    return read_gguf_index(path)[0]
+
+
+@dataclass(frozen=True)
+class GgufTensorInfo:
+    name: str
+    shape: tuple[int, ...]     #: numpy order (GGUF ``ne`` reversed)
+    ggml_type: int             #: GGMLQuantizationType value
+    offset: int                #: absolute byte offset of the data in the file
+
+
+def read_gguf_index(path: str | Path) -> tuple[dict[str, object], list[GgufTensorInfo]]:
+    """:func:`read_gguf_header`'s metadata and where every tensor's data is, from the header alone."""
     import mmap
     import struct
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m[:4] != b"GGUF" or struct.unpack_from("<I", m, 4)[0] not in (2, 3):
             raise ValueError(f"{path} is not a GGUF v2/v3 file")
-        _, n_kv = struct.unpack_from("<QQ", m, 8)
+        n_tensors, n_kv = struct.unpack_from("<QQ", m, 8)
         pos = 24
 
         def string(at: int) -> tuple[str, int]:
@@ -165,7 +188,17 @@ def read_gguf_header(path: str | Path) -> dict[str, object]:
                 pos = skip(item, count, pos + 12)
             else:
                 raise ValueError(f"{path}: unknown GGUF value type {kind} of {key}")
-        return out
+        infos = []
+        for _ in range(n_tensors):
+            name, pos = string(pos)
+            (nd,) = struct.unpack_from("<I", m, pos)
+            dims = struct.unpack_from(f"<{nd}Q", m, pos + 4)
+            kind, off = struct.unpack_from("<IQ", m, pos + 4 + 8 * nd)
+            pos += 4 + 8 * nd + 12
+            infos.append((name, tuple(int(d) for d in reversed(dims)), int(kind), int(off)))
+        align = int(out.get("general.alignment", 32))       # type: ignore[call-overload]
+        start = (pos + align - 1) // align * align
+        return out, [GgufTensorInfo(n, sh, k, start + off) for n, sh, k, off in infos]
 
 
 def load_gguf(path: str | Path) -> GgufModel:
@@ -179,6 +212,44 @@ def load_gguf(path: str | Path) -> GgufModel:
         tensors[t.name] = np.ascontiguousarray(a, dtype=np.float32)
         types[t.name] = t.tensor_type.name
     return GgufModel(tensors, meta, types)
+
+
+def load_gguf_quantized(path: str | Path) -> GgufModel:
+    """The tensors of a Q8_0 / Q4_1 / Q4_K type as the file's blocks (read-only pages of the file, no
+    copy: ``uint8 [rows, row_bytes]``), every other tensor dequantised to float32.  Reads the header
+    only (:func:`read_gguf_index`: milliseconds; ``meta`` lists arrays by length, as
+    :func:`read_gguf_header` does)."""
+    import gguf
+    meta, infos = read_gguf_index(path)
+    data = np.memmap(path, np.uint8, mode="r")
+    tensors: dict[str, np.ndarray] = {}
+    types: dict[str, str] = {}
+    qtypes: dict[str, str] = {}
+    for t in infos:
+        kind = gguf.GGMLQuantizationType(t.ggml_type)
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+        row_bytes = t.shape[-1] // block * size
+        raw = data[t.offset:t.offset + rows * row_bytes].reshape(rows, row_bytes)
+        types[t.name] = kind.name
+        if kind.name in GGUF_TYPE_NAMES and len(t.shape) == 2:
+            tensors[t.name] = raw
+            qtypes[t.name] = GGUF_TYPE_NAMES[kind.name]
+        else:
+            tensors[t.name] = np.ascontiguousarray(gguf.dequantize(raw, kind), dtype=np.float32).reshape(t.shape)
+    return GgufModel(tensors, meta, types, qtypes)
+
+
+def load_gguf_for(path: str | Path, quantization: str = "none") -> GgufModel:
+    """The model as :data:`QUANTIZATIONS` ``quantization`` holds it (one load per process either way)."""
+    if quantization not in QUANTIZATIONS:
+        raise InvalidParamError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    return load_gguf_cached(str(path)) if quantization == "none" else _load_quantized_cached(str(path))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_quantized_cached(path: str) -> GgufModel:
+    return load_gguf_quantized(path)
 
 
 @functools.lru_cache(maxsize=2)

@@ -51,7 +51,19 @@ def test_prefix_cache_keys():
     assert parse_config("models: [smollm2]\n").models[0].engine.enable_prefix_caching is True
 
 
+def test_quantization_key_and_flag():
+    cfg = parse_config("models:\n  - model: smollm2\n    engine: {quantization: gguf}\n")
+    assert cfg.models[0].engine.quantization == "gguf"
+    assert parse_config("models: [smollm2]\n").models[0].engine.quantization == "none"
+    from runtime.cli import build_parser
+    from runtime.cli.serve import resolve
+    a = build_parser().parse_args(["serve", "--model", "smollm2", "--model", "minilm-l6", "-q", "gguf"])
+    by = {m.name: m for m in resolve(a).models}
+    assert by["smollm2"].engine.quantization == "gguf" and by["minilm-l6"].kind == "embed"
+
+
 @pytest.mark.parametrize("text,where", [
+    ("models:\n  - model: smollm2\n    engine: {quantization: awq}\n", "line 3: models[0].engine.quantization"),
     ("models:\n  - model: smollm2\n    engine: {enable_prefix_caching: 2}\n",
      "line 3: models[0].engine.enable_prefix_caching"),
     ("models: [smollm2]\ntenants:\n  - {name: a, api_keys: [sk-aaaaaaaaaa], share_prefix_cache: maybe}\n",

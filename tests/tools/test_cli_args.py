@@ -136,6 +136,8 @@ BAD = [
     ("demo --max-new-tokens 0", ["demo", "--max-new-tokens", "0"], "--max-new-tokens"),
     ("serve --port 70000", ["serve", "--port", "70000"], "--port"),
     ("serve --tp 0", ["serve", "--tp", "0"], "--tp"),
+    ("serve --quantization awq", ["serve", "--quantization", "awq"], "--quantization"),
+    ("bench serve -q int4", ["bench", "serve", "-q", "int4"], "--quantization"),
     ("serve --device-restarts -5", ["serve", "--device-restarts=-5"], "--device-restarts"),
     ("serve --host not an address", ["serve", "--host", "256.1.2.3"], "--host"),
     ("serve --host of another machine", ["serve", "--host", "192.0.2.254"], "--host"),

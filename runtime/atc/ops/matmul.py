@@ -60,9 +60,12 @@ def lower_product(ctx, node, a_name, b_name, bias=None, act="none", transpose_b=
     b_shape = tuple(b.shape[::-1]) if transpose_b else tuple(b.shape)
     a2, b2, batch, _ = _mm_shapes(node, a.shape, b_shape)
     av = ctx.reshape(ctx.ref(a_name), a2)
-    bv = ctx.ref(b_name) if transpose_b else ctx.reshape(ctx.ref(b_name), b2)
     out = ctx.out(node)
     k, n = a2[-1], b2[-1]
+    if len(b2) == 2 and quantized_product(ctx, b_name, transpose_b, ctx.reshape(av, (numel(a2[:-1]), k)), bias,
+                                          act, ctx.reshape(out, (numel(a2[:-1]), n))):
+        return                       # (before b's float32 view: a weight view puts it in the blob)
+    bv = ctx.ref(b_name) if transpose_b else ctx.reshape(ctx.ref(b_name), b2)
     if len(b2) == 2:
         rows = numel(a2[:-1])
         ins = [ctx.reshape(av, (rows, k)), bv] + ([bias] if bias is not None else [])
@@ -76,6 +79,21 @@ def lower_product(ctx, node, a_name, b_name, bias=None, act="none", transpose_b=
     af = _expand_to(ctx, av, batch + a2[-2:])
     bf = _expand_to(ctx, bv, batch + b2[-2:])
     ctx.emit("batch_matmul", [af, bf], [ctx.reshape(out, batch + (a2[-2], n))])
+
+
+def quantized_product(ctx, b_name, transpose_b, a, bias, act, out) -> bool:
+    """Under ``--quant int8``: ``out = act(a @ B + bias)`` with the constant float32 2-D weight ``B`` as int8
+    per output channel, one ``weight_quant_matmul`` (+ the activation's own kernel).  False (nothing
+    emitted) when B is not such a constant or the activation has no kernel of its own."""
+    b = ctx.val(b_name)
+    if ctx.quant != "int8" or b.const is None or b.dtype != "float32" or len(b.shape) != 2 or \
+            (act != "none" and act not in ACT_KERNEL):
+        return False
+    qv, sv = ctx.quantized_weight(b.const, not transpose_b, b_name)
+    ctx.emit("weight_quant_matmul", [a, qv, sv] + ([bias] if bias is not None else []), [out], {"qtype": "int8"})
+    if act != "none":
+        ctx.emit(ACT_KERNEL[act], [out], [out])
+    return True
 
 
 def _mm_lower(ctx, node):
@@ -159,7 +177,11 @@ def _gemm_lower(ctx, node):
     else:
         av = ctx.ref(a.name)
     attrs = {}
-    if b.const is not None:
+    quant_b = ctx.quant == "int8" and b.const is not None and alpha == 1.0 and b.dtype == "float32" and \
+        act in ("none",) + tuple(ACT_KERNEL)
+    if quant_b:
+        bv = None
+    elif b.const is not None:
         arr = b.const.T if tb else b.const
         if alpha != 1.0:
             arr = arr * np.asarray(alpha, arr.dtype)
@@ -180,8 +202,15 @@ def _gemm_lower(ctx, node):
     if fused_act != "none":
         attrs["act"] = fused_act
     mm_out = ctx.temp((m, n), a.dtype, "gemm") if (add_c or post_alpha) else out
-    ctx.emit("fused_matmul" if fused_act != "none" else "matmul", [av, bv] + ([bias] if bias is not None else []),
-             [mm_out], attrs)
+    if quant_b:                     # --quant int8: the weight as int8 per output channel
+        qv, sv = ctx.quantized_weight(b.const, not tb, b.name)
+        ctx.emit("weight_quant_matmul", [av, qv, sv] + ([bias] if bias is not None else []), [mm_out],
+                 {"qtype": "int8"})
+        if fused_act != "none":
+            ctx.emit(ACT_KERNEL[fused_act], [mm_out], [mm_out])
+    else:
+        ctx.emit("fused_matmul" if fused_act != "none" else "matmul", [av, bv] + ([bias] if bias is not None else []),
+                 [mm_out], attrs)
     if post_alpha:
         ctx.emit("mul_scalar", [mm_out], [out if not add_c else mm_out], {"value": alpha})
         mm_out = out if not add_c else mm_out

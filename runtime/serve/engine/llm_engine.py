@@ -41,7 +41,7 @@ import numpy as np
 from devices.errors import AclError, InvalidParamError
 from runtime.models.llama import DECODER_MODELS
 from runtime.models.tokenizer import gguf_tokenizer
-from runtime.models.weights import LlamaConfig, load_gguf_cached
+from runtime.models.weights import LlamaConfig, load_gguf_for
 from runtime.stages import LOADING_WEIGHTS, stage
 
 from .block_manager import BlockManager
@@ -107,7 +107,7 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         path = str(gguf_path or DECODER_MODELS[model]())
         with stage(LOADING_WEIGHTS, model):
             self.tok = gguf_tokenizer(path)
-            self._gguf = g = load_gguf_cached(path)
+            self._gguf = g = load_gguf_for(path, config.quantization)
         self.model_config = cfg = LlamaConfig.from_gguf_meta(g.meta)
         if config.max_model_len > cfg.context:
             raise InvalidParamError(f"max_model_len {config.max_model_len} exceeds the model's context of {cfg.context}")

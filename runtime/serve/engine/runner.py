@@ -161,27 +161,28 @@ class _Rank:
         eps = float(cfg.eps)
         rope = {"base": float(cfg.rope_base), "style": "interleaved"}
         pa = {"num_heads": hq, "num_key_value_heads": hkv}
-        lc("embedding", [w["embd"], field("ids")], [x2])
+        rk = self.rank
+        rk.embed(lc, field("ids"), x2)
         for i, kv in zip(self.rank.spec.layers, self.kv.layers):
             lc("rmsnorm", [x2, w[f"{i}.an"]], [h2], eps=eps)
-            lc("matmul", [h0, w[f"{i}.wqkv"]], [qkv2], transpose_b=True)
+            rk.linear(lc, h0, f"{i}.wqkv", qkv2)
             lc("rope", [rv, pos], [rv], **rope)
             lc("scatter_update", [rows, slots], [kv.rows])
             lc("paged_attention", [st, kv.keys, kv.values, bt, lens], [att], **pa)
-            lc("matmul", [att2, w[f"{i}.wo"]], [tmp], transpose_b=True)
+            rk.linear(lc, att2, f"{i}.wo", tmp)
             self._all_reduce(a["tmp"], n * d)
             lc("add", [x2, tmp], [x2])
             lc("rmsnorm", [x2, w[f"{i}.fn"]], [h2], eps=eps)
-            lc("batch_matmul", [h2, w[f"{i}.wgu"]], [gu], transpose_b=True)
+            rk.gate_up(lc, h2, h0, f"{i}.wgu", gu)
             lc("swiglu", [gate, up], [f])
-            lc("matmul", [f, w[f"{i}.wd"]], [tmp], transpose_b=True)
+            rk.linear(lc, f, f"{i}.wd", tmp)
             self._all_reduce(a["tmp"], n * d)
             lc("add", [x2, tmp], [x2])
         if r:
             hsel, hf = td(a["hsel"], (r, d)), td(a["hf"], (r, d))
             lc("embedding", [td(a["x2"], (n, d)), field("rows")], [hsel])
             lc("rmsnorm", [hsel, w["out_norm"]], [hf], eps=eps)
-            lc("matmul", [hf, w["head"]], [td(a["logits"], (r, self.vr))], transpose_b=True)
+            rk.linear(lc, hf, "head", td(a["logits"], (r, self.vr)))
 
     def _all_reduce(self, t, count: int) -> None:
         comm = self.rank.comm

@@ -1,0 +1,220 @@
+"""Kernels on weights kept quantized in HBM (weight-only quantization, like CANN's
+``WeightQuantBatchMatmulV2``): ``weight_quant_matmul`` and ``quant_embedding``.
+
+Weights are ``[N, K]`` matrices (``transpose_b`` layout: one row per output feature) held as
+``uint8 [N, row_bytes]`` blocks of a GGUF format (attr ``qtype`` = ``q8_0``, ``q4_1``, ``q4_k``) or as
+``int8 [N, K]`` with a float32 per-row scale input (``qtype="int8"``).  Activations and outputs are
+float32 (or float16, computed in float32).
+
+How it computes: the weight is expanded tile by tile of rows, each tile sized to stay in a core's L2
+(:data:`TILE_BYTES` of float32), and each tile is ONE BLAS call ``a @ tile^T`` into its output columns.
+Only ``scale * q`` is expanded; the offset term of the formats that have one (Q4_1's ``m``, Q4_K's mins) is
+a small matmul of the activations' 32-sums by the offsets.  The full float32 weight never exists.
+
+Cost model: a cube task at the chip's INT8 rate over the bytes actually read (the quantized weights).
+Blocks split the output features N (every block expands only its rows).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..chip import Work
+from ..errors import KernelError
+from ..registry import builtin
+from .blocks import as_rows
+from .checks import FLOATS, ID_TYPES, arity, choice_attr, dtype_in, ndim_in, need, same_dtype, shape_is
+from .precision import F16, F32, quiet
+from .qformats import GGUF_FORMATS, block_terms, from_planes, to_planes
+from .work import io_bytes
+
+QTYPES = tuple(GGUF_FORMATS) + ("int8",)
+#: float32 bytes of one expanded weight tile: half of a core's L2 on the 2-core development machine
+#: (1 MiB), so the tile is still in cache when the BLAS call reads it
+TILE_BYTES = 512 << 10
+
+
+def _qtype(nm, attrs) -> str:
+    return choice_attr(nm, attrs, "qtype", None, QTYPES)
+
+
+def weight_k(nm: str, qtype: str, w) -> int:
+    """Weights per row of quantized matrix ``w`` (a desc or an array)."""
+    if qtype == "int8":
+        return int(w.shape[-1])
+    return GGUF_FORMATS[qtype].row_len(int(w.shape[-1]))
+
+
+def _weight_dtype(nm, qtype, w) -> None:
+    dtype_in(nm, w, ("int8",) if qtype == "int8" else ("uint8",), f"{qtype} weight")
+
+
+def _check_wqmm(inputs, outputs, attrs):
+    nm = "weight_quant_matmul"
+    qt = _qtype(nm, attrs)
+    extra = 1 if qt == "int8" else 0
+    arity(nm, inputs, outputs, (2 + extra, 3 + extra))
+    a, w, o = inputs[0], inputs[1], outputs[0]
+    dtype_in(nm, a, FLOATS, "a")
+    same_dtype(nm, ("a", a), ("output", o))
+    _weight_dtype(nm, qt, w)
+    ndim_in(nm, a, "a", 2, 2)
+    ndim_in(nm, w, "weight", 2, 3)
+    k = weight_k(nm, qt, w)
+    need(k == a.shape[1], nm, f"inner dims differ: a {tuple(a.shape)}, {qt} weight of {k} per row")
+    lead, n = tuple(w.shape[:-2]), w.shape[-2]
+    if qt == "int8":
+        dtype_in(nm, inputs[2], ("float32",), "antiquant_scale")
+        shape_is(nm, inputs[2], lead + (n,), "antiquant_scale")
+    if len(inputs) == 3 + extra:
+        same_dtype(nm, ("a", a), ("bias", inputs[-1]))
+        shape_is(nm, inputs[-1], (n,), "bias")
+    shape_is(nm, o, lead + (a.shape[0], n))
+
+
+def _wqmm_work(inputs, outputs, attrs):
+    a, w = inputs[0], inputs[1]
+    k = weight_k("weight_quant_matmul", attrs["qtype"], w)
+    g = int(np.prod(w.shape[:-2], dtype=np.int64))
+    return Work(flops=2.0 * g * a.shape[0] * w.shape[-2] * k, bytes=io_bytes(inputs, outputs), unit="cube",
+                int8=True)
+
+
+def _wqmm_pd(inputs, outputs, attrs):
+    return outputs[0].shape[-1]
+
+
+#: at most this many activation rows, a tile is expanded without its scales and the scales multiply the
+#: per-sub-block partial products ``[S, M, n]`` (M x fewer multiplies than the tile has weights)
+PARTIAL_ROWS = 8
+
+
+def qmatmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray, scale: np.ndarray | None = None) -> None:
+    """``out[M, N] = a[M, K] @ dequant(w)[N, K]^T`` (float32), expanding ``w`` tile by tile of rows.
+
+    int8: each tile converted, one BLAS call, the per-row scales applied to the output columns.  GGUF
+    blocks: each tile's quants converted to float32 in the planes of :func:`.qformats.block_terms` (the
+    activations permuted to match once per call); for a few rows (decode) batched BLAS calls give the
+    partial products of every sub-block, scaled and summed per row; for many rows (prefill) the tile is
+    scaled in place and multiplied by one BLAS call.  The offsets (Q4_1's ``m``, Q4_K's mins) add
+    ``sums32(a) @ offset^T``."""
+    m, k = a.shape
+    n = w.shape[0]
+    rows = max(1, TILE_BYTES // (4 * k))
+    tile = np.empty((min(rows, n), k), F32)
+    gguf = qtype != "int8"
+    partial = gguf and m <= PARTIAL_ROWS
+    ap = to_planes(qtype, a) if gguf else a                                   # [M, P, S', L]
+    a_sub = [np.ascontiguousarray(ap[:, p].transpose(1, 0, 2)) for p in range(ap.shape[1])] if partial else None
+    a_flat = ap.reshape(m, k) if gguf else a
+    asums = None
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        t = tile[:r1 - r0]
+        if not gguf:
+            np.copyto(t, w[r0:r1], casting="unsafe")
+            res = a @ t.T
+            res *= scale[r0:r1]
+        else:
+            q, sc, off = block_terms(qtype, w[r0:r1])
+            t4 = t.reshape(q.shape)
+            np.copyto(t4, q, casting="unsafe")
+            if partial:
+                res = np.zeros((m, r1 - r0), F32)
+                for p, a_p in enumerate(a_sub):
+                    prod = np.matmul(a_p, t4[:, p].transpose(1, 2, 0))          # [S', M, n]
+                    res += np.einsum("smn,ns->mn", prod, sc[:, p if sc.shape[1] > 1 else 0])
+            else:
+                t4 *= sc[..., None]
+                res = a_flat @ t.T
+            if off is not None:
+                if asums is None:
+                    asums = a.reshape(m, -1, 32).sum(axis=2)                      # [M, K/32]
+                res += asums @ off.T
+        out[:, r0:r1] = res
+
+
+@builtin("weight_quant_matmul", unit="cube", check=_check_wqmm, work=_wqmm_work, parallel_dim=_wqmm_pd)
+@quiet
+def _wqmm_run(ctx, inputs, outputs, attrs):
+    """out[M,N] = a[M,K] @ dequant(weight)[N,K]^T (+ bias[N]); a 3-D weight [G,N,.] gives out[G,M,N]
+    (each g with the same a).  attr qtype: q8_0, q4_1, q4_k (weight uint8 GGUF blocks) or int8 (weight
+    int8 [.., N, K] and an antiquant_scale float32 [.., N] input before the bias)"""
+    qt = attrs["qtype"]
+    a, w, out = inputs[0], inputs[1], outputs[0]
+    scale = inputs[2] if qt == "int8" else None
+    bias = inputs[-1] if len(inputs) == (4 if qt == "int8" else 3) else None
+    n = w.shape[-2]
+    lo, hi = 0, n
+    if ctx.block_dim > 1:
+        r = ctx.split(n)
+        if not r:
+            return
+        lo, hi = r.start, r.stop
+    a32 = a.astype(F32) if a.dtype == F16 else a
+    w3 = w.reshape((-1,) + w.shape[-2:])
+    o3 = out.reshape((-1,) + out.shape[-2:])
+    s2 = None if scale is None else scale.reshape(-1, n)
+    for g in range(w3.shape[0]):
+        o = o3[g, :, lo:hi]
+        dst = o if o.dtype == F32 else np.empty(o.shape, F32)
+        qmatmul(a32, w3[g, lo:hi], qt, dst, None if s2 is None else s2[g, lo:hi])
+        if bias is not None:
+            dst += bias[lo:hi]
+        if dst is not o:
+            np.copyto(o, dst, casting="same_kind")
+
+
+def _check_qembedding(inputs, outputs, attrs):
+    nm = "quant_embedding"
+    qt = _qtype(nm, attrs)
+    arity(nm, inputs, outputs, 3 if qt == "int8" else 2)
+    table, ids, o = inputs[0], inputs[1], outputs[0]
+    _weight_dtype(nm, qt, table)
+    ndim_in(nm, table, "table", 2, 2)
+    dtype_in(nm, ids, ID_TYPES, "ids")
+    dtype_in(nm, o, ("float32",), "output")
+    if qt == "int8":
+        dtype_in(nm, inputs[2], ("float32",), "antiquant_scale")
+        shape_is(nm, inputs[2], (table.shape[0],), "antiquant_scale")
+    shape_is(nm, o, tuple(ids.shape) + (weight_k(nm, qt, table),))
+
+
+def _qembedding_work(inputs, outputs, attrs):
+    row = inputs[0].nbytes // max(1, inputs[0].shape[0])
+    return Work(flops=outputs[0].numel, bytes=inputs[1].nbytes + inputs[1].numel * row + outputs[0].nbytes,
+                unit="vector")
+
+
+@builtin("quant_embedding", unit="vector", check=_check_qembedding, work=_qembedding_work,
+         parallel_dim=lambda i, o, a: i[1].numel, gathers=(0,))
+@quiet
+def _qembedding_run(ctx, inputs, outputs, attrs):
+    """out[*S, K] = dequant(table)[ids] (float32); attr qtype as weight_quant_matmul's (int8: an
+    antiquant_scale [V] input follows the ids); an id outside [0, V) is a KernelError"""
+    qt = attrs["qtype"]
+    table, ids = inputs[0], inputs[1]
+    v = table.shape[0]
+    k = outputs[0].shape[-1]
+    ids1 = ids.reshape(-1)
+    o2 = as_rows(outputs[0], k, True)
+    base = 0
+    if ctx.block_dim > 1:
+        r = ctx.split(ids1.size)
+        if not r:
+            return
+        ids1, o2, base = ids1[r.start:r.stop], o2[r.start:r.stop], r.start
+    if ids1.size == 0:
+        return
+    bad = np.flatnonzero((ids1 < 0) | (ids1 >= v))
+    if bad.size:
+        raise KernelError(f"quant_embedding: id {int(ids1[bad[0]])} at flat index {base + int(bad[0])} is outside "
+                          f"the table's [0, {v}) rows ({bad.size} bad id(s) in block {ctx.block_idx})")
+    rows = np.take(table, ids1, axis=0)
+    if qt == "int8":
+        np.multiply(rows, inputs[2][ids1][:, None], out=o2)
+        return
+    q, sc, off = block_terms(qt, rows)
+    w = from_planes(qt, q * sc[..., None])
+    if off is not None:
+        w = (w.reshape(w.shape[0], -1, 32) + off[..., None]).reshape(w.shape)
+    o2[...] = w
