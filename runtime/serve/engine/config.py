@@ -32,7 +32,9 @@ class EngineConfig:
     (:class:`runtime.serve.engine.modes.ModeConfig`): per step it narrows ``max_num_seqs`` /
     ``max_num_batched_tokens`` and may hold a step for more arrivals; ``enable_prefix_caching``: full KV
     blocks are cached by content and reused by later requests with the same prefix (vLLM's automatic
-    prefix caching, on by default as in vLLM V1; :mod:`runtime.serve.engine.block_manager`)."""
+    prefix caching, on by default as in vLLM V1; :mod:`runtime.serve.engine.block_manager`);
+    ``async_scheduling``: the engine thread queues the next step behind the one the device computes and
+    samples greedy requests on the device (vLLM's ``async_scheduling``; :mod:`runtime.serve.engine.overlap`)."""
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 256
     block_size: int = 16
@@ -45,6 +47,7 @@ class EngineConfig:
     priority_aging_s: float = 10.0
     mode: ModeConfig = field(default_factory=ModeConfig)
     enable_prefix_caching: bool = True
+    async_scheduling: bool = True
 
     def __post_init__(self):
         for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len", "max_queued_requests"):
@@ -66,8 +69,9 @@ class EngineConfig:
             raise InvalidParamError(f"priority_aging_s must be > 0 (inf: no aging), got {a!r}")
         if not isinstance(self.mode, ModeConfig):
             raise InvalidParamError(f"mode must be a ModeConfig, got {self.mode!r}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise InvalidParamError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        for k in ("enable_prefix_caching", "async_scheduling"):
+            if not isinstance(getattr(self, k), bool):
+                raise InvalidParamError(f"{k} must be true or false, got {getattr(self, k)!r}")
         u = self.gpu_memory_utilization
         if not isinstance(u, (int, float)) or isinstance(u, bool) or not 0 < u <= 1:
             raise InvalidParamError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")
