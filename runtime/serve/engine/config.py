@@ -11,9 +11,10 @@ from .modes import ModeConfig
 from .policies import POLICIES, make_policy
 
 #: what a running engine takes between two steps (:meth:`runtime.serve.engine.LLMEngine.set_limits`):
-#: the batch and step budget up to what it was built with, the queue bound, the scheduling policy
+#: the batch and step budget up to what it was built with, the queue bound, the scheduling policy, async
+#: scheduling
 LIVE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "max_queued_requests", "scheduling_policy",
-               "priority_aging_s")
+               "priority_aging_s", "async_scheduling")
 
 
 @dataclass(frozen=True)

@@ -291,7 +291,7 @@ class GenerateEngine(PromptChecks, OverlappedSteps, EngineLifecycle):
             self._hold_for_batch()
             if not self._run_controls():
                 return
-        outs = self._overlap_step() if self.config.async_scheduling else self.step()
+        outs = self._overlap_step() if self.config.async_scheduling or self._inflight is not None else self.step()
         if not outs and self._inflight is None and not self.scheduler.running:
             with self._lock:
                 if not self._inbox:
@@ -336,7 +336,7 @@ class GenerateEngine(PromptChecks, OverlappedSteps, EngineLifecycle):
 
     def set_limits(self, config: EngineConfig) -> None:
         """Take ``config``'s live limits (:data:`.config.LIVE_FIELDS`: batch, step budget, queue bound,
-        scheduling policy) from the next step on, its mode kept as it is.  Nothing is dropped: a narrower
+        scheduling policy, async scheduling) from the next step on, its mode kept as it is.  Nothing is dropped: a narrower
         batch or budget only holds new requests back, requests already running finish; a lower queue bound
         refuses new arrivals only.  :class:`InvalidParamError` (nothing changed) for a field that needs a
         restart, or a batch / budget above what the engine was built with (its buffers and graphs).

@@ -97,7 +97,9 @@ class OverlappedSteps:
         return outputs
 
     def _boundary_due(self) -> bool:
-        return bool(self._control) or self._stopping
+        """Queue nothing more: a control request or a stop waits, or async scheduling was turned off
+        (live) -- the step in flight is read and the engine is at a boundary."""
+        return bool(self._control) or self._stopping or not self.config.async_scheduling
 
     def _launch(self, prev: InFlight | None) -> InFlight | None:
         """Schedule and queue the next step (behind ``prev`` when given: its greedy requests' next tokens
