@@ -20,7 +20,8 @@ What a look-ahead costs: a request that stops at step n (EOS, a stop string) com
 step n+1, thrown away (its blocks are freed after step n; the extra write lands in them before any later
 step can use them, the stream orders it).  A request that step n finishes by length is never looked
 ahead (known in advance).  Nothing is looked ahead while a control request (re-bind, pause) or a stop is
-waiting: the engine reaches a boundary with nothing on the device first.
+waiting, nor when the scheduler mode would hold the next step for more arrivals: the engine reaches a
+boundary with nothing on the device first, and holds or runs the control there as without overlap.
 
 Blocking: :meth:`OverlappedSteps._overlap_step` blocks until the step queued before it is done (not the
 one it queues); everything else here is host-only.
@@ -76,13 +77,14 @@ class OverlappedSteps:
             return []
         nxt = None
         try:
-            if prev is not None and prev.on_device and not self._boundary_due():
+            boundary = self._boundary_due() or (prev is not None and self._holds_next())
+            if prev is not None and prev.on_device and not boundary:
                 nxt = self._launch(prev)
             outputs = self._collect(prev) if prev is not None else []
             if nxt is not None:
                 self.overlapped_steps += 1
                 self._settle(nxt)
-            elif not self._boundary_due():
+            elif not (boundary or self._boundary_due()):
                 nxt = self._launch(None)
                 if nxt is not None:
                     self.scheduler.advance(nxt.out)
@@ -100,6 +102,13 @@ class OverlappedSteps:
         """Queue nothing more: a control request or a stop waits, or async scheduling was turned off
         (live) -- the step in flight is read and the engine is at a boundary."""
         return bool(self._control) or self._stopping or not self.config.async_scheduling
+
+    def _holds_next(self) -> bool:
+        """The scheduler mode would hold the next step for more arrivals (new requests wait and it allows a
+        wait): not looked ahead -- the engine reaches a boundary and holds there, as without overlap."""
+        if not any(r.scheduled_time is None for r in self.scheduler.waiting):
+            return False
+        return self.current_limits().max_wait_s > 0
 
     def _launch(self, prev: InFlight | None) -> InFlight | None:
         """Schedule and queue the next step (behind ``prev`` when given: its greedy requests' next tokens
