@@ -20,6 +20,9 @@ from runtime.api import Runtime
 from runtime.backend import LocalBackend
 from runtime.serve.config import ConfigError, parse_config
 from runtime.serve.engine import EngineConfig, GenerateEngine, SamplingParams
+from runtime.serve.engine.block_manager import BlockManager
+from runtime.serve.engine.request import Request
+from runtime.serve.engine.scheduler import Scheduler
 
 pytestmark = pytest.mark.serve
 
@@ -29,6 +32,35 @@ WORDS = ("the kernel runs on a stream and the device reads its block table befor
 
 def prompt(i: int, n: int) -> str:
     return " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(n))
+
+
+def test_the_scheduler_counts_a_pending_token_as_the_next_one():
+    """A request whose next token a step on the device still samples (``pending``) is scheduled for that
+    token (fed on the device) and samples after it; one with nothing to compute is not scheduled at all;
+    a waiting request with a pending token is not admitted until its token is known."""
+    cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=16, block_size=4, max_model_len=64)
+    s = Scheduler(cfg, BlockManager(32, 4))
+    a, b = (Request(list(range(1, 6)), SamplingParams(max_tokens=8, temperature=0)) for _ in range(2))
+    s.add(a)
+    s.add(b)
+    o = s.schedule()
+    s.advance(o)                                           # both prompts computed, their first tokens pending
+    a.pending = 1                                          # a continues, b stops at its token (not looked ahead)
+    o = s.schedule()
+    assert [(x.request, x.start, x.count, x.samples) for x in o.scheduled] == [(a, 5, 1, True)]
+    assert o.is_decode and len(s.blocks.table(a.request_id)) == 2      # position 5 needs a's second block
+    a.output_ids.append(9)
+    a.pending = 0
+    s.advance(o)
+    assert a.num_computed == a.num_tokens == 6
+    assert s.take_all() == [a, b]                          # (as a re-bind or preemption leaves them) queued again
+    a.pending = 1
+    for r in (a, b):
+        s.add(r)
+    assert s.schedule().scheduled == [] and list(s.waiting) == [a, b]  # a first: its token is not known yet
+    a.output_ids.append(9)
+    a.pending = 0
+    assert [(x.request, x.start, x.count) for x in s.schedule().scheduled] == [(a, 0, 7), (b, 0, 5)]
 
 
 @pytest.fixture(scope="module")

@@ -367,17 +367,16 @@ class ModelRunner:
 
     def launch(self, s: StepInputs, parity: int) -> Launched:
         """Queue one step whose greedy ids go to slot ``parity`` (0/1: a step's parity must differ from
-        the step queued before it while that one is not read yet).  Returns at once: only orders the
-        device.  Needs :attr:`samples_on_device`."""
-        if not self.samples_on_device:
-            raise InvalidParamError("device sampling needs the whole vocabulary on one rank")
+        the step queued before it while that one is not read yet; only with :attr:`samples_on_device`).
+        Returns at once: only orders the devices."""
         r = self._queue(s)
-        if r:
+        if r and self.samples_on_device:
             self.ranks[0].mark(r, parity)
         return Launched(r, parity)
 
     def ids(self, step: Launched) -> np.ndarray:
-        """The greedy token ids ``[R]`` of a launched step (blocks until that step is done, not later ones)."""
+        """The greedy token ids ``[R]`` of a launched step (blocks until that step is done, not later ones;
+        only with :attr:`samples_on_device`)."""
         return self.ranks[0].ids(step.r, step.parity) if step.r else np.zeros(0, np.int64)
 
     def logits(self, step: Launched) -> np.ndarray:
