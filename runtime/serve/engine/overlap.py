@@ -60,6 +60,7 @@ class OverlappedSteps:
 
     _inflight: InFlight | None = None
     _parity = 0
+    _read_at = 0.0                       #: when the host last read a step (the next one ran on from there)
     overlapped_steps = 0                 #: steps queued while the step before them was still on the device
 
     def _overlap_step(self) -> list[RequestOutput]:
@@ -150,8 +151,9 @@ class OverlappedSteps:
             s.request.pending = 0
         self.steps += 1
         t = self.clock()
-        if step.out.is_decode:
-            self.load.decode_step(t, len(step.out.scheduled), t - step.t0)
+        if step.out.is_decode:      # the device's time for it: from its launch, or the previous step's end
+            self.load.decode_step(t, len(step.out.scheduled), t - max(step.t0, self._read_at))
+        self._read_at = t
         stats = StepStats(num_preemptions=len(step.out.preempted), batch_tokens=step.out.num_tokens)
         outputs = self._sampled(step.out, logits, stats, t, ids)
         self._sync_queued()
