@@ -209,7 +209,10 @@ class Device:
         self.sched.synchronize_stream(sid, timeout_ms, owner)
 
     @_live
-    def synchronize_event(self, eid: int, timeout_ms: float = -1, owner=None) -> None:
+    def synchronize_event(self, eid: int, timeout_ms: float = -1, owner=None, ops=()) -> None:
+        """Block until the event's latest record ran; ``ops`` are submitted first (a flush riding on the wait)."""
+        if ops:
+            self.submit(ops, owner)
         self.sched.synchronize_event(eid, timeout_ms, owner)
 
     @_live

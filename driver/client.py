@@ -576,8 +576,15 @@ class RemoteDevice(DeviceCalls):
                 ops = []
         self._synchronize(self._rms.SynchronizeStream, sid, timeout_ms, ops)
 
-    def synchronize_event(self, eid: int, timeout_ms: float = -1) -> None:
-        self._synchronize(self._rms.SynchronizeEvent, eid, timeout_ms)
+    def synchronize_event(self, eid: int, timeout_ms: float = -1, ops=()) -> None:
+        """Wait for the event; queued ``ops`` travel with the wait (one RPC), as :meth:`synchronize_stream`."""
+        ops = list(ops)
+        if ops:
+            self._ship_user_kernels(ops)
+            if len(_split(ops)) > 1:
+                self.submit(ops)
+                ops = []
+        self._synchronize(self._rms.SynchronizeEvent, eid, timeout_ms, ops)
 
     def synchronize_device(self, timeout_ms: float = -1) -> None:
         self._synchronize(self._rms.SynchronizeDevice, 0, timeout_ms)

@@ -416,7 +416,11 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
         return _EMPTY
 
     def SynchronizeEvent(self, request, context):
-        self.device.synchronize_event(request.handle, _wait_ms(request.timeout_ms), owner=self._caller(context))
+        owner = self._caller(context)
+        if request.ops:
+            self._server.require_lease(owner)
+            self.device.submit(self._templates.decode(request.ops, owner), owner=owner)
+        self.device.synchronize_event(request.handle, _wait_ms(request.timeout_ms), owner=owner)
         return _EMPTY
 
     def SynchronizeDevice(self, request, context):

@@ -919,13 +919,24 @@ class Event:
     @_prof.api("Event.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until the latest record has completed (-1: up to the runtime's
-        :attr:`~Runtime.sync_timeout_s`); ACL_ERROR_RT_EVENT_SYNC_TIMEOUT when it has not by then."""
+        :attr:`~Runtime.sync_timeout_s`); ACL_ERROR_RT_EVENT_SYNC_TIMEOUT when it has not by then.  Work
+        queued for this device (also work queued after the record) travels with the wait: one round trip
+        on a remote device."""
         t0 = _now()
+        dev = self.device
         try:
-            self.device.rt.flush_all(raise_for=self.device)
-            self.device.handle.synchronize_event(self.eid, self.device.rt.wait_ms(timeout_ms))
+            dev.rt.flush_all(skip=dev)
+            ops = dev.queue.take()
+            if ops:
+                prof = _prof.ACTIVE
+                if prof is not None:
+                    now = _now()
+                    prof.submit(dev.physical_id, len(ops), now, now)
+                dev.handle.synchronize_event(self.eid, dev.rt.wait_ms(timeout_ms), ops=ops)    # one round trip
+            else:
+                dev.handle.synchronize_event(self.eid, dev.rt.wait_ms(timeout_ms))
         finally:
-            self.device.host_stats.sync_s += _now() - t0
+            dev.host_stats.sync_s += _now() - t0
 
     def query(self) -> bool:
         """True when the latest record has completed (also when never recorded)."""

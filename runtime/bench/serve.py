@@ -2,7 +2,8 @@
 the machine's bound, in the same run.
 
 - vnpu: the server ``vnpu serve`` starts -- the same engine configuration (``EngineConfig()``'s defaults:
-  continuous batching, paged KV cache, decode graphs), on the same devices (the running cluster, else an
+  continuous batching, paged KV cache, decode graphs, async scheduling; prefix caching off unless
+  ``--prefix-caching on``: the bench sends each prompt again for its references, warm-up and every level), on the same devices (the running cluster, else an
   embedded one: ``--backend cluster``, the default; ``local``: a device in this process) -- serving SmolLM2
   on one device; per concurrency C, ``--requests`` streamed completions (``ignore_eos``, ``--max-tokens``
   each, prompts of ``--prompt-tokens`` tokens) from C client threads over loopback HTTP: output tokens/s,
@@ -58,6 +59,12 @@ def register(bench_sub) -> None:
     p.add_argument("-q", "--quantization", choices=("none", "gguf"), default="none",
                    help="vnpu serve's --quantization: gguf keeps the GGUF's quantized blocks in HBM (the bound "
                         "stays float32 numpy)")
+    p.add_argument("--async-scheduling", choices=["on", "off"], default="on",
+                   help="the engine's async scheduling (vnpu serve's default: on; off: each step waits for the "
+                        "last one's tokens on the host)")
+    p.add_argument("--prefix-caching", choices=["on", "off"], default="off",
+                   help="the engine's prefix cache (default off: the bench sends its prompts again -- references, "
+                        "warm-up, every level -- and the bound prices whole prefills)")
     p.add_argument("--peer", default=None, metavar="URL",
                    help="also drive this OpenAI-compatible server (e.g. a llama.cpp server on the same GGUF)")
     p.add_argument("--peer-model", default=None, help="the model name the peer serves (default: its first)")
@@ -207,15 +214,18 @@ def load(url: str, model: str, conc: int, n: int, max_tokens: int, refs: dict[st
             "unverified": verdicts["bad"]}
 
 
-def engine_config(max_num_seqs: int | None, n: int, longest: int, quantization: str = "none"):
+def engine_config(max_num_seqs: int | None, n: int, longest: int, quantization: str = "none",
+                  async_scheduling: bool = True, prefix_caching: bool = False):
     """``vnpu serve``'s engine configuration (``EngineConfig()``), with room for ``max_num_seqs`` sequences
-    (None: the default, or more), ``n`` queued requests and ``longest`` tokens of prompt and output."""
+    (None: the default, or more), ``n`` queued requests and ``longest`` tokens of prompt and output; prefix
+    caching off unless asked (the bench repeats its prompts: cached prefills would beat the bound)."""
     from dataclasses import replace
 
     from runtime.serve.engine import EngineConfig
     d = EngineConfig()
     return replace(d, max_num_seqs=max_num_seqs or d.max_num_seqs, max_queued_requests=max(d.max_queued_requests, n),
-                   max_model_len=max(d.max_model_len, longest), quantization=quantization)
+                   max_model_len=max(d.max_model_len, longest), quantization=quantization,
+                   async_scheduling=async_scheduling, enable_prefix_caching=prefix_caching)
 
 
 def _serve(rt, model: str, cfg, levels: list[int], n: int, max_tokens: int,
@@ -232,7 +242,7 @@ def _serve(rt, model: str, cfg, levels: list[int], n: int, max_tokens: int,
         rows = [load(srv.url, model, c, n, max_tokens, refs, tie_tol, pick) for c in levels]
         snap = svc.engines[model].snapshot()
         info = {"kv_blocks": snap.num_blocks, "graphs": snap.graphs, "captures": snap.captures,
-                "preemptions": snap.num_preemptions, "steps": snap.steps}
+                "preemptions": snap.num_preemptions, "steps": snap.steps, "overlapped_steps": snap.overlapped_steps}
     finally:
         srv.stop()
     return rows, info
@@ -298,11 +308,12 @@ def _run(a) -> int:
     # (the machine's load drifts over a run: the bound is what the math alone reached in this run)
     est = (lo + hi) / 2 + 1
     first = {c: ref.workload_tokens_per_s(c, est, a.max_tokens) for c in levels}
+    on, pc = a.async_scheduling == "on", a.prefix_caching == "on"
     with _runtime(a.backend) as rt:
         q = getattr(a, "quantization", "none")
-        vnpu, info = _serve(rt, a.model, engine_config(max(max(levels), 16), a.requests, longest, q), levels,
+        vnpu, info = _serve(rt, a.model, engine_config(max(max(levels), 16), a.requests, longest, q, on, pc), levels,
                             a.requests, a.max_tokens, tol, prompts)
-        base, binfo = _serve(rt, a.model, engine_config(1, a.requests, longest, q), levels, a.requests,
+        base, binfo = _serve(rt, a.model, engine_config(1, a.requests, longest, q, on, pc), levels, a.requests,
                              a.max_tokens, tol, prompts)
     peer = _peer(a, levels, prompts.__getitem__) if a.peer else None
     ptok = sum(r["prompt_tokens_mean"] for r in vnpu) / len(vnpu) or est
@@ -325,7 +336,7 @@ def _run(a) -> int:
     # non-streamed request of its prompt (but for a near tie): nothing lost, cut short or doubled
     ok = all(x["unverified"] == 0 and x["verified"] == x["requests"] for r in rows for x in (r, r["baseline"]))
     doc = {"model": a.model, "backend": a.backend, "quantization": getattr(a, "quantization", "none"),
-           "max_tokens": a.max_tokens, "prompt_tokens": [lo, hi],
+           "max_tokens": a.max_tokens, "prompt_tokens": [lo, hi], "async_scheduling": on, "prefix_caching": pc,
            "engine": info, "baseline_engine": binfo, "levels": rows, "peer": a.peer,
            "top": {"concurrency": top["concurrency"], "x_baseline": top["x_baseline"], "of_bound": top["of_bound"]},
            "load": [round(x, 2) for x in os.getloadavg()], "verified": ok}
@@ -358,7 +369,9 @@ def _print(a, doc: dict, tol: float) -> None:
     print(f"bound: per request a prefill of {round(r0['prompt_tokens_mean'])} tokens ({r0['bound_prefill_ms']} ms) and "
           f"{a.max_tokens} decode steps over a {r0['bound_context']}-token context, numpy float32, one thread")
     print(f"engine: {info['kv_blocks']} KV blocks, {info['graphs']} decode graphs (captured {info['captures']}, "
-          f"constant), {info['steps']} steps, {info['preemptions']} preemptions")
+          f"constant), {info['steps']} steps ({info['overlapped_steps']} queued behind the step before them: async "
+          f"scheduling {'on' if doc['async_scheduling'] else 'off'}), {info['preemptions']} preemptions, prefix "
+          f"caching {'on (cached prefills beat the bound)' if doc['prefix_caching'] else 'off'}")
     print(f"concurrency {top['concurrency']}: {top['x_baseline']:.2f}x the baseline's output tokens/s, "
           f"{top['of_bound']:.2f} of the numpy bound")
     ties = sum(x["near_ties"] for r in rows for x in (r, r["baseline"]))

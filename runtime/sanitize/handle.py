@@ -231,7 +231,10 @@ class SanitizedHandle:
             raise
         self._host(self.tracker.synced_stream, sid)
 
-    def synchronize_event(self, eid: int, timeout_ms: float = -1) -> None:
+    def synchronize_event(self, eid: int, timeout_ms: float = -1, *, ops=()) -> None:
+        """Ops riding on the synchronize are submitted first (one more round trip on a remote device)."""
+        if ops:
+            self.submit(ops)
         site = self.session.site()
         try:
             self.inner.synchronize_event(eid, timeout_ms)

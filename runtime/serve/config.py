@@ -21,7 +21,8 @@ its line), and model placement (``smollm2@0-2``).
         engine: {max_num_seqs: 16, max_num_batched_tokens: 256, block_size: 16, max_model_len: 1024,
                  gpu_memory_utilization: 0.9, num_gpu_blocks_override: null, max_queued_requests: 64,
                  graphs: true, scheduling_policy: priority, priority_aging_s: 10, enable_prefix_caching: true,
-                 quantization: none}      # gguf: the GGUF's quantized blocks stay in HBM
+                 quantization: none,       # gguf: the GGUF's quantized blocks stay in HBM
+                 async_scheduling: true}
         scheduler: {mode: adaptive, low_latency_batch: 2, max_wait_ms: 20}
       - model: minilm-l6@4        # an encoder: data parallel over its devices
         fallback: [5, cpu]        # encoders have a chain too (device lists or cpu)
@@ -267,7 +268,8 @@ ENGINE_SCHEMA = {"max_num_seqs": (_INT, 1), "max_num_batched_tokens": (_INT, 1),
                  "max_model_len": (_INT, 2), "gpu_memory_utilization": (_NUM, None),
                  "num_gpu_blocks_override": (_INT, 2, True), "max_queued_requests": (_INT, 1),
                  "graphs": (_BOOL, None), "scheduling_policy": (_STR, None), "priority_aging_s": (_NUM, None),
-                 "enable_prefix_caching": (_BOOL, None), "quantization": (_STR, None)}
+                 "enable_prefix_caching": (_BOOL, None), "quantization": (_STR, None),
+                 "async_scheduling": (_BOOL, None)}
 SCHEDULER_SCHEMA = {"mode": (_STR, None), "low_latency_batch": (_INT, 1), "max_wait_ms": (_NUM, 0)}
 BATCHING_SCHEMA = {"max_batch_size": (_INT, 1), "max_wait_ms": (_NUM, 0), "max_queued_requests": (_INT, 1)}
 SERVER_SCHEMA = {"host": (_STR, None), "port": (_INT, 0), "allow_unauthenticated": (_BOOL, None),

@@ -481,6 +481,10 @@ def test_batched_submit_is_one_rpc(node):
     assert wall_ms > 0 and one > 0
     assert model_ms == pytest.approx(1000 * one, rel=1e-9)   # modeled time adds up, launch by launch
     assert c.query_stream(s) and c.query_event(e1)
+    before = (c.rpc_count, c.wait_continuations)
+    c.synchronize_event(e1, ops=ops[1:])                 # the batch riding on an event's wait: ONE round trip
+    assert round_trips(before) == 1
+    assert c.memcpy_d2h(x, 4).view(np.float32)[0] == 3001.0     # e1's new record came after 1000 more launches
 
 
 def test_blocking_synchronize_does_not_starve_other_calls(node):

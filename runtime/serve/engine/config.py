@@ -12,9 +12,10 @@ from .modes import ModeConfig
 from .policies import POLICIES, make_policy
 
 #: what a running engine takes between two steps (:meth:`runtime.serve.engine.LLMEngine.set_limits`):
-#: the batch and step budget up to what it was built with, the queue bound, the scheduling policy
+#: the batch and step budget up to what it was built with, the queue bound, the scheduling policy, async
+#: scheduling
 LIVE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "max_queued_requests", "scheduling_policy",
-               "priority_aging_s")
+               "priority_aging_s", "async_scheduling")
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,9 @@ class EngineConfig:
     prefix caching, on by default as in vLLM V1; :mod:`runtime.serve.engine.block_manager`);
     ``quantization``: how the GGUF weights sit in HBM (vLLM's ``--quantization``): ``none`` dequantised
     to float32 at load, ``gguf`` the file's Q8_0 / Q4_1 / Q4_K blocks as they are (5.6x fewer bytes for
-    SmolLM2), computed on by the weight-quantized kernels."""
+    SmolLM2), computed on by the weight-quantized kernels;
+    ``async_scheduling``: the engine thread queues the next step behind the one the device computes and
+    samples greedy requests on the device (vLLM's ``async_scheduling``; :mod:`runtime.serve.engine.overlap`)."""
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 256
     block_size: int = 16
@@ -50,6 +53,7 @@ class EngineConfig:
     mode: ModeConfig = field(default_factory=ModeConfig)
     enable_prefix_caching: bool = True
     quantization: str = "none"
+    async_scheduling: bool = True
 
     def __post_init__(self):
         for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len", "max_queued_requests"):
@@ -71,8 +75,9 @@ class EngineConfig:
             raise InvalidParamError(f"priority_aging_s must be > 0 (inf: no aging), got {a!r}")
         if not isinstance(self.mode, ModeConfig):
             raise InvalidParamError(f"mode must be a ModeConfig, got {self.mode!r}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise InvalidParamError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        for k in ("enable_prefix_caching", "async_scheduling"):
+            if not isinstance(getattr(self, k), bool):
+                raise InvalidParamError(f"{k} must be true or false, got {getattr(self, k)!r}")
         if self.quantization not in QUANTIZATIONS:
             raise InvalidParamError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         u = self.gpu_memory_utilization

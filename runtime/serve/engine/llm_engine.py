@@ -51,6 +51,7 @@ from .lifecycle import EngineLifecycle
 from .kv_cache import kv_bytes_per_block
 from .modes import MODES, LoadTracker, ModeConfig, StepLimits, throttled
 from .output import OutputProcessor
+from .overlap import OverlappedSteps
 from .placement import DeviceBinder, Placement
 from .prompts import PromptChecks
 from .request import Request, RequestHandle, RequestOutput, Status
@@ -84,9 +85,10 @@ class EngineSnapshot:
     prefix_cache_queries: int = 0        #: tokens of admitted requests looked up in the prefix cache
     prefix_cache_hits: int = 0           #: of those, tokens found cached (not computed)
     prefix_cached_blocks: int = 0        #: blocks the prefix cache holds now
+    overlapped_steps: int = 0            #: steps queued while the step before them was still on the device
 
 
-class GenerateEngine(PromptChecks, EngineLifecycle):
+class GenerateEngine(PromptChecks, OverlappedSteps, EngineLifecycle):
     """One causal LM served on ``devices`` (visible ids; tensor parallel over all of them)."""
 
     kind = "generate"
@@ -248,18 +250,27 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         self._log_stats(stats)
         return outputs
 
-    def _sampled(self, out: SchedulerOutput, logits: np.ndarray, stats: StepStats, t: float) -> list[RequestOutput]:
-        """The step's tokens (one per request whose prompt is done), as outputs, with their timings."""
+    def _sampled(self, out: SchedulerOutput, logits: np.ndarray | None, stats: StepStats, t: float,
+                 ids: np.ndarray | None = None) -> list[RequestOutput]:
+        """The step's tokens (one per request whose prompt is done: sampled from ``logits``, or the
+        device's greedy ``ids``), as outputs, with their timings.  A request finished since the step was
+        scheduled (aborted, or stopped by the step before) takes nothing from it."""
         outputs: list[RequestOutput] = []
         row = 0
         for s in out.scheduled:
             req = s.request
+            if req.status is Status.FINISHED:
+                row += s.samples
+                continue
             req.prompt_computed = max(req.prompt_computed, min(s.start + s.count, len(req.prompt_ids)))
             if req.num_preemptions == 0:
                 stats.prompt_tokens += max(0, min(s.start + s.count, len(req.prompt_ids)) - s.start)
             if not s.samples:
                 continue
-            tok, lp = sample(req.params, req.rng, logits[row])
+            if ids is not None:
+                tok, lp = int(ids[row]), None
+            else:
+                tok, lp = sample(req.params, req.rng, logits[row])
             row += 1
             stats.generation_tokens += 1
             if req.first_token_time is None:
@@ -273,12 +284,15 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         return outputs
 
     def _step(self) -> None:
-        """Engine thread: one step, held for a fuller batch when the mode asks; when requests are left but
-        none could run, wait a little for news instead of spinning."""
-        self._hold_for_batch()
-        if not self._run_controls():
-            return
-        if not self.step() and not self.scheduler.running:
+        """Engine thread: one step, held for a fuller batch when the mode asks (with async scheduling:
+        :mod:`.overlap`; control requests run once no step is in flight); when requests are left but none
+        could run, wait a little for news instead of spinning."""
+        if self._inflight is None:
+            self._hold_for_batch()
+            if not self._run_controls():
+                return
+        outs = self._overlap_step() if self.config.async_scheduling or self._inflight is not None else self.step()
+        if not outs and self._inflight is None and not self.scheduler.running:
             with self._lock:
                 if not self._inbox:
                     self._lock.wait_for(lambda: self._stopping or self._inbox or self._control, IDLE_WAIT_S)
@@ -322,7 +336,7 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
 
     def set_limits(self, config: EngineConfig) -> None:
         """Take ``config``'s live limits (:data:`.config.LIVE_FIELDS`: batch, step budget, queue bound,
-        scheduling policy) from the next step on, its mode kept as it is.  Nothing is dropped: a narrower
+        scheduling policy, async scheduling) from the next step on, its mode kept as it is.  Nothing is dropped: a narrower
         batch or budget only holds new requests back, requests already running finish; a lower queue bound
         refuses new arrivals only.  :class:`InvalidParamError` (nothing changed) for a field that needs a
         restart, or a batch / budget above what the engine was built with (its buffers and graphs).
@@ -369,9 +383,12 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         cap = self.config.max_queued_requests
         return self._queued, max(1, math.ceil(cap * self.throttle)), cap
 
-    def _inputs(self, out: SchedulerOutput) -> StepInputs:
+    def _inputs(self, out: SchedulerOutput, fed: dict[str, int] | None = None) -> StepInputs:
+        """The step's rows.  ``fed``: request id -> sampled row of the step queued before this one, for
+        requests whose newest token that step is still sampling (the device feeds it)."""
         bs, mb = self.config.block_size, -(-self.config.max_model_len // self.config.block_size)
         ids, pos, slots, tables, lens, rows = [], [], [], [], [], []
+        feed = np.full(out.num_tokens, -1, np.int64) if fed else None
         n = 0
         for s in out.scheduled:
             req = s.request
@@ -379,7 +396,13 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
             table = np.zeros(mb, np.int64)
             t = self.blocks.table(req.request_id)
             table[:len(t)] = t
-            ids.append(np.asarray(req.all_ids[s.start:s.start + s.count], np.int64))
+            known = req.all_ids[s.start:s.start + s.count]
+            if len(known) < s.count:                     # its last token is the pending one: fed on the device
+                if feed is None or req.request_id not in fed:
+                    raise RuntimeError(f"request {req.request_id} has no token for position {s.start + s.count - 1}")
+                feed[n + s.count - 1] = fed[req.request_id]
+                known = known + [0]
+            ids.append(np.asarray(known, np.int64))
             pos.append(p)
             slots.append(table[p // bs] * bs + p % bs)
             tables.append(np.broadcast_to(table, (s.count, mb)))
@@ -388,7 +411,7 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
             if s.samples:
                 rows.append(n - 1)
         return StepInputs(np.concatenate(ids), np.concatenate(pos), np.concatenate(slots), np.concatenate(tables),
-                          np.concatenate(lens), np.asarray(rows, np.int64), out.is_decode)
+                          np.concatenate(lens), np.asarray(rows, np.int64), out.is_decode, feed)
 
     # ------------------------------------------------------------------ outputs
     def _emit(self, req: Request, toks: list[int], lps: list[TokenLogprob], finish: str | None,
@@ -440,6 +463,7 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         return ModelRunner(devs, self._gguf, self.model_config, self.capacity, self.model)
 
     def _detach(self) -> list[Request]:
+        self._drop_inflight()
         return self.scheduler.take_all()
 
     def _attach(self, reqs: list[Request]) -> int:
@@ -461,11 +485,13 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         return replayed
 
     def _fail_requests(self, msg: str) -> None:
+        self._drop_inflight()
         self._take_inbox()
         for req in list(self._requests.values()):
             self._finish(req, "error", msg)
 
     def _abort_requests(self) -> None:
+        self._drop_inflight()
         self._take_inbox()
         for req in list(self._requests.values()):
             self._finish(req, "abort", None)
@@ -484,4 +510,4 @@ class GenerateEngine(PromptChecks, EngineLifecycle):
         return EngineSnapshot(len(self.scheduler.running), self._queued, pool.usage, pool.num_blocks, pool.num_free,
                               self.scheduler.num_preemptions, r.num_graphs if r else 0, r.captures if r else 0,
                               self.steps, self.index, self.limits, self.rebinds, self.last_batch,
-                              self.blocks.queries, self.blocks.hits, pool.num_cached)
+                              self.blocks.queries, self.blocks.hits, pool.num_cached, self.overlapped_steps)

@@ -70,6 +70,7 @@ class Request:
         self.scheduled_time: float | None = None
         self.cache_salt = cache_salt                #: prefix-cache namespace (a tenant's, or shared: "")
         self.cached_tokens = 0                      #: tokens found in the prefix cache at the last admission
+        self.pending = 0                            #: its next token is being sampled by a step still on the device
 
     @property
     def all_ids(self) -> list[int]:

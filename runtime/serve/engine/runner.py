@@ -16,8 +16,21 @@ over nothing), so a decode step is one stream task per device whatever its batch
 tokens launch their kernels (N varies).  Tensor parallel (``tp > 1``): heads, FFN columns and the
 vocabulary split as in :mod:`runtime.models.llama`; each device holds the KV cache of its KV heads.
 
+Every step also samples greedily on the device: ``argmax`` of the logits rows into the first slots of
+the input buffer (the *feed*), and every step reads its token ids through a ``gather`` over [feed | the
+ids the host wrote]: a row whose id the host does not know yet -- the token the step queued before it is
+still computing -- takes it from the feed on the device (vLLM's async scheduling keeps sampled ids on the
+GPU the same way).  :meth:`ModelRunner.launch` queues a step and returns at once; :meth:`ModelRunner.ids`
+waits for that step only (an event recorded after it: the step queued behind it keeps the device busy
+meanwhile) and reads its greedy ids, :meth:`ModelRunner.logits` its logits (host sampling).  The ids
+are copied to one of two host-readable slots by step parity, so the next step's argmax cannot overwrite
+them before the host has read them; on one node that read is a copy out of the device's shared-memory
+arena (:mod:`driver.client`'s fast path), not a transfer over gRPC.
+
 Blocking: :meth:`ModelRunner.execute` returns when the logits are on the host (it synchronizes each
 device's stream); a step without rows to sample returns at once (its work only ordered on the streams).
+:meth:`ModelRunner.launch` only orders the devices; :meth:`ModelRunner.ids` / :meth:`ModelRunner.logits`
+block until that step is done.
 """
 from __future__ import annotations
 
@@ -46,7 +59,9 @@ HCCL_EXEC_TIMEOUT_S = 60.0
 class StepInputs:
     """A step's rows (host arrays): ``ids``/``positions``/``slots`` [N] (slot = block * BS + offset;
     -1 = nowhere), ``tables`` [N, MB], ``lens`` [N] (positions attended), ``rows`` [R] (rows whose
-    logits are wanted), ``decode``: every row is one sequence's newest token."""
+    logits are wanted), ``decode``: every row is one sequence's newest token; ``fed`` [N] (optional):
+    per row, the sampled row of the step queued before this one whose greedy id is this row's token (read
+    on the device), or -1 (the host's id)."""
     ids: np.ndarray
     positions: np.ndarray
     slots: np.ndarray
@@ -54,6 +69,7 @@ class StepInputs:
     lens: np.ndarray
     rows: np.ndarray
     decode: bool
+    fed: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -65,10 +81,18 @@ class StepInputs:
         if k == 0:
             return self
         z = np.zeros(k, np.int64)
+        fed = None if self.fed is None else np.concatenate([self.fed, z - 1])
         return StepInputs(np.concatenate([self.ids, z]), np.concatenate([self.positions, z]),
                           np.concatenate([self.slots, z - 1]),
                           np.concatenate([self.tables, np.zeros((k, self.tables.shape[1]), np.int64)]),
-                          np.concatenate([self.lens, z]), np.arange(b), True)
+                          np.concatenate([self.lens, z]), np.arange(b), True, fed)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A step queued on the devices: its sampled rows ``r`` and the parity slot its ids go to."""
+    r: int
+    parity: int
 
 
 class _Rank:
@@ -89,22 +113,28 @@ class _Rank:
                             ("f", (n, sp.ff)), ("st", (n, self.W, dh)), ("att", (n, sp.hq, dh)),
                             ("hsel", (r, d)), ("hf", (r, d)), ("logits", (r, self.vr))):
             b.add(name, shape)
+        self.feed = align(4 * r)                        # bytes of the feed at the head of the input buffer
         b.add("inp", (self.layout(n, r)[1],), "uint8")
+        b.add("out_ids", (2, r), "int32")               # greedy ids of the last steps, by parity
         self.act = b.allocate(self.lc.stream)           # activations: short-lived, on the rank's stream
         self.kv: KvCache | None = None
         self.graphs: dict[int, object] = {}
+        self.done = [self.dev.event(), self.dev.event()]     # recorded after the ids copy of a step, by parity
 
     # -------------------------------------------------------------- inputs
     def layout(self, n: int, r: int) -> tuple[dict[str, tuple[int, tuple]], int]:
-        """Byte offsets and shapes of a step's int32 inputs for ``n`` rows and ``r`` sampled rows."""
-        out, off = {}, 0
-        for name, shape in (("ids", (2, n)), ("pos", (n, self.C)), ("slots", (n * self.W,)), ("bt", (n, self.mb)),
-                            ("lens", (n,)), ("rows", (max(r, 1),))):
+        """Byte offsets and shapes of a step's int32 inputs for ``n`` rows and ``r`` sampled rows.  The
+        feed (greedy ids of the last step, written by the device) comes first and the host's ids right
+        after it, at fixed offsets whatever ``n``: ``gather`` reads both as one array."""
+        out, off = {}, self.feed
+        for name, shape in (("hid", (n,)), ("src", (2, n)), ("ids", (2, n)), ("pos", (n, self.C)),
+                            ("slots", (n * self.W,)), ("bt", (n, self.mb)), ("lens", (n,)), ("rows", (max(r, 1),))):
             out[name] = (off, shape)
             off += align(4 * int(np.prod(shape)))
         return out, off
 
     def write_inputs(self, s: StepInputs) -> None:
+        """Queue the step's inputs (a stream-ordered write of everything after the feed)."""
         n, r = s.n, int(s.rows.size)
         lay, size = self.layout(n, r)
         buf = np.zeros(size, np.uint8)
@@ -114,7 +144,11 @@ class _Rank:
             a = np.ascontiguousarray(arr, np.int32).reshape(-1)
             buf[off:off + a.nbytes] = a.view(np.uint8)
 
-        put("ids", np.concatenate([s.ids, s.ids]))
+        put("hid", s.ids)
+        src = np.arange(n, dtype=np.int64) + self.feed // 4           # the host's id of each row ...
+        if s.fed is not None:
+            src = np.where(s.fed >= 0, s.fed, src)                     # ... or the feed's, on the device
+        put("src", np.concatenate([src, src]))
         pos = np.zeros((n, self.C), np.int64)
         pos[:, :-1] = s.positions[:, None]                        # q and k chunks rotate, v stays (pos 0)
         put("pos", pos)
@@ -122,7 +156,7 @@ class _Rank:
         put("bt", s.tables)
         put("lens", s.lens)
         put("rows", s.rows if r else np.zeros(1, np.int64))
-        self.lc.stream.write(self.act["inp"].ptr, buf.tobytes())
+        self.lc.stream.write(self.act["inp"].ptr + self.feed, buf[self.feed:].tobytes())
 
     def head_rows(self, slots: np.ndarray) -> np.ndarray:
         """Scatter rows ``[N * W]`` of each row's q|k|v heads: keys and values to their slot, the query
@@ -162,6 +196,7 @@ class _Rank:
         rope = {"base": float(cfg.rope_base), "style": "interleaved"}
         pa = {"num_heads": hq, "num_key_value_heads": hkv}
         rk = self.rank
+        lc("gather", [TensorDesc(inp, (self.feed // 4 + n,), "int32"), field("src")], [field("ids")])
         rk.embed(lc, field("ids"), x2)
         for i, kv in zip(self.rank.spec.layers, self.kv.layers):
             lc("rmsnorm", [x2, w[f"{i}.an"]], [h2], eps=eps)
@@ -183,6 +218,7 @@ class _Rank:
             lc("embedding", [td(a["x2"], (n, d)), field("rows")], [hsel])
             lc("rmsnorm", [hsel, w["out_norm"]], [hf], eps=eps)
             rk.linear(lc, hf, "head", td(a["logits"], (r, self.vr)))
+            lc("argmax", [td(a["logits"], (r, self.vr))], [TensorDesc(inp, (r,), "int32")], axis=-1)
 
     def _all_reduce(self, t, count: int) -> None:
         comm = self.rank.comm
@@ -199,6 +235,18 @@ class _Rank:
     def logits(self, r: int) -> np.ndarray:
         return self.act["logits"].view((r, self.vr)).numpy(self.lc.stream)
 
+    def mark(self, r: int, parity: int) -> None:
+        """Queue the copy of the step's greedy ids to slot ``parity`` and the event after it (orders only)."""
+        st = self.lc.stream
+        st.copy(self.act["out_ids"].ptr + parity * 4 * self.ecfg.max_num_seqs, self.act["inp"].ptr, 4 * r)
+        self.done[parity].record(st)
+
+    def ids(self, r: int, parity: int) -> np.ndarray:
+        """The greedy ids of the step marked with ``parity``: waits for that step only, then reads them."""
+        self.done[parity].synchronize()
+        ptr = self.act["out_ids"].ptr + parity * 4 * self.ecfg.max_num_seqs
+        return self.dev.memcpy_d2h(ptr, 4 * r).view(np.int32).astype(np.int64)
+
     def close(self) -> None:
         c = Closer()
         c.push(self.rank.close)
@@ -207,6 +255,9 @@ class _Rank:
             c.push(self.kv.free)
         for g in self.graphs.values():
             c.push(g.destroy)
+        for ev in self.done:
+            c.push(ev.destroy)
+        self.done = []
         self.graphs = {}
         self.kv = None
         c.close()
@@ -283,6 +334,14 @@ class ModelRunner:
 
     def execute(self, s: StepInputs) -> np.ndarray | None:
         """Run one step; the logits ``[R, vocab]`` of its sampled rows (None when it samples none)."""
+        r = self._queue(s)
+        if not r:
+            return None
+        return self._gather_logits(r)
+
+    def _queue(self, s: StepInputs) -> int:
+        """Queue the step's input writes and its forward pass (a graph replay for a decode step) on every
+        rank; its sampled row count.  Only orders the devices."""
         r = int(s.rows.size)
         b = None
         if s.decode and self.ecfg.graphs:
@@ -296,10 +355,35 @@ class ModelRunner:
             else:
                 rk.lc.block_dim = 0
                 rk.forward(s.n, r)
-        if not r:
-            return None
+        return r
+
+    def _gather_logits(self, r: int) -> np.ndarray:
         parts = [rk.logits(r) for rk in self.ranks]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+    @property
+    def samples_on_device(self) -> bool:
+        """Whether the device's greedy ids are the model's (one rank holds the whole vocabulary)."""
+        return len(self.ranks) == 1
+
+    def launch(self, s: StepInputs, parity: int) -> Launched:
+        """Queue one step whose greedy ids go to slot ``parity`` (0/1: a step's parity must differ from
+        the step queued before it while that one is not read yet; only with :attr:`samples_on_device`).
+        Returns at once: only orders the devices."""
+        r = self._queue(s)
+        if r and self.samples_on_device:
+            self.ranks[0].mark(r, parity)
+        return Launched(r, parity)
+
+    def ids(self, step: Launched) -> np.ndarray:
+        """The greedy token ids ``[R]`` of a launched step (blocks until that step is done, not later ones;
+        only with :attr:`samples_on_device`)."""
+        return self.ranks[0].ids(step.r, step.parity) if step.r else np.zeros(0, np.int64)
+
+    def logits(self, step: Launched) -> np.ndarray:
+        """The logits ``[R, vocab]`` of a launched step; blocks until the stream is idle, so only for the
+        last step queued."""
+        return self._gather_logits(step.r)
 
     def synchronize(self) -> None:
         for rk in self.ranks:

@@ -8,7 +8,9 @@ policy gives them (:mod:`.policies`: ``fcfs`` keeps the queue order, ``priority`
 priority).  When the KV cache has no block for a running request's tokens, the policy's victim
 (``max(running, key=(priority, arrival))``) is preempted: its blocks are freed, its computed tokens reset,
 and it goes back to the waiting queue to be recomputed from its prompt and the tokens it already
-generated.  A request admitted with nothing computed first takes the cached blocks of its prompt's
+generated.  A request whose next token a step still on the device samples (``pending``, the engine's
+async scheduling) counts that token as its next one to compute: the runner feeds it on the device.  A
+request admitted with nothing computed first takes the cached blocks of its prompt's
 longest cached prefix (:mod:`.block_manager`, when prefix caching is on) and computes from there.  Under ``priority``, a waiting request that is strictly more urgent than the victim also takes
 its place when the batch is full (at most one displacement per step).
 
@@ -35,11 +37,13 @@ class Scheduled:
     request: Request
     start: int                  #: first token position computed in this step
     count: int                  #: tokens computed in this step
+    #: this step reaches the request's last token (known, or pending on the device) when scheduled: its
+    #: logits give the next token (fixed at scheduling: later steps change the request)
+    samples: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """This step reaches the request's last known token: its logits give the next token."""
-        return self.start + self.count == self.request.num_tokens
+    def __post_init__(self):
+        r = self.request
+        self.samples = self.start + self.count == r.num_tokens + r.pending
 
 
 @dataclass
@@ -132,7 +136,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed, budget)
+            n = min(req.num_tokens + req.pending - req.num_computed, budget)
+            if n <= 0:                                        # nothing to compute (its next token is not due)
+                i += 1
+                continue
             while not self.blocks.allocate(req.request_id, req.num_computed + n):
                 victim = self.victim(self.running, now)
                 gone = chosen.pop(victim.request_id, None)
@@ -152,6 +159,8 @@ class Scheduler:
         if len(out.preempted) == displaced:                   # no block shortage this step (as vLLM)
             while self.waiting and budget > 0 and len(self.running) < max_seqs:
                 req = self.waiting[0]
+                if req.pending:                               # preempted with a token still on the device
+                    break
                 prefix = self.blocks.cached_prefix(req.all_ids, req.cache_salt) if req.num_computed == 0 else []
                 hit = len(prefix) * self.blocks.block_size
                 n = min(req.num_tokens - req.num_computed - hit, budget)
