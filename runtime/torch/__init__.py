@@ -27,10 +27,11 @@ from . import fallback, ops_core, ops_math, resolve  # noqa: F401  (ops_math reg
 from .errors import NpuDeviceError, NpuDeviceMismatchError, NpuFallbackError, NpuStorageFreedError
 from .fallback import NpuFallbackWarning
 from .tensor import OPS, NpuTensor, Storage, contiguous, new_empty
+from .tensor import device_bytes as _device_bytes
 
 __all__ = ["NpuTensor", "NpuDeviceError", "NpuDeviceMismatchError", "NpuFallbackError", "NpuStorageFreedError",
            "NpuFallbackWarning", "fallback_counts", "reset_fallback_counts", "vnpu_device", "device_ptr",
-           "nbytes", "vnpu_stream", "from_device_memory", "is_npu_tensor"]
+           "nbytes", "device_bytes", "vnpu_stream", "from_device_memory", "is_npu_tensor"]
 
 
 def _install() -> None:
@@ -89,6 +90,12 @@ def device_ptr(t) -> int:
     if not t.is_contiguous():
         raise NpuDeviceMismatchError("device_ptr needs a contiguous tensor (call .contiguous() first)")
     return t.vstorage.ptr + t.storage_offset() * t.element_size()
+
+
+def device_bytes(t) -> api.Tensor:
+    """Contiguous npu tensor ``t``'s bytes as a relocatable ``runtime.api.Tensor`` (uint8 view of its pool
+    block; ``.ptr`` read at enqueue follows defragmentation) -- what HCCL calls take."""
+    return _device_bytes(_npu(t))
 
 
 def nbytes(t) -> int:

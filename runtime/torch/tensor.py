@@ -103,6 +103,18 @@ class NpuTensor(torch.Tensor):
         return body[:-1] + suffix + ")" if body.endswith(")") else body + suffix
 
 
+def device_bytes(t: NpuTensor) -> api.Tensor:
+    """The bytes of contiguous npu tensor ``t`` as a relocatable :class:`runtime.api.Tensor` (uint8, ``numel *
+    element_size`` long, a view of the pool block: its ``ptr`` follows a defragmentation).  For handing ``t``
+    to other vnpu libraries (HCCL).  NpuStorageFreedError when the memory is gone, NpuDeviceMismatchError for
+    a non-contiguous tensor."""
+    if not t.is_contiguous():
+        raise NpuDeviceMismatchError("device_bytes needs a contiguous tensor (call .contiguous() first)")
+    t.vstorage.ptr                                  # raises NpuStorageFreedError when gone
+    return t.vstorage.mem.view((t.numel() * t.element_size(),), "uint8",
+                               offset_bytes=t.storage_offset() * t.element_size())
+
+
 # ---------------------------------------------------------------------------------------------- making
 def new_empty(index: int, size, dtype: torch.dtype, stride=None) -> NpuTensor:
     """An uninitialised contiguous (or ``stride``d) tensor on ``npu:index`` from its pool (on the current
