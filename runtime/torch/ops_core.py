@@ -105,9 +105,11 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
 
 @impl(aten.clone.default)
 def clone(self, *, memory_format=None):
+    if not self.is_contiguous():
+        return contiguous(self)               # already a fresh copy
     out = new_empty(self.vstorage.dev.index, self.shape, self.dtype)
     if self.numel():
-        write_into(out, desc(contiguous(self)))
+        write_into(out, desc(self))
     return out
 
 
@@ -119,6 +121,23 @@ def fill_(self, value):
         else:
             launch("fill", [], [self], {"value": scalar_value(value, self.dtype)})
     return self
+
+
+@impl(aten.full_like.default)
+def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    out = new_empty(_index(device) if device is not None else self.vstorage.dev.index, self.shape,
+                    dtype or self.dtype)
+    return fill_(out, fill_value)
+
+
+@impl(aten.ones_like.default)
+def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return full_like(self, 1, dtype=dtype, device=device)
+
+
+@impl(aten.zeros_like.default)
+def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return full_like(self, 0, dtype=dtype, device=device)
 
 
 @impl(aten.zero_.default)
