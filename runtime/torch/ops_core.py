@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from . import context
+from . import context, device
 from .tensor import (OPS, KERNEL_DTYPE, NpuTensor, contiguous, desc, device_of, launch, new_empty, to_cpu, upload,
                      view_of, write_into)
 
@@ -151,6 +151,27 @@ def scalar_value(value, dtype):
     if dtype == torch.bool:
         return bool(value)
     return float(value) if dtype.is_floating_point else int(value)
+
+
+# ---------------------------------------------------------------------------------------------- random
+def _draw(self, fill, generator):
+    """Random numbers drawn on the host from ``generator`` (default: npu:N's, seeded by torch.npu.manual_seed)
+    and uploaded (vnpu has no RNG kernel; counted as neither kernel nor fallback: a factory's upload)."""
+    g = generator if generator is not None else device.generator(self.vstorage.dev.index)
+    host = torch.empty(tuple(self.shape), dtype=self.dtype)
+    fill(host, g)
+    upload(self, host)
+    return self
+
+
+@impl(aten.normal_.default)
+def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    return _draw(self, lambda h, g: h.normal_(mean, std, generator=g), generator)
+
+
+@impl(aten.uniform_.default)
+def uniform_(self, from_=0.0, to=1.0, *, generator=None):
+    return _draw(self, lambda h, g: h.uniform_(from_, to, generator=g), generator)
 
 
 # ---------------------------------------------------------------------------------------------- views
