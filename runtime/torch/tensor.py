@@ -35,11 +35,12 @@ KERNEL_DTYPE: dict[torch.dtype, str] = {
 class Storage:
     """Device bytes under one or more npu tensors: a block of ``dev``'s caching pool."""
 
-    __slots__ = ("dev", "mem", "nbytes", "torch_device", "__weakref__")
+    __slots__ = ("dev", "mem", "nbytes", "torch_device", "stream", "__weakref__")
 
     def __init__(self, dev: api.Device, nbytes: int, stream: api.Stream):
         self.dev = dev
         self.nbytes = int(nbytes)
+        self.stream = stream
         self.mem = dev.empty((max(1, self.nbytes),), "uint8", stream=stream)
         self.torch_device = torch.device("npu", dev.index)
 
@@ -53,9 +54,15 @@ class Storage:
         return self.mem.ptr
 
     def __del__(self) -> None:
+        """Back to the pool, which reuses it in stream order.  A pool that does not cache (under ``vnpu
+        sanitize``) would give it to the driver at once, ahead of queued work that still reads it: then the
+        free is queued on the allocating stream instead (a host function after that work, as cudaFreeAsync)."""
         try:
             if not self.dev.is_lost and api.current_runtime() is self.dev.rt:
-                self.mem.free()
+                if self.dev.pool.config.caching:
+                    self.mem.free()
+                else:
+                    self.stream.launch_host_func(self.mem.free, blocking=True)
         except Exception:       # interpreter shutdown, a closed runtime: the memory went with it
             pass
 
