@@ -197,11 +197,6 @@ def run_view(func, args, kwargs):
     return back(r)
 
 
-@impl(aten._unsafe_view.default)
-def _unsafe_view(self, size):
-    return run_view(aten.view.default, (self, size), {})
-
-
 @impl(aten.lift_fresh.default)
 def _lift_fresh(self):
     return self

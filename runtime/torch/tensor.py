@@ -171,6 +171,49 @@ def device_of(*tensors) -> int:
     return idx
 
 
+# ---------------------------------------------------------------------------------------------- promotion
+_RESULT: dict[tuple, torch.dtype] = {}
+
+
+def _kind(x) -> tuple:
+    if isinstance(x, torch.Tensor):
+        return (x.dtype, x.dim() == 0)
+    return (type(x),)
+
+
+def _proto(kind: tuple):
+    if len(kind) == 2:
+        return torch.empty(() if kind[1] else (1,), dtype=kind[0])
+    return kind[0](1)
+
+
+def result_dtype(a, b) -> torch.dtype:
+    """``torch.result_type(a, b)`` (tensors or Python scalars), cached by (dtype, is 0-dim) / scalar type:
+    on npu tensors torch's own would dispatch an operator."""
+    key = (_kind(a), _kind(b))
+    hit = _RESULT.get(key)
+    if hit is None:
+        hit = _RESULT[key] = torch.result_type(_proto(key[0]), _proto(key[1]))
+    return hit
+
+
+def broadcast(*shapes) -> tuple[int, ...]:
+    """numpy/torch broadcasting of shapes (tuples or torch.Size); RuntimeError (torch's type for it) when
+    they do not broadcast."""
+    n = max(len(s) for s in shapes)
+    out = [1] * n
+    for s in shapes:
+        off = n - len(s)
+        for i, d in enumerate(s):
+            o = out[off + i]
+            if d != o:
+                if o == 1:
+                    out[off + i] = d
+                elif d != 1:
+                    raise RuntimeError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
+    return tuple(out)
+
+
 # ---------------------------------------------------------------------------------------------- device work
 def stream_of(t: NpuTensor) -> api.Stream:
     return context.current_stream(t.vstorage.dev)
