@@ -245,6 +245,17 @@ def log_softmax(x, dim, half_to_float):
     return out
 
 
+@impl(aten._safe_softmax.default)
+def safe_softmax(x, dim, dtype=None):
+    """softmax where a row of only -inf gives zeros (SDPA's math path): the vnpu softmax kernel's own rule."""
+    if (dtype is not None and dtype != x.dtype) or x.dim() == 0 or \
+            KERNEL_DTYPE.get(x.dtype) not in ("float32", "float16", "float64"):
+        return _cpu(aten._safe_softmax.default, x, dim, dtype)
+    out = new_empty(x.vstorage.dev.index, x.shape, x.dtype)
+    launch("softmax", [x], [out], {"axis": dim % x.dim()})
+    return out
+
+
 @impl(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad, output, dim, input_dtype):
     """grad - exp(output) * sum(grad, dim): the backward of log_softmax from vnpu kernels."""
@@ -321,6 +332,9 @@ def _additive_mask(mask, dtype, idx):
 # ---------------------------------------------------------------------------------------------- conv / pool
 @impl(aten.convolution.default)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if x.dim() == 3 and not transposed:                  # unbatched (C, H, W)
+        return convolution(x.unsqueeze(0), w, bias, stride, padding, dilation, transposed, output_padding,
+                           groups).squeeze(0)
     if transposed or x.dim() != 4 or KERNEL_DTYPE.get(x.dtype) not in ("float32", "float16", "float64") \
             or (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w, bias))):
         return _cpu(aten.convolution.default, x, w, bias, stride, padding, dilation, transposed, output_padding,

@@ -151,7 +151,11 @@ _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in KERNEL_DTYPE} |
 
 
 def view_of(t: NpuTensor, size, stride, offset: int, dtype: torch.dtype | None = None) -> NpuTensor:
-    """Another tensor over ``t``'s storage (no copy)."""
+    """Another tensor over ``t``'s storage (no copy).  Under ``torch.inference_mode`` a view of a normal
+    tensor is a normal tensor, as torch's rule is (torch then shares ``t``'s version counter with it)."""
+    if torch.is_inference_mode_enabled() and not t.is_inference():
+        with torch.inference_mode(False):
+            return NpuTensor(t.vstorage, tuple(size), tuple(stride), int(offset), dtype or t.dtype)
     return NpuTensor(t.vstorage, tuple(size), tuple(stride), int(offset), dtype or t.dtype)
 
 

@@ -471,7 +471,9 @@ REACH_IN_ALLOWED = {
        for mod, op in (("runtime.torch.ops_core", "_to_copy"), ("runtime.torch.ops_views", "_unsafe_view"),
                        ("runtime.torch.ops_math", "_softmax"), ("runtime.torch.ops_nn", "_local_scalar_dense"),
                        ("runtime.torch.ops_nn", "_log_softmax"), ("runtime.torch.ops_nn", "_log_softmax_backward_data"),
-                       ("runtime.torch.ops_nn", "_scaled_dot_product_attention_math"))},
+                       ("runtime.torch.ops_nn", "_scaled_dot_product_attention_math"),
+                       ("runtime.torch.ops_nn", "_safe_softmax"), ("runtime.torch.ops_core", "_copy_from"),
+                       ("runtime.torch.ops_core", "_copy_from_and_resize"))},
     ("runtime.hostmem", "_vnpu_owner"): "our own keep-alive tag on a ctypes array (the numpy view's base)",
     ("runtime.sanitize.session", "_vnpu_sanitized"): "our own report-once tag on an AclError, set and read here",
 }
