@@ -158,6 +158,22 @@ def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, m
     return full_like(self, 0, dtype=dtype, device=device)
 
 
+@impl(aten.new_full.default)
+def new_full(self, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    out = new_empty(_index(device) if device is not None else self.vstorage.dev.index, size, dtype or self.dtype)
+    return fill_(out, fill_value)
+
+
+@impl(aten.new_ones.default)
+def new_ones(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return new_full(self, size, 1, dtype=dtype, device=device)
+
+
+@impl(aten.new_zeros.default)
+def new_zeros(self, size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return new_full(self, size, 0, dtype=dtype, device=device)
+
+
 @impl(aten.zero_.default)
 def zero_(self):
     return fill_(self, 0)

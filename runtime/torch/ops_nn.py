@@ -175,6 +175,15 @@ impl(aten.any.dim)(lambda x, dim, keepdim=False: _any_all(aten.any.dim, "reduce_
 impl(aten.all.dim)(lambda x, dim, keepdim=False: _any_all(aten.all.dim, "reduce_min", x, dim, keepdim))
 
 
+@impl(aten.linalg_vector_norm.default)
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """The 2-norm as sqrt(sum(x * x)) from vnpu kernels (other orders: CPU fallback)."""
+    if ord != 2 or dtype is not None or KERNEL_DTYPE.get(x.dtype) not in ("float32", "float16", "float64"):
+        return _cpu(aten.linalg_vector_norm.default, x, ord, dim, keepdim, dtype=dtype)
+    sq = aten.mul.Tensor(x, x)
+    return unary(aten.sqrt.default, "sqrt", reduce(aten.sum.dim_IntList, "reduce_sum", sq, dim, keepdim))
+
+
 @impl(aten._local_scalar_dense.default)
 def item(x):
     """``.item()``: waits for the value (host-blocking)."""

@@ -229,5 +229,9 @@ def test_what_real_models_call():
     s = torch.full((2, 4), float("-inf"))
     s[0, 1] = 0.5
     same(torch.ops.aten._safe_softmax.default(s.npu(), -1), torch.ops.aten._safe_softmax.default(s, -1))
+    m = rnd(3, 7)
+    same(F.normalize(m.npu(), dim=-1), F.normalize(m, dim=-1), **k_tol(7, 2))
+    same(m.npu().new_ones((2, 2)), m.new_ones((2, 2)))
+    same(m.npu().new_zeros(3, dtype=torch.int64), m.new_zeros(3, dtype=torch.int64))
     img, wt = rnd(3, 6, 6), rnd(2, 3, 3, 3)
     same(F.conv2d(img.npu(), wt.npu()), F.conv2d(img, wt), **k_tol(27, 4))
