@@ -42,10 +42,17 @@ def check_index(index: int) -> int:
     return index
 
 
+_DEVICES: dict[int, api.Device] = {}      #: index -> Device of the runtime that made it (the hot path's cache)
+
+
 def device(index: int | None = None) -> api.Device:
     """The vnpu Device behind ``npu:index`` (default: the thread's current device)."""
     i = _LOCAL.index if index is None else index
-    return runtime().device(check_index(i))
+    d = _DEVICES.get(i)
+    if d is not None and d.rt is api.current_runtime():
+        return d
+    d = _DEVICES[i] = runtime().device(check_index(i))
+    return d
 
 
 def current_index() -> int:
