@@ -33,6 +33,7 @@ def test_streams_events_memory_and_fallback_on_the_cluster(rt):
     s = torch.npu.Stream(3)
     x = torch.ones(32, 32, device="npu:3")
     start, end = torch.npu.Event(), torch.npu.Event()
+    s.wait_stream(torch.npu.current_stream(3))          # x was filled on the default stream (torch's rule)
     start.record(s)
     with torch.npu.stream(s):
         y = x @ x

@@ -41,6 +41,7 @@ def test_stream_context_runs_work_on_that_vnpu_stream(npu_runtime):
     x = a.npu()
     s = torch.npu.Stream()
     assert s.vstream.sid != torch.npu.default_stream().vstream.sid
+    s.wait_stream(torch.npu.current_stream())           # x was uploaded on the default stream
     with profiler.recording(runtime=npu_runtime) as p:
         with torch.npu.stream(s):
             assert torch.npu.current_stream() == s
@@ -60,6 +61,7 @@ def test_events_order_streams_and_time_on_the_modeled_clock():
     s1, s2 = torch.npu.Stream(), torch.npu.Stream()
     start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
     x = torch.ones(64, 64, device="npu")
+    s1.wait_stream(torch.npu.current_stream())          # x was filled on the default stream
     start.record(s1)
     with torch.npu.stream(s1):
         y = x @ x
