@@ -45,6 +45,8 @@ def t(x: NpuTensor):
 @impl(aten.transpose.int)
 def transpose(x: NpuTensor, d0: int, d1: int):
     n = x.dim()
+    if n == 0 or not (-n <= d0 < n and -n <= d1 < n):      # 0-dim (dims 0 / -1 allowed) and bad dims: torch's path
+        return run_view(aten.transpose.int, (x, d0, d1), {})
     d0, d1 = _dim(d0, n), _dim(d1, n)
     size, stride = list(x.shape), list(x.stride())
     size[d0], size[d1] = size[d1], size[d0]

@@ -83,9 +83,10 @@ def test_module_npu_and_matmul_match_cpu():
     lambda t: t.view(-1, 4), lambda t: t.t(), lambda t: t.transpose(-1, 0), lambda t: t.permute(1, 0),
     lambda t: t.unsqueeze(-1), lambda t: t.unsqueeze(0), lambda t: t[2], lambda t: t[-1, 1:5:2],
     lambda t: t[:, 3:], lambda t: t[1:3].unsqueeze(1).expand(-1, 3, -1), lambda t: t.detach(),
-    lambda t: t.t().reshape(-1), lambda t: t[:, ::2].t()[1], lambda t: t[5:2]],
+    lambda t: t.t().reshape(-1), lambda t: t[:, ::2].t()[1], lambda t: t[5:2],
+    lambda t: t[0, 0].transpose(0, -1), lambda t: t.reshape(2, 4, 6).transpose(2, 0)],
     ids=["view", "t", "transpose", "permute", "unsqueeze-1", "unsqueeze0", "select", "select-slice", "slice",
-         "expand", "detach", "reshape-copy", "chain", "empty-slice"])
+         "expand", "detach", "reshape-copy", "chain", "empty-slice", "transpose-0d", "transpose-3d"])
 def test_views_have_torchs_sizes_strides_and_values(make):
     a = torch.arange(48, dtype=torch.float32).reshape(8, 6)
     got, want = make(a.npu()), make(a)
