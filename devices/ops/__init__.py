@@ -9,9 +9,10 @@ wherever numpy allows it, no copies beyond the fp32 upcast of float16 data.
 Families, one module each (its docstring says what its blocks split over):
 
 - :mod:`.elementwise`: binary (add, sub, mul, div, pow), unary and scalar (gelu, silu, relu, exp, tanh,
-  sqrt, rsqrt, neg, erf, sigmoid, clip, add_scalar, mul_scalar), swiglu, equal, where, cast, copy, fill;
+  sqrt, rsqrt, neg, erf, sigmoid, clip, add_scalar, mul_scalar, sin, cos, log, abs), maximum, minimum,
+  swiglu, equal, where, cast, copy, fill;
 - :mod:`.layout`: transpose, strided_slice, concat, expand, gather;
-- :mod:`.norm`: softmax, layernorm, rmsnorm;  :mod:`.reduce`: reduce_sum/mean/max/min, argmax;
+- :mod:`.norm`: softmax, layernorm, rmsnorm;  :mod:`.reduce`: reduce_sum/mean/max/min, argmax, cumsum;
 - :mod:`.matmul`: matmul, batch_matmul, fused_matmul;
 - :mod:`.quant`: weight_quant_matmul, quant_embedding (weights kept quantized: GGUF Q8_0 / Q4_1 / Q4_K
   blocks, int8 per-channel; layouts in :mod:`.qformats`);
@@ -21,6 +22,8 @@ Families, one module each (its docstring says what its blocks split over):
   in front of a model input);
 - :mod:`.dvpp`: the DVPP media engines (JPEG decode/encode, PNG decode, VPC), on :mod:`.picture`;
   :mod:`.dvpp_video`: VDEC / VENC (H.264 / H.265, PyAV).
+- :mod:`.logic`: less, less_equal, greater, greater_equal, not_equal, logical_and/or/xor/not;
+- :mod:`.strided`: strided_gather, strided_scatter (as_strided views of a flat buffer).
 
 What they share: :mod:`.checks` (launch checks: attribute, dtype and shape validation, InvalidParamError),
 :mod:`.blocks` (how blocks split a launch), :mod:`.work` (flops and bytes for the cost model),
@@ -36,5 +39,5 @@ lengths read from device memory are checked when the kernel runs: one out of ran
 (the cached and indexed kernels trap with ACL_ERROR_RT_AICORE_TRAP_READ/WRITE_OVERFLOW) before any block
 writes anything.
 """
-from . import (aipp, attention, cnn, dvpp, dvpp_video, elementwise, embedding, layout, matmul, norm,  # noqa: F401
-               quant, reduce, rope)
+from . import (aipp, attention, cnn, dvpp, dvpp_video, elementwise, embedding, layout, logic, matmul,  # noqa: F401
+               norm, quant, reduce, rope, strided)
