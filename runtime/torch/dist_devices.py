@@ -1,34 +1,36 @@
 """What the ``hccl`` process group needs of the ``npu`` device: the runtime its tensors live on, a device by
-index, a device's current stream, and an npu tensor's vnpu view.  Only public entry points of
-:mod:`runtime.torch` are used here, so that the device's internals can change under the process group."""
+index, a device's current stream, and the device bytes of an npu tensor.  The one place where
+:mod:`runtime.torch.distributed` meets the device's modules (their public entry points only)."""
 from __future__ import annotations
-
-import os
 
 import torch
 
-from runtime.api import Device, Runtime, Stream, Tensor, get_runtime
+from runtime.api import Device, Runtime, Stream, Tensor
+
+from . import context
 
 DEVICE_TYPE = "npu"
 
 
 def runtime() -> Runtime:
-    """The runtime whose devices back ``npu`` tensors in this process."""
-    return get_runtime()
+    """The runtime whose devices back ``npu`` tensors in this process (``VNPU_BACKEND`` chooses it)."""
+    return context.runtime()
 
 
-def device(rt: Runtime, index: int | None) -> Device:
-    """Device ``index`` of ``rt``; None: the current npu device."""
-    if index is None:
-        index = int(os.environ.get("LOCAL_RANK", "0"))
-    return rt.device(index)
+def device(index: int | None) -> Device:
+    """The vnpu device behind ``npu:index``; None: the thread's current npu device (``torch.npu.set_device``)."""
+    return context.device(index)
 
 
 def current_stream(dev: Device) -> Stream:
-    """The stream npu work of ``dev`` is enqueued on now."""
-    return dev.default_stream
+    """The stream npu work of ``dev`` is enqueued on now (``torch.npu.current_stream``)."""
+    return context.current_stream(dev)
 
 
-def vnpu_tensor(t: torch.Tensor) -> Tensor:
-    """The vnpu tensor over the bytes of npu tensor ``t`` (contiguous)."""
-    raise NotImplementedError("npu tensors arrive with runtime.torch")
+def device_bytes(t: torch.Tensor) -> Tensor:
+    """The bytes of contiguous npu tensor ``t`` as a uint8 vnpu tensor over its device address now (use it
+    at once: a defragmentation may move the memory later)."""
+    import runtime.torch as npu                  # the package's public entry points (imported last by it)
+    if not npu.is_npu_tensor(t):
+        raise ValueError(f"hccl: a {t.device.type} tensor where an npu tensor was expected")
+    return Tensor(npu.vnpu_device(t), npu.device_ptr(t), (npu.nbytes(t),), "uint8")

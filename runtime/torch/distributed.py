@@ -51,15 +51,18 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work
 from torch.futures import Future
 
-from devices.errors import HCCL_E_PARA, AclError, HcclError, hccl_result_name
+from devices.errors import HCCL_E_PARA, AclError, HcclError
 from runtime import hccl
 from runtime.api import Device, Stream, Tensor
 
 from . import dist_devices
 
 BACKEND_NAME = "hccl"
-#: where rank 0 publishes the root info in the process group's store
-ROOT_INFO_KEY = "vnpu-hccl/root-info"
+#: where rank 0 publishes the root info in the process group's store (one key per generation: a group
+#: destroyed and initialized again over the same store finds no stale root info)
+ROOT_INFO_KEY = "vnpu-hccl/root-info/"
+#: every rank adds 1 when its group is created: generation g's ranks count from g * size + 1
+INITS_KEY = "vnpu-hccl/inits"
 PROC_KEY = "vnpu-hccl/proc/"
 
 _REDOPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MAX: "max", ReduceOp.MIN: "min",
@@ -217,7 +220,8 @@ class ProcessGroupHCCL(ProcessGroup):
         self._comm_lock = threading.Lock()
         self._aborted: dist.DistBackendError | None = None
         self._runtime = dist_devices.runtime()
-        _check_shared_devices(store, rank, size, self._runtime.backend.name)
+        self._generation = (int(store.add(INITS_KEY, 1)) - 1) // size
+        _check_shared_devices(store, f"{self._generation}/", rank, size, self._runtime.backend.name)
 
     # ---- what torch asks of a process group
     def getBackendName(self) -> str:
@@ -237,7 +241,7 @@ class ProcessGroupHCCL(ProcessGroup):
         join that blocks the host until every rank has joined, at most the exec timeout)."""
         with self._comm_lock:
             if self._aborted is not None:
-                raise self._aborted
+                raise dist.DistBackendError(str(self._aborted))
             c = self._comm
             if c is not None:
                 if c.device is not dev:
@@ -245,11 +249,12 @@ class ProcessGroupHCCL(ProcessGroup):
                                      f"{dev.index} cannot join its collectives (one device per rank)")
                 return c
             try:
+                key = f"{ROOT_INFO_KEY}{self._generation}"
                 if self.rank() == 0:
                     blob = hccl.get_root_info(dev)
-                    self._store.set(ROOT_INFO_KEY, blob)
+                    self._store.set(key, blob)
                 else:
-                    blob = self._store.get(ROOT_INFO_KEY)
+                    blob = self._store.get(key)
                 c = hccl.comm_init_root_info(self.size(), bytes(blob), self.rank(), dev,
                                              hccl.CommOptions(exec_timeout_s=self.exec_timeout_s,
                                                               algo=self._options.algo),
@@ -261,9 +266,8 @@ class ProcessGroupHCCL(ProcessGroup):
 
     def failed(self, what: str, e: AclError) -> dist.DistBackendError:
         """The DistBackendError of a failed collective; the group is aborted from now on."""
-        name = hccl_result_name(e.hccl_code) if isinstance(e, HcclError) else f"aclError {e.code}"
         dev = self._comm.device.index if self._comm is not None else "?"
-        err = dist.DistBackendError(f"hccl {what} failed on rank {self.rank()} (npu:{dev}): {name}: {e}")
+        err = dist.DistBackendError(f"hccl {what} failed on rank {self.rank()} (npu:{dev}): {e}")
         err.hccl_code = getattr(e, "hccl_code", None)          # type: ignore[attr-defined]
         err.acl_code = e.code                                   # type: ignore[attr-defined]
         err.__cause__ = e
@@ -284,12 +288,12 @@ class ProcessGroupHCCL(ProcessGroup):
 
     # ---- the one template of every operator
     def _run(self, what: str, tensors: Sequence[torch.Tensor], body: Callable[[hccl.Communicator, _Buffers], None],
-             outputs: list) -> HcclWork:
-        """Resolve the rank's device from ``tensors``, enqueue ``body`` on its current stream, and return
-        the work (only orders the device)."""
+             outputs: list, index: int | None = None) -> HcclWork:
+        """Resolve the rank's device from ``tensors`` (or npu ``index``), enqueue ``body`` on its current
+        stream, and return the work (only orders the device)."""
         if self._aborted is not None:
-            raise self._aborted
-        dev = self._device_of(tensors)
+            raise dist.DistBackendError(str(self._aborted))
+        dev = self._device_of(tensors) if index is None else dist_devices.device(index)
         stream = dist_devices.current_stream(dev)
         comm = self.communicator(dev)
         bufs = _Buffers(self, dev, stream)
@@ -315,13 +319,13 @@ class ProcessGroupHCCL(ProcessGroup):
         if len(idx) > 1:
             raise ValueError(f"hccl: tensors of one call are on different devices {sorted(idx)}")
         if idx:
-            return dist_devices.device(self._runtime, idx.pop())
+            return dist_devices.device(idx.pop())
         if self._comm is not None:
             return self._comm.device
-        return dist_devices.device(self._runtime, None)
+        return dist_devices.device(None)
 
     def device_tensor(self, t: torch.Tensor, dev: Device) -> Tensor:
-        v = dist_devices.vnpu_tensor(t)
+        v = dist_devices.device_bytes(t)
         if v.device is not dev:
             raise ValueError(f"hccl: a tensor of npu:{v.device.index} in a call on npu:{dev.index}")
         return v
@@ -460,11 +464,11 @@ class ProcessGroupHCCL(ProcessGroup):
 
     def barrier(self, opts=None):
         dev_opt = getattr(opts, "device", None)
-        probe = [torch.empty(0, device=dev_opt)] if dev_opt is not None and dev_opt.type != "cpu" else []
+        index = dev_opt.index if dev_opt is not None and dev_opt.type == dist_devices.DEVICE_TYPE else None
 
         def body(comm, b):
             comm.collective("barrier", 0, 0, 0, "int8", stream=b.stream)
-        return self._run("barrier", probe, body, [])
+        return self._run("barrier", [], body, [], index)
 
     def send(self, tensors, dst_rank, tag=0):
         t = _one(tensors, "send")
@@ -527,14 +531,14 @@ def _sizes(big: torch.Tensor, small: torch.Tensor, n: int, what: str, output_big
                          f"{small.dtype}), got {big.numel()} {big.dtype}")
 
 
-def _check_shared_devices(store, rank: int, size: int, backend: str) -> None:
+def _check_shared_devices(store, gen: str, rank: int, size: int, backend: str) -> None:
     """Every rank publishes (host, process, backend); ranks in different processes need devices they all
     reach (the cluster backend) -- the in-process backend's devices are private to each process."""
     me = f"{socket.gethostname()}:{os.getpid()}:{backend}"
-    store.set(f"{PROC_KEY}{rank}", me)
+    store.set(f"{PROC_KEY}{gen}{rank}", me)
     if size == 1 or backend != "local":
         return
-    procs = {bytes(store.get(f"{PROC_KEY}{r}")).decode() for r in range(size)}
+    procs = {bytes(store.get(f"{PROC_KEY}{gen}{r}")).decode() for r in range(size)}
     if len(procs) > 1:
         raise ValueError("hccl: the ranks run in different processes but this one uses in-process devices "
                          "(VNPU_BACKEND=local), which no other process can reach: start a cluster (`vnpu up`) "
