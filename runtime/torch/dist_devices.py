@@ -7,7 +7,7 @@ import torch
 
 from runtime.api import Device, Runtime, Stream, Tensor
 
-from . import context
+from . import context, tensor
 
 DEVICE_TYPE = "npu"
 
@@ -28,9 +28,8 @@ def current_stream(dev: Device) -> Stream:
 
 
 def device_bytes(t: torch.Tensor) -> Tensor:
-    """The bytes of contiguous npu tensor ``t`` as a uint8 vnpu tensor over its device address now (use it
-    at once: a defragmentation may move the memory later)."""
-    import runtime.torch as npu                  # the package's public entry points (imported last by it)
-    if not npu.is_npu_tensor(t):
+    """The bytes of contiguous npu tensor ``t`` as a uint8 vnpu tensor (a view of its pool block: no copy;
+    its ``ptr``, read at enqueue, follows a defragmentation)."""
+    if not isinstance(t, tensor.NpuTensor):
         raise ValueError(f"hccl: a {t.device.type} tensor where an npu tensor was expected")
-    return Tensor(npu.vnpu_device(t), npu.device_ptr(t), (npu.nbytes(t),), "uint8")
+    return tensor.device_bytes(t)

@@ -212,7 +212,7 @@ class ProcessGroupHCCL(ProcessGroup):
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, options: HcclOptions | None = None,
                  group_name: str = ""):
-        super().__init__(rank, size)
+        super().__init__(rank, size)                    # type: ignore[call-arg]
         self._store, self._timeout = store, timeout
         self._options = options or HcclOptions()
         self._group_name = group_name
@@ -355,7 +355,7 @@ class ProcessGroupHCCL(ProcessGroup):
         return HcclWork(self, "avg", None, work.result())
 
     # ---- operators
-    def allreduce(self, tensors, opts=None):
+    def allreduce(self, tensors, opts=None):  # type: ignore[override]
         t = _one(tensors, "allreduce")
         redop = self._redop(opts, t)
 
@@ -366,10 +366,13 @@ class ProcessGroupHCCL(ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         works = [self.allreduce([t], opts) for t in tensors]
-        return HcclWork(self, "allreduce_coalesced", works[-1]._stream if works else None, list(tensors),
-                        lambda: [w.wait() for w in works] and None)
 
-    def reduce(self, tensors, opts=None):
+        def wait_all() -> None:
+            for w in works:
+                w.wait()
+        return HcclWork(self, "allreduce_coalesced", None, list(tensors), wait_all)
+
+    def reduce(self, tensors, opts=None):  # type: ignore[override]
         t = _one(tensors, "reduce")
         redop, root = self._redop(opts, t), int(opts.rootRank)
 
@@ -378,7 +381,7 @@ class ProcessGroupHCCL(ProcessGroup):
             comm.collective("reduce", buf.ptr, buf.ptr, t.numel(), _hccl_dtype(t), redop, root=root, stream=b.stream)
         return self._avg(opts, [t] if self.rank() == root else [], self._run("reduce", [t], body, [t]))
 
-    def broadcast(self, tensors, opts=None):
+    def broadcast(self, tensors, opts=None):  # type: ignore[override]
         t = _one(tensors, "broadcast")
         root = int(opts.rootRank) if opts is not None else 0
 
@@ -421,7 +424,7 @@ class ProcessGroupHCCL(ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):  # type: ignore[override]
         out, parts = _one(output_tensors, "reduce_scatter"), input_tensors[0]
         if len(parts) != self.size() or any(p.numel() != out.numel() or p.dtype != out.dtype for p in parts):
             raise ValueError(f"hccl reduce_scatter: needs {self.size()} input tensors like the output")
@@ -489,7 +492,7 @@ class ProcessGroupHCCL(ProcessGroup):
     def recv_anysource(self, tensors, tag=0):
         raise ValueError("hccl: recv from any source is not supported (name the source rank)")
 
-    def gather(self, output_tensors, input_tensors, opts=None):
+    def gather(self, output_tensors, input_tensors, opts=None):  # type: ignore[override]
         """An all-gather whose result only the root keeps (HCCL has no gather)."""
         t, root = _one(input_tensors, "gather"), int(opts.rootRank)
         outs = output_tensors[0] if self.rank() == root else []
@@ -504,7 +507,7 @@ class ProcessGroupHCCL(ProcessGroup):
                 b.scatter_from(flat, outs)
         return self._run("gather", [t, *outs], body, output_tensors)
 
-    def scatter(self, output_tensors, input_tensors, opts=None):
+    def scatter(self, output_tensors, input_tensors, opts=None):  # type: ignore[override]
         """A broadcast of the root's list, of which each rank keeps its part (HCCL has no scatter)."""
         out, root, n = _one(output_tensors, "scatter"), int(opts.rootRank), self.size()
         parts = input_tensors[0] if self.rank() == root else []

@@ -118,8 +118,8 @@ def ranks(cluster):
             x = torch.full((5,), float(rank + 1), device="npu")
             dist.all_reduce(x)
             parts = [torch.empty(3, device="npu", dtype=torch.int64) for _ in range(world)]
-            dist.all_gather(parts, torch.arange(3, device="npu", dtype=torch.int64) * (rank + 1))
-            big = torch.arange(2 * world, dtype=torch.float32, device="npu") * (rank + 1)
+            dist.all_gather(parts, (torch.arange(3, dtype=torch.int64) * (rank + 1)).to("npu"))
+            big = (torch.arange(2 * world, dtype=torch.float32) * (rank + 1)).to("npu")
             out = torch.empty(2, device="npu")
             dist.reduce_scatter_tensor(out, big)
             objs = [{"from": rank}] if rank == 0 else [None]
