@@ -85,6 +85,27 @@ def test_registered_for_npu():
     assert dist.Backend.default_device_backend_map["npu"] == "hccl"
 
 
+def test_init_process_group_with_pg_options():
+    """The path user code takes: ``init_process_group("hccl", pg_options=HcclOptions(...))`` builds this
+    backend's group (its exec timeout from the options), and ``dist.*`` calls reach it."""
+    dist.init_process_group("hccl", store=dist.HashStore(), rank=0, world_size=1,
+                            pg_options=HcclOptions(exec_timeout_s=3.0))
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+        assert isinstance(pg, ProcessGroupHCCL) and pg.exec_timeout_s == 3.0 and dist.get_backend() == "hccl"
+        x = torch.full((3,), 2.0, device="npu:0")
+        w = dist.all_reduce(x, op=dist.ReduceOp.PRODUCT, async_op=True)
+        assert w.wait() and w.is_completed()
+        assert x.cpu().tolist() == [2.0, 2.0, 2.0]
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(ValueError) as ei:
+        dist.init_process_group("hccl", store=dist.HashStore(), rank=0, world_size=1, pg_options=object())
+    assert "HcclOptions" in str(ei.value)
+    assert not dist.is_initialized()
+
+
 @pytest.mark.parametrize("op,ref", [(ReduceOp.SUM, np.sum), (ReduceOp.PRODUCT, np.prod), (ReduceOp.MAX, np.max),
                                     (ReduceOp.MIN, np.min), (ReduceOp.AVG, np.mean)])
 def test_all_reduce_every_op(op, ref):
