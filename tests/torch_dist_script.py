@@ -81,6 +81,14 @@ def collectives(rank: int, n: int, dev: torch.device, done: list) -> None:
     dist.barrier()
     done.append("barrier")
 
+    evens = dist.new_group([r for r in range(n) if r % 2 == 0])      # a subgroup: a communicator of its own
+    if rank % 2 == 0:
+        x = torch.from_numpy(data(rank)).to(dev)
+        dist.all_reduce(x, group=evens)
+        check("subgroup_all_reduce", x, every[::2].sum(0), done)
+    else:
+        done.append("subgroup_all_reduce")
+
 
 def tensor_parallel_linear(rank: int, n: int, dev: torch.device, done: list) -> None:
     """Column-parallel then row-parallel ``nn.Linear`` shards, each against the whole layer on the CPU."""

@@ -69,7 +69,7 @@ def test_torchrun_four_ranks_collectives_and_tensor_parallel_linear(cluster, tmp
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
     want = ["all_reduce_sum", "all_reduce_max", "all_reduce_avg", "all_gather", "all_gather_into_tensor",
             "reduce_scatter_tensor", "broadcast", "all_to_all_single", "send_recv_ring", "barrier",
-            "tp_column_linear", "tp_row_linear", "all_gather_object"]
+            "subgroup_all_reduce", "tp_column_linear", "tp_row_linear", "all_gather_object"]
     for r, rep in enumerate(reports):
         assert rep["rank"] == r and rep["world"] == 4 and rep["backend"] == "hccl"
         assert rep["checks"] == want
