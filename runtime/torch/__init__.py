@@ -114,3 +114,9 @@ def from_device_memory(t_like, size=None, dtype=None) -> NpuTensor:
 
 
 _unused = (Storage, contiguous)
+
+# torch.distributed backend "hccl" for the npu device (runtime.torch.distributed; imported last: it uses
+# the entry points above)
+from . import distributed as _distributed  # noqa: E402
+
+_distributed.register()
