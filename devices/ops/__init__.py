@@ -21,7 +21,7 @@ Families, one module each (its docstring says what its blocks split over):
 - :mod:`.cnn`: conv2d, max_pool2d, avg_pool2d, batch_norm;  :mod:`.aipp`: aipp (the image stage ATC puts
   in front of a model input);
 - :mod:`.dvpp`: the DVPP media engines (JPEG decode/encode, PNG decode, VPC), on :mod:`.picture`;
-  :mod:`.dvpp_video`: VDEC / VENC (H.264 / H.265, PyAV).
+  :mod:`.dvpp_video`: VDEC / VENC (H.264 / H.265, PyAV);
 - :mod:`.logic`: less, less_equal, greater, greater_equal, not_equal, logical_and/or/xor/not;
 - :mod:`.strided`: strided_gather, strided_scatter (as_strided views of a flat buffer).
 
