@@ -15,7 +15,8 @@ Families, one module each (its docstring says what its blocks split over):
 - :mod:`.matmul`: matmul, batch_matmul, fused_matmul;
 - :mod:`.attention`: attention, incre_flash_attention, paged_attention (KV caches read in place);
 - :mod:`.rope`;  :mod:`.embedding`: embedding, scatter_update (in place);
-- :mod:`.cnn`: conv2d, max_pool2d, avg_pool2d, batch_norm.
+- :mod:`.cnn`: conv2d, max_pool2d, avg_pool2d, batch_norm;
+- :mod:`.strided`: strided_gather, strided_scatter (as_strided views of a flat buffer).
 
 What they share: :mod:`.checks` (launch checks: attribute, dtype and shape validation, InvalidParamError),
 :mod:`.blocks` (how blocks split a launch), :mod:`.work` (flops and bytes for the cost model),
@@ -31,4 +32,4 @@ lengths read from device memory are checked when the kernel runs: one out of ran
 (the cached and indexed kernels trap with ACL_ERROR_RT_AICORE_TRAP_READ/WRITE_OVERFLOW) before any block
 writes anything.
 """
-from . import attention, cnn, elementwise, embedding, layout, matmul, norm, reduce, rope  # noqa: F401
+from . import attention, cnn, elementwise, embedding, layout, matmul, norm, reduce, rope, strided  # noqa: F401

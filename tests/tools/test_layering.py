@@ -52,6 +52,8 @@ CORE_SUBLAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("libraries", ("runtime.hccl", "runtime.offline")),
     # on top: the model jobs (tensor parallel over HCCL) and pyACL (acl.mdl over offline models)
     ("front ends", ("runtime.models", "runtime.acl")),
+    # PyTorch's npu device over the device API (tensors in the caching pool, kernels on streams)
+    ("frameworks", ("runtime.torch",)),
 )
 
 #: bottom to top: (layer name, module prefixes).  A module belongs to the layer of its longest matching
@@ -454,6 +456,20 @@ REACH_IN_ALLOWED = {
     (None, "_replace"): "namedtuple._replace: namedtuple's public API (underscored so no field name clashes)",
     ("runtime.cluster.multinode", "_shutdown_at_exit"):
         "Ray's cluster_utils.Cluster takes shutdown_at_exit for all nodes and add_node has no per-node switch",
+    (None, "_schema"): "torch's OpOverload._schema: how torch.library and __torch_dispatch__ code reads an "
+                       "operator's arguments (torch has no other accessor)",
+    ("runtime.torch.tensor", "_make_wrapper_subclass"):
+        "torch.Tensor._make_wrapper_subclass: the constructor torch's __torch_dispatch__ docs give for a tensor "
+        "subclass that wraps other storage",
+    ("runtime.torch.tensor", "_C"): "torch._C._disabled_torch_function_impl: the documented way for a "
+                                    "__torch_dispatch__ subclass to turn __torch_function__ off",
+    ("runtime.torch.tensor", "_disabled_torch_function_impl"): "see torch._C above",
+    ("runtime.torch.resolve", "_C"): "torch._C._dispatch_has_kernel_for_dispatch_key: the only way to ask the "
+                                     "dispatcher whether an operator has a CompositeImplicitAutograd kernel",
+    ("runtime.torch.resolve", "_dispatch_has_kernel_for_dispatch_key"): "see torch._C above",
+    ("runtime.torch.ops_core", "_to_copy"): "aten::_to_copy: an aten operator's public name starts with _",
+    ("runtime.torch.ops_core", "_unsafe_view"): "aten::_unsafe_view: an aten operator's public name starts with _",
+    ("runtime.torch.ops_math", "_softmax"): "aten::_softmax: an aten operator's public name starts with _",
     ("runtime.hostmem", "_vnpu_owner"): "our own keep-alive tag on a ctypes array (the numpy view's base)",
     ("runtime.sanitize.session", "_vnpu_sanitized"): "our own report-once tag on an AclError, set and read here",
 }

@@ -1,0 +1,50 @@
+"""What runs an aten operator that has no npu implementation of its own, in this order:
+
+1. a view operator (its schema returns an alias of an input): computed on meta twins, laid over the same
+   Storage (:func:`.ops_core.run_view`) -- never a copy;
+2. an operator with a decomposition into other aten operators (torch's own table, ``torch._decomp``, or
+   the operator's CompositeImplicitAutograd kernel): the pieces dispatch again, so they run as vnpu
+   kernels where vnpu has them;
+3. the CPU fallback (:mod:`.fallback`: warned once, counted, an error under ``VNPU_TORCH_STRICT=1``).
+
+The choice is made once per operator and cached.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch._decomp import decomposition_table
+
+from . import fallback
+from .ops_core import run_view
+
+_CHOICE: dict[Any, Callable[..., Any]] = {}
+
+#: decompositions that would be slower or less exact than the CPU (none yet: listed here when found)
+_NO_DECOMPOSE: frozenset[str] = frozenset()
+
+
+def _is_view(func) -> bool:
+    s = func._schema
+    return bool(s.returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in s.returns) \
+        and not any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments)
+
+
+def _choose(func) -> Callable[..., Any]:
+    if _is_view(func):
+        return lambda args, kwargs: run_view(func, args, kwargs)
+    dec = decomposition_table.get(func)
+    if dec is not None and func._schema.name not in _NO_DECOMPOSE:
+        return lambda args, kwargs: dec(*args, **kwargs)
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return lambda args, kwargs: func.decompose(*args, **kwargs)
+    return lambda args, kwargs: fallback.run_on_cpu(func, args, kwargs)
+
+
+def missing(func, args, kwargs):
+    """Run ``func`` (no direct npu implementation) the first way that applies (see the module docstring)."""
+    fn = _CHOICE.get(func)
+    if fn is None:
+        fn = _CHOICE[func] = _choose(func)
+    return fn(args, kwargs)
