@@ -3,10 +3,11 @@ PrivateUse1 test base (torch.testing._internal.common_device_type), over PyTorch
 (common_methods_invocations.op_db: each operator's own sample inputs).
 
 The pattern is PyTorch's ``test_compare_cpu`` (test/test_ops.py): every sample input of an operator runs
-on the device and, moved to the CPU, on the CPU; the results must agree (``assertEqual``, PyTorch's
+on the CPU and, moved to the device, on the device; the results must agree (``assertEqual``, PyTorch's
 float32 tolerances).  The operators are those real inference and training code uses (the list recorded
 from SmolLM2, MiniLM and a training step: /work/notes/torch_ops.md); each instantiated test is
-``test_compare_cpu_<op>_npu_float32``.  Two device-generic tests without OpInfo check factories and
+``test_compare_cpu_<op>_npu_float32``.  (The samples are made on the CPU and moved, where PyTorch makes
+them on the device: random tensors made on the npu device draw from another generator.)  Two device-generic tests without OpInfo check factories and
 cross-device copies on every visible npu device.
 """
 from __future__ import annotations
@@ -52,18 +53,20 @@ def rt():
         yield r
 
 
-def _cpu(x):
-    return x.to("cpu") if isinstance(x, torch.Tensor) else x
+def _to(x, device):
+    """``x`` on ``device`` (a tensor; other arguments as they are), keeping requires_grad."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    return x.detach().to(device).requires_grad_(x.requires_grad)
 
 
 class TestNpuGeneric(TestCase):
     @cdt.ops(SELECTED, allowed_dtypes=(torch.float32,))
     def test_compare_cpu(self, device, dtype, op):
-        samples = list(op.sample_inputs(device, dtype))
-        self.assertTrue(samples, f"{op.name} has no sample inputs")
-        for sample in samples:
-            assert sample.input.device.type == "npu" if isinstance(sample.input, torch.Tensor) else True
-            cpu_sample = sample.transform(_cpu)
+        cpu_samples = list(op.sample_inputs("cpu", dtype))
+        self.assertTrue(cpu_samples, f"{op.name} has no sample inputs")
+        for cpu_sample in cpu_samples:
+            sample = cpu_sample.transform(lambda x: _to(x, device))
             got = sample.output_process_fn_grad(op(sample.input, *sample.args, **sample.kwargs))
             want = cpu_sample.output_process_fn_grad(op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs))
             for g in (got if isinstance(got, (tuple, list)) else (got,)):

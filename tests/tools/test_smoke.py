@@ -34,6 +34,7 @@ BENCHES = {
     "kernels": ["--batch", "1", "--context", "16", "--prefill-tokens", "16", "--repeat", "1"],   # in-process, ~3 s
     "overhead": ["--steps", "2", "--layers", "1", "--tokens", "4", "--hidden", "64", "--ffn", "128", "--rounds", "0"],
     "serve-om": ["--concurrency", "1,3", "--requests", "9", "--backend", "local"],     # ~15 s
+    "torch": ["--tokens", "3", "--sentences", "4", "--batch", "4", "--rounds", "1", "--ops", "20"],  # in-process
 }
 
 
@@ -120,6 +121,24 @@ def test_serve_om_json_is_consistent(bench_results):
         assert rel(r["of_ort_bound"], r["on"]["requests_per_s"] / r["ort_bound_rps"], 3)
         assert rel(r["p99_budget_ms"], res["delay_us"] / 1e3 + 2 * r["exec_ms_largest_batch"], 3)
         assert rel(r["p99_of_budget"], r["on"]["p99_ms"] / r["p99_budget_ms"], 2)
+
+
+def test_torch_json_is_consistent(bench_results):
+    """``vnpu bench torch``: every speed is positive and every ratio is its fields' quotient; the dispatch
+    overhead is the npu op's time less the CPU op's; the decode produced the tokens asked for."""
+    res = bench_results["torch"]
+    d, e, o = res["decode"], res["embed"], res["dispatch"]
+    assert len(d["tokens"]) == 3 and d["tokens_equal_cpu"] is True
+    for k in ("cpu_tokens_per_s", "npu_tokens_per_s", "api_tokens_per_s"):
+        assert d[k] > 0, k
+    for k in ("cpu_sentences_per_s", "npu_sentences_per_s", "api_sentences_per_s"):
+        assert e[k] > 0, k
+    assert abs(d["npu_of_cpu_bound"] - d["npu_tokens_per_s"] / d["cpu_tokens_per_s"]) <= 0.01 * d["npu_of_cpu_bound"] + 0.002
+    assert abs(d["npu_of_api"] - d["npu_tokens_per_s"] / d["api_tokens_per_s"]) <= 0.01 * d["npu_of_api"] + 0.002
+    assert abs(e["npu_of_api"] - e["npu_sentences_per_s"] / e["api_sentences_per_s"]) <= 0.01 * e["npu_of_api"] + 0.002
+    assert o["npu_us_per_op"] > 0 and o["cpu_us_per_op"] > 0 and o["api_launch_us"] > 0
+    assert abs(o["overhead_us_vs_cpu"] - (o["npu_us_per_op"] - o["cpu_us_per_op"])) <= 0.011
+    assert isinstance(res["fallbacks"], dict) and all(v > 0 for v in res["fallbacks"].values())
 
 
 # In a child process each (a process attached to the cluster as a Ray driver holds files under its
