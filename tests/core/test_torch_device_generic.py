@@ -12,6 +12,8 @@ cross-device copies on every visible npu device.
 """
 from __future__ import annotations
 
+import unittest
+
 import pytest
 import torch
 
@@ -44,6 +46,12 @@ OPS = {
     ("nn.functional.avg_pool2d", ""): "CNNs",
 }
 SELECTED = [op for op in op_db if (op.name, op.variant_test_name) in OPS]
+
+#: instantiated test -> why it fails on the npu device today.  Marked as expected failures (reported as
+#: xfail, never skipped): one that starts passing fails the suite ("unexpected success") until it leaves
+#: this table, so the table is always the true list.
+KNOWN_FAILING: dict[str, str] = {
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -94,3 +102,15 @@ class TestNpuGeneric(TestCase):
 
 
 cdt.instantiate_device_type_tests(TestNpuGeneric, globals(), only_for="privateuse1")
+_CLS = globals()["TestNpuGenericPRIVATEUSE1"]
+for _name, _why in KNOWN_FAILING.items():
+    setattr(_CLS, _name, unittest.expectedFailure(getattr(_CLS, _name)))
+
+
+def test_the_selection_is_instantiated():
+    """Every selected operator has its instantiated test, and every known failure names one of them."""
+    names = {n for n in dir(_CLS) if n.startswith("test_")}
+    assert len(SELECTED) == len(OPS), sorted(set(OPS) - {(o.name, o.variant_test_name) for o in SELECTED})
+    for op in SELECTED:
+        assert f"test_compare_cpu_{op.formatted_name}_npu_float32" in names, op.name
+    assert set(KNOWN_FAILING) <= names
