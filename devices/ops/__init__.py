@@ -9,13 +9,15 @@ wherever numpy allows it, no copies beyond the fp32 upcast of float16 data.
 Families, one module each (its docstring says what its blocks split over):
 
 - :mod:`.elementwise`: binary (add, sub, mul, div, pow), unary and scalar (gelu, silu, relu, exp, tanh,
-  sqrt, rsqrt, neg, erf, sigmoid, clip, add_scalar, mul_scalar), swiglu, equal, where, cast, copy, fill;
+  sqrt, rsqrt, neg, erf, sigmoid, clip, add_scalar, mul_scalar, sin, cos, log, abs), maximum, minimum,
+  swiglu, equal, where, cast, copy, fill;
 - :mod:`.layout`: transpose, strided_slice, concat, expand, gather;
-- :mod:`.norm`: softmax, layernorm, rmsnorm;  :mod:`.reduce`: reduce_sum/mean/max/min, argmax;
+- :mod:`.norm`: softmax, layernorm, rmsnorm;  :mod:`.reduce`: reduce_sum/mean/max/min, argmax, cumsum;
 - :mod:`.matmul`: matmul, batch_matmul, fused_matmul;
 - :mod:`.attention`: attention, incre_flash_attention, paged_attention (KV caches read in place);
 - :mod:`.rope`;  :mod:`.embedding`: embedding, scatter_update (in place);
 - :mod:`.cnn`: conv2d, max_pool2d, avg_pool2d, batch_norm;
+- :mod:`.logic`: less, less_equal, greater, greater_equal, not_equal, logical_and/or/xor/not;
 - :mod:`.strided`: strided_gather, strided_scatter (as_strided views of a flat buffer).
 
 What they share: :mod:`.checks` (launch checks: attribute, dtype and shape validation, InvalidParamError),
@@ -32,4 +34,4 @@ lengths read from device memory are checked when the kernel runs: one out of ran
 (the cached and indexed kernels trap with ACL_ERROR_RT_AICORE_TRAP_READ/WRITE_OVERFLOW) before any block
 writes anything.
 """
-from . import attention, cnn, elementwise, embedding, layout, matmul, norm, reduce, rope, strided  # noqa: F401
+from . import attention, cnn, elementwise, embedding, layout, logic, matmul, norm, reduce, rope, strided  # noqa: F401

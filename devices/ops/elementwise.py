@@ -1,5 +1,6 @@
 """Elementwise kernels: binary (add, sub, mul, div, pow, with numpy broadcasting), unary and scalar
-(gelu, silu, relu, exp, tanh, sqrt, rsqrt, neg, erf, sigmoid, clip, add_scalar, mul_scalar), swiglu,
+(gelu, silu, relu, exp, tanh, sqrt, rsqrt, neg, erf, sigmoid, clip, add_scalar, mul_scalar, sin, cos, log,
+abs), maximum, minimum, swiglu,
 equal, where, and the per-element conversions cast, copy, fill.
 
 Blocks split the output's elements in row-major order (:func:`~devices.ops.blocks.apply_elementwise`);
@@ -159,6 +160,12 @@ _unary_kernel("sigmoid", lambda attrs, dt: SIGMOID, FLOATS, 5, doc="1 / (1 + exp
 _unary_kernel("clip", _make_clip, NUMERIC, 2, _clip_attrs,
               "min(max(x, attr min), attr max); either bound may be omitted (None)")
 _binary_kernel("pow", np.power, FLOATS, flops=8)
+_binary_kernel("maximum", np.maximum, NUMERIC)
+_binary_kernel("minimum", np.minimum, NUMERIC)
+_unary_kernel("sin", lambda attrs, dt: np.sin, FLOATS, 8, doc="sin(x)")
+_unary_kernel("cos", lambda attrs, dt: np.cos, FLOATS, 8, doc="cos(x)")
+_unary_kernel("log", lambda attrs, dt: np.log, FLOATS, 8, doc="natural log (log 0 = -inf, log of a negative = nan)")
+_unary_kernel("abs", lambda attrs, dt: np.abs, NUMERIC, 1, doc="|x|")
 
 
 def _copyto(src, out):

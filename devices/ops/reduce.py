@@ -1,4 +1,4 @@
-"""Reductions (reduce_sum, reduce_mean, reduce_max, reduce_min over any axes, default all) and argmax
+"""Reductions (reduce_sum, reduce_mean, reduce_max, reduce_min over any axes, default all), argmax and cumsum
 (default ``axis=-1``).  Blocks split the kept output elements; float16 sums and means accumulate in
 float32."""
 from __future__ import annotations
@@ -105,3 +105,34 @@ def _argmax_run(ctx, inputs, outputs, attrs):
             np.argmax(xt[bx], axis=-1, out=ok[bx])
         else:
             np.copyto(ok[bx], np.argmax(xt[bx], axis=-1), casting="unsafe")
+
+
+def _check_cumsum(inputs, outputs, attrs):
+    nm = "cumsum"
+    x, o = unary_operands(nm, inputs, outputs, NUMERIC)
+    norm_axis(nm, attrs.get("axis", -1), max(1, len(x.shape)))
+    shape_is(nm, o, x.shape)
+
+
+def _cumsum_pd(inputs, outputs, attrs):
+    x = inputs[0]
+    return max(1, x.numel // max(1, x.shape[int(attrs.get("axis", -1)) % max(1, len(x.shape))] if x.shape else 1))
+
+
+@builtin("cumsum", unit="vector", check=_check_cumsum, work=input_vector_work(1), parallel_dim=_cumsum_pd)
+@quiet
+def _cumsum_run(ctx, inputs, outputs, attrs):
+    """Running sum along attr axis (default -1); float16 accumulates in float32"""
+    x, out = inputs[0], outputs[0]
+    if x.ndim == 0:
+        if ctx.block_idx == 0:
+            out[...] = x
+        return
+    ax = int(attrs.get("axis", -1)) % x.ndim
+    xt, ot = np.moveaxis(x, ax, -1), np.moveaxis(out, ax, -1)
+    for box in block_boxes(ctx, xt.shape[:-1]):
+        bx = box + (Ellipsis,)
+        if out.dtype == F16:
+            np.copyto(ot[bx], np.cumsum(xt[bx], axis=-1, dtype=F32), casting="same_kind")
+        else:
+            np.cumsum(xt[bx], axis=-1, out=ot[bx])

@@ -57,7 +57,8 @@ def _gather_run(ctx, inputs, outputs, attrs):
     size, stride, off = _view_attrs("strided_gather", attrs, inputs[0])
     view, out = _view(inputs[0], size, stride, off), outputs[0]
     if out.ndim == 0:
-        out[...] = view
+        if ctx.block_idx == 0:
+            out[...] = view
         return
     for box in block_boxes(ctx, out.shape):
         b = box + (Ellipsis,)

@@ -23,7 +23,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from runtime import api
 
 from . import device as _device_module
-from . import fallback, ops_core, ops_math, resolve  # noqa: F401  (ops_math registers its operators)
+from . import fallback, ops_core, ops_math, ops_nn, resolve  # noqa: F401  (the ops modules register operators)
 from .errors import NpuDeviceError, NpuDeviceMismatchError, NpuFallbackError, NpuStorageFreedError
 from .fallback import NpuFallbackWarning
 from .tensor import OPS, NpuTensor, Storage, contiguous, new_empty
@@ -41,6 +41,8 @@ def _install() -> None:
     lib = torch.library.Library("aten", "IMPL")
     for name, fn in ops_core.FACTORIES.items():
         lib.impl(name, fn, "PrivateUse1")
+    for name, fn in ops_nn.AUTOGRAD_LEVEL.items():
+        lib.impl(name, fn, "AutogradPrivateUse1")
     _LIBS.append(lib)                         # the registrations live as long as the library object
     OPS.missing = resolve.missing
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from . import context
+from . import context, device
 from .tensor import (OPS, KERNEL_DTYPE, NpuTensor, contiguous, desc, device_of, launch, new_empty, to_cpu, upload,
                      view_of, write_into)
 
@@ -105,9 +105,11 @@ def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non
 
 @impl(aten.clone.default)
 def clone(self, *, memory_format=None):
+    if not self.is_contiguous():
+        return contiguous(self)               # already a fresh copy
     out = new_empty(self.vstorage.dev.index, self.shape, self.dtype)
     if self.numel():
-        write_into(out, desc(contiguous(self)))
+        write_into(out, desc(self))
     return out
 
 
@@ -121,6 +123,23 @@ def fill_(self, value):
     return self
 
 
+@impl(aten.full_like.default)
+def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    out = new_empty(_index(device) if device is not None else self.vstorage.dev.index, self.shape,
+                    dtype or self.dtype)
+    return fill_(out, fill_value)
+
+
+@impl(aten.ones_like.default)
+def ones_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return full_like(self, 1, dtype=dtype, device=device)
+
+
+@impl(aten.zeros_like.default)
+def zeros_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return full_like(self, 0, dtype=dtype, device=device)
+
+
 @impl(aten.zero_.default)
 def zero_(self):
     return fill_(self, 0)
@@ -132,6 +151,27 @@ def scalar_value(value, dtype):
     if dtype == torch.bool:
         return bool(value)
     return float(value) if dtype.is_floating_point else int(value)
+
+
+# ---------------------------------------------------------------------------------------------- random
+def _draw(self, fill, generator):
+    """Random numbers drawn on the host from ``generator`` (default: npu:N's, seeded by torch.npu.manual_seed)
+    and uploaded (vnpu has no RNG kernel; counted as neither kernel nor fallback: a factory's upload)."""
+    g = generator if generator is not None else device.generator(self.vstorage.dev.index)
+    host = torch.empty(tuple(self.shape), dtype=self.dtype)
+    fill(host, g)
+    upload(self, host)
+    return self
+
+
+@impl(aten.normal_.default)
+def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    return _draw(self, lambda h, g: h.normal_(mean, std, generator=g), generator)
+
+
+@impl(aten.uniform_.default)
+def uniform_(self, from_=0.0, to=1.0, *, generator=None):
+    return _draw(self, lambda h, g: h.uniform_(from_, to, generator=g), generator)
 
 
 # ---------------------------------------------------------------------------------------------- views

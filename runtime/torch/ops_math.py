@@ -18,7 +18,7 @@ def _cpu_fallback(func, *args, **kwargs):
     return fallback.run_on_cpu(func, args, kwargs, why=" for these operands")
 
 
-def _cast(t: NpuTensor, dtype: torch.dtype) -> NpuTensor:
+def cast_to(t: NpuTensor, dtype: torch.dtype) -> NpuTensor:
     if t.dtype == dtype:
         return t
     out = new_empty(t.vstorage.dev.index, t.shape, dtype)
@@ -26,10 +26,10 @@ def _cast(t: NpuTensor, dtype: torch.dtype) -> NpuTensor:
     return out
 
 
-def _operand(x, dtype, index: int) -> NpuTensor:
+def operand(x, dtype, index: int) -> NpuTensor:
     """A tensor operand of ``dtype`` on npu:index (a CPU scalar tensor or a number is uploaded)."""
     if isinstance(x, NpuTensor):
-        return _cast(x, dtype)
+        return cast_to(x, dtype)
     t = new_empty(index, getattr(x, "shape", ()), dtype)
     upload(t, torch.as_tensor(x, dtype=dtype))
     return t
@@ -43,7 +43,7 @@ def _is_scalar(x) -> bool:
 _SCALAR_KERNEL = {"add": "add_scalar", "mul": "mul_scalar"}
 
 
-def _binary(func, name, a, b, alpha=1, out=None):
+def binary(func, name, a, b, alpha=1, out=None):
     """``name`` (add, sub, mul, div, pow) with torch's type promotion and broadcasting."""
     dtype = torch.result_type(a, b) if out is None else out.dtype
     if name == "div" and not dtype.is_floating_point:
@@ -53,7 +53,7 @@ def _binary(func, name, a, b, alpha=1, out=None):
     if not isinstance(a, NpuTensor):
         a, b = (b, a) if name in ("add", "mul") and alpha == 1 else (a, b)
     idx = device_of(a, b)
-    a = _operand(a, dtype, idx)
+    a = operand(a, dtype, idx)
     shape = torch.broadcast_shapes(a.shape, b.shape if isinstance(b, torch.Tensor) else ())
     if out is None:
         out = new_empty(idx, shape, dtype)
@@ -64,16 +64,16 @@ def _binary(func, name, a, b, alpha=1, out=None):
         else:
             launch("mul_scalar", [a], [out], {"value": v if name == "mul" else 1.0 / v})
         return out
-    b = _operand(b, dtype, idx)
+    b = operand(b, dtype, idx)
     launch(name, [a, b], [out], {"alpha": scalar_value(alpha, dtype)} if alpha != 1 else None)
     return out
 
 
 def _binary_ops(name, *overloads, inplace=()):
     for op in overloads:
-        impl(op)(lambda a, b, *, alpha=1, _op=op: _binary(_op, name, a, b, alpha))
+        impl(op)(lambda a, b, *, alpha=1, _op=op: binary(_op, name, a, b, alpha))
     for op in inplace:
-        impl(op)(lambda a, b, *, alpha=1, _op=op: _binary(_op, name, a, b, alpha, out=a))
+        impl(op)(lambda a, b, *, alpha=1, _op=op: binary(_op, name, a, b, alpha, out=a))
 
 
 _binary_ops("add", aten.add.Tensor, aten.add.Scalar, inplace=(aten.add_.Tensor, aten.add_.Scalar))
@@ -83,7 +83,7 @@ _binary_ops("div", aten.div.Tensor, aten.div.Scalar, inplace=(aten.div_.Tensor, 
 _binary_ops("pow", aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar)
 
 
-def _unary(func, kernel, x, attrs=None, floats_only=True, out=None):
+def unary(func, kernel, x, attrs=None, floats_only=True, out=None):
     if KERNEL_DTYPE.get(x.dtype) is None or (floats_only and not x.dtype.is_floating_point):
         return _cpu_fallback(func, x, **(attrs or {})) if out is None else _cpu_fallback(func, x)
     out = new_empty(x.vstorage.dev.index, x.shape, x.dtype) if out is None else out
@@ -96,24 +96,24 @@ for _op, _k, _fl in ((aten.relu.default, "relu", False), (aten.silu.default, "si
                      (aten.exp.default, "exp", True), (aten.sqrt.default, "sqrt", True),
                      (aten.rsqrt.default, "rsqrt", True), (aten.neg.default, "neg", False),
                      (aten.erf.default, "erf", True)):
-    impl(_op)(lambda x, _op=_op, _k=_k, _fl=_fl: _unary(_op, _k, x, floats_only=_fl))
+    impl(_op)(lambda x, _op=_op, _k=_k, _fl=_fl: unary(_op, _k, x, floats_only=_fl))
 for _op, _k, _fl in ((aten.relu_.default, "relu", False), (aten.silu_.default, "silu", True),
                      (aten.sigmoid_.default, "sigmoid", True), (aten.tanh_.default, "tanh", True),
                      (aten.exp_.default, "exp", True), (aten.sqrt_.default, "sqrt", True),
                      (aten.rsqrt_.default, "rsqrt", True), (aten.neg_.default, "neg", False)):
-    impl(_op)(lambda x, _op=_op, _k=_k, _fl=_fl: _unary(_op, _k, x, floats_only=_fl, out=x))
+    impl(_op)(lambda x, _op=_op, _k=_k, _fl=_fl: unary(_op, _k, x, floats_only=_fl, out=x))
 
 
 @impl(aten.gelu.default)
 def gelu(x, *, approximate="none"):
-    return _unary(aten.gelu.default, "gelu", x, {"approximate": approximate})
+    return unary(aten.gelu.default, "gelu", x, {"approximate": approximate})
 
 
 @impl(aten.clamp.default)
 def clamp(x, min=None, max=None):
     if KERNEL_DTYPE.get(x.dtype) is None or isinstance(min, torch.Tensor) or isinstance(max, torch.Tensor):
         return _cpu_fallback(aten.clamp.default, x, min, max)
-    return _unary(aten.clamp.default, "clip", x, {"min": None if min is None else scalar_value(min, x.dtype),
+    return unary(aten.clamp.default, "clip", x, {"min": None if min is None else scalar_value(min, x.dtype),
                                                   "max": None if max is None else scalar_value(max, x.dtype)},
                   floats_only=False)
 
@@ -124,8 +124,8 @@ def where(cond, a, b):
     idx = device_of(*(t for t in (cond, a, b) if isinstance(t, NpuTensor)))
     if KERNEL_DTYPE.get(dtype) is None:
         return _cpu_fallback(aten.where.self, cond, a, b)
-    c = _operand(cond, torch.bool, idx)
-    x, y = _operand(a, dtype, idx), _operand(b, dtype, idx)
+    c = operand(cond, torch.bool, idx)
+    x, y = operand(a, dtype, idx), operand(b, dtype, idx)
     out = new_empty(idx, torch.broadcast_shapes(c.shape, x.shape, y.shape), dtype)
     launch("where", [c, x, y], [out])
     return out
@@ -137,7 +137,7 @@ def eq(a, b):
     if KERNEL_DTYPE.get(dtype) is None:
         return _cpu_fallback(aten.eq.Tensor if isinstance(b, torch.Tensor) else aten.eq.Scalar, a, b)
     idx = device_of(a, b)
-    x, y = _operand(a, dtype, idx), _operand(b, dtype, idx)
+    x, y = operand(a, dtype, idx), operand(b, dtype, idx)
     out = new_empty(idx, torch.broadcast_shapes(x.shape, y.shape), torch.bool)
     launch("equal", [x, y], [out])
     return out
@@ -181,9 +181,9 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
         return out
     prod = mm(a, b)
     if alpha != 1:
-        prod = _binary(aten.mul.Tensor, "mul", prod, alpha)
-    return _binary(aten.add.Tensor, "add", prod, bias, alpha=1) if beta == 1 else \
-        _binary(aten.add.Tensor, "add", prod, _binary(aten.mul.Tensor, "mul", bias, beta))
+        prod = binary(aten.mul.Tensor, "mul", prod, alpha)
+    return binary(aten.add.Tensor, "add", prod, bias, alpha=1) if beta == 1 else \
+        binary(aten.add.Tensor, "add", prod, binary(aten.mul.Tensor, "mul", bias, beta))
 
 
 @impl(aten.bmm.default)
@@ -206,11 +206,11 @@ def bmm(a, b):
 def baddbmm(self, a, b, *, beta=1, alpha=1):
     prod = bmm(a, b)
     if alpha != 1:
-        prod = _binary(aten.mul.Tensor, "mul", prod, alpha)
+        prod = binary(aten.mul.Tensor, "mul", prod, alpha)
     if beta == 0:
         return prod
-    base = self if beta == 1 else _binary(aten.mul.Tensor, "mul", self, beta)
-    return _binary(aten.add.Tensor, "add", prod, base)
+    base = self if beta == 1 else binary(aten.mul.Tensor, "mul", self, beta)
+    return binary(aten.add.Tensor, "add", prod, base)
 
 
 # ---------------------------------------------------------------------------------------------- normalisation
@@ -229,14 +229,28 @@ def _grad_needed(*ts) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts)
 
 
+def _layer_norm_stats(x, normalized_shape, weight, bias, eps):
+    """(out, mean, rstd) from aten pieces (each a vnpu kernel): what autograd's backward needs."""
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    mean = aten.mean.dim(x, dims, True)
+    xc = aten.sub.Tensor(x, mean)
+    var = aten.mean.dim(aten.mul.Tensor(xc, xc), dims, True)
+    rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
+    out = aten.mul.Tensor(xc, rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, weight)
+    if bias is not None:
+        out = aten.add.Tensor(out, bias)
+    return out, mean, rstd
+
+
 @impl(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    """The kernel gives the output only: with autograd recording, the decomposition runs instead (its
-    mean/rstd feed the backward)."""
+    """The kernel gives the output only: with autograd recording, aten pieces compute mean and rstd too
+    (they feed the backward)."""
     d = x.shape[-1] if len(normalized_shape) == 1 else None
     if _grad_needed(x, weight, bias) or d is None or weight is None or bias is None or not _float_ok(x, weight, bias):
-        from torch._decomp import decomposition_table
-        return decomposition_table[aten.native_layer_norm.default](x, normalized_shape, weight, bias, eps)
+        return _layer_norm_stats(x, normalized_shape, weight, bias, eps)
     idx = device_of(x, weight, bias)
     out = new_empty(idx, x.shape, x.dtype)
     launch("layernorm", [x, weight, bias], [out], {"eps": float(eps)})
@@ -257,7 +271,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 
 
 # ---------------------------------------------------------------------------------------------- reductions
-def _reduce(func, kernel, x, dims, keepdim, dtype=None, **kw):
+def reduce(func, kernel, x, dims, keepdim, dtype=None, **kw):
     if dtype is not None and dtype != x.dtype or KERNEL_DTYPE.get(x.dtype) is None or x.dim() == 0:
         return _cpu_fallback(func, x, dims, keepdim, **({"dtype": dtype} if dtype is not None else {}), **kw)
     if kernel == "reduce_mean" and not x.dtype.is_floating_point:
@@ -275,7 +289,7 @@ def _reduce(func, kernel, x, dims, keepdim, dtype=None, **kw):
 def sum_dim(x, dim=None, keepdim=False, *, dtype=None):
     if x.dtype == torch.bool or (dtype is None and not x.dtype.is_floating_point and x.dtype != torch.int64):
         return _cpu_fallback(aten.sum.dim_IntList, x, dim, keepdim, dtype=dtype)
-    return _reduce(aten.sum.dim_IntList, "reduce_sum", x, dim, keepdim, dtype)
+    return reduce(aten.sum.dim_IntList, "reduce_sum", x, dim, keepdim, dtype)
 
 
 @impl(aten.sum.default)
@@ -285,14 +299,14 @@ def sum_all(x, *, dtype=None):
 
 @impl(aten.mean.dim)
 def mean_dim(x, dim=None, keepdim=False, *, dtype=None):
-    return _reduce(aten.mean.dim, "reduce_mean", x, dim, keepdim, dtype)
+    return reduce(aten.mean.dim, "reduce_mean", x, dim, keepdim, dtype)
 
 
 @impl(aten.amax.default)
 def amax(x, dim=(), keepdim=False):
-    return _reduce(aten.amax.default, "reduce_max", x, dim, keepdim)
+    return reduce(aten.amax.default, "reduce_max", x, dim, keepdim)
 
 
 @impl(aten.amin.default)
 def amin(x, dim=(), keepdim=False):
-    return _reduce(aten.amin.default, "reduce_min", x, dim, keepdim)
+    return reduce(aten.amin.default, "reduce_min", x, dim, keepdim)

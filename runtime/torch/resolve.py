@@ -1,11 +1,12 @@
 """What runs an aten operator that has no npu implementation of its own, in this order:
 
-1. a view operator (its schema returns an alias of an input): computed on meta twins, laid over the same
+1. an operator with a CompositeImplicitAutograd kernel (``to.dtype``, ...): that kernel, whose pieces
+   dispatch again;
+2. a view operator (its schema returns an alias of an input): computed on meta twins, laid over the same
    Storage (:func:`.ops_core.run_view`) -- never a copy;
-2. an operator with a decomposition into other aten operators (torch's own table, ``torch._decomp``, or
-   the operator's CompositeImplicitAutograd kernel): the pieces dispatch again, so they run as vnpu
-   kernels where vnpu has them;
-3. the CPU fallback (:mod:`.fallback`: warned once, counted, an error under ``VNPU_TORCH_STRICT=1``).
+3. an operator with an aten-to-aten decomposition in torch's table (``torch._decomp.core_aten_decompositions``): the pieces dispatch again, so
+   they run as vnpu kernels where vnpu has them;
+4. the CPU fallback (:mod:`.fallback`: warned once, counted, an error under ``VNPU_TORCH_STRICT=1``).
 
 The choice is made once per operator and cached.
 """
@@ -14,12 +15,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch._decomp import decomposition_table
+from torch._decomp import core_aten_decompositions
 
 from . import fallback
 from .ops_core import run_view
 
 _CHOICE: dict[Any, Callable[..., Any]] = {}
+#: torch's aten-to-aten decompositions (not the refs into prims, which have no vnpu kernels)
+_DECOMPOSITIONS = core_aten_decompositions()
 
 #: decompositions that would be slower or less exact than the CPU (none yet: listed here when found)
 _NO_DECOMPOSE: frozenset[str] = frozenset()
@@ -32,13 +35,13 @@ def _is_view(func) -> bool:
 
 
 def _choose(func) -> Callable[..., Any]:
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return lambda args, kwargs: func.decompose(*args, **kwargs)     # (to.dtype "may alias": not a view)
     if _is_view(func):
         return lambda args, kwargs: run_view(func, args, kwargs)
-    dec = decomposition_table.get(func)
+    dec = _DECOMPOSITIONS.get(func)
     if dec is not None and func._schema.name not in _NO_DECOMPOSE:
         return lambda args, kwargs: dec(*args, **kwargs)
-    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
-        return lambda args, kwargs: func.decompose(*args, **kwargs)
     return lambda args, kwargs: fallback.run_on_cpu(func, args, kwargs)
 
 

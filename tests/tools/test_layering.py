@@ -467,9 +467,11 @@ REACH_IN_ALLOWED = {
     ("runtime.torch.resolve", "_C"): "torch._C._dispatch_has_kernel_for_dispatch_key: the only way to ask the "
                                      "dispatcher whether an operator has a CompositeImplicitAutograd kernel",
     ("runtime.torch.resolve", "_dispatch_has_kernel_for_dispatch_key"): "see torch._C above",
-    ("runtime.torch.ops_core", "_to_copy"): "aten::_to_copy: an aten operator's public name starts with _",
-    ("runtime.torch.ops_core", "_unsafe_view"): "aten::_unsafe_view: an aten operator's public name starts with _",
-    ("runtime.torch.ops_math", "_softmax"): "aten::_softmax: an aten operator's public name starts with _",
+    **{(mod, op): f"aten::{op}: an aten operator whose public name starts with _ (torch.ops.aten.{op})"
+       for mod, op in (("runtime.torch.ops_core", "_to_copy"), ("runtime.torch.ops_core", "_unsafe_view"),
+                       ("runtime.torch.ops_math", "_softmax"), ("runtime.torch.ops_nn", "_local_scalar_dense"),
+                       ("runtime.torch.ops_nn", "_log_softmax"), ("runtime.torch.ops_nn", "_log_softmax_backward_data"),
+                       ("runtime.torch.ops_nn", "_scaled_dot_product_attention_math"))},
     ("runtime.hostmem", "_vnpu_owner"): "our own keep-alive tag on a ctypes array (the numpy view's base)",
     ("runtime.sanitize.session", "_vnpu_sanitized"): "our own report-once tag on an AclError, set and read here",
 }
