@@ -21,8 +21,8 @@ from fp32 import U, gamma
 from runtime.models import hf
 
 #: operators that carry the models' arithmetic: none of them may fall back to the CPU
-HEAVY = ("mm", "bmm", "addmm", "matmul", "linear", "baddbmm", "_scaled_dot_product", "softmax", "layer_norm",
-         "rms_norm", "embedding", "silu", "gelu")
+HEAVY = ("mm", "bmm", "addmm", "matmul", "linear", "baddbmm", "_scaled_dot_product", "softmax", "safe_softmax",
+         "layer_norm", "rms_norm", "embedding", "silu", "gelu")
 
 PROMPTS = ["The capital of France is", "Write a haiku about virtual devices."]
 SENTENCES = ["A man is playing a guitar.", "NPUs run matrix multiplications on their Cube units.", "hi",
