@@ -23,7 +23,7 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 from runtime import api
 
 from . import device as _device_module
-from . import fallback, ops_core, ops_math, ops_nn, resolve  # noqa: F401  (the ops modules register operators)
+from . import fallback, ops_core, ops_math, ops_nn, ops_views, resolve  # noqa: F401  (the ops modules register operators)
 from .errors import NpuDeviceError, NpuDeviceMismatchError, NpuFallbackError, NpuStorageFreedError
 from .fallback import NpuFallbackWarning
 from .tensor import OPS, NpuTensor, Storage, contiguous, new_empty

@@ -91,6 +91,24 @@ def copy_(dst, src, non_blocking=False):
     return dst
 
 
+def copy_from(src, dst, non_blocking=False):
+    """``aten::_copy_from`` (registered for the PrivateUse1 key): torch's own constructors
+    (``torch.tensor(data, device="npu")``) move their CPU tensor with the Python key excluded, so the copy
+    arrives at the backend key, not at ``__torch_dispatch__``."""
+    return copy_(dst, src, non_blocking)
+
+
+def copy_from_and_resize(src, dst):
+    if tuple(dst.shape) != tuple(src.shape):
+        dst.data = new_empty(dst.vstorage.dev.index, src.shape, dst.dtype)
+    return copy_(dst, src)
+
+
+FACTORIES.update({"_copy_from": copy_from, "_copy_from_and_resize": copy_from_and_resize})
+impl(aten._copy_from.default)(copy_from)
+impl(aten._copy_from_and_resize.default)(copy_from_and_resize)
+
+
 @impl(aten._to_copy.default)
 def _to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
@@ -195,11 +213,6 @@ def run_view(func, args, kwargs):
     if isinstance(r, (list, tuple)):
         return type(r)(back(m) for m in r)
     return back(r)
-
-
-@impl(aten._unsafe_view.default)
-def _unsafe_view(self, size):
-    return run_view(aten.view.default, (self, size), {})
 
 
 @impl(aten.lift_fresh.default)

@@ -9,7 +9,7 @@ import torch
 
 from . import fallback
 from .ops_core import impl, scalar_value
-from .tensor import KERNEL_DTYPE, NpuTensor, device_of, launch, new_empty, upload
+from .tensor import KERNEL_DTYPE, broadcast, result_dtype, NpuTensor, device_of, launch, new_empty, upload
 
 aten = torch.ops.aten
 
@@ -45,7 +45,7 @@ _SCALAR_KERNEL = {"add": "add_scalar", "mul": "mul_scalar"}
 
 def binary(func, name, a, b, alpha=1, out=None):
     """``name`` (add, sub, mul, div, pow) with torch's type promotion and broadcasting."""
-    dtype = torch.result_type(a, b) if out is None else out.dtype
+    dtype = result_dtype(a, b) if out is None else out.dtype
     if name == "div" and not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     if KERNEL_DTYPE.get(dtype) is None or (name in ("div", "pow") and not dtype.is_floating_point):
@@ -54,7 +54,7 @@ def binary(func, name, a, b, alpha=1, out=None):
         a, b = (b, a) if name in ("add", "mul") and alpha == 1 else (a, b)
     idx = device_of(a, b)
     a = operand(a, dtype, idx)
-    shape = torch.broadcast_shapes(a.shape, b.shape if isinstance(b, torch.Tensor) else ())
+    shape = broadcast(a.shape, b.shape if isinstance(b, torch.Tensor) else ())
     if out is None:
         out = new_empty(idx, shape, dtype)
     if _is_scalar(b) and name in ("add", "sub", "mul", "div") and tuple(a.shape) == tuple(shape):
@@ -120,25 +120,25 @@ def clamp(x, min=None, max=None):
 
 @impl(aten.where.self)
 def where(cond, a, b):
-    dtype = torch.result_type(a, b)
+    dtype = result_dtype(a, b)
     idx = device_of(*(t for t in (cond, a, b) if isinstance(t, NpuTensor)))
     if KERNEL_DTYPE.get(dtype) is None:
         return _cpu_fallback(aten.where.self, cond, a, b)
     c = operand(cond, torch.bool, idx)
     x, y = operand(a, dtype, idx), operand(b, dtype, idx)
-    out = new_empty(idx, torch.broadcast_shapes(c.shape, x.shape, y.shape), dtype)
+    out = new_empty(idx, broadcast(c.shape, x.shape, y.shape), dtype)
     launch("where", [c, x, y], [out])
     return out
 
 
 @impl(aten.eq.Tensor, aten.eq.Scalar)
 def eq(a, b):
-    dtype = torch.result_type(a, b)
+    dtype = result_dtype(a, b)
     if KERNEL_DTYPE.get(dtype) is None:
         return _cpu_fallback(aten.eq.Tensor if isinstance(b, torch.Tensor) else aten.eq.Scalar, a, b)
     idx = device_of(a, b)
     x, y = operand(a, dtype, idx), operand(b, dtype, idx)
-    out = new_empty(idx, torch.broadcast_shapes(x.shape, y.shape), torch.bool)
+    out = new_empty(idx, broadcast(x.shape, y.shape), torch.bool)
     launch("equal", [x, y], [out])
     return out
 

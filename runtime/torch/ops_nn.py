@@ -13,7 +13,7 @@ from . import fallback
 from . import context
 from .ops_core import FACTORIES, impl, scalar_value
 from .ops_math import cast_to, operand, reduce, unary
-from .tensor import KERNEL_DTYPE, NpuTensor, device_of, launch, new_empty, to_cpu, upload
+from .tensor import KERNEL_DTYPE, broadcast, result_dtype, NpuTensor, device_of, launch, new_empty, to_cpu, upload
 
 aten = torch.ops.aten
 
@@ -34,12 +34,12 @@ _COMPARE = {aten.lt.Tensor: "less", aten.lt.Scalar: "less", aten.le.Tensor: "les
 
 
 def _compare(func, kernel, a, b, out_dtype=torch.bool):
-    dtype = torch.result_type(a, b)
+    dtype = result_dtype(a, b)
     if KERNEL_DTYPE.get(dtype) is None:
         return _cpu(func, a, b)
     idx = device_of(a, b)
     x, y = operand(a, dtype, idx), operand(b, dtype, idx)
-    out = new_empty(idx, torch.broadcast_shapes(x.shape, y.shape), out_dtype)
+    out = new_empty(idx, broadcast(x.shape, y.shape), out_dtype)
     launch(kernel, [x, y], [out])
     return out
 
@@ -58,7 +58,7 @@ def _logic(func, kernel, a, b):
         return _cpu(func, a, b)               # integer bitwise ops: no vnpu kernel
     idx = device_of(a, b)
     x, y = operand(a, torch.bool, idx), operand(b, torch.bool, idx)
-    out = new_empty(idx, torch.broadcast_shapes(x.shape, y.shape), torch.bool)
+    out = new_empty(idx, broadcast(x.shape, y.shape), torch.bool)
     launch(kernel, [x, y], [out])
     return out
 
@@ -77,12 +77,12 @@ def logical_not(x):
 
 
 def _minmax(func, kernel, a, b):
-    dtype = torch.result_type(a, b)
+    dtype = result_dtype(a, b)
     if KERNEL_DTYPE.get(dtype) in (None, "bool"):
         return _cpu(func, a, b)
     idx = device_of(a, b)
     x, y = operand(a, dtype, idx), operand(b, dtype, idx)
-    out = new_empty(idx, torch.broadcast_shapes(x.shape, y.shape), dtype)
+    out = new_empty(idx, broadcast(x.shape, y.shape), dtype)
     launch(kernel, [x, y], [out])
     return out
 
@@ -106,7 +106,7 @@ def masked_fill(x, mask, value):
     idx = device_of(x, mask)
     fill = new_empty(idx, (), x.dtype)
     launch("fill", [], [fill], {"value": scalar_value(value, x.dtype)})
-    out = new_empty(idx, torch.broadcast_shapes(x.shape, mask.shape), x.dtype)
+    out = new_empty(idx, broadcast(x.shape, mask.shape), x.dtype)
     launch("where", [cast_to(mask, torch.bool), fill, x], [out])
     return out
 
@@ -245,6 +245,17 @@ def log_softmax(x, dim, half_to_float):
     return out
 
 
+@impl(aten._safe_softmax.default)
+def safe_softmax(x, dim, dtype=None):
+    """softmax where a row of only -inf gives zeros (SDPA's math path): the vnpu softmax kernel's own rule."""
+    if (dtype is not None and dtype != x.dtype) or x.dim() == 0 or \
+            KERNEL_DTYPE.get(x.dtype) not in ("float32", "float16", "float64"):
+        return _cpu(aten._safe_softmax.default, x, dim, dtype)
+    out = new_empty(x.vstorage.dev.index, x.shape, x.dtype)
+    launch("softmax", [x], [out], {"axis": dim % x.dim()})
+    return out
+
+
 @impl(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad, output, dim, input_dtype):
     """grad - exp(output) * sum(grad, dim): the backward of log_softmax from vnpu kernels."""
@@ -266,7 +277,7 @@ def threshold_backward(grad, x, threshold):
     keep = _compare(aten.gt.Scalar, "greater", x, threshold)
     zero = new_empty(idx, (), dtype)
     launch("fill", [], [zero], {"value": scalar_value(0, dtype)})
-    out = new_empty(idx, torch.broadcast_shapes(grad.shape, x.shape), dtype)
+    out = new_empty(idx, broadcast(grad.shape, x.shape), dtype)
     launch("where", [keep, grad, zero], [out])
     return out
 
@@ -321,6 +332,9 @@ def _additive_mask(mask, dtype, idx):
 # ---------------------------------------------------------------------------------------------- conv / pool
 @impl(aten.convolution.default)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if x.dim() == 3 and not transposed:                  # unbatched (C, H, W)
+        return convolution(x.unsqueeze(0), w, bias, stride, padding, dilation, transposed, output_padding,
+                           groups).squeeze(0)
     if transposed or x.dim() != 4 or KERNEL_DTYPE.get(x.dtype) not in ("float32", "float16", "float64") \
             or (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w, bias))):
         return _cpu(aten.convolution.default, x, w, bias, stride, padding, dilation, transposed, output_padding,

@@ -1,5 +1,7 @@
 """What runs an aten operator that has no npu implementation of its own, in this order:
 
+0. an in-place metadata operator (``squeeze_``, ``unsqueeze_``, ``transpose_``, ``t_``): its out-of-place
+   view, whose sizes/strides/offset the tensor then takes (``Tensor.data``);
 1. an operator with a CompositeImplicitAutograd kernel (``to.dtype``, ...): that kernel, whose pieces
    dispatch again;
 2. a view operator (its schema returns an alias of an input): computed on meta twins, laid over the same
@@ -34,7 +36,40 @@ def _is_view(func) -> bool:
         and not any(a.alias_info is not None and a.alias_info.is_write for a in s.arguments)
 
 
+def _inplace_view(func) -> Any:
+    """The out-of-place view operator of an in-place metadata operator (``squeeze_.dim`` -> ``squeeze.dim``),
+    or None."""
+    s = func._schema
+    if not (s.name.endswith("_") and s.arguments and s.arguments[0].alias_info is not None
+            and s.arguments[0].alias_info.is_write):
+        return None
+    full = func.name().split("::")[1]                     # "squeeze_.dim"
+    name, _, overload = full.partition(".")
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    if packet is None:
+        return None
+    op = getattr(packet, overload or "default", None)
+    if op is None:                       # transpose_ <-> transpose.int: the one view overload of that arity
+        n = len(s.arguments)
+        views = [o for o in (getattr(packet, ov) for ov in packet.overloads())
+                 if _is_view(o) and len(o._schema.arguments) == n]
+        op = views[0] if len(views) == 1 else None
+    return op if op is not None and _is_view(op) else None
+
+
+def _restride(func, view_op):
+    """In-place metadata change (``x.squeeze_(0)``): the view's sizes/strides/offset given to ``x`` itself."""
+    def run(args, kwargs):
+        x = args[0]
+        x.data = view_op(*args, **kwargs)
+        return x
+    return run
+
+
 def _choose(func) -> Callable[..., Any]:
+    view_op = _inplace_view(func)
+    if view_op is not None:
+        return _restride(func, view_op)
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
         return lambda args, kwargs: func.decompose(*args, **kwargs)     # (to.dtype "may alias": not a view)
     if _is_view(func):

@@ -35,11 +35,12 @@ KERNEL_DTYPE: dict[torch.dtype, str] = {
 class Storage:
     """Device bytes under one or more npu tensors: a block of ``dev``'s caching pool."""
 
-    __slots__ = ("dev", "mem", "nbytes", "torch_device", "__weakref__")
+    __slots__ = ("dev", "mem", "nbytes", "torch_device", "stream", "__weakref__")
 
     def __init__(self, dev: api.Device, nbytes: int, stream: api.Stream):
         self.dev = dev
         self.nbytes = int(nbytes)
+        self.stream = stream
         self.mem = dev.empty((max(1, self.nbytes),), "uint8", stream=stream)
         self.torch_device = torch.device("npu", dev.index)
 
@@ -53,9 +54,15 @@ class Storage:
         return self.mem.ptr
 
     def __del__(self) -> None:
+        """Back to the pool, which reuses it in stream order.  A pool that does not cache (under ``vnpu
+        sanitize``) would give it to the driver at once, ahead of queued work that still reads it: then the
+        free is queued on the allocating stream instead (a host function after that work, as cudaFreeAsync)."""
         try:
             if not self.dev.is_lost and api.current_runtime() is self.dev.rt:
-                self.mem.free()
+                if self.dev.pool.config.caching:
+                    self.mem.free()
+                else:
+                    self.stream.launch_host_func(self.mem.free, blocking=True)
         except Exception:       # interpreter shutdown, a closed runtime: the memory went with it
             pass
 
@@ -144,7 +151,11 @@ _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in KERNEL_DTYPE} |
 
 
 def view_of(t: NpuTensor, size, stride, offset: int, dtype: torch.dtype | None = None) -> NpuTensor:
-    """Another tensor over ``t``'s storage (no copy)."""
+    """Another tensor over ``t``'s storage (no copy).  Under ``torch.inference_mode`` a view of a normal
+    tensor is a normal tensor, as torch's rule is (torch then shares ``t``'s version counter with it)."""
+    if torch.is_inference_mode_enabled() and not t.is_inference():
+        with torch.inference_mode(False):
+            return NpuTensor(t.vstorage, tuple(size), tuple(stride), int(offset), dtype or t.dtype)
     return NpuTensor(t.vstorage, tuple(size), tuple(stride), int(offset), dtype or t.dtype)
 
 
@@ -162,6 +173,49 @@ def device_of(*tensors) -> int:
     if idx is None:
         raise NpuDeviceMismatchError("no npu tensor among the operands")
     return idx
+
+
+# ---------------------------------------------------------------------------------------------- promotion
+_RESULT: dict[tuple, torch.dtype] = {}
+
+
+def _kind(x) -> tuple:
+    if isinstance(x, torch.Tensor):
+        return (x.dtype, x.dim() == 0)
+    return (type(x),)
+
+
+def _proto(kind: tuple):
+    if len(kind) == 2:
+        return torch.empty(() if kind[1] else (1,), dtype=kind[0])
+    return kind[0](1)
+
+
+def result_dtype(a, b) -> torch.dtype:
+    """``torch.result_type(a, b)`` (tensors or Python scalars), cached by (dtype, is 0-dim) / scalar type:
+    on npu tensors torch's own would dispatch an operator."""
+    key = (_kind(a), _kind(b))
+    hit = _RESULT.get(key)
+    if hit is None:
+        hit = _RESULT[key] = torch.result_type(_proto(key[0]), _proto(key[1]))
+    return hit
+
+
+def broadcast(*shapes) -> tuple[int, ...]:
+    """numpy/torch broadcasting of shapes (tuples or torch.Size); RuntimeError (torch's type for it) when
+    they do not broadcast."""
+    n = max(len(s) for s in shapes)
+    out = [1] * n
+    for s in shapes:
+        off = n - len(s)
+        for i, d in enumerate(s):
+            o = out[off + i]
+            if d != o:
+                if o == 1:
+                    out[off + i] = d
+                elif d != 1:
+                    raise RuntimeError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------- device work

@@ -77,3 +77,18 @@ def test_module_npu_and_matmul_match_cpu():
     got = lin(a.npu()).cpu()
     # fp32 GEMM of K=8: a few ulp of the largest partial sum
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [
+    lambda t: t.view(-1, 4), lambda t: t.t(), lambda t: t.transpose(-1, 0), lambda t: t.permute(1, 0),
+    lambda t: t.unsqueeze(-1), lambda t: t.unsqueeze(0), lambda t: t[2], lambda t: t[-1, 1:5:2],
+    lambda t: t[:, 3:], lambda t: t[1:3].unsqueeze(1).expand(-1, 3, -1), lambda t: t.detach(),
+    lambda t: t.t().reshape(-1), lambda t: t[:, ::2].t()[1], lambda t: t[5:2]],
+    ids=["view", "t", "transpose", "permute", "unsqueeze-1", "unsqueeze0", "select", "select-slice", "slice",
+         "expand", "detach", "reshape-copy", "chain", "empty-slice"])
+def test_views_have_torchs_sizes_strides_and_values(make):
+    a = torch.arange(48, dtype=torch.float32).reshape(8, 6)
+    got, want = make(a.npu()), make(a)
+    assert (tuple(got.shape), got.stride(), got.storage_offset()) == \
+        (tuple(want.shape), want.stride(), want.storage_offset())
+    assert torch.equal(got.cpu(), want)

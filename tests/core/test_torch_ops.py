@@ -204,3 +204,30 @@ def test_training_step_equals_cpu():
         opt.step()
     for p, q in zip(net.parameters(), twin.parameters()):
         same(q, p.detach(), **k_tol(16, 4))
+
+
+def test_what_real_models_call():
+    """torch.tensor(..., device=npu) (its copy reaches the backend key), views under inference_mode,
+    in-place metadata ops, vector @ matrix, safe softmax of a fully masked row, unbatched conv."""
+    t = torch.tensor([[1, 2], [3, 4]], device="npu", dtype=torch.long)
+    assert t.device.type == "npu" and torch.equal(t.cpu(), torch.tensor([[1, 2], [3, 4]]))
+    b = torch.arange(10).expand(1, -1).to("npu")
+    with torch.inference_mode():
+        v = b[:, 2:5]
+        assert not v.is_inference() and torch.equal(v.cpu(), torch.tensor([[2, 3, 4]]))
+    c = torch.arange(6.0).reshape(2, 1, 3)
+    y = c.npu()
+    for t in (c, y):
+        t.squeeze_(1)
+        t.unsqueeze_(0)
+        t.transpose_(0, 2)
+    assert (tuple(y.shape), y.stride(), y.storage_offset()) == (tuple(c.shape), c.stride(), c.storage_offset())
+    assert torch.equal(y.cpu(), c)
+    vec, mat, w = rnd(10), rnd(10, 5), rnd(4, 10)
+    same(vec.npu() @ mat.npu(), vec @ mat, **k_tol(10, 4))
+    same(F.linear(vec.npu(), w.npu()), F.linear(vec, w), **k_tol(10, 4))
+    s = torch.full((2, 4), float("-inf"))
+    s[0, 1] = 0.5
+    same(torch.ops.aten._safe_softmax.default(s.npu(), -1), torch.ops.aten._safe_softmax.default(s, -1))
+    img, wt = rnd(3, 6, 6), rnd(2, 3, 3, 3)
+    same(F.conv2d(img.npu(), wt.npu()), F.conv2d(img, wt), **k_tol(27, 4))

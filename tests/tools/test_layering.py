@@ -468,10 +468,12 @@ REACH_IN_ALLOWED = {
                                      "dispatcher whether an operator has a CompositeImplicitAutograd kernel",
     ("runtime.torch.resolve", "_dispatch_has_kernel_for_dispatch_key"): "see torch._C above",
     **{(mod, op): f"aten::{op}: an aten operator whose public name starts with _ (torch.ops.aten.{op})"
-       for mod, op in (("runtime.torch.ops_core", "_to_copy"), ("runtime.torch.ops_core", "_unsafe_view"),
+       for mod, op in (("runtime.torch.ops_core", "_to_copy"), ("runtime.torch.ops_views", "_unsafe_view"),
                        ("runtime.torch.ops_math", "_softmax"), ("runtime.torch.ops_nn", "_local_scalar_dense"),
                        ("runtime.torch.ops_nn", "_log_softmax"), ("runtime.torch.ops_nn", "_log_softmax_backward_data"),
-                       ("runtime.torch.ops_nn", "_scaled_dot_product_attention_math"))},
+                       ("runtime.torch.ops_nn", "_scaled_dot_product_attention_math"),
+                       ("runtime.torch.ops_nn", "_safe_softmax"), ("runtime.torch.ops_core", "_copy_from"),
+                       ("runtime.torch.ops_core", "_copy_from_and_resize"))},
     ("runtime.hostmem", "_vnpu_owner"): "our own keep-alive tag on a ctypes array (the numpy view's base)",
     ("runtime.sanitize.session", "_vnpu_sanitized"): "our own report-once tag on an AclError, set and read here",
 }
