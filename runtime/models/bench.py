@@ -149,6 +149,13 @@ def numpy_bert(w: dict, n_layers: int, ids: np.ndarray, mask: np.ndarray, normal
     return e / np.linalg.norm(e, axis=1, keepdims=True) if normalize else e
 
 
+def bench_texts(n: int) -> list[str]:
+    """The ``n`` sentences (12 to 27 words, seeded) every embedding benchmark encodes."""
+    rng = np.random.default_rng(0)
+    words = "the a npu runs matrix kernels on cube units while vector cores do norms and softmax quickly".split()
+    return [" ".join(rng.choice(words, size=int(rng.integers(12, 28)))) for _ in range(n)]
+
+
 def bench_embed(model: str = "minilm-l6", n: int = 64, batch: int = 8, rounds: int = 3, devices: int = 1,
                 block_dim: int = 0, rt=None, parallel: str = "dp") -> dict:
     """Sentences/s of an EmbedJob vs :func:`numpy_bert` (same batches), interleaved in one process.
@@ -159,9 +166,7 @@ def bench_embed(model: str = "minilm-l6", n: int = 64, batch: int = 8, rounds: i
 
     from .bert import EmbedJob, load_encoder
     cfg, w = load_encoder(model)
-    rng = np.random.default_rng(0)
-    words = "the a npu runs matrix kernels on cube units while vector cores do norms and softmax quickly".split()
-    texts = [" ".join(rng.choice(words, size=int(rng.integers(12, 28)))) for _ in range(n)]
+    texts = bench_texts(n)
     own_rt = rt is None
     if own_rt:
         rt = Runtime(LocalBackend(devices, DeviceConfig(arena_bytes=512 << 20)))

@@ -34,6 +34,7 @@ BENCHES = {
     "kernels": ["--batch", "1", "--context", "16", "--prefill-tokens", "16", "--repeat", "1"],   # in-process, ~3 s
     "overhead": ["--steps", "2", "--layers", "1", "--tokens", "4", "--hidden", "64", "--ffn", "128", "--rounds", "0"],
     "serve-om": ["--concurrency", "1,3", "--requests", "9", "--backend", "local"],     # ~15 s
+    "torch": ["--tokens", "3", "--sentences", "4", "--batch", "4", "--rounds", "1", "--ops", "20"],  # in-process
 }
 
 
@@ -125,6 +126,28 @@ def test_serve_om_json_is_consistent(bench_results):
         e = r["echo"]                           # the transport floor (gRPC, the default protocol)
         assert e["requests"] == e["answered"] == e["verified"] == n and e["failed"] == 0, e
         assert e["requests_per_s"] > 0 and rel(r["of_echo"], r["on"]["requests_per_s"] / e["requests_per_s"], 3)
+
+
+def test_torch_json_is_consistent(bench_results):
+    """``vnpu bench torch``: every speed is positive and every ratio is its fields' quotient; the dispatch
+    overhead is the npu op's time less the CPU op's; the decode produced the tokens asked for."""
+    res = bench_results["torch"]
+    d, e, o = res["decode"], res["embed"], res["dispatch"]
+    assert len(d["tokens"]) == 3 and d["tokens_equal_cpu"] is True
+    for k in ("cpu_tokens_per_s", "npu_tokens_per_s", "api_tokens_per_s"):
+        assert d[k] > 0, k
+    for k in ("cpu_sentences_per_s", "npu_sentences_per_s", "api_sentences_per_s"):
+        assert e[k] > 0, k
+
+    def near(ratio, a, b):                       # a / b of fields rounded to 2 (speeds) or 1 decimal(s)
+        q = a / b
+        return abs(ratio - q) <= 0.0005 + q * (0.05 / a + 0.05 / b)
+    assert near(d["npu_of_cpu_bound"], d["cpu_ms_per_token"], d["npu_ms_per_token"])
+    assert near(d["npu_of_api"], d["npu_tokens_per_s"], d["api_tokens_per_s"])
+    assert near(e["npu_of_api"], e["npu_sentences_per_s"], e["api_sentences_per_s"])
+    assert o["npu_us_per_op"] > 0 and o["cpu_us_per_op"] > 0 and o["api_launch_us"] > 0
+    assert abs(o["overhead_us_vs_cpu"] - (o["npu_us_per_op"] - o["cpu_us_per_op"])) <= 0.011
+    assert isinstance(res["fallbacks"], dict) and all(v > 0 for v in res["fallbacks"].values())
 
 
 # In a child process each (a process attached to the cluster as a Ray driver holds files under its
