@@ -136,7 +136,7 @@ def server(tmp_path_factory):
     try:
         svc.load()
         sampler.start()
-        yield rt, srv, hist
+        yield rt, srv, hist, sampler
     finally:
         sampler.stop()
         srv.stop()
@@ -151,7 +151,7 @@ def test_a_five_minute_profile_with_faults_runs_in_seconds_against_a_real_server
     from runtime.observe.source import HttpSource
     from runtime.stress.faults import DeviceInjector
     from runtime.stress.run import StressConfig, run_stress, summary_lines
-    rt, srv, hist = server
+    rt, srv, hist, _ = server
     clk = ScaledClock(60.0)
     prof = builtin("burst", 0.6, 300.0)
     cfg = StressConfig(url=srv.url, api_key=ADMIN, profile=prof, faults=("overheat", "slow"), every_s=100.0,
@@ -296,7 +296,7 @@ def test_the_black_friday_preset_runs_and_postmortem_reads_it_by_name(server, ca
     from runtime.observe.source import HttpSource
     from runtime.stress.presets import load
     from runtime.stress.run import StressConfig, run_stress
-    rt, srv, hist = server
+    rt, srv, hist, sampler = server
     prof = load()["black_friday_2024"].profile(rate=0.1, duration_s=1800.0)
     clk = ScaledClock(600.0)
     cfg = StressConfig(url=srv.url, api_key=ADMIN, profile=prof, distinct_inputs=4, workers=16,
@@ -306,13 +306,17 @@ def test_the_black_friday_preset_runs_and_postmortem_reads_it_by_name(server, ca
     marks = [e for e in hist.events(kinds=["lifecycle"]) if e.detail.get("event") == "black_friday_2024"]
     assert [e.detail["phase"] for e in marks][-2:] == ["start", "end"]
     start, end = marks[-2].ts, marks[-1].ts
-    rc = main(["postmortem", "--history", str(hist.path), "--event", "black_friday_2024", "--metrics", "all",
-               "--json"])
+    sampler.stop()           # the window reaches 60 s past the run: no sample may land between the two reads
+    try:
+        rc = main(["postmortem", "--history", str(hist.path), "--event", "black_friday_2024", "--metrics", "all",
+                   "--json"])
+        qps = [v for t, v in hist.samples("qps", start - 60.0, end + 60.0)]
+    finally:
+        sampler.start()
     out = capsys.readouterr().out
     assert rc == 0
     import json
     pm = json.loads(out)
     assert pm["window"]["since"] == pytest.approx(start - 60.0) and pm["window"]["until"] == pytest.approx(end + 60.0)
-    qps = [v for t, v in hist.samples("qps", start - 60.0, end + 60.0)]
     assert pm["metrics"]["qps"]["server"]["samples"] == len(qps) > 0
     assert pm["metrics"]["qps"]["server"]["max"] == pytest.approx(max(qps))
