@@ -18,13 +18,18 @@ rm -rf "$site"
 if [ "$#" -gt 0 ]; then                        # a selection of the caller's: as they asked
   exec .venv/bin/python -m pytest "$@"
 fi
-# the whole suite in two parts.  The in-process tests (no tier marker: every device, runtime, model and
-# tool test that starts no cluster, server or subprocess of its own) run on two pytest-xdist workers, a
-# test file per worker at a time (--dist loadfile: a module's fixtures are built once); each worker is a
-# session of its own (its own fresh HOME and RAY_TMPDIR, tests/conftest.py) and every resource they touch is
-# per process (/dev/shm segments named by pid, ports bound to 0).  The tiers that start Ray clusters, servers
-# and processes then run one test at a time, as before: two Ray clusters in one process cannot be, and their
-# budgets are wall time of one test at a time.
-heavy="cluster or serve or multinode or smoke or security or rpc"
-.venv/bin/python -m pytest -n 2 --dist loadfile -m "not ($heavy)" -p no:cacheprovider
-exec .venv/bin/python -m pytest -m "$heavy" -p no:cacheprovider
+# the whole suite in two parts.  The first runs on two pytest-xdist workers, a test file per worker at a time
+# (--dist loadfile: a module's fixtures, its server, are built once): every test that starts no Ray cluster --
+# the in-process tests (no tier marker), the rpc tier (devices served over loopback gRPC in the test process)
+# and the serve tier's in-process-device engines, servers and `vnpu serve --backend local` subprocesses.  Each
+# worker is a session of its own (its own fresh HOME and RAY_TMPDIR, tests/conftest.py) and every resource
+# they touch is per process (/dev/shm segments named by pid, ports bound to 0, files under tmp_path).  The
+# tiers that start Ray clusters (cluster, multinode, smoke, security) then run one test at a time: two Ray
+# clusters in one process cannot be, and their budgets are wall time of one test at a time.  Both parts share
+# one weight cache, fresh for this run and removed after it (SmolLM2 is dequantised once).
+export VNPU_TEST_WEIGHT_CACHE
+VNPU_TEST_WEIGHT_CACHE=$(mktemp -d -t vnpu-test-weights-XXXXXX)
+trap 'rm -rf "$VNPU_TEST_WEIGHT_CACHE"' EXIT
+ray="cluster or multinode or smoke or security"
+.venv/bin/python -m pytest -n 2 --dist loadfile -m "not ($ray)" -p no:cacheprovider
+.venv/bin/python -m pytest -m "$ray" -p no:cacheprovider

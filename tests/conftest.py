@@ -45,8 +45,12 @@ for _k in ("RAY_TMPDIR", "HOME"):
     os.mkdir(os.environ[_k], 0o700)
 for _k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):           # no token from the caller either
     os.environ.pop(_k, None)
-for _k in ("VNPU_CACHE_DIR", "XDG_CACHE_HOME"):                # the weight cache lives in the empty home too
+for _k in ("VNPU_CACHE_DIR", "XDG_CACHE_HOME"):                # the weight cache lives in the empty home too ...
     os.environ.pop(_k, None)
+#: ... unless scripts/test.sh gives its run one (a fresh directory of that run, removed after it): then both
+#: parts of the run and every xdist worker share it, and SmolLM2 is dequantised once per run, not per session
+if os.environ.get("VNPU_TEST_WEIGHT_CACHE"):
+    os.environ["VNPU_CACHE_DIR"] = os.environ["VNPU_TEST_WEIGHT_CACHE"]
 #: Ray's default temp dir in this session: absent, and the multinode tier proves it stays so
 RAY_DEFAULT_DIR = os.path.join(os.environ["RAY_TMPDIR"], "ray")
 
