@@ -27,12 +27,11 @@ from PIL import Image
 from onnx_models import cnn, ort_run
 from runtime.atc import compile_model, make_options
 from runtime.atc.singleop import compile_op_list
+from test_atc_aipp import CSC, MIN, VAR
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "tests" / "samples" / "acl_dvpp_classify_sample.py"
 HW, CLASSES, SRC = 32, 10, 64
-MIN = (123.0, 117.0, 104.0)
-VAR = (0.0171, 0.0175, 0.0174)
 AIPP = f"""aipp_op {{
   aipp_mode : static
   related_input_rank : 0
@@ -41,19 +40,7 @@ AIPP = f"""aipp_op {{
   src_image_size_h : {HW}
   csc_switch : true
   rbuv_swap_switch : false
-  matrix_r0c0 : 256
-  matrix_r0c1 : 0
-  matrix_r0c2 : 359
-  matrix_r1c0 : 256
-  matrix_r1c1 : -88
-  matrix_r1c2 : -183
-  matrix_r2c0 : 256
-  matrix_r2c1 : 454
-  matrix_r2c2 : 0
-  input_bias_0 : 0
-  input_bias_1 : 128
-  input_bias_2 : 128
-""" + "".join(f"  min_chn_{i} : {MIN[i]}\n  var_reci_chn_{i} : {VAR[i]}\n" for i in range(3)) + "}\n"
+{CSC}""" + "".join(f"  min_chn_{i} : {MIN[i]}\n  var_reci_chn_{i} : {VAR[i]}\n" for i in range(3)) + "}\n"
 OPS = f"""[
  {{"op": "Cast", "input_desc": [{{"format": "ND", "shape": [{CLASSES}], "type": "float"}}],
   "output_desc": [{{"format": "ND", "shape": [{CLASSES}], "type": "float16"}}],

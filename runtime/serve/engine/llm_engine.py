@@ -214,17 +214,10 @@ class GenerateEngine(PromptChecks, OverlappedSteps, EngineLifecycle):
         if lost is not None:
             self._auto_fallback(lost)
             return []
-        now = self.clock()
-        self.limits = self.current_limits(now)
-        out = self.scheduler.schedule(self.limits, now)
-        self._sync_queued()
-        self.last_batch = len(out.scheduled)
-        if not out.scheduled:
+        planned = self._schedule_step()
+        if planned is None:
             return []
-        t0 = self.clock()
-        for s in out.scheduled:
-            if s.request.scheduled_time is None:
-                s.request.scheduled_time = t0
+        out, t0 = planned
         inputs = self._inputs(out)
         try:
             logits = self.runner.execute(inputs)
@@ -382,6 +375,22 @@ class GenerateEngine(PromptChecks, OverlappedSteps, EngineLifecycle):
     def _queue_state(self) -> tuple[int, int, int]:
         cap = self.config.max_queued_requests
         return self._queued, max(1, math.ceil(cap * self.throttle)), cap
+
+    def _schedule_step(self):
+        """Schedule the next step at the current limits: -> (its scheduler output, its start time), None when
+        nothing is scheduled (host only: nothing is queued on the device)."""
+        now = self.clock()
+        self.limits = self.current_limits(now)
+        out = self.scheduler.schedule(self.limits, now)
+        self._sync_queued()
+        self.last_batch = len(out.scheduled)
+        if not out.scheduled:
+            return None
+        t0 = self.clock()
+        for s in out.scheduled:
+            if s.request.scheduled_time is None:
+                s.request.scheduled_time = t0
+        return out, t0
 
     def _inputs(self, out: SchedulerOutput, fed: dict[str, int] | None = None) -> StepInputs:
         """The step's rows.  ``fed``: request id -> sampled row of the step queued before this one, for

@@ -118,17 +118,10 @@ class OverlappedSteps:
             for s in prev.out.scheduled:
                 if s.samples and self._continues(s.request):
                     s.request.pending = 1
-        now = self.clock()
-        self.limits = self.current_limits(now)
-        out = self.scheduler.schedule(self.limits, now)
-        self._sync_queued()
-        self.last_batch = len(out.scheduled)
-        if not out.scheduled:
+        planned = self._schedule_step()
+        if planned is None:
             return None
-        t0 = self.clock()
-        for s in out.scheduled:
-            if s.request.scheduled_time is None:
-                s.request.scheduled_time = t0
+        out, t0 = planned
         inputs = self._inputs(out, prev.rows if prev is not None else None)
         self._parity ^= 1
         launched = self.runner.launch(inputs, self._parity)
