@@ -1,4 +1,4 @@
-"""A torchrun script in torch_npu style (run by tests/cluster/test_torch_distributed.py with ``python -m
+"""A torchrun script in torch_npu style (run by tests/cluster/test_torch_distributed_cluster.py with ``python -m
 torch.distributed.run --nproc-per-node 4``): backend "hccl", each rank on its own npu.  Every collective is
 checked against numpy on data every rank can rebuild (seeded by rank), and a tensor-parallel linear layer
 (column-split weight + all_gather; row-split weight + all_reduce) against one CPU ``nn.Linear``.  Each rank

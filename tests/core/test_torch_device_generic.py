@@ -55,7 +55,6 @@ SELECTED = [op for op in op_db if (op.name, op.variant_test_name) in OPS]
 #: this table, so the table is always the true list.
 KNOWN_FAILING: dict[str, str] = {
     "test_compare_cpu_argmax_npu_float32": "argmax over a size-1 dim with keepdim (3,2,1,2), dim=2: ZeroDivisionError",
-    "test_compare_cpu_transpose_npu_float32": "transpose(2, 0) of a 3-D tensor: IndexError in the view fast path",
     "test_compare_cpu_nn_functional_conv2d_npu_float32": "conv2d of an unbatched (C, H, W) input: IndexError",
 }
 

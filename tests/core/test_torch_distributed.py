@@ -2,7 +2,7 @@
 (``npu:<rank>``) through a :class:`ProcessGroupHCCL` of its own over one shared store -- the operators that
 ``torch.distributed``'s functions call, each checked against numpy; bad arguments (ValueError at the call);
 failures (a peer that never comes, a link down, a killed device) raising DistBackendError within the exec
-timeout and aborting the group.  Across processes (torchrun, Ray actors): tests/cluster/test_torch_distributed.py."""
+timeout and aborting the group.  Across processes (torchrun, Ray actors): tests/cluster/test_torch_distributed_cluster.py."""
 from __future__ import annotations
 
 import datetime

@@ -164,6 +164,7 @@ class OverlappedSteps:
         """A queued step failed: as :meth:`GenerateEngine.step` does for one -- a lost device re-binds (the
         steps never happened), a task error on a healthy placement fails the steps' requests."""
         self._drop_inflight()
+        self.runner.clear_failure()
         lost = self.binder.lost(self.placement)
         if lost is not None:
             self._auto_fallback(f"{lost} ({type(e).__name__}: {e})")
@@ -172,7 +173,8 @@ class OverlappedSteps:
         for st in steps:
             keep = [s for s in st.out.scheduled if s.request.request_id not in seen]
             seen.update(s.request.request_id for s in keep)
-            self._fail_step(SchedulerOutput(keep), e)
+            if keep:                     # the step queued behind a failed one holds its requests again: one failure
+                self._fail_step(SchedulerOutput(keep), e)
 
     def _drop_inflight(self) -> None:
         """Forget the step in flight (a re-bind, a failure, a stop): no token of it is pending any more."""

@@ -389,6 +389,16 @@ class ModelRunner:
         for rk in self.ranks:
             rk.lc.stream.synchronize()
 
+    def clear_failure(self) -> None:
+        """After a failed step: wait for every rank's stream and drop the error it reports (the failed step's:
+        an event's wait reports a stream's error without taking it), so the next step starts clean.  Blocks
+        the host until the streams are idle."""
+        for rk in self.ranks:
+            try:
+                rk.lc.stream.synchronize()
+            except AclError:
+                pass
+
     def close(self) -> None:
         c = Closer()
         for dev in self.devices:            # last: what the ranks freed went to the pools; back to the driver
