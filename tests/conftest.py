@@ -180,17 +180,21 @@ TIER_BUDGETS_S = {"multinode": 130.0, "serve": 240.0, "security": 60.0, "smoke":
 _tier_time: dict[str, float] = {}
 
 
-_tiers_of: dict[str, tuple[str, ...]] = {}      #: test id -> the budgeted tiers its markers name
+#: the user_properties key under which a test's report carries the budgeted tiers its markers name: an
+#: xdist controller collects nothing itself, so the tiers travel with each report from the worker
+TIERS_PROPERTY = "vnpu_tiers"
 
 
 def pytest_collection_modifyitems(items):
     # by marker, not by keyword: a test's keywords also hold its folders' names (tests/serve/, tests/security/)
     for item in items:
-        _tiers_of[item.nodeid] = tuple(t for t in TIER_BUDGETS_S if item.get_closest_marker(t) is not None)
+        tiers = [t for t in TIER_BUDGETS_S if item.get_closest_marker(t) is not None]
+        if tiers:
+            item.user_properties.append((TIERS_PROPERTY, tiers))
 
 
 def pytest_runtest_logreport(report):
-    for tier in _tiers_of.get(report.nodeid, ()):
+    for tier in next((v for k, v in report.user_properties if k == TIERS_PROPERTY), ()):
         _tier_time[tier] = _tier_time.get(tier, 0.0) + report.duration
 
 
