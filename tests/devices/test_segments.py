@@ -137,8 +137,11 @@ _SIGNAL_PROGRAM = textwrap.dedent("""
 
 def _signalled(mode: str, sig: signal.Signals) -> tuple[subprocess.Popen, str]:
     """Run the signal program in ``mode``, send ``sig`` once it is ready; (the process, its stdout)."""
+    # the program starts with the signal's default action whatever the test runner inherited (``nohup`` makes
+    # SIGHUP ignored, and an ignored disposition is inherited through exec: vnpu rightly leaves it alone)
     p = subprocess.Popen([sys.executable, "-c", _SIGNAL_PROGRAM, mode, sig.name], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV,
+                         preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     try:
         ready = p.stdout.readline().strip()
         assert ready == "READY 4", (ready, p.stderr.read()[-3000:] if p.poll() is not None else "")
