@@ -20,6 +20,7 @@ synchronize of the stream.
 from __future__ import annotations
 
 import io
+from typing import Callable, NoReturn
 
 import numpy as np
 
@@ -39,22 +40,38 @@ def pic_attr(attrs: dict, key: str) -> Pic:
     return Pic(*(int(x) for x in v))
 
 
-def _check(name: str, unit: str):
-    def check(inputs, outputs, attrs):
-        arity(name, inputs, outputs, 1, 2)
-        dtype_in(name, inputs[0], ("uint8",), "source")
-        dtype_in(name, outputs[0], ("uint8",), "destination")
-        dtype_in(name, outputs[1], ("int32",), "result")
-        need(outputs[1].numel == 4, name, "result must hold 4 int32")
-        for key in ("src", "dst"):
-            v = attrs.get(key)
-            if v is not None:
-                need(isinstance(v, (tuple, list)) and len(v) == 5, name, f"attr {key!r} must be 5 ints")
-        if "dst" in attrs:
-            need(pic_attr(attrs, "dst").buffer_size <= outputs[0].numel, name, "destination buffer too small")
-        if "src" in attrs:
-            need(pic_attr(attrs, "src").buffer_size <= inputs[0].numel, name, "source buffer too small")
-    return check
+def engine_task(name: str, check: Callable, work: Callable) -> Callable[[Callable], Callable]:
+    """Decorator: ``body(src, dst, result, attrs)`` as the task ``name`` on the engine unit of that name,
+    its arguments checked as every engine task's (the module docstring) and by ``check(name, inputs,
+    outputs, attrs)``, priced by ``work(name)``; ``result`` is zeroed before the body runs."""
+    def deco(body: Callable) -> Callable:
+        def full_check(inputs, outputs, attrs):
+            arity(name, inputs, outputs, 1, 2)
+            dtype_in(name, inputs[0], ("uint8",), "source")
+            dtype_in(name, outputs[0], ("uint8",), "destination")
+            dtype_in(name, outputs[1], ("int32",), "result")
+            need(outputs[1].numel == 4, name, "result must hold 4 int32")
+            check(name, inputs, outputs, attrs)
+
+        def task(ctx, inputs, outputs, attrs):
+            src, (dst, result) = inputs[0], outputs
+            result[:] = 0
+            body(src, dst, result, attrs)
+        task.__name__, task.__doc__ = body.__name__, body.__doc__
+        return builtin(name, unit=name, check=full_check, work=work(name))(task)
+    return deco
+
+
+def _check_pics(name: str, inputs, outputs, attrs) -> None:
+    """The ``src`` / ``dst`` pictures are 5 ints and fit their buffers."""
+    for key in ("src", "dst"):
+        v = attrs.get(key)
+        if v is not None:
+            need(isinstance(v, (tuple, list)) and len(v) == 5, name, f"attr {key!r} must be 5 ints")
+    if "dst" in attrs:
+        need(pic_attr(attrs, "dst").buffer_size <= outputs[0].numel, name, "destination buffer too small")
+    if "src" in attrs:
+        need(pic_attr(attrs, "src").buffer_size <= inputs[0].numel, name, "source buffer too small")
 
 
 def _pixels(p: Pic) -> int:
@@ -74,31 +91,29 @@ def _work(unit: str):
     return work
 
 
-def _fail(result: np.ndarray, name: str, msg: str) -> None:
+def _fail(result: np.ndarray, name: str, msg: str) -> NoReturn:
     result[0] = RET_FAILED
     raise KernelError(f"{name}: {msg}", code=ACL_ERROR_FAILURE)
 
 
-def _decode(data: bytes, kind: str):
-    """A Pillow image of ``data``, fully decoded (OSError/ValueError for a bad stream)."""
+def _decode(result: np.ndarray, name: str, src: np.ndarray, kind: str):
+    """A Pillow image of the ``kind`` stream ``src``, fully decoded (a bad stream fails the task)."""
     from PIL import Image
-    im = Image.open(io.BytesIO(data), formats=[kind])
-    if kind == "JPEG":
-        im.draft("YCbCr", im.size)         # the decoder's own YCbCr, as the JPEGD engine outputs it
-    im.load()
+    try:
+        im = Image.open(io.BytesIO(src.tobytes()), formats=[kind])
+        if kind == "JPEG":
+            im.draft("YCbCr", im.size)     # the decoder's own YCbCr, as the JPEGD engine outputs it
+        im.load()
+    except (OSError, ValueError, SyntaxError) as e:
+        _fail(result, name, f"not a decodable {kind} stream: {e}")
     return im
 
 
-@builtin("dvpp_jpegd", unit="dvpp_jpegd", check=_check("dvpp_jpegd", "dvpp_jpegd"), work=_work("dvpp_jpegd"))
-def dvpp_jpegd(ctx, inputs, outputs, attrs):
+@engine_task("dvpp_jpegd", _check_pics, _work)
+def dvpp_jpegd(src, dst, result, attrs):
     """JPEG stream -> YUV420SP (NV12/NV21) or YUV400, the picture at the top-left of the output canvas."""
-    src, (dst, result) = inputs[0], outputs
     out = pic_attr(attrs, "dst")
-    result[:] = 0
-    try:
-        im = _decode(src.tobytes(), "JPEG")
-    except (OSError, ValueError, SyntaxError) as e:
-        _fail(result, "dvpp_jpegd", f"not a decodable JPEG stream: {e}")
+    im = _decode(result, "dvpp_jpegd", src, "JPEG")
     w, h = im.size
     if w > out.width_stride or h > out.height_stride:
         _fail(result, "dvpp_jpegd", f"a {w}x{h} picture does not fit the {out.width_stride}x{out.height_stride} "
@@ -118,16 +133,11 @@ def dvpp_jpegd(ctx, inputs, outputs, attrs):
     result[1:] = (w, h, pic.buffer_size)
 
 
-@builtin("dvpp_pngd", unit="dvpp_pngd", check=_check("dvpp_pngd", "dvpp_pngd"), work=_work("dvpp_pngd"))
-def dvpp_pngd(ctx, inputs, outputs, attrs):
+@engine_task("dvpp_pngd", _check_pics, _work)
+def dvpp_pngd(src, dst, result, attrs):
     """PNG stream -> packed RGB888 / RGBA8888 (BGR orders too) at the top-left of the output canvas."""
-    src, (dst, result) = inputs[0], outputs
     out = pic_attr(attrs, "dst")
-    result[:] = 0
-    try:
-        im = _decode(src.tobytes(), "PNG")
-    except (OSError, ValueError, SyntaxError) as e:
-        _fail(result, "dvpp_pngd", f"not a decodable PNG stream: {e}")
+    im = _decode(result, "dvpp_pngd", src, "PNG")
     w, h = im.size
     bpp, order = PACKED[out.format]
     if w * bpp > out.width_stride or h > out.height_stride:
@@ -141,13 +151,11 @@ def dvpp_pngd(ctx, inputs, outputs, attrs):
     result[1:] = (w, h, pic.buffer_size)
 
 
-@builtin("dvpp_jpege", unit="dvpp_jpege", check=_check("dvpp_jpege", "dvpp_jpege"), work=_work("dvpp_jpege"))
-def dvpp_jpege(ctx, inputs, outputs, attrs):
+@engine_task("dvpp_jpege", _check_pics, _work)
+def dvpp_jpege(src, dst, result, attrs):
     """YUV420SP picture -> JPEG stream (quality ``level``), written from the start of the output buffer."""
     from PIL import Image
-    src, (dst, result) = inputs[0], outputs
     p = pic_attr(attrs, "src")
-    result[:] = 0
     y, uv = read_yuv(src, p)
     up = uv.repeat(2, axis=0).repeat(2, axis=1)[:p.height, :p.width]
     planes = [Image.fromarray(np.ascontiguousarray(a)) for a in (y, up[..., 0], up[..., 1])]
@@ -160,15 +168,13 @@ def dvpp_jpege(ctx, inputs, outputs, attrs):
     result[1:] = (p.width, p.height, data.size)
 
 
-@builtin("dvpp_vpc", unit="dvpp_vpc", check=_check("dvpp_vpc", "dvpp_vpc"), work=_work("dvpp_vpc"))
-def dvpp_vpc(ctx, inputs, outputs, attrs):
+@engine_task("dvpp_vpc", _check_pics, _work)
+def dvpp_vpc(src, dst, result, attrs):
     """VPC: ``op`` resize (whole input -> output size), crop (ROI ``crop`` -> output size), paste (ROI
     ``crop`` -> ROI ``paste`` of the output, the rest of the output kept) or convert (YUV420SP <-> packed
     RGB/BGR, same size)."""
-    src, (dst, result) = inputs[0], outputs
     sp, dp = pic_attr(attrs, "src"), pic_attr(attrs, "dst")
     op = attrs.get("op", "resize")
-    result[:] = 0
     if op == "convert":
         _convert(src, sp, dst, dp)
         result[1:] = (dp.width, dp.height, dp.buffer_size)

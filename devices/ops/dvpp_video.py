@@ -20,13 +20,13 @@ from __future__ import annotations
 import collections
 import fractions
 import threading
+from typing import Callable
 
 import numpy as np
 
 from ..chip import Work
-from ..registry import builtin
-from .checks import arity, dtype_in, need
-from .dvpp import pic_attr
+from .checks import need
+from .dvpp import engine_task, pic_attr
 from .picture import Pic, read_yuv, write_yuv
 
 #: open codecs kept per device process
@@ -67,15 +67,8 @@ def open_channels() -> int:
         return len(_codecs)
 
 
-def _check(name: str):
-    def check(inputs, outputs, attrs):
-        arity(name, inputs, outputs, 1, 2)
-        dtype_in(name, inputs[0], ("uint8",), "source")
-        dtype_in(name, outputs[0], ("uint8",), "destination")
-        dtype_in(name, outputs[1], ("int32",), "result")
-        need(outputs[1].numel == 4, name, "result must hold 4 int32")
-        need(isinstance(attrs.get("key"), str) and attrs["key"], name, "attr 'key' (the channel) is required")
-    return check
+def _check_key(name: str, inputs, outputs, attrs) -> None:
+    need(isinstance(attrs.get("key"), str) and attrs["key"], name, "attr 'key' (the channel) is required")
 
 
 def _work(unit: str):
@@ -86,6 +79,20 @@ def _work(unit: str):
     return work
 
 
+def codec_task(name: str) -> Callable[[Callable], Callable]:
+    """Decorator: :func:`.dvpp.engine_task` for a codec of a channel (attr ``key``): a task with
+    ``op="close"`` drops the channel's codec; any other runs ``body(src, dst, result, attrs)``."""
+    def deco(body: Callable) -> Callable:
+        def run(src, dst, result, attrs):
+            if attrs.get("op") == "close":
+                _close(attrs["key"])
+                return
+            body(src, dst, result, attrs)
+        run.__name__, run.__doc__ = body.__name__, body.__doc__
+        return engine_task(name, _check_key, _work)(run)
+    return deco
+
+
 def _decoder(codec: str):
     import av
     ctx = av.CodecContext.create(codec, "r")
@@ -93,17 +100,11 @@ def _decoder(codec: str):
     return ctx
 
 
-@builtin("dvpp_vdec", unit="dvpp_vdec", check=_check("dvpp_vdec"), work=_work("dvpp_vdec"))
-def dvpp_vdec(ctx, inputs, outputs, attrs):
+@codec_task("dvpp_vdec")
+def dvpp_vdec(src, dst, result, attrs):
     """One frame of an H.264 / H.265 elementary stream -> a YUV420SP picture on the output canvas."""
     import av
-    src, (dst, result) = inputs[0], outputs
-    key = attrs["key"]
-    result[:] = 0
-    if attrs.get("op") == "close":
-        _close(key)
-        return
-    ch = _channel(key, lambda: _decoder(str(attrs.get("codec", "h264"))))
+    ch = _channel(attrs["key"], lambda: _decoder(str(attrs.get("codec", "h264"))))
     try:
         for frame in ch.ctx.decode(av.Packet(src.tobytes())):
             ch.waiting.append(frame.to_ndarray(format="nv12"))
@@ -138,16 +139,11 @@ def _encoder(codec: str, w: int, h: int, gop: int):
     return ctx
 
 
-@builtin("dvpp_venc", unit="dvpp_venc", check=_check("dvpp_venc"), work=_work("dvpp_venc"))
-def dvpp_venc(ctx, inputs, outputs, attrs):
+@codec_task("dvpp_venc")
+def dvpp_venc(src, dst, result, attrs):
     """A YUV420SP picture -> the encoded packets it yields (``eos``: the encoder's remaining ones)."""
     import av
-    src, (dst, result) = inputs[0], outputs
     key = attrs["key"]
-    result[:] = 0
-    if attrs.get("op") == "close":
-        _close(key)
-        return
     w, h = int(attrs["size"][0]), int(attrs["size"][1])
     ch = _channel(key, lambda: _encoder(str(attrs.get("codec", "libx264")), w, h, int(attrs.get("gop", 16))))
     frame = None

@@ -1,5 +1,6 @@
 """The implementation of ``acl.media``'s memory and descriptors (:mod:`runtime.acl.media` lists the API):
-DVPP memory, channels, picture / batch picture / stream descriptors, ROI, resize and JPEGE configurations.
+DVPP memory, channels, picture / batch picture / stream descriptors, ROI, resize and JPEGE configurations
+(their create / destroy / get / set calls made by one template, :mod:`._media_desc`).
 
 Everything here is host-side bookkeeping and host-synchronous; nothing orders the device (the engines'
 tasks are in :mod:`runtime.acl._media_ops`).  Create functions and getters are bare values in pyACL
@@ -8,13 +9,16 @@ failure or an unknown handle; setters and destroy functions return ``ret``.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from devices.errors import ACL_ERROR_RT_MEMORY_FREE, AclError
 
 from ._args import as_int, invalid
 from ._calls import acl_call, acl_value
+from ._media_desc import DescKind, address, bounded, flag, integer, u32
 from ._media_state import (DVPP_ADDR_ALIGN, DVPP_SIZE_ALIGN, DVPP_SIZE_EXTRA, MEDIA, BatchPicDesc, ChannelDesc,
                            DvppAlloc, JpegeConfig, PicDesc, ResizeConfig, RoiConfig, StreamDesc)
-from ._state import STATE, add_object, current_context, drop_object, object_record
+from ._state import STATE, add_object, current_context
 
 ACL_NAMESPACE = "acl.media"        # these are acl.media.* calls (runtime.acl._calls names them so)
 
@@ -68,22 +72,21 @@ def dvpp_release(p: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- channels
-@acl_value(0)
-def dvpp_create_channel_desc():
-    """acldvppCreateChannelDesc -> channel description (0 on failure)."""
-    return add_object(MEDIA.channels, ChannelDesc)
-
-
-@acl_call()
-def dvpp_destroy_channel_desc(channel_desc):
-    """acldvppDestroyChannelDesc (destroy its channel first)."""
-    drop_object(MEDIA.channels, channel_desc, "DVPP channel description")
+CHANNELS = DescKind("dvpp", "channel_desc", "channels", "DVPP channel description")
+dvpp_create_channel_desc = CHANNELS.create_call(ChannelDesc, "acldvppCreateChannelDesc -> channel description "
+                                                "(0 on failure).")
+dvpp_destroy_channel_desc = CHANNELS.destroy_call("acldvppDestroyChannelDesc (destroy its channel first).")
+dvpp_set_channel_desc_mode = CHANNELS.setter(
+    "mode", integer("mode"), doc="acldvppSetChannelDescMode: the engines the channel is for (a bit mask: 1 VPC, "
+    "2 JPEGD, 4 JPEGE, 8 PNGD; 0 all).  vnpu records it; every engine works on every channel.")
+dvpp_get_channel_desc_channel_id = CHANNELS.getter(
+    "channel_id", "acldvppGetChannelDescChannelId -> the channel's id (0 before dvpp_create_channel).")
 
 
 @acl_call()
 def dvpp_create_channel(channel_desc):
     """acldvppCreateChannel: open the channel the engines' calls name (one per description)."""
-    ch = object_record(MEDIA.channels, channel_desc, "DVPP channel description")
+    ch = CHANNELS.record(channel_desc)
     if ch.created:
         raise invalid(f"channel 0x{ch.handle:x} is already created")
     with STATE.lock:
@@ -94,134 +97,52 @@ def dvpp_create_channel(channel_desc):
 @acl_call()
 def dvpp_destroy_channel(channel_desc):
     """acldvppDestroyChannel: close the channel (its queued tasks still complete on their streams)."""
-    ch = object_record(MEDIA.channels, channel_desc, "DVPP channel description")
+    ch = CHANNELS.record(channel_desc)
     if not ch.created:
         raise invalid(f"channel 0x{ch.handle:x} was not created")
     ch.created = False
 
 
-@acl_call()
-def dvpp_set_channel_desc_mode(channel_desc, mode):
-    """acldvppSetChannelDescMode: the engines the channel is for (a bit mask: 1 VPC, 2 JPEGD, 4 JPEGE,
-    8 PNGD; 0 all).  vnpu records it; every engine works on every channel."""
-    object_record(MEDIA.channels, channel_desc, "DVPP channel description").mode = as_int(mode, "mode")
-
-
-@acl_value(0)
-def dvpp_get_channel_desc_channel_id(channel_desc):
-    """acldvppGetChannelDescChannelId -> the channel's id (0 before dvpp_create_channel)."""
-    return object_record(MEDIA.channels, channel_desc, "DVPP channel description").channel_id
+def channel_record(h) -> ChannelDesc:
+    """A created channel (100000 for an unknown description or one whose channel is not created)."""
+    ch = CHANNELS.record(h)
+    if not ch.created:
+        raise invalid(f"channel 0x{ch.handle:x} is not created (call acl.media.dvpp_create_channel)")
+    return ch
 
 
 # ---------------------------------------------------------------------------------------------- pictures
-@acl_value(0)
-def dvpp_create_pic_desc():
-    """acldvppCreatePicDesc -> picture description (every field 0)."""
-    return add_object(MEDIA.pics, PicDesc)
-
-
-@acl_call()
-def dvpp_destroy_pic_desc(pic_desc):
-    drop_object(MEDIA.pics, pic_desc, "picture description")
-
-
-def _pic(h) -> PicDesc:
-    return object_record(MEDIA.pics, h, "picture description")
-
-
-def _u32(v, what: str) -> int:
-    n = as_int(v, what)
-    if not 0 <= n <= _U32:
-        raise invalid(f"{what} {n} is not a uint32")
-    return n
-
-
-@acl_call()
-def dvpp_set_pic_desc_data(pic_desc, data_dev):
-    """acldvppSetPicDescData: the picture's DVPP memory (checked when an engine uses it)."""
-    _pic(pic_desc).data = 0 if data_dev is None else as_int(data_dev, "data")
-
-
-@acl_call()
-def dvpp_set_pic_desc_size(pic_desc, size):
-    _pic(pic_desc).size = _u32(size, "size")
-
-
-@acl_call()
-def dvpp_set_pic_desc_format(pic_desc, format):  # noqa: A002 - pyACL's parameter name
-    _pic(pic_desc).format = _u32(format, "format")
-
-
-@acl_call()
-def dvpp_set_pic_desc_width(pic_desc, width):
-    _pic(pic_desc).width = _u32(width, "width")
-
-
-@acl_call()
-def dvpp_set_pic_desc_height(pic_desc, height):
-    _pic(pic_desc).height = _u32(height, "height")
-
-
-@acl_call()
-def dvpp_set_pic_desc_width_stride(pic_desc, width_stride):
-    """The width stride (alignment is checked by the engine call that uses the description: 16 for VPC)."""
-    _pic(pic_desc).width_stride = _u32(width_stride, "width stride")
-
-
-@acl_call()
-def dvpp_set_pic_desc_height_stride(pic_desc, height_stride):
-    _pic(pic_desc).height_stride = _u32(height_stride, "height stride")
-
-
-@acl_call()
-def dvpp_set_pic_desc_ret_code(pic_desc, ret_code):
-    _pic(pic_desc).ret_code = _u32(ret_code, "ret code")
-
-
-@acl_value(0)
-def dvpp_get_pic_desc_data(pic_desc):
-    return _pic(pic_desc).data
-
-
-@acl_value(0)
-def dvpp_get_pic_desc_size(pic_desc):
-    return _pic(pic_desc).size
-
-
-@acl_value(0)
-def dvpp_get_pic_desc_format(pic_desc):
-    return _pic(pic_desc).format
-
-
-@acl_value(0)
-def dvpp_get_pic_desc_width(pic_desc):
-    """The width; after a JPEG / PNG decode has completed, the decoded picture's."""
-    return _pic(pic_desc).width
-
-
-@acl_value(0)
-def dvpp_get_pic_desc_height(pic_desc):
-    return _pic(pic_desc).height
-
-
-@acl_value(0)
-def dvpp_get_pic_desc_width_stride(pic_desc):
-    return _pic(pic_desc).width_stride
-
-
-@acl_value(0)
-def dvpp_get_pic_desc_height_stride(pic_desc):
-    return _pic(pic_desc).height_stride
-
-
-@acl_value(0)
-def dvpp_get_pic_desc_ret_code(pic_desc):
-    """The engine's return code for the last task that wrote this picture (0: success), once the task
-    completed (after synchronize)."""
-    return _pic(pic_desc).ret_code
+PICS = DescKind("dvpp", "pic_desc", "pics", "picture description")
+pic_record: Callable[..., PicDesc] = PICS.record
+dvpp_create_pic_desc = PICS.create_call(PicDesc, "acldvppCreatePicDesc -> picture description (every field 0).")
+dvpp_destroy_pic_desc = PICS.destroy_call()
+dvpp_set_pic_desc_data = PICS.setter("data", address("data"), param="data_dev", doc="acldvppSetPicDescData: the "
+                                     "picture's DVPP memory (checked when an engine uses it).")
+dvpp_set_pic_desc_size = PICS.setter("size", u32("size"))
+dvpp_set_pic_desc_format = PICS.setter("format", u32("format"))
+dvpp_set_pic_desc_width = PICS.setter("width", u32("width"))
+dvpp_set_pic_desc_height = PICS.setter("height", u32("height"))
+dvpp_set_pic_desc_width_stride = PICS.setter("width_stride", u32("width stride"), doc="The width stride "
+                                             "(alignment is checked by the engine call that uses the description: "
+                                             "16 for VPC).")
+dvpp_set_pic_desc_height_stride = PICS.setter("height_stride", u32("height stride"))
+dvpp_set_pic_desc_ret_code = PICS.setter("ret_code", u32("ret code"))
+dvpp_get_pic_desc_data = PICS.getter("data")
+dvpp_get_pic_desc_size = PICS.getter("size")
+dvpp_get_pic_desc_format = PICS.getter("format")
+dvpp_get_pic_desc_width = PICS.getter("width", "The width; after a JPEG / PNG decode has completed, the decoded "
+                                      "picture's.")
+dvpp_get_pic_desc_height = PICS.getter("height")
+dvpp_get_pic_desc_width_stride = PICS.getter("width_stride")
+dvpp_get_pic_desc_height_stride = PICS.getter("height_stride")
+dvpp_get_pic_desc_ret_code = PICS.getter("ret_code", "The engine's return code for the last task that wrote this "
+                                         "picture (0: success), once the task completed (after synchronize).")
 
 
 # ---------------------------------------------------------------------------------------------- batches
+BATCHES = DescKind("dvpp", "batch_pic_desc", "batches", "batch picture description")
+
+
 @acl_value(0)
 def dvpp_create_batch_pic_desc(batch_size):
     """acldvppCreateBatchPicDesc -> a batch of ``batch_size`` (1..256) picture descriptions."""
@@ -235,7 +156,7 @@ def dvpp_create_batch_pic_desc(batch_size):
 @acl_value(0)
 def dvpp_get_pic_desc(batch_pic_desc, index):
     """acldvppGetPicDesc -> the picture description at ``index`` of the batch (0 out of range)."""
-    b = object_record(MEDIA.batches, batch_pic_desc, "batch picture description")
+    b = BATCHES.record(batch_pic_desc)
     i = as_int(index, "index")
     if not 0 <= i < len(b.pics):
         raise invalid(f"index {i} is outside the batch of {len(b.pics)}")
@@ -246,7 +167,7 @@ def dvpp_get_pic_desc(batch_pic_desc, index):
 def dvpp_destroy_batch_pic_desc(batch_pic_desc):
     """acldvppDestroyBatchPicDesc: the batch and its picture descriptions."""
     with STATE.lock:
-        b = object_record(MEDIA.batches, batch_pic_desc, "batch picture description")
+        b = BATCHES.record(batch_pic_desc)
         for h in b.pics:
             MEDIA.pics.pop(h, None)
         del MEDIA.batches[b.handle]
@@ -254,186 +175,68 @@ def dvpp_destroy_batch_pic_desc(batch_pic_desc):
 
 def batch_pics(batch_pic_desc) -> list[PicDesc]:
     """The picture descriptions of a batch (100000 for an unknown batch)."""
-    b = object_record(MEDIA.batches, batch_pic_desc, "batch picture description")
-    return [_pic(h) for h in b.pics]
-
-
-def pic_record(h) -> PicDesc:
-    return _pic(h)
+    return [PICS.record(h) for h in BATCHES.record(batch_pic_desc).pics]
 
 
 # ---------------------------------------------------------------------------------------------- ROI / configs
+ROIS = DescKind("dvpp", "roi_config", "rois", "ROI configuration")
+roi_record: Callable[..., RoiConfig] = ROIS.record
+dvpp_destroy_roi_config = ROIS.destroy_call()
+_BOX = tuple(u32(k) for k in ("left", "right", "top", "bottom"))
+
+
 @acl_value(0)
 def dvpp_create_roi_config(left, right, top, bottom):
     """acldvppCreateRoiConfig(left, right, top, bottom) -> ROI (inclusive pixel bounds; the engine call
     checks them against its picture: for YUV420SP left and top even, right and bottom odd)."""
-    box = tuple(_u32(v, k) for v, k in ((left, "left"), (right, "right"), (top, "top"), (bottom, "bottom")))
+    box = tuple(check(v) for check, v in zip(_BOX, (left, right, top, bottom)))
     return add_object(MEDIA.rois, lambda h: RoiConfig(h, *box))
 
 
 @acl_call()
 def dvpp_set_roi_config(roi_config, left, right, top, bottom):
-    r = object_record(MEDIA.rois, roi_config, "ROI configuration")
-    r.left, r.right, r.top, r.bottom = (_u32(v, k) for v, k in ((left, "left"), (right, "right"), (top, "top"),
-                                                                (bottom, "bottom")))
+    r = ROIS.record(roi_config)
+    r.left, r.right, r.top, r.bottom = (check(v) for check, v in zip(_BOX, (left, right, top, bottom)))
 
 
-@acl_call()
-def dvpp_destroy_roi_config(roi_config):
-    drop_object(MEDIA.rois, roi_config, "ROI configuration")
+RESIZE = DescKind("dvpp", "resize_config", "resize", "resize configuration")
+resize_record: Callable[..., ResizeConfig] = RESIZE.record
+dvpp_create_resize_config = RESIZE.create_call(ResizeConfig, "acldvppCreateResizeConfig -> resize configuration "
+                                               "(interpolation 0: the default, bilinear).")
+dvpp_destroy_resize_config = RESIZE.destroy_call()
+dvpp_set_resize_config_interpolation = RESIZE.setter(
+    "interpolation", bounded("interpolation", lambda v: v in (0, 1, 2),
+                             "interpolation {} is not 0 (default), 1 (bilinear) or 2 (nearest)"),
+    doc="0 default (bilinear), 1 bilinear, 2 nearest neighbour; anything else 100000.")
+dvpp_get_resize_config_interpolation = RESIZE.getter("interpolation")
 
-
-def roi_record(h) -> RoiConfig:
-    return object_record(MEDIA.rois, h, "ROI configuration")
-
-
-@acl_value(0)
-def dvpp_create_resize_config():
-    """acldvppCreateResizeConfig -> resize configuration (interpolation 0: the default, bilinear)."""
-    return add_object(MEDIA.resize, ResizeConfig)
-
-
-@acl_call()
-def dvpp_destroy_resize_config(resize_config):
-    drop_object(MEDIA.resize, resize_config, "resize configuration")
-
-
-@acl_call()
-def dvpp_set_resize_config_interpolation(resize_config, interpolation):
-    """0 default (bilinear), 1 bilinear, 2 nearest neighbour; anything else 100000."""
-    v = as_int(interpolation, "interpolation")
-    if v not in (0, 1, 2):
-        raise invalid(f"interpolation {v} is not 0 (default), 1 (bilinear) or 2 (nearest)")
-    object_record(MEDIA.resize, resize_config, "resize configuration").interpolation = v
-
-
-@acl_value(0)
-def dvpp_get_resize_config_interpolation(resize_config):
-    return object_record(MEDIA.resize, resize_config, "resize configuration").interpolation
-
-
-def resize_record(h) -> ResizeConfig:
-    return object_record(MEDIA.resize, h, "resize configuration")
-
-
-@acl_value(0)
-def dvpp_create_jpege_config():
-    """acldvppCreateJpegeConfig -> JPEG encode configuration (level 100)."""
-    return add_object(MEDIA.jpege, JpegeConfig)
-
-
-@acl_call()
-def dvpp_destroy_jpege_config(jpege_config):
-    drop_object(MEDIA.jpege, jpege_config, "JPEGE configuration")
-
-
-@acl_call()
-def dvpp_set_jpege_config_level(jpege_config, level):
-    """The encode quality, 0..100 (0 is taken as 1: the lowest); anything else 100000."""
-    v = as_int(level, "level")
-    if not 0 <= v <= 100:
-        raise invalid(f"JPEGE level {v} is outside 0..100")
-    object_record(MEDIA.jpege, jpege_config, "JPEGE configuration").level = v
-
-
-@acl_value(0)
-def dvpp_get_jpege_config_level(jpege_config):
-    return object_record(MEDIA.jpege, jpege_config, "JPEGE configuration").level
-
-
-def jpege_record(h) -> JpegeConfig:
-    return object_record(MEDIA.jpege, h, "JPEGE configuration")
-
-
-def channel_record(h) -> ChannelDesc:
-    """A created channel (100000 for an unknown description or one whose channel is not created)."""
-    ch = object_record(MEDIA.channels, h, "DVPP channel description")
-    if not ch.created:
-        raise invalid(f"channel 0x{ch.handle:x} is not created (call acl.media.dvpp_create_channel)")
-    return ch
+JPEGE = DescKind("dvpp", "jpege_config", "jpege", "JPEGE configuration")
+jpege_record: Callable[..., JpegeConfig] = JPEGE.record
+dvpp_create_jpege_config = JPEGE.create_call(JpegeConfig, "acldvppCreateJpegeConfig -> JPEG encode configuration "
+                                             "(level 100).")
+dvpp_destroy_jpege_config = JPEGE.destroy_call()
+dvpp_set_jpege_config_level = JPEGE.setter(
+    "level", bounded("level", lambda v: 0 <= v <= 100, "JPEGE level {} is outside 0..100"),
+    doc="The encode quality, 0..100 (0 is taken as 1: the lowest); anything else 100000.")
+dvpp_get_jpege_config_level = JPEGE.getter("level")
 
 
 # ---------------------------------------------------------------------------------------------- streams
-@acl_value(0)
-def dvpp_create_stream_desc():
-    """acldvppCreateStreamDesc -> stream description (an encoded stream's memory and attributes)."""
-    return add_object(MEDIA.streams, StreamDesc)
-
-
-@acl_call()
-def dvpp_destroy_stream_desc(stream_desc):
-    drop_object(MEDIA.streams, stream_desc, "stream description")
-
-
-def _sd(h) -> StreamDesc:
-    return object_record(MEDIA.streams, h, "stream description")
-
-
-def stream_desc_record(h) -> StreamDesc:
-    return _sd(h)
-
-
-@acl_call()
-def dvpp_set_stream_desc_data(stream_desc, data_dev):
-    _sd(stream_desc).data = 0 if data_dev is None else as_int(data_dev, "data")
-
-
-@acl_call()
-def dvpp_set_stream_desc_size(stream_desc, size):
-    _sd(stream_desc).size = _u32(size, "size")
-
-
-@acl_call()
-def dvpp_set_stream_desc_format(stream_desc, format):  # noqa: A002 - pyACL's parameter name
-    _sd(stream_desc).format = _u32(format, "format")
-
-
-@acl_call()
-def dvpp_set_stream_desc_timestamp(stream_desc, timestamp):
-    t = as_int(timestamp, "timestamp")
-    if not 0 <= t < 1 << 64:
-        raise invalid(f"timestamp {t} is not a uint64")
-    _sd(stream_desc).timestamp = t
-
-
-@acl_call()
-def dvpp_set_stream_desc_ret_code(stream_desc, ret_code):
-    _sd(stream_desc).ret_code = _u32(ret_code, "ret code")
-
-
-@acl_call()
-def dvpp_set_stream_desc_eos(stream_desc, eos):
-    v = as_int(eos, "eos")
-    if v not in (0, 1):
-        raise invalid(f"eos must be 0 or 1, got {v}")
-    _sd(stream_desc).eos = v
-
-
-@acl_value(0)
-def dvpp_get_stream_desc_data(stream_desc):
-    return _sd(stream_desc).data
-
-
-@acl_value(0)
-def dvpp_get_stream_desc_size(stream_desc):
-    return _sd(stream_desc).size
-
-
-@acl_value(0)
-def dvpp_get_stream_desc_format(stream_desc):
-    return _sd(stream_desc).format
-
-
-@acl_value(0)
-def dvpp_get_stream_desc_timestamp(stream_desc):
-    return _sd(stream_desc).timestamp
-
-
-@acl_value(0)
-def dvpp_get_stream_desc_ret_code(stream_desc):
-    return _sd(stream_desc).ret_code
-
-
-@acl_value(0)
-def dvpp_get_stream_desc_eos(stream_desc):
-    return _sd(stream_desc).eos
+STREAMS = DescKind("dvpp", "stream_desc", "streams", "stream description")
+stream_desc_record: Callable[..., StreamDesc] = STREAMS.record
+dvpp_create_stream_desc = STREAMS.create_call(StreamDesc, "acldvppCreateStreamDesc -> stream description (an "
+                                              "encoded stream's memory and attributes).")
+dvpp_destroy_stream_desc = STREAMS.destroy_call()
+dvpp_set_stream_desc_data = STREAMS.setter("data", address("data"), param="data_dev")
+dvpp_set_stream_desc_size = STREAMS.setter("size", u32("size"))
+dvpp_set_stream_desc_format = STREAMS.setter("format", u32("format"))
+dvpp_set_stream_desc_timestamp = STREAMS.setter(
+    "timestamp", bounded("timestamp", lambda t: 0 <= t < 1 << 64, "timestamp {} is not a uint64"))
+dvpp_set_stream_desc_ret_code = STREAMS.setter("ret_code", u32("ret code"))
+dvpp_set_stream_desc_eos = STREAMS.setter("eos", flag("eos"))
+dvpp_get_stream_desc_data = STREAMS.getter("data")
+dvpp_get_stream_desc_size = STREAMS.getter("size")
+dvpp_get_stream_desc_format = STREAMS.getter("format")
+dvpp_get_stream_desc_timestamp = STREAMS.getter("timestamp")
+dvpp_get_stream_desc_ret_code = STREAMS.getter("ret_code")
+dvpp_get_stream_desc_eos = STREAMS.getter("eos")

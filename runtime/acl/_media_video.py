@@ -29,12 +29,13 @@ import uuid
 from devices.ops.picture import YUV420SP, Pic
 from runtime import api
 
-from ._args import as_int, invalid
-from ._calls import acl_call, acl_value
+from ._args import invalid
+from ._calls import acl_call
 from ._media import dvpp_alloc, dvpp_release, pic_record, stream_desc_record
+from ._media_desc import Check, CodecDescKind, bounded, callback, flag, integer
 from ._media_ops import VPC_ALIGN, checked_pic, dvpp_range, launch_task, pic_tuple
 from ._media_state import MEDIA, FrameConfig, StreamDesc, VideoChannelDesc
-from ._state import STATE, add_object, current_context, new_stream, object_record
+from ._state import STATE, add_object, current_context, new_stream
 
 ACL_NAMESPACE = "acl.media"
 
@@ -51,22 +52,29 @@ _CLOSE_BYTES = 64
 
 
 # ---------------------------------------------------------------------------------------------- shared
-def _vdesc(h, kind: str) -> VideoChannelDesc:
-    d = object_record(MEDIA.video, h, f"{kind.upper()} channel description")
-    if d.kind != kind:
-        raise invalid(f"0x{d.handle:x} is a {d.kind.upper()} channel description, not a {kind.upper()} one")
+def _kinds(kind: str) -> tuple[CodecDescKind, CodecDescKind]:
+    """The channel description and the frame configuration of ``kind``."""
+    return (CodecDescKind(kind, "channel_desc", "video", "channel description"),
+            CodecDescKind(kind, "frame_config", "frames", "frame configuration"))
+
+
+#: a new frame configuration's settings
+_NEW_FRAME = {"eos": 0, "force_i_frame": 0}
+
+
+def _created(kinds: CodecDescKind, h) -> VideoChannelDesc:
+    d = kinds.record(h)
+    if not d.created:
+        raise invalid(f"{d.kind.upper()} channel 0x{d.handle:x} is not created")
     return d
 
 
-def _frame(h, kind: str) -> FrameConfig:
-    f = object_record(MEDIA.frames, h, f"{kind.upper()} frame configuration")
-    if f.kind != kind:
-        raise invalid(f"0x{f.handle:x} is a {f.kind.upper()} frame configuration, not a {kind.upper()} one")
-    return f
+def _venc_side(what: str) -> Check:
+    return bounded(what, lambda n: VENC_MIN <= n <= VENC_MAX and not n % 2,
+                   f"VENC picture {what} {{}} must be even, {VENC_MIN} .. {VENC_MAX}")
 
 
-def _set(h, kind: str, key: str, value) -> None:
-    _vdesc(h, kind).settings[key] = value
+_ENTYPE = bounded("en_type", lambda v: v in _DECODER, "en_type {} is not 0 (H.265 main) .. 3 (H.264 high)")
 
 
 def _open(d: VideoChannelDesc, need: tuple[str, ...]) -> None:
@@ -89,8 +97,6 @@ def _open(d: VideoChannelDesc, need: tuple[str, ...]) -> None:
 
 def _close(d: VideoChannelDesc, kernel: str) -> None:
     """Close the codec, wait for every frame and callback, destroy the channel's stream."""
-    if not d.created:
-        raise invalid(f"{d.kind.upper()} channel 0x{d.handle:x} is not created")
     rec = d.stream
     dev = rec.ctx.dev
     scratch = dvpp_alloc(dev, _CLOSE_BYTES)
@@ -118,94 +124,39 @@ def _callback(d: VideoChannelDesc, rec, args) -> None:
     api.callbacks_for(rec.ctx.dev).launch(rec.stream, lambda ud: fn(first, second, ud), user_data, True)
 
 
-def _make_frame(kind: str) -> int:
-    return add_object(MEDIA.frames, lambda h: FrameConfig(h, kind, {"eos": 0, "force_i_frame": 0}))
-
-
 # ---------------------------------------------------------------------------------------------- VDEC
-@acl_value(0)
-def vdec_create_channel_desc():
-    """aclvdecCreateChannelDesc -> VDEC channel description (output NV12, H.265 main until set)."""
-    return add_object(MEDIA.video, lambda h: VideoChannelDesc(h, "vdec", {"out_pic_format": 1, "entype": 0,
-                                                                          "out_mode": 0, "channel_id": 0}))
-
-
-@acl_call()
-def vdec_destroy_channel_desc(channel_desc):
-    d = _vdesc(channel_desc, "vdec")
-    if d.created:
-        raise invalid("destroy the VDEC channel (vdec_destroy_channel) before its description")
-    del MEDIA.video[d.handle]
-
-
-@acl_call()
-def vdec_set_channel_desc_channel_id(channel_desc, channel_id):
-    _set(channel_desc, "vdec", "channel_id", as_int(channel_id, "channel id"))
-
-
-@acl_call()
-def vdec_set_channel_desc_thread_id(channel_desc, thread_id):
-    """The thread (``acl.util.start_thread`` id or thread ident) that runs the callbacks in process_report."""
-    _set(channel_desc, "vdec", "thread_id", as_int(thread_id, "thread id"))
-
-
-@acl_call()
-def vdec_set_channel_desc_callback(channel_desc, callback):
-    if not callable(callback):
-        raise invalid("the VDEC callback is not callable")
-    _set(channel_desc, "vdec", "callback", callback)
-
-
-@acl_call()
-def vdec_set_channel_desc_entype(channel_desc, en_type):
-    v = as_int(en_type, "en_type")
-    if v not in _DECODER:
-        raise invalid(f"en_type {v} is not 0 (H.265 main) .. 3 (H.264 high)")
-    _set(channel_desc, "vdec", "entype", v)
-
-
-@acl_call()
-def vdec_set_channel_desc_out_pic_format(channel_desc, out_pic_format):
-    v = as_int(out_pic_format, "out pic format")
-    if v not in YUV420SP:
-        raise invalid(f"VDEC outputs YUV420SP NV12 (1) or NV21 (2), not {v}")
-    _set(channel_desc, "vdec", "out_pic_format", v)
-
-
-@acl_call()
-def vdec_set_channel_desc_out_mode(channel_desc, out_mode):
-    """0 default, 1 fast; vnpu's decoder always hands a picture out with its frame."""
-    v = as_int(out_mode, "out mode")
-    if v not in (0, 1):
-        raise invalid(f"out mode {v} is not 0 (default) or 1 (fast)")
-    _set(channel_desc, "vdec", "out_mode", v)
-
-
-@acl_value(0)
-def vdec_get_channel_desc_out_mode(channel_desc):
-    return _vdesc(channel_desc, "vdec").settings["out_mode"]
+VDEC, VDEC_FRAME = _kinds("vdec")
+vdec_create_channel_desc = VDEC.create_call(
+    lambda h: VideoChannelDesc(h, "vdec", {"out_pic_format": 1, "entype": 0, "out_mode": 0, "channel_id": 0}),
+    "aclvdecCreateChannelDesc -> VDEC channel description (output NV12, H.265 main until set).")
+vdec_destroy_channel_desc = VDEC.destroy_call()
+vdec_set_channel_desc_channel_id = VDEC.setter("channel_id", integer("channel id"))
+vdec_set_channel_desc_thread_id = VDEC.setter("thread_id", integer("thread id"), doc="The thread "
+                                              "(``acl.util.start_thread`` id or thread ident) that runs the "
+                                              "callbacks in process_report.")
+vdec_set_channel_desc_callback = VDEC.setter("callback", callback("VDEC"))
+vdec_set_channel_desc_entype = VDEC.setter("entype", _ENTYPE, param="en_type")
+vdec_set_channel_desc_out_pic_format = VDEC.setter(
+    "out_pic_format", bounded("out pic format", lambda v: v in YUV420SP,
+                              "VDEC outputs YUV420SP NV12 (1) or NV21 (2), not {}"))
+vdec_set_channel_desc_out_mode = VDEC.setter(
+    "out_mode", bounded("out mode", lambda v: v in (0, 1), "out mode {} is not 0 (default) or 1 (fast)"),
+    doc="0 default, 1 fast; vnpu's decoder always hands a picture out with its frame.")
+vdec_get_channel_desc_out_mode = VDEC.getter("out_mode")
+vdec_create_frame_config = VDEC_FRAME.create_call(lambda h: FrameConfig(h, "vdec", dict(_NEW_FRAME)))
+vdec_destroy_frame_config = VDEC_FRAME.destroy_call()
 
 
 @acl_call()
 def vdec_create_channel(channel_desc):
     """aclvdecCreateChannel: needs the callback and its thread set."""
-    _open(_vdesc(channel_desc, "vdec"), ("callback", "thread_id"))
+    _open(VDEC.record(channel_desc), ("callback", "thread_id"))
 
 
 @acl_call()
 def vdec_destroy_channel(channel_desc):
     """aclvdecDestroyChannel: waits for every frame sent and its callback (host-blocking)."""
-    _close(_vdesc(channel_desc, "vdec"), "dvpp_vdec")
-
-
-@acl_value(0)
-def vdec_create_frame_config():
-    return _make_frame("vdec")
-
-
-@acl_call()
-def vdec_destroy_frame_config(frame_config):
-    del MEDIA.frames[_frame(frame_config, "vdec").handle]
+    _close(_created(VDEC, channel_desc), "dvpp_vdec")
 
 
 @acl_call()
@@ -213,11 +164,9 @@ def vdec_send_frame(channel_desc, input_stream_desc, output_pic_desc, config, us
     """aclvdecSendFrame: decode one frame of the stream into ``output_pic_desc`` (YUV420SP of the channel's
     format, width stride a multiple of 16, height stride of 2), then call back.  An input stream
     description with ``eos`` set closes the decoder (no picture, no callback).  Orders the device only."""
-    d = _vdesc(channel_desc, "vdec")
-    if not d.created:
-        raise invalid(f"VDEC channel 0x{d.handle:x} is not created")
+    d = _created(VDEC, channel_desc)
     if config not in (None, 0):
-        _frame(config, "vdec")
+        VDEC_FRAME.record(config)
     sd: StreamDesc = stream_desc_record(input_stream_desc)
     rec = d.stream
     dev = rec.ctx.dev
@@ -248,120 +197,39 @@ def vdec_send_frame(channel_desc, input_stream_desc, output_pic_desc, config, us
 
 
 # ---------------------------------------------------------------------------------------------- VENC
-@acl_value(0)
-def venc_create_channel_desc():
-    """aclvencCreateChannelDesc -> VENC channel description (NV12, H.265 main, key frame interval 16)."""
-    return add_object(MEDIA.video, lambda h: VideoChannelDesc(h, "venc", {"pic_format": 1, "entype": 0,
-                                                                          "key_frame_interval": 16}))
-
-
-@acl_call()
-def venc_destroy_channel_desc(channel_desc):
-    d = _vdesc(channel_desc, "venc")
-    if d.created:
-        raise invalid("destroy the VENC channel (venc_destroy_channel) before its description")
-    del MEDIA.video[d.handle]
-
-
-@acl_call()
-def venc_set_channel_desc_thread_id(channel_desc, thread_id):
-    _set(channel_desc, "venc", "thread_id", as_int(thread_id, "thread id"))
-
-
-@acl_call()
-def venc_set_channel_desc_callback(channel_desc, callback):
-    if not callable(callback):
-        raise invalid("the VENC callback is not callable")
-    _set(channel_desc, "venc", "callback", callback)
-
-
-@acl_call()
-def venc_set_channel_desc_entype(channel_desc, en_type):
-    v = as_int(en_type, "en_type")
-    if v not in _ENCODER:
-        raise invalid(f"en_type {v} is not 0 (H.265 main) .. 3 (H.264 high)")
-    _set(channel_desc, "venc", "entype", v)
-
-
-@acl_call()
-def venc_set_channel_desc_pic_format(channel_desc, pic_format):
-    v = as_int(pic_format, "pic format")
-    if v not in YUV420SP:
-        raise invalid(f"VENC takes YUV420SP NV12 (1) or NV21 (2), not {v}")
-    _set(channel_desc, "venc", "pic_format", v)
-
-
-def _venc_size(v, what: str) -> int:
-    n = as_int(v, what)
-    if not VENC_MIN <= n <= VENC_MAX or n % 2:
-        raise invalid(f"VENC picture {what} {n} must be even, {VENC_MIN} .. {VENC_MAX}")
-    return n
-
-
-@acl_call()
-def venc_set_channel_desc_pic_width(channel_desc, width):
-    _set(channel_desc, "venc", "pic_width", _venc_size(width, "width"))
-
-
-@acl_call()
-def venc_set_channel_desc_pic_height(channel_desc, height):
-    _set(channel_desc, "venc", "pic_height", _venc_size(height, "height"))
-
-
-@acl_call()
-def venc_set_channel_desc_key_frame_interval(channel_desc, key_frame_interval):
-    v = as_int(key_frame_interval, "key frame interval")
-    if not 1 <= v <= 65536:
-        raise invalid(f"key frame interval {v} is outside 1 .. 65536")
-    _set(channel_desc, "venc", "key_frame_interval", v)
+VENC, VENC_FRAME = _kinds("venc")
+venc_create_channel_desc = VENC.create_call(
+    lambda h: VideoChannelDesc(h, "venc", {"pic_format": 1, "entype": 0, "key_frame_interval": 16}),
+    "aclvencCreateChannelDesc -> VENC channel description (NV12, H.265 main, key frame interval 16).")
+venc_destroy_channel_desc = VENC.destroy_call()
+venc_set_channel_desc_thread_id = VENC.setter("thread_id", integer("thread id"))
+venc_set_channel_desc_callback = VENC.setter("callback", callback("VENC"))
+venc_set_channel_desc_entype = VENC.setter("entype", _ENTYPE, param="en_type")
+venc_set_channel_desc_pic_format = VENC.setter(
+    "pic_format", bounded("pic format", lambda v: v in YUV420SP, "VENC takes YUV420SP NV12 (1) or NV21 (2), not {}"))
+venc_set_channel_desc_pic_width = VENC.setter("pic_width", _venc_side("width"), param="width")
+venc_set_channel_desc_pic_height = VENC.setter("pic_height", _venc_side("height"), param="height")
+venc_set_channel_desc_key_frame_interval = VENC.setter(
+    "key_frame_interval", bounded("key frame interval", lambda v: 1 <= v <= 65536,
+                                  "key frame interval {} is outside 1 .. 65536"))
+venc_create_frame_config = VENC_FRAME.create_call(lambda h: FrameConfig(h, "venc", dict(_NEW_FRAME)))
+venc_destroy_frame_config = VENC_FRAME.destroy_call()
+venc_set_frame_config_eos = VENC_FRAME.setter("eos", flag("eos"))
+venc_set_frame_config_force_i_frame = VENC_FRAME.setter("force_i_frame", flag("force_i_frame"))
+venc_get_frame_config_eos = VENC_FRAME.getter("eos")
+venc_get_frame_config_force_i_frame = VENC_FRAME.getter("force_i_frame")
 
 
 @acl_call()
 def venc_create_channel(channel_desc):
     """aclvencCreateChannel: needs the callback, its thread, and the picture's width and height."""
-    _open(_vdesc(channel_desc, "venc"), ("callback", "thread_id", "pic_width", "pic_height"))
+    _open(VENC.record(channel_desc), ("callback", "thread_id", "pic_width", "pic_height"))
 
 
 @acl_call()
 def venc_destroy_channel(channel_desc):
     """aclvencDestroyChannel: waits for every frame sent and its callback (host-blocking)."""
-    _close(_vdesc(channel_desc, "venc"), "dvpp_venc")
-
-
-@acl_value(0)
-def venc_create_frame_config():
-    return _make_frame("venc")
-
-
-@acl_call()
-def venc_destroy_frame_config(frame_config):
-    del MEDIA.frames[_frame(frame_config, "venc").handle]
-
-
-@acl_call()
-def venc_set_frame_config_eos(frame_config, eos):
-    v = as_int(eos, "eos")
-    if v not in (0, 1):
-        raise invalid(f"eos must be 0 or 1, got {v}")
-    _frame(frame_config, "venc").settings["eos"] = v
-
-
-@acl_call()
-def venc_set_frame_config_force_i_frame(frame_config, force_i_frame):
-    v = as_int(force_i_frame, "force_i_frame")
-    if v not in (0, 1):
-        raise invalid(f"force_i_frame must be 0 or 1, got {v}")
-    _frame(frame_config, "venc").settings["force_i_frame"] = v
-
-
-@acl_value(0)
-def venc_get_frame_config_eos(frame_config):
-    return _frame(frame_config, "venc").settings["eos"]
-
-
-@acl_value(0)
-def venc_get_frame_config_force_i_frame(frame_config):
-    return _frame(frame_config, "venc").settings["force_i_frame"]
+    _close(_created(VENC, channel_desc), "dvpp_venc")
 
 
 @acl_call()
@@ -369,10 +237,8 @@ def venc_send_frame(channel_desc, input_pic_desc, reserve, config, user_data):
     """aclvencSendFrame: encode the picture (the channel's format, width and height; strides 16 / 2), then
     call back with an output stream description of the frame's packets.  With the frame configuration's
     eos the encoder is flushed (``input_pic_desc`` may be 0).  Orders the device only."""
-    d = _vdesc(channel_desc, "venc")
-    if not d.created:
-        raise invalid(f"VENC channel 0x{d.handle:x} is not created")
-    fc = _frame(config, "venc")
+    d = _created(VENC, channel_desc)
+    fc = VENC_FRAME.record(config)
     rec = d.stream
     dev = rec.ctx.dev
     w, h = d.settings["pic_width"], d.settings["pic_height"]

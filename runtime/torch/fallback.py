@@ -12,6 +12,7 @@ import os
 import threading
 import warnings
 from collections import Counter
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
@@ -101,7 +102,7 @@ def run_on_cpu(func, args, kwargs, why: str = ""):
     return tree_map(up, out)
 
 
-def _flat(args, kwargs):
-    out = []
+def _flat(args, kwargs) -> list[Any]:
+    out: list[Any] = []
     tree_map(out.append, (args, kwargs))
     return out

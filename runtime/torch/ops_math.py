@@ -5,6 +5,8 @@ an unsupported argument) goes to the CPU fallback, counted (:mod:`.fallback`).  
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from . import fallback
@@ -147,7 +149,7 @@ def eq(a, b):
 def _mm_operand(b: NpuTensor) -> tuple[NpuTensor, bool]:
     """``b`` as a kernel operand: a transposed contiguous matrix is passed as-is with transpose_b."""
     if not b.is_contiguous() and b.dim() == 2 and b.t().is_contiguous():
-        return b.t(), True
+        return cast(NpuTensor, b.t()), True      # torch's stubs: Tensor methods return Tensor
     return b, False
 
 

@@ -14,7 +14,7 @@ argument, materializing a strided view with the ``strided_gather`` kernel: only 
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -95,17 +95,23 @@ class NpuTensor(torch.Tensor):
         t.vstorage = storage
         return t
 
+    # torch's stubs declare __torch_dispatch__ as the C function _disabled_torch_dispatch_impl, which mypy
+    # binds as an instance method; torch's protocol for a subclass is this classmethod
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),  # type: ignore[override]
+                           kwargs: dict | None = None) -> Any:
         fn = OPS.impls.get(func)
         if fn is None:
             return OPS.missing(func, args, kwargs or {})
         return fn(*args, **(kwargs or {}))
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    # torch's documented idiom for a wrapper subclass; its stubs type the base's as a classmethod
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
-    def __repr__(self, *, tensor_contents=None) -> str:       # noqa: D105 (torch's signature)
-        body = repr(to_cpu(self.detach()))
+    # torch's own signature; mypy drops the name of the base's unannotated keyword-only argument, so no
+    # override matches it
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]  # noqa: D105
+        body = repr(to_cpu(cast(NpuTensor, self.detach())))     # torch's stubs: Tensor methods return Tensor
         suffix = f", device='{self.device}'"
         return body[:-1] + suffix + ")" if body.endswith(")") else body + suffix
 
@@ -119,7 +125,7 @@ def device_bytes(t: NpuTensor) -> api.Tensor:
         raise NpuDeviceMismatchError("device_bytes needs a contiguous tensor (call .contiguous() first)")
     t.vstorage.ptr                                  # raises NpuStorageFreedError when gone
     return t.vstorage.mem.view((t.numel() * t.element_size(),), "uint8",
-                               offset_bytes=t.storage_offset() * t.element_size())
+                               offset_bytes=int(t.storage_offset()) * t.element_size())
 
 
 # ---------------------------------------------------------------------------------------------- making
@@ -150,7 +156,7 @@ def _itemsize(dtype: torch.dtype) -> int:
 _ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in KERNEL_DTYPE} | {torch.bfloat16: 2}
 
 
-def view_of(t: NpuTensor, size, stride, offset: int, dtype: torch.dtype | None = None) -> NpuTensor:
+def view_of(t: NpuTensor, size, stride, offset: int | torch.SymInt, dtype: torch.dtype | None = None) -> NpuTensor:
     """Another tensor over ``t``'s storage (no copy).  Under ``torch.inference_mode`` a view of a normal
     tensor is a normal tensor, as torch's rule is (torch then shares ``t``'s version counter with it)."""
     if torch.is_inference_mode_enabled() and not t.is_inference():
@@ -235,7 +241,8 @@ def flat_desc(t: NpuTensor) -> TensorDesc:
 
 def desc(t: NpuTensor) -> TensorDesc:
     """A contiguous ``t`` as a launch argument (its own bytes; see :func:`launch` for strided ones)."""
-    return TensorDesc(t.vstorage.ptr + t.storage_offset() * t.element_size(), tuple(t.shape), KERNEL_DTYPE[t.dtype])
+    return TensorDesc(t.vstorage.ptr + int(t.storage_offset()) * t.element_size(), tuple(t.shape),
+                      KERNEL_DTYPE[t.dtype])
 
 
 def launch(kernel: str, inputs, outputs, attrs: dict | None = None, stream: api.Stream | None = None) -> None:
