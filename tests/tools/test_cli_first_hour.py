@@ -406,6 +406,14 @@ def test_smi_fits_the_terminal_with_a_real_clusters_data(smi_cluster, width):
     assert max(len(ln) for ln in shown.stdout.splitlines()) <= width, shown.stdout
 
 
+def _sigint_default() -> None:
+    """In the child before exec: SIGINT at its default action, as in a terminal.  A runner started in the
+    background of a non-interactive shell has SIGINT ignored, Python keeps an ignored SIGINT ignored, and the
+    watch would never see the Ctrl-C this test sends."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize("as_json", [False, True])
 def test_smi_loop_redraws_until_ctrl_c(smi_cluster, as_json):
@@ -415,7 +423,7 @@ def test_smi_loop_redraws_until_ctrl_c(smi_cluster, as_json):
     _, env, _ = smi_cluster
     p = subprocess.Popen([sys.executable, "-m", "runtime.cli", "smi", "-l", "0.2"] + (["--json"] if as_json else []),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(env, COLUMNS="200"),
-                         cwd=ROOT)
+                         cwd=ROOT, preexec_fn=_sigint_default)
     try:
         frames = []
         for line in p.stdout:
