@@ -275,8 +275,9 @@ def set_dynamic_hw_size(model_id, dataset, index, height, width):
     """aclmdlSetDynamicHWSize: write ``height`` and ``width`` into the dataset's buffer ``index`` (the
     model's ``ascend_mbatch_shape_data`` input; host-synchronous), selecting that image-size gear for the
     next executions with this dataset.  100000 for a zero size, an index out of range, a null buffer
-    (acl's checks) or an index that is not the dynamic-gear input; then GE's: 145011 / 145012 for a buffer not of the device / under 8 bytes, 145013 for
-    a (height, width) that is not a gear (also on a model without image-size gears)."""
+    (acl's checks) or an index that is not the dynamic-gear input; then GE's: 145011 / 145012 for a
+    buffer not of the device / under 8 bytes, 145013 for a (height, width) that is not a gear (also on a
+    model without image-size gears)."""
     rec = model_record(model_id)
     ds = object_record(STATE.datasets, dataset, "dataset")
     i, h, w = as_int(index, "index"), as_int(height, "height"), as_int(width, "width")

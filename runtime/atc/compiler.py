@@ -213,7 +213,8 @@ def _gear_manifest(gb: GearBuild, pack: _WeightPack) -> dict:
         "kernels": prog.kernel_counts(),
     }
     hw = list(gb.key) if isinstance(gb.key, tuple) else None
-    return {"batch": None if hw else gb.key, "hw": hw, "workspace_size": plan.size, "inputs": [view(v) for v in prog.inputs],
+    return {"batch": None if hw else gb.key, "hw": hw, "workspace_size": plan.size,
+            "inputs": [view(v) for v in prog.inputs],
             "outputs": [view(v) for v in prog.outputs], "buffers": buffers, "steps": steps, "stats": stats}
 
 

@@ -36,7 +36,8 @@ FRAMEWORKS = "0(Caffe) or 1(MindSpore) or 3(TensorFlow) or 5(Onnx)"
 MODES = {0: "generate an offline model", 1: "convert an .om to JSON", 6: "display model info"}
 #: ATC flags vnpu atc knows but does not implement: given, they fail with E10001 instead of being ignored
 UNSUPPORTED = {
-    "weight": "Caffe weights (vnpu atc converts ONNX models)", "dynamic_dims": "dynamic dims gears", "input_shape_range": "shape ranges", "out_nodes": "choosing output nodes",
+    "weight": "Caffe weights (vnpu atc converts ONNX models)", "dynamic_dims": "dynamic dims gears",
+    "input_shape_range": "shape ranges", "out_nodes": "choosing output nodes",
     "output_type": "changing output dtypes", "input_fp16_nodes": "fp16 input nodes",
     "keep_dtype": "per-op precision files",
 }

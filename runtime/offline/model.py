@@ -32,9 +32,10 @@ output buffers 100017 / 100018 (ACL_ERROR_MODEL_INPUT/OUTPUT_NOT_MATCH); a buffe
 ACL_ERROR_GE_DATATYPE_INVALID; a null buffer, or one that is not memory of the model's device (host
 memory, another device's) 100000 ACL_ERROR_INVALID_PARAM; a buffer that runs past the end of its
 allocation 107000 (the runtime's memory check); a stream of another device
-107003 ACL_ERROR_RT_STREAM_CONTEXT; dynamic input null / too short (4 B for a batch, 8 B for an image size)
-/ a batch or (height, width) that is not a gear 145011 / 145012 / 145013; a model built for another SoC 545001 ACL_ERROR_GE_LOAD_MODEL; a missing file 145002; a
-file that is not a vnpu .om: see :mod:`runtime.atc.om`.
+107003 ACL_ERROR_RT_STREAM_CONTEXT; dynamic input null / too short (4 B for a batch, 8 B for an image
+size) / a batch or (height, width) that is not a gear 145011 / 145012 / 145013; a model built for
+another SoC 545001 ACL_ERROR_GE_LOAD_MODEL; a missing file 145002; a file that is not a vnpu .om: see
+:mod:`runtime.atc.om`.
 """
 from __future__ import annotations
 
@@ -287,9 +288,10 @@ class OfflineModel:
         :meth:`execute_async` queues), one wait, one download per output -- no buffers of the caller and no
         device-to-device copies in between (a server's per-batch path).  ``arrays``: the inputs in the
         model's order without the dynamic-gear input, each exactly its size at ``batch`` (a gear of a model
-        with gears: a batch size or a (height, width); else None) in the model's dtype; the outputs are new host arrays.  Argument
-        errors raise before anything is queued.  Blocks the host until the stream has finished (holding the
-        model's lock throughout: the outputs are read before another execution can reuse the slots)."""
+        with gears: a batch size or a (height, width); else None) in the model's dtype; the outputs are new
+        host arrays.  Argument errors raise before anything is queued.  Blocks the host until the stream
+        has finished (holding the model's lock throughout: the outputs are read before another execution
+        can reuse the slots)."""
         with self._lock:
             self._live()
             stream = self._check_stream(stream)

@@ -138,6 +138,20 @@ def test_each_gear_matches_onnxruntime_on_the_host(compiled, model):
             assert_close(g, r, k=K, depth=DEPTH, what=f"{h}x{w}")
 
 
+def test_every_input_with_dynamic_h_and_w_takes_the_gear():
+    """ATC's two-input example: each input with -1 H and W gets the same (h, w)."""
+    from onnx import TensorProto, helper
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, c, "H", "W"]) for n, c in (("x", 3), ("y", 1)))
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 3, "H", "W"])
+    m = helper.make_model(helper.make_graph([helper.make_node("Mul", ["x", "y"], ["out"])], "two", [x, y], [out]),
+                          opset_imports=[helper.make_opsetid("", 13)])
+    cm = compile_model(m, make_options("x:1,3,-1,-1;y:1,1,-1,-1", dynamic_image_size="2,6;6,2"))
+    assert [i["dims"] for i in cm.manifest["inputs"]] == [[1, 3, -1, -1], [1, 1, -1, -1], [2]]
+    for h, w in ((2, 6), (6, 2)):
+        a, b = image(h, w, seed=1), image(h, w, seed=2)[:, :1]
+        np.testing.assert_array_equal(HostRun(cm.manifest, cm.weights, (h, w)).run([a, b])[0], a * b)
+
+
 # ---------------------------------------------------------------------------------------------- acl.mdl
 def _malloc(n: int) -> int:
     ptr, ret = acl.rt.malloc(n, NORMAL_ONLY)
