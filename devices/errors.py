@@ -457,6 +457,8 @@ ATC_MESSAGES: dict[str, str] = {
     "E10004": "Value for --{parameter} is empty.",
     "E10006": "Value {value} for parameter --{parameter} is invalid. The value must be either 1 or 0.",
     "E10007": "--{parameter} is required. The value must be {support}.",
+    "E10009": "--dynamic_batch_size, --dynamic_image_size, --input_shape_range, and --dynamic_dims are mutually "
+              "exclusive.",
     "E10010": "Value {loglevel} for parameter --log is invalid.",
     "E10011": "Value {shape} for parameter --input_shape is invalid. Shape values must be positive integers. "
               "The error value in the shape is {result}.",
@@ -464,6 +466,10 @@ ATC_MESSAGES: dict[str, str] = {
               "name exists, or the node is not split with the specified delimiter ';'.",
     "E10018": "Value {shape} for shape {index} is invalid. When --dynamic_batch_size is included, only batch "
               "size N can be -1 in --input_shape.",
+    "E10019": "When --dynamic_image_size is included, only the height and width axes can be -1 in --input_shape.",
+    "E10020": "Value {dynamic_image_size} for parameter --dynamic_image_size is invalid. The value must be formatted "
+              "as \"imagesize1_height,imagesize1_width;imagesize2_height,imagesize2_width\" (two dimensions in "
+              "each profile).",
     "E10031": "--dynamic_batch_size is included, but none of the nodes specified in --input_shape has a batch "
               "size equaling -1.",
     "E10035": "--dynamic_batch_size, --dynamic_image_size, or --dynamic_dims has {shapesize} profiles, which is "

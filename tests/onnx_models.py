@@ -260,3 +260,24 @@ def softmax_opset11():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])
     return make_model([n], [x], [y], [], opset=11, name="sm11")
+
+
+def hw_cnn(seed: int = 0, classes: int = 5):
+    """A fully convolutional front and a classifier, for image-size gears: x [1, 3, H, W] ->
+    feat [1, 4, H/2, W/2] (3x3 conv + bias, relu, 2x2 max pool) and logits [1, classes] (global average
+    pool, Gemm).  H and W are symbolic."""
+    r = np.random.default_rng(seed)
+    inits = [_init("w1", (r.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)),
+             _init("b1", (r.standard_normal(4) * 0.1).astype(np.float32)),
+             _init("fw", r.standard_normal((classes, 4)).astype(np.float32)),
+             _init("fb", (r.standard_normal(classes) * 0.1).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             helper.make_node("MaxPool", ["r1"], ["feat"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["feat"], ["gap"], name="gap"),
+             helper.make_node("Flatten", ["gap"], ["flat"], name="flatten", axis=1),
+             helper.make_node("Gemm", ["flat", "fw", "fb"], ["logits"], name="fc", transB=1)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])
+    feat = helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 4, "H2", "W2"])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])
+    return make_model(nodes, [x], [feat, logits], inits, name="hw_cnn")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
-from devices.errors import ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, InvalidParamError, ModelError
+from devices.errors import InvalidParamError
 from runtime import offline
 
 from ._args import as_int, host_view, invalid
@@ -84,7 +84,7 @@ def get_desc(model_desc, model_id):
 
 @acl_value(0, init=False)
 def get_num_inputs(model_desc):
-    """Inputs, the dynamic-batch input ``ascend_mbatch_shape_data`` included."""
+    """Inputs, the dynamic-gear input ``ascend_mbatch_shape_data`` included."""
     return len(_desc(model_desc).inputs)
 
 
@@ -95,19 +95,19 @@ def get_num_outputs(model_desc):
 
 @acl_value(0, init=False)
 def get_input_size_by_index(model_desc, index):
-    """Bytes of input ``index`` at the largest batch gear."""
+    """Bytes of input ``index`` at the largest gear (batch or image size)."""
     return _spec(model_desc, "input", index).size
 
 
 @acl_value(0, init=False)
 def get_output_size_by_index(model_desc, index):
-    """Bytes of output ``index`` at the largest batch gear."""
+    """Bytes of output ``index`` at the largest gear (batch or image size)."""
     return _spec(model_desc, "output", index).size
 
 
 @acl_call(outs=({"name": "", "dimCount": 0, "dims": []},), init=False)
 def get_input_dims(model_desc, index):
-    """-> ({"name", "dimCount", "dims"}, ret); -1 on the dynamic batch axis."""
+    """-> ({"name", "dimCount", "dims"}, ret); -1 on the dynamic axes (the batch, or H and W)."""
     rec = _filled(model_desc)
     i = _index(rec, "input", index)
     return _dims(rec, "input", i, rec.desc.inputs[i].dims)
@@ -115,7 +115,7 @@ def get_input_dims(model_desc, index):
 
 @acl_call(outs=({"name": "", "dimCount": 0, "dims": []},), init=False)
 def get_output_dims(model_desc, index):
-    """-> ({"name", "dimCount", "dims"}, ret) at the largest batch gear."""
+    """-> ({"name", "dimCount", "dims"}, ret) at the largest gear."""
     rec = _filled(model_desc)
     i = _index(rec, "output", index)
     return _dims(rec, "output", i, rec.desc.outputs[i].dims)
@@ -123,8 +123,8 @@ def get_output_dims(model_desc, index):
 
 @acl_call(outs=({"name": "", "dimCount": 0, "dims": []},))
 def get_cur_output_dims(model_desc, index):
-    """-> ({"name", "dimCount", "dims"}, ret) at the gear last set by set_dynamic_batch_size or executed
-    (the largest before either); 145003 once the model is unloaded."""
+    """-> ({"name", "dimCount", "dims"}, ret) at the gear last set by set_dynamic_batch_size /
+    set_dynamic_hw_size or executed (the largest before either); 145003 once the model is unloaded."""
     rec = _filled(model_desc)
     i = _index(rec, "output", index)
     return _dims(rec, "output", i, model_record(rec.model_id).model.output_dims(i))
@@ -183,11 +183,12 @@ def get_dynamic_batch(model_desc):
 
 @acl_call(outs=({"hwCount": 0, "hw": []},), init=False)
 def get_dynamic_hw(model_desc, index):
-    """-> ({"hwCount": 0, "hw": []}, ret): vnpu atc makes no dynamic image-size models (``index`` is
-    reserved: pass -1)."""
-    _desc(model_desc)
+    """-> ({"hwCount": n, "hw": [[height, width], ...]}, ret): the image-size gears of a model compiled
+    with ``vnpu atc --dynamic_image_size`` (hwCount 0 for any other model; ``index`` is reserved: pass
+    -1)."""
+    d = _desc(model_desc)
     as_int(index, "index")
-    return {"hwCount": 0, "hw": []}
+    return {"hwCount": len(d.dynamic_hw), "hw": [[h, w] for h, w in d.dynamic_hw]}
 
 
 # ---------------------------------------------------------------- datasets
@@ -271,40 +272,52 @@ def execute_async(model_id, input, output, stream):  # noqa: A002 - pyACL's para
 
 @acl_call()
 def set_dynamic_hw_size(model_id, dataset, index, height, width):
-    """aclmdlSetDynamicHWSize: vnpu atc makes no dynamic image-size models (``--dynamic_image_size`` is
-    refused), so no (height, width) is one of a model's gears: 145013, as GE answers for a size that is not
-    a gear; 100000 for a non-positive size or an index out of range (checked first)."""
+    """aclmdlSetDynamicHWSize: write ``height`` and ``width`` into the dataset's buffer ``index`` (the
+    model's ``ascend_mbatch_shape_data`` input; host-synchronous), selecting that image-size gear for the
+    next executions with this dataset.  100000 for a zero size, an index out of range, a null buffer
+    (acl's checks) or an index that is not the dynamic-gear input; then GE's: 145011 / 145012 for a
+    buffer not of the device / under 8 bytes, 145013 for a (height, width) that is not a gear (also on a
+    model without image-size gears)."""
     rec = model_record(model_id)
     ds = object_record(STATE.datasets, dataset, "dataset")
     i, h, w = as_int(index, "index"), as_int(height, "height"), as_int(width, "width")
     if h <= 0 or w <= 0:
-        raise invalid(f"height and width must be positive, got {h}x{w}")
+        raise invalid(f"height and width can not be zero or negative, got {h}x{w}")
+    buf = _gear_buffer(ds, i)
+    _check_gear_index(rec, i)
+    rec.model.set_dynamic_hw_size(offline.DataBuffer(buf.ptr, buf.size), h, w)
+
+
+def _check_gear_index(rec, i: int) -> None:
+    """100000 when the model has a gear input and ``i`` is another input (a vnpu check: GE would write
+    the gear over that input's data)."""
+    dyn = rec.model.desc.dynamic_input
+    if dyn is not None and i != dyn:
+        raise invalid(f"index {i} is input {rec.model.desc.inputs[i].name!r}, not the dynamic-gear input "
+                      f"(ascend_mbatch_shape_data is input {dyn})")
+
+
+def _gear_buffer(ds, i: int):
     if not 0 <= i < len(ds.buffers):
         raise invalid(f"index {i} is out of range: the dataset holds {len(ds.buffers)} buffers")
-    raise ModelError(f"model {rec.model_id} has no dynamic image size gears ({h}x{w} is not one of them): "
-                     "vnpu atc does not compile --dynamic_image_size models",
-                     code=ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID)
+    buf = object_record(STATE.data_buffers, ds.buffers[i], f"data buffer {i} of the dataset")
+    if not buf.ptr:
+        raise invalid(f"data buffer {i} of the dataset has a null address")
+    return buf
 
 
 @acl_call()
 def set_dynamic_batch_size(model_id, dataset, index, batch_size):
     """aclmdlSetDynamicBatchSize: write ``batch_size`` into the dataset's buffer ``index`` (the model's
     ``ascend_mbatch_shape_data`` input; host-synchronous).  100000 for batch 0, an index out of range, a
-    null buffer or an index that is not the dynamic-batch input; 145013 for a batch that is not a gear."""
+    null buffer or an index that is not the dynamic-gear input; 145013 for a batch that is not a gear."""
     rec = model_record(model_id)
     ds = object_record(STATE.datasets, dataset, "dataset")
     i, batch = as_int(index, "index"), as_int(batch_size, "batch size")
     if batch == 0:
         raise invalid("batch size can not be zero")
-    if not 0 <= i < len(ds.buffers):
-        raise invalid(f"index {i} is out of range: the dataset holds {len(ds.buffers)} buffers")
-    buf = object_record(STATE.data_buffers, ds.buffers[i], f"data buffer {i} of the dataset")
-    if not buf.ptr:
-        raise invalid(f"data buffer {i} of the dataset has a null address")
-    dyn = rec.model.desc.dynamic_input
-    if dyn is not None and i != dyn:
-        raise invalid(f"index {i} is input {rec.model.desc.inputs[i].name!r}, not the dynamic-batch input "
-                      f"(ascend_mbatch_shape_data is input {dyn})")
+    buf = _gear_buffer(ds, i)
+    _check_gear_index(rec, i)
     rec.model.set_dynamic_batch_size(offline.DataBuffer(buf.ptr, buf.size), batch)
 
 

@@ -1,5 +1,5 @@
-"""``acl.mdl``: offline models (``aclmdl*``: load, describe, datasets, execute, dynamic batch) and model
-run instances (``aclmdlRI*``: graphs captured from a stream, see :mod:`runtime.graph`).
+"""``acl.mdl``: offline models (``aclmdl*``: load, describe, datasets, execute, dynamic batch and dynamic
+image size) and model run instances (``aclmdlRI*``: graphs captured from a stream, see :mod:`runtime.graph`).
 
 Models are :mod:`runtime.offline` models: ``load_from_file`` takes a ``vnpu atc`` .om (an ``.onnx`` path
 is compiled on load for the device's SoC: a vnpu extension), ``load_from_mem`` the bytes of one at a HOST
@@ -15,7 +15,8 @@ Handles (model descriptions, datasets) are ints; getters that are bare values in
 Codes, as CANN's acl layer and GE answer them: an unknown or destroyed handle, an index out of range, a
 null address, batch 0, a name not found -> 100000 ACL_ERROR_INVALID_PARAM; an unloaded model id 145003;
 buffer counts 100017/100018, sizes 145000, data types (a dataset tensor description that disagrees with
-the model) 145022, gears 145013, dynamic input 145011/145012 (see :mod:`runtime.offline.model`); a
+the model) 145022, gears 145013 (a batch or a (height, width) that is not one: ``set_dynamic_batch_size``,
+``set_dynamic_hw_size``; ``get_dynamic_batch`` / ``get_dynamic_hw`` list them), dynamic input 145011/145012 (see :mod:`runtime.offline.model`); a
 stream of another context 107003.  Nothing is queued when a call is refused.
 
 Dynamic AIPP (a model compiled with ``aipp_mode : dynamic``, :mod:`runtime.atc.aipp`): ``create_aipp(batch)``

@@ -14,7 +14,11 @@ those of CANN's ``insert_op.proto`` (the BT.601 video-range YUV->RGB matrix, bia
 ``var_reci`` 1); ``src_image_size`` 0 means the model input's size and a crop size 0 the model's.
 Refusals are ATC's: E10001 naming the key (an unknown key or value, a picture whose crop and padding do
 not give the model input's H and W, odd YUV420SP sizes), E10055 for what vnpu does not do (``resize``
-scaling, dynamic AIPP with a dynamic batch).
+scaling, dynamic AIPP with a dynamic batch or dynamic image size).
+
+With ``--dynamic_image_size`` a static AIPP is compiled once per gear at that gear's picture size: as
+CANN requires, its ``src_image_size_w`` / ``src_image_size_h`` must be 0 (the gear's size) and crop and
+padding off (E10001 naming the key otherwise); the model input then takes the gear's picture bytes.
 """
 from __future__ import annotations
 
@@ -157,6 +161,20 @@ def load(path: str) -> tuple[AippConfig, ...]:
     return parse(p.read_text(errors="replace"), path)
 
 
+def _check_dynamic_hw(cfg: AippConfig) -> None:
+    """CANN's rules for AIPP with --dynamic_image_size (static only here; src size 0, no crop/padding)."""
+    if cfg.mode == "dynamic":
+        raise AtcError("E10055", ACL_ERROR_GE_PARAM_INVALID,
+                       reason="vnpu does not combine dynamic AIPP with --dynamic_image_size (static AIPP only)")
+    for key in ("src_image_size_w", "src_image_size_h"):
+        if cfg.values.get(key):
+            raise _bad("--insert_op_conf", f"{key} : {cfg.values[key]} with --dynamic_image_size: it must be 0 "
+                                           "(each gear's picture is the gear's size)")
+    for key in ("crop", "padding"):
+        if cfg.values.get(key):
+            raise _bad("--insert_op_conf", f"{key} : true with --dynamic_image_size: crop and padding must be off")
+
+
 # ---------------------------------------------------------------------------------------------- the graph
 def check_row(row: np.ndarray, chw: tuple[int, int, int], where: str) -> None:
     """ValueError unless the parameters ``row`` turn their picture into a ``chw`` input."""
@@ -186,9 +204,9 @@ def check_row(row: np.ndarray, chw: tuple[int, int, int], where: str) -> None:
 
 
 def apply(src: OnnxSource, shapes: dict, configs: tuple[AippConfig, ...],
-          dynamic_batch: bool) -> tuple[OnnxSource, dict, list[dict]]:
+          dynamic_batch: bool, dynamic_hw: bool = False) -> tuple[OnnxSource, dict, list[dict]]:
     """``src`` with each configured input taking pictures (see the module docstring); -> (source, shapes,
-    the manifest's ``aipp`` entries)."""
+    the manifest's ``aipp`` entries).  ``dynamic_hw``: ``shapes`` are one image-size gear's."""
     inputs, nodes, consts = list(src.inputs), [n.copy() for n in src.nodes], dict(src.consts)
     outputs, shapes, entries = list(src.outputs), dict(shapes), []
     for cfg in configs:
@@ -204,6 +222,8 @@ def apply(src: OnnxSource, shapes: dict, configs: tuple[AippConfig, ...],
         for n in nodes:
             n.inputs = [tensor if i == spec.name else i for i in n.inputs]
         outputs = [tensor if o == spec.name else o for o in outputs]
+        if dynamic_hw:
+            _check_dynamic_hw(cfg)
         if cfg.mode == "static":
             row = cfg.row(chw)            # type: ignore[arg-type]
             try:

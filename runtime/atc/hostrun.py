@@ -11,17 +11,22 @@ import numpy as np
 
 from devices.kernel import BlockCtx, lookup
 
+from .om import gear_key
+
 
 def _tuples(attrs: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}
 
 
 class HostRun:
-    def __init__(self, manifest: dict, weights, batch: int | None = None):
+    """``batch``: the gear to run -- a batch size, an (h, w) of an image-size model, or None (the last)."""
+
+    def __init__(self, manifest: dict, weights, batch: int | tuple[int, int] | None = None):
         gears = manifest["gears"]
-        gear = next((g for g in gears if g["batch"] == batch), None) if batch is not None else gears[-1]
+        key = tuple(batch) if isinstance(batch, (tuple, list)) else batch
+        gear = next((g for g in gears if gear_key(g) == key), None) if key is not None else gears[-1]
         if gear is None:
-            raise ValueError(f"no gear for batch {batch}; gears: {[g['batch'] for g in gears]}")
+            raise ValueError(f"no gear {key}; gears: {[gear_key(g) for g in gears]}")
         self.gear = gear
         self.ws = np.zeros(max(gear["workspace_size"], 1), np.uint8)
         self.w = np.frombuffer(weights, np.uint8) if len(weights) else np.zeros(1, np.uint8)

@@ -4,7 +4,7 @@ Layout (little-endian)::
 
     offset  size  field
     0       8     magic b"\\x93VNPU-OM"
-    8       2     format version (1)
+    8       2     format version (1; 2 for a model with image-size gears, which older readers refuse)
     10      2     header size (64)
     12      4     flags (0)
     16      8     manifest offset (64)
@@ -42,7 +42,9 @@ from devices.errors import (ACL_ERROR_DESERIALIZE_MODEL, ACL_ERROR_GE_EXEC_MODEL
 from devices.kernel import DTYPES, lookup
 
 MAGIC = b"\x93VNPU-OM"
-FORMAT_VERSION = 1
+#: the newest format this vnpu reads and writes: 2 adds image-size gears (``dynamic_hw``, gears keyed by
+#: ``hw``); a model without them is still written as format 1, readable by older vnpus
+FORMAT_VERSION = 2
 HEADER = struct.Struct("<8sHHIQQQQ16s")
 HEADER_SIZE = 64
 ALIGN = 64
@@ -61,6 +63,17 @@ def _digest(body) -> bytes:
     return hashlib.blake2b(body, digest_size=16).digest()
 
 
+def format_version(dynamic_hw) -> int:
+    """The format a model needs: 2 with image-size gears, else 1."""
+    return 2 if dynamic_hw else 1
+
+
+def gear_key(gear: dict):
+    """A manifest gear's key: its (h, w) on an image-size model, else its batch (None when static)."""
+    hw = gear.get("hw")
+    return (int(hw[0]), int(hw[1])) if hw else gear["batch"]
+
+
 def write_om(manifest: dict, weights: bytes) -> bytes:
     """The container bytes of ``manifest`` (JSON-able) and the weights blob."""
     man = json.dumps(manifest, separators=(",", ":"), sort_keys=False).encode("utf-8")
@@ -69,8 +82,8 @@ def write_om(manifest: dict, weights: bytes) -> bytes:
     body = bytearray(w_off - HEADER_SIZE + len(weights))
     body[:len(man)] = man
     body[w_off - HEADER_SIZE:] = weights
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, 0, man_off, len(man), w_off, len(weights),
-                         _digest(body))
+    header = HEADER.pack(MAGIC, format_version(manifest.get("dynamic_hw")), HEADER_SIZE, 0, man_off, len(man), w_off,
+                         len(weights), _digest(body))
     return header + bytes(body)
 
 
@@ -176,8 +189,14 @@ def validate_manifest(m, weights_size: int) -> None:
         _need(isinstance(ins, list) and isinstance(outs, list) and outs, "manifest", "inputs/outputs lists")
         gears_b = m.get("dynamic_batch")
         _need(isinstance(gears_b, list) and all(_is_int(b) and b > 0 for b in gears_b), "manifest", "dynamic_batch")
+        gears_hw = m.get("dynamic_hw", [])
+        _need(isinstance(gears_hw, list) and all(isinstance(g, list) and len(g) == 2 and all(_is_int(v) and v > 0
+                                                                                          for v in g)
+                                                 for g in gears_hw), "manifest", "dynamic_hw")
+        _need(not (gears_b and gears_hw), "manifest", "both batch and image-size gears")
+        keys = gears_b or gears_hw
         for i, v in enumerate(ins):
-            _io(v, f"inputs[{i}]", bool(gears_b))
+            _io(v, f"inputs[{i}]", bool(keys))
         for i, v in enumerate(outs):
             _io(v, f"outputs[{i}]", False)
         w = m.get("weights")
@@ -185,13 +204,14 @@ def validate_manifest(m, weights_size: int) -> None:
         ws = m.get("workspace_size")
         _need(_is_int(ws) and 0 <= ws < (1 << 40), "manifest", "workspace_size")
         gears = m.get("gears")
-        _need(isinstance(gears, list) and len(gears) == max(1, len(gears_b)), "manifest",
-              "one gear per dynamic batch size (or one)")
-        n_real_in = len(ins) - (1 if gears_b else 0)
+        _need(isinstance(gears, list) and len(gears) == max(1, len(keys)), "manifest",
+              "one gear per dynamic batch size or image size (or one)")
+        n_real_in = len(ins) - (1 if keys else 0)
         for gi, g in enumerate(gears):
             where = f"gears[{gi}]"
             _need(isinstance(g, dict), where, "not an object")
             _need(g.get("batch") == (gears_b[gi] if gears_b else None), where, "batch differs from dynamic_batch")
+            _need(g.get("hw") == (gears_hw[gi] if gears_hw else None), where, "hw differs from dynamic_hw")
             gws = g.get("workspace_size")
             _need(_is_int(gws) and 0 <= gws <= ws, where, "workspace_size")
             regions = {"ws": gws, "w": weights_size}

@@ -2,6 +2,7 @@
 
     vnpu atc --model m.onnx --framework 5 --output m [--input_shape "x:-1,3,224,224"]
              [--dynamic_batch_size "1,2,4,8"] [--soc_version Ascend910B3] [--log info]
+    vnpu atc ... --input_shape "x:1,3,-1,-1" --dynamic_image_size "224,224;448,448"   # image-size gears
     vnpu atc --singleop op_list.json --output op_models [--soc_version ...]   # one .om per operator (acl.op)
     vnpu atc --mode 1 --om m.om --json m.json        # the model's manifest as JSON (no weights)
     vnpu atc --mode 6 --om m.om                      # model info
@@ -35,18 +36,21 @@ FRAMEWORKS = "0(Caffe) or 1(MindSpore) or 3(TensorFlow) or 5(Onnx)"
 MODES = {0: "generate an offline model", 1: "convert an .om to JSON", 6: "display model info"}
 #: ATC flags vnpu atc knows but does not implement: given, they fail with E10001 instead of being ignored
 UNSUPPORTED = {
-    "weight": "Caffe weights (vnpu atc converts ONNX models)", "dynamic_image_size": "dynamic image size gears",
-    "dynamic_dims": "dynamic dims gears", "input_shape_range": "shape ranges", "out_nodes": "choosing output nodes",
+    "weight": "Caffe weights (vnpu atc converts ONNX models)", "dynamic_dims": "dynamic dims gears",
+    "input_shape_range": "shape ranges", "out_nodes": "choosing output nodes",
     "output_type": "changing output dtypes", "input_fp16_nodes": "fp16 input nodes",
     "keep_dtype": "per-op precision files",
 }
+#: the gear flags ATC takes one of at most (E10009)
+EXCLUSIVE = ("dynamic_batch_size", "dynamic_image_size", "input_shape_range", "dynamic_dims")
 #: --precision_mode values that mean what vnpu does (it keeps every op in the model's own dtype)
 PRECISIONS = ("must_keep_origin_dtype", "force_fp32")
 
 
 def register(sub) -> None:
     p = sub.add_parser("atc", help="convert an ONNX model to a vnpu .om (ATC's flags: --model --framework 5 "
-                                   "--output [--input_shape --dynamic_batch_size --soc_version])",
+                                   "--output [--input_shape --dynamic_batch_size | --dynamic_image_size "
+                                   "--soc_version])",
                        example=("vnpu atc --model m.onnx --framework 5 --output m --input_shape 'x:-1,128' "
                                 "--dynamic_batch_size '1,2,4,8' --soc_version Ascend910B3",
                                 "vnpu atc --singleop op_list.json --output op_models",
@@ -57,8 +61,12 @@ def register(sub) -> None:
                                                   "entry into the --output directory (acl.op)")
     p.add_argument("--framework", default="", help="5 (ONNX)")
     p.add_argument("--output", default="", help="output path without suffix: .om is appended")
-    p.add_argument("--input_shape", default=None, help='"name:n,c,h,w;name2:n,c" (-1: the dynamic batch axis)')
+    p.add_argument("--input_shape", default=None,
+                   help='"name:n,c,h,w;name2:n,c" (-1: the dynamic batch axis, or H and W with --dynamic_image_size)')
     p.add_argument("--dynamic_batch_size", default=None, help='"1,2,4,8": the batch gears')
+    p.add_argument("--dynamic_image_size", default=None,
+                   help='"h1,w1;h2,w2": the image-size gears, for the -1 H and W of NCHW inputs (exclusive with '
+                        '--dynamic_batch_size)')
     p.add_argument("--soc_version", default=None, help="chip to compile for (default Ascend910B3)")
     p.add_argument("--input_format", default=None, help="NCHW (default) or ND")
     p.add_argument("--insert_op_conf", default=None,
@@ -127,6 +135,12 @@ def _convert(a) -> None:
     if a.input_format not in (None, "NCHW", "ND"):
         raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=a.input_format, parameter="--input_format",
                        reason="ONNX models support NCHW or ND")
+    if sum(getattr(a, flag) is not None for flag in EXCLUSIVE) > 1:
+        raise AtcError("E10009", ACL_ERROR_GE_PARAM_INVALID)
+    if a.dynamic_image_size is not None and a.input_format == "ND":
+        raise AtcError("E10003", ACL_ERROR_GE_PARAM_INVALID, value=a.input_format, parameter="input_format",
+                       reason="When --dynamic_image_size is set, the input format only supports NCHW (NHWC: not for "
+                              "ONNX models)")
     for flag, what in UNSUPPORTED.items():
         if getattr(a, flag) is not None:
             raise AtcError("E10001", ACL_ERROR_GE_PARAM_INVALID, value=getattr(a, flag), parameter=f"--{flag}",
@@ -147,7 +161,7 @@ def _convert(a) -> None:
                        reason="the file does not exist or is not a regular file")
     opts = make_options(a.input_shape, a.dynamic_batch_size, a.soc_version,
                         reuse_memory=a.disable_reuse_memory == "0", quant=a.quant,
-                        insert_op_conf=a.insert_op_conf)
+                        insert_op_conf=a.insert_op_conf, dynamic_image_size=a.dynamic_image_size)
     cm = compile_model(a.model, opts)
     try:
         cm.save(out)
@@ -216,6 +230,12 @@ def _inspect(a, mode: int) -> None:
         print(line, flush=True)
 
 
+def _gears(m: dict) -> str:
+    if m.get("dynamic_hw"):
+        return "image sizes " + ", ".join(f"{h}x{w}" for h, w in m["dynamic_hw"])
+    return str(m["dynamic_batch"] or "static")
+
+
 def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
@@ -226,7 +246,7 @@ def report_lines(m: dict) -> list[str]:
     io = lambda specs: "; ".join(f"{s['name']} {s['dtype']} {s['dims']}" for s in specs)  # noqa: E731
     fused = ", ".join(f"{k} {v}" for k, v in r["fused"].items() if v) or "none"
     return [
-        f"model {m['name']} for {m['soc_version']}, gears {m['dynamic_batch'] or 'static'}",
+        f"model {m['name']} for {m['soc_version']}, gears {_gears(m)}",
         f"inputs: {io(m['inputs'])}",
         f"outputs: {io(m['outputs'])}",
         f"launches {r['launches_before_fusion']} -> {r['launches_after_fusion']} after fusion ({fused}); "

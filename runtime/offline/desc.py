@@ -1,10 +1,12 @@
 """What a loaded offline model looks like from outside: its inputs and outputs (names, dims, dtypes,
-formats, sizes) and its dynamic batch gears -- the facts behind pyACL's ``aclmdlDesc`` getters.
+formats, sizes) and its gears -- the facts behind pyACL's ``aclmdlDesc`` getters.
 
-Sizes are those of the LARGEST gear (``aclmdlGetInputSizeByIndex`` on a dynamic-batch model); input dims
-show -1 on the dynamic batch axis; output dims are those of the largest gear, and ``dims_at(batch)``
-gives any gear's (``aclmdlGetCurOutputDims``).  A dynamic-batch model has one more input, last:
-``ascend_mbatch_shape_data`` (uint64 [1]) that carries the batch size, as ATC adds it.
+A gear is keyed by its batch size (``--dynamic_batch_size``), its (height, width) (``--dynamic_image_size``)
+or None (a static model's one gear).  Sizes are those of the LARGEST gear (``aclmdlGetInputSizeByIndex``
+on a model with gears: the buffers an application allocates once hold any gear); input dims show -1 on
+the dynamic axes; output dims are those of the largest gear, and ``dims_at(gear)`` gives any gear's
+(``aclmdlGetCurOutputDims``).  A model with gears has one more input, last: ``ascend_mbatch_shape_data``
+(uint64 [1]: the batch size, or [2]: height and width) that carries the gear, as ATC adds it.
 """
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from devices.kernel import ACL_DTYPE
+from runtime.atc.om import gear_key
 
-#: aclDataType of every dtype a model description can show (uint64: the dynamic-batch input)
+#: aclDataType of every dtype a model description can show (uint64: the dynamic-gear input)
 ACL_DTYPES = dict(ACL_DTYPE, uint64=10)
 #: aclFormat
 ACL_FORMATS = {"NCHW": 0, "NHWC": 1, "ND": 2}
+
+Gear = int | tuple[int, int] | None
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,7 @@ class IOSpec:
     dims: tuple[int, ...]
     format: str
     size: int                                       #: bytes at the largest gear
-    gear_dims: tuple[tuple[int | None, tuple[int, ...]], ...]
+    gear_dims: tuple[tuple[Gear, tuple[int, ...]], ...]
 
     @property
     def acl_dtype(self) -> int:
@@ -38,14 +43,14 @@ class IOSpec:
     def acl_format(self) -> int:
         return ACL_FORMATS.get(self.format, ACL_FORMATS["ND"])
 
-    def dims_at(self, batch: int | None) -> tuple[int, ...]:
-        for b, dims in self.gear_dims:
-            if b == batch:
+    def dims_at(self, gear: Gear) -> tuple[int, ...]:
+        for g, dims in self.gear_dims:
+            if g == gear:
                 return dims
         return self.gear_dims[-1][1]
 
-    def nbytes_at(self, batch: int | None) -> int:
-        return int(math.prod(self.dims_at(batch))) * np.dtype(self.dtype).itemsize
+    def nbytes_at(self, gear: Gear) -> int:
+        return int(math.prod(self.dims_at(gear))) * np.dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -54,16 +59,31 @@ class ModelDesc:
     soc_version: str
     inputs: tuple[IOSpec, ...]
     outputs: tuple[IOSpec, ...]
-    dynamic_batch: tuple[int, ...]                  #: () for a static model
+    dynamic_batch: tuple[int, ...]                  #: batch gears; () for a static or image-size model
+    dynamic_hw: tuple[tuple[int, int], ...] = ()    #: (height, width) gears; () otherwise
+
+    @property
+    def gears(self) -> tuple[Gear, ...]:
+        """The gear keys (``(None,)`` for a static model)."""
+        return self.dynamic_batch or self.dynamic_hw or (None,)
+
+    @property
+    def dynamic(self) -> bool:
+        return bool(self.dynamic_batch or self.dynamic_hw)
 
     @property
     def dynamic_input(self) -> int | None:
-        """Index of ``ascend_mbatch_shape_data`` (the last input) on a dynamic-batch model."""
-        return len(self.inputs) - 1 if self.dynamic_batch else None
+        """Index of ``ascend_mbatch_shape_data`` (the last input) on a model with gears."""
+        return len(self.inputs) - 1 if self.dynamic else None
 
     @property
     def max_batch(self) -> int | None:
         return max(self.dynamic_batch) if self.dynamic_batch else None
+
+    @property
+    def largest_gear(self) -> Gear:
+        """The gear with the most elements: the largest batch, the largest h*w (the first of equals)."""
+        return max(self.gears, key=_gear_size) if self.dynamic else None
 
     def input_index(self, name: str) -> int | None:
         return next((i for i, s in enumerate(self.inputs) if s.name == name), None)
@@ -74,17 +94,17 @@ class ModelDesc:
     @classmethod
     def from_manifest(cls, m: dict) -> "ModelDesc":
         gears = m["gears"]
-        batches = [g["batch"] for g in gears]
-        big = gears[-1] if not m["dynamic_batch"] else gears[batches.index(max(m["dynamic_batch"]))]
+        keys = [gear_key(g) for g in gears]
+        hw = tuple((int(h), int(w)) for h, w in m.get("dynamic_hw") or ())
+        dynamic = bool(m["dynamic_batch"] or hw)
+        big = keys.index(max(keys, key=_gear_size)) if dynamic else len(gears) - 1
 
         def spec(io: dict, per_gear: list, shown: tuple) -> IOSpec:
-            gd = tuple(zip(batches, per_gear))
-            dims_big = dict(gd).get(big["batch"], per_gear[-1])
-            return IOSpec(io["name"], io["dtype"], shown, io.get("format", "ND"),
-                          int(np.prod(dims_big, dtype=np.int64)) * np.dtype(io["dtype"]).itemsize, gd)
+            size = max(int(np.prod(d, dtype=np.int64)) for d in per_gear) * np.dtype(io["dtype"]).itemsize
+            return IOSpec(io["name"], io["dtype"], shown, io.get("format", "ND"), size, tuple(zip(keys, per_gear)))
         ins = []
         for i, io in enumerate(m["inputs"]):
-            if m["dynamic_batch"] and i == len(m["inputs"]) - 1:
+            if dynamic and i == len(m["inputs"]) - 1:
                 per = [tuple(io["dims"])] * len(gears)
             else:
                 per = [tuple(g["inputs"][i][2]) for g in gears]
@@ -92,5 +112,9 @@ class ModelDesc:
         outs = []
         for i, io in enumerate(m["outputs"]):
             per = [tuple(g["outputs"][i][2]) for g in gears]
-            outs.append(spec(io, per, tuple(big["outputs"][i][2])))
-        return cls(m["name"], m["soc_version"], tuple(ins), tuple(outs), tuple(m["dynamic_batch"]))
+            outs.append(spec(io, per, tuple(gears[big]["outputs"][i][2])))
+        return cls(m["name"], m["soc_version"], tuple(ins), tuple(outs), tuple(m["dynamic_batch"]), hw)
+
+
+def _gear_size(g: Gear) -> int:
+    return g[0] * g[1] if isinstance(g, tuple) else (g or 0)

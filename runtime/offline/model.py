@@ -1,5 +1,6 @@
 """Offline models on a device: load a compiled ``.om`` (or an ``.onnx``, compiled on load -- a vnpu
-extension), describe it, execute it as ONE graph replay per call, switch dynamic batch gears, unload.
+extension), describe it, execute it as ONE graph replay per call, switch gears (dynamic batch or
+dynamic image size), unload.
 
 What a load does (host-synchronous): the weights go to the device once (one allocation), the workspace
 that the compiler's memory plan sized is allocated once (one allocation, shared by all gears: only one
@@ -17,9 +18,12 @@ that stream is done.  Executions on two streams are ordered one after the other 
 share the workspace at the same time.  Buffers are device pointers with sizes (:class:`DataBuffer`, or a
 ``runtime.api.Tensor``, which also carries a dtype that is checked).
 
-Dynamic batch: the model's last input ``ascend_mbatch_shape_data`` holds the batch size (uint64 when the
-buffer has 8 bytes or more, else uint32), written by :meth:`set_dynamic_batch_size` as GE writes it;
-each execution reads it (host-synchronous 8-byte read) and replays that gear's graph.
+Gears: the model's last input ``ascend_mbatch_shape_data`` holds the gear, written as GE writes it: the
+batch size by :meth:`set_dynamic_batch_size` (uint64 when the buffer has 8 bytes or more, else uint32),
+or height then width by :meth:`set_dynamic_hw_size` (two uint64 when it has 16 bytes or more, else two
+uint32); each execution reads it (host-synchronous read of 8 or 16 bytes) and replays that gear's graph.
+Input and output buffers may be those of the largest gear (the sizes the description gives): an
+execution copies only the gear's bytes.
 
 Errors (typed, with CANN codes; nothing is queued when an argument is refused and the device stays
 usable): unloaded / unknown model 145003 ACL_ERROR_GE_EXEC_MODEL_ID_INVALID; wrong number of input or
@@ -28,9 +32,10 @@ output buffers 100017 / 100018 (ACL_ERROR_MODEL_INPUT/OUTPUT_NOT_MATCH); a buffe
 ACL_ERROR_GE_DATATYPE_INVALID; a null buffer, or one that is not memory of the model's device (host
 memory, another device's) 100000 ACL_ERROR_INVALID_PARAM; a buffer that runs past the end of its
 allocation 107000 (the runtime's memory check); a stream of another device
-107003 ACL_ERROR_RT_STREAM_CONTEXT; dynamic input null / too short / a batch that is not a gear 145011 /
-145012 / 145013; a model built for another SoC 545001 ACL_ERROR_GE_LOAD_MODEL; a missing file 145002; a
-file that is not a vnpu .om: see :mod:`runtime.atc.om`.
+107003 ACL_ERROR_RT_STREAM_CONTEXT; dynamic input null / too short (4 B for a batch, 8 B for an image
+size) / a batch or (height, width) that is not a gear 145011 / 145012 / 145013; a model built for
+another SoC 545001 ACL_ERROR_GE_LOAD_MODEL; a missing file 145002; a file that is not a vnpu .om: see
+:mod:`runtime.atc.om`.
 """
 from __future__ import annotations
 
@@ -49,6 +54,8 @@ from devices.errors import (ACL_ERROR_GE_DATATYPE_INVALID, ACL_ERROR_GE_DYNAMIC_
                             ACL_ERROR_RT_STREAM_CONTEXT, AclError, ModelError)
 from devices.arena import is_device_ptr, ptr_device
 from devices.kernel import TensorDesc
+
+from runtime.atc.om import gear_key
 
 from .desc import ModelDesc
 
@@ -110,7 +117,7 @@ class OfflineModel:
         self._stream = self._done = None
         self._last_stream = None
         self.graphs: dict = {}
-        self.cur_batch = self.desc.max_batch
+        self.cur_gear = self.desc.largest_gear
         try:
             self._load(weights)
         except BaseException:
@@ -136,8 +143,8 @@ class OfflineModel:
                 for s in gear["steps"]:
                     self._stream.launch(s["kernel"], [self._desc(v) for v in s["inputs"]],
                                         [self._desc(v) for v in s["outputs"]], _tuples(s["attrs"]), 0)
-            self.graphs[gear["batch"]] = cap.graph
-        self._io = {g["batch"]: ([self._ptr(v) for v in g["inputs"]], [self._ptr(v) for v in g["outputs"]])
+            self.graphs[gear_key(gear)] = cap.graph
+        self._io = {gear_key(g): ([self._ptr(v) for v in g["inputs"]], [self._ptr(v) for v in g["outputs"]])
                     for g in self.manifest["gears"]}
 
     def _ptr(self, v) -> int:
@@ -172,30 +179,39 @@ class OfflineModel:
                            f"model {self.id} is loaded on device {self.device.index}", code=ACL_ERROR_RT_STREAM_CONTEXT)
         return stream
 
-    def _check_dynamic_buffer(self, buf: DataBuffer) -> None:
-        """The dynamic-batch input buffer: 145011 when null or not memory of this device, 145012 when it
-        holds fewer than 4 bytes (GE's checks)."""
+    def _check_dynamic_buffer(self, buf: DataBuffer, values: int) -> int:
+        """The gear input buffer for ``values`` values (1: a batch, 2: height and width): 145011 when null
+        or not memory of this device, 145012 when it holds fewer than 4 bytes each (GE's checks); -> the
+        bytes of one value (8 when the buffer holds 8 each, else 4)."""
         if not buf.ptr or not is_device_ptr(buf.ptr) or ptr_device(buf.ptr) != self.device.physical_id:
             what = "null" if not buf.ptr else f"0x{buf.ptr:x}, not memory of device {self.device.index}"
-            raise ModelError(f"the dynamic-batch input (ascend_mbatch_shape_data) buffer is {what}",
+            raise ModelError(f"the dynamic-gear input (ascend_mbatch_shape_data) buffer is {what}",
                              code=ACL_ERROR_GE_DYNAMIC_INPUT_ADDR_INVALID)
-        if buf.size < 4:
-            raise ModelError(f"the dynamic-batch input buffer has {buf.size} B, needs at least 4",
+        if buf.size < 4 * values:
+            raise ModelError(f"the dynamic-gear input buffer has {buf.size} B, needs at least {4 * values}",
                              code=ACL_ERROR_GE_DYNAMIC_INPUT_LENGTH_INVALID)
-        self.device.check_range(buf.ptr, 8 if buf.size >= 8 else 4)
+        item = 8 if buf.size >= 8 * values else 4
+        self.device.check_range(buf.ptr, item * values)
+        return item
 
-    def _read_batch(self, buf: DataBuffer) -> int:
-        self._check_dynamic_buffer(buf)
-        n = 8 if buf.size >= 8 else 4
+    def _read_gear(self, buf: DataBuffer):
+        """The gear the dynamic input buffer holds (host-synchronous read)."""
+        values = 2 if self.desc.dynamic_hw else 1
+        item = self._check_dynamic_buffer(buf, values)
+        n = item * values
         self.device.queue.flush()
         raw = self.device.handle.memcpy_d2h(buf.ptr, n)
         raw = np.frombuffer(raw, np.uint8) if not isinstance(raw, np.ndarray) else raw.view(np.uint8).reshape(-1)
-        return int(raw[:n].view("<u8" if n == 8 else "<u4")[0])
+        vals = [int(v) for v in raw[:n].view("<u8" if item == 8 else "<u4")]
+        return (vals[0], vals[1]) if self.desc.dynamic_hw else vals[0]
 
-    def _gear(self, batch: int) -> None:
-        if batch not in self.desc.dynamic_batch:
-            gears = ", ".join(map(str, self.desc.dynamic_batch)) or "none: the model is not dynamic"
-            raise ModelError(f"batch size {batch} is not one of model {self.id}'s gears ({gears})",
+    def _gear(self, gear) -> None:
+        d = self.desc
+        if gear not in d.gears or gear is None:
+            what = f"height x width {gear[0]}x{gear[1]}" if isinstance(gear, tuple) else f"batch size {gear}"
+            gears = (", ".join(f"{h}x{w}" for h, w in d.dynamic_hw) + " (height x width)" if d.dynamic_hw else
+                     ", ".join(map(str, d.dynamic_batch)) or "none: the model is not dynamic")
+            raise ModelError(f"{what} is not one of model {self.id}'s gears ({gears})",
                              code=ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID)
 
     def _check_io(self, inputs, outputs):
@@ -209,8 +225,8 @@ class OfflineModel:
             raise ModelError(f"model {self.id} has {len(d.outputs)} outputs, got {len(outs)} buffers",
                              code=ACL_ERROR_MODEL_OUTPUT_NOT_MATCH)
         batch = None
-        if d.dynamic_batch:
-            batch = self._read_batch(ins[d.dynamic_input])
+        if d.dynamic:
+            batch = self._read_gear(ins[d.dynamic_input])
             self._gear(batch)
         for kind, bufs, specs in (("input", ins, d.inputs), ("output", outs, d.outputs)):
             for i, (b, spec) in enumerate(zip(bufs, specs)):
@@ -225,7 +241,7 @@ class OfflineModel:
                                      f"runs on device {self.device.index}", code=ACL_ERROR_INVALID_PARAM)
                 need = spec.nbytes_at(batch)
                 if b.size < need or (kind == "input" and b.size > spec.size):
-                    at = f" at batch {batch}" if batch is not None else ""
+                    at = f" at gear {batch}" if batch is not None else ""
                     most = f" and at most {spec.size} B" if kind == "input" and spec.size != need else ""
                     raise ModelError(f"{kind} {i} ({spec.name}): buffer has {b.size} B; the model needs {need} B"
                                      f"{at}{most} ({spec.dtype} {list(spec.dims_at(batch))})",
@@ -258,7 +274,7 @@ class OfflineModel:
                     stream.copy(b.ptr, slot, spec.nbytes_at(batch))
             self._done.record(stream)
             self._last_stream = stream
-            self.cur_batch = batch if batch is not None else self.cur_batch
+            self.cur_gear = batch if batch is not None else self.cur_gear
 
     def execute(self, inputs, outputs, stream=None, timeout_ms: float = -1) -> None:
         """:meth:`execute_async`, then block the host until the stream has finished it."""
@@ -271,21 +287,21 @@ class OfflineModel:
         output slots: one upload per input and one graph replay queued on ``stream`` (the replay
         :meth:`execute_async` queues), one wait, one download per output -- no buffers of the caller and no
         device-to-device copies in between (a server's per-batch path).  ``arrays``: the inputs in the
-        model's order without the dynamic-batch input, each exactly its size at ``batch`` (a gear of a
-        dynamic-batch model, else None) in the model's dtype; the outputs are new host arrays.  Argument
-        errors raise before anything is queued.  Blocks the host until the stream has finished (holding the
-        model's lock throughout: the outputs are read before another execution can reuse the slots)."""
+        model's order without the dynamic-gear input, each exactly its size at ``batch`` (a gear of a model
+        with gears: a batch size or a (height, width); else None) in the model's dtype; the outputs are new
+        host arrays.  Argument errors raise before anything is queued.  Blocks the host until the stream
+        has finished (holding the model's lock throughout: the outputs are read before another execution
+        can reuse the slots)."""
         with self._lock:
             self._live()
             stream = self._check_stream(stream)
             d = self.desc
-            if d.dynamic_batch:
+            if d.dynamic:
                 self._gear(batch)
             else:
                 batch = None
-            specs = [spec for i, spec in enumerate(d.inputs) if not (d.dynamic_batch and i == d.dynamic_input)]
-            slots = [slot for i, slot in enumerate(self._io[batch][0])
-                     if not (d.dynamic_batch and i == d.dynamic_input)]
+            specs = [spec for i, spec in enumerate(d.inputs) if i != d.dynamic_input]
+            slots = [slot for i, slot in enumerate(self._io[batch][0]) if i != d.dynamic_input]
             if len(arrays) != len(specs):
                 raise ModelError(f"model {self.id} takes {len(specs)} input(s), got {len(arrays)}",
                                  code=ACL_ERROR_GE_PARAM_INVALID)
@@ -303,30 +319,34 @@ class OfflineModel:
             self.graphs[batch].execute_async(stream)
             self._done.record(stream)
             self._last_stream = stream
-            self.cur_batch = batch if batch is not None else self.cur_batch
+            self.cur_gear = batch if batch is not None else self.cur_gear
             stream.synchronize()
             return [self.device.memcpy_d2h(slot, spec.nbytes_at(batch)).view(spec.dtype).reshape(spec.dims_at(batch))
                     for slot, spec in zip(self._io[batch][1], d.outputs)]
 
     def run(self, arrays: list, batch: int | None = None, stream=None) -> list[np.ndarray]:
         """Convenience for scripts and tests: host arrays in, host arrays out (allocates device buffers for
-        one call, uploads, executes, downloads, frees); ``batch`` defaults to the first array's length on a
-        dynamic-batch model.  Host-synchronous."""
+        one call, uploads, executes, downloads, frees); ``batch`` is the gear: on a dynamic-batch model it
+        defaults to the first array's length, on an image-size model to the (height, width) of the first
+        input with -1 dims.  Host-synchronous."""
         from runtime.api import Tensor
         self._live()
         d = self.desc
-        if d.dynamic_batch and batch is None:
-            batch = int(np.shape(arrays[0])[0])
+        if d.dynamic and batch is None:
+            batch = self._gear_of(arrays)
         dev = self.device
         made: list[Tensor] = []
         try:
             ins = []
             for i, spec in enumerate(d.inputs):
                 if i == d.dynamic_input:
-                    t = dev.empty((1,), "int64")
+                    t = dev.empty((2,), "int64")
                     made.append(t)
-                    self.set_dynamic_batch_size(DataBuffer(t.ptr, 8), batch)
-                    ins.append(DataBuffer(t.ptr, 8))
+                    if isinstance(batch, tuple):
+                        self.set_dynamic_hw_size(DataBuffer(t.ptr, 16), *batch)
+                    else:
+                        self.set_dynamic_batch_size(DataBuffer(t.ptr, 8), batch)
+                    ins.append(DataBuffer(t.ptr, t.nbytes))
                     continue
                 t = dev.from_numpy(np.asarray(arrays[i], dtype=spec.dtype))
                 made.append(t)
@@ -342,18 +362,42 @@ class OfflineModel:
             for t in made:
                 t.free()
 
-    # ------------------------------------------------------------------ dynamic batch
+    def _gear_of(self, arrays):
+        d = self.desc
+        if d.dynamic_batch:
+            return int(np.shape(arrays[0])[0])
+        for spec, a in zip(d.inputs, arrays):
+            if len(spec.dims) == 4 and spec.dims[2] == spec.dims[3] == -1 and np.ndim(a) == 4:
+                return (int(np.shape(a)[2]), int(np.shape(a)[3]))
+        raise ModelError(f"model {self.id} has image-size gears; say which: run(arrays, (height, width))",
+                         code=ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID)
+
+    # ------------------------------------------------------------------ gears
     def set_dynamic_batch_size(self, buffer, batch: int) -> None:
-        """Write ``batch`` into the model's dynamic-batch input buffer (host-synchronous), after checking
-        that it is one of the gears (145013) and that the buffer can hold it (145011 / 145012)."""
+        """Write ``batch`` into the model's dynamic-gear input buffer (host-synchronous), after checking
+        that it is one of the gears (145013; also on an image-size model) and that the buffer can hold it
+        (145011 / 145012)."""
         self._live()
         self._gear(batch)
         b = as_buffer(buffer)
-        self._check_dynamic_buffer(b)
-        raw = np.array([batch], "<u8" if b.size >= 8 else "<u4").view(np.uint8)
+        item = self._check_dynamic_buffer(b, 1)
+        self._write(b, [batch], item)
+
+    def set_dynamic_hw_size(self, buffer, height: int, width: int) -> None:
+        """Write ``height`` then ``width`` into the model's dynamic-gear input buffer (host-synchronous), as
+        GE does: after checking the buffer (145011 null or not this device's, 145012 under 8 bytes) and that
+        (height, width) is one of the gears (145013, also for a model without image-size gears)."""
+        self._live()
+        b = as_buffer(buffer)
+        item = self._check_dynamic_buffer(b, 2)
+        self._gear((int(height), int(width)))
+        self._write(b, [height, width], item)
+
+    def _write(self, b: DataBuffer, values: list, item: int) -> None:
+        raw = np.array(values, "<u8" if item == 8 else "<u4").view(np.uint8)
         self.device.queue.flush()
         self.device.handle.memcpy_h2d(b.ptr, raw)
-        self.cur_batch = batch
+        self.cur_gear = values[0] if len(values) == 1 else (int(values[0]), int(values[1]))
 
     # ------------------------------------------------------------------ AIPP
     def aipp_type(self, index: int) -> tuple[str, int | None]:
@@ -405,10 +449,10 @@ class OfflineModel:
         self.device.queue.flush()
         self.device.handle.memcpy_h2d(b.ptr, raw)
 
-    def output_dims(self, index: int, batch: int | None = None) -> tuple[int, ...]:
-        """Dims of output ``index`` at ``batch`` (default: the gear last set or executed)."""
+    def output_dims(self, index: int, gear=None) -> tuple[int, ...]:
+        """Dims of output ``index`` at ``gear`` (default: the gear last set or executed)."""
         self._live()
-        return self.desc.outputs[index].dims_at(self.cur_batch if batch is None else batch)
+        return self.desc.outputs[index].dims_at(self.cur_gear if gear is None else gear)
 
     # ------------------------------------------------------------------ unload
     def unload(self) -> None:
@@ -467,9 +511,10 @@ def load_from_bytes(data, device=None, origin: str = "<memory>") -> OfflineModel
     return OfflineModel(manifest, weights, _device(device), origin)
 
 
-def load(path, device=None, *, input_shape=None, dynamic_batch_size=None) -> OfflineModel:
+def load(path, device=None, *, input_shape=None, dynamic_batch_size=None, dynamic_image_size=None) -> OfflineModel:
     """Load ``path`` (``aclmdlLoadFromFile``): a vnpu ``.om``, or an ``.onnx`` compiled on load for the
-    device's SoC (a vnpu extension; ``input_shape`` / ``dynamic_batch_size`` as ``vnpu atc`` takes them)."""
+    device's SoC (a vnpu extension; ``input_shape`` / ``dynamic_batch_size`` / ``dynamic_image_size`` as
+    ``vnpu atc`` takes them)."""
     p = Path(path)
     try:
         if not p.is_file():
@@ -482,7 +527,8 @@ def load(path, device=None, *, input_shape=None, dynamic_batch_size=None) -> Off
     dev = _device(device)
     if p.suffix.lower() == ".onnx":
         from runtime.atc import compile_model, make_options
-        cm = compile_model(data, make_options(input_shape, dynamic_batch_size, dev.info().chip))
+        cm = compile_model(data, make_options(input_shape, dynamic_batch_size, dev.info().chip,
+                                              dynamic_image_size=dynamic_image_size))
         cm.manifest["source"]["file"] = p.name
         return OfflineModel(cm.manifest, cm.weights, dev, str(p))
     return load_from_bytes(data, dev, str(p))

@@ -378,10 +378,10 @@ def test_corrupt_or_foreign_files_are_refused(small_om):
         read_om(b"PK\x03\x04" + b"\0" * 200)                               # a zip, say
     assert ei.value.code == ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID and "not a vnpu .om" in ei.value.detail
     newer = bytearray(blob)
-    struct.pack_into("<H", newer, 8, 2)
+    struct.pack_into("<H", newer, 8, 3)
     with pytest.raises(ModelError) as ei:
         read_om(bytes(newer))
-    assert ei.value.code == ACL_ERROR_PARSE_MODEL and "version 2" in ei.value.detail
+    assert ei.value.code == ACL_ERROR_PARSE_MODEL and "version 3" in ei.value.detail
 
 
 def test_manifest_fields_are_validated(small_om):
@@ -434,7 +434,11 @@ def test_atc_cli_failures_print_one_e_code_line(capsys, tmp_path):
         (("--mode", "6", "--om", str(onnx_path)), "E10003"),
         (("--log", "loud"), "E10010"),
         (("--model", str(onnx_path), "--framework", "5", "--output", str(tmp_path / "m"),
-          "--dynamic_image_size", "224,224;448,448"), "does not support dynamic image size"),
+          "--dynamic_image_size", "224,224;448,448"), "E10004: Value for --input_shape is empty."),
+        (("--model", str(onnx_path), "--framework", "5", "--output", str(tmp_path / "m"), "--input_shape",
+          "x:1,3,-1,-1", "--dynamic_image_size", "16,16;8,8", "--dynamic_batch_size", "1,2"), "E10009: "),
+        (("--model", str(onnx_path), "--framework", "5", "--output", str(tmp_path / "m"),
+          "--dynamic_dims", "1;2"), "does not support dynamic dims"),
         (("--model", str(onnx_path), "--framework", "5", "--output", str(tmp_path / "m"),
           "--precision_mode", "force_fp16"), "--precision_mode"),
         (("--model", str(onnx_path), "--framework", "5", "--output", str(tmp_path / "m"),
