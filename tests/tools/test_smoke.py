@@ -4,13 +4,15 @@ bench ... --json`` at a tiny size against one small ``vnpu up`` cluster reports 
 exits 1; one model job runs on the cluster backend.
 
 The benchmarks run as the user runs them (a subprocess each, attached to the cluster through VNPU_HOME);
-the failing-verification cases run in this process, where a defect can be planted in the runtime."""
+the failing-verification cases run in this process, where a defect can be planted in the runtime.  The
+benchmarks whose devices live in their own process run beside those on the cluster (two lanes)."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -67,17 +69,33 @@ PLOTTED = {
 }
 
 
+#: the benchmarks that never reach the cluster (their devices are in their own process): they run one after
+#: another beside the cluster's benchmarks, which run one at a time among themselves (they share its devices)
+IN_PROCESS = {"sanitize", "kernels", "overhead", "serve-om", "torch"}
+
+
 @pytest.fixture(scope="module")
 def bench_results(cluster_env, tmp_path_factory) -> dict:
-    """Every benchmark's JSON (each run once, as the user runs it) and, for those that draw, the picture."""
+    """Every benchmark's JSON (each run once, as the user runs it) and, for those that draw, the picture.
+    Two lanes: the benchmarks on the cluster in one, the in-process ones in the other, at the same time."""
     out, plots = {}, tmp_path_factory.mktemp("plots")
-    for name, args in BENCHES.items():
+
+    def run(name: str) -> subprocess.CompletedProcess:
         plot = ["--plot", str(plots / f"{name}.png")] if name in PLOTTED else []
-        p = _vnpu(["bench", name, *args, "--json", *plot], cluster_env)
+        return _vnpu(["bench", name, *BENCHES[name], "--json", *plot], cluster_env)
+
+    def lane(names: list[str]) -> dict[str, subprocess.CompletedProcess]:
+        return {name: run(name) for name in names}
+
+    with ThreadPoolExecutor(2) as pool:
+        lanes = [pool.submit(lane, [n for n in BENCHES if (n in IN_PROCESS) == side]) for side in (False, True)]
+        done = {name: p for f in lanes for name, p in f.result().items()}
+    for name in BENCHES:
+        p = done[name]
         assert p.returncode == 0, f"bench {name}: exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
         out[name] = json.loads(p.stdout.strip().splitlines()[-1])
-        if plot:
-            out[name]["_plot"] = plot[1]
+        if name in PLOTTED:
+            out[name]["_plot"] = str(plots / f"{name}.png")
     return out
 
 
