@@ -172,8 +172,9 @@ def test_a_size_that_is_not_a_gear_is_refused_before_any_device_work(served, hc,
         infer(gc, tg, "hw", image(16, 12, 3))                       # 12x16 is a gear, 16x12 is not
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "16x12" in e.value.message()
     assert len(eng.executions) == n0                                 # nothing ran
-    check(served, *(lambda r: (r.as_numpy("feat"), r.as_numpy("logits")))(infer(hc, th, "hw", image(8, 12, 4))),
-          image(8, 12, 4), "after the refusals")
+    x = image(8, 12, 4)
+    r = infer(hc, th, "hw", x)                                       # the model serves on
+    check(served, r.as_numpy("feat"), r.as_numpy("logits"), x, "after the refusals")
 
 
 def test_concurrent_mixed_sizes_batch_only_with_their_own_size(served):
