@@ -8,7 +8,8 @@ global pool, Gemm -> ``logits`` [N, 5]; gears 8x12 and 16x16, non-square so a sw
 - ``hw``: compiled with a fixed batch of 1 (``x:1,3,-1,-1``), its config.yaml only places it: everything else
   from the .om;
 - ``hw2``: compiled with a fixed batch of 2 (``x:2,3,-1,-1``), ``max_batch_size: 2`` -- the model the tests
-  hold with ``paused()`` to see which requests share an execution.
+  hold with ``paused()`` to see which requests share an execution;
+- ``hw0``: as ``hw``, with ``max_batch_size: 0`` (no batch axis: the full shape [1, 3, -1, -1]).
 
 Results are compared with onnxruntime at the same size within the float32 rule of tests/onnx_models.py.
 No sleeps: every wait is on a condition or a future, with a deadline.
@@ -61,7 +62,8 @@ class Served:
 
 def _repository(root: Path, model) -> Path:
     one = "instance_group: [{count: 1, devices: [0]}]\n"          # both on the one device
-    for name, batch, config in (("hw", 1, one), ("hw2", 2, "max_batch_size: 2\n" + one)):
+    for name, batch, config in (("hw", 1, one), ("hw2", 2, "max_batch_size: 2\n" + one),
+                                ("hw0", 1, "max_batch_size: 0\n" + one)):
         (root / name / "1").mkdir(parents=True)
         compile_model(model, make_options(f"x:{batch},3,-1,-1", dynamic_image_size=GEAR_TEXT)).save(
             str(root / name / "1" / "model.om"))
@@ -148,6 +150,11 @@ def test_metadata_and_config_show_minus_one_dims_and_hide_the_gear_input(served,
     g = gc.get_model_metadata("hw", as_json=True)
     assert [(t["name"], [int(d) for d in t["shape"]]) for t in g["inputs"]] == [("x", [-1, 3, -1, -1])]
     assert DYNAMIC_INPUT_NAME not in str(meta) + str(cfg) + str(g)
+    meta0 = hc.get_model_metadata("hw0")
+    assert meta0["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [1, 3, -1, -1]}]
+    x = image(16, 16, 7)
+    r = infer(hc, th, "hw0", x)
+    check(served, r.as_numpy("feat"), r.as_numpy("logits"), x, "hw0 16x16")
 
 
 def test_two_gears_over_http_and_grpc_equal_onnxruntime_at_that_size(served, hc, gc):
