@@ -55,6 +55,11 @@ class Batch:
         return tuple(s.queued for s in self.slices)
 
     @property
+    def key(self):
+        """The requests' common key (an image-size model's (height, width); None for others)."""
+        return self.slices[0].queued.request.key if self.slices else None
+
+    @property
     def rows(self) -> int:
         return self.slices[-1].stop if self.slices else 0
 

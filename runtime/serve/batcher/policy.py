@@ -3,8 +3,9 @@
 
 Each request brings its own rows (its batch axis); a request is never split across executions.  Forming a
 batch walks the queued requests in serving order (:mod:`.queues`: priority levels highest first) and
-takes them while their rows fit ``max_batch``; it stops at the first that does not fit (no request
-overtakes another).  Let ``max_pref`` be the largest preferred batch size (``max_batch`` without
+takes them while their rows fit ``max_batch``; it stops at the first that does not fit, or that has another
+key than the first's (an image-size model's (height, width): as Triton's, a batch holds one shape), and
+no request overtakes another.  Let ``max_pref`` be the largest preferred batch size (``max_batch`` without
 preferred sizes), ``best`` the longest prefix whose rows are a preferred size -- or, once the next request
 would go past ``max_pref``, the prefix before it -- and ``due`` the oldest taken request's arrival plus
 ``max_queue_delay``.  Then, at clock ``now``:
@@ -142,10 +143,13 @@ class DynamicBatcher:
     # ------------------------------------------------------------------------------------------ helpers
     def _gather(self, first: Queued, order: Iterator[Queued]) -> tuple[list[Queued], int, bool]:
         """The requests that fit, in order; ``best`` (how many of them form the batch to run early, 0:
-        none) and whether the next request did not fit ``max_batch``."""
+        none) and whether the next request did not fit ``max_batch`` or has another key (an image model's
+        other size: the batch cannot grow past it)."""
         taken, rows = [first], first.rows
         best = 1 if rows in self._pref else 0
         for q in order:
+            if q.request.key != first.request.key:
+                return taken, best, True
             if rows + q.rows > self._max_pref and not best:
                 best = len(taken)
             if rows + q.rows > self.max_batch:

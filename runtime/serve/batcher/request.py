@@ -6,6 +6,7 @@ batcher: refused at admission (:class:`~runtime.serve.engine.errors.InvalidReque
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Hashable
 
 from ..engine.errors import Unavailable
 
@@ -15,11 +16,13 @@ class Request:
     """``rows``: the request's batch size (its tensors' first axis); ``priority``: Triton's request
     priority (0: the model's default level, 1: the highest); ``timeout_us``: Triton's per-request timeout
     in microseconds (0: none; used only where the level's policy allows overriding, and only to shorten);
-    ``payload``: the engine's own object (tensors, a future), carried untouched."""
+    ``payload``: the engine's own object (tensors, a future), carried untouched; ``key``: requests share an
+    execution only with requests of the same key (an image-size model's (height, width); None for others)."""
     rows: int
     priority: int = 0
     timeout_us: int = 0
     payload: object = field(default=None, compare=False, repr=False)
+    key: Hashable = None
 
 
 @dataclass(frozen=True, eq=False)

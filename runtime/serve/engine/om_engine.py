@@ -8,7 +8,8 @@ batcher for the next batch -- holding until the batcher's wake-up time or the ne
 to wait -- and runs it as ONE call of its runner (:mod:`.om_runner`: one graph replay on the NPU, or the
 host's numpy run on the ``cpu`` end of the chain): the requests' rows concatenated in order and
 zero-padded up to the smallest compiled batch gear, the outputs cut back into each request's rows (the
-padding rows go to nobody).  A request
+padding rows go to nobody).  A model with image-size gears (:mod:`.om_image_sizes`) executes each batch
+at its requests' common (height, width); requests of other sizes wait for a batch of their own.  A request
 that timed out in the queue fails with :class:`~runtime.serve.batcher.RequestTimedOut` (503); one whose
 future was cancelled (its client went away) before its batch started is dropped -- taken out of the queue
 at once, or left out of the batch that had already formed.
@@ -40,6 +41,7 @@ from ..modelrepo.spec import ModelConfig
 from ..v2.repository import InferRequest, InferResult
 from .errors import EngineFailure, Unavailable
 from .lifecycle import EngineLifecycle
+from .om_image_sizes import ImageSizes
 from .om_runner import build_runner
 from .placement import DeviceBinder, Placement
 
@@ -85,16 +87,20 @@ class OmEngine(EngineLifecycle):
         self._arrivals = 0
         self._open()
         self.input_names, self.output_names = self.built.input_names, self.built.output_names
+        #: the .om's image-size gears (None: a model without them); every runner of the file has the same
+        self.image_sizes: ImageSizes | None = self.built.image_sizes
 
     # ------------------------------------------------------------------ requests
     def submit(self, request: InferRequest) -> Future:
         """Queue ``request`` (checked against the model's metadata); a future of its
         :class:`InferResult`.  Refusals: :class:`QueueFull` (its priority level's ``max_queue_size``, or
         :data:`MAX_WAITING`), :class:`Unavailable` (failed or draining), :class:`InvalidRequest` (a
-        priority the model does not have).  Returns at once."""
+        priority the model does not have, or an image size that is not one of the model's gears -- see
+        :mod:`.om_image_sizes`).  Returns at once."""
         job = _Job(request, Future())
+        key = self.image_sizes.of_request(self.model, request.inputs) if self.image_sizes is not None else None
         with self._admitting(1):
-            q = self.batcher.add(Request(request.rows, request.priority or 0, request.timeout_us or 0, job),
+            q = self.batcher.add(Request(request.rows, request.priority or 0, request.timeout_us or 0, job, key),
                                  self.clock())
             job.qid = q.id
             self._arrivals += 1
@@ -177,7 +183,8 @@ class OmEngine(EngineLifecycle):
         try:
             x = self._stack(batch)
             t1 = self.clock()
-            ys, rerun = self._run_on_placement(lambda r: r.run(x, batch.gear), len(batch.requests))
+            gear = batch.key if self.image_sizes is not None else batch.gear
+            ys, rerun = self._run_on_placement(lambda r: r.run(x, gear), len(batch.requests))
             t2 = self.clock()
             results = self._split(batch, ys)
         except (EngineFailure, Unavailable) as e:

@@ -11,14 +11,15 @@ executes one batch of a ``.om`` as ONE call and returns host arrays.
   (:class:`runtime.atc.hostrun.HostRun`, one per gear, made on first use), no device in between.
 
 Both take the inputs in the ``.om``'s order (``input_names``; the dynamic-batch input is the runner's
-business) and a gear (the batch size executed; None for a model without dynamic batch gears), and give
-the outputs in the ``.om``'s order (``output_names``).  Blocking: building uploads the weights and captures
+business) and a gear (the batch size executed, or the (height, width) of a model with image-size gears --
+``image_sizes``, see :mod:`.om_image_sizes`; None for a static model), and give the outputs in the ``.om``'s
+order (``output_names``).  Blocking: building uploads the weights and captures
 the graphs (host-synchronous); :meth:`run` blocks for the execution; :meth:`close` frees the device memory.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, Union
 
 import numpy as np
 
@@ -26,11 +27,20 @@ from runtime.atc.hostrun import HostRun
 from runtime.atc.om import read_om
 from runtime.atc.options import DYNAMIC_INPUT_NAME
 
+from .om_image_sizes import ImageSizes
 from .placement import SERVE_CPU_ID
+
+#: the gear of one execution: a batch size, an image model's (height, width), or None (a static model)
+Gear = Union[int, tuple[int, int], None]
+
+
+def _dynamic(manifest: dict) -> bool:
+    """Whether the model has gears (batch sizes or image sizes) and so atc's gear input."""
+    return bool(manifest["dynamic_batch"] or manifest.get("dynamic_hw"))
 
 
 def _names(manifest: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    ins = tuple(io["name"] for io in manifest["inputs"] if not (manifest["dynamic_batch"] and
+    ins = tuple(io["name"] for io in manifest["inputs"] if not (_dynamic(manifest) and
                                                                 io["name"] == DYNAMIC_INPUT_NAME))
     return ins, tuple(io["name"] for io in manifest["outputs"])
 
@@ -46,15 +56,16 @@ class DeviceRunner:
         self.devices = list(devices)
         dev = self.devices[0]
         self.model = offline.load(path, dev)
-        self.dynamic = bool(self.model.desc.dynamic_batch)
+        self.dynamic = _dynamic(self.model.manifest)
         self.input_names, self.output_names = _names(self.model.manifest)
+        self.image_sizes = ImageSizes.of_manifest(self.model.manifest)
         try:
             self.stream = dev.stream()
         except BaseException:
             self.model.unload()
             raise
 
-    def run(self, arrays: Sequence[np.ndarray], gear: int | None) -> list[np.ndarray]:
+    def run(self, arrays: Sequence[np.ndarray], gear: Gear) -> list[np.ndarray]:
         return self.model.run_in_place(list(arrays), gear if self.dynamic else None, self.stream)
 
     def close(self) -> None:
@@ -72,11 +83,12 @@ class HostRunner:
     def __init__(self, path: str | Path, devices: list):
         self.devices = list(devices)
         self.manifest, self.weights = read_om(Path(path).read_bytes())
-        self.dynamic = bool(self.manifest["dynamic_batch"])
+        self.dynamic = _dynamic(self.manifest)
         self.input_names, self.output_names = _names(self.manifest)
-        self._gears: dict[int | None, HostRun] = {}
+        self.image_sizes = ImageSizes.of_manifest(self.manifest)
+        self._gears: dict[Gear, HostRun] = {}
 
-    def run(self, arrays: Sequence[np.ndarray], gear: int | None) -> list[np.ndarray]:
+    def run(self, arrays: Sequence[np.ndarray], gear: Gear) -> list[np.ndarray]:
         key = gear if self.dynamic else None
         hr = self._gears.get(key)
         if hr is None:

@@ -4,12 +4,14 @@ it -- Triton's auto-complete for platform ``vnpu_om``.
 :func:`read_om_info` reads the container (:func:`runtime.atc.om.read_om`: header, digest and manifest
 checked) into an :class:`OmInfo`: the inputs (without atc's ``ascend_mbatch_shape_data``), the outputs,
 their dims as the manifest has them (-1 on the dynamic batch axis) and the dynamic batch gears
-(``vnpu atc --dynamic_batch_size``).  A dynamic model batches when every input and output has the batch on
+(``vnpu atc --dynamic_batch_size``) or image-size gears (``--dynamic_image_size``: -1 on H and W, a
+fixed batch).  A dynamic model batches when every input and output has the batch on
 its first axis in every gear; a static model whose inputs and outputs all lead with the same size B can be
 served as a one-gear model (B) when the configuration asks for ``max_batch_size`` <= B.
 
 :func:`complete` fills what a ``config.yaml`` left out (``max_batch_size``: the largest gear, or 0 for a
-static model; ``input``/``output``: the .om's; ``dynamic_batching``: Triton's defaults when the model
+static model, the fixed batch of an image-size model whose tensors all lead with it; ``input``/``output``:
+the .om's, -1 on an image-size model's H and W; ``dynamic_batching``: Triton's defaults when the model
 batches) and refuses what disagrees with the .om, naming the config's line.  :func:`batch_gears` is what
 the batcher pads to.
 
@@ -34,7 +36,8 @@ E = ModelConfigError
 @dataclass(frozen=True)
 class OmInfo:
     """An ``.om``'s serving facts; ``unbatchable``: why a dynamic model cannot batch requests ("" if it
-    can); ``static_batch``: the leading size every tensor of a static model shares (None if they do not)."""
+    can); ``static_batch``: the leading size every tensor of a static model shares (None if they do not);
+    ``hw_gears``: the (height, width) gears of an image-size model (its batch is fixed: ``static_batch``)."""
     path: str
     name: str
     soc_version: str
@@ -43,9 +46,11 @@ class OmInfo:
     gears: tuple[int, ...] = ()
     unbatchable: str = ""
     static_batch: int | None = None
+    hw_gears: tuple[tuple[int, int], ...] = ()
 
     @property
     def dynamic(self) -> bool:
+        """Whether the model has batch gears."""
         return bool(self.gears)
 
 
@@ -60,13 +65,15 @@ def read_om_info(path: str | Path) -> OmInfo:
     except ModelError as e:
         raise E(f"{p}: {e.detail}", code=e.code) from None
     gears = tuple(manifest["dynamic_batch"])
-    ins = [io for io in manifest["inputs"] if not (gears and io["name"] == DYNAMIC_INPUT_NAME)]
+    hw = tuple((int(h), int(w)) for h, w in manifest.get("dynamic_hw") or ())
+    ins = [io for io in manifest["inputs"] if not ((gears or hw) and io["name"] == DYNAMIC_INPUT_NAME)]
     try:
         inputs = tuple(_spec(io) for io in ins)
         outputs = tuple(_spec(io) for io in manifest["outputs"])
     except KeyError as e:
         raise E(f"{p}: tensor {e.args[0]!r} has a type vnpu cannot serve") from None
-    info = OmInfo(str(p), manifest["name"], manifest["soc_version"], inputs, outputs, tuple(sorted(gears)))
+    info = OmInfo(str(p), manifest["name"], manifest["soc_version"], inputs, outputs, tuple(sorted(gears)),
+                  hw_gears=hw)
     if gears:
         return replace(info, unbatchable=_unbatchable(manifest, len(ins)))
     leads = {t.dims[0] if t.dims else None for t in inputs + outputs}
@@ -95,11 +102,20 @@ def _strip(t: TensorSpec) -> TensorSpec:
 
 
 def _max_batch(parsed: ParsedConfig, om: OmInfo) -> int:
-    """max_batch_size as given (checked against the .om) or as the .om allows."""
+    """max_batch_size as given (checked against the .om) or as the .om allows (an image-size model: its
+    fixed batch, when every tensor leads with it)."""
     if not parsed.given("max_batch_size"):
+        if om.hw_gears:
+            return om.static_batch or 0
         return om.gears[-1] if om.dynamic and not om.unbatchable else 0
     mb = parsed.get("max_batch_size")
     at = parsed.at("max_batch_size")
+    if om.hw_gears and mb > 0 and (om.static_batch is None or mb > om.static_batch):
+        lead = (f"a fixed batch of {om.static_batch}" if om.static_batch is not None else
+                "tensors that do not all lead with one batch size")
+        most = f"0..{om.static_batch}" if om.static_batch is not None else "0"
+        raise E(f"{at}{mb}, but the .om has image-size gears and {lead} (atc cannot combine "
+                f"--dynamic_image_size with --dynamic_batch_size): use {most}")
     if om.dynamic and om.unbatchable and mb > 0:
         raise E(f"{at}{mb}, but the .om cannot batch: {om.unbatchable}")
     if om.dynamic and not 1 <= mb <= om.gears[-1]:

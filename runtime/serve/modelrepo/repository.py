@@ -186,10 +186,11 @@ def _model(name: str, path: Path, parsed: ParsedConfig, found: dict) -> RepoMode
         config = complete(parsed, infos[base])
     except ModelConfigError as e:
         return _unavailable(name, path, found, e.detail)
-    return RepoModel(name, path, config, _versions(found, selected, infos, bad, config))
+    return RepoModel(name, path, config, _versions(found, selected, infos, bad, config, infos[base]))
 
 
-def _versions(found: dict, selected: set, infos: dict, bad: dict, config: ModelConfig | None) -> tuple:
+def _versions(found: dict, selected: set, infos: dict, bad: dict, config: ModelConfig | None,
+              base: OmInfo | None = None) -> tuple:
     out = []
     for v in sorted(found):
         if v in bad:
@@ -197,14 +198,20 @@ def _versions(found: dict, selected: set, infos: dict, bad: dict, config: ModelC
         elif v not in selected:
             out.append(ModelVersion(v, found[v], UNAVAILABLE, "not selected by the version_policy", infos[v]))
         else:
-            why = _disagrees(config, infos[v]) if config is not None else "no configuration"
+            why = _disagrees(config, infos[v], base) if config is not None else "no configuration"
             gears = batch_gears(config, infos[v]) if not why else ()
             out.append(ModelVersion(v, found[v], UNAVAILABLE if why else READY, why, infos[v], gears))
     return tuple(out)
 
 
-def _disagrees(config: ModelConfig, om: OmInfo) -> str:
-    """Why the .om of another version cannot serve ``config`` ("" when it can)."""
+def _disagrees(config: ModelConfig, om: OmInfo, base: OmInfo | None = None) -> str:
+    """Why the .om of another version cannot serve ``config`` (completed from ``base``'s) ("" when it can):
+    also when one of the two has image-size gears and the other not (the model's -1 on H and W would be
+    a lie for one of them)."""
+    if base is not None and bool(om.hw_gears) != bool(base.hw_gears):
+        has, lacks = (om, base) if om.hw_gears else (base, om)
+        return (f"its .om disagrees with the model's configuration: version {Path(has.path).parent.name} has "
+                f"image-size gears, version {Path(lacks.path).parent.name} has none (one model serves one kind)")
     parsed = ParsedConfig(config.name, "", tuple((k, getattr(config, k)) for k in (
         "max_batch_size", "inputs", "outputs", "dynamic_batching")))
     try:
