@@ -18,18 +18,43 @@ rm -rf "$site"
 if [ "$#" -gt 0 ]; then                        # a selection of the caller's: as they asked
   exec .venv/bin/python -m pytest "$@"
 fi
-# the whole suite in two parts.  The first runs on two pytest-xdist workers, a test file per worker at a time
-# (--dist loadfile: a module's fixtures, its server, are built once): every test that starts no Ray cluster --
-# the in-process tests (no tier marker), the rpc tier (devices served over loopback gRPC in the test process)
-# and the serve tier's in-process-device engines, servers and `vnpu serve --backend local` subprocesses.  Each
-# worker is a session of its own (its own fresh HOME and RAY_TMPDIR, tests/conftest.py) and every resource
-# they touch is per process (/dev/shm segments named by pid, ports bound to 0, files under tmp_path).  The
-# tiers that start Ray clusters (cluster, multinode, smoke, security) then run one test at a time: two Ray
-# clusters in one process cannot be, and their budgets are wall time of one test at a time.  Both parts share
-# one weight cache, fresh for this run and removed after it (SmolLM2 is dequantised once).
+# the whole suite in two parts, run at the same time.  The Ray tiers (cluster, multinode, smoke, security: the
+# tests that start Ray clusters) run one test at a time -- two Ray clusters in one process cannot be -- and
+# mostly wait (on Ray's processes starting, actors, subprocesses): alone they keep well under one of the two
+# cores busy.  Beside them, the rest runs on two pytest-xdist workers, a test file per worker at a time
+# (--dist loadfile: a module's fixtures, its server, are built once): the in-process tests (no tier marker),
+# the rpc tier (devices served over loopback gRPC in the test process) and the serve tier's in-process-device
+# engines, servers and `vnpu serve --backend local` subprocesses.  Each pytest session and each worker has its
+# own fresh HOME and RAY_TMPDIR (tests/conftest.py) and every resource a test touches is its own (/dev/shm
+# segments named by pid and checked by owner, ports bound to 0, files under tmp_path).  Both parts share one
+# weight cache, fresh for this run and removed after it (SmolLM2 is dequantised once).  The Ray part's output
+# is shown once the first part is done; the run fails if either does.
 export VNPU_TEST_WEIGHT_CACHE
 VNPU_TEST_WEIGHT_CACHE=$(mktemp -d -t vnpu-test-weights-XXXXXX)
-trap 'rm -rf "$VNPU_TEST_WEIGHT_CACHE"' EXIT
+ray_log=$(mktemp -t vnpu-test-ray-XXXXXX.log)
+ray_pid=
+cleanup() {
+  if [ -n "$ray_pid" ] && kill -0 "$ray_pid" 2>/dev/null; then
+    kill -TERM -- "-$ray_pid" 2>/dev/null || true     # its own process group (set -m): pytest and its children
+    wait "$ray_pid" 2>/dev/null || true
+  fi
+  rm -rf "$VNPU_TEST_WEIGHT_CACHE" "$ray_log"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 ray="cluster or multinode or smoke or security"
-.venv/bin/python -m pytest -n 2 --dist loadfile -m "not ($ray)" -p no:cacheprovider
-.venv/bin/python -m pytest -m "$ray" -p no:cacheprovider
+set -m                                         # the Ray part in a process group of its own, SIGINT not ignored
+.venv/bin/python -m pytest -m "$ray" -p no:cacheprovider >"$ray_log" 2>&1 &
+ray_pid=$!
+set +m
+rc=0
+.venv/bin/python -m pytest -n 2 --dist loadfile -m "not ($ray)" -p no:cacheprovider || rc=$?
+echo "== the Ray tiers ($ray), run beside the part above: waiting for them (progress: $ray_log) =="
+ray_rc=0
+wait "$ray_pid" || ray_rc=$?
+ray_pid=
+cat "$ray_log"
+if [ "$rc" -ne 0 ] || [ "$ray_rc" -ne 0 ]; then
+  echo "scripts/test.sh: failed (in-process part: exit $rc; Ray tiers: exit $ray_rc)" >&2
+  exit 1
+fi

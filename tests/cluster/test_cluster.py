@@ -34,6 +34,17 @@ def _segments() -> set[str]:
     return set(glob.glob("/dev/shm/vnpu_*"))
 
 
+def _owner(path: str) -> int:
+    """The pid that made a ``/dev/shm/vnpu_<pid>_...`` segment."""
+    return int(os.path.basename(path).split("_")[1])
+
+
+def _leaked(before: set[str], pids: set[int]) -> set[str]:
+    """Segments made since ``before`` by one of ``pids`` (a cluster's processes) that has died: what its
+    processes left behind.  Other programs' segments are not the test's (other test runs may share the machine)."""
+    return {p for p in _segments() - before if _owner(p) in pids and not _pid_alive(_owner(p))}
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -216,7 +227,10 @@ def test_up_smi_down_leave_nothing_behind(tmp_path):
         assert len(said) == 1 and said[0].startswith("vnpu up: starting devices: Ray head and 2 x "), up.stderr
         assert "\x1b" not in up.stderr + up.stdout
         temp_dir = json.loads((tmp_path / "home" / "cluster.json").read_text())["temp_dir"]
-        assert _procs_with(temp_dir), "no Ray process runs for the cluster"
+        cluster_pids = procstat.descendants(set(_procs_with(temp_dir)))     # Ray and its workers, devices too
+        assert cluster_pids, "no Ray process runs for the cluster"
+        arenas = [ln.split("arena ")[1].split()[0] for ln in up.stdout.splitlines() if "/dev/shm/" in ln]
+        assert len(arenas) == 2 and all(_owner(a) in cluster_pids for a in arenas), (arenas, cluster_pids)
         token = tmp_path / "home" / "token"
         assert token.exists() and (token.stat().st_mode & 0o777) == 0o600
         again = run("up", "--devices", "2")
@@ -231,8 +245,7 @@ def test_up_smi_down_leave_nothing_behind(tmp_path):
     finally:
         down = run("down")
     assert down.returncode == 0, down.stderr
-    leaked = {p for p in _segments() - seg0 if not _pid_alive(int(os.path.basename(p).split("_")[1]))}
-    assert not leaked, f"segments of dead device processes left: {leaked}"
+    assert not _leaked(seg0, cluster_pids), "segments of dead device processes left"
     for line in up.stdout.splitlines():
         if "/dev/shm/" in line:
             assert not os.path.exists(line.split("arena ")[1].split()[0]), line
@@ -281,6 +294,7 @@ def test_up_with_device_restarts_lets_a_killed_device_come_back(tmp_path):
         assert "device actors restarted by Ray" in up.stdout
         st = json.loads((tmp_path / "home" / "cluster.json").read_text())
         temp_dir = st["temp_dir"]
+        cluster_pids = procstat.descendants(set(_procs_with(temp_dir)))     # Ray and its workers, devices too
         assert st["device_restarts"] == -1
         other = run("up", "--devices", "2", "--device-restarts", "2")          # not what is up: refused
         assert other.returncode == 2 and "device restarts -1" in other.stderr
@@ -291,9 +305,10 @@ def test_up_with_device_restarts_lets_a_killed_device_come_back(tmp_path):
         assert r["lost_after_kill"] and r["old_still_lost"]
         assert r["pid_after"] != r["pid_before"] and r["health"] == "OK" and r["other_ok"]
         assert r["hbm_total"] == 64 << 20
+        assert r["pid_before"] in cluster_pids, "the killed device was not among the cluster's processes"
+        cluster_pids.add(r["pid_after"])
     finally:
         down = run("down")
     assert down.returncode == 0, down.stderr
-    leaked = {s for s in _segments() - seg0 if not _pid_alive(int(os.path.basename(s).split("_")[1]))}
-    assert not leaked, f"segments of dead device processes left: {leaked}"
+    assert not _leaked(seg0, cluster_pids), "segments of dead device processes left"
     assert temp_dir and not _procs_with(temp_dir), "processes of the cluster still running"
