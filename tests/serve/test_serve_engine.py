@@ -88,6 +88,20 @@ def test_block_manager_null_block_and_usage():
     assert bm.free("a") == 2 and bm.pool.num_free == 4 and 0 not in bm.pool._free
 
 
+def test_top_logprobs_are_the_first_of_a_stable_full_sort():
+    """The sampler's top-k (a partition, then a sort of what is at or above the k-th value) names the
+    tokens a stable descending sort of the whole row names first: ties in index order, NaN last."""
+    from runtime.serve.engine.sampling import top_indices
+    rng = np.random.default_rng(0)
+    for t in range(200):
+        n = int(rng.integers(1, 100))
+        z = rng.standard_normal(n) if t % 2 else rng.integers(-4, 4, n).astype(np.float64)   # many ties
+        for v in (np.nan, np.inf, -np.inf, -0.0)[:t % 5]:
+            z[rng.integers(0, n, 2)] = v
+        for k in (0, 1, 2, 5, 20, n, n + 1):
+            assert top_indices(z, k).tolist() == np.argsort(-z, kind="stable")[:k].tolist(), (z, k)
+
+
 # ---------------------------------------------------------------------------------------------- devices
 @pytest.fixture(scope="module")
 def rt():

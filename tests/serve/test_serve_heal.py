@@ -35,7 +35,7 @@ from runtime.serve.heal import SelfHealing
 from runtime.serve.metrics_sampler import Sampler
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Tenant, key_digest
-from serve_http import call
+from serve_http import call, openai_client
 from webhook_receiver import Receiver
 
 pytestmark = pytest.mark.serve
@@ -105,8 +105,8 @@ def tick_for(sampler, clk, seconds: int, every=None):
 
 
 def ask(srv, key=USER, max_tokens=3):
-    c = openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0)
-    return c.completions.create(model="smollm2", prompt="Hello there", max_tokens=max_tokens, temperature=0)
+    return openai_client(srv.url, key).completions.create(model="smollm2", prompt="Hello there", max_tokens=max_tokens,
+                                                          temperature=0)
 
 
 def since(hist, t0, kinds):

@@ -46,7 +46,7 @@ from runtime.serve.metrics_sampler import Sampler
 from runtime.serve.modelrepo import scan_repository
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Tenant, key_digest
-from serve_http import call
+from serve_http import call, openai_client
 from webhook_receiver import Receiver
 
 pytestmark = pytest.mark.serve
@@ -143,7 +143,7 @@ def tick_for(sampler, clk, seconds: int, every=None):
 
 
 def client(srv, key=USER):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0)
+    return openai_client(srv.url, key)
 
 
 def ask(srv, key=USER, max_tokens=3, **kw):

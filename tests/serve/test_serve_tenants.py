@@ -27,6 +27,7 @@ from runtime.serve.engine import EngineConfig
 from runtime.serve.engine.modes import ModeConfig
 from runtime.serve.server import Server, Service
 from runtime.serve.tenants import Quota, Tenant, key_digest
+from serve_http import openai_client
 
 pytestmark = pytest.mark.serve
 
@@ -68,7 +69,7 @@ def served():
 
 
 def client(served, who, **kw):
-    return openai.OpenAI(base_url=served[0].url + "/v1", api_key=KEYS.get(who, who), **{"max_retries": 0, **kw})
+    return openai_client(served[0].url, KEYS.get(who, who), **kw)
 
 
 def raw(srv, path, body=None, key=None):
