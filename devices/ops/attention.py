@@ -385,6 +385,15 @@ def _pa_singles(q, kc, vc, bt, ln, lens: list[int], out, rows: list[int], h, hkv
     groups of similar length (:func:`_pa_groups`): a group of consecutive rows is read and written in
     place, any other through copies of its rows.  A row of length 0 gets zeros."""
     bs = kc.shape[1]
+    if len(rows) == 1:                                             # one row: no grouping
+        a = rows[0]
+        L = lens[a]
+        if L:
+            _pa_attend(q[a:a + 1], kc, vc, bt[a:a + 1, :-(-L // bs)], ln[a:a + 1], L, L, out[a:a + 1], h, hkv,
+                       scale, ct)
+        else:
+            out[a] = 0
+        return
     order = sorted(rows, key=lens.__getitem__)
     srt = [lens[r] for r in order]
     z0 = srt.count(0)
@@ -436,6 +445,10 @@ def _pa_segment(q, kc, vc, bt, ln, out, a, b, h, hkv, scale, ct) -> None:
     np.copyto(out[a:b].reshape(nr, hkv, g, d), o.reshape(hkv, nr, g, d).transpose(1, 0, 2, 3), casting="same_kind")
 
 
+#: the unsigned view of a block table's ids, by item size (a negative id reads as a huge one)
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def _pa_trap_checks(ctx, ln, lens: list[int], bt, nb: int, bs: int) -> int:
     """Trap (507042, nothing written) on a length outside ``[0, MB * BS]`` or a block id in use outside
     ``[0, NB)``; every block checks every row.  Returns the longest length."""
@@ -444,13 +457,14 @@ def _pa_trap_checks(ctx, ln, lens: list[int], bt, nb: int, bs: int) -> int:
         return 0
     lo, hi = min(lens), max(lens)
     if lo < 0 or hi > mb * bs:
+        ln = ln.astype(np.int64)
         bad = np.flatnonzero((ln < 0) | (ln > mb * bs))
         raise KernelError(f"{_PA}: context_lens[{bad[0]}]={ln[bad[0]]} is outside [0, {mb * bs}] "
                           f"(block table of {mb} blocks of {bs}; {bad.size} bad length(s) in block {ctx.block_idx})",
                           code=ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW)
     sub = bt[:, :-(-hi // bs)]
-    if sub.size and int(sub.view(np.dtype(f"u{sub.itemsize}")).max()) >= nb:   # a negative id wraps high
-        used = np.arange(sub.shape[1])[None, :] < ((ln + bs - 1) // bs)[:, None]
+    if sub.size and int(sub.view(_UNSIGNED[sub.itemsize]).max()) >= nb:   # a negative id wraps high
+        used = np.arange(sub.shape[1])[None, :] < ((ln.astype(np.int64) + bs - 1) // bs)[:, None]
         badb = used & ((sub < 0) | (sub >= nb))
         if badb.any():
             r, c = (int(x[0]) for x in np.nonzero(badb))
@@ -470,10 +484,9 @@ def _pa_run(ctx, inputs, outputs, attrs):
     j % BS (so a prefill chunk is rows whose lengths grow by one: causal).  out [N, num_heads, D]; a
     row with length 0 gets zeros.  A length outside [0, MB * BS] or a used block id outside [0, NB)
     traps (507042) with nothing written."""
-    q, kc, vc, bt, lens = inputs
+    q, kc, vc, bt, ln = inputs
     out = outputs[0]
     nb, bs = kc.shape[0], kc.shape[1]
-    ln = lens.astype(np.int64)
     ls = ln.tolist()
     hi = _pa_trap_checks(ctx, ln, ls, bt, nb, bs)
     h, hkv = int(attrs["num_heads"]), int(attrs["num_key_value_heads"])
