@@ -338,14 +338,49 @@ def _pa_attend(q, kc, vc, blocks, lens, lmin: int, L: int, out, h: int, hkv: int
     [n, h, D] (written).  One gather of every row's blocks into a reused buffer and no copy beyond it: the
     scores' and the values' matmuls read the gathered keys in place, rows shorter than ``L`` are masked
     with an additive -inf, and the softmax's sum divides the product once (one rounding into float16)."""
-    n, d = q.shape[0], q.shape[2]
-    g = h // hkv
     kb = _pa_gather(kc, blocks, "pa.k", ct)[:, :L].transpose(0, 2, 1, 3)        # [n, Hkv, L, D] views
     vb = _pa_gather(vc, blocks, "pa.v", ct)[:, :L].transpose(0, 2, 1, 3)
+    _pa_softmax_v(q, kb, vb, out, h, hkv, scale, ct, lens if lmin < L else None)
+
+
+def _pa_run_of(bl: list[int]) -> int:
+    """1 / -1 when the block ids ``bl`` (two or more) are consecutive ascending / descending, else 0."""
+    b0, m = bl[0], len(bl)
+    if bl[-1] - b0 == m - 1 and bl == list(range(b0, b0 + m)):
+        return 1
+    if b0 - bl[-1] == m - 1 and bl == list(range(b0, b0 - m, -1)):
+        return -1
+    return 0
+
+
+def _pa_attend_slice(q, kc, vc, bl: list[int], run: int, L: int, out, h, hkv, scale, ct) -> None:
+    """One row whose blocks ``bl`` are consecutive ids (``run``: 1 ascending, -1 descending): its keys
+    and values are one slice of the caches, read in place without a gather.  Descending, the slice holds
+    the row's blocks last first: softmax and the value sum do not depend on the keys' order, and the
+    last block's unwritten slots (now the slice's first) are masked."""
+    bs, m = kc.shape[1], len(bl)
+    lo = bl[0] if run > 0 else bl[-1]
+    kb = kc[lo:lo + m].reshape(1, m * bs, kc.shape[2], kc.shape[3])
+    vb = vc[lo:lo + m].reshape(1, m * bs, kc.shape[2], kc.shape[3])
+    if run > 0:
+        _pa_softmax_v(q, kb[:, :L].transpose(0, 2, 1, 3), vb[:, :L].transpose(0, 2, 1, 3), out, h, hkv, scale, ct)
+    else:
+        _pa_softmax_v(q, kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3), out, h, hkv, scale, ct,
+                      hide=(L - (m - 1) * bs, bs))
+
+
+def _pa_softmax_v(q, kb, vb, out, h: int, hkv: int, scale: float, ct, lens=None, hide=None) -> None:
+    """softmax(q k^T * scale) v of rows q [n, Wq, D] (heads [0, h)) over keys / values kb, vb [n, Hkv, Lk, D]
+    (views, any strides) into out [n, h, D]; ``lens`` [n]: row i sees keys [0, lens[i]) only; ``hide``
+    (a, b): no row sees keys [a, b).  The softmax's sum divides the product once (one rounding into float16)."""
+    n, d = q.shape[0], q.shape[2]
+    g, lk = h // hkv, kb.shape[2]
     qs = np.multiply(q[:, :h], scale, dtype=ct, out=scratch("pa.q", (n, h, d), ct)).reshape(n, hkv, g, d)
-    s = np.matmul(qs, kb.swapaxes(-1, -2), out=scratch("pa.s", (n, hkv, g, L), ct))   # [n, Hkv, g, L]
-    if lmin < L:
-        s += np.where(np.arange(L) < lens[:, None], ct(0), ct(-np.inf))[:, None, None, :]
+    s = np.matmul(qs, kb.swapaxes(-1, -2), out=scratch("pa.s", (n, hkv, g, lk), ct))   # [n, Hkv, g, Lk]
+    if lens is not None:
+        s += np.where(np.arange(lk) < lens[:, None], ct(0), ct(-np.inf))[:, None, None, :]
+    if hide is not None and hide[0] < hide[1]:
+        s[..., hide[0]:hide[1]] = -np.inf
     s -= np.maximum.reduce(s, axis=-1, keepdims=True)
     np.exp(s, out=s)
     z = np.add.reduce(s, axis=-1, keepdims=True)
@@ -388,11 +423,15 @@ def _pa_singles(q, kc, vc, bt, ln, lens: list[int], out, rows: list[int], h, hkv
     if len(rows) == 1:                                             # one row: no grouping
         a = rows[0]
         L = lens[a]
-        if L:
-            _pa_attend(q[a:a + 1], kc, vc, bt[a:a + 1, :-(-L // bs)], ln[a:a + 1], L, L, out[a:a + 1], h, hkv,
-                       scale, ct)
-        else:
+        if not L:
             out[a] = 0
+            return
+        m = -(-L // bs)
+        run = (1 if m == 1 else _pa_run_of(bt[a, :m].tolist())) if kc.dtype == ct else 0
+        if run:                                                    # one slice of the cache: no gather
+            _pa_attend_slice(q[a:a + 1], kc, vc, bt[a, :m].tolist(), run, L, out[a:a + 1], h, hkv, scale, ct)
+        else:
+            _pa_attend(q[a:a + 1], kc, vc, bt[a:a + 1, :m], ln[a:a + 1], L, L, out[a:a + 1], h, hkv, scale, ct)
         return
     order = sorted(rows, key=lens.__getitem__)
     srt = [lens[r] for r in order]

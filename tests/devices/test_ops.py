@@ -847,13 +847,15 @@ def test_paged_attention_out_of_range_traps(bd, bad):
         k.run(BlockCtx(0, 1, 0), frozen(ins), [out], attrs)
 
 
-def _decode_case(lens, dtype, seed, bs=16, hkv=3, h=9, d=64, mb=24):
+def _decode_case(lens, dtype, seed, bs=16, hkv=3, h=9, d=64, mb=24, order="random"):
     """Decode rows of SmolLM2's shape, each its own sequence: blocks drawn at random from the whole cache
-    (no two rows share one), the unused table entries garbage (negative or past the cache)."""
+    (``order`` "ascending" / "descending": consecutive ids, as a block pool hands them out), no two rows
+    sharing one, the unused table entries garbage (negative or past the cache)."""
     r = rng(seed)
     need = [-(-n // bs) for n in lens]
     nb = sum(need) + 8
-    perm = r.permutation(nb)
+    perm = {"random": r.permutation(nb), "ascending": np.arange(3, nb + 3) % nb,
+            "descending": np.arange(nb - 1, -1, -1)}[order]
     bt = r.integers(-5 * nb, 5 * nb, (len(lens), mb)).astype(np.int32)
     o = 0
     for i, k in enumerate(need):
@@ -891,6 +893,25 @@ def test_paged_attention_decode_rows_match_dense_attention(lens, dtype):
         else:
             np.testing.assert_allclose(got.astype(np.float64), want, **F16_TOL)
         assert (got[np.array(lens) == 0] == 0).all()
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+@pytest.mark.parametrize("n", [1, 16, 17, 37, 320])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_paged_attention_decode_row_over_consecutive_blocks(order, n, dtype):
+    """One decode row whose blocks are consecutive ids, ascending or descending (read as one slice of the
+    cache, the descending one with its last, partly written block first), ending at or inside a block:
+    its dense attention, as over blocks drawn at random."""
+    ins, attrs = _decode_case([n], dtype, seed=n, order=order)
+    q, kc, vc = ins[:3]
+    want = ref_paged(*ins, 9, 3)
+    bound = attention_bound(scores_abs_max(q[:, :9], kc), 64, n,
+                            ref_paged(q, kc, np.abs(vc.astype(np.float64)), *ins[3:], 9, 3))
+    got = run1("paged_attention", ins, (1, 9, 64), dtype, attrs)
+    if dtype == np.float32:
+        assert_within(got, want, bound, f"paged_attention over {order} blocks")
+    else:
+        np.testing.assert_allclose(got.astype(np.float64), want, **F16_TOL)
 
 
 def test_paged_attention_threads_keep_their_own_scratch():
