@@ -3,14 +3,15 @@
 SmolLM2 on an in-process device, the serve engine's :class:`ModelRunner` with its default configuration
 (paged KV cache, decode graphs per batch bucket): a decode step of B sequences, each over a context of
 ``--context`` tokens (``--spread S``: lengths spread over context +- S, mean ``--context``), its KV blocks
-drawn at random from the whole cache (as after many requests came and went).  Its bound is
+drawn at random from the whole cache (as after many requests came and went; ``--blocks consecutive``:
+consecutive ids per sequence, as a fresh pool hands them out).  Its bound is
 :class:`runtime.bench.serve_workload.NumpyDecode`, the figure ``vnpu bench serve`` prints: the same step in
 plain numpy (float32, one thread, contiguous caches) at batch B over the mean context.  Step and bound are
 alternated round by round; each prints the fastest of its rounds as wall time and the median CPU time of
 the process per step (less sensitive to other work on a shared machine; the device's threads and the
 host's waiting included).  No HTTP, scheduling or sampling on the host: the step as the device runs it.
 
-    .venv/bin/python scripts/bench_decode_step.py [--batch 1,16] [--context 192] [--spread 0] [--rounds 5]
+    .venv/bin/python scripts/bench_decode_step.py [--batch 1,16] [--context 192] [--spread 0] [--blocks random] [--rounds 5]
 """
 from __future__ import annotations
 
@@ -30,12 +31,14 @@ from runtime.serve.engine.config import EngineConfig
 from runtime.serve.engine.runner import ModelRunner, StepInputs
 
 
-def step_inputs(runner: ModelRunner, ecfg: EngineConfig, lens: list[int], rng) -> StepInputs:
-    """A decode step of ``len(lens)`` sequences of these lengths over blocks drawn at random."""
+def step_inputs(runner: ModelRunner, ecfg: EngineConfig, lens: list[int], rng, consecutive: bool) -> StepInputs:
+    """A decode step of ``len(lens)`` sequences of these lengths over blocks drawn at random (or, with
+    ``consecutive``, each sequence's blocks consecutive ids, as a fresh block pool hands them out)."""
     bs, b = ecfg.block_size, len(lens)
     mb = -(-ecfg.max_model_len // bs)
     need = [-(-n // bs) for n in lens]
-    blocks = rng.permutation(np.arange(1, runner.num_blocks))[:sum(need)]
+    blocks = np.arange(1, 1 + sum(need)) if consecutive else \
+        rng.permutation(np.arange(1, runner.num_blocks))[:sum(need)]
     tables = np.zeros((b, mb), np.int64)
     o = 0
     for i, k in enumerate(need):
@@ -52,6 +55,8 @@ def main() -> None:
     ap.add_argument("--batch", default="1,16", help="decode batch sizes (comma-separated)")
     ap.add_argument("--context", type=int, default=192, help="mean context length (tokens)")
     ap.add_argument("--spread", type=int, default=0, help="lengths spread over context +- spread")
+    ap.add_argument("--blocks", choices=("random", "consecutive"), default="random",
+                    help="each sequence's KV blocks: drawn at random from the cache, or consecutive ids")
     ap.add_argument("--rounds", type=int, default=5, help="alternated rounds (each: 3 steps, 2 bound steps)")
     a = ap.parse_args()
     g = load_gguf_cached(str(smollm2_gguf()))
@@ -66,7 +71,7 @@ def main() -> None:
             for b in (int(x) for x in a.batch.split(",")):
                 lens = [int(x) for x in np.linspace(a.context - a.spread, a.context + a.spread, b).round()] \
                     if b > 1 else [a.context]
-                s = step_inputs(runner, ecfg, lens, rng)
+                s = step_inputs(runner, ecfg, lens, rng, a.blocks == "consecutive")
                 runner.execute(s)                                     # warm-up
                 walls, cpus, bwalls, bcpus = [], [], [], []
                 for _ in range(a.rounds):
