@@ -342,7 +342,8 @@ class Device:
 
         return Task("kernel", blocks=plan.exec_blocks, run=lambda b: plan.runner().run_block(b),
                     duration=plan.duration, name=op.kernel, block_dim=plan.block_dim,
-                    whole=None if plan.kernel.user else plan.run_whole)
+                    whole=None if plan.kernel.user else plan.run_whole,
+                    one=None if plan.kernel.user else plan.one)
 
     def _plan(self, op: Launch, owner) -> "LaunchPlan":
         """Validate a launch (shapes, dtypes, every tensor inside a live allocation of ``owner``) and
@@ -676,6 +677,10 @@ class LaunchPlan:
     def run_whole(self) -> None:
         """The whole launch as one block (one call of the kernel over every tensor; built-in kernels)."""
         self.runner(1).run_block(0)
+
+    def one(self) -> KernelRunner:
+        """The runner of the whole launch as one block, bound to views of the arena's current generation."""
+        return self.runner(1)
 
 
 def _nothing() -> None:

@@ -25,8 +25,11 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-from .errors import ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, CaptureError, InvalidHandleError, InvalidParamError
-from .kernel import TensorDesc
+import numpy as np
+
+from .errors import (ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT, AclError, CaptureError, InvalidHandleError,
+                     InvalidParamError)
+from .kernel import KernelRunner, TensorDesc
 from .tasks import Collective, CopyD2D, Launch, Memset
 from .tenancy import same_tenant
 
@@ -43,7 +46,8 @@ class GraphStep:
     run: Callable[[int], None]
     duration: float                 #: modeled seconds
     skip: Callable | None = None
-    whole: Callable[[], None] | None = None     #: all blocks as one call (built-in kernels): what a replay runs
+    whole: Callable[[], None] | None = None     #: all blocks as one call (built-in kernels)
+    one: Callable[[], KernelRunner] | None = None    #: its runner bound as one block: whose bare() a replay calls
 
 
 class TaskGraph:
@@ -65,6 +69,7 @@ class TaskGraph:
         self._arena = arena
         self._lock = threading.Lock()
         self.replays = 0
+        self._bare: tuple | None = None
         self.steps, self.gen = self._bind()
         self.duration = sum(s.duration for s in self.steps)      #: modeled seconds of one replay
 
@@ -73,33 +78,59 @@ class TaskGraph:
         steps = []
         for op in self.ops:
             t = self._build(op)
-            steps.append(GraphStep(t.name or t.kind, t.block_dim or t.blocks, t.run, t.duration, t.skip, t.whole))
+            steps.append(GraphStep(t.name or t.kind, t.block_dim or t.blocks, t.run, t.duration, t.skip, t.whole,
+                                   t.one))
         return tuple(steps), gen
+
+    def _calls(self) -> tuple:
+        """Per step, what a replay calls: ``(bare call, runner)`` of a built-in kernel bound as one block
+        (:meth:`devices.kernel.KernelRunner.bare`), else ``(None, None)`` (the step's own ``run``).  Made
+        once per binding (under the lock), on the first replay."""
+        if self._bare is None or self._bare[0] != self.gen:
+            calls = []
+            for s in self.steps:
+                r = s.one() if s.one is not None else None
+                calls.append((r.bare(), r) if r is not None else (None, None))
+            self._bare = (self.gen, tuple(calls))
+        return self._bare[1]
 
     def run(self) -> None:
         """Execute every step in order on the calling (AI Core) thread; the first error stops the
-        graph and fails its stream task (the steps after it are skipped: :meth:`skip`)."""
+        graph and fails its stream task (the steps after it are skipped: :meth:`skip`).
+
+        A built-in kernel's blocks would run one after another here, so it runs as one call, bound to its
+        views once per binding and called bare (:meth:`devices.kernel.KernelRunner.bare`): the replay turns
+        numpy's floating-point warnings off once for all its steps (the device's own semantics,
+        :mod:`devices.ops.precision`) and translates a kernel's exception itself.  A step whose memory
+        was freed while the replay ran (the arena's generation moved) takes its checked path instead."""
         with self._lock:
             steps = self.steps
             try:
                 if self.gen != self._arena.gen:         # something was freed: validate everything again
                     self.steps, self.gen = self._bind()
+                calls = self._calls()
             except BaseException as e:
                 _skip_steps(steps, e)
                 raise
-            steps = self.steps
+            steps, gen = self.steps, self.gen
             self.replays += 1
-        for i, s in enumerate(steps):
-            run = s.run
-            try:
-                if s.whole is not None:     # the blocks would run one after another here: one call instead
-                    s.whole()
-                    continue
-                for b in range(s.blocks):
-                    run(b)
-            except BaseException as e:
-                _skip_steps(steps[i + 1:], e)
-                raise
+        arena = self._arena
+        with np.errstate(all="ignore"):
+            for i, (s, (call, runner)) in enumerate(zip(steps, calls)):
+                bare = call is not None and arena.gen == gen
+                try:
+                    if bare:
+                        call()
+                    elif s.whole is not None:
+                        s.whole()
+                    else:
+                        for b in range(s.blocks):
+                            s.run(b)
+                except BaseException as e:
+                    _skip_steps(steps[i + 1:], e)
+                    if bare and isinstance(e, Exception) and not isinstance(e, AclError):
+                        raise runner.fault(0, e) from e
+                    raise
 
     def skip(self, err) -> None:
         """The replay will not run (its stream failed earlier): every step gives up what it promised
@@ -118,6 +149,7 @@ class TaskGraph:
             self.ops = ops
             try:
                 self.steps, self.gen = self._bind()
+                self._bare = None
             except BaseException:
                 self.ops = old
                 raise

@@ -331,5 +331,19 @@ class KernelRunner:
         except AclError:
             raise
         except Exception as e:  # a kernel bug is an AI Core exception on that task
-            raise KernelError(f"kernel {self.k.name!r} block {b}/{self.block_dim} failed: "
-                              f"{type(e).__name__}: {e}") from e
+            raise self.fault(b, e) from e
+
+    def fault(self, b: int, e: Exception) -> KernelError:
+        """What block ``b`` raising ``e`` (not an AclError) is: an AI Core exception on its task."""
+        return KernelError(f"kernel {self.k.name!r} block {b}/{self.block_dim} failed: {type(e).__name__}: {e}")
+
+    def bare(self) -> "functools.partial[None]":
+        """Block 0 of a built-in kernel as a call without the per-call layers of :meth:`run_block`: no
+        context object made, no floating-point state switched (the kernel's ``quiet_body``), no exception
+        translated.  The caller runs it with numpy's floating-point warnings off and turns an exception
+        other than an AclError into :meth:`fault` (a graph replay, :class:`devices.graph.TaskGraph`)."""
+        if self.k.user:
+            raise InvalidParamError(f"kernel {self.k.name!r} is a user kernel: its blocks run through GmTensors")
+        body = getattr(self.k.run, "quiet_body", self.k.run)
+        return functools.partial(body, BlockCtx(0, self.block_dim, self.device_id), self.inputs, self.outputs,
+                                 self.attrs)

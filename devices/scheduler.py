@@ -68,6 +68,9 @@ class Task:
     #: the whole launch as one call (built-in kernels), for a runner that would otherwise call ``run`` for
     #: each block one after another on one thread (a graph replay)
     whole: Callable[[], None] | None = None
+    #: the launch bound to its views as one block (built-in kernels): its runner, whose ``bare()`` call a graph
+    #: replay makes once per replay without the per-call layers of ``whole`` (devices.kernel.KernelRunner)
+    one: Callable[[], Any] | None = None
 
 
 @dataclass

@@ -27,8 +27,9 @@ Families, one module each (its docstring says what its blocks split over):
 
 What they share: :mod:`.checks` (launch checks: attribute, dtype and shape validation, InvalidParamError),
 :mod:`.blocks` (how blocks split a launch), :mod:`.work` (flops and bytes for the cost model),
-:mod:`.precision` (float16 in float32, silent floating-point exceptions) and :mod:`.activations` (the
-numpy activation functions, and the epilogues of fused kernels).
+:mod:`.precision` (float16 in float32, silent floating-point exceptions), :mod:`.activations` (the
+numpy activation functions, and the epilogues of fused kernels) and :mod:`.scratch` (per-thread buffers a
+kernel reuses from launch to launch: paged attention's gathered keys and values).
 
 Float16 is computed in float32 where it matters (matmul accumulation, softmax, norms, gelu/silu/swiglu,
 rope, attention, sums) and rounded once into the output.  Floating-point exceptions are silent, as on

@@ -29,6 +29,7 @@ from .checks import (FLOATS, ID_TYPES, arity, bool_attr, dtype_in, int_attr, ndi
                      shape_is)
 from .norm import softmax
 from .precision import F16, F32, compute_dtype, quiet
+from .scratch import scratch
 from .work import cube_work
 
 
@@ -313,71 +314,203 @@ def _pa_work(inputs, outputs, attrs):
     return Work(flops=4.0 * n * h * span * d, bytes=nbytes, unit="cube", fp16=q.dtype == "float16")
 
 
-def _pa_softmax_v(s, vb, out_rows, ct) -> None:
-    """s [..., L] scores (masked already), vb values; writes softmax(s) @ v into out_rows; a row with
-    no visible key (length 0) gets zeros."""
+#: what one more group of decode rows costs, in key positions of one row: a group is a dozen numpy calls
+#: (~30 us) and a row attends ~5 positions per us at SmolLM2's 3 KV heads of 64, so rows whose lengths
+#: differ by more than that per row go to groups of their own rather than being padded to one length
+_GROUP_COST_KEYS = 160
+
+
+def _pa_gather(cache, blocks, name: str, ct):
+    """``cache [NB, BS, Hkv, D]`` blocks ``blocks [n, m]`` -> ``[n, m*BS, Hkv, D]`` in the compute dtype,
+    in the thread's scratch buffer ``name`` (reused launch to launch).  Ids are clipped, not checked: the
+    caller trapped on every id in use, and an unused entry (which may hold anything) is masked anyway."""
+    n, m = blocks.shape
+    g = cache.take(blocks, axis=0, out=scratch(name, (n, m) + cache.shape[1:], cache.dtype), mode="clip")
+    g = g.reshape((n, m * cache.shape[1]) + cache.shape[2:])
+    if g.dtype == F16:
+        return _f16_to_f32(g)
+    return g if g.dtype == ct else g.astype(ct)
+
+
+def _pa_attend(q, kc, vc, blocks, lens, lmin: int, L: int, out, h: int, hkv: int, scale: float, ct) -> None:
+    """Rows each with its own block table: row i attends over positions ``[0, lens[i])`` (1 <= ``lmin``
+    <= lens[i] <= ``L``) of the blocks ``blocks[i]``.  q [n, Wq, D] (heads [0, h) are the queries), out
+    [n, h, D] (written).  One gather of every row's blocks into a reused buffer and no copy beyond it: the
+    scores' and the values' matmuls read the gathered keys in place, rows shorter than ``L`` are masked
+    with an additive -inf, and the softmax's sum divides the product once (one rounding into float16)."""
+    kb = _pa_gather(kc, blocks, "pa.k", ct)[:, :L].transpose(0, 2, 1, 3)        # [n, Hkv, L, D] views
+    vb = _pa_gather(vc, blocks, "pa.v", ct)[:, :L].transpose(0, 2, 1, 3)
+    _pa_softmax_v(q, kb, vb, out, h, hkv, scale, ct, lens if lmin < L else None)
+
+
+def _pa_run_of(bl: list[int]) -> int:
+    """1 / -1 when the block ids ``bl`` (two or more) are consecutive ascending / descending, else 0."""
+    b0, m = bl[0], len(bl)
+    if bl[-1] - b0 == m - 1 and bl == list(range(b0, b0 + m)):
+        return 1
+    if b0 - bl[-1] == m - 1 and bl == list(range(b0, b0 - m, -1)):
+        return -1
+    return 0
+
+
+def _pa_attend_slice(q, kc, vc, bl: list[int], run: int, L: int, out, h, hkv, scale, ct) -> None:
+    """One row whose blocks ``bl`` are consecutive ids (``run``: 1 ascending, -1 descending): its keys
+    and values are one slice of the caches, read in place without a gather.  Descending, the slice holds
+    the row's blocks last first: softmax and the value sum do not depend on the keys' order, and the
+    last block's unwritten slots (now the slice's first) are masked."""
+    bs, m = kc.shape[1], len(bl)
+    lo = bl[0] if run > 0 else bl[-1]
+    kb = kc[lo:lo + m].reshape(1, m * bs, kc.shape[2], kc.shape[3])
+    vb = vc[lo:lo + m].reshape(1, m * bs, kc.shape[2], kc.shape[3])
+    if run > 0:
+        _pa_softmax_v(q, kb[:, :L].transpose(0, 2, 1, 3), vb[:, :L].transpose(0, 2, 1, 3), out, h, hkv, scale, ct)
+    else:
+        _pa_softmax_v(q, kb.transpose(0, 2, 1, 3), vb.transpose(0, 2, 1, 3), out, h, hkv, scale, ct,
+                      hide=(L - (m - 1) * bs, bs))
+
+
+def _pa_softmax_v(q, kb, vb, out, h: int, hkv: int, scale: float, ct, lens=None, hide=None) -> None:
+    """softmax(q k^T * scale) v of rows q [n, Wq, D] (heads [0, h)) over keys / values kb, vb [n, Hkv, Lk, D]
+    (views, any strides) into out [n, h, D]; ``lens`` [n]: row i sees keys [0, lens[i]) only; ``hide``
+    (a, b): no row sees keys [a, b).  The softmax's sum divides the product once (one rounding into float16)."""
+    n, d = q.shape[0], q.shape[2]
+    g, lk = h // hkv, kb.shape[2]
+    qs = np.multiply(q[:, :h], scale, dtype=ct, out=scratch("pa.q", (n, h, d), ct)).reshape(n, hkv, g, d)
+    s = np.matmul(qs, kb.swapaxes(-1, -2), out=scratch("pa.s", (n, hkv, g, lk), ct))   # [n, Hkv, g, Lk]
+    if lens is not None:
+        s += np.where(np.arange(lk) < lens[:, None], ct(0), ct(-np.inf))[:, None, None, :]
+    if hide is not None and hide[0] < hide[1]:
+        s[..., hide[0]:hide[1]] = -np.inf
+    s -= np.maximum.reduce(s, axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    z = np.add.reduce(s, axis=-1, keepdims=True)
+    if out.dtype == ct and out.flags.c_contiguous:
+        o = out.reshape(n, hkv, g, d)
+        np.matmul(s, vb, out=o)
+        o /= z
+    else:
+        o = np.matmul(s, vb, out=scratch("pa.o", (n, hkv, g, d), ct))
+        np.divide(o, z, out=out.reshape(n, hkv, g, d), casting="same_kind")
+
+
+def _pa_groups(ls: list[int]) -> list[int]:
+    """Cut points of rows sorted by length ``ls`` (ascending, all >= 1) into consecutive groups, each
+    padded to its longest: the fewest padded positions plus :data:`_GROUP_COST_KEYS` per group
+    (dynamic programming over the cuts; a decode batch has a few dozen rows at most)."""
+    n = len(ls)
+    best = [0] + [math.inf] * n
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        lj = ls[j - 1]
+        bj, cj = math.inf, 0
+        for i in range(j):
+            c = best[i] + _GROUP_COST_KEYS + (j - i) * lj
+            if c < bj:
+                bj, cj = c, i
+        best[j], cut[j] = bj, cj
+    cuts, j = [n], n
+    while j:
+        j = cut[j]
+        cuts.append(j)
+    return cuts[::-1]
+
+
+def _pa_singles(q, kc, vc, bt, ln, lens: list[int], out, rows: list[int], h, hkv, scale, ct) -> None:
+    """Rows ``rows`` (ascending; ``lens`` all rows' lengths) each with its own block table (decode), in
+    groups of similar length (:func:`_pa_groups`): a group of consecutive rows is read and written in
+    place, any other through copies of its rows.  A row of length 0 gets zeros."""
+    bs = kc.shape[1]
+    if len(rows) == 1:                                             # one row: no grouping
+        a = rows[0]
+        L = lens[a]
+        if not L:
+            out[a] = 0
+            return
+        m = -(-L // bs)
+        run = (1 if m == 1 else _pa_run_of(bt[a, :m].tolist())) if kc.dtype == ct else 0
+        if run:                                                    # one slice of the cache: no gather
+            _pa_attend_slice(q[a:a + 1], kc, vc, bt[a, :m].tolist(), run, L, out[a:a + 1], h, hkv, scale, ct)
+        else:
+            _pa_attend(q[a:a + 1], kc, vc, bt[a:a + 1, :m], ln[a:a + 1], L, L, out[a:a + 1], h, hkv, scale, ct)
+        return
+    order = sorted(rows, key=lens.__getitem__)
+    srt = [lens[r] for r in order]
+    z0 = srt.count(0)
+    if z0:
+        out[order[:z0]] = 0
+    if z0 == len(srt):
+        return
+    cuts = [z0 + c for c in _pa_groups(srt[z0:])] if srt[z0] != srt[-1] else [z0, len(srt)]
+    for i, j in zip(cuts[:-1], cuts[1:]):
+        L = srt[j - 1]
+        m = -(-L // bs)
+        gi = order[i:j]
+        a = min(gi)
+        if max(gi) - a == j - i - 1:                               # consecutive rows: in place
+            b = a + j - i
+            _pa_attend(q[a:b], kc, vc, bt[a:b, :m], ln[a:b], srt[i], L, out[a:b], h, hkv, scale, ct)
+            continue
+        o = scratch("pa.rows", (j - i, h, q.shape[2]), out.dtype)
+        _pa_attend(q[gi], kc, vc, bt[gi, :m], ln[gi], srt[i], L, o, h, hkv, scale, ct)
+        out[gi] = o                                                # fancy index: an assignment, not a view
+
+
+def _pa_segment(q, kc, vc, bt, ln, out, a, b, h, hkv, scale, ct) -> None:
+    """Rows [a, b) sharing one block table (a prefill chunk): one gather of their sequence's keys,
+    causal through the rows' lengths."""
+    g, d, bs = h // hkv, q.shape[2], kc.shape[1]
+    lr = ln[a:b]
+    L = int(lr.max())
+    nr = b - a
+    if L == 0:
+        out[a:b] = 0
+        return
+    blocks = bt[a:a + 1, :(L + bs - 1) // bs]
+    kb = _pa_gather(kc, blocks, "pa.k", ct)[0, :L].transpose(1, 0, 2)          # [Hkv, L, D] views
+    vb = _pa_gather(vc, blocks, "pa.v", ct)[0, :L].transpose(1, 0, 2)
+    qs = np.multiply(q[a:b, :h], scale, dtype=ct).reshape(nr, hkv, g, d).transpose(1, 0, 2, 3).reshape(hkv, nr * g, d)
+    s = np.matmul(qs, kb.swapaxes(-1, -2))                          # [Hkv, nr*g, L]
+    if int(lr.min()) < L:                                            # causal via the lengths
+        bias = np.where(np.arange(L)[None, :] < lr[:, None], ct(0), ct(-np.inf))
+        s.reshape(hkv, nr, g, L)[...] += bias[None, :, None, :]
     m = s.max(axis=-1, keepdims=True)
     np.maximum(m, np.finfo(ct).min, out=m)                         # all -inf: exp(-inf - min) = 0
     s -= m
     np.exp(s, out=s)
     z = s.sum(axis=-1, keepdims=True)
-    r = np.matmul(s, vb)
     z[z == 0] = 1                                                  # no visible key: zeros, not NaN
-    np.copyto(out_rows, r / z, casting="same_kind")
+    o = np.matmul(s, vb)
+    o /= z
+    np.copyto(out[a:b].reshape(nr, hkv, g, d), o.reshape(hkv, nr, g, d).transpose(1, 0, 2, 3), casting="same_kind")
 
 
-def _pa_gather(cache, blocks, ct):
-    """cache [NB, BS, Hkv, D] rows of ``blocks [..., nb]`` -> [..., Hkv, nb*BS, D] in the compute dtype."""
-    g = cache[blocks]                                              # [..., nb, BS, Hkv, D] (a copy)
-    g = g.reshape(blocks.shape[:-1] + (-1,) + cache.shape[2:])     # [..., L, Hkv, D]
-    g = np.moveaxis(g, -2, -3)                                     # [..., Hkv, L, D]
-    return g if g.dtype == ct else g.astype(ct)
+#: the unsigned view of a block table's ids, by item size (a negative id reads as a huge one)
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _pa_segment(q, kc, vc, bt, ln, out, a, b, h, hkv, scale, ct) -> None:
-    """Rows [a, b) sharing one block table (a prefill chunk): one gather of their sequence's keys."""
-    g, d, bs = h // hkv, q.shape[2], kc.shape[1]
-    L = int(ln[a:b].max())
-    nr = b - a
-    if L == 0:
-        out[a:b] = 0
-        return
-    blocks = bt[a, :(L + bs - 1) // bs]
-    kb, vb = _pa_gather(kc, blocks, ct), _pa_gather(vc, blocks, ct)      # [Hkv, L', D]
-    qs = np.multiply(q[a:b, :h], scale, dtype=ct).reshape(nr, hkv, g, d).transpose(1, 0, 2, 3).reshape(hkv, nr * g, d)
-    s = np.matmul(qs, kb.swapaxes(-1, -2))                          # [Hkv, nr*g, L']
-    vis = np.arange(s.shape[-1])[None, :] < ln[a:b, None]           # [nr, L']: causal via the lengths
-    s4 = s.reshape(hkv, nr, g, -1)
-    s4[np.broadcast_to(~vis[None, :, None, :], s4.shape)] = -np.inf
-    o = np.empty((hkv, nr * g, d), ct)
-    _pa_softmax_v(s, vb, o, ct)
-    np.copyto(out[a:b], o.reshape(hkv, nr, g, d).transpose(1, 0, 2, 3).reshape(nr, h, d), casting="same_kind")
-
-
-def _pa_singles(q, kc, vc, bt, ln, out, rows, h, hkv, scale, ct) -> None:
-    """Rows each with its own block table (decode): one batched gather, padded to the group's longest."""
-    g, d, bs = h // hkv, q.shape[2], kc.shape[1]
-    order = rows[np.argsort(ln[rows], kind="stable")]
-    i = 0
-    while i < order.size:                                          # groups of similar length
-        j = i + 1
-        while j < order.size and ln[order[j]] <= 2 * ln[order[i]] + bs:
-            j += 1
-        grp = order[i:j]
-        i = j
-        L = int(ln[grp].max())
-        if L == 0:
-            out[grp] = 0
-            continue
-        blocks = bt[grp, :(L + bs - 1) // bs]                      # [n, nb]
-        kb, vb = _pa_gather(kc, blocks, ct), _pa_gather(vc, blocks, ct)  # [n, Hkv, L', D]
-        qs = np.multiply(q[grp, :h], scale, dtype=ct).reshape(grp.size, hkv, g, d)
-        s = np.matmul(qs, kb.swapaxes(-1, -2))                      # [n, Hkv, g, L']
-        vis = np.arange(s.shape[-1])[None, :] < ln[grp, None]
-        s[~np.broadcast_to(vis[:, None, None, :], s.shape)] = -np.inf
-        o = np.empty((grp.size, hkv, g, d), ct)
-        _pa_softmax_v(s, vb, o, ct)
-        out[grp] = o.reshape(grp.size, h, d)                       # fancy index: an assignment, not a view
+def _pa_trap_checks(ctx, ln, lens: list[int], bt, nb: int, bs: int) -> int:
+    """Trap (507042, nothing written) on a length outside ``[0, MB * BS]`` or a block id in use outside
+    ``[0, NB)``; every block checks every row.  Returns the longest length."""
+    n, mb = bt.shape
+    if not n:
+        return 0
+    lo, hi = min(lens), max(lens)
+    if lo < 0 or hi > mb * bs:
+        ln = ln.astype(np.int64)
+        bad = np.flatnonzero((ln < 0) | (ln > mb * bs))
+        raise KernelError(f"{_PA}: context_lens[{bad[0]}]={ln[bad[0]]} is outside [0, {mb * bs}] "
+                          f"(block table of {mb} blocks of {bs}; {bad.size} bad length(s) in block {ctx.block_idx})",
+                          code=ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW)
+    sub = bt[:, :-(-hi // bs)]
+    if sub.size and int(sub.view(_UNSIGNED[sub.itemsize]).max()) >= nb:   # a negative id wraps high
+        used = np.arange(sub.shape[1])[None, :] < ((ln.astype(np.int64) + bs - 1) // bs)[:, None]
+        badb = used & ((sub < 0) | (sub >= nb))
+        if badb.any():
+            r, c = (int(x[0]) for x in np.nonzero(badb))
+            raise KernelError(f"{_PA}: block_tables[{r}, {c}]={int(bt[r, c])} is outside the caches' [0, {nb}) "
+                              f"blocks ({int(badb.sum())} bad block id(s) in use, block {ctx.block_idx})",
+                              code=ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW)
+    return hi
 
 
 @builtin(_PA, unit="cube", check=_check_pa, work=_pa_work, parallel_dim=_pa_pd, gathers=(1, 2))
@@ -390,38 +523,29 @@ def _pa_run(ctx, inputs, outputs, attrs):
     j % BS (so a prefill chunk is rows whose lengths grow by one: causal).  out [N, num_heads, D]; a
     row with length 0 gets zeros.  A length outside [0, MB * BS] or a used block id outside [0, NB)
     traps (507042) with nothing written."""
-    q, kc, vc, bt, lens = inputs
+    q, kc, vc, bt, ln = inputs
     out = outputs[0]
     nb, bs = kc.shape[0], kc.shape[1]
-    ln = lens.astype(np.int64)
-    n, mb = bt.shape
-    if n and (ln.min() < 0 or ln.max() > mb * bs):                   # every block checks every row
-        bad = np.flatnonzero((ln < 0) | (ln > mb * bs))
-        raise KernelError(f"{_PA}: context_lens[{bad[0]}]={ln[bad[0]]} is outside [0, {mb * bs}] "
-                          f"(block table of {mb} blocks of {bs}; {bad.size} bad length(s) in block {ctx.block_idx})",
-                          code=ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW)
-    used = np.arange(mb)[None, :] < ((ln + bs - 1) // bs)[:, None]
-    badb = used & ((bt < 0) | (bt >= nb))
-    if badb.any():
-        r, c = (int(x[0]) for x in np.nonzero(badb))
-        raise KernelError(f"{_PA}: block_tables[{r}, {c}]={int(bt[r, c])} is outside the caches' [0, {nb}) blocks "
-                          f"({int(badb.sum())} bad block id(s) in use, block {ctx.block_idx})",
-                          code=ACL_ERROR_RT_AICORE_TRAP_READ_OVERFLOW)
+    ls = ln.tolist()
+    hi = _pa_trap_checks(ctx, ln, ls, bt, nb, bs)
     h, hkv = int(attrs["num_heads"]), int(attrs["num_key_value_heads"])
     scale = attrs.get("scale")
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
     ct = compute_dtype(out.dtype)
-    r = range(n) if ctx.block_dim == 1 else ctx.split(n)
+    r = range(bt.shape[0]) if ctx.block_dim == 1 else ctx.split(bt.shape[0])
     if not r:
         return
     a0, a1 = r.start, r.stop
-    sub = bt[a0:a1]
-    starts = np.concatenate([[0], np.flatnonzero(np.any(sub[1:] != sub[:-1], axis=1)) + 1, [a1 - a0]]) + a0
+    if a1 - a0 == 1:
+        _pa_singles(q, kc, vc, bt, ln, ls, out, [a0], h, hkv, scale, ct)
+        return
+    sub = bt[a0:a1, :-(-hi // bs)]                                   # rows sharing a table: a prefill chunk
+    starts = [0] + (np.flatnonzero(np.any(sub[1:] != sub[:-1], axis=1)) + 1).tolist() + [a1 - a0]
     singles = []
-    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+    for a, b in zip(starts[:-1], starts[1:]):
         if b - a == 1:
-            singles.append(a)
+            singles.append(a0 + a)
         else:
-            _pa_segment(q, kc, vc, bt, ln, out, a, b, h, hkv, scale, ct)
+            _pa_segment(q, kc, vc, bt, ln, out, a0 + a, a0 + b, h, hkv, scale, ct)
     if singles:
-        _pa_singles(q, kc, vc, bt, ln, out, np.array(singles, np.int64), h, hkv, scale, ct)
+        _pa_singles(q, kc, vc, bt, ln, ls, out, singles, h, hkv, scale, ct)

@@ -83,6 +83,10 @@ def _scatter_update_pd(inputs, outputs, attrs):
     return inputs[1].shape[0]
 
 
+#: up to this many indices (one block) a scatter finds duplicates with a Python dict rather than a sort
+_SMALL_SCATTER = 64
+
+
 def _last_occurrence(idx: np.ndarray) -> np.ndarray | None:
     """Mask of the positions whose index does not occur again later; None when all are distinct."""
     order = np.argsort(idx, kind="stable")
@@ -115,6 +119,15 @@ def _scatter_update_run(ctx, inputs, outputs, attrs):
         if ctx.block_idx == 0:
             var[i] = upd[0]
         return
+    if k <= _SMALL_SCATTER and ctx.block_dim == 1:                   # a decode step's few rows: in Python
+        il = idx.tolist()
+        if min(il) >= 0 and max(il) < s:
+            last = dict(zip(il, range(k)))                             # each index -> its last position
+            if len(last) == k:
+                var[idx] = upd
+            else:
+                var[list(last)] = upd[list(last.values())]
+            return
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= s:
         bad = np.flatnonzero((idx < 0) | (idx >= s))

@@ -144,7 +144,7 @@ def _rmsnorm_run(ctx, inputs, outputs, attrs):
     x2, o2 = rows
     ct = compute_dtype(x2.dtype)
     xf = x2 if x2.dtype == ct else x2.astype(ct)
-    ms = np.einsum("ij,ij->i", xf, xf)[:, None]
+    ms = np.vecdot(xf, xf)[:, None]
     ms /= x2.shape[1]
     ms += eps
     np.sqrt(ms, out=ms)

@@ -14,11 +14,14 @@ def compute_dtype(dt):
 
 
 def quiet(fn):
-    """Run a kernel with numpy floating-point warnings off (the device just produces inf/nan)."""
+    """Run a kernel with numpy floating-point warnings off (the device just produces inf/nan).  The
+    undecorated body stays reachable as ``quiet_body``, for a caller that turns the warnings off once around
+    many kernels (a graph replay, :class:`devices.kernel.KernelRunner`)."""
     @functools.wraps(fn)
     def run(ctx, inputs, outputs, attrs):
         with np.errstate(all="ignore"):
             fn(ctx, inputs, outputs, attrs)
+    run.quiet_body = fn               # type: ignore[attr-defined]
     return run
 
 

@@ -718,3 +718,41 @@ def test_a_split_matmul_runs_as_few_calls_priced_as_its_blocks():
         np.testing.assert_allclose(d.memcpy_d2h(pg, m * n * 4).view(np.float32).reshape(m, n), ref, **tol)
     finally:
         d.close()
+
+
+def test_a_replayed_built_in_kernel_that_raises_is_the_launch_s_ai_core_exception():
+    """A graph replay calls built-in kernels bare (bound to their views once, no per-call wrapper); a
+    Python exception out of one is still that launch's AI Core exception naming the kernel (507015 at
+    the synchronize), the steps after it do not run, and the next replay with good data runs whole."""
+    from devices.kernel import TensorDesc
+    from devices.registry import builtin, registered
+    from devices.tasks import ExecGraph, Launch
+    name = "test_graph_copy_unless_negative"
+    if registered(name) is None:
+        @builtin(name)
+        def _copy_unless_negative(ctx, inputs, outputs, attrs):
+            if (inputs[0] < 0).any():
+                raise ValueError("a negative input")
+            np.copyto(outputs[0], inputs[0])
+    d = _device(94)
+    try:
+        sid = d.create_stream()
+        px, py, pz = d.malloc(16), d.malloc(16), d.malloc(16)
+        x, y, z = (TensorDesc(p, (4,)) for p in (px, py, pz))
+        gid = d.graph_create([Launch(sid, name, (x,), (y,)), Launch(sid, "add", (y, y), (z,))])
+        d.memcpy_h2d(px, np.arange(4, dtype=np.float32))
+        d.submit([ExecGraph(sid, gid)])
+        d.synchronize_stream(sid, SYNC_MS)
+        np.testing.assert_array_equal(d.memcpy_d2h(pz, 16).view(np.float32), [0, 2, 4, 6])
+        d.memcpy_h2d(px, np.array([5, -1, 5, 5], np.float32))
+        d.submit([ExecGraph(sid, gid)])
+        with pytest.raises(KernelError, match=f"kernel '{name}' block 0/1 failed: ValueError: a negative") as ei:
+            d.synchronize_stream(sid, SYNC_MS)
+        assert ei.value.code == ACL_ERROR_RT_AICORE_EXCEPTION
+        np.testing.assert_array_equal(d.memcpy_d2h(pz, 16).view(np.float32), [0, 2, 4, 6])   # add did not run
+        d.memcpy_h2d(px, np.full(4, 3, np.float32))
+        d.submit([ExecGraph(sid, gid)])
+        d.synchronize_stream(sid, SYNC_MS)
+        np.testing.assert_array_equal(d.memcpy_d2h(pz, 16).view(np.float32), [6, 6, 6, 6])
+    finally:
+        d.close()

@@ -847,6 +847,92 @@ def test_paged_attention_out_of_range_traps(bd, bad):
         k.run(BlockCtx(0, 1, 0), frozen(ins), [out], attrs)
 
 
+def _decode_case(lens, dtype, seed, bs=16, hkv=3, h=9, d=64, mb=24, order="random"):
+    """Decode rows of SmolLM2's shape, each its own sequence: blocks drawn at random from the whole cache
+    (``order`` "ascending" / "descending": consecutive ids, as a block pool hands them out), no two rows
+    sharing one, the unused table entries garbage (negative or past the cache)."""
+    r = rng(seed)
+    need = [-(-n // bs) for n in lens]
+    nb = sum(need) + 8
+    perm = {"random": r.permutation(nb), "ascending": np.arange(3, nb + 3) % nb,
+            "descending": np.arange(nb - 1, -1, -1)}[order]
+    bt = r.integers(-5 * nb, 5 * nb, (len(lens), mb)).astype(np.int32)
+    o = 0
+    for i, k in enumerate(need):
+        bt[i, :k] = perm[o:o + k]
+        o += k
+    q = randn((len(lens), h + 2 * hkv, d), dtype, seed + 1)
+    kc, vc = randn((nb, bs, hkv, d), dtype, seed + 2), randn((nb, bs, hkv, d), dtype, seed + 3)
+    return [q, kc, vc, bt, np.array(lens, np.int32)], {"num_heads": h, "num_key_value_heads": hkv}
+
+
+DECODE_LENS = [
+    [1], [16], [37], [320],                                          # one row: at, inside and past a block
+    [192] * 16,                                                      # a full batch of one length (in place)
+    [5, 300, 0, 310, 17, 64, 299, 33, 1, 250, 97, 0, 129, 16, 301, 48],   # far apart: groups of rows out of
+    [64, 65, 79, 80, 81, 96, 100, 127, 128, 129, 140, 150, 160, 175, 191, 200],  # order; near: fewer groups
+]
+
+
+@pytest.mark.parametrize("lens", DECODE_LENS, ids=range(len(DECODE_LENS)))
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_paged_attention_decode_rows_match_dense_attention(lens, dtype):
+    """Decode rows over random block tables -- contexts of 1..320 tokens, ending inside a block or at its
+    end, rows of length 0, lengths far apart (the kernel groups rows by length: consecutive rows in place,
+    others through copies) -- give each row's dense softmax attention over its own keys (float64
+    reference, float32 error bound); run twice, so the second run reads the reused scratch buffers."""
+    ins, attrs = _decode_case(lens, dtype, seed=len(lens) + sum(lens))
+    q, kc, vc = ins[:3]
+    want = ref_paged(*ins, 9, 3)
+    bound = attention_bound(scores_abs_max(q[:, :9], kc), 64, max(max(lens), 1),
+                            ref_paged(q, kc, np.abs(vc.astype(np.float64)), *ins[3:], 9, 3))
+    for bd in (1, 1, 3):
+        got = run1("paged_attention", ins, (len(lens), 9, 64), dtype, attrs, bd)
+        if dtype == np.float32:
+            assert_within(got, want, bound, f"paged_attention block_dim {bd}")
+        else:
+            np.testing.assert_allclose(got.astype(np.float64), want, **F16_TOL)
+        assert (got[np.array(lens) == 0] == 0).all()
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending"])
+@pytest.mark.parametrize("n", [1, 16, 17, 37, 320])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_paged_attention_decode_row_over_consecutive_blocks(order, n, dtype):
+    """One decode row whose blocks are consecutive ids, ascending or descending (read as one slice of the
+    cache, the descending one with its last, partly written block first), ending at or inside a block:
+    its dense attention, as over blocks drawn at random."""
+    ins, attrs = _decode_case([n], dtype, seed=n, order=order)
+    q, kc, vc = ins[:3]
+    want = ref_paged(*ins, 9, 3)
+    bound = attention_bound(scores_abs_max(q[:, :9], kc), 64, n,
+                            ref_paged(q, kc, np.abs(vc.astype(np.float64)), *ins[3:], 9, 3))
+    got = run1("paged_attention", ins, (1, 9, 64), dtype, attrs)
+    if dtype == np.float32:
+        assert_within(got, want, bound, f"paged_attention over {order} blocks")
+    else:
+        np.testing.assert_allclose(got.astype(np.float64), want, **F16_TOL)
+
+
+def test_paged_attention_threads_keep_their_own_scratch():
+    """Decode launches of different shapes running at once on several threads (the AI Core threads of
+    one process's devices) each get their own rows' attention: the reused buffers are per thread."""
+    cases = [_decode_case(lens, np.float32, seed=i) for i, lens in enumerate(DECODE_LENS)]
+    want = [ref_paged(*ins, 9, 3) for ins, _ in cases]
+
+    def run(i):
+        ins, attrs = cases[i]
+        k, out = lookup("paged_attention"), np.empty((len(ins[4]), 9, 64), np.float32)
+        for _ in range(20):
+            k.run(BlockCtx(0, 1, 0), frozen(ins), [out], attrs)
+            if not np.allclose(out, want[i], rtol=1e-4, atol=1e-4):
+                return False
+        return True
+
+    with ThreadPoolExecutor(4) as ex:
+        assert all(ex.map(run, [i % len(cases) for i in range(12)]))
+
+
 def test_paged_attention_work_and_parallel_dim():
     k = lookup("paged_attention")
     ins = out_descs([((5, 15, 64), F), ((10, 16, 3, 64), F), ((10, 16, 3, 64), F), ((5, 8), I32), ((5,), I32)])
