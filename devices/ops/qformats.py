@@ -173,6 +173,87 @@ def dequantize(fmt: str, raw: np.ndarray) -> np.ndarray:
     return w
 
 
+# ------------------------------------------------------------------------------ row-interleaved (repacked)
+#: rows of one group of the repacked layouts (the lanes of :mod:`.qfused`'s loops)
+ROWS = 32
+#: the repacked layouts, by the GGUF format each is made from (what a weight uploaded for the fused kernels
+#: holds; the cost model still prices the source format's bytes)
+PACKED: dict[str, str] = {"q8_0r": "q8_0", "q4_1r": "q4_1", "q4_kr": "q4_k"}
+
+
+def packed_row_bytes(qtype: str, k: int) -> int:
+    """Bytes per row of ``k`` weights in repacked layout ``qtype``: 1 (q8) or 1/2 (q4) byte per weight, a
+    float32 scale per 32 and, for q4, a float32 offset per 32."""
+    if k % 32:
+        raise InvalidParamError(f"{qtype}: a row of {k} weights is not a whole number of 32-weight blocks")
+    return k + k // 8 if qtype == "q8_0r" else k // 2 + k // 4
+
+
+def packed_row_len(qtype: str, nbytes: int) -> int:
+    """Weights in a row of ``nbytes`` bytes of repacked layout ``qtype`` (inverse of :func:`packed_row_bytes`)."""
+    per = 36 if qtype == "q8_0r" else 24                     # bytes per 32 weights
+    if nbytes % per:
+        raise InvalidParamError(f"{qtype}: a row of {nbytes} bytes is not a whole number of {per}-byte blocks")
+    return nbytes // per * 32
+
+
+def _natural_terms(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``raw [N, row_bytes]`` as (quants ``[N, K]`` natural order, scale ``float32 [N, K/32]``, offset
+    ``float32 [N, K/32]`` or None): ``w = scale * q + offset`` per 32 weights (Q4_K's ``d * sc`` and
+    ``-dmin * m`` are exact in float32)."""
+    n = raw.shape[0]
+    q, scale, off = block_terms(fmt, raw)
+    qn = from_planes(fmt, q)
+    if fmt == "q4_k":                                        # [N, 2, nb*4] planes -> sub-block 8b + 2c + p
+        nb = scale.shape[2] // 4
+        sc = scale.reshape(n, 2, nb, 4).transpose(0, 2, 3, 1).reshape(n, nb * 8)
+    else:
+        sc = scale.reshape(n, -1)
+    return qn, np.ascontiguousarray(sc, np.float32), off
+
+
+def repack(fmt: str, raw: np.ndarray) -> tuple[str, np.ndarray]:
+    """GGUF blocks ``uint8 [N, row_bytes]`` (N a multiple of :data:`ROWS`) as the row-interleaved layout
+    of :mod:`.qfused`: ``(qtype, uint8 [N, packed_row_bytes])`` -- the array's byte rows are no longer the
+    weight rows: every ROWS of them hold one group (quants ``[NB, L, ROWS]``, then float32 scales
+    ``[NB, ROWS]`` and, for q4, offsets).  Lossless (the dequantised weights are equal)."""
+    if fmt not in GGUF_FORMATS:
+        raise InvalidParamError(f"unknown quantized format {fmt!r} (known: {', '.join(GGUF_FORMATS)})")
+    raw = np.ascontiguousarray(raw, np.uint8)
+    n = raw.shape[0]
+    if n % ROWS:
+        raise InvalidParamError(f"repack: {n} rows is not a whole number of {ROWS}-row groups")
+    qn, sc, off = _natural_terms(fmt, raw)
+    k = qn.shape[1]
+    nb, g = k // 32, n // ROWS
+    if fmt == "q8_0":
+        qs = qn.astype(np.int8, copy=False).reshape(n, nb, 32).view(np.uint8)
+    else:                                                    # one byte: weights j (low) and 16 + j (high)
+        q = qn.reshape(n, nb, 2, 16).astype(np.uint8)
+        qs = q[:, :, 0] | (q[:, :, 1] << 4)
+
+    def lanes(x: np.ndarray) -> np.ndarray:                  # [N, NB, ...] -> [G, NB, ..., ROWS] bytes
+        x = x.reshape((g, ROWS) + x.shape[1:])
+        return np.ascontiguousarray(np.moveaxis(x, 1, -1)).view(np.uint8).reshape(g, -1)
+
+    parts = [lanes(qs), lanes(sc)] + ([] if off is None else [lanes(np.asarray(off, np.float32))])
+    qtype = fmt + "r"
+    return qtype, np.concatenate(parts, axis=1).reshape(n, packed_row_bytes(qtype, k))
+
+
+def dequantize_packed(qtype: str, w: np.ndarray) -> np.ndarray:
+    """float32 ``[N, K]`` (natural row order) of a repacked matrix ``uint8 [N, packed_row_bytes]``."""
+    from .qfused import expand
+    if qtype not in PACKED:
+        raise InvalidParamError(f"unknown repacked format {qtype!r} (known: {', '.join(PACKED)})")
+    w = np.ascontiguousarray(w, np.uint8)
+    n = w.shape[0]
+    k = packed_row_len(qtype, w.shape[1])
+    out = np.empty((n, k), np.float32)
+    expand(w.reshape(n // ROWS, -1), qtype != "q8_0r", 0, n // ROWS, out)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- int8
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-output-channel int8 of ``w [N, K]``: ``(q int8 [N, K], scale float32 [N])`` with

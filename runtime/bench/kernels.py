@@ -200,9 +200,10 @@ def _cases(n: int, ctx: int | None, rng) -> list[Case]:
 
 
 def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
-    """The weights' kernels on SmolLM2's GGUF blocks (layer 0, the token embedding as the head): each
-    bound is the float32 numpy matmul (or row gather) of the dequantised weight."""
-    from devices.ops.qformats import dequantize
+    """The weights' kernels on SmolLM2's GGUF blocks (layer 0, the token embedding as the head), repacked
+    as ``vnpu serve -q gguf`` uploads them (:func:`devices.ops.qformats.repack`): each bound is the float32
+    numpy matmul (or row gather) of the dequantised weight."""
+    from devices.ops.qformats import dequantize, repack
     from runtime.models.weights import load_gguf_quantized, smollm2_gguf
     g = load_gguf_quantized(smollm2_gguf())
     t, qt = g.tensors, g.qtypes
@@ -214,6 +215,7 @@ def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
     wo, wd, emb = (np.asarray(t[blk + "attn_output.weight"]), np.asarray(t[blk + "ffn_down.weight"]),
                    np.asarray(t["token_embd.weight"]))
     f4, f8 = qt[blk + "attn_q.weight"], qt["token_embd.weight"]
+    p4, p8 = f4 + "r", f8 + "r"
 
     def r(*shape):
         return rng.standard_normal(shape, dtype=np.float32)
@@ -233,19 +235,23 @@ def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
             return lambda: np.matmul(a_, w_.transpose(0, 2, 1), out=out_)
         return lambda: np.matmul(a_, w_.T, out=out_)
 
+    def pk(fmt, w_):                                                   # as uploaded: repacked
+        return np.stack([repack(fmt, m_)[1] for m_ in w_]) if w_.ndim == 3 else repack(fmt, w_)[1]
+
+    pqkv, pwo, pgu, pwd, pemb = pk(f4, wqkv), pk(f4, wo), pk(f4, wgu), pk(f4, wd), pk(f8, emb)
     att = r(n, deq["o"].shape[1])
     return [
-        Case(f"quant_embedding {f8}", "quant_embedding", (emb, ids), (o(n, d),), {"qtype": f8},
+        Case(f"quant_embedding {p8}", "quant_embedding", (pemb, ids), (o(n, d),), {"qtype": p8},
              lambda: np.take(deq["emb"], ids, axis=0), per_layer=False),
-        Case(f"wq_matmul qkv {f4}", "weight_quant_matmul", (x, wqkv), (o(n, wqkv.shape[0]),), {"qtype": f4},
+        Case(f"wq_matmul qkv {p4}", "weight_quant_matmul", (x, pqkv), (o(n, wqkv.shape[0]),), {"qtype": p4},
              mm(x, "qkv", o(n, wqkv.shape[0])), tol=1e-4),
-        Case(f"wq_matmul o {f4}", "weight_quant_matmul", (att, wo), (o(n, d),), {"qtype": f4}, mm(att, "o", o(n, d)),
-             tol=1e-4),
-        Case(f"wq_matmul gate|up {f4}", "weight_quant_matmul", (x, wgu), (o(2, n, ff),), {"qtype": f4},
+        Case(f"wq_matmul o {p4}", "weight_quant_matmul", (att, pwo), (o(n, d),), {"qtype": p4},
+             mm(att, "o", o(n, d)), tol=1e-4),
+        Case(f"wq_matmul gate|up {p4}", "weight_quant_matmul", (x, pgu), (o(2, n, ff),), {"qtype": p4},
              mm(x, "gu", o(2, n, ff)), tol=1e-4),
-        Case(f"wq_matmul down {f4}", "weight_quant_matmul", (hh, wd), (o(n, d),), {"qtype": f4},
+        Case(f"wq_matmul down {p4}", "weight_quant_matmul", (hh, pwd), (o(n, d),), {"qtype": p4},
              mm(hh, "down", o(n, d)), tol=1e-4),
-        Case(f"wq_matmul head {f8}", "weight_quant_matmul", (xh, emb), (o(len(xh), V),), {"qtype": f8},
+        Case(f"wq_matmul head {p8}", "weight_quant_matmul", (xh, pemb), (o(len(xh), V),), {"qtype": p8},
              mm(xh, "emb", o(len(xh), V)), per_layer=False, tol=1e-4),
     ]
 
@@ -301,6 +307,9 @@ def bench(batches: list[int], context: int, prefill: int, repeat: int, quantizat
     c, *_ = _shapes()
     rng = np.random.default_rng(0)
     out = {"layers": c.n_layers, "context": context, "quantization": quantization, "sections": []}
+    if quantization == "gguf":                  # the fused loops' first-call compile (or cache load)
+        from devices.ops.qfused import compile_all
+        out["jit_s"] = round(compile_all(), 2)
     for n, ctx, label in [(b, context, f"decode B={b}, context {context}") for b in batches] + \
                          [(prefill, None, f"prefill {prefill} tokens")]:
         cases = _cases(n, ctx, rng)
@@ -322,6 +331,8 @@ def _run(a) -> int:
         return 0 if doc["verified"] else 1
     print(f"vnpu bench kernels: SmolLM2-135M kernels (weights: {doc['quantization']}) in isolation (one call each, this process) vs the least "
           f"numpy for the same result; medians of {a.repeat}; load {doc['load']} on {doc['cores']} cores")
+    if "jit_s" in doc:
+        print(f"compiled loops (numba) ready in {doc['jit_s']} s (compile on a first run, cache load after)")
     for s in doc["sections"]:
         print(f"\n{s['label']}")
         print(f"  {'kernel':<26} {'kernel us':>10} {'bound us':>9} {'ratio':>6}  {'20 slices us':>12}  ok")

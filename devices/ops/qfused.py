@@ -1,0 +1,220 @@
+"""Compiled loops (numba) over the row-interleaved quantized layouts of :mod:`.qformats` (``q8_0r``,
+``q4_1r``, ``q4_kr``): the fused dequantise-and-dot of a few activation rows (decode), the expansion of a
+tile of rows to float32 (prefill: the caller multiplies the tile with one BLAS call) and the row gather of
+an embedding.
+
+Layout of one group of :data:`~.qformats.ROWS` (R) weight rows, ``NB = K / 32`` blocks each (bytes, in
+this order): the quants ``[NB, L, R]`` (q8: ``int8``, L = 32, weight ``32 b + j``; q4: ``uint8``, L = 16,
+low nibble weight ``32 b + j``, high nibble ``32 b + 16 + j``), the scales ``float32 [NB, R]`` and, for
+q4, the offsets ``float32 [NB, R]``: ``w[r, 32 b + j] = scale[b, r] * q + offset[b, r]``.  Lanes are
+rows, so the innermost loop runs over R rows with contiguous loads and no horizontal sums (what
+llama.cpp's CPU backend gets by interleaving rows of blocks when it repacks them).
+
+The fused loops sum each block's ``q * a`` in float32 and scale per block (the offsets multiply the
+activations' 32-sums), so results differ from a float32 matmul of the dequantised weight only by
+summation order.  Everything here blocks the calling thread; nothing touches device state.  The first
+call of each loop in a process compiles it (``cache=True``: later processes load the compiled code from
+``__pycache__``); :func:`compile_all` does that up front and returns the seconds it took.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from numba import njit
+
+from .qformats import ROWS as R     # rows per group: the fused loops' lanes (32 float32 = four AVX2 registers)
+
+_F32 = np.float32
+#: reassociation (sums vectorize) and fused multiply-add; not the no-NaN / no-inf flags: a NaN or inf in
+#: the activations comes out as it would from numpy
+_FAST = {"reassoc", "contract"}
+_LOW = np.uint8(15)
+_FOUR = np.uint8(4)
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def _block_sums(a):
+    m_, k = a.shape
+    nb = k // 32
+    s = np.empty((m_, nb), np.float32)
+    for m in range(m_):
+        for b in range(nb):
+            t = np.float32(0)
+            for j in range(32):
+                t += a[m, 32 * b + j]
+            s[m, b] = t
+    return s
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def q4_dot(a, wg, g0, g1, out):
+    """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q4 groups ``g0 .. g1`` of ``wg [G, group bytes]``."""
+    m_, k = a.shape
+    nb = k // 32
+    rr = wg.shape[1] // (nb * 24)               # == R, but a run-time trip count: LLVM vectorizes the lane
+    qb = nb * 16 * rr                           # loops instead of unrolling them into scalar code
+    sb = nb * rr * 4
+    asum = _block_sums(a)
+    s = np.empty((m_, rr), np.float32)
+    acc = np.empty((m_, rr), np.float32)
+    lo = np.empty(rr, np.float32)
+    hi = np.empty(rr, np.float32)
+    for g in range(g0, g1):
+        grp = wg[g]
+        qs = grp[:qb].reshape((nb, 16, rr))
+        d = grp[qb:qb + sb].view(np.float32).reshape((nb, rr))
+        mn = grp[qb + sb:qb + 2 * sb].view(np.float32).reshape((nb, rr))
+        acc[:] = 0
+        for b in range(nb):
+            s[:] = 0
+            for j in range(16):
+                qj = qs[b, j]
+                if m_ == 1:
+                    a0 = a[0, 32 * b + j]
+                    a1 = a[0, 32 * b + 16 + j]
+                    for r in range(rr):
+                        q = qj[r]
+                        s[0, r] += np.float32(q & _LOW) * a0 + np.float32(q >> _FOUR) * a1
+                else:
+                    for r in range(rr):
+                        q = qj[r]
+                        lo[r] = np.float32(q & _LOW)
+                        hi[r] = np.float32(q >> _FOUR)
+                    for m in range(m_):
+                        a0 = a[m, 32 * b + j]
+                        a1 = a[m, 32 * b + 16 + j]
+                        for r in range(rr):
+                            s[m, r] += lo[r] * a0 + hi[r] * a1
+            db = d[b]
+            mb = mn[b]
+            for m in range(m_):
+                sm = asum[m, b]
+                for r in range(rr):
+                    acc[m, r] += db[r] * s[m, r] + mb[r] * sm
+        c0 = rr * (g - g0)
+        for m in range(m_):
+            for r in range(rr):
+                out[m, c0 + r] = acc[m, r]
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def q8_dot(a, wg, g0, g1, out):
+    """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q8 groups ``g0 .. g1`` of ``wg [G, group bytes]``."""
+    m_, k = a.shape
+    nb = k // 32
+    rr = wg.shape[1] // (nb * 36)               # == R, a run-time trip count (see q4_dot)
+    qb = nb * 32 * rr
+    sb = nb * rr * 4
+    s = np.empty((m_, rr), np.float32)
+    acc = np.empty((m_, rr), np.float32)
+    wf = np.empty(rr, np.float32)
+    for g in range(g0, g1):
+        grp = wg[g]
+        qs = grp[:qb].view(np.int8).reshape((nb, 32, rr))
+        d = grp[qb:qb + sb].view(np.float32).reshape((nb, rr))
+        acc[:] = 0
+        for b in range(nb):
+            s[:] = 0
+            for j in range(32):
+                qj = qs[b, j]
+                if m_ == 1:
+                    a0 = a[0, 32 * b + j]
+                    for r in range(rr):
+                        s[0, r] += np.float32(qj[r]) * a0
+                else:
+                    for r in range(rr):
+                        wf[r] = np.float32(qj[r])
+                    for m in range(m_):
+                        a0 = a[m, 32 * b + j]
+                        for r in range(rr):
+                            s[m, r] += wf[r] * a0
+            db = d[b]
+            for m in range(m_):
+                for r in range(rr):
+                    acc[m, r] += db[r] * s[m, r]
+        c0 = rr * (g - g0)
+        for m in range(m_):
+            for r in range(rr):
+                out[m, c0 + r] = acc[m, r]
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def expand(wg, q4, g0, g1, tile):
+    """float32 rows of groups ``g0 .. g1`` into ``tile [R (g1 - g0), K]`` (natural order)."""
+    k = tile.shape[1]
+    nb = k // 32
+    lanes = 16 if q4 else 32
+    rr = wg.shape[1] // (nb * (24 if q4 else 36))
+    qb = nb * lanes * rr
+    sb = nb * rr * 4
+    for g in range(g0, g1):
+        grp = wg[g]
+        d = grp[qb:qb + sb].view(np.float32).reshape((nb, rr))
+        r0 = rr * (g - g0)
+        if q4:
+            qs = grp[:qb].reshape((nb, 16, rr))
+            mn = grp[qb + sb:qb + 2 * sb].view(np.float32).reshape((nb, rr))
+            for r in range(rr):
+                row = tile[r0 + r]
+                for b in range(nb):
+                    db = d[b, r]
+                    mb = mn[b, r]
+                    for j in range(16):
+                        q = qs[b, j, r]
+                        row[32 * b + j] = db * np.float32(q & _LOW) + mb
+                        row[32 * b + 16 + j] = db * np.float32(q >> _FOUR) + mb
+        else:
+            q8 = grp[:qb].view(np.int8).reshape((nb, 32, rr))
+            for r in range(rr):
+                row = tile[r0 + r]
+                for b in range(nb):
+                    db = d[b, r]
+                    for j in range(32):
+                        row[32 * b + j] = db * np.float32(q8[b, j, r])
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def gather(wg, q4, ids, out):
+    """``out[i] = W[ids[i]]`` (float32, natural order); ids already checked to be in range."""
+    k = out.shape[1]
+    nb = k // 32
+    lanes = 16 if q4 else 32
+    rr = wg.shape[1] // (nb * (24 if q4 else 36))
+    qb = nb * lanes * rr
+    sb = nb * rr * 4
+    for i in range(ids.shape[0]):
+        g = ids[i] // rr
+        r = ids[i] % rr
+        grp = wg[g]
+        d = grp[qb:qb + sb].view(np.float32).reshape((nb, rr))
+        row = out[i]
+        if q4:
+            qs = grp[:qb].reshape((nb, 16, rr))
+            mn = grp[qb + sb:qb + 2 * sb].view(np.float32).reshape((nb, rr))
+            for b in range(nb):
+                for j in range(16):
+                    q = qs[b, j, r]
+                    row[32 * b + j] = d[b, r] * np.float32(q & _LOW) + mn[b, r]
+                    row[32 * b + 16 + j] = d[b, r] * np.float32(q >> _FOUR) + mn[b, r]
+        else:
+            q8 = grp[:qb].view(np.int8).reshape((nb, 32, rr))
+            for b in range(nb):
+                for j in range(32):
+                    row[32 * b + j] = d[b, r] * np.float32(q8[b, j, r])
+
+
+def compile_all() -> float:
+    """Compile (or load from the cache) every loop for the argument types the kernels pass; returns the
+    seconds it took (blocks the host)."""
+    t0 = time.perf_counter()
+    k = 32
+    for q4, lanes in ((True, 16), (False, 32)):
+        wg = np.zeros((1, R * (k // 32) * (lanes + (8 if q4 else 4))), np.uint8)
+        for m in (1, 2):
+            a = np.zeros((m, k), _F32)
+            out = np.empty((m, R), _F32)
+            (q4_dot if q4 else q8_dot)(a, wg, 0, 1, out)
+        expand(wg, q4, 0, 1, np.empty((R, k), _F32))
+        gather(wg, q4, np.zeros(1, np.int64), np.empty((1, k), _F32))
+    return time.perf_counter() - t0
