@@ -181,17 +181,27 @@ ROWS = 32
 PACKED: dict[str, str] = {"q8_0r": "q8_0", "q4_1r": "q4_1", "q4_kr": "q4_k"}
 
 
+#: bytes per 32 weights of a row: quants + scale (+ offset); q8_0r and q4_1r keep the file's fp16 scales
+#: (the GGUF block size), q4_kr float32 ones (Q4_K's d * sc needs 17 bits)
+_PER32 = {"q8_0r": 32 + 2, "q4_1r": 16 + 2 * 2, "q4_kr": 16 + 2 * 4}
+
+
+def half_scales(qtype: str) -> bool:
+    """Whether repacked layout ``qtype`` holds fp16 scales (else float32)."""
+    return qtype != "q4_kr"
+
+
 def packed_row_bytes(qtype: str, k: int) -> int:
     """Bytes per row of ``k`` weights in repacked layout ``qtype``: 1 (q8) or 1/2 (q4) byte per weight, a
-    float32 scale per 32 and, for q4, a float32 offset per 32."""
+    scale per 32 and, for q4, an offset per 32 (fp16 for q8_0r / q4_1r, float32 for q4_kr)."""
     if k % 32:
         raise InvalidParamError(f"{qtype}: a row of {k} weights is not a whole number of 32-weight blocks")
-    return k + k // 8 if qtype == "q8_0r" else k // 2 + k // 4
+    return k // 32 * _PER32[qtype]
 
 
 def packed_row_len(qtype: str, nbytes: int) -> int:
     """Weights in a row of ``nbytes`` bytes of repacked layout ``qtype`` (inverse of :func:`packed_row_bytes`)."""
-    per = 36 if qtype == "q8_0r" else 24                     # bytes per 32 weights
+    per = _PER32[qtype]
     if nbytes % per:
         raise InvalidParamError(f"{qtype}: a row of {nbytes} bytes is not a whole number of {per}-byte blocks")
     return nbytes // per * 32
@@ -215,8 +225,9 @@ def _natural_terms(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 def repack(fmt: str, raw: np.ndarray) -> tuple[str, np.ndarray]:
     """GGUF blocks ``uint8 [N, row_bytes]`` (N a multiple of :data:`ROWS`) as the row-interleaved layout
     of :mod:`.qfused`: ``(qtype, uint8 [N, packed_row_bytes])`` -- the array's byte rows are no longer the
-    weight rows: every ROWS of them hold one group (quants ``[NB, L, ROWS]``, then float32 scales
-    ``[NB, ROWS]`` and, for q4, offsets).  Lossless (the dequantised weights are equal)."""
+    weight rows: every ROWS of them hold one group (quants ``[NB, L, ROWS]``, then the scales
+    ``[NB, ROWS]`` and, for q4, the offsets; fp16 for Q8_0 and Q4_1, so the bytes are the file's, float32
+    for Q4_K).  Lossless (the dequantised weights are equal)."""
     if fmt not in GGUF_FORMATS:
         raise InvalidParamError(f"unknown quantized format {fmt!r} (known: {', '.join(GGUF_FORMATS)})")
     raw = np.ascontiguousarray(raw, np.uint8)
@@ -236,22 +247,10 @@ def repack(fmt: str, raw: np.ndarray) -> tuple[str, np.ndarray]:
         x = x.reshape((g, ROWS) + x.shape[1:])
         return np.ascontiguousarray(np.moveaxis(x, 1, -1)).view(np.uint8).reshape(g, -1)
 
-    parts = [lanes(qs), lanes(sc)] + ([] if off is None else [lanes(np.asarray(off, np.float32))])
     qtype = fmt + "r"
+    st = np.float16 if half_scales(qtype) else np.float32   # fp16 values are exact: the file's own
+    parts = [lanes(qs), lanes(sc.astype(st))] + ([] if off is None else [lanes(np.asarray(off).astype(st))])
     return qtype, np.concatenate(parts, axis=1).reshape(n, packed_row_bytes(qtype, k))
-
-
-def dequantize_packed(qtype: str, w: np.ndarray) -> np.ndarray:
-    """float32 ``[N, K]`` (natural row order) of a repacked matrix ``uint8 [N, packed_row_bytes]``."""
-    from .qfused import expand
-    if qtype not in PACKED:
-        raise InvalidParamError(f"unknown repacked format {qtype!r} (known: {', '.join(PACKED)})")
-    w = np.ascontiguousarray(w, np.uint8)
-    n = w.shape[0]
-    k = packed_row_len(qtype, w.shape[1])
-    out = np.empty((n, k), np.float32)
-    expand(w.reshape(n // ROWS, -1), qtype != "q8_0r", 0, n // ROWS, out)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- int8

@@ -5,8 +5,11 @@ an embedding.
 
 Layout of one group of :data:`~.qformats.ROWS` (R) weight rows, ``NB = K / 32`` blocks each (bytes, in
 this order): the quants ``[NB, L, R]`` (q8: ``int8``, L = 32, weight ``32 b + j``; q4: ``uint8``, L = 16,
-low nibble weight ``32 b + j``, high nibble ``32 b + 16 + j``), the scales ``float32 [NB, R]`` and, for
-q4, the offsets ``float32 [NB, R]``: ``w[r, 32 b + j] = scale[b, r] * q + offset[b, r]``.  Lanes are
+low nibble weight ``32 b + j``, high nibble ``32 b + 16 + j``), the scales ``[NB, R]`` and, for q4, the
+offsets ``[NB, R]``: ``w[r, 32 b + j] = scale[b, r] * q + offset[b, r]``.  Scales and offsets are fp16
+(``half``: Q8_0's and Q4_1's own, so the layout has the GGUF file's bytes) or float32 (Q4_K's products
+of a super-block scale and a 6-bit one need 17 bits); the loops convert a group's fp16 scales to
+float32 once (a bit-level conversion, exact, subnormals included).  Lanes are
 rows, so the innermost loop runs over R rows with contiguous loads and no horizontal sums (what
 llama.cpp's CPU backend gets by interleaving rows of blocks when it repacks them).
 
@@ -23,6 +26,8 @@ import time
 import numpy as np
 from numba import njit
 
+from ..errors import InvalidParamError
+from .qformats import PACKED, half_scales, packed_row_len
 from .qformats import ROWS as R     # rows per group: the fused loops' lanes (32 float32 = four AVX2 registers)
 
 _F32 = np.float32
@@ -47,24 +52,53 @@ def _block_sums(a):
     return s
 
 
+_MAGIC = np.float32(2.0 ** 112)
+
+
+@njit(cache=True, nogil=True)
+def _scales(grp, start, n, half, bits_i, bits_f, dst):
+    """``dst[:n] =`` the ``n`` scales at byte ``start`` of ``grp`` as float32 (``half``: fp16 bit patterns;
+    ``bits_f`` is ``bits_i`` viewed as float32).  fp16 -> float32 by bits: the exponent and mantissa moved
+    to float32's places and the value rescaled by 2**112 (exact, subnormals included); inf / NaN kept."""
+    if not half:
+        dst[:n] = grp[start:start + 4 * n].view(np.float32)
+        return
+    h16 = grp[start:start + 2 * n].view(np.uint16)
+    for i in range(n):
+        bits_i[i] = (np.int32(h16[i]) & 0x7FFF) << 13
+    for i in range(n):
+        h = np.int32(h16[i])
+        v = bits_f[i] * _MAGIC
+        if (h & 0x7C00) == 0x7C00:
+            v = np.float32(np.inf) if (h & 0x3FF) == 0 else np.float32(np.nan)
+        dst[i] = -v if h & 0x8000 else v
+
+
 @njit(cache=True, fastmath=_FAST, nogil=True)
-def q4_dot(a, wg, g0, g1, out):
+def q4_dot(a, wg, half, g0, g1, out):
     """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q4 groups ``g0 .. g1`` of ``wg [G, group bytes]``."""
     m_, k = a.shape
     nb = k // 32
-    rr = wg.shape[1] // (nb * 24)               # == R, but a run-time trip count: LLVM vectorizes the lane
+    sz = 2 if half else 4
+    rr = wg.shape[1] // (nb * (16 + 2 * sz))    # == R, but a run-time trip count: LLVM vectorizes the lane
     qb = nb * 16 * rr                           # loops instead of unrolling them into scalar code
-    sb = nb * rr * 4
+    sb = nb * rr * sz
     asum = _block_sums(a)
     s = np.empty((m_, rr), np.float32)
     acc = np.empty((m_, rr), np.float32)
     lo = np.empty(rr, np.float32)
     hi = np.empty(rr, np.float32)
+    bits_i = np.empty(nb * rr, np.int32)
+    bits_f = bits_i.view(np.float32)
+    d1 = np.empty(nb * rr, np.float32)
+    m1 = np.empty(nb * rr, np.float32)
+    d = d1.reshape((nb, rr))
+    mn = m1.reshape((nb, rr))
     for g in range(g0, g1):
         grp = wg[g]
         qs = grp[:qb].reshape((nb, 16, rr))
-        d = grp[qb:qb + sb].view(np.float32).reshape((nb, rr))
-        mn = grp[qb + sb:qb + 2 * sb].view(np.float32).reshape((nb, rr))
+        _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
+        _scales(grp, qb + sb, nb * rr, half, bits_i, bits_f, m1)
         acc[:] = 0
         for b in range(nb):
             s[:] = 0
@@ -99,20 +133,24 @@ def q4_dot(a, wg, g0, g1, out):
 
 
 @njit(cache=True, fastmath=_FAST, nogil=True)
-def q8_dot(a, wg, g0, g1, out):
+def q8_dot(a, wg, half, g0, g1, out):
     """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q8 groups ``g0 .. g1`` of ``wg [G, group bytes]``."""
     m_, k = a.shape
     nb = k // 32
-    rr = wg.shape[1] // (nb * 36)               # == R, a run-time trip count (see q4_dot)
+    sz = 2 if half else 4
+    rr = wg.shape[1] // (nb * (32 + sz))        # == R, a run-time trip count (see q4_dot)
     qb = nb * 32 * rr
-    sb = nb * rr * 4
     s = np.empty((m_, rr), np.float32)
     acc = np.empty((m_, rr), np.float32)
     wf = np.empty(rr, np.float32)
+    bits_i = np.empty(nb * rr, np.int32)
+    bits_f = bits_i.view(np.float32)
+    d1 = np.empty(nb * rr, np.float32)
+    d = d1.reshape((nb, rr))
     for g in range(g0, g1):
         grp = wg[g]
         qs = grp[:qb].view(np.int8).reshape((nb, 32, rr))
-        d = grp[qb:qb + sb].view(np.float32).reshape((nb, rr))
+        _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
         acc[:] = 0
         for b in range(nb):
             s[:] = 0
@@ -140,21 +178,28 @@ def q8_dot(a, wg, g0, g1, out):
 
 
 @njit(cache=True, fastmath=_FAST, nogil=True)
-def expand(wg, q4, g0, g1, tile):
+def expand(wg, q4, half, g0, g1, tile):
     """float32 rows of groups ``g0 .. g1`` into ``tile [R (g1 - g0), K]`` (natural order)."""
     k = tile.shape[1]
     nb = k // 32
     lanes = 16 if q4 else 32
-    rr = wg.shape[1] // (nb * (24 if q4 else 36))
+    sz = 2 if half else 4
+    rr = wg.shape[1] // (nb * (lanes + (2 if q4 else 1) * sz))
     qb = nb * lanes * rr
-    sb = nb * rr * 4
+    sb = nb * rr * sz
+    bits_i = np.empty(nb * rr, np.int32)
+    bits_f = bits_i.view(np.float32)
+    d1 = np.empty(nb * rr, np.float32)
+    m1 = np.zeros(nb * rr, np.float32)
+    d = d1.reshape((nb, rr))
+    mn = m1.reshape((nb, rr))
     for g in range(g0, g1):
         grp = wg[g]
-        d = grp[qb:qb + sb].view(np.float32).reshape((nb, rr))
+        _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
         r0 = rr * (g - g0)
         if q4:
+            _scales(grp, qb + sb, nb * rr, half, bits_i, bits_f, m1)
             qs = grp[:qb].reshape((nb, 16, rr))
-            mn = grp[qb + sb:qb + 2 * sb].view(np.float32).reshape((nb, rr))
             for r in range(rr):
                 row = tile[r0 + r]
                 for b in range(nb):
@@ -175,23 +220,30 @@ def expand(wg, q4, g0, g1, tile):
 
 
 @njit(cache=True, fastmath=_FAST, nogil=True)
-def gather(wg, q4, ids, out):
+def gather(wg, q4, half, ids, out):
     """``out[i] = W[ids[i]]`` (float32, natural order); ids already checked to be in range."""
     k = out.shape[1]
     nb = k // 32
     lanes = 16 if q4 else 32
-    rr = wg.shape[1] // (nb * (24 if q4 else 36))
+    sz = 2 if half else 4
+    rr = wg.shape[1] // (nb * (lanes + (2 if q4 else 1) * sz))
     qb = nb * lanes * rr
-    sb = nb * rr * 4
+    sb = nb * rr * sz
+    bits_i = np.empty(nb * rr, np.int32)
+    bits_f = bits_i.view(np.float32)
+    d1 = np.empty(nb * rr, np.float32)
+    m1 = np.zeros(nb * rr, np.float32)
+    d = d1.reshape((nb, rr))
+    mn = m1.reshape((nb, rr))
     for i in range(ids.shape[0]):
         g = ids[i] // rr
         r = ids[i] % rr
         grp = wg[g]
-        d = grp[qb:qb + sb].view(np.float32).reshape((nb, rr))
+        _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
         row = out[i]
         if q4:
+            _scales(grp, qb + sb, nb * rr, half, bits_i, bits_f, m1)
             qs = grp[:qb].reshape((nb, 16, rr))
-            mn = grp[qb + sb:qb + 2 * sb].view(np.float32).reshape((nb, rr))
             for b in range(nb):
                 for j in range(16):
                     q = qs[b, j, r]
@@ -204,17 +256,28 @@ def gather(wg, q4, ids, out):
                     row[32 * b + j] = d[b, r] * np.float32(q8[b, j, r])
 
 
+def dequantize_packed(qtype: str, w: np.ndarray) -> np.ndarray:
+    """float32 ``[N, K]`` (natural row order) of a repacked matrix ``uint8 [N, packed_row_bytes]``."""
+    if qtype not in PACKED:
+        raise InvalidParamError(f"unknown repacked format {qtype!r} (known: {', '.join(PACKED)})")
+    w = np.ascontiguousarray(w, np.uint8)
+    n = w.shape[0]
+    out = np.empty((n, packed_row_len(qtype, w.shape[1])), np.float32)
+    expand(w.reshape(n // R, -1), qtype != "q8_0r", half_scales(qtype), 0, n // R, out)
+    return out
+
+
 def compile_all() -> float:
     """Compile (or load from the cache) every loop for the argument types the kernels pass; returns the
     seconds it took (blocks the host)."""
     t0 = time.perf_counter()
     k = 32
     for q4, lanes in ((True, 16), (False, 32)):
-        wg = np.zeros((1, R * (k // 32) * (lanes + (8 if q4 else 4))), np.uint8)
-        for m in (1, 2):
-            a = np.zeros((m, k), _F32)
-            out = np.empty((m, R), _F32)
-            (q4_dot if q4 else q8_dot)(a, wg, 0, 1, out)
-        expand(wg, q4, 0, 1, np.empty((R, k), _F32))
-        gather(wg, q4, np.zeros(1, np.int64), np.empty((1, k), _F32))
+        for half in (True, False):
+            sz = 2 if half else 4
+            wg = np.zeros((1, R * (k // 32) * (lanes + (2 if q4 else 1) * sz)), np.uint8)
+            a = np.zeros((1, k), _F32)
+            (q4_dot if q4 else q8_dot)(a, wg, half, 0, 1, np.empty((1, R), _F32))
+            expand(wg, q4, half, 0, 1, np.empty((R, k), _F32))
+            gather(wg, q4, half, np.zeros(1, np.int64), np.empty((1, k), _F32))
     return time.perf_counter() - t0

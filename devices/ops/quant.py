@@ -33,7 +33,8 @@ from ..registry import builtin
 from .blocks import as_rows
 from .checks import FLOATS, ID_TYPES, arity, choice_attr, dtype_in, ndim_in, need, same_dtype, shape_is
 from .precision import F16, F32, quiet
-from .qformats import (GGUF_FORMATS, PACKED, ROWS, block_terms, from_planes, packed_row_len, to_planes)
+from .qformats import (GGUF_FORMATS, PACKED, ROWS, block_terms, from_planes, half_scales, packed_row_len,
+                       to_planes)
 from .work import io_bytes
 
 QTYPES = tuple(GGUF_FORMATS) + tuple(PACKED) + ("int8",)
@@ -115,12 +116,12 @@ def packed_matmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray) -> 
     from . import qfused
     m, k = a.shape
     n = w.shape[0]
-    q4 = qtype != "q8_0r"
+    q4, half = qtype != "q8_0r", half_scales(qtype)
     wg = np.ascontiguousarray(w).reshape(n // ROWS, -1)
     a = np.ascontiguousarray(a, F32)
     if m <= FUSED_ROWS:
         dst = out if out.flags.c_contiguous else np.empty((m, n), F32)
-        (qfused.q4_dot if q4 else qfused.q8_dot)(a, wg, 0, n // ROWS, dst)
+        (qfused.q4_dot if q4 else qfused.q8_dot)(a, wg, half, 0, n // ROWS, dst)
         if dst is not out:
             out[...] = dst
         return
@@ -129,7 +130,7 @@ def packed_matmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray) -> 
     for g0 in range(0, n // ROWS, groups):
         g1 = min(n // ROWS, g0 + groups)
         t = tile[:(g1 - g0) * ROWS]
-        qfused.expand(wg, q4, g0, g1, t)
+        qfused.expand(wg, q4, half, g0, g1, t)
         out[:, g0 * ROWS:g1 * ROWS] = a @ t.T
 
 
@@ -263,7 +264,8 @@ def _qembedding_run(ctx, inputs, outputs, attrs):
     if qt in PACKED:
         from .qfused import gather
         dst = o2 if o2.flags.c_contiguous else np.empty(o2.shape, F32)
-        gather(np.ascontiguousarray(table).reshape(v // ROWS, -1), qt != "q8_0r", ids1.astype(np.int64), dst)
+        gather(np.ascontiguousarray(table).reshape(v // ROWS, -1), qt != "q8_0r", half_scales(qt), ids1.astype(np.int64),
+               dst)
         if dst is not o2:
             o2[...] = dst
         return

@@ -196,7 +196,12 @@ class LlamaRank:
     def _repacked(self, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Quantized weights whose rows fill whole groups repacked for the fused kernels
         (:func:`devices.ops.qformats.repack`, lossless; the cost model still prices the GGUF bytes); a
-        table whose LM-head share does not start on a group stays in its GGUF blocks."""
+        table whose LM-head share does not start on a group stays in its GGUF blocks.  Compiles the fused
+        loops on a first use (numba, some seconds; later processes, the device's included, load them from
+        its on-disk cache)."""
+        if self.qt:
+            from devices.ops.qfused import compile_all          # numba: imported only where it is used
+            compile_all()
         for key, fmt in list(self.qt.items()):
             w = out[key]
             if w.shape[-2] % ROWS or (key == "embd" and self.spec.head and self.spec.v0 % ROWS):
