@@ -178,9 +178,10 @@ def q8_dot(a, wg, half, g0, g1, out):
 
 
 @njit(cache=True, fastmath=_FAST, nogil=True)
-def expand(wg, q4, half, g0, g1, tile):
-    """float32 rows of groups ``g0 .. g1`` into ``tile [R (g1 - g0), K]`` (natural order)."""
-    k = tile.shape[1]
+def expand(wg, q4, half, g0, g1, tile_t):
+    """float32 weights of groups ``g0 .. g1`` into ``tile_t [K, R (g1 - g0)]``: transposed (column ``c``
+    is weight row ``R g0 + c``), so both the quants' reads and the tile's writes run along the rows."""
+    k = tile_t.shape[0]
     nb = k // 32
     lanes = 16 if q4 else 32
     sz = 2 if half else 4
@@ -196,27 +197,29 @@ def expand(wg, q4, half, g0, g1, tile):
     for g in range(g0, g1):
         grp = wg[g]
         _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
-        r0 = rr * (g - g0)
+        c0 = rr * (g - g0)
         if q4:
             _scales(grp, qb + sb, nb * rr, half, bits_i, bits_f, m1)
             qs = grp[:qb].reshape((nb, 16, rr))
-            for r in range(rr):
-                row = tile[r0 + r]
-                for b in range(nb):
-                    db = d[b, r]
-                    mb = mn[b, r]
-                    for j in range(16):
-                        q = qs[b, j, r]
-                        row[32 * b + j] = db * np.float32(q & _LOW) + mb
-                        row[32 * b + 16 + j] = db * np.float32(q >> _FOUR) + mb
+            for b in range(nb):
+                db = d[b]
+                mb = mn[b]
+                for j in range(16):
+                    qj = qs[b, j]
+                    lo = tile_t[32 * b + j]
+                    hi = tile_t[32 * b + 16 + j]
+                    for r in range(rr):
+                        lo[c0 + r] = db[r] * np.float32(qj[r] & _LOW) + mb[r]
+                        hi[c0 + r] = db[r] * np.float32(qj[r] >> _FOUR) + mb[r]
         else:
             q8 = grp[:qb].view(np.int8).reshape((nb, 32, rr))
-            for r in range(rr):
-                row = tile[r0 + r]
-                for b in range(nb):
-                    db = d[b, r]
-                    for j in range(32):
-                        row[32 * b + j] = db * np.float32(q8[b, j, r])
+            for b in range(nb):
+                db = d[b]
+                for j in range(32):
+                    qj = q8[b, j]
+                    row = tile_t[32 * b + j]
+                    for r in range(rr):
+                        row[c0 + r] = db[r] * np.float32(qj[r])
 
 
 @njit(cache=True, fastmath=_FAST, nogil=True)
@@ -262,9 +265,9 @@ def dequantize_packed(qtype: str, w: np.ndarray) -> np.ndarray:
         raise InvalidParamError(f"unknown repacked format {qtype!r} (known: {', '.join(PACKED)})")
     w = np.ascontiguousarray(w, np.uint8)
     n = w.shape[0]
-    out = np.empty((n, packed_row_len(qtype, w.shape[1])), np.float32)
+    out = np.empty((packed_row_len(qtype, w.shape[1]), n), np.float32)
     expand(w.reshape(n // R, -1), qtype != "q8_0r", half_scales(qtype), 0, n // R, out)
-    return out
+    return np.ascontiguousarray(out.T)
 
 
 def compile_all() -> float:
@@ -278,6 +281,6 @@ def compile_all() -> float:
             wg = np.zeros((1, R * (k // 32) * (lanes + (2 if q4 else 1) * sz)), np.uint8)
             a = np.zeros((1, k), _F32)
             (q4_dot if q4 else q8_dot)(a, wg, half, 0, 1, np.empty((1, R), _F32))
-            expand(wg, q4, half, 0, 1, np.empty((R, k), _F32))
+            expand(wg, q4, half, 0, 1, np.empty((k, R), _F32))
             gather(wg, q4, half, np.zeros(1, np.int64), np.empty((1, k), _F32))
     return time.perf_counter() - t0

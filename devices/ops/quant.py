@@ -9,7 +9,7 @@ same blocks repacked at upload into row-interleaved groups (``q8_0r``, ``q4_1r``
 
 How it computes:
 
-- repacked weights, at most :data:`FUSED_ROWS` activation rows (decode): one compiled loop
+- repacked weights, at most :data:`FUSED_ROWS` activation rows (decode up to batch 16): one compiled loop
   (:mod:`.qfused`) dequantises and multiplies in registers, 32 weight rows per SIMD lane group; nothing
   is expanded to memory;
 - repacked weights, more rows (prefill): tiles of rows expanded to float32 by a compiled loop, each tile
@@ -42,9 +42,10 @@ QTYPES = tuple(GGUF_FORMATS) + tuple(PACKED) + ("int8",)
 #: (1 MiB), so the tile is still in cache when the BLAS call reads it
 TILE_BYTES = 512 << 10
 #: at most this many activation rows, a repacked weight is computed on by the fused loop (no expansion);
-#: more rows expand tiles for BLAS.  Measured with ``vnpu bench kernels -q gguf`` on the 2-core machine:
-#: the fused loop's time grows about linearly with the rows, the tile path's stays near its expansion cost
-FUSED_ROWS = 8
+#: more rows expand tiles for BLAS.  Measured on SmolLM2's weights (thread CPU time, 2-core machine): the
+#: fused loop's time grows about linearly with the rows, the tile path's stays near its expansion cost;
+#: they cross at 20-24 rows for the projections, 12-16 for the 49152-row LM head (docs/quantization.md)
+FUSED_ROWS = 16
 
 
 def _qtype(nm, attrs) -> str:
@@ -126,12 +127,12 @@ def packed_matmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray) -> 
             out[...] = dst
         return
     groups = max(1, TILE_BYTES // (4 * k * ROWS))
-    tile = np.empty((min(groups, n // ROWS) * ROWS, k), F32)
+    tile = np.empty((k, min(groups, n // ROWS) * ROWS), F32)             # transposed: [K, rows]
     for g0 in range(0, n // ROWS, groups):
         g1 = min(n // ROWS, g0 + groups)
-        t = tile[:(g1 - g0) * ROWS]
+        t = tile if (g1 - g0) * ROWS == tile.shape[1] else np.empty((k, (g1 - g0) * ROWS), F32)
         qfused.expand(wg, q4, half, g0, g1, t)
-        out[:, g0 * ROWS:g1 * ROWS] = a @ t.T
+        out[:, g0 * ROWS:g1 * ROWS] = a @ t
 
 
 def qmatmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray, scale: np.ndarray | None = None) -> None:

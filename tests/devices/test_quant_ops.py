@@ -209,7 +209,7 @@ def test_repack_is_lossless(fmt):
 
 
 @pytest.mark.parametrize("fmt", list(GGUF_FORMATS))
-@pytest.mark.parametrize("m,block_dim", [(1, 1), (1, 3), (5, 2), (40, 1), (40, 3)])
+@pytest.mark.parametrize("m,block_dim", [(1, 1), (1, 3), (5, 2), (16, 1), (40, 1), (40, 3)])
 def test_repacked_matmul_equals_dequantize_then_matmul(fmt, m, block_dim):
     """Both paths on the repacked layout (the fused loop for few rows, compiled tiles + BLAS for many)
     against the gguf package's dequantisation and a float64 matmul; a block split keeps whole groups."""
