@@ -35,7 +35,9 @@ _F32 = np.float32
 #: the activations comes out as it would from numpy
 _FAST = {"reassoc", "contract"}
 _LOW = np.uint8(15)
+_HIGH = np.uint8(0xF0)
 _FOUR = np.uint8(4)
+_SIXTEENTH = np.float32(1 / 16)
 
 
 @njit(cache=True, fastmath=_FAST, nogil=True)
@@ -102,22 +104,22 @@ def q4_dot(a, wg, half, g0, g1, out):
         acc[:] = 0
         for b in range(nb):
             s[:] = 0
-            for j in range(16):
-                qj = qs[b, j]
+            for j in range(16):                 # the high nibble as 16 q (a byte mask, no widening shift)
+                qj = qs[b, j]                   # times a / 16: the same product, exactly
                 if m_ == 1:
                     a0 = a[0, 32 * b + j]
-                    a1 = a[0, 32 * b + 16 + j]
+                    a1 = a[0, 32 * b + 16 + j] * _SIXTEENTH
                     for r in range(rr):
                         q = qj[r]
-                        s[0, r] += np.float32(q & _LOW) * a0 + np.float32(q >> _FOUR) * a1
+                        s[0, r] += np.float32(q & _LOW) * a0 + np.float32(q & _HIGH) * a1
                 else:
                     for r in range(rr):
                         q = qj[r]
                         lo[r] = np.float32(q & _LOW)
-                        hi[r] = np.float32(q >> _FOUR)
+                        hi[r] = np.float32(q & _HIGH)
                     for m in range(m_):
                         a0 = a[m, 32 * b + j]
-                        a1 = a[m, 32 * b + 16 + j]
+                        a1 = a[m, 32 * b + 16 + j] * _SIXTEENTH
                         for r in range(rr):
                             s[m, r] += lo[r] * a0 + hi[r] * a1
             db = d[b]
