@@ -173,6 +173,86 @@ def dequantize(fmt: str, raw: np.ndarray) -> np.ndarray:
     return w
 
 
+# ------------------------------------------------------------------------------ row-interleaved (repacked)
+#: rows of one group of the repacked layouts (the lanes of :mod:`.qfused`'s loops)
+ROWS = 32
+#: the repacked layouts, by the GGUF format each is made from (what a weight uploaded for the fused kernels
+#: holds; the cost model still prices the source format's bytes)
+PACKED: dict[str, str] = {"q8_0r": "q8_0", "q4_1r": "q4_1", "q4_kr": "q4_k"}
+
+
+#: bytes per 32 weights of a row: quants + scale (+ offset); q8_0r and q4_1r keep the file's fp16 scales
+#: (the GGUF block size), q4_kr float32 ones (Q4_K's d * sc needs 17 bits)
+_PER32 = {"q8_0r": 32 + 2, "q4_1r": 16 + 2 * 2, "q4_kr": 16 + 2 * 4}
+
+
+def half_scales(qtype: str) -> bool:
+    """Whether repacked layout ``qtype`` holds fp16 scales (else float32)."""
+    return qtype != "q4_kr"
+
+
+def packed_row_bytes(qtype: str, k: int) -> int:
+    """Bytes per row of ``k`` weights in repacked layout ``qtype``: 1 (q8) or 1/2 (q4) byte per weight, a
+    scale per 32 and, for q4, an offset per 32 (fp16 for q8_0r / q4_1r, float32 for q4_kr)."""
+    if k % 32:
+        raise InvalidParamError(f"{qtype}: a row of {k} weights is not a whole number of 32-weight blocks")
+    return k // 32 * _PER32[qtype]
+
+
+def packed_row_len(qtype: str, nbytes: int) -> int:
+    """Weights in a row of ``nbytes`` bytes of repacked layout ``qtype`` (inverse of :func:`packed_row_bytes`)."""
+    per = _PER32[qtype]
+    if nbytes % per:
+        raise InvalidParamError(f"{qtype}: a row of {nbytes} bytes is not a whole number of {per}-byte blocks")
+    return nbytes // per * 32
+
+
+def _natural_terms(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``raw [N, row_bytes]`` as (quants ``[N, K]`` natural order, scale ``float32 [N, K/32]``, offset
+    ``float32 [N, K/32]`` or None): ``w = scale * q + offset`` per 32 weights (Q4_K's ``d * sc`` and
+    ``-dmin * m`` are exact in float32)."""
+    n = raw.shape[0]
+    q, scale, off = block_terms(fmt, raw)
+    qn = from_planes(fmt, q)
+    if fmt == "q4_k":                                        # [N, 2, nb*4] planes -> sub-block 8b + 2c + p
+        nb = scale.shape[2] // 4
+        sc = scale.reshape(n, 2, nb, 4).transpose(0, 2, 3, 1).reshape(n, nb * 8)
+    else:
+        sc = scale.reshape(n, -1)
+    return qn, np.ascontiguousarray(sc, np.float32), off
+
+
+def repack(fmt: str, raw: np.ndarray) -> tuple[str, np.ndarray]:
+    """GGUF blocks ``uint8 [N, row_bytes]`` (N a multiple of :data:`ROWS`) as the row-interleaved layout
+    of :mod:`.qfused`: ``(qtype, uint8 [N, packed_row_bytes])`` -- the array's byte rows are no longer the
+    weight rows: every ROWS of them hold one group (quants ``[NB, L, ROWS]``, then the scales
+    ``[NB, ROWS]`` and, for q4, the offsets; fp16 for Q8_0 and Q4_1, so the bytes are the file's, float32
+    for Q4_K).  Lossless (the dequantised weights are equal)."""
+    if fmt not in GGUF_FORMATS:
+        raise InvalidParamError(f"unknown quantized format {fmt!r} (known: {', '.join(GGUF_FORMATS)})")
+    raw = np.ascontiguousarray(raw, np.uint8)
+    n = raw.shape[0]
+    if n % ROWS:
+        raise InvalidParamError(f"repack: {n} rows is not a whole number of {ROWS}-row groups")
+    qn, sc, off = _natural_terms(fmt, raw)
+    k = qn.shape[1]
+    nb, g = k // 32, n // ROWS
+    if fmt == "q8_0":
+        qs = qn.astype(np.int8, copy=False).reshape(n, nb, 32).view(np.uint8)
+    else:                                                    # one byte: weights j (low) and 16 + j (high)
+        q = qn.reshape(n, nb, 2, 16).astype(np.uint8)
+        qs = q[:, :, 0] | (q[:, :, 1] << 4)
+
+    def lanes(x: np.ndarray) -> np.ndarray:                  # [N, NB, ...] -> [G, NB, ..., ROWS] bytes
+        x = x.reshape((g, ROWS) + x.shape[1:])
+        return np.ascontiguousarray(np.moveaxis(x, 1, -1)).view(np.uint8).reshape(g, -1)
+
+    qtype = fmt + "r"
+    st = np.float16 if half_scales(qtype) else np.float32   # fp16 values are exact: the file's own
+    parts = [lanes(qs), lanes(sc.astype(st))] + ([] if off is None else [lanes(np.asarray(off).astype(st))])
+    return qtype, np.concatenate(parts, axis=1).reshape(n, packed_row_bytes(qtype, k))
+
+
 # ---------------------------------------------------------------------------------------------- int8
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-output-channel int8 of ``w [N, K]``: ``(q int8 [N, K], scale float32 [N])`` with

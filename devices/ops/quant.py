@@ -2,17 +2,26 @@
 ``WeightQuantBatchMatmulV2``): ``weight_quant_matmul`` and ``quant_embedding``.
 
 Weights are ``[N, K]`` matrices (``transpose_b`` layout: one row per output feature) held as
-``uint8 [N, row_bytes]`` blocks of a GGUF format (attr ``qtype`` = ``q8_0``, ``q4_1``, ``q4_k``) or as
-``int8 [N, K]`` with a float32 per-row scale input (``qtype="int8"``).  Activations and outputs are
-float32 (or float16, computed in float32).
+``uint8 [N, row_bytes]`` blocks of a GGUF format (attr ``qtype`` = ``q8_0``, ``q4_1``, ``q4_k``), as the
+same blocks repacked at upload into row-interleaved groups (``q8_0r``, ``q4_1r``, ``q4_kr``: see
+:func:`.qformats.repack`; N a multiple of 32) or as ``int8 [N, K]`` with a float32 per-row scale input
+(``qtype="int8"``).  Activations and outputs are float32 (or float16, computed in float32).
 
-How it computes: the weight is expanded tile by tile of rows, each tile sized to stay in a core's L2
-(:data:`TILE_BYTES` of float32), and each tile is ONE BLAS call ``a @ tile^T`` into its output columns.
-Only ``scale * q`` is expanded; the offset term of the formats that have one (Q4_1's ``m``, Q4_K's mins) is
-a small matmul of the activations' 32-sums by the offsets.  The full float32 weight never exists.
+How it computes:
 
-Cost model: a cube task at the chip's INT8 rate over the bytes actually read (the quantized weights).
-Blocks split the output features N (every block expands only its rows).
+- repacked weights, at most :data:`FUSED_ROWS` activation rows (decode up to batch 16): one compiled loop
+  (:mod:`.qfused`) dequantises and multiplies in registers, 32 weight rows per SIMD lane group; nothing
+  is expanded to memory;
+- repacked weights, more rows (prefill): tiles of rows expanded to float32 by a compiled loop, each tile
+  ONE BLAS call ``a @ tile^T``;
+- GGUF blocks as stored, int8: tiles expanded by numpy, each tile sized to stay in a core's L2
+  (:data:`TILE_BYTES` of float32) and ONE BLAS call.  Only ``scale * q`` is expanded; the offset term of
+  the formats that have one (Q4_1's ``m``, Q4_K's mins) is a small matmul of the activations' 32-sums by
+  the offsets.  The full float32 weight never exists.
+
+Cost model: a cube task at the chip's INT8 rate over the quantized weights' bytes -- for a repacked
+weight, the bytes of the GGUF format it was made from, so repacking does not change the modelled clock.
+Blocks split the output features N (every block expands only its rows; repacked: whole 32-row groups).
 """
 from __future__ import annotations
 
@@ -24,13 +33,19 @@ from ..registry import builtin
 from .blocks import as_rows
 from .checks import FLOATS, ID_TYPES, arity, choice_attr, dtype_in, ndim_in, need, same_dtype, shape_is
 from .precision import F16, F32, quiet
-from .qformats import GGUF_FORMATS, block_terms, from_planes, to_planes
+from .qformats import (GGUF_FORMATS, PACKED, ROWS, block_terms, from_planes, half_scales, packed_row_len,
+                       to_planes)
 from .work import io_bytes
 
-QTYPES = tuple(GGUF_FORMATS) + ("int8",)
+QTYPES = tuple(GGUF_FORMATS) + tuple(PACKED) + ("int8",)
 #: float32 bytes of one expanded weight tile: half of a core's L2 on the 2-core development machine
 #: (1 MiB), so the tile is still in cache when the BLAS call reads it
 TILE_BYTES = 512 << 10
+#: at most this many activation rows, a repacked weight is computed on by the fused loop (no expansion);
+#: more rows expand tiles for BLAS.  Measured on SmolLM2's weights (thread CPU time, 2-core machine): the
+#: fused loop's time grows about linearly with the rows, the tile path's stays near its expansion cost;
+#: they cross at 20-24 rows for the projections, 12-16 for the 49152-row LM head (docs/quantization.md)
+FUSED_ROWS = 16
 
 
 def _qtype(nm, attrs) -> str:
@@ -41,11 +56,15 @@ def weight_k(nm: str, qtype: str, w) -> int:
     """Weights per row of quantized matrix ``w`` (a desc or an array)."""
     if qtype == "int8":
         return int(w.shape[-1])
+    if qtype in PACKED:
+        return packed_row_len(qtype, int(w.shape[-1]))
     return GGUF_FORMATS[qtype].row_len(int(w.shape[-1]))
 
 
 def _weight_dtype(nm, qtype, w) -> None:
     dtype_in(nm, w, ("int8",) if qtype == "int8" else ("uint8",), f"{qtype} weight")
+    need(qtype not in PACKED or w.shape[-2] % ROWS == 0, nm,
+         f"a {qtype} weight has whole groups of {ROWS} rows, got {w.shape[-2]}")
 
 
 def _check_wqmm(inputs, outputs, attrs):
@@ -73,10 +92,13 @@ def _check_wqmm(inputs, outputs, attrs):
 
 def _wqmm_work(inputs, outputs, attrs):
     a, w = inputs[0], inputs[1]
-    k = weight_k("weight_quant_matmul", attrs["qtype"], w)
+    qt = attrs["qtype"]
+    k = weight_k("weight_quant_matmul", qt, w)
     g = int(np.prod(w.shape[:-2], dtype=np.int64))
-    return Work(flops=2.0 * g * a.shape[0] * w.shape[-2] * k, bytes=io_bytes(inputs, outputs), unit="cube",
-                int8=True)
+    nbytes = io_bytes(inputs, outputs)
+    if qt in PACKED:                              # priced as the GGUF blocks it was repacked from
+        nbytes += g * w.shape[-2] * GGUF_FORMATS[PACKED[qt]].row_bytes(k) - w.nbytes
+    return Work(flops=2.0 * g * a.shape[0] * w.shape[-2] * k, bytes=nbytes, unit="cube", int8=True)
 
 
 def _wqmm_pd(inputs, outputs, attrs):
@@ -86,6 +108,31 @@ def _wqmm_pd(inputs, outputs, attrs):
 #: at most this many activation rows, a tile is expanded without its scales and the scales multiply the
 #: per-sub-block partial products ``[S, M, n]`` (M x fewer multiplies than the tile has weights)
 PARTIAL_ROWS = 8
+
+
+def packed_matmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray) -> None:
+    """``out[M, N] = a[M, K] @ dequant(w)[N, K]^T`` (float32) on a repacked weight ``w [N, row bytes]``:
+    the fused loop for at most :data:`FUSED_ROWS` rows, else tiles of whole groups expanded by the
+    compiled loop and one BLAS call each.  Blocks the calling thread."""
+    from . import qfused
+    m, k = a.shape
+    n = w.shape[0]
+    q4, half = qtype != "q8_0r", half_scales(qtype)
+    wg = np.ascontiguousarray(w).reshape(n // ROWS, -1)
+    a = np.ascontiguousarray(a, F32)
+    if m <= FUSED_ROWS:
+        dst = out if out.flags.c_contiguous else np.empty((m, n), F32)
+        (qfused.q4_dot if q4 else qfused.q8_dot)(a, wg, half, 0, n // ROWS, dst)
+        if dst is not out:
+            out[...] = dst
+        return
+    groups = max(1, TILE_BYTES // (4 * k * ROWS))
+    tile = np.empty((k, min(groups, n // ROWS) * ROWS), F32)             # transposed: [K, rows]
+    for g0 in range(0, n // ROWS, groups):
+        g1 = min(n // ROWS, g0 + groups)
+        t = tile if (g1 - g0) * ROWS == tile.shape[1] else np.empty((k, (g1 - g0) * ROWS), F32)
+        qfused.expand(wg, q4, half, g0, g1, t)
+        out[:, g0 * ROWS:g1 * ROWS] = a @ t
 
 
 def qmatmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray, scale: np.ndarray | None = None) -> None:
@@ -137,8 +184,9 @@ def qmatmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray, scale: np
 @quiet
 def _wqmm_run(ctx, inputs, outputs, attrs):
     """out[M,N] = a[M,K] @ dequant(weight)[N,K]^T (+ bias[N]); a 3-D weight [G,N,.] gives out[G,M,N]
-    (each g with the same a).  attr qtype: q8_0, q4_1, q4_k (weight uint8 GGUF blocks) or int8 (weight
-    int8 [.., N, K] and an antiquant_scale float32 [.., N] input before the bias)"""
+    (each g with the same a).  attr qtype: q8_0, q4_1, q4_k (weight uint8 GGUF blocks), q8_0r, q4_1r,
+    q4_kr (the blocks repacked by qformats.repack) or int8 (weight int8 [.., N, K] and an
+    antiquant_scale float32 [.., N] input before the bias)"""
     qt = attrs["qtype"]
     a, w, out = inputs[0], inputs[1], outputs[0]
     scale = inputs[2] if qt == "int8" else None
@@ -146,10 +194,11 @@ def _wqmm_run(ctx, inputs, outputs, attrs):
     n = w.shape[-2]
     lo, hi = 0, n
     if ctx.block_dim > 1:
-        r = ctx.split(n)
+        step = ROWS if qt in PACKED else 1                  # repacked: whole row groups
+        r = ctx.split(n // step)
         if not r:
             return
-        lo, hi = r.start, r.stop
+        lo, hi = r.start * step, r.stop * step
     a32 = a.astype(F32) if a.dtype == F16 else a
     w3 = w.reshape((-1,) + w.shape[-2:])
     o3 = out.reshape((-1,) + out.shape[-2:])
@@ -157,7 +206,10 @@ def _wqmm_run(ctx, inputs, outputs, attrs):
     for g in range(w3.shape[0]):
         o = o3[g, :, lo:hi]
         dst = o if o.dtype == F32 else np.empty(o.shape, F32)
-        qmatmul(a32, w3[g, lo:hi], qt, dst, None if s2 is None else s2[g, lo:hi])
+        if qt in PACKED:
+            packed_matmul(a32, w3[g, lo:hi], qt, dst)
+        else:
+            qmatmul(a32, w3[g, lo:hi], qt, dst, None if s2 is None else s2[g, lo:hi])
         if bias is not None:
             dst += bias[lo:hi]
         if dst is not o:
@@ -190,7 +242,8 @@ def _qembedding_work(inputs, outputs, attrs):
 @quiet
 def _qembedding_run(ctx, inputs, outputs, attrs):
     """out[*S, K] = dequant(table)[ids] (float32); attr qtype as weight_quant_matmul's (int8: an
-    antiquant_scale [V] input follows the ids); an id outside [0, V) is a KernelError"""
+    antiquant_scale [V] input follows the ids; repacked: a compiled row gather); an id outside [0, V) is a
+    KernelError"""
     qt = attrs["qtype"]
     table, ids = inputs[0], inputs[1]
     v = table.shape[0]
@@ -209,6 +262,14 @@ def _qembedding_run(ctx, inputs, outputs, attrs):
     if bad.size:
         raise KernelError(f"quant_embedding: id {int(ids1[bad[0]])} at flat index {base + int(bad[0])} is outside "
                           f"the table's [0, {v}) rows ({bad.size} bad id(s) in block {ctx.block_idx})")
+    if qt in PACKED:
+        from .qfused import gather
+        dst = o2 if o2.flags.c_contiguous else np.empty(o2.shape, F32)
+        gather(np.ascontiguousarray(table).reshape(v // ROWS, -1), qt != "q8_0r", half_scales(qt), ids1.astype(np.int64),
+               dst)
+        if dst is not o2:
+            o2[...] = dst
+        return
     rows = np.take(table, ids1, axis=0)
     if qt == "int8":
         np.multiply(rows, inputs[2][ids1][:, None], out=o2)

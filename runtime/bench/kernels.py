@@ -50,6 +50,9 @@ def register(bench_sub) -> None:
                    help="gguf: the weights' kernels on SmolLM2's own GGUF blocks (weight_quant_matmul, "
                         "quant_embedding: layer 0's Q4_1 projections, the Q8_0 embedding and head); their bound "
                         "is the float32 matmul of the dequantised weights (what the float32 path runs)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="what the times are: wall (elapsed) or cpu (this process's CPU time: what a kernel costs "
+                        "when other jobs share the cores; single-threaded BLAS, OPENBLAS_NUM_THREADS=1)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(fn=_run)
 
@@ -200,9 +203,10 @@ def _cases(n: int, ctx: int | None, rng) -> list[Case]:
 
 
 def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
-    """The weights' kernels on SmolLM2's GGUF blocks (layer 0, the token embedding as the head): each
-    bound is the float32 numpy matmul (or row gather) of the dequantised weight."""
-    from devices.ops.qformats import dequantize
+    """The weights' kernels on SmolLM2's GGUF blocks (layer 0, the token embedding as the head), repacked
+    as ``vnpu serve -q gguf`` uploads them (:func:`devices.ops.qformats.repack`): each bound is the float32
+    numpy matmul (or row gather) of the dequantised weight."""
+    from devices.ops.qformats import dequantize, repack
     from runtime.models.weights import load_gguf_quantized, smollm2_gguf
     g = load_gguf_quantized(smollm2_gguf())
     t, qt = g.tensors, g.qtypes
@@ -214,6 +218,7 @@ def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
     wo, wd, emb = (np.asarray(t[blk + "attn_output.weight"]), np.asarray(t[blk + "ffn_down.weight"]),
                    np.asarray(t["token_embd.weight"]))
     f4, f8 = qt[blk + "attn_q.weight"], qt["token_embd.weight"]
+    p4, p8 = f4 + "r", f8 + "r"
 
     def r(*shape):
         return rng.standard_normal(shape, dtype=np.float32)
@@ -233,45 +238,53 @@ def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
             return lambda: np.matmul(a_, w_.transpose(0, 2, 1), out=out_)
         return lambda: np.matmul(a_, w_.T, out=out_)
 
+    def pk(fmt, w_):                                                   # as uploaded: repacked
+        return np.stack([repack(fmt, m_)[1] for m_ in w_]) if w_.ndim == 3 else repack(fmt, w_)[1]
+
+    pqkv, pwo, pgu, pwd, pemb = pk(f4, wqkv), pk(f4, wo), pk(f4, wgu), pk(f4, wd), pk(f8, emb)
     att = r(n, deq["o"].shape[1])
     return [
-        Case(f"quant_embedding {f8}", "quant_embedding", (emb, ids), (o(n, d),), {"qtype": f8},
+        Case(f"quant_embedding {p8}", "quant_embedding", (pemb, ids), (o(n, d),), {"qtype": p8},
              lambda: np.take(deq["emb"], ids, axis=0), per_layer=False),
-        Case(f"wq_matmul qkv {f4}", "weight_quant_matmul", (x, wqkv), (o(n, wqkv.shape[0]),), {"qtype": f4},
+        Case(f"wq_matmul qkv {p4}", "weight_quant_matmul", (x, pqkv), (o(n, wqkv.shape[0]),), {"qtype": p4},
              mm(x, "qkv", o(n, wqkv.shape[0])), tol=1e-4),
-        Case(f"wq_matmul o {f4}", "weight_quant_matmul", (att, wo), (o(n, d),), {"qtype": f4}, mm(att, "o", o(n, d)),
-             tol=1e-4),
-        Case(f"wq_matmul gate|up {f4}", "weight_quant_matmul", (x, wgu), (o(2, n, ff),), {"qtype": f4},
+        Case(f"wq_matmul o {p4}", "weight_quant_matmul", (att, pwo), (o(n, d),), {"qtype": p4},
+             mm(att, "o", o(n, d)), tol=1e-4),
+        Case(f"wq_matmul gate|up {p4}", "weight_quant_matmul", (x, pgu), (o(2, n, ff),), {"qtype": p4},
              mm(x, "gu", o(2, n, ff)), tol=1e-4),
-        Case(f"wq_matmul down {f4}", "weight_quant_matmul", (hh, wd), (o(n, d),), {"qtype": f4},
+        Case(f"wq_matmul down {p4}", "weight_quant_matmul", (hh, pwd), (o(n, d),), {"qtype": p4},
              mm(hh, "down", o(n, d)), tol=1e-4),
-        Case(f"wq_matmul head {f8}", "weight_quant_matmul", (xh, emb), (o(len(xh), V),), {"qtype": f8},
+        Case(f"wq_matmul head {p8}", "weight_quant_matmul", (xh, pemb), (o(len(xh), V),), {"qtype": p8},
              mm(xh, "emb", o(len(xh), V)), per_layer=False, tol=1e-4),
     ]
 
 
-def _time_pair(fn_a, fn_b, repeat: int) -> tuple[float, float]:
-    """Median seconds of ``fn_a`` and ``fn_b``, run alternately (one warm-up each)."""
+#: the clocks ``--clock`` names
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def _time_pair(fn_a, fn_b, repeat: int, clock=time.perf_counter) -> tuple[float, float]:
+    """Median seconds of ``fn_a`` and ``fn_b`` by ``clock``, run alternately (one warm-up each)."""
     fn_a()
     fn_b()
     ta, tb = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn_a()
-        t1 = time.perf_counter()
+        t1 = clock()
         fn_b()
-        t2 = time.perf_counter()
+        t2 = clock()
         ta.append(t1 - t0)
         tb.append(t2 - t1)
     return statistics.median(ta), statistics.median(tb)
 
 
-def _measure(case: Case, repeat: int) -> dict:
+def _measure(case: Case, repeat: int, clock=time.perf_counter) -> dict:
     from devices.kernel import BlockCtx, lookup
     k = lookup(case.kernel)
     ins, outs = list(case.inputs), list(case.outputs)
     whole = BlockCtx(0, 1, 0)
-    t_k, t_b = _time_pair(lambda: k.run(whole, ins, outs, case.attrs), case.bound, repeat)
+    t_k, t_b = _time_pair(lambda: k.run(whole, ins, outs, case.attrs), case.bound, repeat, clock)
     got, want = outs[0], case.bound()
     scale = float(np.abs(want).max()) or 1.0
     ok = bool(np.allclose(got, want, rtol=case.tol, atol=case.tol * scale))
@@ -282,7 +295,7 @@ def _measure(case: Case, repeat: int) -> dict:
         def sliced():
             for b in range(CORES):
                 k.run(BlockCtx(b, CORES, 0), ins, outs, case.attrs)
-        t_s, _ = _time_pair(sliced, lambda: None, max(3, repeat // 3))
+        t_s, _ = _time_pair(sliced, lambda: None, max(3, repeat // 3), clock)
         row["sliced20_us"] = round(t_s * 1e6, 1)
     return row
 
@@ -297,16 +310,20 @@ def _step(rows: list[dict], layers: int) -> dict:
 _WEIGHT_KERNELS = ("embedding", "matmul qkv", "matmul o", "batch_matmul gate|up", "matmul down", "matmul head")
 
 
-def bench(batches: list[int], context: int, prefill: int, repeat: int, quantization: str = "none") -> dict:
+def bench(batches: list[int], context: int, prefill: int, repeat: int, quantization: str = "none",
+          clock: str = "wall") -> dict:
     c, *_ = _shapes()
     rng = np.random.default_rng(0)
-    out = {"layers": c.n_layers, "context": context, "quantization": quantization, "sections": []}
+    out = {"layers": c.n_layers, "context": context, "quantization": quantization, "clock": clock, "sections": []}
+    if quantization == "gguf":                  # the fused loops' first-call compile (or cache load)
+        from devices.ops.qfused import compile_all
+        out["jit_s"] = round(compile_all(), 2)
     for n, ctx, label in [(b, context, f"decode B={b}, context {context}") for b in batches] + \
                          [(prefill, None, f"prefill {prefill} tokens")]:
         cases = _cases(n, ctx, rng)
         if quantization == "gguf":
             cases = [cs for cs in cases if cs.name not in _WEIGHT_KERNELS] + _quant_cases(n, ctx, rng)
-        rows = [_measure(cs, repeat) for cs in cases]
+        rows = [_measure(cs, repeat, CLOCKS[clock]) for cs in cases]
         out["sections"].append({"label": label, "rows": rows, "step": _step(rows, c.n_layers)})
     out["verified"] = all(r["ok"] for s in out["sections"] for r in s["rows"])
     return out
@@ -314,14 +331,18 @@ def bench(batches: list[int], context: int, prefill: int, repeat: int, quantizat
 
 def _run(a) -> int:
     from runtime.bench.bound import cores
-    doc = bench(list(a.batch), a.context, a.prefill_tokens, a.repeat, getattr(a, "quantization", "none"))
+    doc = bench(list(a.batch), a.context, a.prefill_tokens, a.repeat, getattr(a, "quantization", "none"),
+                getattr(a, "clock", "wall"))
     doc["load"] = [round(x, 2) for x in os.getloadavg()]
     doc["cores"] = cores()
     if a.json:
         print(json.dumps(doc))
         return 0 if doc["verified"] else 1
     print(f"vnpu bench kernels: SmolLM2-135M kernels (weights: {doc['quantization']}) in isolation (one call each, this process) vs the least "
-          f"numpy for the same result; medians of {a.repeat}; load {doc['load']} on {doc['cores']} cores")
+          f"numpy for the same result; medians of {a.repeat} ({doc['clock']} clock); load {doc['load']} on "
+          f"{doc['cores']} cores")
+    if "jit_s" in doc:
+        print(f"compiled loops (numba) ready in {doc['jit_s']} s (compile on a first run, cache load after)")
     for s in doc["sections"]:
         print(f"\n{s['label']}")
         print(f"  {'kernel':<26} {'kernel us':>10} {'bound us':>9} {'ratio':>6}  {'20 slices us':>12}  ok")

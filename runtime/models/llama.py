@@ -47,7 +47,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from devices.errors import AclError, InvalidParamError
-from devices.ops.qformats import GGUF_FORMATS, dequantize
+from devices.ops.qformats import GGUF_FORMATS, ROWS, dequantize, repack
 from runtime import hccl
 from runtime.stages import LOADING_WEIGHTS, UPLOADING, stage
 
@@ -191,6 +191,24 @@ class LlamaRank:
                   self._rows(L["w_up"], kind["w_up"], sp.f0, sp.f0 + sp.ff)]
             out[f"{i}.wgu"] = self._join(f"{i}.wgu", gu, [kind["w_gate"], kind["w_up"]], np.stack)
             out[f"{i}.wd"] = self._cols(f"{i}.wd", L["w_down"], kind["w_down"], sp.f0, sp.f0 + sp.ff)
+        return self._repacked(out)
+
+    def _repacked(self, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Quantized weights whose rows fill whole groups repacked for the fused kernels
+        (:func:`devices.ops.qformats.repack`, lossless; the cost model still prices the GGUF bytes); a
+        table whose LM-head share does not start on a group stays in its GGUF blocks.  Compiles the fused
+        loops on a first use (numba, some seconds; later processes, the device's included, load them from
+        its on-disk cache)."""
+        if self.qt:
+            from devices.ops.qfused import compile_all          # numba: imported only where it is used
+            compile_all()
+        for key, fmt in list(self.qt.items()):
+            w = out[key]
+            if w.shape[-2] % ROWS or (key == "embd" and self.spec.head and self.spec.v0 % ROWS):
+                continue
+            mats = [repack(fmt, m) for m in (w if w.ndim == 3 else [w])]
+            self.qt[key] = mats[0][0]
+            out[key] = np.stack([m for _, m in mats]) if w.ndim == 3 else mats[0][1]
         return out
 
     @staticmethod

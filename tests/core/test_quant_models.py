@@ -54,7 +54,7 @@ def test_smollm2_gguf_blocks_in_hbm_agree_with_float32(rt, fp32_tokens):
     try:
         rank = job.ranks[0]
         q_bytes = rank.weight_bytes()
-        assert rank.qt["embd"] == "q8_0" and rank.qt["0.wqkv"] == "q4_1" and rank.qt["29.wd"] == "q4_1"
+        assert rank.qt["embd"] == "q8_0r" and rank.qt["0.wqkv"] == "q4_1r" and rank.qt["29.wd"] == "q4_1r"
         got = [g.token_ids for g in job.generate(PROMPTS, max_new_tokens=NEW_TOKENS)]
     finally:
         job.close()

@@ -15,7 +15,8 @@ import gguf
 from devices.chip import ASCEND_910B3, CostModel, Work
 from devices.errors import InvalidParamError, KernelError
 from devices.kernel import BlockCtx, TensorDesc, lookup
-from devices.ops.qformats import GGUF_FORMATS, dequantize, quantize_int8
+from devices.ops.qformats import GGUF_FORMATS, PACKED, ROWS, dequantize, packed_row_bytes, quantize_int8, repack
+from devices.ops.qfused import dequantize_packed
 from fp32 import assert_within, gamma
 from runtime.models.weights import load_gguf_quantized, smollm2_gguf
 
@@ -149,6 +150,8 @@ def test_quant_embedding_refuses_an_id_out_of_range():
     ([((1, 64), "float32"), ((4, 64), "int8"), ((3,), "float32")], [((1, 4), "float32")], {"qtype": "int8"},
      "antiquant_scale"),
     ([((1, 64), "float32"), ((4, 40), "uint8")], [((1, 5), "float32")], {"qtype": "q4_1"}, "output"),
+    ([((1, 64), "float32"), ((40, 48), "uint8")], [((1, 40), "float32")], {"qtype": "q4_1r"}, "groups of 32 rows"),
+    ([((1, 64), "float32"), ((32, 50), "uint8")], [((1, 32), "float32")], {"qtype": "q4_1r"}, "20-byte blocks"),
 ])
 def test_bad_launches_are_refused(ins, outs, attrs, match):
     k = lookup("weight_quant_matmul")
@@ -176,3 +179,104 @@ def test_priced_at_the_int8_rate_over_the_quantized_bytes():
     f32 = lookup("matmul").work((a, TensorDesc(0, (n, k), "float32"), ), (o,), {"transpose_b": True})
     launch = spec.launch_cost_s                                     # beyond the fixed launch cost: > 4x less
     assert cm.kernel(work, spec.ai_cores) - launch < (cm.kernel(f32, spec.ai_cores) - launch) / 4
+
+
+# ------------------------------------------------------------------ repacked (row-interleaved) layouts
+def packed(fmt, raw):
+    """``repack`` of a 2-D or stacked 3-D matrix of GGUF blocks (what the model upload does)."""
+    if raw.ndim == 3:
+        mats = [repack(fmt, m) for m in raw]
+        return mats[0][0], np.stack([m for _, m in mats])
+    return repack(fmt, raw)
+
+
+@pytest.mark.parametrize("fmt", list(GGUF_FORMATS))
+def test_repack_is_lossless(fmt):
+    """The repacked layout dequantises to exactly the gguf package's weights, and the byte count is
+    quants + a float32 scale (and offset) per 32 weights."""
+    raw = random_blocks(fmt, 64, 512, seed=11)
+    qt, p = repack(fmt, raw)
+    assert PACKED[qt] == fmt and p.dtype == np.uint8 and p.shape[0] == 64
+    assert p.shape[1] == (GGUF_FORMATS[fmt].row_bytes(512) if fmt != "q4_k" else 512 // 2 + 512 // 4)
+    np.testing.assert_array_equal(dequantize_packed(qt, p), gguf.dequantize(raw, GGML[fmt]))
+    special = np.array([6e-8, -6e-8, 0.0, -0.0, 65504.0, -1e-5, 3.0517578e-05], np.float16)   # fp16 subnormals ..
+    blocks = raw.reshape(64, -1, GGUF_FORMATS[fmt].block_bytes)
+    blocks[:len(special), 0, :2] = special.view(np.uint8).reshape(-1, 2)                        # .. as scales d
+    qt, p = repack(fmt, raw)
+    np.testing.assert_array_equal(dequantize_packed(qt, p), gguf.dequantize(raw, GGML[fmt]))
+    with pytest.raises(InvalidParamError, match="groups"):
+        repack(fmt, raw[:40])
+
+
+@pytest.mark.parametrize("fmt", list(GGUF_FORMATS))
+@pytest.mark.parametrize("m,block_dim", [(1, 1), (1, 3), (5, 2), (16, 1), (40, 1), (40, 3)])
+def test_repacked_matmul_equals_dequantize_then_matmul(fmt, m, block_dim):
+    """Both paths on the repacked layout (the fused loop for few rows, compiled tiles + BLAS for many)
+    against the gguf package's dequantisation and a float64 matmul; a block split keeps whole groups."""
+    import devices.ops.quant as quant
+    n, k = 3 * ROWS, 512
+    raw = random_blocks(fmt, n, k, seed=12)
+    w = gguf.dequantize(raw, GGML[fmt])
+    qt, p = repack(fmt, raw)
+    assert (m <= quant.FUSED_ROWS) == (m < 40)
+    a = np.random.default_rng(13).standard_normal((m, k)).astype(np.float32)
+    bias = np.random.default_rng(14).standard_normal(n).astype(np.float32)
+    got = run_blocks("weight_quant_matmul", [a, p], (m, n), {"qtype": qt}, block_dim)
+    assert_within(got, reference(a, w), bound(a, w), f"{qt} M={m} blocks={block_dim}")
+    got = run_blocks("weight_quant_matmul", [a, p, bias], (m, n), {"qtype": qt}, block_dim)
+    assert_within(got, reference(a, w) + bias, bound(a, w, 1) + gamma(2) * np.abs(bias), "with bias")
+
+
+def test_repacked_tiles_and_stacks(monkeypatch):
+    """A stacked [2, N, .] repacked weight through tiles of one group each (many tiles), and through the
+    fused loop; float16 activations are computed in float32."""
+    import devices.ops.quant as quant
+    monkeypatch.setattr(quant, "TILE_BYTES", 4 * 64 * ROWS)       # one group per tile at K = 64
+    raw = np.stack([random_blocks("q4_k", 2 * ROWS, 256, seed=s) for s in (15, 16)])
+    qt, p = packed("q4_k", raw)
+    for m in (2, 20):
+        a = np.random.default_rng(m).standard_normal((m, 256)).astype(np.float32)
+        got = run_blocks("weight_quant_matmul", [a, p], (2, m, 2 * ROWS), {"qtype": qt}, 1)
+        for g in range(2):
+            w = gguf.dequantize(raw[g], GGML["q4_k"])
+            assert_within(got[g], reference(a, w), bound(a, w), f"g={g} M={m}")
+    a16 = np.random.default_rng(17).standard_normal((3, 256)).astype(np.float16)
+    out = np.empty((2, 3, 2 * ROWS), np.float16)
+    lookup("weight_quant_matmul").run(BlockCtx(0, 1, 0), [a16, p], [out], {"qtype": qt})
+    w = gguf.dequantize(raw[1], GGML["q4_k"])
+    want = reference(a16.astype(np.float32), w)
+    np.testing.assert_allclose(out[1].astype(np.float64), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
+
+
+def test_repacked_real_smollm2_rows_and_embedding():
+    """The file's own Q4_1 and Q8_0 rows repacked: the fused loop, and the embedding's row gather equal
+    to the gguf package's rows exactly; an id outside the table is refused."""
+    g = load_gguf_quantized(smollm2_gguf())
+    for name, fmt in (("blk.3.ffn_down.weight", "q4_1"), ("token_embd.weight", "q8_0")):
+        raw = np.asarray(g.tensors[name][:96])
+        w = gguf.dequantize(raw, GGML[fmt])
+        qt, p = repack(fmt, raw)
+        a = np.random.default_rng(18).standard_normal((1, w.shape[1])).astype(np.float32)
+        got = run_blocks("weight_quant_matmul", [a, p], (1, 96), {"qtype": qt}, 1)
+        assert_within(got, reference(a, w), bound(a, w), name)
+        ids = np.array([[95, 0], [17, 64]], np.int64)
+        emb = run_blocks("quant_embedding", [p, ids], (2, 2, w.shape[1]), {"qtype": qt}, 3)
+        np.testing.assert_array_equal(emb, w[ids])
+        with pytest.raises(KernelError, match="id 96"):
+            out = np.empty((1, w.shape[1]), np.float32)
+            lookup("quant_embedding").run(BlockCtx(0, 1, 0), [p, np.array([96], np.int32)], [out], {"qtype": qt})
+
+
+def test_repacked_priced_as_the_gguf_blocks():
+    """Repacking changes the bytes in HBM, not the modelled clock: the work of a repacked launch is the
+    work of the same launch on the GGUF blocks it was made from."""
+    m, n, k = 1, 1536, 576
+    a, o = TensorDesc(0, (m, k), "float32"), TensorDesc(0, (m, n), "float32")
+    kern = lookup("weight_quant_matmul")
+    for fmt in GGUF_FORMATS:
+        kk = 512 if fmt == "q4_k" else k
+        a = TensorDesc(0, (m, kk), "float32")
+        raw = TensorDesc(0, (2, n, GGUF_FORMATS[fmt].row_bytes(kk)), "uint8")
+        rp = TensorDesc(0, (2, n, packed_row_bytes(fmt + "r", kk)), "uint8")
+        o = TensorDesc(0, (2, m, n), "float32")
+        assert kern.work((a, rp), (o,), {"qtype": fmt + "r"}) == kern.work((a, raw), (o,), {"qtype": fmt})

@@ -112,6 +112,7 @@ BAD = [
     ("bench serve --prompt-tokens x", ["bench", "serve", "--prompt-tokens", "x"], "--prompt-tokens"),
     ("bench kernels --batch 0", ["bench", "kernels", "--batch", "0"], "--batch"),
     ("bench kernels --context 0", ["bench", "kernels", "--context", "0"], "--context"),
+    ("bench kernels --clock gpu", ["bench", "kernels", "--clock", "gpu"], "--clock"),
     ("bench sanitize --tokens 2", ["bench", "sanitize", "--tokens", "2"], "--tokens"),
     ("bench sanitize --rounds 0", ["bench", "sanitize", "--rounds", "0"], "--rounds"),
     ("bench sanitize --sentences 0", ["bench", "sanitize", "--sentences", "0"], "--sentences"),

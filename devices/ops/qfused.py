@@ -1,0 +1,288 @@
+"""Compiled loops (numba) over the row-interleaved quantized layouts of :mod:`.qformats` (``q8_0r``,
+``q4_1r``, ``q4_kr``): the fused dequantise-and-dot of a few activation rows (decode), the expansion of a
+tile of rows to float32 (prefill: the caller multiplies the tile with one BLAS call) and the row gather of
+an embedding.
+
+Layout of one group of :data:`~.qformats.ROWS` (R) weight rows, ``NB = K / 32`` blocks each (bytes, in
+this order): the quants ``[NB, L, R]`` (q8: ``int8``, L = 32, weight ``32 b + j``; q4: ``uint8``, L = 16,
+low nibble weight ``32 b + j``, high nibble ``32 b + 16 + j``), the scales ``[NB, R]`` and, for q4, the
+offsets ``[NB, R]``: ``w[r, 32 b + j] = scale[b, r] * q + offset[b, r]``.  Scales and offsets are fp16
+(``half``: Q8_0's and Q4_1's own, so the layout has the GGUF file's bytes) or float32 (Q4_K's products
+of a super-block scale and a 6-bit one need 17 bits); the loops convert a group's fp16 scales to
+float32 once (a bit-level conversion, exact, subnormals included).  Lanes are
+rows, so the innermost loop runs over R rows with contiguous loads and no horizontal sums (what
+llama.cpp's CPU backend gets by interleaving rows of blocks when it repacks them).
+
+The fused loops sum each block's ``q * a`` in float32 and scale per block (the offsets multiply the
+activations' 32-sums), so results differ from a float32 matmul of the dequantised weight only by
+summation order.  Everything here blocks the calling thread; nothing touches device state.  The first
+call of each loop in a process compiles it (``cache=True``: later processes load the compiled code from
+``__pycache__``); :func:`compile_all` does that up front and returns the seconds it took.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from numba import njit
+
+from ..errors import InvalidParamError
+from .qformats import PACKED, half_scales, packed_row_len
+from .qformats import ROWS as R     # rows per group: the fused loops' lanes (32 float32 = four AVX2 registers)
+
+_F32 = np.float32
+#: reassociation (sums vectorize) and fused multiply-add; not the no-NaN / no-inf flags: a NaN or inf in
+#: the activations comes out as it would from numpy
+_FAST = {"reassoc", "contract"}
+_LOW = np.uint8(15)
+_HIGH = np.uint8(0xF0)
+_FOUR = np.uint8(4)
+_SIXTEENTH = np.float32(1 / 16)
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def _block_sums(a):
+    m_, k = a.shape
+    nb = k // 32
+    s = np.empty((m_, nb), np.float32)
+    for m in range(m_):
+        for b in range(nb):
+            t = np.float32(0)
+            for j in range(32):
+                t += a[m, 32 * b + j]
+            s[m, b] = t
+    return s
+
+
+_MAGIC = np.float32(2.0 ** 112)
+
+
+@njit(cache=True, nogil=True)
+def _scales(grp, start, n, half, bits_i, bits_f, dst):
+    """``dst[:n] =`` the ``n`` scales at byte ``start`` of ``grp`` as float32 (``half``: fp16 bit patterns;
+    ``bits_f`` is ``bits_i`` viewed as float32).  fp16 -> float32 by bits: the exponent and mantissa moved
+    to float32's places and the value rescaled by 2**112 (exact, subnormals included); inf / NaN kept."""
+    if not half:
+        dst[:n] = grp[start:start + 4 * n].view(np.float32)
+        return
+    h16 = grp[start:start + 2 * n].view(np.uint16)
+    for i in range(n):
+        bits_i[i] = (np.int32(h16[i]) & 0x7FFF) << 13
+    for i in range(n):
+        h = np.int32(h16[i])
+        v = bits_f[i] * _MAGIC
+        if (h & 0x7C00) == 0x7C00:
+            v = np.float32(np.inf) if (h & 0x3FF) == 0 else np.float32(np.nan)
+        dst[i] = -v if h & 0x8000 else v
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def q4_dot(a, wg, half, g0, g1, out):
+    """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q4 groups ``g0 .. g1`` of ``wg [G, group bytes]``."""
+    m_, k = a.shape
+    nb = k // 32
+    sz = 2 if half else 4
+    rr = wg.shape[1] // (nb * (16 + 2 * sz))    # == R, but a run-time trip count: LLVM vectorizes the lane
+    qb = nb * 16 * rr                           # loops instead of unrolling them into scalar code
+    sb = nb * rr * sz
+    asum = _block_sums(a)
+    s = np.empty((m_, rr), np.float32)
+    acc = np.empty((m_, rr), np.float32)
+    lo = np.empty(rr, np.float32)
+    hi = np.empty(rr, np.float32)
+    bits_i = np.empty(nb * rr, np.int32)
+    bits_f = bits_i.view(np.float32)
+    d1 = np.empty(nb * rr, np.float32)
+    m1 = np.empty(nb * rr, np.float32)
+    d = d1.reshape((nb, rr))
+    mn = m1.reshape((nb, rr))
+    for g in range(g0, g1):
+        grp = wg[g]
+        qs = grp[:qb].reshape((nb, 16, rr))
+        _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
+        _scales(grp, qb + sb, nb * rr, half, bits_i, bits_f, m1)
+        acc[:] = 0
+        for b in range(nb):
+            s[:] = 0
+            for j in range(16):                 # the high nibble as 16 q (a byte mask, no widening shift)
+                qj = qs[b, j]                   # times a / 16: the same product, exactly
+                if m_ == 1:
+                    a0 = a[0, 32 * b + j]
+                    a1 = a[0, 32 * b + 16 + j] * _SIXTEENTH
+                    for r in range(rr):
+                        q = qj[r]
+                        s[0, r] += np.float32(q & _LOW) * a0 + np.float32(q & _HIGH) * a1
+                else:
+                    for r in range(rr):
+                        q = qj[r]
+                        lo[r] = np.float32(q & _LOW)
+                        hi[r] = np.float32(q & _HIGH)
+                    for m in range(m_):
+                        a0 = a[m, 32 * b + j]
+                        a1 = a[m, 32 * b + 16 + j] * _SIXTEENTH
+                        for r in range(rr):
+                            s[m, r] += lo[r] * a0 + hi[r] * a1
+            db = d[b]
+            mb = mn[b]
+            for m in range(m_):
+                sm = asum[m, b]
+                for r in range(rr):
+                    acc[m, r] += db[r] * s[m, r] + mb[r] * sm
+        c0 = rr * (g - g0)
+        for m in range(m_):
+            for r in range(rr):
+                out[m, c0 + r] = acc[m, r]
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def q8_dot(a, wg, half, g0, g1, out):
+    """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q8 groups ``g0 .. g1`` of ``wg [G, group bytes]``."""
+    m_, k = a.shape
+    nb = k // 32
+    sz = 2 if half else 4
+    rr = wg.shape[1] // (nb * (32 + sz))        # == R, a run-time trip count (see q4_dot)
+    qb = nb * 32 * rr
+    s = np.empty((m_, rr), np.float32)
+    acc = np.empty((m_, rr), np.float32)
+    wf = np.empty(rr, np.float32)
+    bits_i = np.empty(nb * rr, np.int32)
+    bits_f = bits_i.view(np.float32)
+    d1 = np.empty(nb * rr, np.float32)
+    d = d1.reshape((nb, rr))
+    for g in range(g0, g1):
+        grp = wg[g]
+        qs = grp[:qb].view(np.int8).reshape((nb, 32, rr))
+        _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
+        acc[:] = 0
+        for b in range(nb):
+            s[:] = 0
+            for j in range(32):
+                qj = qs[b, j]
+                if m_ == 1:
+                    a0 = a[0, 32 * b + j]
+                    for r in range(rr):
+                        s[0, r] += np.float32(qj[r]) * a0
+                else:
+                    for r in range(rr):
+                        wf[r] = np.float32(qj[r])
+                    for m in range(m_):
+                        a0 = a[m, 32 * b + j]
+                        for r in range(rr):
+                            s[m, r] += wf[r] * a0
+            db = d[b]
+            for m in range(m_):
+                for r in range(rr):
+                    acc[m, r] += db[r] * s[m, r]
+        c0 = rr * (g - g0)
+        for m in range(m_):
+            for r in range(rr):
+                out[m, c0 + r] = acc[m, r]
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def expand(wg, q4, half, g0, g1, tile_t):
+    """float32 weights of groups ``g0 .. g1`` into ``tile_t [K, R (g1 - g0)]``: transposed (column ``c``
+    is weight row ``R g0 + c``), so both the quants' reads and the tile's writes run along the rows."""
+    k = tile_t.shape[0]
+    nb = k // 32
+    lanes = 16 if q4 else 32
+    sz = 2 if half else 4
+    rr = wg.shape[1] // (nb * (lanes + (2 if q4 else 1) * sz))
+    qb = nb * lanes * rr
+    sb = nb * rr * sz
+    bits_i = np.empty(nb * rr, np.int32)
+    bits_f = bits_i.view(np.float32)
+    d1 = np.empty(nb * rr, np.float32)
+    m1 = np.zeros(nb * rr, np.float32)
+    d = d1.reshape((nb, rr))
+    mn = m1.reshape((nb, rr))
+    for g in range(g0, g1):
+        grp = wg[g]
+        _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
+        c0 = rr * (g - g0)
+        if q4:
+            _scales(grp, qb + sb, nb * rr, half, bits_i, bits_f, m1)
+            qs = grp[:qb].reshape((nb, 16, rr))
+            for b in range(nb):
+                db = d[b]
+                mb = mn[b]
+                for j in range(16):
+                    qj = qs[b, j]
+                    lo = tile_t[32 * b + j]
+                    hi = tile_t[32 * b + 16 + j]
+                    for r in range(rr):
+                        lo[c0 + r] = db[r] * np.float32(qj[r] & _LOW) + mb[r]
+                        hi[c0 + r] = db[r] * np.float32(qj[r] >> _FOUR) + mb[r]
+        else:
+            q8 = grp[:qb].view(np.int8).reshape((nb, 32, rr))
+            for b in range(nb):
+                db = d[b]
+                for j in range(32):
+                    qj = q8[b, j]
+                    row = tile_t[32 * b + j]
+                    for r in range(rr):
+                        row[c0 + r] = db[r] * np.float32(qj[r])
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def gather(wg, q4, half, ids, out):
+    """``out[i] = W[ids[i]]`` (float32, natural order); ids already checked to be in range."""
+    k = out.shape[1]
+    nb = k // 32
+    lanes = 16 if q4 else 32
+    sz = 2 if half else 4
+    rr = wg.shape[1] // (nb * (lanes + (2 if q4 else 1) * sz))
+    qb = nb * lanes * rr
+    sb = nb * rr * sz
+    bits_i = np.empty(nb * rr, np.int32)
+    bits_f = bits_i.view(np.float32)
+    d1 = np.empty(nb * rr, np.float32)
+    m1 = np.zeros(nb * rr, np.float32)
+    d = d1.reshape((nb, rr))
+    mn = m1.reshape((nb, rr))
+    for i in range(ids.shape[0]):
+        g = ids[i] // rr
+        r = ids[i] % rr
+        grp = wg[g]
+        _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
+        row = out[i]
+        if q4:
+            _scales(grp, qb + sb, nb * rr, half, bits_i, bits_f, m1)
+            qs = grp[:qb].reshape((nb, 16, rr))
+            for b in range(nb):
+                for j in range(16):
+                    q = qs[b, j, r]
+                    row[32 * b + j] = d[b, r] * np.float32(q & _LOW) + mn[b, r]
+                    row[32 * b + 16 + j] = d[b, r] * np.float32(q >> _FOUR) + mn[b, r]
+        else:
+            q8 = grp[:qb].view(np.int8).reshape((nb, 32, rr))
+            for b in range(nb):
+                for j in range(32):
+                    row[32 * b + j] = d[b, r] * np.float32(q8[b, j, r])
+
+
+def dequantize_packed(qtype: str, w: np.ndarray) -> np.ndarray:
+    """float32 ``[N, K]`` (natural row order) of a repacked matrix ``uint8 [N, packed_row_bytes]``."""
+    if qtype not in PACKED:
+        raise InvalidParamError(f"unknown repacked format {qtype!r} (known: {', '.join(PACKED)})")
+    w = np.ascontiguousarray(w, np.uint8)
+    n = w.shape[0]
+    out = np.empty((packed_row_len(qtype, w.shape[1]), n), np.float32)
+    expand(w.reshape(n // R, -1), qtype != "q8_0r", half_scales(qtype), 0, n // R, out)
+    return np.ascontiguousarray(out.T)
+
+
+def compile_all() -> float:
+    """Compile (or load from the cache) every loop for the argument types the kernels pass; returns the
+    seconds it took (blocks the host)."""
+    t0 = time.perf_counter()
+    k = 32
+    for q4, lanes in ((True, 16), (False, 32)):
+        for half in (True, False):
+            sz = 2 if half else 4
+            wg = np.zeros((1, R * (k // 32) * (lanes + (2 if q4 else 1) * sz)), np.uint8)
+            a = np.zeros((1, k), _F32)
+            (q4_dot if q4 else q8_dot)(a, wg, half, 0, 1, np.empty((1, R), _F32))
+            expand(wg, q4, half, 0, 1, np.empty((k, R), _F32))
+            gather(wg, q4, half, np.zeros(1, np.int64), np.empty((1, k), _F32))
+    return time.perf_counter() - t0
