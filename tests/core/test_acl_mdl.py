@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from acl_checks import ok
+from acl_checks import acl_session, ok
 from conftest import installed, make_local_runtime
 from onnx_models import assert_close, cnn, images, ort_run
 from runtime import acl
@@ -69,16 +69,10 @@ def rt():
 @pytest.fixture
 def ctx(rt):
     """acl initialized on the module's runtime, device 0 set; finalized after (whatever the test did)."""
-    acl.finalize()
-    acl.get_recent_err_msg()
-    assert acl.init() == 0 and acl.rt.set_device(0) == 0
-    c, ret = acl.rt.get_context()
-    assert ret == 0
-    try:
+    with acl_session():
+        c, ret = acl.rt.get_context()
+        assert ret == 0
         yield c
-    finally:
-        acl.finalize()
-        acl.get_recent_err_msg()
 
 
 # ---------------------------------------------------------------------------------------------- the sample

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from acl_checks import ok
+from acl_checks import acl_session, ok
 from conftest import installed, make_local_runtime
 from onnx_models import assert_close
 from runtime import acl
@@ -85,18 +85,12 @@ def rt():
 
 @pytest.fixture
 def ctx(rt, op_dir, more_ops):
-    acl.finalize()
-    acl.get_recent_err_msg()
-    assert acl.init() == 0 and acl.rt.set_device(0) == 0
-    ok(acl.op.set_model_dir(str(op_dir)))
-    ok(acl.op.set_model_dir(str(more_ops)))
-    stream, ret = acl.rt.create_stream()
-    ok(ret)
-    try:
+    with acl_session():
+        ok(acl.op.set_model_dir(str(op_dir)))
+        ok(acl.op.set_model_dir(str(more_ops)))
+        stream, ret = acl.rt.create_stream()
+        ok(ret)
         yield stream
-    finally:
-        acl.finalize()
-        acl.get_recent_err_msg()
 
 
 # ---------------------------------------------------------------------------------------------- helpers

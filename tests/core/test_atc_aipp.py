@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from acl_checks import ok
+from acl_checks import acl_session, ok
 from conftest import installed, make_local_runtime
 from onnx_models import assert_close, cnn, ort_run
 from runtime import acl
@@ -84,14 +84,8 @@ def rt():
 
 @pytest.fixture
 def ctx(rt):
-    acl.finalize()
-    acl.get_recent_err_msg()
-    assert acl.init() == 0 and acl.rt.set_device(0) == 0
-    try:
+    with acl_session():
         yield
-    finally:
-        acl.finalize()
-        acl.get_recent_err_msg()
 
 
 def _device(data: bytes) -> tuple[int, int]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from acl_checks import ok
+from acl_checks import acl_session, ok
 from conftest import installed, make_local_runtime
 from devices.errors import ACL_ERROR_GE_PARAM_INVALID, AtcError
 from onnx_models import assert_close, cnn, hw_cnn, ort_run
@@ -68,14 +68,8 @@ def rt():
 
 @pytest.fixture
 def ctx(rt):
-    acl.finalize()
-    acl.get_recent_err_msg()
-    assert acl.init() == 0 and acl.rt.set_device(0) == 0
-    try:
+    with acl_session():
         yield
-    finally:
-        acl.finalize()
-        acl.get_recent_err_msg()
 
 
 # ---------------------------------------------------------------------------------------------- options
