@@ -568,23 +568,22 @@ class RemoteDevice(DeviceCalls):
     def synchronize_stream(self, sid: int, timeout_ms: float = -1, ops=()) -> None:
         """Wait for the stream; queued ``ops`` travel with the wait (one RPC) unless they are too large
         for one message (inline H2D data), then they go first as Submits."""
-        ops = list(ops)
-        if ops:
-            self._ship_user_kernels(ops)
-            if len(_split(ops)) > 1:
-                self.submit(ops)
-                ops = []
-        self._synchronize(self._rms.SynchronizeStream, sid, timeout_ms, ops)
+        self._synchronize(self._rms.SynchronizeStream, sid, timeout_ms, self._riding(ops))
 
     def synchronize_event(self, eid: int, timeout_ms: float = -1, ops=()) -> None:
         """Wait for the event; queued ``ops`` travel with the wait (one RPC), as :meth:`synchronize_stream`."""
+        self._synchronize(self._rms.SynchronizeEvent, eid, timeout_ms, self._riding(ops))
+
+    def _riding(self, ops) -> list:
+        """The queued ``ops`` that travel with a wait: all of them (their user kernels shipped first), or none
+        when they need more than one message (inline H2D data): those go first as Submits."""
         ops = list(ops)
         if ops:
             self._ship_user_kernels(ops)
             if len(_split(ops)) > 1:
                 self.submit(ops)
-                ops = []
-        self._synchronize(self._rms.SynchronizeEvent, eid, timeout_ms, ops)
+                return []
+        return ops
 
     def synchronize_device(self, timeout_ms: float = -1) -> None:
         self._synchronize(self._rms.SynchronizeDevice, 0, timeout_ms)

@@ -645,6 +645,18 @@ class Device:
                stream: "Stream | None" = None) -> None:
         (stream or self.default_stream).launch(kernel, inputs, outputs, attrs, block_dim)
 
+    def ops_for_wait(self) -> list:
+        """Before a stream or event wait on this device: other devices' queues flushed, this device's queued
+        ops taken (counted as one batch, and as a submit in an active profile) to travel with the wait."""
+        self.rt.flush_all(skip=self)
+        ops = self.queue.take()
+        if ops:
+            prof = _prof.ACTIVE
+            if prof is not None:
+                now = _now()
+                prof.submit(self.physical_id, len(ops), now, now)
+        return ops
+
     @_prof.api("Device.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
         """Block the host until all this device's streams are done (-1: up to the runtime's
@@ -853,13 +865,8 @@ class Stream:
         timeout_ms = dev.rt.wait_ms(timeout_ms)
         dev.busy_streams.discard(self.sid)
         try:
-            dev.rt.flush_all(skip=dev)
-            ops = dev.queue.take()
+            ops = dev.ops_for_wait()
             if ops:
-                prof = _prof.ACTIVE
-                if prof is not None:
-                    now = _now()
-                    prof.submit(dev.physical_id, len(ops), now, now)
                 dev.handle.synchronize_stream(self.sid, timeout_ms, ops=ops)    # one round trip
             else:
                 dev.handle.synchronize_stream(self.sid, timeout_ms)
@@ -925,13 +932,8 @@ class Event:
         t0 = _now()
         dev = self.device
         try:
-            dev.rt.flush_all(skip=dev)
-            ops = dev.queue.take()
+            ops = dev.ops_for_wait()
             if ops:
-                prof = _prof.ACTIVE
-                if prof is not None:
-                    now = _now()
-                    prof.submit(dev.physical_id, len(ops), now, now)
                 dev.handle.synchronize_event(self.eid, dev.rt.wait_ms(timeout_ms), ops=ops)    # one round trip
             else:
                 dev.handle.synchronize_event(self.eid, dev.rt.wait_ms(timeout_ms))
