@@ -41,6 +41,7 @@ from ..modelrepo.spec import ModelConfig
 from ..v2.repository import InferRequest, InferResult
 from .errors import EngineFailure, Unavailable
 from .lifecycle import EngineLifecycle
+from .om_fixed_dims import FixedDims
 from .om_image_sizes import ImageSizes
 from .om_runner import build_runner
 from .placement import DeviceBinder, Placement
@@ -89,14 +90,17 @@ class OmEngine(EngineLifecycle):
         self.input_names, self.output_names = self.built.input_names, self.built.output_names
         #: the .om's image-size gears (None: a model without them); every runner of the file has the same
         self.image_sizes: ImageSizes | None = self.built.image_sizes
+        #: the sizes the .om fixes, checked even where the config says -1 (:mod:`.om_fixed_dims`)
+        self.fixed_dims = FixedDims.of_manifest(self.built.manifest, config.max_batch_size > 0)
 
     # ------------------------------------------------------------------ requests
     def submit(self, request: InferRequest) -> Future:
         """Queue ``request`` (checked against the model's metadata); a future of its
         :class:`InferResult`.  Refusals: :class:`QueueFull` (its priority level's ``max_queue_size``, or
         :data:`MAX_WAITING`), :class:`Unavailable` (failed or draining), :class:`InvalidRequest` (a
-        priority the model does not have, or an image size that is not one of the model's gears -- see
-        :mod:`.om_image_sizes`).  Returns at once."""
+        priority the model does not have, an image size that is not one of the model's gears -- see
+        :mod:`.om_image_sizes` -- or a size the .om fixes otherwise, :mod:`.om_fixed_dims`).  Returns at once."""
+        self.fixed_dims.check(self.model, request.inputs)
         job = _Job(request, Future())
         key = self.image_sizes.of_request(self.model, request.inputs) if self.image_sizes is not None else None
         with self._admitting(1):

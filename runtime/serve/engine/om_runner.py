@@ -56,9 +56,10 @@ class DeviceRunner:
         self.devices = list(devices)
         dev = self.devices[0]
         self.model = offline.load(path, dev)
-        self.dynamic = _dynamic(self.model.manifest)
-        self.input_names, self.output_names = _names(self.model.manifest)
-        self.image_sizes = ImageSizes.of_manifest(self.model.manifest)
+        self.manifest = self.model.manifest
+        self.dynamic = _dynamic(self.manifest)
+        self.input_names, self.output_names = _names(self.manifest)
+        self.image_sizes = ImageSizes.of_manifest(self.manifest)
         try:
             self.stream = dev.stream()
         except BaseException:
