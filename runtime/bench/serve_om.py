@@ -193,7 +193,7 @@ def _level(conc: int, on: dict, off: dict, bound: Bound, delay_us: int, echo: di
         row[f"of_{key.removesuffix('_rps')}"] = round(on["requests_per_s"] / b, 3) if b else None
     cpu = bound.rows_per_s("numpy", on["batches"], cpu=True) if on["batches"] else None
     row["numpy_bound_cpu_ms_per_row"] = round(1e3 / cpu, 3) if cpu else None
-    row["of_numpy_bound_cpu"] = round(1e3 / cpu / on["server_cpu_ms_per_request"], 3) \
+    row["of_numpy_bound_cpu"] = round(row["numpy_bound_cpu_ms_per_row"] / on["server_cpu_ms_per_request"], 3) \
         if cpu and on["server_cpu_ms_per_request"] else None
     one = bound.cpu_seconds("numpy", 1)
     row["x_off_bound"] = round(one * cpu, 2) if cpu and one else None
