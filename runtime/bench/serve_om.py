@@ -4,8 +4,9 @@ against batching off and the machine's bound, in the same run.
 - **vnpu**: ``vnpu serve``'s server in this process over a model repository of the ``.om`` (default: a small
   CNN this bench writes as ONNX and compiles with ``vnpu atc``, gears 1-32; ``--preset minilm``: MiniLM-L3
   from the model wheel's ONNX through ``vnpu atc``, ``--seq`` tokens a row, gears 1-32; ``--model x.om``
-  for your own: its clients send valid inputs for its declared ones -- token ids below the vocabulary the
-  ONNX's embedding table has, masks of ones, zero token types),
+  for your own: its clients send valid inputs for its declared ones -- token ids below the vocabulary of the
+  embedding table they index (read from the ONNX, or from the .om's kernel graph), masks of ones, zero
+  token types),
   one instance on one device, ``max_batch_size`` = ``--max-batch``, ``max_queue_delay_microseconds`` =
   ``--delay-us``.  Per concurrency C: ``--requests`` one-row requests from C closed-loop clients -- the
   official ``tritonclient`` (gRPC by default, sync, binary data, one connection per client) in a process of
@@ -48,7 +49,7 @@ import numpy as np
 from runtime.cliargs import int_list, nonneg_int, positive_int
 
 from .serve_om_echo import EchoServer
-from .serve_om_model import Bound, Tensor, build_default, build_minilm, index_ranges, samples
+from .serve_om_model import Bound, Tensor, build_default, build_minilm, index_ranges, om_index_ranges, samples
 from .serve_workload import pct
 
 #: the served models: batching on and off, on the same server and device
@@ -213,7 +214,9 @@ def _prepare(om: Path, onnx_path: Path | None, work: Path):
         raise ValueError(f"{om}: serve-om needs a .om with dynamic batch gears whose tensors batch on their first "
                          f"axis (vnpu atc --dynamic_batch_size){': ' + info.unbatchable if info.unbatchable else ''}")
     ins = [Tensor(t.name, t.dtype, t.dims[1:]) for t in info.inputs]
-    reqs = samples(ins, SAMPLES, vocab=index_ranges(onnx_path))
+    from runtime.atc.om import read_om
+    vocab = {**om_index_ranges(read_om(om.read_bytes())[0]), **index_ranges(onnx_path)}
+    reqs = samples(ins, SAMPLES, vocab=vocab)
     bound = Bound(om, onnx_path, reqs)
     refs = [bound.reference(r) for r in reqs]
     outs = [t.name for t in info.outputs]

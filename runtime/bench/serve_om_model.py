@@ -116,6 +116,26 @@ def index_ranges(onnx_path: Path | None) -> dict[str, int]:
     return out
 
 
+def om_index_ranges(manifest: dict) -> dict[str, int]:
+    """:func:`index_ranges` of a compiled model (its ``.om`` manifest, :func:`runtime.atc.om.read_om`): the
+    inputs its first gear's kernel graph feeds straight into a ``gather`` of a weight, each with the
+    weight's rows -- for an ``.om`` served without its ONNX."""
+    from runtime.atc.options import DYNAMIC_INPUT_NAME
+    gears = manifest.get("gears") or ()
+    if not gears:
+        return {}
+    names = [io["name"] for io in manifest["inputs"] if io["name"] != DYNAMIC_INPUT_NAME]
+    where = {tuple(loc[:2]): n for n, loc in zip(names, gears[0]["inputs"])} \
+        if len(names) == len(gears[0]["inputs"]) else {}
+    out: dict[str, int] = {}
+    for step in gears[0]["steps"]:
+        ins = step["inputs"]
+        if step["kernel"] == "gather" and len(ins) >= 2 and ins[0][0] == "w" and tuple(ins[1][:2]) in where:
+            name, rows = where[tuple(ins[1][:2])], int(ins[0][2][0])
+            out[name] = min(out.get(name, rows), rows)
+    return out
+
+
 @dataclass(frozen=True)
 class Tensor:
     name: str
@@ -254,4 +274,4 @@ class Bound:
 
 
 __all__ = ["Bound", "DEFAULT_GEARS", "Tensor", "atc", "build_default", "build_minilm", "cnn_onnx", "index_ranges",
-           "samples", "stack"]
+           "om_index_ranges", "samples", "stack"]

@@ -154,6 +154,35 @@ def test_bench_serve_om_inputs_are_valid_for_a_token_model():
     assert pooled.shape == (4, 384) and np.isfinite(pooled).all()
 
 
+def test_bench_serve_om_reads_the_vocabulary_from_a_compiled_model(tmp_path):
+    """Without an ONNX, the vocabulary comes from the ``.om``'s kernel graph (a ``gather`` of a weight fed by
+    the input): a 50-row table gives ids in 0..49, and the kernel graph's answer to them equals the table's
+    rows looked up by numpy."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from runtime.atc import compile_model, make_options
+    from runtime.atc.hostrun import HostRun
+    from runtime.atc.om import read_om
+    from runtime.bench.serve_om_model import Tensor, om_index_ranges, samples, stack
+    table = np.random.default_rng(3).standard_normal((50, 8)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gather", ["emb", "ids"], ["e"]), helper.make_node("Relu", ["e"], ["y"])],
+                          "g", [helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", 4]),
+                                helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 8])],
+                          [numpy_helper.from_array(table, "emb")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "emb.onnx"))
+    manifest, weights = read_om(compile_model(str(tmp_path / "emb.onnx"), make_options("mask:-1,4;ids:-1,4", "1,2"))
+                                .to_bytes())
+    assert om_index_ranges(manifest) == {"ids": 50}
+    reqs = samples([Tensor("mask", "int64", (4,)), Tensor("ids", "int64", (4,))], 30, vocab=om_index_ranges(manifest))
+    ids = np.concatenate([r["ids"] for r in reqs])
+    assert ids.min() >= 0 and ids.max() < 50 and len(np.unique(ids)) > 20
+    (y,) = HostRun(manifest, weights, 2).run(stack(reqs, ["mask", "ids"], 2))
+    np.testing.assert_array_equal(y, np.maximum(table[ids[:2]], 0))
+
+
 @pytest.mark.cluster
 def test_bench_scale_smoke():
     """4 device actors: start time beside as many empty Ray actors, memory per device process, and an
