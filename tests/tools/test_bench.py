@@ -110,6 +110,79 @@ def test_bench_serve_om_bad_models_exit_cleanly(tmp_path):
         assert not p.stdout.strip()
 
 
+def test_bench_serve_om_model_flags_that_contradict_exit_2_before_any_work(tmp_path, capsys):
+    """``--preset`` with ``--model``, ``--onnx`` without ``--model``: exit 2 with one line, nothing built (the
+    CLI's own parser and command, in this process)."""
+    from runtime.cli import build_parser
+    for args, says in ((["--model", str(tmp_path / "x.om"), "--preset", "minilm"], "give --preset or --model"),
+                       (["--onnx", str(tmp_path / "x.onnx")], "--onnx is the ONNX of --model")):
+        a = build_parser().parse_args(["bench", "serve-om", *args])
+        assert a.fn(a) == 2
+        out, err = capsys.readouterr()
+        assert not out and len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_bench_serve_om_inputs_are_valid_for_a_token_model():
+    """The requests ``vnpu bench serve-om`` makes for a model's declared inputs: token ids below the rows of
+    the embedding table the ONNX indexes with them (MiniLM-L3: 30522, read from the graph), masks of ones,
+    zero token types, positions 0..L-1 -- and onnxruntime runs MiniLM on them (an id past the table would
+    be an error there)."""
+    import onnx
+    import onnxruntime as ort
+    from runtime.bench.serve_om_model import Tensor, index_ranges, samples
+    from runtime.models.weights import minilm_l3_onnx
+    path = minilm_l3_onnx()
+    table = {i.name: i.dims[0] for i in onnx.load(str(path)).graph.initializer if i.name.endswith("word_embeddings.weight")}
+    assert index_ranges(path) == {"input_ids": next(iter(table.values()))} and index_ranges(None) == {}
+    ins = [Tensor("input_ids", "int64", (8,)), Tensor("attention_mask", "int64", (8,)),
+           Tensor("token_type_ids", "int32", (8,)), Tensor("position_ids", "int64", (8,)), Tensor("x", "float32", (3,))]
+    reqs = samples(ins, 40, vocab={"input_ids": 1500})
+    ids = np.concatenate([r["input_ids"] for r in reqs])
+    assert ids.dtype == np.int64 and ids.shape == (40, 8) and 0 <= ids.min() and ids.max() < 1500
+    assert len(np.unique(ids)) > 100                          # ids, not one constant
+    for r in reqs:
+        assert (r["attention_mask"] == 1).all() and (r["token_type_ids"] == 0).all()
+        assert r["token_type_ids"].dtype == np.int32 and r["position_ids"].tolist() == [list(range(8))]
+        assert r["x"].dtype == np.float32 and r["x"].shape == (1, 3)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    reqs = samples(ins[:2], 4, vocab=index_ranges(path))
+    feeds = {n: np.concatenate([r[n] for r in reqs]) for n in ("input_ids", "attention_mask")}
+    assert feeds["input_ids"].max() >= 1000                   # BERT's ids above the special tokens
+    pooled = sess.run(None, feeds)[-1]
+    assert pooled.shape == (4, 384) and np.isfinite(pooled).all()
+
+
+def test_bench_serve_om_reads_the_vocabulary_from_a_compiled_model(tmp_path):
+    """Without an ONNX, the vocabulary comes from the ``.om``'s kernel graph (a ``gather`` of a weight fed by
+    the input): a 50-row table gives ids in 0..49, and the kernel graph's answer to them equals the table's
+    rows looked up by numpy."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from runtime.atc import compile_model, make_options
+    from runtime.atc.hostrun import HostRun
+    from runtime.atc.om import read_om
+    from runtime.bench.serve_om_model import Tensor, om_index_ranges, samples, stack
+    table = np.random.default_rng(3).standard_normal((50, 8)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gather", ["emb", "ids"], ["e"]), helper.make_node("Relu", ["e"], ["y"])],
+                          "g", [helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", 4]),
+                                helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 8])],
+                          [numpy_helper.from_array(table, "emb")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "emb.onnx"))
+    manifest, weights = read_om(compile_model(str(tmp_path / "emb.onnx"), make_options("mask:-1,4;ids:-1,4", "1,2"))
+                                .to_bytes())
+    assert om_index_ranges(manifest) == {"ids": 50}
+    reqs = samples([Tensor("mask", "int64", (4,)), Tensor("ids", "int64", (4,))], 30, vocab=om_index_ranges(manifest))
+    ids = np.concatenate([r["ids"] for r in reqs])
+    assert ids.min() >= 0 and ids.max() < 50 and len(np.unique(ids)) > 20
+    (y,) = HostRun(manifest, weights, 2).run(stack(reqs, ["mask", "ids"], 2))
+    np.testing.assert_array_equal(y, np.maximum(table[ids[:2]], 0))
+
+
 @pytest.mark.cluster
 def test_bench_scale_smoke():
     """4 device actors: start time beside as many empty Ray actors, memory per device process, and an

@@ -139,6 +139,8 @@ def test_serve_om_json_is_consistent(bench_results):
         assert rel(r["x_off"], r["on"]["requests_per_s"] / r["off"]["requests_per_s"], 2)
         assert rel(r["of_numpy_bound"], r["on"]["requests_per_s"] / r["numpy_bound_rps"], 3)
         assert rel(r["of_ort_bound"], r["on"]["requests_per_s"] / r["ort_bound_rps"], 3)
+        assert r["numpy_bound_cpu_ms_per_row"] > 0 and r["x_off_bound"] > 0
+        assert rel(r["of_numpy_bound_cpu"], r["numpy_bound_cpu_ms_per_row"] / r["on"]["server_cpu_ms_per_request"], 3)
         assert rel(r["p99_budget_ms"], res["delay_us"] / 1e3 + 2 * r["exec_ms_largest_batch"], 3)
         assert rel(r["p99_of_budget"], r["on"]["p99_ms"] / r["p99_budget_ms"], 2)
         e = r["echo"]                           # the transport floor (gRPC, the default protocol)
