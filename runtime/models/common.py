@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, Union
 
 import numpy as np
 
@@ -60,8 +60,21 @@ class Block:
     def __getitem__(self, name: str):
         return self.views[name]
 
-    def upload(self, name: str, arr: np.ndarray) -> None:
-        self.views[name].copy_from(np.ascontiguousarray(arr, dtype=self.views[name].dtype))
+    def upload(self, name: str, arr: "np.ndarray | Joined") -> None:
+        """Host-synchronous upload of entry ``name``: an array, or a :class:`Joined` whose parts are
+        written one after the other into the entry's slot (the host never builds the joined array)."""
+        if not isinstance(arr, Joined):
+            self.views[name].copy_from(np.ascontiguousarray(arr, dtype=self.views[name].dtype))
+            return
+        off, shape, dtype = self.entries[name]
+        if arr.nbytes != nbytes_of(shape, dtype):
+            raise InvalidParamError(f"{name}: the parts hold {arr.nbytes} B, the slot {shape} {dtype} "
+                                    f"{nbytes_of(shape, dtype)} B")
+        pos = 0
+        for p in arr.parts:
+            a = np.ascontiguousarray(p, dtype=dtype)
+            self.base.view(a.shape, dtype, off + pos).copy_from(a)
+            pos += a.nbytes
 
     def free(self) -> None:
         if self.base is not None:
@@ -72,9 +85,53 @@ class Block:
                 self.views = {}
 
 
-def upload_block(dev, arrays: dict[str, np.ndarray], lifetime: str = "long") -> Block:
-    """Allocate one block for ``arrays`` (weights: long-lived by default) and upload them
-    (host-synchronous)."""
+@dataclass(frozen=True)
+class Joined:
+    """A weight the device holds as one matrix, given as parts: row blocks (``np.concatenate``) or
+    matrices stacked on a new first axis (``np.stack``), all of one dtype and the same trailing shape.
+    :meth:`Block.upload` writes each part at its offset in the slot; the host never joins them."""
+    parts: tuple
+    shape: tuple
+    dtype: np.dtype
+
+    @classmethod
+    def rows(cls, parts: Sequence[np.ndarray]) -> "Joined":
+        """The parts concatenated along their first axis."""
+        ps = cls._check(parts)
+        return cls(ps, (sum(p.shape[0] for p in ps),) + ps[0].shape[1:], ps[0].dtype)
+
+    @classmethod
+    def stack(cls, parts: Sequence[np.ndarray]) -> "Joined":
+        """The parts (all of one shape) stacked on a new first axis."""
+        ps = cls._check(parts)
+        if len({p.shape for p in ps}) != 1:
+            raise InvalidParamError(f"stacked parts differ in shape: {[p.shape for p in ps]}")
+        return cls(ps, (len(ps),) + ps[0].shape, ps[0].dtype)
+
+    @staticmethod
+    def _check(parts: Sequence[np.ndarray]) -> tuple:
+        ps = tuple(np.asarray(p) for p in parts)
+        if not ps or len({p.dtype for p in ps}) != 1 or len({p.shape[1:] for p in ps}) != 1:
+            raise InvalidParamError("joined parts must be one dtype and one trailing shape, got "
+                                    f"{[(p.shape, p.dtype.name) for p in ps]}")
+        return ps
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(p.nbytes) for p in self.parts)
+
+
+#: what :func:`upload_block` takes per entry
+Weight = Union[np.ndarray, Joined]
+
+
+def upload_block(dev, arrays: dict[str, Weight], lifetime: str = "long") -> Block:
+    """Allocate one block for ``arrays`` (weights: long-lived by default) and upload them, a
+    :class:`Joined` part by part into its slot (host-synchronous).  A failed upload frees the block."""
     b = Block(dev)
     for k, a in arrays.items():
         b.add(k, a.shape, a.dtype.name)

@@ -51,8 +51,8 @@ from devices.ops.qformats import GGUF_FORMATS, ROWS, dequantize, repack
 from runtime import hccl
 from runtime.stages import LOADING_WEIGHTS, UPLOADING, stage
 
-from .common import (Block, Closer, DescCache, JobBase, DeviceTimer, HostPack, JobStats, Launcher, now, pick_devices,
-                     td, upload_block)
+from .common import (Block, Closer, DescCache, JobBase, DeviceTimer, HostPack, Joined, JobStats, Launcher, Weight, now,
+                     pick_devices, td, upload_block)
 from .tokenizer import GgufBpeTokenizer, gguf_tokenizer
 from .parallel import decoder_splits
 from .weights import (LLAMA_BLOCK, LlamaConfig, llama_layer, llama_output, load_gguf_for, read_gguf_header,
@@ -162,10 +162,11 @@ class LlamaRank:
         return self._wd.get()
 
     # -------------------------------------------------------------- weights
-    def _host_weights(self, host: dict) -> dict[str, np.ndarray]:
+    def _host_weights(self, host: dict) -> dict[str, Weight]:
         """This device's share of the weights; quantized ones (``host["qtypes"]``) stay in their blocks
         and their format goes to :attr:`qt` (weights joined into one matrix share a format, else they are
-        joined in float32)."""
+        joined in float32).  Joined matrices (q|k|v, gate|up) are :class:`Joined` parts, written into their
+        device slot one by one: no host copy of the join (~420 MB for SmolLM2 in float32)."""
         cfg, sp = self.cfg, self.spec
         dh = cfg.head_dim
         qts = host.get("qtypes", {})
@@ -184,21 +185,22 @@ class LlamaRank:
                      self._rows(L["wk"], kind["wk"], sp.kv0 * dh, (sp.kv0 + sp.hkv) * dh),
                      self._rows(L["wv"], kind["wv"], sp.kv0 * dh, (sp.kv0 + sp.hkv) * dh)]
             out[f"{i}.an"] = L["attn_norm"]
-            out[f"{i}.wqkv"] = self._join(f"{i}.wqkv", parts, [kind["wq"], kind["wk"], kind["wv"]], np.concatenate)
+            out[f"{i}.wqkv"] = self._join(f"{i}.wqkv", parts, [kind["wq"], kind["wk"], kind["wv"]], Joined.rows)
             out[f"{i}.wo"] = self._cols(f"{i}.wo", L["wo"], kind["wo"], sp.q0 * dh, (sp.q0 + sp.hq) * dh)
             out[f"{i}.fn"] = L["ffn_norm"]
             gu = [self._rows(L["w_gate"], kind["w_gate"], sp.f0, sp.f0 + sp.ff),
                   self._rows(L["w_up"], kind["w_up"], sp.f0, sp.f0 + sp.ff)]
-            out[f"{i}.wgu"] = self._join(f"{i}.wgu", gu, [kind["w_gate"], kind["w_up"]], np.stack)
+            out[f"{i}.wgu"] = self._join(f"{i}.wgu", gu, [kind["w_gate"], kind["w_up"]], Joined.stack)
             out[f"{i}.wd"] = self._cols(f"{i}.wd", L["w_down"], kind["w_down"], sp.f0, sp.f0 + sp.ff)
         return self._repacked(out)
 
-    def _repacked(self, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _repacked(self, out: dict[str, Weight]) -> dict[str, Weight]:
         """Quantized weights whose rows fill whole groups repacked for the fused kernels
         (:func:`devices.ops.qformats.repack`, lossless; the cost model still prices the GGUF bytes); a
         table whose LM-head share does not start on a group stays in its GGUF blocks.  Compiles the fused
         loops on a first use (numba, some seconds; later processes, the device's included, load them from
-        its on-disk cache)."""
+        its on-disk cache).  Repacking works on groups of ROWS rows, so joined parts that each fill whole
+        groups are repacked part by part (the same bytes as the joined matrix repacked)."""
         if self.qt:
             from devices.ops.qfused import compile_all          # numba: imported only where it is used
             compile_all()
@@ -206,18 +208,24 @@ class LlamaRank:
             w = out[key]
             if w.shape[-2] % ROWS or (key == "embd" and self.spec.head and self.spec.v0 % ROWS):
                 continue
-            mats = [repack(fmt, m) for m in (w if w.ndim == 3 else [w])]
+            if isinstance(w, Joined) and w.ndim == 2 and any(p.shape[0] % ROWS for p in w.parts):
+                w = np.concatenate(w.parts)                     # a part splits a group: join on the host
+            if isinstance(w, Joined):
+                mats = [repack(fmt, p) for p in w.parts]
+                out[key] = Joined.stack([m for _, m in mats]) if w.ndim == 3 else Joined.rows([m for _, m in mats])
+            else:
+                mats = [repack(fmt, m) for m in (w if w.ndim == 3 else [w])]
+                out[key] = np.stack([m for _, m in mats]) if w.ndim == 3 else mats[0][1]
             self.qt[key] = mats[0][0]
-            out[key] = np.stack([m for _, m in mats]) if w.ndim == 3 else mats[0][1]
         return out
 
     @staticmethod
     def _rows(w, kind, lo: int, hi: int):
         return (w, kind) if (lo, hi) == (0, w.shape[0]) else (w[lo:hi], kind)
 
-    def _join(self, key: str, parts: list, kinds: list, fn) -> np.ndarray:
-        """Matrices ``parts`` (``(array, format)`` pairs) joined by ``fn`` (rows: concatenate; a stack):
-        in their blocks when they share a format, else all in float32."""
+    def _join(self, key: str, parts: list, kinds: list, fn) -> Joined:
+        """Matrices ``parts`` (``(array, format)`` pairs) joined by ``fn`` (:meth:`Joined.rows` or
+        :meth:`Joined.stack`): in their blocks when they share a format, else all in float32."""
         if len(set(kinds)) == 1 and kinds[0] is not None:
             self.qt[key] = kinds[0]
             return fn([np.asarray(p) for p, _ in parts])

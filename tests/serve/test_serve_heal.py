@@ -457,7 +457,7 @@ def test_reconfigure_applies_mid_stream_without_dropping_it_and_is_a_manual_inte
     eng = srv.service.engines["smollm2"]
     assert eng.config.mode.mode == "conservative"
     c = openai.OpenAI(base_url=srv.url + "/v1", api_key=USER, max_retries=0)
-    s = c.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=24, temperature=0, stream=True,
+    s = c.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=12, temperature=0, stream=True,
                              extra_body={"ignore_eos": True}, stream_options={"include_usage": True})
     chunks, answer = 0, None
     for ch in s:
@@ -467,7 +467,7 @@ def test_reconfigure_applies_mid_stream_without_dropping_it_and_is_a_manual_inte
             answer = post(srv, "/admin/reconfigure", {"set": ["models.smollm2.scheduler.mode=ultra_low_latency",
                                                               "models.smollm2.scheduler.low_latency_batch=1"]})
         if ch.usage is not None:
-            assert ch.usage.completion_tokens == 24             # every token of the stream arrived
+            assert ch.usage.completion_tokens == 12             # every token of the stream arrived
     st, body = answer
     assert st == 200 and body["result"] == "ok", body
     assert eng.config.mode.mode == "ultra_low_latency" and eng.config.mode.low_latency_batch == 1
@@ -530,9 +530,9 @@ def test_reconfigure_changes_engine_limits_live_with_requests_in_flight(env, rec
     narrower batch complete with the same text, and the change is a manual intervention in the history."""
     rt, srv, sampler, hist, clk, policy = env
     eng = srv.service.engines["smollm2"]
-    want = ask(srv, max_tokens=8).choices[0].text
+    want = ask(srv, max_tokens=4).choices[0].text
     c = openai.OpenAI(base_url=srv.url + "/v1", api_key=USER, max_retries=0)
-    s = c.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=24, temperature=0, stream=True,
+    s = c.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=12, temperature=0, stream=True,
                              extra_body={"ignore_eos": True}, stream_options={"include_usage": True})
     chunks, answer = 0, None
     for ch in s:
@@ -544,7 +544,7 @@ def test_reconfigure_changes_engine_limits_live_with_requests_in_flight(env, rec
                                                               "models.smollm2.engine.max_queued_requests=8",
                                                               "models.smollm2.engine.scheduling_policy=priority"]})
         if ch.usage is not None:
-            assert ch.usage.completion_tokens == 24             # every token of the stream arrived
+            assert ch.usage.completion_tokens == 12             # every token of the stream arrived
     st, body = answer
     assert st == 200 and body["result"] == "ok", body
     c = eng.config
@@ -552,7 +552,7 @@ def test_reconfigure_changes_engine_limits_live_with_requests_in_flight(env, rec
         (1, 16, 8, "priority") and c.mode.mode == "conservative"
     assert eng.current_limits().max_num_seqs == 1
     out: list = []
-    threads = [threading.Thread(target=lambda: out.append(ask(srv, max_tokens=8).choices[0].text)) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: out.append(ask(srv, max_tokens=4).choices[0].text)) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:

@@ -5,7 +5,9 @@
   clean stop; the sampler thread fills the History in the state directory;
 - ``vnpu serve reconfigure --set`` finds the server through ``server.json``, applies, exits 0; the change is
   a manual intervention; without an admin key it exits 2 with one line; a strategy bundle written by
-  ``vnpu share-strategy`` is applied live by ``vnpu strategy apply`` through the same path;
+  ``vnpu share-strategy`` is applied live by ``vnpu strategy apply`` through the same path.  The refused
+  reconfigure runs as its own process (its stderr is one line); the other client commands run ``vnpu``'s
+  ``main`` in the test process (tests/cli_checks.py: the same code, without an interpreter start each);
 - a SIGTERM ends a history long poll in flight at once (not at its ``wait_s``);
 - the History survives the restart: the second server serves the first one's samples and events;
 - a bad ``self_healing`` section: exit 2, one line naming the key and its line.
@@ -24,6 +26,7 @@ import time
 
 import pytest
 
+from cli_checks import cli, tripwires  # noqa: F401 - a fixture
 from devices import procstat
 from serve_http import call
 
@@ -84,7 +87,7 @@ def get(url, path):
     return body
 
 
-def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):
+def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path, monkeypatch, capsys):
     home = tmp_path / "home"
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(CONFIG)
@@ -103,26 +106,25 @@ def test_state_dir_reconfigure_and_a_history_that_survives_a_restart(tmp_path):
                             "self_healing.triggers.thermal.condition='> 90'"], env=vnpu_env(home), capture_output=True,
                            text=True, timeout=300)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "admin key" in r.stderr
-        r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "reconfigure", "--set",
-                            "self_healing.triggers.thermal.condition='> 90'"], env=dict(vnpu_env(home), VNPU_API_KEY=ADMIN),
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.startswith("vnpu serve reconfigure: ok: self_healing: 1 trigger(s), enabled")
-        first = get(s.url, "/admin/history/events?kinds=config")["events"]
-        assert len(first) == 1 and first[0]["manual"] and first[0]["source"] == "admin ops"
-        t_first = get(s.url, "/admin/history/latest")["server"]["qps"][0]
-        # a shared strategy (the article's share-strategy) applied live through the same reconfigure path
-        tuned = tmp_path / "tuned.yaml"
-        tuned.write_text("slo: {target_p99_ms: 1500}\nself_healing:\n  triggers:\n    - {name: thermal, metric: "
-                         "device_temperature_c, condition: '> 95', window: 10s, action: throttle}\n")
-        env = dict(vnpu_env(home), VNPU_API_KEY=ADMIN)
-        r = subprocess.run([sys.executable, "-m", "runtime.cli", "share-strategy", "--name", "ecommerce_peak_guard",
-                            "--config", str(tuned), "--tags", "ecommerce,peak", "--description", "tuned", "--license",
-                            "apache-2.0"], env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        r = subprocess.run([sys.executable, "-m", "runtime.cli", "strategy", "apply", "ecommerce_peak_guard"], env=env,
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0 and r.stdout.startswith("vnpu strategy apply: ok: "), (r.stdout, r.stderr)
+        with monkeypatch.context() as env:                               # the client commands' environment
+            env.setenv("VNPU_HOME", str(home))
+            env.setenv("VNPU_API_KEY", ADMIN)
+            rc, out, err = cli(["serve", "reconfigure", "--set", "self_healing.triggers.thermal.condition='> 90'"],
+                               capsys)
+            assert rc == 0, err
+            assert out.startswith("vnpu serve reconfigure: ok: self_healing: 1 trigger(s), enabled")
+            first = get(s.url, "/admin/history/events?kinds=config")["events"]
+            assert len(first) == 1 and first[0]["manual"] and first[0]["source"] == "admin ops"
+            t_first = get(s.url, "/admin/history/latest")["server"]["qps"][0]
+            # a shared strategy (the article's share-strategy) applied live through the same reconfigure path
+            tuned = tmp_path / "tuned.yaml"
+            tuned.write_text("slo: {target_p99_ms: 1500}\nself_healing:\n  triggers:\n    - {name: thermal, metric: "
+                             "device_temperature_c, condition: '> 95', window: 10s, action: throttle}\n")
+            rc, out, err = cli(["share-strategy", "--name", "ecommerce_peak_guard", "--config", tuned, "--tags",
+                                "ecommerce,peak", "--description", "tuned", "--license", "apache-2.0"], capsys)
+            assert rc == 0, err
+            rc, out, err = cli(["strategy", "apply", "ecommerce_peak_guard"], capsys)
+            assert rc == 0 and out.startswith("vnpu strategy apply: ok: "), (out, err)
         assert get(s.url, "/admin/state")["slo"]["target_p99_ms"] == 1500
         assert len(get(s.url, "/admin/history/events?kinds=config")["events"]) == 2
         # SIGTERM with a long poll in flight (no sample will be newer than after): the poll answers when the
@@ -163,10 +165,11 @@ def test_a_bad_self_healing_section_exits_2_with_one_line(tmp_path):
     assert "line 4: self_healing.triggers[0].metric: unknown metric 'temp'" in r.stderr
 
 
-def test_a_complex_yaml_key_exits_2_with_one_line(tmp_path):
+def test_a_complex_yaml_key_exits_2_with_one_line(tmp_path, monkeypatch, capsys, tripwires):
+    """In this process (the real process's one line is the test above): no device may start."""
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("models: [smollm2]\nself_healing:\n  ? [a, b]\n  : 1\n")
-    r = subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "--config", str(cfg), "--port", "0"],
-                       env=vnpu_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "line 3: self_healing: keys must be plain names" in r.stderr
+    monkeypatch.setenv("VNPU_HOME", str(tmp_path / "home"))
+    rc, out, err = cli(["serve", "--config", cfg, "--port", "0"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and out == "", err
+    assert "line 3: self_healing: keys must be plain names" in err

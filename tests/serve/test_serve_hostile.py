@@ -280,7 +280,7 @@ def test_every_field_of_every_route_refuses_bad_values_with_a_4xx(served, record
 
 
 def test_seed_takes_any_int64(served):
-    body = dict(BASE["/v1/completions"], max_tokens=4, temperature=1.0)
+    body = dict(BASE["/v1/completions"], max_tokens=2, temperature=1.0)
     texts = {}
     for seed in (-1, -2 ** 63, 2 ** 63 - 1, 0):
         a = post(served, "/v1/completions", dict(body, seed=seed))

@@ -15,6 +15,7 @@ import threading
 import openai
 import pytest
 
+from cli_checks import cli
 from devices.device import DeviceConfig
 from runtime.api import Runtime
 from runtime.observe.metrics_store import History
@@ -120,17 +121,15 @@ def test_resize_live_while_requests_stream(served):
     assert got == [8, 8]                                                   # no request dropped or cut short
 
 
-def test_reconfigure_cli_memory_pool_size(served):
-    """``vnpu serve reconfigure --memory-pool-size`` and the seed's ``vnpu reconfigure`` (a real client
-    process against the real server)."""
+def test_reconfigure_cli_memory_pool_size(served, capsys):
+    """``vnpu serve reconfigure --memory-pool-size`` (``vnpu``'s main in this process) and the seed's
+    ``vnpu reconfigure`` (a real client process: its refusal is one line) against the real server."""
     srv, _ = served
     pool = srv.service.rt.device(0).pool
-    run = lambda *a: subprocess.run([sys.executable, "-m", "runtime.cli", "serve", "reconfigure", *a,   # noqa: E731
-                                     "--url", srv.url, "--api-key", KEYS["ops"]],
-                                    capture_output=True, text=True, timeout=120)
-    r = run("--memory-pool-size", "900MB")
-    assert r.returncode == 0, r.stderr
-    assert "memory: pool_bytes" in r.stdout and pool.limit == 900 * MB
+    rc, out, err = cli(["serve", "reconfigure", "--memory-pool-size", "900MB", "--url", srv.url, "--api-key",
+                        KEYS["ops"]], capsys)
+    assert rc == 0, err
+    assert "memory: pool_bytes" in out and pool.limit == 900 * MB
     r = subprocess.run([sys.executable, "-m", "runtime.cli", "reconfigure", "--memory-pool-size", "1MB", "--url", srv.url,
                         "--api-key", KEYS["ops"]], capture_output=True, text=True, timeout=120)   # the seed's verb
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "below what device 0 holds" in r.stderr

@@ -50,7 +50,7 @@ def served():
     clock = FakeClock()
     d = lambda n: (key_digest(KEYS[n]),)                                                        # noqa: E731
     tenants = (Tenant("premium", d("premium"), 0, Quota(concurrent_requests=4)),
-               Tenant("batch", d("batch"), 10, Quota(concurrent_requests=1, tokens_per_minute=64, retry_after_s=0.05)),
+               Tenant("batch", d("batch"), 10, Quota(concurrent_requests=1, tokens_per_minute=32, retry_after_s=0.05)),
                Tenant("bulk", d("bulk"), 10),
                Tenant("embed", d("embed"), 0, models=("minilm-l6",)),
                Tenant("ops", d("ops"), 0, admin=True),
@@ -167,22 +167,22 @@ def test_tokens_per_minute_429_with_exact_retry_after(served):
                       "ignore_eos": True}
     clock.t += 61                                                   # an empty window
     t0 = clock.t
-    complete(c, max_tokens=20)                                      # charged prompt + 20 (settled to the same)
+    complete(c, max_tokens=10)                                      # charged prompt + 10 (settled to the same)
     clock.t += 10
-    complete(c, max_tokens=10)
+    complete(c, max_tokens=5)
     clock.t += 5
-    st, h, b = raw(srv, "/v1/completions", body(30), key=KEYS["batch"])     # 3 prompts + 60 tokens > 64
+    st, h, b = raw(srv, "/v1/completions", body(15), key=KEYS["batch"])     # 13 + 8 charged, 3 + 15 more > 32
     err = json.loads(b)["error"]
     assert st == 429 and err["code"] == "rate_limit_exceeded" and err["type"] == "tokens"
     wait = t0 + 60 - clock.t                                        # the first charge leaves the window then
     assert h["retry-after-ms"] == str(math.ceil(wait * 1000)) and h["retry-after"] == str(math.ceil(wait))
-    assert int(h["x-ratelimit-limit-tokens"]) == 64
+    assert int(h["x-ratelimit-limit-tokens"]) == 32
     clock.t += wait                                                 # exactly then, the same request passes
-    assert raw(srv, "/v1/completions", body(30), key=KEYS["batch"])[0] == 200
+    assert raw(srv, "/v1/completions", body(15), key=KEYS["batch"])[0] == 200
     clock.t += 61
     limited = json.loads(raw(srv, "/v1/usage", key=KEYS["batch"])[2])["rate_limited"]
     with pytest.raises(openai.RateLimitError) as e:                 # larger than the quota itself: never retried
-        complete(client(served, "batch", max_retries=3), max_tokens=70)
+        complete(client(served, "batch", max_retries=3), max_tokens=35)
     assert e.value.response.headers["x-should-retry"] == "false" and "retry-after" not in e.value.response.headers
     assert json.loads(raw(srv, "/v1/usage", key=KEYS["batch"])[2])["rate_limited"] == limited + 1   # one attempt
 
@@ -260,7 +260,7 @@ def test_priority_classes_under_contention(served):
 
 def test_throttle_scales_quotas_and_engine_admission(served):
     """The admin throttle (self-healing's action) halves every tenant's quotas and the engines' limits;
-    1 restores them.  The tokens-per-minute quota of "batch" is 64: throttled to 32, a request of 3 + 40
+    1 restores them.  The tokens-per-minute quota of "batch" is 32: throttled to 16, a request of 3 + 20
     tokens is over it."""
     srv, clock = served
     clock.t += 61
@@ -271,13 +271,13 @@ def test_throttle_scales_quotas_and_engine_admission(served):
     eng = srv.service.engines["smollm2"]
     try:
         assert eng.throttle == 0.5 and eng.current_limits().max_num_seqs == 2
-        st, h, b = raw(srv, "/v1/completions", {"model": "smollm2", "prompt": "one two three", "max_tokens": 40},
+        st, h, b = raw(srv, "/v1/completions", {"model": "smollm2", "prompt": "one two three", "max_tokens": 20},
                        key=KEYS["batch"])
-        assert st == 429 and h["x-ratelimit-limit-tokens"] == "32"
+        assert st == 429 and h["x-ratelimit-limit-tokens"] == "16"
     finally:
         assert raw(srv, "/admin/throttle", {"factor": 1}, key=KEYS["ops"])[0] == 200
     assert eng.throttle == 1.0
-    assert raw(srv, "/v1/completions", {"model": "smollm2", "prompt": "one two three", "max_tokens": 40},
+    assert raw(srv, "/v1/completions", {"model": "smollm2", "prompt": "one two three", "max_tokens": 20},
                key=KEYS["batch"])[0] == 200
     assert raw(srv, "/admin/throttle", {"factor": 0}, key=KEYS["ops"])[0] == 400
 
