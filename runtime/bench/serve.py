@@ -20,7 +20,9 @@ the machine's bound, in the same run.
   process's CPU clock) -- on a shared machine wall time counts whatever else runs, CPU time much less; and
   how busy the device process was (its CPU seconds over the level's wall seconds: below 1, it waited for
   the host or for a core).  The bench process's own CPU (the server, its engine thread and the clients)
-  is shown per token too; the bound does none of that work.
+  is shown per token too; the bound does none of that work.  By phase (:mod:`.serve_phases`): the device's
+  CPU per prompt token in the steps that computed prompt tokens against the bound's prefill per token, and
+  per decode-only step at the level's full batch against the bound's decode step.
 - peer (``--peer URL``, optional): an OpenAI-compatible server (a llama.cpp server on the same GGUF),
   driven by the same client with the same prompts; its rows are not verified (another engine).
 
@@ -45,6 +47,7 @@ from urllib.parse import urlparse
 from runtime.cliargs import fail, int_list, int_range, positive_int
 
 from .common import add_plot_arg, cpu_seconds, device_pids, write_plot
+from .serve_phases import StepCpu, phase_ratios
 from .serve_workload import NumpyDecode, pct as _pct, prompt as _prompt, sized_prompts
 
 
@@ -239,13 +242,16 @@ def _serve(rt, model: str, cfg, levels: list[int], n: int, max_tokens: int,
     from runtime.serve.config import model_spec
     from runtime.serve.server import Server, Service
     svc = Service(rt, (model_spec(model, (0,), None, cfg),))
+    steps = StepCpu(device_pids(rt))
+    svc.stat_loggers.append(steps)
     srv = Server(svc).start()
     pick = prompts.__getitem__
     try:
         svc.load()
         refs = {p: reference(srv.url, model, p, max_tokens) for p in prompts}
         load(srv.url, model, 1, 1, max_tokens, refs, tie_tol, pick)          # warm up
-        rows = [_cpu_load(rt, lambda c=c: load(srv.url, model, c, n, max_tokens, refs, tie_tol, pick)) for c in levels]
+        rows = [_cpu_load(rt, steps, c, lambda c=c: load(srv.url, model, c, n, max_tokens, refs, tie_tol, pick))
+                for c in levels]
         snap = svc.engines[model].snapshot()
         info = {"kv_blocks": snap.num_blocks, "graphs": snap.graphs, "captures": snap.captures,
                 "preemptions": snap.num_preemptions, "steps": snap.steps, "overlapped_steps": snap.overlapped_steps}
@@ -254,14 +260,17 @@ def _serve(rt, model: str, cfg, levels: list[int], n: int, max_tokens: int,
     return rows, info
 
 
-def _cpu_load(rt, run) -> dict:
+def _cpu_load(rt, steps: StepCpu, conc: int, run) -> dict:
     """``run()`` (one level's :func:`load`) with the CPU seconds the device processes (``device_cpu_s``: None
-    for in-process devices) and this process (``bench_cpu_s``: the server and the clients) spent during it."""
+    for in-process devices) and this process (``bench_cpu_s``: the server and the clients) spent during it,
+    and the device's CPU by phase (``phases``: :mod:`.serve_phases`; None for in-process devices)."""
     pids = device_pids(rt)
+    steps.start()
     d0, h0 = cpu_seconds(pids), time.process_time()
     row = run()
     row["device_cpu_s"] = round(cpu_seconds(pids) - d0, 2) if pids else None
     row["bench_cpu_s"] = round(time.process_time() - h0, 2)
+    row["phases"] = steps.phases(conc) if pids else None
     return row
 
 
@@ -321,6 +330,9 @@ def cpu_figures(row: dict, bound: dict) -> dict:
     if dev is not None and dev > 0:
         out.update(device_cpu_ms_per_token=round(1e3 * dev / tok, 2), of_bound_cpu=round(bound_ms / (1e3 * dev / tok), 3),
                    device_busy=round(dev / row["wall_s"], 3))
+    if row.get("phases"):
+        p = max(1.0, round(row["prompt_tokens_mean"]))
+        out.update(phase_ratios(row["phases"], bound["cpu_prefill_ms"] / p, bound["cpu_step_ms"]))
     return out
 
 
@@ -383,6 +395,19 @@ def _run(a) -> int:
     return write_plot(a, "serve", doc) or (0 if ok else 1)
 
 
+def _phase_line(r: dict) -> str:
+    """One level's device CPU by phase against the bound's (:mod:`.serve_phases`)."""
+    ph, out = r["phases"], []
+    if r.get("prefill_of_bound") is not None:
+        out.append(f"{ph['prefill_steps']} steps with prompt tokens, {r['prefill_cpu_ms_per_token']:.2f} ms device CPU "
+                   f"per prompt token (bound {r['bound_cpu_prefill_ms'] / max(1.0, round(r['prompt_tokens_mean'])):.2f}: "
+                   f"{r['prefill_of_bound']:.2f} of it)")
+    if r.get("decode_of_bound") is not None:
+        out.append(f"{ph['decode_steps']} decode steps at batch {r['concurrency']}, {r['decode_cpu_ms_per_step']:.1f} ms "
+                   f"each (bound {r['bound_cpu_step_ms']:.1f}: {r['decode_of_bound']:.2f} of it)")
+    return "; ".join(out) + f"; {ph['steps']} steps in all"
+
+
 def _print(a, doc: dict, tol: float) -> None:
     rows, info, top = doc["levels"], doc["engine"], doc["top"]
     lo, hi = doc["prompt_tokens"]
@@ -410,6 +435,9 @@ def _print(a, doc: dict, tol: float) -> None:
             bz = "-" if r["device_busy"] is None else f"{r['device_busy']:.2f}"
             print(f"{r['concurrency']:>4} | {dv:>19} {r['bound_cpu_ms_per_token']:>18.2f} {ob:>14} {bz:>11} | "
                   f"{r['bench_cpu_ms_per_token']:>27.2f}")
+        for r in rows:
+            if r.get("prefill_of_bound") is not None or r.get("decode_of_bound") is not None:
+                print(f"  c={r['concurrency']}: {_phase_line(r)}")
     r0 = rows[0]
     print(f"bound: per request a prefill of {round(r0['prompt_tokens_mean'])} tokens ({r0['bound_prefill_ms']} ms) and "
           f"{a.max_tokens} decode steps over a {r0['bound_context']}-token context, numpy float32, one thread; CPU "

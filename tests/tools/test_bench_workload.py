@@ -104,3 +104,37 @@ def test_device_pids_and_their_cpu_seconds():
     while time.process_time() - t0 < 0.3:                               # burn 0.3 s of this process's CPU
         sum(range(1000))
     assert cpu_seconds([me]) - c0 >= 0.2                                # /proc counts in clock ticks
+
+
+def _burn(s: float) -> None:
+    import time
+    t0 = time.process_time()
+    while time.process_time() - t0 < s:
+        sum(range(1000))
+
+
+def test_step_cpu_splits_a_level_into_prefill_and_full_batch_decode_steps():
+    """Each step's device CPU is what the processes used since the step before; steps with prompt tokens
+    are the prefill phase, decode-only steps of the level's batch the decode phase (others: neither)."""
+    import os
+    from types import SimpleNamespace as S
+
+    from runtime.bench.serve_phases import StepCpu, phase_ratios
+    sc = StepCpu([os.getpid()])
+    sc.start()
+    _burn(0.3)
+    sc.record("m", S(batch_tokens=100, prompt_tokens=99, generation_tokens=1))
+    sc.record("m", S(batch_tokens=0, prompt_tokens=0, generation_tokens=0))    # a request's record: no step
+    _burn(0.2)
+    sc.record("m", S(batch_tokens=4, prompt_tokens=0, generation_tokens=4))
+    sc.record("m", S(batch_tokens=3, prompt_tokens=0, generation_tokens=3))    # the batch draining: neither
+    ph = sc.phases(4)
+    assert (ph["prefill_steps"], ph["prefill_prompt_tokens"], ph["decode_steps"], ph["steps"]) == (1, 99, 1, 3)
+    assert ph["prefill_cpu_s"] >= 0.25 and ph["decode_cpu_s"] >= 0.15      # /proc counts in clock ticks
+    r = phase_ratios({**ph, "prefill_cpu_s": 0.99, "decode_cpu_s": 0.2}, 5.0, 150.0)
+    assert r == {"prefill_cpu_ms_per_token": 10.0, "prefill_of_bound": 0.5, "decode_cpu_ms_per_step": 200.0,
+                 "decode_of_bound": 0.75}
+    none = phase_ratios({**ph, "decode_steps": 0}, 5.0, 150.0)               # no full-batch decode step
+    assert none["decode_of_bound"] is None and none["decode_cpu_ms_per_step"] is None
+    sc.start()
+    assert sc.phases(4)["steps"] == 0
