@@ -101,9 +101,9 @@ def test_device_pids_and_their_cpu_seconds():
     gone = SimpleNamespace(backend=SimpleNamespace(where={0: {"pid": me}, 1: {"pid": 2 ** 22 + 7}}))
     assert device_pids(gone) == []
     c0, t0 = cpu_seconds([me]), time.process_time()
-    while time.process_time() - t0 < 0.3:                               # burn 0.3 s of this process's CPU
+    while time.process_time() - t0 < 0.15:                              # burn 0.15 s of this process's CPU
         sum(range(1000))
-    assert cpu_seconds([me]) - c0 >= 0.2                                # /proc counts in clock ticks
+    assert cpu_seconds([me]) - c0 >= 0.1                                # /proc counts in clock ticks
 
 
 def _burn(s: float) -> None:
@@ -122,15 +122,15 @@ def test_step_cpu_splits_a_level_into_prefill_and_full_batch_decode_steps():
     from runtime.bench.serve_phases import StepCpu, phase_ratios
     sc = StepCpu([os.getpid()])
     sc.start()
-    _burn(0.3)
+    _burn(0.15)
     sc.record("m", S(batch_tokens=100, prompt_tokens=99, generation_tokens=1))
     sc.record("m", S(batch_tokens=0, prompt_tokens=0, generation_tokens=0))    # a request's record: no step
-    _burn(0.2)
+    _burn(0.1)
     sc.record("m", S(batch_tokens=4, prompt_tokens=0, generation_tokens=4))
     sc.record("m", S(batch_tokens=3, prompt_tokens=0, generation_tokens=3))    # the batch draining: neither
     ph = sc.phases(4)
     assert (ph["prefill_steps"], ph["prefill_prompt_tokens"], ph["decode_steps"], ph["steps"]) == (1, 99, 1, 3)
-    assert ph["prefill_cpu_s"] >= 0.25 and ph["decode_cpu_s"] >= 0.15      # /proc counts in clock ticks
+    assert ph["prefill_cpu_s"] >= 0.1 and ph["decode_cpu_s"] >= 0.05       # /proc counts in clock ticks
     r = phase_ratios({**ph, "prefill_cpu_s": 0.99, "decode_cpu_s": 0.2}, 5.0, 150.0)
     assert r == {"prefill_cpu_ms_per_token": 10.0, "prefill_of_bound": 0.5, "decode_cpu_ms_per_step": 200.0,
                  "decode_of_bound": 0.75}
