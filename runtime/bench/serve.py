@@ -17,7 +17,9 @@ the machine's bound, in the same run.
   Measured before the servers start and again after they stop; each figure keeps the faster of the two.
 - CPU time (cluster backend on this node): the device process's CPU seconds per output token during each
   level against the bound's own CPU seconds per output token (the same prefills and steps timed by this
-  process's CPU clock) -- on a shared machine wall time counts whatever else runs, CPU time much less; and
+  process's CPU clock) -- on a shared machine wall time counts whatever else runs, CPU time less (shared
+  caches and cores still slow it: the bound's CPU figure is the fastest of its runs, the device's the mean
+  of a whole level); and
   how busy the device process was (its CPU seconds over the level's wall seconds: below 1, it waited for
   the host or for a core).  The bench process's own CPU (the server, its engine thread and the clients)
   is shown per token too; the bound does none of that work.  By phase (:mod:`.serve_phases`): the device's
@@ -442,7 +444,7 @@ def _print(a, doc: dict, tol: float) -> None:
     print(f"bound: per request a prefill of {round(r0['prompt_tokens_mean'])} tokens ({r0['bound_prefill_ms']} ms) and "
           f"{a.max_tokens} decode steps over a {r0['bound_context']}-token context, numpy float32, one thread; CPU "
           f"time: prefill {r0['bound_cpu_prefill_ms']} ms, a step at batch {r0['concurrency']} {r0['bound_cpu_step_ms']} ms "
-          f"(CPU rows: the device process's CPU time, robust to the machine's load)")
+          f"(CPU rows: the device process's CPU time; load inflates it less than wall time, but does inflate it)")
     print(f"engine: {info['kv_blocks']} KV blocks, {info['graphs']} decode graphs (captured {info['captures']}, "
           f"constant), {info['steps']} steps ({info['overlapped_steps']} queued behind the step before them: async "
           f"scheduling {'on' if doc['async_scheduling'] else 'off'}), {info['preemptions']} preemptions, prefix "
