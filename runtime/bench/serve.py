@@ -443,8 +443,9 @@ def _print(a, doc: dict, tol: float) -> None:
     r0 = rows[0]
     print(f"bound: per request a prefill of {round(r0['prompt_tokens_mean'])} tokens ({r0['bound_prefill_ms']} ms) and "
           f"{a.max_tokens} decode steps over a {r0['bound_context']}-token context, numpy float32, one thread; CPU "
-          f"time: prefill {r0['bound_cpu_prefill_ms']} ms, a step at batch {r0['concurrency']} {r0['bound_cpu_step_ms']} ms "
-          f"(CPU rows: the device process's CPU time; load inflates it less than wall time, but does inflate it)")
+          f"time: prefill {r0['bound_cpu_prefill_ms']} ms, a step at batch {r0['concurrency']} {r0['bound_cpu_step_ms']} ms"
+          + (" (CPU rows: the device process's CPU time; load inflates it less than wall time, but does inflate it)"
+             if any(r["of_bound_cpu"] is not None for r in rows) else ""))
     print(f"engine: {info['kv_blocks']} KV blocks, {info['graphs']} decode graphs (captured {info['captures']}, "
           f"constant), {info['steps']} steps ({info['overlapped_steps']} queued behind the step before them: async "
           f"scheduling {'on' if doc['async_scheduling'] else 'off'}), {info['preemptions']} preemptions, prefix "
