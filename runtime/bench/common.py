@@ -1,11 +1,13 @@
 """Shared helpers of the benchmarks: medians of timed runs, sizes as text (sizes on the command line:
-:func:`runtime.cliargs.size`), the ``--plot FILE`` flag and writing the plot (:mod:`runtime.plots.bench`)."""
+:func:`runtime.cliargs.size`), the ``--plot FILE`` flag and writing the plot (:mod:`runtime.plots.bench`),
+the device processes' CPU time."""
 from __future__ import annotations
 
 import statistics
 import sys
 import time
 
+from devices import procstat
 from runtime.cliargs import suffixed_file
 from runtime.plots import SUFFIXES as PLOT_SUFFIXES
 
@@ -17,6 +19,22 @@ def median_time(fn, repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def device_pids(rt) -> list[int]:
+    """Pids of the device processes when every device of ``rt`` runs in a process of this machine (cluster
+    backend on this node); [] otherwise (in-process devices, or devices on other machines)."""
+    where = getattr(rt.backend, "where", None)
+    if not isinstance(where, dict):
+        return []
+    pids = [int(w.get("pid", 0)) for w in where.values()]
+    return pids if all(procstat.cpu_seconds(p) is not None for p in pids) else []
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` of this machine have used so far (one read of
+    ``/proc`` each)."""
+    return sum(procstat.cpu_seconds(p) or 0.0 for p in pids)
 
 
 def fmt_size(n: int) -> str:

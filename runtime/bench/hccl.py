@@ -39,11 +39,10 @@ import time
 
 import numpy as np
 
-from devices import procstat
 from runtime.cliargs import fail, nonneg_int, positive_int, size
 from runtime.cluster import rayenv
 
-from .common import add_plot_arg, write_plot
+from .common import add_plot_arg, cpu_seconds, device_pids, write_plot
 
 OPS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 DTYPES = ("float32", "float16", "float64", "int8", "int32", "int64", "bfloat16")
@@ -249,21 +248,6 @@ def _time_case(case: _Case, iters: int, warmup: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system) the processes ``pids`` of this machine have used so far."""
-    return sum(procstat.cpu_seconds(p) or 0.0 for p in pids)
-
-
-def _device_pids(rt) -> list[int]:
-    """Pids of the device processes, when every device runs in a process of this machine (cluster backend
-    on this node); [] otherwise (in-process devices, or devices on other machines)."""
-    where = getattr(rt.backend, "where", None)
-    if not isinstance(where, dict):
-        return []
-    pids = [int(w.get("pid", 0)) for w in where.values()]
-    return pids if all(procstat.cpu_seconds(p) is not None for p in pids) else []
-
-
 def _measure(comms, streams, op, size, dtype, redop, iters, warmup, bound: bool = False,
              pids: list[int] | None = None) -> dict | None:
     n = len(comms)
@@ -284,10 +268,10 @@ def _measure(comms, streams, op, size, dtype, redop, iters, warmup, bound: bool 
             times, cpus = [], []
             for k in range(BOUND_ROUNDS):        # each round a full measurement (as many back-to-back
                 w = wu if k == 0 else 1          # operators as without the bound)
-                c0 = _cpu_s(pids) if pids else 0.0
+                c0 = cpu_seconds(pids) if pids else 0.0
                 times.append(_time_case(case, it, w))
                 if pids:                         # what the device processes spent per operator (CPU time:
-                    cpus.append((_cpu_s(pids) - c0) / (it + w))   # less disturbed by load)
+                    cpus.append((cpu_seconds(pids) - c0) / (it + w))   # less disturbed by load)
                 bd.round()
             t = statistics.median(times)
         wrong = case.wrong()
@@ -515,7 +499,7 @@ def _bench_hccl(a) -> int:
         streams = [d.stream() for d in devs]
         from .bound import cores
         ncores = cores()
-        pids = _device_pids(rt)
+        pids = device_pids(rt)
         try:
             if not a.json:
                 print(f"# vnpu bench hccl: {', '.join(ops)} on {len(devs)} devices ({backend} backend, "

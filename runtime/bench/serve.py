@@ -15,6 +15,16 @@ the machine's bound, in the same run.
   embedding, norms, the weights' matmuls, rope, attention over the context, the LM head) -- output
   tokens/s of the math alone (no runtime, no HTTP, no scheduling).  The decode-only figure is shown too.
   Measured before the servers start and again after they stop; each figure keeps the faster of the two.
+- CPU time (cluster backend on this node): the device process's CPU seconds per output token during each
+  level against the bound's own CPU seconds per output token (the same prefills and steps timed by this
+  process's CPU clock) -- on a shared machine wall time counts whatever else runs, CPU time less (shared
+  caches and cores still slow it: the bound's CPU figure is the fastest of its runs, the device's the mean
+  of a whole level); and
+  how busy the device process was (its CPU seconds over the level's wall seconds: below 1, it waited for
+  the host or for a core).  The bench process's own CPU (the server, its engine thread and the clients)
+  is shown per token too; the bound does none of that work.  By phase (:mod:`.serve_phases`): the device's
+  CPU per prompt token in the steps that computed prompt tokens against the bound's prefill per token, and
+  per decode-only step at the level's full batch against the bound's decode step.
 - peer (``--peer URL``, optional): an OpenAI-compatible server (a llama.cpp server on the same GGUF),
   driven by the same client with the same prompts; its rows are not verified (another engine).
 
@@ -38,7 +48,8 @@ from urllib.parse import urlparse
 
 from runtime.cliargs import fail, int_list, int_range, positive_int
 
-from .common import add_plot_arg, write_plot
+from .common import add_plot_arg, cpu_seconds, device_pids, write_plot
+from .serve_phases import StepCpu, phase_ratios
 from .serve_workload import NumpyDecode, pct as _pct, prompt as _prompt, sized_prompts
 
 
@@ -233,19 +244,36 @@ def _serve(rt, model: str, cfg, levels: list[int], n: int, max_tokens: int,
     from runtime.serve.config import model_spec
     from runtime.serve.server import Server, Service
     svc = Service(rt, (model_spec(model, (0,), None, cfg),))
+    steps = StepCpu(device_pids(rt))
+    svc.stat_loggers.append(steps)
     srv = Server(svc).start()
     pick = prompts.__getitem__
     try:
         svc.load()
         refs = {p: reference(srv.url, model, p, max_tokens) for p in prompts}
         load(srv.url, model, 1, 1, max_tokens, refs, tie_tol, pick)          # warm up
-        rows = [load(srv.url, model, c, n, max_tokens, refs, tie_tol, pick) for c in levels]
+        rows = [_cpu_load(rt, steps, c, lambda c=c: load(srv.url, model, c, n, max_tokens, refs, tie_tol, pick))
+                for c in levels]
         snap = svc.engines[model].snapshot()
         info = {"kv_blocks": snap.num_blocks, "graphs": snap.graphs, "captures": snap.captures,
                 "preemptions": snap.num_preemptions, "steps": snap.steps, "overlapped_steps": snap.overlapped_steps}
     finally:
         srv.stop()
     return rows, info
+
+
+def _cpu_load(rt, steps: StepCpu, conc: int, run) -> dict:
+    """``run()`` (one level's :func:`load`) with the CPU seconds the device processes (``device_cpu_s``: None
+    for in-process devices) and this process (``bench_cpu_s``: the server and the clients) spent during it,
+    and the device's CPU by phase (``phases``: :mod:`.serve_phases`; None for in-process devices)."""
+    pids = device_pids(rt)
+    steps.start()
+    d0, h0 = cpu_seconds(pids), time.process_time()
+    row = run()
+    row["device_cpu_s"] = round(cpu_seconds(pids) - d0, 2) if pids else None
+    row["bench_cpu_s"] = round(time.process_time() - h0, 2)
+    row["phases"] = steps.phases(conc) if pids else None
+    return row
 
 
 def _runtime(backend: str):
@@ -285,7 +313,29 @@ def _faster(x: dict, y: dict) -> dict:
     """The faster of two bound measurements, figure by figure (prefill: the shorter time)."""
     return {"tokens_per_s": max(x["tokens_per_s"], y["tokens_per_s"]),
             "decode_tokens_per_s": max(x["decode_tokens_per_s"], y["decode_tokens_per_s"]),
-            "prefill_ms": min(x["prefill_ms"], y["prefill_ms"]), "context": y["context"]}
+            "prefill_ms": min(x["prefill_ms"], y["prefill_ms"]), "context": y["context"],
+            "cpu_tokens_per_s": max(x["cpu_tokens_per_s"], y["cpu_tokens_per_s"]),
+            "cpu_prefill_ms": min(x["cpu_prefill_ms"], y["cpu_prefill_ms"]),
+            "cpu_step_ms": min(x["cpu_step_ms"], y["cpu_step_ms"])}
+
+
+def cpu_figures(row: dict, bound: dict) -> dict:
+    """A level's CPU-time figures (module doc): per output token, the device processes' and the bound's CPU
+    milliseconds, their ratio (``of_bound_cpu``: bound / device, as ``of_bound``), the device's busy share of
+    the wall time, and the bench process's CPU per token.  Device figures are None for in-process devices."""
+    tok = max(1, row["output_tokens"])
+    dev = row["device_cpu_s"]
+    bound_ms = 1e3 / bound["cpu_tokens_per_s"]
+    out = {"bound_cpu_ms_per_token": round(bound_ms, 2), "bench_cpu_ms_per_token": round(1e3 * row["bench_cpu_s"] / tok, 2),
+           "bound_cpu_prefill_ms": round(bound["cpu_prefill_ms"], 1), "bound_cpu_step_ms": round(bound["cpu_step_ms"], 1),
+           "device_cpu_ms_per_token": None, "of_bound_cpu": None, "device_busy": None}
+    if dev is not None and dev > 0:
+        out.update(device_cpu_ms_per_token=round(1e3 * dev / tok, 2), of_bound_cpu=round(bound_ms / (1e3 * dev / tok), 3),
+                   device_busy=round(dev / row["wall_s"], 3))
+    if row.get("phases"):
+        p = max(1.0, round(row["prompt_tokens_mean"]))
+        out.update(phase_ratios(row["phases"], bound["cpu_prefill_ms"] / p, bound["cpu_step_ms"]))
+    return out
 
 
 def _run(a) -> int:
@@ -326,7 +376,7 @@ def _run(a) -> int:
                "numpy_decode_bound_tokens_per_s": round(bd["decode_tokens_per_s"], 1),
                "bound_context": bd["context"], "bound_prefill_ms": round(bd["prefill_ms"], 1),
                "x_baseline": round(v["output_tokens_per_s"] / b["output_tokens_per_s"], 2),
-               "of_bound": round(v["output_tokens_per_s"] / bd["tokens_per_s"], 3)}
+               "of_bound": round(v["output_tokens_per_s"] / bd["tokens_per_s"], 3), **cpu_figures(v, bd)}
         if peer is not None:
             row["peer"] = peer[i]
             row["x_peer"] = round(v["output_tokens_per_s"] / peer[i]["output_tokens_per_s"], 2)
@@ -347,6 +397,19 @@ def _run(a) -> int:
     return write_plot(a, "serve", doc) or (0 if ok else 1)
 
 
+def _phase_line(r: dict) -> str:
+    """One level's device CPU by phase against the bound's (:mod:`.serve_phases`)."""
+    ph, out = r["phases"], []
+    if r.get("prefill_of_bound") is not None:
+        out.append(f"{ph['prefill_steps']} steps with prompt tokens, {r['prefill_cpu_ms_per_token']:.2f} ms device CPU "
+                   f"per prompt token (bound {r['bound_cpu_prefill_ms'] / max(1.0, round(r['prompt_tokens_mean'])):.2f}: "
+                   f"{r['prefill_of_bound']:.2f} of it)")
+    if r.get("decode_of_bound") is not None:
+        out.append(f"{ph['decode_steps']} decode steps at batch {r['concurrency']}, {r['decode_cpu_ms_per_step']:.1f} ms "
+                   f"each (bound {r['bound_cpu_step_ms']:.1f}: {r['decode_of_bound']:.2f} of it)")
+    return "; ".join(out) + f"; {ph['steps']} steps in all"
+
+
 def _print(a, doc: dict, tol: float) -> None:
     rows, info, top = doc["levels"], doc["engine"], doc["top"]
     lo, hi = doc["prompt_tokens"]
@@ -365,9 +428,24 @@ def _print(a, doc: dict, tol: float) -> None:
               f"{r['baseline']['output_tokens_per_s']:>14.1f} {r['x_baseline']:>5.2f} | "
               f"{r['numpy_bound_tokens_per_s']:>7.1f} {r['of_bound']:>8.2f} {r['numpy_decode_bound_tokens_per_s']:>12.1f}"
               f"{peer}")
+    if any(r["of_bound_cpu"] is not None for r in rows):
+        print(f"{'conc':>4} | {'device CPU ms/token':>19} {'bound CPU ms/token':>18} {'of bound (CPU)':>14} "
+              f"{'device busy':>11} | {'server+clients CPU ms/token':>27}")
+        for r in rows:
+            dv = "-" if r["of_bound_cpu"] is None else f"{r['device_cpu_ms_per_token']:.2f}"
+            ob = "-" if r["of_bound_cpu"] is None else f"{r['of_bound_cpu']:.2f}"
+            bz = "-" if r["device_busy"] is None else f"{r['device_busy']:.2f}"
+            print(f"{r['concurrency']:>4} | {dv:>19} {r['bound_cpu_ms_per_token']:>18.2f} {ob:>14} {bz:>11} | "
+                  f"{r['bench_cpu_ms_per_token']:>27.2f}")
+        for r in rows:
+            if r.get("prefill_of_bound") is not None or r.get("decode_of_bound") is not None:
+                print(f"  c={r['concurrency']}: {_phase_line(r)}")
     r0 = rows[0]
     print(f"bound: per request a prefill of {round(r0['prompt_tokens_mean'])} tokens ({r0['bound_prefill_ms']} ms) and "
-          f"{a.max_tokens} decode steps over a {r0['bound_context']}-token context, numpy float32, one thread")
+          f"{a.max_tokens} decode steps over a {r0['bound_context']}-token context, numpy float32, one thread; CPU "
+          f"time: prefill {r0['bound_cpu_prefill_ms']} ms, a step at batch {r0['concurrency']} {r0['bound_cpu_step_ms']} ms"
+          + (" (CPU rows: the device process's CPU time; load inflates it less than wall time, but does inflate it)"
+             if any(r["of_bound_cpu"] is not None for r in rows) else ""))
     print(f"engine: {info['kv_blocks']} KV blocks, {info['graphs']} decode graphs (captured {info['captures']}, "
           f"constant), {info['steps']} steps ({info['overlapped_steps']} queued behind the step before them: async "
           f"scheduling {'on' if doc['async_scheduling'] else 'off'}), {info['preemptions']} preemptions, prefix "

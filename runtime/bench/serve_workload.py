@@ -81,13 +81,18 @@ class NumpyDecode:
     def prefill_s(self, P: int, steps: int = 3) -> float:
         """Seconds of one prompt's prefill (the fastest of ``steps``: a bound is what the math can reach) of ``P`` tokens (every layer's matmuls over the P rows,
         causal attention over them, the head for the last row)."""
+        return self.prefill_times(P, steps)[0]
+
+    def prefill_times(self, P: int, steps: int = 3) -> tuple[float, float]:
+        """(wall, CPU) seconds of :meth:`prefill_s`'s prefill: the fastest of ``steps`` by each clock (CPU:
+        this process's, one thread)."""
         c = self.cfg
         dh, hkv = c.head_dim, c.n_kv_heads
         ids = np.random.default_rng(1).integers(0, c.vocab, P)
         pos = np.arange(P)
-        times = []
+        times, cpus = [], []
         for _ in range(steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             x = self.E[ids]
             for L in self.L:
                 h = self._rms(x, L["attn_norm"])
@@ -101,22 +106,37 @@ class NumpyDecode:
                 x = x + ((gg / (1 + np.exp(-gg))) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
             self._rms(x[-1:], self.ON) @ self.E.T
             times.append(time.perf_counter() - t0)
-        return min(times)
+            cpus.append(time.process_time() - c0)
+        return min(times), min(cpus)
 
     def workload_tokens_per_s(self, B: int, prompt_tokens: float, max_tokens: int, steps: int = 3) -> dict:
         """Output tokens/s of the math alone for ``B`` concurrent requests of ``prompt_tokens`` prompt
         tokens (their mean) and ``max_tokens`` output tokens each: ``B`` prefills plus ``max_tokens`` decode
-        steps at batch ``B`` over the mean context (prompt + half the output).  Also the decode-only figure."""
+        steps at batch ``B`` over the mean context (prompt + half the output).  Also the decode-only figure,
+        and the same by CPU time (``cpu_*``: this process's CPU seconds, the fastest step by that clock -- what
+        a loaded machine inflates less than wall time; comparable with the device process's CPU time)."""
         P = max(1, round(prompt_tokens))
-        step_tps = self.tokens_per_s(B, P + max_tokens // 2, steps)
-        pre = self.prefill_s(P, steps)
-        t = B * pre + max_tokens * B / step_tps
-        return {"tokens_per_s": B * max_tokens / t, "decode_tokens_per_s": step_tps, "prefill_ms": 1e3 * pre,
-                "context": P + max_tokens // 2}
+        step, step_cpu = self.step_times(B, P + max_tokens // 2, steps)
+        pre, pre_cpu = self.prefill_times(P, steps)
+        t = B * pre + max_tokens * step
+        tc = B * pre_cpu + max_tokens * step_cpu
+        return {"tokens_per_s": B * max_tokens / t, "decode_tokens_per_s": B / step, "prefill_ms": 1e3 * pre,
+                "context": P + max_tokens // 2, "cpu_tokens_per_s": B * max_tokens / tc,
+                "cpu_prefill_ms": 1e3 * pre_cpu, "cpu_step_ms": 1e3 * step_cpu}
+
+    def step_times(self, B: int, ctx: int, steps: int = 3) -> tuple[float, float]:
+        """(wall, CPU) seconds of :meth:`tokens_per_s`'s decode step at batch ``B`` over ``ctx`` tokens: the
+        fastest of ``steps`` by each clock."""
+        times = self._steps(B, ctx, steps, (time.perf_counter, time.process_time))
+        return min(t[0] for t in times), min(t[1] for t in times)
 
     def tokens_per_s(self, B: int, ctx: int, steps: int = 3, clock=time.perf_counter) -> float:
         """Tokens/s of the fastest of ``steps`` decode steps at batch ``B`` over ``ctx`` tokens, timed by
         ``clock`` (wall time; ``time.process_time`` for CPU time)."""
+        return B / min(t[0] for t in self._steps(B, ctx, steps, (clock,)))
+
+    def _steps(self, B: int, ctx: int, steps: int, clocks) -> list[tuple[float, ...]]:
+        """Each of ``steps`` decode steps timed by every clock of ``clocks``."""
         c = self.cfg
         dh, hkv, g = c.head_dim, c.n_kv_heads, c.n_heads // c.n_kv_heads
         rng = np.random.default_rng(0)
@@ -126,7 +146,7 @@ class NumpyDecode:
         pos = np.full(B, ctx - 1)
         times = []
         for _ in range(steps):
-            t0 = clock()
+            t0 = [k() for k in clocks]
             x = self.E[ids]
             for i, L in enumerate(self.L):
                 h = self._rms(x, L["attn_norm"])
@@ -141,7 +161,7 @@ class NumpyDecode:
                 gg = h @ L["ffn_gate"].T
                 x = x + ((gg / (1 + np.exp(-gg))) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
             self._rms(x, self.ON) @ self.E.T
-            times.append(clock() - t0)
-        return B / min(times)
+            times.append(tuple(k() - a for k, a in zip(clocks, t0)))
+        return times
 
 
