@@ -124,7 +124,7 @@ def engines():
         rt.close()
 
 
-def _run(e: GenerateEngine, prompts: list[list[int]], salts=None, together=False, max_tokens=6):
+def _run(e: GenerateEngine, prompts: list[list[int]], salts=None, together=False, max_tokens=3):
     """Greedy outputs of ``prompts`` (one at a time, or all queued together), driving the engine by hand."""
     salts = salts or [""] * len(prompts)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -151,7 +151,7 @@ class Reference:
         self.off = off
         self.runs: dict[tuple[int, ...], list[int]] = {}
 
-    def __call__(self, prompts: list[list[int]], max_tokens: int = 6) -> list[list[int]]:
+    def __call__(self, prompts: list[list[int]], max_tokens: int = 3) -> list[list[int]]:
         todo = [p for p in prompts if len(self.runs.get(tuple(p), ())) < max_tokens]
         for p, out in zip(todo, _run(self.off, todo, max_tokens=max_tokens)):
             self.runs[tuple(p)] = out
@@ -230,9 +230,9 @@ def test_lru_eviction_under_memory_pressure_keeps_outputs(engines, reference):
     order = [a0, b0, c0, a1, b1, c1]
     pool = small.blocks.pool
     ev0, h0 = pool.evictions, small.blocks.hits
-    got = _run(small, order, max_tokens=4)
+    got = _run(small, order)
     assert pool.evictions > ev0                          # c0 needed a's blocks: a1 finds only what is left
     assert 0 < small.blocks.hits - h0 < 3 * 2 * BS
-    assert got == reference(order, max_tokens=4)
+    assert got == reference(order)
     assert pool.num_free == pool.num_blocks - 1          # nothing leaked: every block back in the free queue
-    assert _run(small, order[:2], together=True, max_tokens=4) == got[:2]
+    assert _run(small, order[:2], together=True) == got[:2]

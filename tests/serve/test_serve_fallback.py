@@ -38,7 +38,7 @@ pytestmark = pytest.mark.serve
 
 ADMIN, USER = "sk-ops-0123456789", "sk-app-0123456789"
 PROMPT = "Once upon a time, in a small village by the sea,"
-MAX_TOKENS = 24
+MAX_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
