@@ -266,6 +266,22 @@ def repack(fmt: str, raw: np.ndarray) -> tuple[str, np.ndarray]:
     return qtype, np.concatenate(parts, axis=1).reshape(n, packed_row_bytes(qtype, k))
 
 
+# ------------------------------------------------------------------------------ activations (GGML's Q8_1)
+def q8_1_values(a: np.ndarray) -> np.ndarray:
+    """Activations ``a [M, K]`` (K a multiple of 32) as the kernels on GGUF weights compute with them,
+    llama.cpp's way: quantized per 32 values like GGML's Q8_1 -- ``d = amax / 127``,
+    ``q = rint(a * (127 / amax))`` in float32 (ties to even), value ``q * d`` (float32).  The same
+    quants as :func:`.qfused.quantize_rows` gives the fused loops; a block holding a NaN or inf is NaN."""
+    a = np.asarray(a, np.float32)
+    b = a.reshape(a.shape[0], -1, 32)
+    amax = np.abs(b).max(axis=2, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+        v = np.rint(b * inv) * (amax / np.float32(127))
+    v[~np.isfinite(amax[..., 0])] = np.nan
+    return v.reshape(a.shape)
+
+
 # ---------------------------------------------------------------------------------------------- int8
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-output-channel int8 of ``w [N, K]``: ``(q int8 [N, K], scale float32 [N])`` with

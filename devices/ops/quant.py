@@ -16,8 +16,11 @@ How it computes:
   (:mod:`.qfused` says how they differ); 64 (or 32) weight rows per SIMD lane group; nothing is expanded
   to memory;
 - repacked weights, more rows (prefill): tiles of rows expanded to float32 by a compiled loop, each tile
-  ONE BLAS call ``a @ tile^T`` (float32 activations);
-- GGUF blocks as stored, int8: tiles expanded by numpy, each tile sized to stay in a core's L2
+  ONE BLAS call ``a' @ tile^T`` where ``a'`` are the activations quantized the same way
+  (:func:`.qformats.q8_1_values`): the same numbers as the fused loops up to float32 summation order,
+  so a token's result does not depend on how many rows its launch had;
+- GGUF blocks as stored (activations quantized as above), int8 (float32 activations): tiles expanded by
+  numpy, each tile sized to stay in a core's L2
   (:data:`TILE_BYTES` of float32) and ONE BLAS call.  Only ``scale * q`` is expanded; the offset term of
   the formats that have one (Q4_1's ``m``, Q4_K's mins) is a small matmul of the activations' 32-sums by
   the offsets.  The full float32 weight never exists.
@@ -37,7 +40,7 @@ from .blocks import as_rows
 from .checks import FLOATS, ID_TYPES, arity, choice_attr, dtype_in, ndim_in, need, same_dtype, shape_is
 from .precision import F16, F32, quiet
 from .qformats import (GGUF_FORMATS, PACKED, ROWS, block_terms, from_planes, group_rows, half_scales,
-                       packed_row_len, to_planes)
+                       packed_row_len, q8_1_values, to_planes)
 from .work import io_bytes
 
 QTYPES = tuple(GGUF_FORMATS) + tuple(PACKED) + ("int8",)
@@ -119,7 +122,8 @@ def packed_matmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray, row
     whose groups have ``rows`` rows (default :func:`.qformats.group_rows` (N); a slice of a matrix passes
     the matrix's): the fused loop for at most :data:`FUSED_ROWS` rows (``quantize_a``: on activations
     quantized to 8 bits, llama.cpp's numerics; else on float32 activations), else tiles of whole groups
-    expanded by the compiled loop and one BLAS call each.  Blocks the calling thread."""
+    expanded by the compiled loop and one BLAS call each (on the activations quantized the same way, unless
+    not ``quantize_a``).  Blocks the calling thread."""
     from . import qfused
     m, k = a.shape
     n = w.shape[0]
@@ -137,6 +141,8 @@ def packed_matmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray, row
         if dst is not out:
             out[...] = dst
         return
+    if quantize_a:
+        a = q8_1_values(a)
     groups = max(1, TILE_BYTES // (4 * k * r))
     tile = np.empty((k, min(groups, n // r) * r), F32)                   # transposed: [K, rows]
     for g0 in range(0, n // r, groups):
@@ -212,6 +218,8 @@ def _wqmm_run(ctx, inputs, outputs, attrs):
             return
         lo, hi = r.start * step, r.stop * step
     a32 = a.astype(F32) if a.dtype == F16 else a
+    if qt in GGUF_FORMATS:                                  # llama.cpp's numerics (see packed_matmul)
+        a32 = q8_1_values(a32)
     w3 = w.reshape((-1,) + w.shape[-2:])
     o3 = out.reshape((-1,) + out.shape[-2:])
     s2 = None if scale is None else scale.reshape(-1, n)

@@ -68,7 +68,7 @@ class Case:
     bound: Callable[[], np.ndarray]          #: computes the same result in plain numpy, returns it
     per_layer: bool = True                    #: runs once per layer (else once per step)
     tol: float = 1e-5                         #: relative tolerance of the comparison (of the max magnitude)
-    #: the result the kernel is checked against when it is not the bound's (the fused quantized loops
+    #: the result the kernel is checked against when it is not the bound's (the kernels on GGUF weights
     #: compute on 8-bit activations: the same matmul on the activations quantized as GGML's Q8_1)
     want: Callable[[], np.ndarray] | None = None
 
@@ -217,10 +217,9 @@ def _q8_1(a: np.ndarray) -> np.ndarray:
 def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
     """The weights' kernels on SmolLM2's GGUF blocks (layer 0, the token embedding as the head), repacked
     as ``vnpu serve -q gguf`` uploads them (:func:`devices.ops.qformats.repack`): each bound is the float32
-    numpy matmul (or row gather) of the dequantised weight; up to ``FUSED_ROWS`` rows the result is checked
-    against the same matmul on the activations quantized to 8 bits (what the fused loops compute on)."""
+    numpy matmul (or row gather) of the dequantised weight; the result is checked against the same matmul
+    on the activations quantized to 8 bits (what the kernels on GGUF weights compute on)."""
     from devices.ops.qformats import dequantize, repack
-    from devices.ops.quant import FUSED_ROWS
     from runtime.models.weights import load_gguf_quantized, smollm2_gguf
     g = load_gguf_quantized(smollm2_gguf())
     t, qt = g.tensors, g.qtypes
@@ -253,7 +252,7 @@ def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
         return lambda: np.matmul(a_, w_.T, out=out_)
 
     def qmm(a_, key, out_):                                            # the fused loops' reference
-        return mm(_q8_1(a_), key, np.empty_like(out_)) if len(a_) <= FUSED_ROWS else None
+        return mm(_q8_1(a_), key, np.empty_like(out_))
 
     def pk(fmt, w_):                                                   # as uploaded: repacked
         return np.stack([repack(fmt, m_)[1] for m_ in w_]) if w_.ndim == 3 else repack(fmt, w_)[1]

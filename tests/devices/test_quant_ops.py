@@ -2,6 +2,9 @@
 package's own dequantisation (``gguf.dequantize``, numpy code of the llama.cpp project) followed by a
 float64 numpy matmul, on random blocks of every format and on real rows of SmolLM2's GGUF file.
 
+Kernels on GGUF weights compute on activations quantized per 32 values as GGML's Q8_1 (llama.cpp's
+numerics): the reference's activations are quantized the same way here (:func:`q8_1`, numpy).
+
 Tolerance: the expanded weights are exact in float32 (an fp16 scale times a 4- or 8-bit integer), so
 the kernel's result differs from the float64 product only by float32 accumulation: the a-priori bound
 gamma(K + K/32 + 8) * (|a| @ (|w| + 2 max|w| of the row)) (the Q4_1 / Q4_K offsets are summed apart, per
@@ -100,10 +103,11 @@ def test_weight_quant_matmul_equals_dequantize_then_matmul(fmt, m, block_dim):
     w = gguf.dequantize(raw, GGML[fmt])
     a = np.random.default_rng(3).standard_normal((m, k)).astype(np.float32)
     bias = np.random.default_rng(4).standard_normal(n).astype(np.float32)
+    aq = q8_1(a)                          # GGUF weights: the activations quantized as llama.cpp does
     got = run_blocks("weight_quant_matmul", [a, raw], (m, n), {"qtype": fmt}, block_dim)
-    assert_within(got, reference(a, w), bound(a, w), f"{fmt} M={m} blocks={block_dim}")
+    assert_within(got, reference(aq, w), bound(aq, w, 1), f"{fmt} M={m} blocks={block_dim}")
     got = run_blocks("weight_quant_matmul", [a, raw, bias], (m, n), {"qtype": fmt}, block_dim)
-    assert_within(got, reference(a, w) + bias, bound(a, w, 1) + gamma(2) * np.abs(bias), "with bias")
+    assert_within(got, reference(aq, w) + bias, bound(aq, w, 2) + gamma(2) * np.abs(bias), "with bias")
 
 
 def test_tiles_cover_every_row(monkeypatch):
@@ -115,7 +119,7 @@ def test_tiles_cover_every_row(monkeypatch):
     for m in (2, 20):
         a = np.random.default_rng(m).standard_normal((m, 256)).astype(np.float32)
         got = run_blocks("weight_quant_matmul", [a, raw], (m, 11), {"qtype": "q4_k"}, 1)
-        assert_within(got, reference(a, w), bound(a, w))
+        assert_within(got, reference(q8_1(a), w), bound(q8_1(a), w, 1))
 
 
 def test_stacked_weights_share_the_activations():
@@ -125,7 +129,7 @@ def test_stacked_weights_share_the_activations():
     got = run_blocks("weight_quant_matmul", [a, raw], (2, 5, 24), {"qtype": "q4_1"}, 2)
     for g in range(2):
         w = gguf.dequantize(raw[g], GGML["q4_1"])
-        assert_within(got[g], reference(a, w), bound(a, w))
+        assert_within(got[g], reference(q8_1(a), w), bound(q8_1(a), w, 1))
 
 
 def test_int8_per_channel():
@@ -152,7 +156,7 @@ def test_real_smollm2_rows():
         w = gguf.dequantize(raw, GGML[fmt])
         a = np.random.default_rng(10).standard_normal((2, w.shape[1])).astype(np.float32)
         got = run_blocks("weight_quant_matmul", [a, raw], (2, 96), {"qtype": fmt}, 1)
-        assert_within(got, reference(a, w), bound(a, w), name)
+        assert_within(got, reference(q8_1(a), w), bound(q8_1(a), w, 1), name)
         ids = np.array([95, 0, 17], np.int32)
         emb = run_blocks("quant_embedding", [raw, ids], (3, w.shape[1]), {"qtype": fmt}, 2)
         np.testing.assert_array_equal(emb, w[ids])
@@ -248,22 +252,23 @@ def test_repacked_matmul_equals_dequantize_then_matmul(fmt, m, block_dim):
     assert fused == (m < 40)
     a = np.random.default_rng(13).standard_normal((m, k)).astype(np.float32)
     bias = np.random.default_rng(14).standard_normal(n).astype(np.float32)
-    aq = q8_1(a) if fused else a                    # the fused loops compute on 8-bit activations
-    bnd = fused_bound(aq, w) if fused else bound(a, w)
+    aq = q8_1(a)                                    # both paths compute on 8-bit activations
+    bnd = fused_bound(aq, w) if fused else bound(aq, w, 1)
     got = run_blocks("weight_quant_matmul", [a, p], (m, n), {"qtype": qt}, block_dim)
     assert_within(got, reference(aq, w), bnd, f"{qt} M={m} blocks={block_dim}")
     got = run_blocks("weight_quant_matmul", [a, p, bias], (m, n), {"qtype": qt}, block_dim)
-    bnd = fused_bound(aq, w, 1) if fused else bound(a, w, 1)
+    bnd = fused_bound(aq, w, 1) if fused else bound(aq, w, 2)
     assert_within(got, reference(aq, w) + bias, bnd + gamma(2) * np.abs(bias), "with bias")
 
 
 @pytest.mark.parametrize("fmt", list(GGUF_FORMATS))
 @pytest.mark.parametrize("n", [ROWS, 3 * ROWS, 2 * ROWS, 6 * ROWS])
 def test_fused_loops_on_8bit_activations(fmt, n):
-    """The fused loops (every row count 1..16; groups of 32 rows and of 64) against the float64 product
-    of the gguf package's dequantised weight and the activations quantized per 32 as GGML's Q8_1 (numpy,
-    from the format's definition); the float32-activation loops against the plain float64 product.  An
-    odd K, a fresh random matrix per format, activations of mixed scales (a zero block included)."""
+    """The fused loops (every row count 1..16; groups of 32 rows and of 64) and the tiles (20 rows)
+    against the float64 product of the gguf package's dequantised weight and the activations quantized
+    per 32 as GGML's Q8_1 (numpy, from the format's definition); with ``quantize_a=False`` against the
+    plain float64 product.  An odd K, a fresh random matrix per format, activations of mixed scales (a
+    zero block included)."""
     from devices.ops.qformats import group_rows
     from devices.ops.quant import packed_matmul
     k = 256 * 3 if fmt == "q4_k" else 32 * 13
@@ -283,6 +288,12 @@ def test_fused_loops_on_8bit_activations(fmt, n):
         got = np.full((m, n), np.nan, np.float32)
         packed_matmul(a, p, qt, got, quantize_a=False)
         assert_within(got, reference(a, w), bound(a, w), f"{qt} N={n} M={m} float32 activations")
+    a = rng.standard_normal((20, k)).astype(np.float32)              # the tiles (prefill): the same numbers
+    for quantize_a in (True, False):
+        got = np.full((20, n), np.nan, np.float32)
+        packed_matmul(a, p, qt, got, quantize_a=quantize_a)
+        aq = q8_1(a) if quantize_a else a
+        assert_within(got, reference(aq, w), bound(aq, w, 1), f"{qt} N={n} M=20 tiles")
 
 
 def test_fused_loops_quantize_like_llamacpp_and_propagate_nan():
@@ -325,7 +336,7 @@ def test_repacked_tiles_and_stacks(monkeypatch):
             if m <= quant.FUSED_ROWS:
                 assert_within(got[g], reference(q8_1(a), w), fused_bound(q8_1(a), w), f"g={g} M={m}")
             else:
-                assert_within(got[g], reference(a, w), bound(a, w), f"g={g} M={m}")
+                assert_within(got[g], reference(q8_1(a), w), bound(q8_1(a), w, 1), f"g={g} M={m}")
     a16 = np.random.default_rng(17).standard_normal((3, 256)).astype(np.float16)
     out = np.empty((2, 3, 2 * ROWS), np.float16)
     lookup("weight_quant_matmul").run(BlockCtx(0, 1, 0), [a16, p], [out], {"qtype": qt})
