@@ -222,6 +222,12 @@ def _wqmm_run(ctx, inputs, outputs, attrs):
         a32 = q8_1_values(a32)
     w3 = w.reshape((-1,) + w.shape[-2:])
     o3 = out.reshape((-1,) + out.shape[-2:])
+    if qt in PACKED and w3.shape[0] > 1 and a32.shape[0] == 1 and (lo, hi) == (0, n) and bias is None \
+            and o3.dtype == F32 and o3.flags.c_contiguous and w3.flags.c_contiguous:
+        # one row on stacked weights (gate|up at batch 1): the stack is one matrix of G N rows (whole
+        # groups of the same size) and out [G, 1, N] its one output row -- one loop call, one quantization
+        packed_matmul(a32, w3.reshape(-1, w3.shape[-1]), qt, o3.reshape(1, -1), rows)
+        return
     s2 = None if scale is None else scale.reshape(-1, n)
     for g in range(w3.shape[0]):
         o = o3[g, :, lo:hi]

@@ -328,7 +328,7 @@ def test_repacked_tiles_and_stacks(monkeypatch):
     monkeypatch.setattr(quant, "TILE_BYTES", 4 * 64 * ROWS)       # one group per tile at K = 64
     raw = np.stack([random_blocks("q4_k", 2 * ROWS, 256, seed=s) for s in (15, 16)])
     qt, p = packed("q4_k", raw)
-    for m in (2, 20):
+    for m in (1, 2, 20):                                            # 1: the stack as one matrix, one call
         a = np.random.default_rng(m).standard_normal((m, 256)).astype(np.float32)
         got = run_blocks("weight_quant_matmul", [a, p], (2, m, 2 * ROWS), {"qtype": qt}, 1)
         for g in range(2):
