@@ -206,6 +206,14 @@ def _wqmm_run(ctx, inputs, outputs, attrs):
     antiquant_scale float32 [.., N] input before the bias)"""
     qt = attrs["qtype"]
     a, w, out = inputs[0], inputs[1], outputs[0]
+    if qt in PACKED and len(inputs) == 2 and ctx.block_dim == 1 and w.ndim == 2 and a.shape[0] <= FUSED_ROWS \
+            and a.dtype == F32 and out.dtype == F32 and a.flags.c_contiguous and w.flags.c_contiguous \
+            and out.flags.c_contiguous:          # decode's common launch: straight to the fused loop
+        from . import qfused
+        n = w.shape[0]
+        r = group_rows(n)
+        (qfused.q8_dot if qt == "q8_0r" else qfused.q4_dot)(a, w.reshape(n // r, -1), half_scales(qt), 0, n // r, out)
+        return
     scale = inputs[2] if qt == "int8" else None
     bias = inputs[-1] if len(inputs) == (4 if qt == "int8" else 3) else None
     n = w.shape[-2]
