@@ -174,8 +174,13 @@ def dequantize(fmt: str, raw: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ row-interleaved (repacked)
-#: rows of one group of the repacked layouts (the lanes of :mod:`.qfused`'s loops)
+#: rows of the smallest group of the repacked layouts (the lanes of :mod:`.qfused`'s loops): a repacked
+#: matrix has a whole number of them
 ROWS = 32
+#: rows of a group when the matrix's row count allows it (:func:`group_rows`): the integer loops of
+#: :mod:`.qfused` run their 16-bit lanes 64 at a time (LLVM's vector loop is 4 x 16 lanes; over 32 rows it
+#: would run only its 8-lane remainder loop)
+WIDE_ROWS = 64
 #: the repacked layouts, by the GGUF format each is made from (what a weight uploaded for the fused kernels
 #: holds; the cost model still prices the source format's bytes)
 PACKED: dict[str, str] = {"q8_0r": "q8_0", "q4_1r": "q4_1", "q4_kr": "q4_k"}
@@ -184,6 +189,13 @@ PACKED: dict[str, str] = {"q8_0r": "q8_0", "q4_1r": "q4_1", "q4_kr": "q4_k"}
 #: bytes per 32 weights of a row: quants + scale (+ offset); q8_0r and q4_1r keep the file's fp16 scales
 #: (the GGUF block size), q4_kr float32 ones (Q4_K's d * sc needs 17 bits)
 _PER32 = {"q8_0r": 32 + 2, "q4_1r": 16 + 2 * 2, "q4_kr": 16 + 2 * 4}
+
+
+def group_rows(n: int) -> int:
+    """Rows per group of a repacked matrix of ``n`` rows: :data:`WIDE_ROWS` when they divide ``n``, else
+    :data:`ROWS`.  A function of the row count alone, so every reader of a matrix finds its groups from its
+    shape; a slice of rows is read with the groups of the matrix it was cut from."""
+    return WIDE_ROWS if n % WIDE_ROWS == 0 else ROWS
 
 
 def half_scales(qtype: str) -> bool:
@@ -225,9 +237,9 @@ def _natural_terms(fmt: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 def repack(fmt: str, raw: np.ndarray) -> tuple[str, np.ndarray]:
     """GGUF blocks ``uint8 [N, row_bytes]`` (N a multiple of :data:`ROWS`) as the row-interleaved layout
     of :mod:`.qfused`: ``(qtype, uint8 [N, packed_row_bytes])`` -- the array's byte rows are no longer the
-    weight rows: every ROWS of them hold one group (quants ``[NB, L, ROWS]``, then the scales
-    ``[NB, ROWS]`` and, for q4, the offsets; fp16 for Q8_0 and Q4_1, so the bytes are the file's, float32
-    for Q4_K).  Lossless (the dequantised weights are equal)."""
+    weight rows: every R = :func:`group_rows` (N) of them hold one group (quants ``[NB, L, R]``, then the
+    scales ``[NB, R]`` and, for q4, the offsets; fp16 for Q8_0 and Q4_1, so the bytes are the file's,
+    float32 for Q4_K).  Lossless (the dequantised weights are equal)."""
     if fmt not in GGUF_FORMATS:
         raise InvalidParamError(f"unknown quantized format {fmt!r} (known: {', '.join(GGUF_FORMATS)})")
     raw = np.ascontiguousarray(raw, np.uint8)
@@ -236,21 +248,38 @@ def repack(fmt: str, raw: np.ndarray) -> tuple[str, np.ndarray]:
         raise InvalidParamError(f"repack: {n} rows is not a whole number of {ROWS}-row groups")
     qn, sc, off = _natural_terms(fmt, raw)
     k = qn.shape[1]
-    nb, g = k // 32, n // ROWS
+    rows = group_rows(n)
+    nb, g = k // 32, n // rows
     if fmt == "q8_0":
         qs = qn.astype(np.int8, copy=False).reshape(n, nb, 32).view(np.uint8)
     else:                                                    # one byte: weights j (low) and 16 + j (high)
         q = qn.reshape(n, nb, 2, 16).astype(np.uint8)
         qs = q[:, :, 0] | (q[:, :, 1] << 4)
 
-    def lanes(x: np.ndarray) -> np.ndarray:                  # [N, NB, ...] -> [G, NB, ..., ROWS] bytes
-        x = x.reshape((g, ROWS) + x.shape[1:])
+    def lanes(x: np.ndarray) -> np.ndarray:                  # [N, NB, ...] -> [G, NB, ..., rows] bytes
+        x = x.reshape((g, rows) + x.shape[1:])
         return np.ascontiguousarray(np.moveaxis(x, 1, -1)).view(np.uint8).reshape(g, -1)
 
     qtype = fmt + "r"
     st = np.float16 if half_scales(qtype) else np.float32   # fp16 values are exact: the file's own
     parts = [lanes(qs), lanes(sc.astype(st))] + ([] if off is None else [lanes(np.asarray(off).astype(st))])
     return qtype, np.concatenate(parts, axis=1).reshape(n, packed_row_bytes(qtype, k))
+
+
+# ------------------------------------------------------------------------------ activations (GGML's Q8_1)
+def q8_1_values(a: np.ndarray) -> np.ndarray:
+    """Activations ``a [M, K]`` (K a multiple of 32) as the kernels on GGUF weights compute with them,
+    llama.cpp's way: quantized per 32 values like GGML's Q8_1 -- ``d = amax / 127``,
+    ``q = rint(a * (127 / amax))`` in float32 (ties to even), value ``q * d`` (float32).  The same
+    quants as :func:`.qfused.quantize_rows` gives the fused loops; a block holding a NaN or inf is NaN."""
+    a = np.asarray(a, np.float32)
+    b = a.reshape(a.shape[0], -1, 32)
+    amax = np.abs(b).max(axis=2, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+        v = np.rint(b * inv) * (amax / np.float32(127))
+    v[~np.isfinite(amax[..., 0])] = np.nan
+    return v.reshape(a.shape)
 
 
 # ---------------------------------------------------------------------------------------------- int8

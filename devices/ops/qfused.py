@@ -3,7 +3,8 @@
 tile of rows to float32 (prefill: the caller multiplies the tile with one BLAS call) and the row gather of
 an embedding.
 
-Layout of one group of :data:`~.qformats.ROWS` (R) weight rows, ``NB = K / 32`` blocks each (bytes, in
+Layout of one group of R = :func:`~.qformats.group_rows` (N) weight rows (64, or 32 when 64 do not
+divide N), ``NB = K / 32`` blocks each (bytes, in
 this order): the quants ``[NB, L, R]`` (q8: ``int8``, L = 32, weight ``32 b + j``; q4: ``uint8``, L = 16,
 low nibble weight ``32 b + j``, high nibble ``32 b + 16 + j``), the scales ``[NB, R]`` and, for q4, the
 offsets ``[NB, R]``: ``w[r, 32 b + j] = scale[b, r] * q + offset[b, r]``.  Scales and offsets are fp16
@@ -13,9 +14,21 @@ float32 once (a bit-level conversion, exact, subnormals included).  Lanes are
 rows, so the innermost loop runs over R rows with contiguous loads and no horizontal sums (what
 llama.cpp's CPU backend gets by interleaving rows of blocks when it repacks them).
 
-The fused loops sum each block's ``q * a`` in float32 and scale per block (the offsets multiply the
-activations' 32-sums), so results differ from a float32 matmul of the dequantised weight only by
-summation order.  Everything here blocks the calling thread; nothing touches device state.  The first
+Numerics of the fused loops :func:`q4_dot` / :func:`q8_dot` (llama.cpp's CPU numerics, its
+``vec_dot_q4_1_q8_1`` / ``vec_dot_q8_0_q8_0``): each activation row is first quantized per 32 values like
+GGML's Q8_1 (:func:`quantize_rows`: ``da = amax / 127``, ``aq = rint(a * 127 / amax)`` in [-127, 127],
+ties to even as llama.cpp's AVX2 path, and ``sa = da * sum(aq)``); each block's dot product is then an
+exact integer sum ``sum(q * aq)`` (16-bit lanes: the 4-bit quants enter as ``q - 8``, so 32 products stay
+within int16; Q8_0 pairs of products are widened to int32), scaled in float32:
+``d * da * isum + offset * sa`` per block (Q4_K: per 32-weight sub-block with its ``d * sc`` and
+``-dmin * m``, where llama.cpp quantizes activations per 256 as Q8_K).  The result equals the float64
+product of the dequantised weight and the *quantized* activations ``da * aq`` up to float32 rounding of
+the per-block terms; against float32 activations it differs by the activations' quantization (relative
+~1e-3 of a dot product's magnitude).  A NaN or inf in a 32-block of activations makes that row's outputs
+NaN.  :func:`q4_dot_f32` / :func:`q8_dot_f32` keep the float32-activation loops (results equal to a
+float32 matmul of the dequantised weight up to summation order), as the tiles of prefill do.
+
+Everything here blocks the calling thread; nothing touches device state.  The first
 call of each loop in a process compiles it (``cache=True``: later processes load the compiled code from
 ``__pycache__``); :func:`compile_all` does that up front and returns the seconds it took.
 """
@@ -27,8 +40,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import InvalidParamError
-from .qformats import PACKED, half_scales, packed_row_len
-from .qformats import ROWS as R     # rows per group: the fused loops' lanes (32 float32 = four AVX2 registers)
+from .qformats import PACKED, ROWS, group_rows, half_scales, packed_row_len
 
 _F32 = np.float32
 #: reassociation (sums vectorize) and fused multiply-add; not the no-NaN / no-inf flags: a NaN or inf in
@@ -77,8 +89,9 @@ def _scales(grp, start, n, half, bits_i, bits_f, dst):
 
 
 @njit(cache=True, fastmath=_FAST, nogil=True)
-def q4_dot(a, wg, half, g0, g1, out):
-    """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q4 groups ``g0 .. g1`` of ``wg [G, group bytes]``."""
+def q4_dot_f32(a, wg, half, g0, g1, out):
+    """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q4 groups ``g0 .. g1`` of ``wg [G, group bytes]``,
+    float32 activations."""
     m_, k = a.shape
     nb = k // 32
     sz = 2 if half else 4
@@ -135,12 +148,13 @@ def q4_dot(a, wg, half, g0, g1, out):
 
 
 @njit(cache=True, fastmath=_FAST, nogil=True)
-def q8_dot(a, wg, half, g0, g1, out):
-    """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q8 groups ``g0 .. g1`` of ``wg [G, group bytes]``."""
+def q8_dot_f32(a, wg, half, g0, g1, out):
+    """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q8 groups ``g0 .. g1`` of ``wg [G, group bytes]``,
+    float32 activations."""
     m_, k = a.shape
     nb = k // 32
     sz = 2 if half else 4
-    rr = wg.shape[1] // (nb * (32 + sz))        # == R, a run-time trip count (see q4_dot)
+    rr = wg.shape[1] // (nb * (32 + sz))        # == R, a run-time trip count (see q4_dot_f32)
     qb = nb * 32 * rr
     s = np.empty((m_, rr), np.float32)
     acc = np.empty((m_, rr), np.float32)
@@ -173,6 +187,166 @@ def q8_dot(a, wg, half, g0, g1, out):
             for m in range(m_):
                 for r in range(rr):
                     acc[m, r] += db[r] * s[m, r]
+        c0 = rr * (g - g0)
+        for m in range(m_):
+            for r in range(rr):
+                out[m, c0 + r] = acc[m, r]
+
+
+_BIG = np.float32(np.inf)
+_Q8 = np.float32(127)
+
+
+@njit(cache=True, nogil=True)
+def quantize_rows(a, aq, da, sa):
+    """Activations ``a [M, K]`` quantized per 32 values like GGML's Q8_1: ``aq int16 [M, K]`` in
+    [-127, 127], ``da [M, K/32] = amax / 127`` and ``sa [M, K/32] = da * sum(aq)`` (no fast-math: the
+    quants are the ones llama.cpp's AVX2 quantization gives, bit for bit).  A block holding a NaN or inf
+    gets ``aq = 0`` and ``da = sa = NaN``."""
+    m_, k = a.shape
+    for m in range(m_):
+        for b in range(k // 32):
+            amax = np.float32(0)
+            bad = False
+            for j in range(32):
+                v = abs(a[m, 32 * b + j])
+                bad = bad or not v < _BIG
+                if v > amax:
+                    amax = v
+            t = 0
+            if bad:
+                for j in range(32):
+                    aq[m, 32 * b + j] = 0
+                da[m, b] = np.float32(np.nan)
+                sa[m, b] = np.float32(np.nan)
+                continue
+            inv = _Q8 / amax if amax > 0 else np.float32(0)
+            for j in range(32):
+                q = np.int16(np.rint(a[m, 32 * b + j] * inv))
+                aq[m, 32 * b + j] = q
+                t += q
+            d = amax / _Q8
+            da[m, b] = d
+            sa[m, b] = d * np.float32(t)
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def q4_dot(a, wg, half, g0, g1, out):
+    """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q4 groups ``g0 .. g1`` of ``wg [G, group bytes]``:
+    activations quantized per 32 (:func:`quantize_rows`), exact int16 sums of ``(q - 8) * aq`` per block
+    (at most 32 * 8 * 127 = 32512), then ``d * da * isum + (offset + 8 d) * sa`` in float32."""
+    m_, k = a.shape
+    nb = k // 32
+    sz = 2 if half else 4
+    rr = wg.shape[1] // (nb * (16 + 2 * sz))    # == R, a run-time trip count (see q4_dot_f32)
+    qb = nb * 16 * rr
+    sb = nb * rr * sz
+    aq = np.empty((m_, k), np.int16)
+    da = np.empty((m_, nb), np.float32)
+    sa = np.empty((m_, nb), np.float32)
+    quantize_rows(a, aq, da, sa)
+    s = np.empty((m_, rr), np.int16)
+    acc = np.empty((m_, rr), np.float32)
+    lo = np.empty(rr, np.int16)
+    hi = np.empty(rr, np.int16)
+    bits_i = np.empty(nb * rr, np.int32)
+    bits_f = bits_i.view(np.float32)
+    d1 = np.empty(nb * rr, np.float32)
+    m1 = np.empty(nb * rr, np.float32)
+    d = d1.reshape((nb, rr))
+    mn = m1.reshape((nb, rr))
+    for g in range(g0, g1):
+        grp = wg[g]
+        qs = grp[:qb].reshape((nb, 16, rr))
+        _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
+        _scales(grp, qb + sb, nb * rr, half, bits_i, bits_f, m1)
+        for i in range(nb * rr):
+            m1[i] += 8 * d1[i]                  # offset + 8 d: the quants enter as q - 8
+        acc[:] = 0
+        for b in range(nb):
+            s[:] = 0
+            for j in range(16):
+                qj = qs[b, j]
+                if m_ == 1:
+                    a0 = aq[0, 32 * b + j]
+                    a1 = aq[0, 32 * b + 16 + j]
+                    for r in range(rr):
+                        q = np.int16(qj[r])
+                        s[0, r] += ((q & 15) - 8) * a0 + ((q >> 4) - 8) * a1
+                else:
+                    for r in range(rr):
+                        q = np.int16(qj[r])
+                        lo[r] = (q & 15) - 8
+                        hi[r] = (q >> 4) - 8
+                    for m in range(m_):
+                        a0 = aq[m, 32 * b + j]
+                        a1 = aq[m, 32 * b + 16 + j]
+                        for r in range(rr):
+                            s[m, r] += lo[r] * a0 + hi[r] * a1
+            db = d[b]
+            mb = mn[b]
+            for m in range(m_):
+                dm = da[m, b]
+                sm = sa[m, b]
+                for r in range(rr):
+                    acc[m, r] += db[r] * (dm * np.float32(s[m, r])) + mb[r] * sm
+        c0 = rr * (g - g0)
+        for m in range(m_):
+            for r in range(rr):
+                out[m, c0 + r] = acc[m, r]
+
+
+@njit(cache=True, fastmath=_FAST, nogil=True)
+def q8_dot(a, wg, half, g0, g1, out):
+    """``out[M, R (g1 - g0)] = a[M, K] @ W^T`` for the q8 groups ``g0 .. g1`` of ``wg [G, group bytes]``:
+    activations quantized per 32 (:func:`quantize_rows`), exact int32 sums of ``q * aq`` per block (pairs
+    of products in int16: at most 2 * 128 * 127 = 32512), then ``d * da * isum`` in float32."""
+    m_, k = a.shape
+    nb = k // 32
+    sz = 2 if half else 4
+    rr = wg.shape[1] // (nb * (32 + sz))
+    qb = nb * 32 * rr
+    aq = np.empty((m_, k), np.int16)
+    da = np.empty((m_, nb), np.float32)
+    sa = np.empty((m_, nb), np.float32)
+    quantize_rows(a, aq, da, sa)
+    s = np.empty((m_, rr), np.int32)
+    acc = np.empty((m_, rr), np.float32)
+    w0 = np.empty(rr, np.int16)
+    w1 = np.empty(rr, np.int16)
+    bits_i = np.empty(nb * rr, np.int32)
+    bits_f = bits_i.view(np.float32)
+    d1 = np.empty(nb * rr, np.float32)
+    d = d1.reshape((nb, rr))
+    for g in range(g0, g1):
+        grp = wg[g]
+        qs = grp[:qb].view(np.int8).reshape((nb, 32, rr))
+        _scales(grp, qb, nb * rr, half, bits_i, bits_f, d1)
+        acc[:] = 0
+        for b in range(nb):
+            s[:] = 0
+            for j in range(0, 32, 2):
+                q0 = qs[b, j]
+                q1 = qs[b, j + 1]
+                if m_ == 1:
+                    a0 = aq[0, 32 * b + j]
+                    a1 = aq[0, 32 * b + j + 1]
+                    for r in range(rr):
+                        s[0, r] += np.int32(np.int16(q0[r]) * a0 + np.int16(q1[r]) * a1)
+                else:
+                    for r in range(rr):
+                        w0[r] = q0[r]
+                        w1[r] = q1[r]
+                    for m in range(m_):
+                        a0 = aq[m, 32 * b + j]
+                        a1 = aq[m, 32 * b + j + 1]
+                        for r in range(rr):
+                            s[m, r] += np.int32(w0[r] * a0 + w1[r] * a1)
+            db = d[b]
+            for m in range(m_):
+                dm = da[m, b]
+                for r in range(rr):
+                    acc[m, r] += db[r] * (dm * np.float32(s[m, r]))
         c0 = rr * (g - g0)
         for m in range(m_):
             for r in range(rr):
@@ -267,8 +441,9 @@ def dequantize_packed(qtype: str, w: np.ndarray) -> np.ndarray:
         raise InvalidParamError(f"unknown repacked format {qtype!r} (known: {', '.join(PACKED)})")
     w = np.ascontiguousarray(w, np.uint8)
     n = w.shape[0]
+    r = group_rows(n)
     out = np.empty((packed_row_len(qtype, w.shape[1]), n), np.float32)
-    expand(w.reshape(n // R, -1), qtype != "q8_0r", half_scales(qtype), 0, n // R, out)
+    expand(w.reshape(n // r, -1), qtype != "q8_0r", half_scales(qtype), 0, n // r, out)
     return np.ascontiguousarray(out.T)
 
 
@@ -280,9 +455,10 @@ def compile_all() -> float:
     for q4, lanes in ((True, 16), (False, 32)):
         for half in (True, False):
             sz = 2 if half else 4
-            wg = np.zeros((1, R * (k // 32) * (lanes + (2 if q4 else 1) * sz)), np.uint8)
+            wg = np.zeros((1, ROWS * (k // 32) * (lanes + (2 if q4 else 1) * sz)), np.uint8)
             a = np.zeros((1, k), _F32)
-            (q4_dot if q4 else q8_dot)(a, wg, half, 0, 1, np.empty((1, R), _F32))
-            expand(wg, q4, half, 0, 1, np.empty((k, R), _F32))
+            for dot in ((q4_dot, q4_dot_f32) if q4 else (q8_dot, q8_dot_f32)):
+                dot(a, wg, half, 0, 1, np.empty((1, ROWS), _F32))
+            expand(wg, q4, half, 0, 1, np.empty((k, ROWS), _F32))
             gather(wg, q4, half, np.zeros(1, np.int64), np.empty((1, k), _F32))
     return time.perf_counter() - t0

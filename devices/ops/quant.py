@@ -5,23 +5,29 @@ Weights are ``[N, K]`` matrices (``transpose_b`` layout: one row per output feat
 ``uint8 [N, row_bytes]`` blocks of a GGUF format (attr ``qtype`` = ``q8_0``, ``q4_1``, ``q4_k``), as the
 same blocks repacked at upload into row-interleaved groups (``q8_0r``, ``q4_1r``, ``q4_kr``: see
 :func:`.qformats.repack`; N a multiple of 32) or as ``int8 [N, K]`` with a float32 per-row scale input
-(``qtype="int8"``).  Activations and outputs are float32 (or float16, computed in float32).
+(``qtype="int8"``).  A repacked weight of N rows has groups of :func:`.qformats.group_rows` (N)
+rows; a block's (or a caller's) slice of rows is read with those groups.  Activations and outputs are float32 (or float16, computed in float32).
 
 How it computes:
 
 - repacked weights, at most :data:`FUSED_ROWS` activation rows (decode up to batch 16): one compiled loop
-  (:mod:`.qfused`) dequantises and multiplies in registers, 32 weight rows per SIMD lane group; nothing
-  is expanded to memory;
+  (:mod:`.qfused`) quantizes the activations per 32 values to 8 bits (GGML's Q8_1) and takes exact integer
+  dot products with the 4- or 8-bit quants, scaled per block -- llama.cpp's CPU numerics, not float32's
+  (:mod:`.qfused` says how they differ); 64 (or 32) weight rows per SIMD lane group; nothing is expanded
+  to memory;
 - repacked weights, more rows (prefill): tiles of rows expanded to float32 by a compiled loop, each tile
-  ONE BLAS call ``a @ tile^T``;
-- GGUF blocks as stored, int8: tiles expanded by numpy, each tile sized to stay in a core's L2
+  ONE BLAS call ``a' @ tile^T`` where ``a'`` are the activations quantized the same way
+  (:func:`.qformats.q8_1_values`): the same numbers as the fused loops up to float32 summation order,
+  so a token's result does not depend on how many rows its launch had;
+- GGUF blocks as stored (activations quantized as above), int8 (float32 activations): tiles expanded by
+  numpy, each tile sized to stay in a core's L2
   (:data:`TILE_BYTES` of float32) and ONE BLAS call.  Only ``scale * q`` is expanded; the offset term of
   the formats that have one (Q4_1's ``m``, Q4_K's mins) is a small matmul of the activations' 32-sums by
   the offsets.  The full float32 weight never exists.
 
 Cost model: a cube task at the chip's INT8 rate over the quantized weights' bytes -- for a repacked
 weight, the bytes of the GGUF format it was made from, so repacking does not change the modelled clock.
-Blocks split the output features N (every block expands only its rows; repacked: whole 32-row groups).
+Blocks split the output features N (every block expands only its rows; repacked: whole groups).
 """
 from __future__ import annotations
 
@@ -33,8 +39,8 @@ from ..registry import builtin
 from .blocks import as_rows
 from .checks import FLOATS, ID_TYPES, arity, choice_attr, dtype_in, ndim_in, need, same_dtype, shape_is
 from .precision import F16, F32, quiet
-from .qformats import (GGUF_FORMATS, PACKED, ROWS, block_terms, from_planes, half_scales, packed_row_len,
-                       to_planes)
+from .qformats import (GGUF_FORMATS, PACKED, ROWS, block_terms, from_planes, group_rows, half_scales,
+                       packed_row_len, q8_1_values, to_planes)
 from .work import io_bytes
 
 QTYPES = tuple(GGUF_FORMATS) + tuple(PACKED) + ("int8",)
@@ -110,29 +116,40 @@ def _wqmm_pd(inputs, outputs, attrs):
 PARTIAL_ROWS = 8
 
 
-def packed_matmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray) -> None:
-    """``out[M, N] = a[M, K] @ dequant(w)[N, K]^T`` (float32) on a repacked weight ``w [N, row bytes]``:
-    the fused loop for at most :data:`FUSED_ROWS` rows, else tiles of whole groups expanded by the
-    compiled loop and one BLAS call each.  Blocks the calling thread."""
+def packed_matmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray, rows: int | None = None,
+                  quantize_a: bool = True) -> None:
+    """``out[M, N] = a[M, K] @ dequant(w)[N, K]^T`` (float32) on a repacked weight ``w [N, row bytes]``
+    whose groups have ``rows`` rows (default :func:`.qformats.group_rows` (N); a slice of a matrix passes
+    the matrix's): the fused loop for at most :data:`FUSED_ROWS` rows (``quantize_a``: on activations
+    quantized to 8 bits, llama.cpp's numerics; else on float32 activations), else tiles of whole groups
+    expanded by the compiled loop and one BLAS call each (on the activations quantized the same way, unless
+    not ``quantize_a``).  Blocks the calling thread."""
     from . import qfused
     m, k = a.shape
     n = w.shape[0]
+    r = group_rows(n) if rows is None else rows
     q4, half = qtype != "q8_0r", half_scales(qtype)
-    wg = np.ascontiguousarray(w).reshape(n // ROWS, -1)
+    wg = np.ascontiguousarray(w).reshape(n // r, -1)
     a = np.ascontiguousarray(a, F32)
     if m <= FUSED_ROWS:
         dst = out if out.flags.c_contiguous else np.empty((m, n), F32)
-        (qfused.q4_dot if q4 else qfused.q8_dot)(a, wg, half, 0, n // ROWS, dst)
+        if quantize_a:
+            dot = qfused.q4_dot if q4 else qfused.q8_dot
+        else:
+            dot = qfused.q4_dot_f32 if q4 else qfused.q8_dot_f32
+        dot(a, wg, half, 0, n // r, dst)
         if dst is not out:
             out[...] = dst
         return
-    groups = max(1, TILE_BYTES // (4 * k * ROWS))
-    tile = np.empty((k, min(groups, n // ROWS) * ROWS), F32)             # transposed: [K, rows]
-    for g0 in range(0, n // ROWS, groups):
-        g1 = min(n // ROWS, g0 + groups)
-        t = tile if (g1 - g0) * ROWS == tile.shape[1] else np.empty((k, (g1 - g0) * ROWS), F32)
+    if quantize_a:
+        a = q8_1_values(a)
+    groups = max(1, TILE_BYTES // (4 * k * r))
+    tile = np.empty((k, min(groups, n // r) * r), F32)                   # transposed: [K, rows]
+    for g0 in range(0, n // r, groups):
+        g1 = min(n // r, g0 + groups)
+        t = tile if (g1 - g0) * r == tile.shape[1] else np.empty((k, (g1 - g0) * r), F32)
         qfused.expand(wg, q4, half, g0, g1, t)
-        out[:, g0 * ROWS:g1 * ROWS] = a @ t
+        out[:, g0 * r:g1 * r] = a @ t
 
 
 def qmatmul(a: np.ndarray, w: np.ndarray, qtype: str, out: np.ndarray, scale: np.ndarray | None = None) -> None:
@@ -189,25 +206,42 @@ def _wqmm_run(ctx, inputs, outputs, attrs):
     antiquant_scale float32 [.., N] input before the bias)"""
     qt = attrs["qtype"]
     a, w, out = inputs[0], inputs[1], outputs[0]
+    if qt in PACKED and len(inputs) == 2 and ctx.block_dim == 1 and w.ndim == 2 and a.shape[0] <= FUSED_ROWS \
+            and a.dtype == F32 and out.dtype == F32 and a.flags.c_contiguous and w.flags.c_contiguous \
+            and out.flags.c_contiguous:          # decode's common launch: straight to the fused loop
+        from . import qfused
+        n = w.shape[0]
+        r = group_rows(n)
+        (qfused.q8_dot if qt == "q8_0r" else qfused.q4_dot)(a, w.reshape(n // r, -1), half_scales(qt), 0, n // r, out)
+        return
     scale = inputs[2] if qt == "int8" else None
     bias = inputs[-1] if len(inputs) == (4 if qt == "int8" else 3) else None
     n = w.shape[-2]
     lo, hi = 0, n
+    rows = group_rows(n) if qt in PACKED else 1
     if ctx.block_dim > 1:
-        step = ROWS if qt in PACKED else 1                  # repacked: whole row groups
+        step = rows                                         # repacked: whole row groups
         r = ctx.split(n // step)
         if not r:
             return
         lo, hi = r.start * step, r.stop * step
     a32 = a.astype(F32) if a.dtype == F16 else a
+    if qt in GGUF_FORMATS:                                  # llama.cpp's numerics (see packed_matmul)
+        a32 = q8_1_values(a32)
     w3 = w.reshape((-1,) + w.shape[-2:])
     o3 = out.reshape((-1,) + out.shape[-2:])
+    if qt in PACKED and w3.shape[0] > 1 and a32.shape[0] == 1 and (lo, hi) == (0, n) and bias is None \
+            and o3.dtype == F32 and o3.flags.c_contiguous and w3.flags.c_contiguous:
+        # one row on stacked weights (gate|up at batch 1): the stack is one matrix of G N rows (whole
+        # groups of the same size) and out [G, 1, N] its one output row -- one loop call, one quantization
+        packed_matmul(a32, w3.reshape(-1, w3.shape[-1]), qt, o3.reshape(1, -1), rows)
+        return
     s2 = None if scale is None else scale.reshape(-1, n)
     for g in range(w3.shape[0]):
         o = o3[g, :, lo:hi]
         dst = o if o.dtype == F32 else np.empty(o.shape, F32)
         if qt in PACKED:
-            packed_matmul(a32, w3[g, lo:hi], qt, dst)
+            packed_matmul(a32, w3[g, lo:hi], qt, dst, rows)
         else:
             qmatmul(a32, w3[g, lo:hi], qt, dst, None if s2 is None else s2[g, lo:hi])
         if bias is not None:
@@ -265,8 +299,8 @@ def _qembedding_run(ctx, inputs, outputs, attrs):
     if qt in PACKED:
         from .qfused import gather
         dst = o2 if o2.flags.c_contiguous else np.empty(o2.shape, F32)
-        gather(np.ascontiguousarray(table).reshape(v // ROWS, -1), qt != "q8_0r", half_scales(qt), ids1.astype(np.int64),
-               dst)
+        gather(np.ascontiguousarray(table).reshape(v // group_rows(v), -1), qt != "q8_0r", half_scales(qt),
+               ids1.astype(np.int64), dst)
         if dst is not o2:
             o2[...] = dst
         return

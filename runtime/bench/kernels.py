@@ -68,6 +68,9 @@ class Case:
     bound: Callable[[], np.ndarray]          #: computes the same result in plain numpy, returns it
     per_layer: bool = True                    #: runs once per layer (else once per step)
     tol: float = 1e-5                         #: relative tolerance of the comparison (of the max magnitude)
+    #: the result the kernel is checked against when it is not the bound's (the kernels on GGUF weights
+    #: compute on 8-bit activations: the same matmul on the activations quantized as GGML's Q8_1)
+    want: Callable[[], np.ndarray] | None = None
 
 
 def _shapes():
@@ -202,10 +205,20 @@ def _cases(n: int, ctx: int | None, rng) -> list[Case]:
     ]
 
 
+def _q8_1(a: np.ndarray) -> np.ndarray:
+    """``a [M, K]`` quantized per 32 values as GGML's Q8_1 (``rint(a * 127 / amax) * amax / 127``, float32
+    steps): the activations the fused quantized loops compute on."""
+    b = a.reshape(a.shape[0], -1, 32)
+    amax = np.abs(b).max(axis=2, keepdims=True)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    return (np.rint(b * inv) * (amax / np.float32(127))).reshape(a.shape).astype(np.float32)
+
+
 def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
     """The weights' kernels on SmolLM2's GGUF blocks (layer 0, the token embedding as the head), repacked
     as ``vnpu serve -q gguf`` uploads them (:func:`devices.ops.qformats.repack`): each bound is the float32
-    numpy matmul (or row gather) of the dequantised weight."""
+    numpy matmul (or row gather) of the dequantised weight; the result is checked against the same matmul
+    on the activations quantized to 8 bits (what the kernels on GGUF weights compute on)."""
     from devices.ops.qformats import dequantize, repack
     from runtime.models.weights import load_gguf_quantized, smollm2_gguf
     g = load_gguf_quantized(smollm2_gguf())
@@ -238,6 +251,9 @@ def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
             return lambda: np.matmul(a_, w_.transpose(0, 2, 1), out=out_)
         return lambda: np.matmul(a_, w_.T, out=out_)
 
+    def qmm(a_, key, out_):                                            # the fused loops' reference
+        return mm(_q8_1(a_), key, np.empty_like(out_))
+
     def pk(fmt, w_):                                                   # as uploaded: repacked
         return np.stack([repack(fmt, m_)[1] for m_ in w_]) if w_.ndim == 3 else repack(fmt, w_)[1]
 
@@ -247,15 +263,20 @@ def _quant_cases(n: int, ctx: int | None, rng) -> list[Case]:
         Case(f"quant_embedding {p8}", "quant_embedding", (pemb, ids), (o(n, d),), {"qtype": p8},
              lambda: np.take(deq["emb"], ids, axis=0), per_layer=False),
         Case(f"wq_matmul qkv {p4}", "weight_quant_matmul", (x, pqkv), (o(n, wqkv.shape[0]),), {"qtype": p4},
-             mm(x, "qkv", o(n, wqkv.shape[0])), tol=1e-4),
+             mm(x, "qkv", o(n, wqkv.shape[0])), tol=1e-4,
+             want=qmm(x, "qkv", o(n, wqkv.shape[0]))),
         Case(f"wq_matmul o {p4}", "weight_quant_matmul", (att, pwo), (o(n, d),), {"qtype": p4},
-             mm(att, "o", o(n, d)), tol=1e-4),
+             mm(att, "o", o(n, d)), tol=1e-4,
+             want=qmm(att, "o", o(n, d))),
         Case(f"wq_matmul gate|up {p4}", "weight_quant_matmul", (x, pgu), (o(2, n, ff),), {"qtype": p4},
-             mm(x, "gu", o(2, n, ff)), tol=1e-4),
+             mm(x, "gu", o(2, n, ff)), tol=1e-4,
+             want=qmm(x, "gu", o(2, n, ff))),
         Case(f"wq_matmul down {p4}", "weight_quant_matmul", (hh, pwd), (o(n, d),), {"qtype": p4},
-             mm(hh, "down", o(n, d)), tol=1e-4),
+             mm(hh, "down", o(n, d)), tol=1e-4,
+             want=qmm(hh, "down", o(n, d))),
         Case(f"wq_matmul head {p8}", "weight_quant_matmul", (xh, pemb), (o(len(xh), V),), {"qtype": p8},
-             mm(xh, "emb", o(len(xh), V)), per_layer=False, tol=1e-4),
+             mm(xh, "emb", o(len(xh), V)), per_layer=False, tol=1e-4,
+             want=qmm(xh, "emb", o(len(xh), V))),
     ]
 
 
@@ -285,7 +306,7 @@ def _measure(case: Case, repeat: int, clock=time.perf_counter) -> dict:
     ins, outs = list(case.inputs), list(case.outputs)
     whole = BlockCtx(0, 1, 0)
     t_k, t_b = _time_pair(lambda: k.run(whole, ins, outs, case.attrs), case.bound, repeat, clock)
-    got, want = outs[0], case.bound()
+    got, want = outs[0], (case.want or case.bound)()
     scale = float(np.abs(want).max()) or 1.0
     ok = bool(np.allclose(got, want, rtol=case.tol, atol=case.tol * scale))
     row = {"kernel": case.name, "shape": [list(np.shape(a)) for a in ins], "kernel_us": round(t_k * 1e6, 1),

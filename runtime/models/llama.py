@@ -47,7 +47,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from devices.errors import AclError, InvalidParamError
-from devices.ops.qformats import GGUF_FORMATS, ROWS, dequantize, repack
+from devices.ops.qformats import GGUF_FORMATS, ROWS, dequantize, group_rows, repack
 from runtime import hccl
 from runtime.stages import LOADING_WEIGHTS, UPLOADING, stage
 
@@ -206,7 +206,7 @@ class LlamaRank:
             compile_all()
         for key, fmt in list(self.qt.items()):
             w = out[key]
-            if w.shape[-2] % ROWS or (key == "embd" and self.spec.head and self.spec.v0 % ROWS):
+            if w.shape[-2] % ROWS or (key == "embd" and self.spec.head and not self._head_on_groups(w.shape[-2])):
                 continue
             if isinstance(w, Joined) and w.ndim == 2 and any(p.shape[0] % ROWS for p in w.parts):
                 w = np.concatenate(w.parts)                     # a part splits a group: join on the host
@@ -218,6 +218,12 @@ class LlamaRank:
                 out[key] = np.stack([m for _, m in mats]) if w.ndim == 3 else mats[0][1]
             self.qt[key] = mats[0][0]
         return out
+
+    def _head_on_groups(self, v: int) -> bool:
+        """Whether this device's LM-head share of the ``v``-row table (a slice of it, read with the
+        groups of its own row count) starts on a group of the table and has the table's groups."""
+        r = group_rows(v)
+        return self.spec.v0 % r == 0 and group_rows(self.spec.v1 - self.spec.v0) == r
 
     @staticmethod
     def _rows(w, kind, lo: int, hi: int):

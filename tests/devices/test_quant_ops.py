@@ -2,6 +2,9 @@
 package's own dequantisation (``gguf.dequantize``, numpy code of the llama.cpp project) followed by a
 float64 numpy matmul, on random blocks of every format and on real rows of SmolLM2's GGUF file.
 
+Kernels on GGUF weights compute on activations quantized per 32 values as GGML's Q8_1 (llama.cpp's
+numerics): the reference's activations are quantized the same way here (:func:`q8_1`, numpy).
+
 Tolerance: the expanded weights are exact in float32 (an fp16 scale times a 4- or 8-bit integer), so
 the kernel's result differs from the float64 product only by float32 accumulation: the a-priori bound
 gamma(K + K/32 + 8) * (|a| @ (|w| + 2 max|w| of the row)) (the Q4_1 / Q4_K offsets are summed apart, per
@@ -60,6 +63,32 @@ def bound(a, w, extra=0):
     return gamma(k + k // 32 + 8 + extra) * (np.abs(a).astype(np.float64) @ mag.T)
 
 
+def q8_1(a):
+    """The activations as the fused loops see them, computed here in numpy from the definition of GGML's
+    Q8_1 (llama.cpp's AVX2 quantize_row_q8_1): per 32 values ``amax``, ``aq = rint(a * (127 / amax))``
+    in float32 (ties to even), value ``aq * (amax / 127)``; float64 ``[M, K]``."""
+    a = np.asarray(a, np.float32).reshape(a.shape[0], -1, 32)
+    amax = np.abs(a).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    aq = np.rint(a * inv)
+    assert np.abs(aq).max() <= 127
+    return (aq.astype(np.float64) * (amax / np.float32(127)).astype(np.float64)).reshape(a.shape[0], -1)
+
+
+def fused_bound(aq, w, extra=0):
+    """Float32 error bound of the fused loops on the quantized activations ``aq`` (from :func:`q8_1`):
+    each block's exact integer sum is scaled in float32 (a few roundings of terms no larger than
+    ``sum |aq_j| * (max |w| + 23 (max w - min w))`` over the block: for w = d q + offset with 4-bit q the
+    scale is at most the block's range and ``|offset + 8 d| <= max |w| + 15 |d|``) and the K/32 block
+    terms are summed in float32."""
+    n, k = w.shape
+    wb = np.asarray(w, np.float64).reshape(n, -1, 32)
+    mag = np.abs(wb).max(axis=2) + 23 * (wb.max(axis=2) - wb.min(axis=2))          # [N, K/32]
+    asum = np.abs(aq).reshape(aq.shape[0], -1, 32).sum(axis=2)                     # [M, K/32]
+    return gamma(k // 32 + 8 + extra) * (asum @ mag.T)
+
+
 @pytest.mark.parametrize("fmt", list(GGUF_FORMATS))
 def test_dequantize_equals_the_gguf_package(fmt):
     raw = random_blocks(fmt, 7, 512, seed=1)
@@ -74,10 +103,11 @@ def test_weight_quant_matmul_equals_dequantize_then_matmul(fmt, m, block_dim):
     w = gguf.dequantize(raw, GGML[fmt])
     a = np.random.default_rng(3).standard_normal((m, k)).astype(np.float32)
     bias = np.random.default_rng(4).standard_normal(n).astype(np.float32)
+    aq = q8_1(a)                          # GGUF weights: the activations quantized as llama.cpp does
     got = run_blocks("weight_quant_matmul", [a, raw], (m, n), {"qtype": fmt}, block_dim)
-    assert_within(got, reference(a, w), bound(a, w), f"{fmt} M={m} blocks={block_dim}")
+    assert_within(got, reference(aq, w), bound(aq, w, 1), f"{fmt} M={m} blocks={block_dim}")
     got = run_blocks("weight_quant_matmul", [a, raw, bias], (m, n), {"qtype": fmt}, block_dim)
-    assert_within(got, reference(a, w) + bias, bound(a, w, 1) + gamma(2) * np.abs(bias), "with bias")
+    assert_within(got, reference(aq, w) + bias, bound(aq, w, 2) + gamma(2) * np.abs(bias), "with bias")
 
 
 def test_tiles_cover_every_row(monkeypatch):
@@ -89,7 +119,7 @@ def test_tiles_cover_every_row(monkeypatch):
     for m in (2, 20):
         a = np.random.default_rng(m).standard_normal((m, 256)).astype(np.float32)
         got = run_blocks("weight_quant_matmul", [a, raw], (m, 11), {"qtype": "q4_k"}, 1)
-        assert_within(got, reference(a, w), bound(a, w))
+        assert_within(got, reference(q8_1(a), w), bound(q8_1(a), w, 1))
 
 
 def test_stacked_weights_share_the_activations():
@@ -99,7 +129,7 @@ def test_stacked_weights_share_the_activations():
     got = run_blocks("weight_quant_matmul", [a, raw], (2, 5, 24), {"qtype": "q4_1"}, 2)
     for g in range(2):
         w = gguf.dequantize(raw[g], GGML["q4_1"])
-        assert_within(got[g], reference(a, w), bound(a, w))
+        assert_within(got[g], reference(q8_1(a), w), bound(q8_1(a), w, 1))
 
 
 def test_int8_per_channel():
@@ -126,7 +156,7 @@ def test_real_smollm2_rows():
         w = gguf.dequantize(raw, GGML[fmt])
         a = np.random.default_rng(10).standard_normal((2, w.shape[1])).astype(np.float32)
         got = run_blocks("weight_quant_matmul", [a, raw], (2, 96), {"qtype": fmt}, 1)
-        assert_within(got, reference(a, w), bound(a, w), name)
+        assert_within(got, reference(q8_1(a), w), bound(q8_1(a), w, 1), name)
         ids = np.array([95, 0, 17], np.int32)
         emb = run_blocks("quant_embedding", [raw, ids], (3, w.shape[1]), {"qtype": fmt}, 2)
         np.testing.assert_array_equal(emb, w[ids])
@@ -218,13 +248,77 @@ def test_repacked_matmul_equals_dequantize_then_matmul(fmt, m, block_dim):
     raw = random_blocks(fmt, n, k, seed=12)
     w = gguf.dequantize(raw, GGML[fmt])
     qt, p = repack(fmt, raw)
-    assert (m <= quant.FUSED_ROWS) == (m < 40)
+    fused = m <= quant.FUSED_ROWS
+    assert fused == (m < 40)
     a = np.random.default_rng(13).standard_normal((m, k)).astype(np.float32)
     bias = np.random.default_rng(14).standard_normal(n).astype(np.float32)
+    aq = q8_1(a)                                    # both paths compute on 8-bit activations
+    bnd = fused_bound(aq, w) if fused else bound(aq, w, 1)
     got = run_blocks("weight_quant_matmul", [a, p], (m, n), {"qtype": qt}, block_dim)
-    assert_within(got, reference(a, w), bound(a, w), f"{qt} M={m} blocks={block_dim}")
+    assert_within(got, reference(aq, w), bnd, f"{qt} M={m} blocks={block_dim}")
     got = run_blocks("weight_quant_matmul", [a, p, bias], (m, n), {"qtype": qt}, block_dim)
-    assert_within(got, reference(a, w) + bias, bound(a, w, 1) + gamma(2) * np.abs(bias), "with bias")
+    bnd = fused_bound(aq, w, 1) if fused else bound(aq, w, 2)
+    assert_within(got, reference(aq, w) + bias, bnd + gamma(2) * np.abs(bias), "with bias")
+
+
+@pytest.mark.parametrize("fmt", list(GGUF_FORMATS))
+@pytest.mark.parametrize("n", [ROWS, 3 * ROWS, 2 * ROWS, 6 * ROWS])
+def test_fused_loops_on_8bit_activations(fmt, n):
+    """The fused loops (every row count 1..16; groups of 32 rows and of 64) and the tiles (20 rows)
+    against the float64 product of the gguf package's dequantised weight and the activations quantized
+    per 32 as GGML's Q8_1 (numpy, from the format's definition); with ``quantize_a=False`` against the
+    plain float64 product.  An odd K, a fresh random matrix per format, activations of mixed scales (a
+    zero block included)."""
+    from devices.ops.qformats import group_rows
+    from devices.ops.quant import packed_matmul
+    k = 256 * 3 if fmt == "q4_k" else 32 * 13
+    raw = random_blocks(fmt, n, k, seed=20 + n)
+    w = gguf.dequantize(raw, GGML[fmt])
+    qt, p = repack(fmt, raw)
+    assert group_rows(n) == (64 if n % 64 == 0 else 32)
+    rng = np.random.default_rng(n)
+    for m in range(1, 17):
+        a = (rng.standard_normal((m, k)) * rng.choice([1e-3, 1.0, 30.0], (m, k // 32)).repeat(32, axis=1))
+        a = a.astype(np.float32)
+        a[0, 32:64] = 0
+        got = np.full((m, n), np.nan, np.float32)
+        packed_matmul(a, p, qt, got)
+        aq = q8_1(a)
+        assert_within(got, reference(aq, w), fused_bound(aq, w), f"{qt} N={n} M={m}")
+        got = np.full((m, n), np.nan, np.float32)
+        packed_matmul(a, p, qt, got, quantize_a=False)
+        assert_within(got, reference(a, w), bound(a, w), f"{qt} N={n} M={m} float32 activations")
+    a = rng.standard_normal((20, k)).astype(np.float32)              # the tiles (prefill): the same numbers
+    for quantize_a in (True, False):
+        got = np.full((20, n), np.nan, np.float32)
+        packed_matmul(a, p, qt, got, quantize_a=quantize_a)
+        aq = q8_1(a) if quantize_a else a
+        assert_within(got, reference(aq, w), bound(aq, w, 1), f"{qt} N={n} M=20 tiles")
+
+
+def test_fused_loops_quantize_like_llamacpp_and_propagate_nan():
+    """With amax = 127 the activations' scale is 1: integers are kept, ties round to even (2.5 -> 2,
+    3.5 -> 4, as llama.cpp's AVX2 rounding), and the fused result is the float64 product of the weight
+    and those integers up to float32 rounding; a NaN or inf in a 32-block makes that row NaN."""
+    from devices.ops.quant import packed_matmul
+    raw = random_blocks("q8_0", 64, 64, seed=30)
+    w = gguf.dequantize(raw, GGML["q8_0"])
+    qt, p = repack("q8_0", raw)
+    a = np.zeros((3, 64), np.float32)
+    a[:, :32] = np.arange(-127, 129, 8, dtype=np.float32)           # amax 127: scale 1
+    a[:, 5], a[:, 6] = 2.5, 3.5
+    a[:, 32:] = -40.0
+    a[1, 40] = np.nan
+    a[2, 33] = np.inf
+    got = np.empty((3, 64), np.float32)
+    packed_matmul(a, p, qt, got)
+    ints = a[:1].astype(np.float64)
+    ints[0, 5], ints[0, 6] = 2, 4
+    ints[0, 32:] = -127                                             # a block of one value: amax 40, aq -127
+    ints[0, 32:] *= 40 / 127
+    np.testing.assert_array_equal(q8_1(a[:1])[:, :32], ints[:, :32])
+    assert_within(got[:1], reference(ints, w), fused_bound(ints, w), "exact steps")
+    assert np.isnan(got[1:]).all()
 
 
 def test_repacked_tiles_and_stacks(monkeypatch):
@@ -234,17 +328,20 @@ def test_repacked_tiles_and_stacks(monkeypatch):
     monkeypatch.setattr(quant, "TILE_BYTES", 4 * 64 * ROWS)       # one group per tile at K = 64
     raw = np.stack([random_blocks("q4_k", 2 * ROWS, 256, seed=s) for s in (15, 16)])
     qt, p = packed("q4_k", raw)
-    for m in (2, 20):
+    for m in (1, 2, 20):                                            # 1: the stack as one matrix, one call
         a = np.random.default_rng(m).standard_normal((m, 256)).astype(np.float32)
         got = run_blocks("weight_quant_matmul", [a, p], (2, m, 2 * ROWS), {"qtype": qt}, 1)
         for g in range(2):
             w = gguf.dequantize(raw[g], GGML["q4_k"])
-            assert_within(got[g], reference(a, w), bound(a, w), f"g={g} M={m}")
+            if m <= quant.FUSED_ROWS:
+                assert_within(got[g], reference(q8_1(a), w), fused_bound(q8_1(a), w), f"g={g} M={m}")
+            else:
+                assert_within(got[g], reference(q8_1(a), w), bound(q8_1(a), w, 1), f"g={g} M={m}")
     a16 = np.random.default_rng(17).standard_normal((3, 256)).astype(np.float16)
     out = np.empty((2, 3, 2 * ROWS), np.float16)
     lookup("weight_quant_matmul").run(BlockCtx(0, 1, 0), [a16, p], [out], {"qtype": qt})
     w = gguf.dequantize(raw[1], GGML["q4_k"])
-    want = reference(a16.astype(np.float32), w)
+    want = reference(q8_1(a16.astype(np.float32)), w)
     np.testing.assert_allclose(out[1].astype(np.float64), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
 
 
@@ -258,7 +355,7 @@ def test_repacked_real_smollm2_rows_and_embedding():
         qt, p = repack(fmt, raw)
         a = np.random.default_rng(18).standard_normal((1, w.shape[1])).astype(np.float32)
         got = run_blocks("weight_quant_matmul", [a, p], (1, 96), {"qtype": qt}, 1)
-        assert_within(got, reference(a, w), bound(a, w), name)
+        assert_within(got, reference(q8_1(a), w), fused_bound(q8_1(a), w), name)
         ids = np.array([[95, 0], [17, 64]], np.int64)
         emb = run_blocks("quant_embedding", [p, ids], (2, 2, w.shape[1]), {"qtype": qt}, 3)
         np.testing.assert_array_equal(emb, w[ids])
