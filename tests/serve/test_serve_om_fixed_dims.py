@@ -19,13 +19,9 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
-from devices.device import DeviceConfig
+from om_server import repository_server
 from onnx_models import assert_close, cnn, images, ort_run
-from runtime.api import Runtime
 from runtime.atc import compile_model, make_options
-from runtime.backend import LocalBackend
-from runtime.serve.modelrepo import scan_repository
-from runtime.serve.server import Server, Service
 
 pytestmark = pytest.mark.serve
 
@@ -44,19 +40,8 @@ def served(tmp_path_factory):
         (root / name / "1").mkdir(parents=True)
         compile_model(model, opts).save(str(root / name / "1" / "model.om"))
         (root / name / "config.yaml").write_text(config + one)
-    rt = Runtime(LocalBackend(1, DeviceConfig(arena_bytes=64 << 20)))
-    try:
-        repo = scan_repository(root)
-        repo.check()
-        svc = Service(rt, (), repositories=(repo,))
-        srv = Server(svc, grpc_port=0).start()
-        try:
-            svc.load()
-            yield srv, svc
-        finally:
-            srv.stop()
-    finally:
-        rt.close()
+    with repository_server(root) as served:
+        yield served
 
 
 def _infer(client, mod, name: str, x: np.ndarray):

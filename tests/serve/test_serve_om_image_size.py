@@ -27,11 +27,9 @@ import tritonclient.grpc as tg
 import tritonclient.http as th
 from tritonclient.utils import InferenceServerException
 
-from devices.device import DeviceConfig
+from om_server import repository_server
 from onnx_models import assert_close, hw_cnn, ort_run
-from runtime.api import Runtime
 from runtime.atc import DYNAMIC_INPUT_NAME, compile_model, make_options
-from runtime.backend import LocalBackend
 from runtime.serve.engine.om_runner import HostRunner
 from runtime.serve.modelrepo import ModelConfigError, scan_repository, single_model
 from runtime.serve.server import Server, Service
@@ -76,19 +74,8 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("hwrepo") / "models"
     model = hw_cnn(seed=4)
     om = _repository(root, model)
-    rt = Runtime(LocalBackend(1, DeviceConfig(arena_bytes=64 << 20)))
-    try:
-        repo = scan_repository(root)
-        repo.check()
-        svc = Service(rt, (), repositories=(repo,))
-        srv = Server(svc, grpc_port=0).start()
-        try:
-            svc.load()
-            yield Served(srv, svc, model, om)
-        finally:
-            srv.stop()
-    finally:
-        rt.close()
+    with repository_server(root) as (srv, svc):
+        yield Served(srv, svc, model, om)
 
 
 @pytest.fixture(scope="module")
