@@ -28,9 +28,13 @@ fi
 # own fresh HOME and RAY_TMPDIR (tests/conftest.py) and every resource a test touches is its own (/dev/shm
 # segments named by pid and checked by owner, ports bound to 0, files under tmp_path).  Both parts share one
 # weight cache, fresh for this run and removed after it (SmolLM2 is dequantised once).  The Ray part's output
-# is shown once the first part is done; the run fails if either does.
-export VNPU_TEST_WEIGHT_CACHE
+# is shown once the first part is done; the run fails if either does.  The tiers' times against their budgets
+# are those of the whole run: both parts append their tests' intervals to one file, and a tier's time is the
+# wall-clock time during which any of its tests ran in either part (tests/tier_budgets.py; enforced, failing
+# the run, with VNPU_TIER_BUDGETS=enforce).
+export VNPU_TEST_WEIGHT_CACHE VNPU_TIER_SPANS
 VNPU_TEST_WEIGHT_CACHE=$(mktemp -d -t vnpu-test-weights-XXXXXX)
+VNPU_TIER_SPANS=$(mktemp -t vnpu-test-tiers-XXXXXX.jsonl)
 ray_log=$(mktemp -t vnpu-test-ray-XXXXXX.log)
 ray_pid=
 cleanup() {
@@ -38,7 +42,7 @@ cleanup() {
     kill -TERM -- "-$ray_pid" 2>/dev/null || true     # its own process group (set -m): pytest and its children
     wait "$ray_pid" 2>/dev/null || true
   fi
-  rm -rf "$VNPU_TEST_WEIGHT_CACHE" "$ray_log"
+  rm -rf "$VNPU_TEST_WEIGHT_CACHE" "$ray_log" "$VNPU_TIER_SPANS"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -55,7 +59,9 @@ ray_rc=0
 wait "$ray_pid" || ray_rc=$?
 ray_pid=
 cat "$ray_log"
-if [ "$rc" -ne 0 ] || [ "$ray_rc" -ne 0 ]; then
-  echo "scripts/test.sh: failed (in-process part: exit $rc; Ray tiers: exit $ray_rc)" >&2
+budget_rc=0
+.venv/bin/python tests/tier_budgets.py "$VNPU_TIER_SPANS" || budget_rc=$?
+if [ "$rc" -ne 0 ] || [ "$ray_rc" -ne 0 ] || [ "$budget_rc" -ne 0 ]; then
+  echo "scripts/test.sh: failed (in-process part: exit $rc; Ray tiers: exit $ray_rc; tier budgets: exit $budget_rc)" >&2
   exit 1
 fi

@@ -169,15 +169,11 @@ def rt(request):
 
 
 # ------------------------------------------------------------------------------------------ tier budgets
-#: time budgets of the tiers that declare one (seconds of wall time on the 2-core CI box, setup and
-#: teardown of their fixtures included -- a module's cluster counts in its first test's setup).  Every run
-#: prints each tier's time against its budget; with VNPU_TIER_BUDGETS=enforce (CI) a tier over budget
-#: fails the run.  Tests themselves never assert wall-clock times.  A test that carries two tier markers
-#: (tests/serve/test_serve_replicas.py: serve + multinode) counts in full in both tiers -- a budget is what
-#: ``pytest -m TIER`` costs, and both selections run it -- so the budgets overlap and their sum is not the
-#: suite's time.  multinode: ~45 s for its own modules plus ~35 s for the Serve replicas on its cluster.
-TIER_BUDGETS_S = {"multinode": 130.0, "serve": 240.0, "security": 60.0, "smoke": 180.0}
-_tier_time: dict[str, float] = {}
+#: the budgets and how a tier's time is counted (the union of its tests' intervals): tests/tier_budgets.py
+from tier_budgets import (SPANS_ENV, TIER_BUDGETS_S, append_spans, enforced, over_budget,  # noqa: E402
+                          summary, tier_seconds)
+
+_tier_spans: dict[str, list[tuple[float, float]]] = {}
 
 
 #: the user_properties key under which a test's report carries the budgeted tiers its markers name: an
@@ -193,26 +189,30 @@ def pytest_collection_modifyitems(items):
             item.user_properties.append((TIERS_PROPERTY, tiers))
 
 
+def _is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 def pytest_runtest_logreport(report):
     for tier in next((v for k, v in report.user_properties if k == TIERS_PROPERTY), ()):
-        _tier_time[tier] = _tier_time.get(tier, 0.0) + report.duration
-
-
-def _over_budget() -> list[str]:
-    return [t for t, s in _tier_time.items() if s > TIER_BUDGETS_S[t]]
+        _tier_spans.setdefault(tier, []).append((report.start, report.stop))
 
 
 def pytest_sessionfinish(session, exitstatus):
     SHARED_CLUSTER.close()                            # also after -x or Ctrl-C
-    if os.environ.get("VNPU_TIER_BUDGETS") == "enforce" and _over_budget() and exitstatus == 0:
+    if _is_xdist_worker(session.config):              # the controller counts (and writes) the workers' reports
+        return
+    spans_file = os.environ.get(SPANS_ENV)
+    if spans_file:                                    # one session of scripts/test.sh's run: the run decides
+        append_spans(spans_file, _tier_spans)
+    elif enforced() and over_budget(tier_seconds(_tier_spans)) and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not _tier_time:
+    if not _tier_spans:
         return
-    enforce = os.environ.get("VNPU_TIER_BUDGETS") == "enforce"
-    for tier, s in sorted(_tier_time.items()):
-        over = s > TIER_BUDGETS_S[tier]
-        verdict = ("OVER BUDGET" + (" (enforced: the run fails)" if enforce else "")) if over else "within budget"
-        terminalreporter.write_line(f"tier {tier}: {s:.1f} s of a {TIER_BUDGETS_S[tier]:.0f} s budget: {verdict}")
+    part = bool(os.environ.get(SPANS_ENV))
+    for line in summary(tier_seconds(_tier_spans), enforced() and not part,
+                        label=" (this part of the run)" if part else ""):
+        terminalreporter.write_line(line)
