@@ -432,9 +432,12 @@ def test_host_func_runs_after_prior_work_and_blocks_later_tasks(rt):
     b = dev.from_numpy(np.zeros(16, np.int32))
     before, after = dev.event(), dev.event()
     seen: list = []
-    release = threading.Event()
+    release, queued = threading.Event(), threading.Event()
 
     def cb():
+        # the stream can reach the callback before this thread has queued the work after it; an event not yet
+        # recorded queries as complete (as aclrtQueryEvent's), so look only once that work is queued
+        queued.wait(GATE_TIMEOUT_S)
         seen.append(before.query())                  # the work queued before the callback is done
         seen.append(after.query())                   # the work queued after it has not started
         release.wait(GATE_TIMEOUT_S)
@@ -444,6 +447,7 @@ def test_host_func_runs_after_prior_work_and_blocks_later_tasks(rt):
     s.launch_host_func(cb, blocking=True)
     s.launch("ts_add_into", inputs=[a], outputs=[b], attrs={"add": 1})
     s.record(after)
+    queued.set()
     try:
         before.synchronize(SYNC_MS)
         assert not after.query()

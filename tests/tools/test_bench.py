@@ -183,6 +183,39 @@ def test_bench_serve_om_reads_the_vocabulary_from_a_compiled_model(tmp_path):
     np.testing.assert_array_equal(y, np.maximum(table[ids[:2]], 0))
 
 
+def test_bench_serve_om_mlp_preset_computes_its_layers(tmp_path):
+    """The ``mlp`` preset's model (at a small width): onnxruntime on its ONNX and the compiled ``.om``'s kernel
+    graph at every gear both equal a float64 numpy forward of the same weights, Gemm + bias with ReLU between
+    layers and none after the last; the bench's HBM covers both served copies of a model."""
+    import onnx
+    from onnx import numpy_helper
+    import onnxruntime as ort
+    from runtime.atc.hostrun import HostRun
+    from runtime.atc.om import read_om
+    from runtime.bench.serve_om import arena_bytes
+    from runtime.bench.serve_om_model import build_mlp, stack
+    om, path = build_mlp(tmp_path, gears=(1, 4, 8), hidden=48, layers=3)
+    w = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in onnx.load(str(path)).graph.initializer}
+    assert sorted(w) == ["fc0_b", "fc0_w", "fc1_b", "fc1_w", "fc2_b", "fc2_w"]
+    x = np.random.default_rng(5).standard_normal((8, 48)).astype(np.float32)
+    h = x.astype(np.float64)
+    for i in range(3):
+        h = h @ w[f"fc{i}_w"] + w[f"fc{i}_b"]
+        h = np.maximum(h, 0) if i < 2 else h
+    tol = 1e-5 * max(1.0, float(np.abs(h).max()))             # float32 sums of 48 products, three layers deep
+    (y_ort,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(y_ort, h, rtol=0, atol=tol)
+    manifest, weights = read_om(om.read_bytes())
+    assert sorted(manifest["dynamic_batch"]) == [1, 4, 8]
+    reqs = [{"x": x[i:i + 1]} for i in range(8)]
+    for gear in (1, 4, 8):
+        (y,) = HostRun(manifest, weights, gear).run(stack(reqs, ["x"], gear))
+        np.testing.assert_allclose(y, h[:gear], rtol=0, atol=tol)
+    assert arena_bytes(1000) == 1 << 30
+    big = 600 << 20
+    assert arena_bytes(big) >= 2 * big + (256 << 20) and arena_bytes(big) % (1 << 20) == 0
+
+
 @pytest.mark.cluster
 def test_bench_scale_smoke():
     """4 device actors: start time beside as many empty Ray actors, memory per device process, and an
