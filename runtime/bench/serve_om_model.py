@@ -1,6 +1,7 @@
 """What ``vnpu bench serve-om`` serves and measures against: the default model (a small CNN it writes as
-ONNX and compiles with ``vnpu atc`` into an ``.om`` with dynamic batch gears) or the ``minilm`` preset
-(MiniLM-L3's ONNX from the model wheel, compiled by ``vnpu atc`` for a fixed sequence length), the inputs its clients send
+ONNX and compiles with ``vnpu atc`` into an ``.om`` with dynamic batch gears), the ``minilm`` preset
+(MiniLM-L3's ONNX from the model wheel, compiled by ``vnpu atc`` for a fixed sequence length) or the ``mlp``
+preset (a weight-bound model: see :func:`mlp_onnx`), the inputs its clients send
 and the references their answers are checked against, and the in-process bound -- the same batches
 executed with no server around them, by onnxruntime on one thread (one per device) and by the ``.om``'s own
 kernel graph in numpy (:class:`runtime.atc.hostrun.HostRun`: what the compiled-model engine's device replay
@@ -71,6 +72,40 @@ def cnn_onnx(path: Path, seed: int = 0) -> Path:
     return path
 
 
+#: the ``mlp`` preset: layers of MLP_HIDDEN x MLP_HIDDEN float32 weights (8 x 64 MiB = 512 MiB)
+MLP_HIDDEN, MLP_LAYERS = 4096, 8
+
+
+def mlp_onnx(path: Path, hidden: int = MLP_HIDDEN, layers: int = MLP_LAYERS, seed: int = 0) -> Path:
+    """A weight-bound model: ``layers`` fully connected layers (Gemm ``hidden x hidden`` + bias, ReLU between),
+    ``x [N, hidden] -> y [N, hidden]``, random weights of ``seed`` scaled to keep activations near unit size,
+    written as ONNX to ``path``.  One row's execution reads every weight once for 2 flops per weight: at batch
+    1 it is bound by memory bandwidth (as an accelerator's small batches are bound by moving weights), and a
+    batch of 16 rows costs a few times one row, not 16 -- the model class dynamic batching is for.  (The CNN
+    and MiniLM at 16 tokens are the opposite: on CPU kernels their cost is mostly per row.)"""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    r = np.random.default_rng(seed)
+    inits, nodes, prev = [], [], "x"
+    for i in range(layers):
+        w = (r.standard_normal((hidden, hidden), dtype=np.float32) * np.float32(np.sqrt(2.0 / hidden)))
+        inits += [numpy_helper.from_array(w, f"fc{i}_w"),
+                  numpy_helper.from_array((0.1 * r.standard_normal(hidden)).astype(np.float32), f"fc{i}_b")]
+        out = "y" if i == layers - 1 else f"fc{i}"
+        nodes.append(helper.make_node("Gemm", [prev, f"fc{i}_w", f"fc{i}_b"], [out]))
+        if i < layers - 1:
+            nodes.append(helper.make_node("Relu", [out], [f"relu{i}"]))
+            prev = f"relu{i}"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", hidden])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", hidden])
+    m = helper.make_model(helper.make_graph(nodes, "bench_mlp", [x], [y], inits),
+                          opset_imports=[helper.make_opsetid("", 17)], producer_name="vnpu-bench")
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, str(path))
+    return path
+
+
 def atc(onnx_path: Path, out_stem: Path, input_shape: str, gears: tuple[int, ...]) -> Path:
     """``vnpu atc`` of ``onnx_path`` (framework 5) into ``out_stem.om`` with ``gears`` (RuntimeError with atc's
     last line when it fails)."""
@@ -97,6 +132,13 @@ def build_minilm(work: Path, seq: int, gears: tuple[int, ...] = DEFAULT_GEARS) -
     onnx_path = minilm_l3_onnx()
     return atc(onnx_path, work / f"minilm-l3-s{seq}", f"input_ids:-1,{seq};attention_mask:-1,{seq}", gears), \
         onnx_path
+
+
+def build_mlp(work: Path, gears: tuple[int, ...] = DEFAULT_GEARS, hidden: int = MLP_HIDDEN,
+              layers: int = MLP_LAYERS) -> tuple[Path, Path]:
+    """The ``mlp`` preset (:func:`mlp_onnx`) in ``work``: ``(model.om, model.onnx)``."""
+    onnx_path = mlp_onnx(work / "mlp.onnx", hidden, layers)
+    return atc(onnx_path, work / "mlp", f"x:-1,{hidden}", gears), onnx_path
 
 
 def index_ranges(onnx_path: Path | None) -> dict[str, int]:
@@ -273,5 +315,5 @@ class Bound:
         return [y[:1] for y in hr.run(stack([req], self.names, g))]
 
 
-__all__ = ["Bound", "DEFAULT_GEARS", "Tensor", "atc", "build_default", "build_minilm", "cnn_onnx", "index_ranges",
-           "om_index_ranges", "samples", "stack"]
+__all__ = ["Bound", "DEFAULT_GEARS", "MLP_HIDDEN", "MLP_LAYERS", "Tensor", "atc", "build_default", "build_minilm",
+           "build_mlp", "cnn_onnx", "index_ranges", "mlp_onnx", "om_index_ranges", "samples", "stack"]
