@@ -18,20 +18,25 @@ rm -rf "$site"
 if [ "$#" -gt 0 ]; then                        # a selection of the caller's: as they asked
   exec .venv/bin/python -m pytest "$@"
 fi
-# the whole suite in two parts, run at the same time.  The Ray tiers (cluster, multinode, smoke, security: the
-# tests that start Ray clusters) run one test at a time -- two Ray clusters in one process cannot be -- and
-# mostly wait (on Ray's processes starting, actors, subprocesses): alone they keep well under one of the two
-# cores busy.  Beside them, the rest runs on two pytest-xdist workers, a test file per worker at a time
-# (--dist loadfile: a module's fixtures, its server, are built once): the in-process tests (no tier marker),
-# the rpc tier (devices served over loopback gRPC in the test process) and the serve tier's in-process-device
-# engines, servers and `vnpu serve --backend local` subprocesses.  Each pytest session and each worker has its
-# own fresh HOME and RAY_TMPDIR (tests/conftest.py) and every resource a test touches is its own (/dev/shm
-# segments named by pid and checked by owner, ports bound to 0, files under tmp_path).  Both parts share one
-# weight cache, fresh for this run and removed after it (SmolLM2 is dequantised once).  The Ray part's output
-# is shown once the first part is done; the run fails if either does.  The tiers' times against their budgets
-# are those of the whole run: both parts append their tests' intervals to one file, and a tier's time is the
-# wall-clock time during which any of its tests ran in either part (tests/tier_budgets.py; enforced, failing
-# the run, with VNPU_TIER_BUDGETS=enforce).
+# the whole suite in two phases, each in two parts run at the same time.  The Ray tiers (cluster, multinode,
+# smoke, security: the tests that start Ray clusters) run one test at a time -- two Ray clusters in one process
+# cannot be -- and mostly wait (on Ray's processes starting, actors, subprocesses).  Beside them, the rest runs
+# on two pytest-xdist workers, a test file per worker at a time (--dist loadfile: a module's fixtures, its
+# server, are built once): the in-process tests (no tier marker), the rpc tier (devices served over loopback
+# gRPC in the test process) and the serve tier's in-process-device engines, servers and `vnpu serve --backend
+# local` subprocesses.  Phase 1 is the serve tier (its in-process tests on both workers, the Ray Serve replica
+# tests beside them), phase 2 everything else: the serve tier's engines generate tokens on both cores, and
+# beside the whole Ray part -- which comes first when both want the CPU -- it took 2.5 times as long as on
+# its own.  Each pytest session and each worker has its own fresh HOME and RAY_TMPDIR (tests/conftest.py) and
+# every resource a test touches is its own (/dev/shm segments named by pid and checked by owner, ports bound to
+# 0, files under tmp_path).  All parts share one weight cache, fresh for this run and removed after it
+# (SmolLM2 is dequantised once).  A Ray part's output is shown once its in-process part is done; the run fails
+# if any part does.  The tiers' times against their budgets are those of the whole run: every part appends its
+# tests' intervals to one file, and a tier's time is the wall-clock time during which any of its tests ran
+# (tests/tier_budgets.py; enforced, failing the run, with VNPU_TIER_BUDGETS=enforce).  Bytecode is written
+# for these sessions (the machine may set PYTHONDONTWRITEBYTECODE): pytest then rewrites the test modules'
+# asserts once, not in each of the six collecting processes (~9 s of CPU each).
+unset PYTHONDONTWRITEBYTECODE
 export VNPU_TEST_WEIGHT_CACHE VNPU_TIER_SPANS
 VNPU_TEST_WEIGHT_CACHE=$(mktemp -d -t vnpu-test-weights-XXXXXX)
 VNPU_TIER_SPANS=$(mktemp -t vnpu-test-tiers-XXXXXX.jsonl)
@@ -47,21 +52,30 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 ray="cluster or multinode or smoke or security"
-set -m                                         # the Ray part in a process group of its own, SIGINT not ignored
-.venv/bin/python -m pytest -m "$ray" -p no:cacheprovider >"$ray_log" 2>&1 &
-ray_pid=$!
-set +m
-rc=0
-# niced: when both want the CPU, the Ray tiers' heartbeats and deadlines (failover's 1 s hang deadline) come first
-nice -n 10 .venv/bin/python -m pytest -n 2 --dist loadfile -m "not ($ray)" -p no:cacheprovider || rc=$?
-echo "== the Ray tiers ($ray), run beside the part above: waiting for them (progress: $ray_log) =="
-ray_rc=0
-wait "$ray_pid" || ray_rc=$?
-ray_pid=
-cat "$ray_log"
+failed=""
+# one phase: the Ray tiers' tests of selection $2 in the background, the others of it on two workers; $1 names it
+phase() {
+  local name=$1 sel=$2 rc=0 ray_rc=0
+  echo "== phase $name: $sel =="
+  set -m                                       # the Ray part in a process group of its own, SIGINT not ignored
+  .venv/bin/python -m pytest -m "($ray) and ($sel)" -p no:cacheprovider >"$ray_log" 2>&1 &
+  ray_pid=$!
+  set +m
+  # niced: when both want the CPU, the Ray tiers' heartbeats and deadlines (failover's 1 s hang deadline) come first
+  nice -n 10 .venv/bin/python -m pytest -n 2 --dist loadfile -m "not ($ray) and ($sel)" -p no:cacheprovider || rc=$?
+  echo "== phase $name, the Ray tiers ($ray), run beside the part above: waiting for them (progress: $ray_log) =="
+  wait "$ray_pid" || ray_rc=$?
+  ray_pid=
+  cat "$ray_log"
+  [ "$rc" -eq 0 ] || failed="$failed $name/in-process (exit $rc)"
+  [ "$ray_rc" -eq 0 ] || failed="$failed $name/Ray tiers (exit $ray_rc)"
+}
+phase 1 "serve"
+phase 2 "not serve"
 budget_rc=0
 .venv/bin/python tests/tier_budgets.py "$VNPU_TIER_SPANS" || budget_rc=$?
-if [ "$rc" -ne 0 ] || [ "$ray_rc" -ne 0 ] || [ "$budget_rc" -ne 0 ]; then
-  echo "scripts/test.sh: failed (in-process part: exit $rc; Ray tiers: exit $ray_rc; tier budgets: exit $budget_rc)" >&2
+[ "$budget_rc" -eq 0 ] || failed="$failed tier-budgets (exit $budget_rc)"
+if [ -n "$failed" ]; then
+  echo "scripts/test.sh: failed:$failed" >&2
   exit 1
 fi

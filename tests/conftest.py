@@ -181,27 +181,12 @@ _tier_spans: dict[str, list[tuple[float, float]]] = {}
 TIERS_PROPERTY = "vnpu_tiers"
 
 
-#: the tier whose files run first in every session (see pytest_collection_modifyitems)
-FIRST_TIER = "serve"
-
-
 def pytest_collection_modifyitems(items):
     # by marker, not by keyword: a test's keywords also hold its folders' names (tests/serve/, tests/security/)
     for item in items:
         tiers = [t for t in TIER_BUDGETS_S if item.get_closest_marker(t) is not None]
         if tiers:
             item.user_properties.append((TIERS_PROPERTY, tiers))
-    # The files that hold serve-tier tests run first, whole and in their own order (a stable sort: every
-    # other file keeps its place too).  They are the suite's longest files (models generating tokens), so
-    # on two xdist workers the run starts with them on both at once -- longest first, which leaves no long
-    # file for the end of the run -- and the serve tier is done after its own work split two ways rather than
-    # stretched between other files over the whole run.
-    # Files with some serve tests and some others come after the files of serve tests only.
-    marked: dict[str, set[bool]] = {}
-    for item in items:
-        marked.setdefault(str(item.path), set()).add(item.get_closest_marker(FIRST_TIER) is not None)
-    rank = {path: 0 if m == {True} else 1 if True in m else 2 for path, m in marked.items()}
-    items[:] = sorted(items, key=lambda item: rank[str(item.path)])
 
 
 def _is_xdist_worker(config) -> bool:

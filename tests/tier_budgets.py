@@ -4,7 +4,7 @@ A budget is seconds of wall-clock time on the 2-core CI box, set-up and teardown
 included (a module's cluster counts in its first test's set-up).  A tier's time is the wall-clock time during
 which at least one of its tests was running: the union of its tests' set-up, call and teardown intervals.
 Run one test at a time (``pytest -m serve``) that is the sum of their durations; run beside each other (the
-full suite: two pytest-xdist workers plus the Ray tiers' session, ``scripts/test.sh``) it is the time the tier
+full suite: two pytest-xdist workers plus a Ray tiers' session, ``scripts/test.sh``) it is the time the tier
 held the run -- a sum of durations would count the seconds two workers spent side by side twice.  Every run
 prints each tier's time against its budget; with ``VNPU_TIER_BUDGETS=enforce`` a tier over budget fails the
 run.  Tests themselves never assert wall-clock times.
@@ -14,9 +14,9 @@ tiers -- a budget is what ``pytest -m TIER`` costs, and both selections run it -
 their sum is not the suite's time.  multinode: ~45 s for its own modules plus ~35 s for the Serve replicas on
 its cluster.
 
-``scripts/test.sh`` runs the suite as two pytest sessions at once; each appends its tests' intervals to the
+``scripts/test.sh`` runs the suite as pytest sessions, two at a time; each appends its tests' intervals to the
 file named by ``VNPU_TIER_SPANS`` (one JSON line per test phase), and the run's verdict is the union over
-both sessions, printed (and enforced) by ``python tests/tier_budgets.py FILE`` once both are done.
+every session, printed (and enforced) by ``python tests/tier_budgets.py FILE`` once all are done.
 """
 from __future__ import annotations
 
