@@ -33,10 +33,7 @@ fi
 # (SmolLM2 is dequantised once).  A Ray part's output is shown once its in-process part is done; the run fails
 # if any part does.  The tiers' times against their budgets are those of the whole run: every part appends its
 # tests' intervals to one file, and a tier's time is the wall-clock time during which any of its tests ran
-# (tests/tier_budgets.py; enforced, failing the run, with VNPU_TIER_BUDGETS=enforce).  Bytecode is written
-# for these sessions (the machine may set PYTHONDONTWRITEBYTECODE): pytest then rewrites the test modules'
-# asserts once, not in each of the six collecting processes (~9 s of CPU each).
-unset PYTHONDONTWRITEBYTECODE
+# (tests/tier_budgets.py; enforced, failing the run, with VNPU_TIER_BUDGETS=enforce).
 export VNPU_TEST_WEIGHT_CACHE VNPU_TIER_SPANS
 VNPU_TEST_WEIGHT_CACHE=$(mktemp -d -t vnpu-test-weights-XXXXXX)
 VNPU_TIER_SPANS=$(mktemp -t vnpu-test-tiers-XXXXXX.jsonl)
