@@ -29,7 +29,6 @@ def cnn_onnx(path: Path, seed: int = 0) -> Path:
     """A small ResNet-style CNN (conv+BN+relu, max pool, grouped conv+BN+relu with a residual add, conv+relu,
     global average pool, Gemm): ``x [N, 3, 16, 16] -> logits [N, 10]`` (the size of the serving tests' CNN),
     random weights of ``seed``, written as ONNX to ``path``."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     r = np.random.default_rng(seed)
     c = CNN_CHANNELS
@@ -64,8 +63,14 @@ def cnn_onnx(path: Path, seed: int = 0) -> Path:
              node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], transB=1)]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, CNN_HW, CNN_HW])
     y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", CNN_CLASSES])
-    m = helper.make_model(helper.make_graph(nodes, "bench_cnn", [x], [y], inits),
-                          opset_imports=[helper.make_opsetid("", 17)], producer_name="vnpu-bench")
+    return _save(path, helper.make_graph(nodes, "bench_cnn", [x], [y], inits))
+
+
+def _save(path: Path, graph) -> Path:
+    """``graph`` as a checked opset-17 ONNX model at ``path``."""
+    import onnx
+    from onnx import helper
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="vnpu-bench")
     m.ir_version = 8
     onnx.checker.check_model(m)
     onnx.save(m, str(path))
@@ -83,7 +88,6 @@ def mlp_onnx(path: Path, hidden: int = MLP_HIDDEN, layers: int = MLP_LAYERS, see
     1 it is bound by memory bandwidth (as an accelerator's small batches are bound by moving weights), and a
     batch of 16 rows costs a few times one row, not 16 -- the model class dynamic batching is for.  (The CNN
     and MiniLM at 16 tokens are the opposite: on CPU kernels their cost is mostly per row.)"""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     r = np.random.default_rng(seed)
     inits, nodes, prev = [], [], "x"
@@ -98,12 +102,7 @@ def mlp_onnx(path: Path, hidden: int = MLP_HIDDEN, layers: int = MLP_LAYERS, see
             prev = f"relu{i}"
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", hidden])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", hidden])
-    m = helper.make_model(helper.make_graph(nodes, "bench_mlp", [x], [y], inits),
-                          opset_imports=[helper.make_opsetid("", 17)], producer_name="vnpu-bench")
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    onnx.save(m, str(path))
-    return path
+    return _save(path, helper.make_graph(nodes, "bench_mlp", [x], [y], inits))
 
 
 def atc(onnx_path: Path, out_stem: Path, input_shape: str, gears: tuple[int, ...]) -> Path:
