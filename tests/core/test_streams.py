@@ -435,8 +435,8 @@ def test_host_func_runs_after_prior_work_and_blocks_later_tasks(rt):
     release, queued = threading.Event(), threading.Event()
 
     def cb():
-        # the stream can reach the callback before this thread has queued the work after it; an event not yet
-        # recorded queries as complete (as aclrtQueryEvent's), so look only once that work is queued
+        # the stream can reach the callback before this thread has sent the work after it; an event not yet
+        # recorded queries as complete (as aclrtQueryEvent's), so look only once that work is on the device
         queued.wait(GATE_TIMEOUT_S)
         seen.append(before.query())                  # the work queued before the callback is done
         seen.append(after.query())                   # the work queued after it has not started
@@ -447,6 +447,9 @@ def test_host_func_runs_after_prior_work_and_blocks_later_tasks(rt):
     s.launch_host_func(cb, blocking=True)
     s.launch("ts_add_into", inputs=[a], outputs=[b], attrs={"add": 1})
     s.record(after)
+    # sent now, not carried by the wait below: ops another thread took to carry with its wait are not yet
+    # on the device when that thread's RPC starts, and the callback's query would overtake them
+    dev.flush()
     queued.set()
     try:
         before.synchronize(SYNC_MS)
