@@ -312,12 +312,12 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
             seq = request.start_seq or 1
             while not wake.is_set() and not srv.stopping.is_set() and context.is_active():
                 srv.caller(context)                  # a revoked or expired credential ends the watch
-                d = self.device
-                if d.hung:
-                    wake.wait(min(interval, 0.02))   # a hung device misses its heartbeats (stream stays open)
+                beat = self._beat(caller)
+                if beat is None:                     # a hung device misses its heartbeats (stream stays open)
+                    wake.wait(min(interval, 0.02))
                     continue
-                tele = d.telemetry(caller)            # a tenant sees only its own tenant's HBM holders
-                yield dms.HealthBeat(seq=seq, status=wire.health_status_to_pb(d.health_report()),
+                tele, report = beat
+                yield dms.HealthBeat(seq=seq, status=wire.health_status_to_pb(report),
                                      telemetry=wire.telemetry_to_pb(tele), server_time_s=tele.get("uptime_s", 0.0))
                 seq += 1
                 wake.wait(interval)
@@ -325,6 +325,16 @@ class DeviceManagementServicer(wire.DeviceManagementServicer):
             srv.watch_closed(caller, wake)
             if lease is not None:
                 srv.leases.closed(lease)
+
+    def _beat(self, caller: Owner):
+        """(telemetry, health report) for one heartbeat, or None while a hang fault holds the cores.  Asked
+        again after the report: a hang injected meanwhile is in the report, and a hung device sends none."""
+        d = self.device
+        if d.hung:
+            return None
+        tele = d.telemetry(caller)                   # a tenant sees only its own tenant's HBM holders
+        report = d.health_report()
+        return None if d.hung else (tele, report)
 
     def InjectFault(self, request, context):
         with self._server.replying(context):        # a kill ends the process after this reply
