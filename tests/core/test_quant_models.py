@@ -11,9 +11,9 @@ at 25), so greedy tokens differ from float32's from the first one on.  Asserted 
 >= 0.995, every logit within 10 % of float32's range, float32's top token among the top 3.  The serve
 engine's greedy tokens against the GenerateJob's on the same quantized weights (the same numerics, only
 float32 summation order differs -- which can move an activation across an 8-bit rounding boundary, so
-a logit by ~1 % of the range: the two agree up to a first difference, which must be at a near-tie of
-the engine's own top two, less than :data:`NEAR_TIE` nats apart, with the job's token the engine's
-second choice); the sentence embeddings' cosine
+a logit by ~1 % of the range: the two agree up to a first difference, which must be at a near-tie: the job's token among the
+engine's top five, less than :data:`NEAR_TIE` nats below the engine's choice -- SmolLM2's top tokens can
+be a three-way tie, 0.02 nats apart, so it need not be the second); the sentence embeddings' cosine
 (>= 0.999: int8 per-channel rounding is the only change)."""
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_serve_engine_keeps_the_blocks_and_agrees(rt, fp32_tokens, gguf_run):
                                                         quantization="gguf"))
     try:
         q_bytes = sum(r.rank.weight_bytes() for r in e.runner.ranks)
-        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=2)
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=5)
         handles = [e.add_request(e.tok.chat_prompt(p), params) for p in PROMPTS]
         while e.has_unfinished():
             e.step()
@@ -116,10 +116,12 @@ def test_serve_engine_keeps_the_blocks_and_agrees(rt, fp32_tokens, gguf_run):
         k = next((i for i, (p, q) in enumerate(zip(o.token_ids, r)) if p != q), None)
         if k is None:
             continue
-        (first, lp1), (second, lp2) = o.logprobs[k].top[:2]
-        print(f"first difference at token {k}: the engine's top two {first} / {second}, {lp1 - lp2:.3f} nats apart; "
-              f"the job took {r[k]}")
-        assert first == o.token_ids[k] and second == r[k] and lp1 - lp2 < NEAR_TIE
+        top = dict(o.logprobs[k].top)
+        first = o.logprobs[k].top[0][0]
+        gap = top[first] - top[r[k]] if r[k] in top else float("inf")
+        print(f"first difference at token {k}: the engine took {first}, the job {r[k]}, {gap:.3f} nats below it "
+              f"in the engine's top {len(top)}")
+        assert first == o.token_ids[k] and gap < NEAR_TIE
 
 
 def test_quantization_is_checked(rt):
