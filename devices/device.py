@@ -34,6 +34,7 @@ from .kernel import KernelRunner, KernelTable, check_launch, default_block_dim, 
 from .node import node_id
 from .profiling import TaskProfiler
 from .scheduler import Scheduler, Task
+from .submit_order import OpOrder, OrderFilter
 from .hccl import CollectiveOp, HcclEngine
 from .graph import GraphTable
 from .tasks import Collective, CopyD2D, ExecGraph, Launch, Memset, Record, StreamOp, Wait, WriteH2D, launch_key
@@ -114,6 +115,7 @@ class Device:
         self.hccl = HcclEngine(self)
         self._plans: dict = {}
         self.graphs = GraphTable()
+        self._order = OrderFilter()              # numbered ops that may arrive twice (devices.submit_order)
         self.prof = TaskProfiler(config.device_id)   #: task records for profiling owners (devices.profiling)
         self.default_stream = self.sched.create_stream(0)
 
@@ -202,17 +204,21 @@ class Device:
         self.sched.destroy_event(eid, owner)
 
     @_live
-    def synchronize_stream(self, sid: int, timeout_ms: float = -1, owner=None, ops=()) -> None:
-        """Block until the stream is idle; ``ops`` are submitted first (a flush riding on the wait)."""
+    def synchronize_stream(self, sid: int, timeout_ms: float = -1, owner=None, ops=(),
+                           order: OpOrder | None = None) -> None:
+        """Block until the stream is idle; ``ops`` are submitted first (a flush riding on the wait; ``order``
+        as for :meth:`submit`)."""
         if ops:
-            self.submit(ops, owner)
+            self.submit(ops, owner, order)
         self.sched.synchronize_stream(sid, timeout_ms, owner)
 
     @_live
-    def synchronize_event(self, eid: int, timeout_ms: float = -1, owner=None, ops=()) -> None:
-        """Block until the event's latest record ran; ``ops`` are submitted first (a flush riding on the wait)."""
+    def synchronize_event(self, eid: int, timeout_ms: float = -1, owner=None, ops=(),
+                          order: OpOrder | None = None) -> None:
+        """Block until the event's latest record ran; ``ops`` are submitted first (a flush riding on the wait;
+        ``order`` as for :meth:`submit`)."""
         if ops:
-            self.submit(ops, owner)
+            self.submit(ops, owner, order)
         self.sched.synchronize_event(eid, timeout_ms, owner)
 
     @_live
@@ -243,10 +249,17 @@ class Device:
 
     # ------------------------------------------------------------------ task submission
     @_live
-    def submit(self, ops: list[StreamOp] | tuple, owner=None) -> None:
+    def submit(self, ops: list[StreamOp] | tuple, owner=None, order: OpOrder | None = None) -> None:
         """Queue a batch of stream ops, in order.  Validation errors raise here (host-synchronous) and
         nothing of the batch from the failing op on is queued; execution errors surface at the next
-        synchronize of the stream."""
+        synchronize of the stream.  ``order``: the ops are numbered (:mod:`devices.submit_order`): those
+        this owner's session has sent before are not queued again."""
+        if order is not None:
+            self._order.queue(owner, ops, order, lambda fresh: self._queue(fresh, owner))
+        else:
+            self._queue(ops, owner)
+
+    def _queue(self, ops, owner) -> None:
         run: list[Task] = []
         sid = None
         prof = self.prof.session(owner) if self.prof.active else None

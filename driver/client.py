@@ -48,6 +48,7 @@ from devices.errors import (ACL_ERROR_INTERNAL_ERROR, ACL_ERROR_RT_DEVICE_TASK_A
                             ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_ERROR_RT_TIMEOUT, AclError, InvalidDeviceError,
                             InvalidParamError, error_for_code)
 from devices.faults import CLEAR  # noqa: E402
+from devices.submit_order import OpOrder  # noqa: E402
 from devices.tasks import WriteH2D  # noqa: E402
 
 from .calls import DMS, RMS, Call, DeviceCalls  # noqa: E402
@@ -413,21 +414,28 @@ class RemoteDevice(DeviceCalls):
 
     # ------------------------------------------------------------------ streams / events
     # ------------------------------------------------------------------ work
-    def submit(self, ops) -> None:
+    def submit(self, ops, order: OpOrder | None = None) -> None:
         """Queue a batch of stream ops: one RPC (several only when inline H2D data would exceed the
-        message limit; they go in order)."""
+        message limit; they go in order).  ``order``: the ops' numbers (:mod:`devices.submit_order`)."""
         ops = ops if isinstance(ops, (list, tuple)) else list(ops)
         if not ops:
             return
         self._ship_user_kernels(ops)
-        for batch in _split(ops):
+        batches = _split(ops)
+        orders = order.parts([len(b) for b in batches]) if order is not None else [None] * len(batches)
+        for batch, part in zip(batches, orders):
             try:
-                self._rpc(self._rms.Submit, wire.submit_request(batch, self._templates))
+                self._rpc(self._rms.Submit, self._submit_request(batch, part))
             except AclError as e:
                 if not wire.is_unknown_template(e):
                     raise
                 self._templates.reset()          # the device forgot them (restarted): send in full
-                self._rpc(self._rms.Submit, wire.submit_request(batch, self._templates))
+                self._rpc(self._rms.Submit, self._submit_request(batch, part))
+
+    def _submit_request(self, ops, order: OpOrder | None):
+        req = wire.submit_request(ops, self._templates)
+        wire.set_order(req, order)
+        return req
 
     # ------------------------------------------------------------------ captured graphs (aclmdlRI)
     def graph_create(self, ops) -> int:
@@ -524,7 +532,7 @@ class RemoteDevice(DeviceCalls):
         return self._rpc(self._rms.HcclRead, wire.message(rms.HcclReadRequest, comm=comm_id, ptr=ptr, nbytes=nbytes),
                          timeout=self._copy_timeout(nbytes), consume=consume)
 
-    def _synchronize(self, method, handle: int, timeout_ms: float, ops=()) -> None:
+    def _synchronize(self, method, handle: int, timeout_ms: float, ops=(), order: OpOrder | None = None) -> None:
         """A blocking wait as a loop of bounded waits: each RPC has a deadline, device loss interrupts it,
         and -1 (forever) never turns into a spurious timeout.  ``ops`` ride on the first wait (queued by
         the device before it waits).  The first wait is a plain blocking call of at most
@@ -549,13 +557,14 @@ class RemoteDevice(DeviceCalls):
             req = wire.message(rms.SynchronizeRequest, handle=handle, timeout_ms=slice_ms)
             if ops:
                 req.ops.extend(wire.submit_request(ops, self._templates).ops)
+                wire.set_order(req, order)
             try:
                 self._rpc(method, req, timeout=slice_ms / 1000.0 + self.timeout_s, interruptible=not short)
                 return
             except AclError as e:
                 if ops and wire.is_unknown_template(e):
                     self._templates.reset()          # the device forgot them (restarted): send in full
-                    self.submit(ops)
+                    self.submit(ops, order)
                 elif self.lost.is_set():
                     raise self._lost_error() from None
                 elif e.code not in _SYNC_TIMEOUT_CODES or last:
@@ -565,25 +574,26 @@ class RemoteDevice(DeviceCalls):
             with self._lock:
                 self.wait_continuations += 1
 
-    def synchronize_stream(self, sid: int, timeout_ms: float = -1, ops=()) -> None:
-        """Wait for the stream; queued ``ops`` travel with the wait (one RPC) unless they are too large
-        for one message (inline H2D data), then they go first as Submits."""
-        self._synchronize(self._rms.SynchronizeStream, sid, timeout_ms, self._riding(ops))
+    def synchronize_stream(self, sid: int, timeout_ms: float = -1, ops=(), order: OpOrder | None = None) -> None:
+        """Wait for the stream; queued ``ops`` (numbered by ``order``) travel with the wait (one RPC) unless
+        they are too large for one message (inline H2D data), then they go first as Submits."""
+        self._synchronize(self._rms.SynchronizeStream, sid, timeout_ms, *self._riding(ops, order))
 
-    def synchronize_event(self, eid: int, timeout_ms: float = -1, ops=()) -> None:
+    def synchronize_event(self, eid: int, timeout_ms: float = -1, ops=(), order: OpOrder | None = None) -> None:
         """Wait for the event; queued ``ops`` travel with the wait (one RPC), as :meth:`synchronize_stream`."""
-        self._synchronize(self._rms.SynchronizeEvent, eid, timeout_ms, self._riding(ops))
+        self._synchronize(self._rms.SynchronizeEvent, eid, timeout_ms, *self._riding(ops, order))
 
-    def _riding(self, ops) -> list:
-        """The queued ``ops`` that travel with a wait: all of them (their user kernels shipped first), or none
-        when they need more than one message (inline H2D data): those go first as Submits."""
+    def _riding(self, ops, order: OpOrder | None) -> tuple[list, OpOrder | None]:
+        """The queued ``ops`` (and their numbers) that travel with a wait: all of them (their user kernels
+        shipped first), or none when they need more than one message (inline H2D data): those go first as
+        Submits."""
         ops = list(ops)
         if ops:
             self._ship_user_kernels(ops)
             if len(_split(ops)) > 1:
-                self.submit(ops)
-                return []
-        return ops
+                self.submit(ops, order)
+                return [], None
+        return ops, order
 
     def synchronize_device(self, timeout_ms: float = -1) -> None:
         self._synchronize(self._rms.SynchronizeDevice, 0, timeout_ms)

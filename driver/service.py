@@ -414,24 +414,26 @@ class ResourceManagementServicer(wire.ResourceManagementServicer):
     def Submit(self, request, context):
         owner = self._leased(context)
         ops = self._templates.decode(request.ops, owner)
-        self.device.submit(ops, owner=owner)
+        self.device.submit(ops, owner=owner, order=wire.order_of(request))
         return rms.SubmitReply(queued=len(ops))
 
     def SynchronizeStream(self, request, context):
-        owner = self._caller(context)
-        if request.ops:
-            self._server.require_lease(owner)
-            self.device.submit(self._templates.decode(request.ops, owner), owner=owner)
+        owner = self._riding(request, context)
         self.device.synchronize_stream(request.handle, _wait_ms(request.timeout_ms), owner=owner)
         return _EMPTY
 
     def SynchronizeEvent(self, request, context):
-        owner = self._caller(context)
-        if request.ops:
-            self._server.require_lease(owner)
-            self.device.submit(self._templates.decode(request.ops, owner), owner=owner)
+        owner = self._riding(request, context)
         self.device.synchronize_event(request.handle, _wait_ms(request.timeout_ms), owner=owner)
         return _EMPTY
+
+    def _riding(self, request, context) -> Owner:
+        """The caller of a wait, after the ops riding on it are queued (as one Submit would)."""
+        if not request.ops:
+            return self._caller(context)
+        owner = self._leased(context)
+        self.device.submit(self._templates.decode(request.ops, owner), owner=owner, order=wire.order_of(request))
+        return owner
 
     def SynchronizeDevice(self, request, context):
         self.device.synchronize_device(_wait_ms(request.timeout_ms), owner=self._caller(context))

@@ -42,6 +42,7 @@ from devices.faults import FAULT_KINDS  # noqa: E402
 from devices.health import Condition, HealthCondition, HealthReport  # noqa: E402
 from devices.kernel import (MAX_ATTR_ELEMENTS, MAX_TENSOR_DIMS, TensorDesc,  # noqa: E402
                             check_launch_counts)
+from devices.submit_order import OpOrder  # noqa: E402
 from devices.tasks import (Collective, CopyD2D, ExecGraph, Launch, Memset, Record, Wait, WriteH2D,  # noqa: E402
                            launch_key)
 
@@ -531,6 +532,25 @@ def submit_request(ops, templates: LaunchTemplates | None = None) -> "rms_pb2.Su
         return rms_pb2.SubmitRequest(ops=[enc(op) for op in ops])
     except (TypeError, ValueError, OverflowError, AttributeError) as e:
         raise InvalidParamError(f"cannot encode stream ops: {e}") from None
+
+
+def set_order(msg, order: OpOrder | None) -> None:
+    """Number a ``SubmitRequest``'s or ``SynchronizeRequest``'s ops (:mod:`devices.submit_order`)."""
+    if order is not None:
+        o = msg.order
+        o.session = order.session
+        o.run_first.extend(f for f, _ in order.runs)
+        o.run_count.extend(c for _, c in order.runs)
+
+
+def order_of(msg) -> OpOrder | None:
+    """The numbers of a request's ops, or None (queued as sent); malformed runs: InvalidParamError."""
+    if not msg.HasField("order"):
+        return None
+    o = msg.order
+    if len(o.run_first) != len(o.run_count):
+        raise InvalidParamError("op order: run_first and run_count differ in length")
+    return OpOrder(o.session, tuple(zip(o.run_first, o.run_count)))
 
 
 def op_to_pb(op) -> "rms_pb2.StreamOp":

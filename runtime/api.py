@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import secrets
 import threading
 import weakref
 from dataclasses import dataclass, replace
@@ -38,6 +39,7 @@ from devices.errors import (ACL_ERROR_RT_STREAM_CAPTURED, ACL_ERROR_RT_STREAM_CO
                             MemoryAccessError, TimeoutError_, UnsupportedError)
 from devices.hccl import DEFAULT_EXEC_TIMEOUT_S
 from devices.kernel import DTYPES, TensorDesc, check_launch, lookup
+from devices.submit_order import OpOrder
 from devices.tasks import CopyD2D, Launch, Memset, Record, Wait, WriteH2D
 
 from . import graph as _graph
@@ -206,7 +208,12 @@ def device(index: int = 0) -> "Device":
 
 # ---------------------------------------------------------------------------------------------- queue
 class LaunchQueue:
-    """Host-side batch of stream ops for one device."""
+    """Host-side batch of stream ops for one device.
+
+    A wait takes the queued ops to send them with it (:meth:`take`); until it has delivered them they
+    *ride*: every later submission from another thread sends them again in front of its own, numbered,
+    and the device queues each number once (:mod:`devices.submit_order`) -- so nothing sent later
+    overtakes them, and a query sees what they record."""
 
     def __init__(self, handle: DeviceHandle, batch_size: int):
         self.handle = handle
@@ -214,6 +221,9 @@ class LaunchQueue:
         self._ops: list = []
         self._lock = threading.Lock()
         self._deferred: AclError | None = None    # a failed flush's error, for this device's next flush
+        self._session = secrets.randbits(62) + 1  # this queue's numbers, apart from other clients'
+        self._numbered = 0                        # the last number given
+        self._riding: dict[int, list] = {}        # first number -> ops a wait took and has not delivered
         self.batches_sent = 0
         self.ops_sent = 0
 
@@ -240,29 +250,68 @@ class LaunchQueue:
         with self._lock:
             self._deferred = self._deferred or err
 
-    def take(self) -> list:
-        """The queued ops, handed over for the caller to send (counted as one batch); a deferred
-        error of an earlier flush is raised instead (after sending them)."""
+    def take(self) -> "Ride | None":
+        """The queued ops, handed over for a wait to send (counted as one batch), with the ops still riding
+        on other threads' waits in front; None when there are none.  A deferred error of an earlier flush
+        is raised instead (after sending them).  The caller hands the ride back to :meth:`landed`."""
         with self._lock:
             if self._deferred is None:
                 ops, self._ops = self._ops, []
+                if not ops and not self._riding:
+                    return None
+                carried, runs = self._carried()
+                first = 0
                 if ops:
+                    first = self._number(ops, runs)
+                    self._riding[first] = ops
                     self.batches_sent += 1
                     self.ops_sent += len(ops)
-                return ops
+                return Ride(carried + ops, OpOrder(self._session, tuple(runs)), first, len(ops))
         self.flush()
-        return []
+        return None
+
+    def landed(self, ride: "Ride") -> None:
+        """The wait that took ``ride`` has returned: its ops need not ride any longer."""
+        with self._lock:
+            self._riding.pop(ride.first, None)
+
+    def _carried(self) -> tuple[list, list[tuple[int, int]]]:
+        """Lock held: the riding ops in number order, and their runs."""
+        ops: list = []
+        runs: list[tuple[int, int]] = []
+        for first, batch in self._riding.items():
+            ops.extend(batch)
+            runs.append((first, len(batch)))
+        return ops, runs
+
+    def _number(self, ops: list, runs: list[tuple[int, int]]) -> int:
+        """Lock held: number ``ops`` (appended to ``runs``); returns the first number."""
+        first = self._numbered + 1
+        self._numbered += len(ops)
+        runs.append((first, len(ops)))
+        return first
 
     def flush(self, raise_errors: bool = True) -> None:
         with self._lock:
             ops, self._ops = self._ops, []
             err, self._deferred = (self._deferred, None) if raise_errors else (None, self._deferred)
-            if ops:
+            if ops or self._riding:
                 prof = _prof.ACTIVE
                 t0 = _now() if prof is not None else 0.0
+                send, order = ops, None
+                if self._riding:              # waits' ops not yet delivered go first, numbered
+                    send, runs = self._carried()
+                    if ops:
+                        self._number(ops, runs)
+                        send = send + ops
+                    order = OpOrder(self._session, tuple(runs))
                 try:
-                    self.handle.submit(ops)
-                    if prof is not None:
+                    if order is None:
+                        self.handle.submit(send)
+                    else:
+                        self.handle.submit(send, order=order)
+                        self._riding.clear()  # delivered: the waits that took them need not be overtaken
+                    if prof is not None and ops:
                         prof.submit(self.handle.id, len(ops), t0, _now())
                 except AclError as e:
                     if not raise_errors:
@@ -270,10 +319,22 @@ class LaunchQueue:
                         return
                     err = err or e
                 finally:
-                    self.batches_sent += 1
-                    self.ops_sent += len(ops)
+                    if ops:
+                        self.batches_sent += 1
+                        self.ops_sent += len(ops)
         if err is not None:
             raise err
+
+
+@dataclass(frozen=True)
+class Ride:
+    """Ops a wait takes along (:meth:`LaunchQueue.take`): ``ops`` numbered by ``order``, of which the last
+    ``own`` were queued for this wait (numbered from ``first``; 0 when none) and the rest still ride on
+    other threads' waits."""
+    ops: list
+    order: OpOrder
+    first: int
+    own: int
 
 
 # ---------------------------------------------------------------------------------------------- host stats
@@ -645,17 +706,25 @@ class Device:
                stream: "Stream | None" = None) -> None:
         (stream or self.default_stream).launch(kernel, inputs, outputs, attrs, block_dim)
 
-    def ops_for_wait(self) -> list:
-        """Before a stream or event wait on this device: other devices' queues flushed, this device's queued
-        ops taken (counted as one batch, and as a submit in an active profile) to travel with the wait."""
+    def wait_riding(self, wait: Callable[..., None], target: int, timeout_ms: float) -> None:
+        """A stream or event wait on this device (``wait``: the handle's ``synchronize_stream`` or
+        ``synchronize_event``; blocks the host): other devices' queues flushed first, this device's queued
+        ops (counted as one batch, and as a submit in an active profile) travel with the wait -- one round
+        trip on a remote device -- and ride in front of other threads' submissions until it returns."""
         self.rt.flush_all(skip=self)
-        ops = self.queue.take()
-        if ops:
+        ride = self.queue.take()
+        if ride is None:
+            wait(target, timeout_ms)
+            return
+        if ride.own:
             prof = _prof.ACTIVE
             if prof is not None:
                 now = _now()
-                prof.submit(self.physical_id, len(ops), now, now)
-        return ops
+                prof.submit(self.physical_id, ride.own, now, now)
+        try:
+            wait(target, timeout_ms, ops=ride.ops, order=ride.order)
+        finally:
+            self.queue.landed(ride)
 
     @_prof.api("Device.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
@@ -865,11 +934,7 @@ class Stream:
         timeout_ms = dev.rt.wait_ms(timeout_ms)
         dev.busy_streams.discard(self.sid)
         try:
-            ops = dev.ops_for_wait()
-            if ops:
-                dev.handle.synchronize_stream(self.sid, timeout_ms, ops=ops)    # one round trip
-            else:
-                dev.handle.synchronize_stream(self.sid, timeout_ms)
+            dev.wait_riding(dev.handle.synchronize_stream, self.sid, timeout_ms)
         finally:
             self.device.host_stats.sync_s += _now() - t0
 
@@ -932,11 +997,7 @@ class Event:
         t0 = _now()
         dev = self.device
         try:
-            ops = dev.ops_for_wait()
-            if ops:
-                dev.handle.synchronize_event(self.eid, dev.rt.wait_ms(timeout_ms), ops=ops)    # one round trip
-            else:
-                dev.handle.synchronize_event(self.eid, dev.rt.wait_ms(timeout_ms))
+            dev.wait_riding(dev.handle.synchronize_event, self.eid, dev.rt.wait_ms(timeout_ms))
         finally:
             dev.host_stats.sync_s += _now() - t0
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from devices.errors import ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, AclError
+from devices.submit_order import OpOrder, OrderFilter
 
 from .shadow import Hits
 
@@ -33,6 +34,7 @@ class SanitizedHandle:
         self.session = session
         self.inner = inner
         self.tracker = session.tracker(inner.id)
+        self._order = OrderFilter()
 
     def __getattr__(self, name):                  # what a backend's handle has beyond the protocol
         return getattr(self.inner, name)
@@ -187,7 +189,10 @@ class SanitizedHandle:
         with self.session.lock:
             self.tracker.event_destroyed(eid)
 
-    def submit(self, ops) -> None:
+    def submit(self, ops, order: OpOrder | None = None) -> None:
+        if order is not None:          # each numbered op issued once, in number order (devices.submit_order)
+            self._order.queue(None, ops, order, self.submit)
+            return
         s = self.session
         sites = [s.site_of(op) for op in ops]
         try:
@@ -217,10 +222,10 @@ class SanitizedHandle:
                 return
         self._refused(err, sites[0] if sites else self.session.site())
 
-    def synchronize_stream(self, sid: int, timeout_ms: float = -1, *, ops=()) -> None:
+    def synchronize_stream(self, sid: int, timeout_ms: float = -1, *, ops=(), order: OpOrder | None = None) -> None:
         """Ops riding on the synchronize are submitted first (one more round trip on a remote device)."""
         if ops:
-            self.submit(ops)
+            self.submit(ops, order)
         site = self.session.site()
         try:
             self.inner.synchronize_stream(sid, timeout_ms)
@@ -231,10 +236,10 @@ class SanitizedHandle:
             raise
         self._host(self.tracker.synced_stream, sid)
 
-    def synchronize_event(self, eid: int, timeout_ms: float = -1, *, ops=()) -> None:
+    def synchronize_event(self, eid: int, timeout_ms: float = -1, *, ops=(), order: OpOrder | None = None) -> None:
         """Ops riding on the synchronize are submitted first (one more round trip on a remote device)."""
         if ops:
-            self.submit(ops)
+            self.submit(ops, order)
         site = self.session.site()
         try:
             self.inner.synchronize_event(eid, timeout_ms)
