@@ -253,7 +253,8 @@ class Device:
         """Queue a batch of stream ops, in order.  Validation errors raise here (host-synchronous) and
         nothing of the batch from the failing op on is queued; execution errors surface at the next
         synchronize of the stream.  ``order``: the ops are numbered (:mod:`devices.submit_order`): those
-        this owner's session has sent before are not queued again."""
+        this owner's session has sent before are not queued again, each run is a batch of its own, and only
+        the sender's own runs raise (a carried run's error goes to its sender's copy)."""
         if order is not None:
             self._order.queue(owner, ops, order, lambda fresh: self._queue(fresh, owner))
         else:
@@ -382,6 +383,7 @@ class Device:
         ``timeout_s``), events, registered kernels, then its memory.  Memory stays allocated if its work
         does not finish in time (a hung device)."""
         graphs = self.graphs.drop_owner(owner)
+        self._order.drop(owner)
         self.prof.release(owner)
         self.hccl.drop_owner(owner, cancel_only=True)
         quiet = self.sched.drop_owner(owner, timeout_s)

@@ -1,37 +1,43 @@
 """Ops that may arrive twice: the numbered runs of a submission, and the device's filter that queues each once.
 
 A host thread that waits on a stream or event takes the ops queued so far and sends them *with* the wait (one
-round trip for "submit, then wait").  Until that call has delivered them, another thread's submit or query
-could overtake them -- a launch queued after them would run before them, a query of an event they record
-would not see it.  So the runtime numbers its ops (one counter per launch queue, a random ``session`` per
-queue) and, while a wait's ops are on their way, sends them again in front of any later submission
-(:class:`OpOrder` says which numbers a message holds).  Whichever copy arrives first is queued; the device
-drops the other (:class:`OrderFilter`: per caller and session, the highest number queued so far).  Ops that
-no other message repeats are sent without numbers and queued as they come.
+round trip for "submit, then wait").  Until that call has returned, another thread's submit or query could
+overtake them -- a launch queued after them would run before them, a query of an event they record would
+not see it.  So the runtime numbers its ops (one counter per launch queue, a random ``session`` per queue)
+and, while a wait's ops ride, sends them again in front of any later submission (:class:`OpOrder` says
+which numbers a message holds and from which number on they are the sender's own).  Whichever copy arrives
+first is queued; the device drops the other (:class:`OrderFilter`: per caller and session, the highest
+number queued so far).  Ops that no other message repeats are sent without numbers and queued as they come.
 
-A numbered message that fails validation part-way is still counted as queued up to its end (nothing of it
-from the failing op on is queued, as for any batch): the copy that arrives later does not queue it again,
-and the error goes to whichever caller's message arrived first.
+Each run of a message is queued as a batch of its own: a run that fails validation part-way stops there
+(the ops before the failing one stay queued, as for any batch) and counts as queued to its end, so no copy
+queues it again.  The error goes to the run's sender: at once when the message is the sender's own, else
+(another thread carried it) when the sender's own copy arrives; the carrier's own ops still queue.
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
-from .errors import InvalidParamError
+from .errors import AclError, InvalidParamError
 
-MAX_SESSIONS = 4096      #: sessions a filter remembers (least recently used go first)
+SESSIONS_PER_CALLER = 64   #: sessions a filter remembers per caller (its least recently used go first)
+FAILED_PER_SESSION = 16    #: carried runs whose failure waits for their sender's copy, per session
 
 
 @dataclass(frozen=True)
 class OpOrder:
-    """The numbers of a message's ops: ``runs`` of (first number, count) cover them in order, ascending."""
+    """The numbers of a message's ops: ``runs`` of (first number, count) cover them in order, ascending;
+    numbers from ``own_from`` on are the sender's own ops (0: none are, the message only carries others')."""
     session: int
     runs: tuple[tuple[int, int], ...]
+    own_from: int = 0
 
     def __post_init__(self):
+        if not self.runs:
+            raise InvalidParamError("op order: no runs")
         last = 0
         for first, count in self.runs:
             if first <= last or count < 1:
@@ -42,10 +48,17 @@ class OpOrder:
     def count(self) -> int:
         return sum(c for _, c in self.runs)
 
+    @property
+    def carried(self) -> int:
+        """How many leading ops are other senders' (numbered below ``own_from``)."""
+        if not self.own_from:
+            return self.count
+        return sum(min(c, max(0, self.own_from - f)) for f, c in self.runs)
+
     def parts(self, sizes: Sequence[int]) -> list["OpOrder"]:
         """This order cut into consecutive parts of ``sizes`` ops (a message split in several)."""
-        if sum(sizes) != self.count:
-            raise InvalidParamError(f"op order numbers {self.count} ops, the message holds {sum(sizes)}")
+        if sum(sizes) != self.count or any(s < 1 for s in sizes):
+            raise InvalidParamError(f"op order numbers {self.count} ops, the parts hold {list(sizes)}")
         out, runs, i = [], list(self.runs), 0
         for size in sizes:
             part: list[tuple[int, int]] = []
@@ -58,36 +71,83 @@ class OpOrder:
                     i += 1
                 else:
                     runs[i] = (first + take, count - take)
-            out.append(OpOrder(self.session, tuple(part)))
+            out.append(OpOrder(self.session, tuple(part), self.own_from))
         return out
 
 
-class OrderFilter:
-    """Queues each numbered op once: :meth:`queue` hands ``enqueue`` the ops of a message not queued before."""
+@dataclass
+class _Session:
+    high: int = 0                                                  #: the highest number queued
+    failed: list[tuple[int, int, AclError]] = field(default_factory=list)   #: (first, last, error) of carried runs
+    lock: threading.Lock = field(default_factory=threading.Lock)  #: held while its messages queue
 
-    def __init__(self, sessions: int = MAX_SESSIONS):
-        self._high: OrderedDict[Hashable, int] = OrderedDict()
+
+class OrderFilter:
+    """Queues each numbered op once (:meth:`queue`); state per caller, dropped with it (:meth:`drop`)."""
+
+    def __init__(self, sessions: int = SESSIONS_PER_CALLER):
+        self._callers: dict[Hashable, OrderedDict[int, _Session]] = {}
         self._sessions = sessions
         self._lock = threading.Lock()
 
+    def _session(self, caller: Hashable, session: int) -> _Session:
+        with self._lock:
+            table = self._callers.setdefault(caller, OrderedDict())
+            s = table.get(session)
+            if s is None:
+                s = table[session] = _Session()
+                while len(table) > self._sessions:     # only this caller's own sessions make room
+                    table.popitem(last=False)
+            else:
+                table.move_to_end(session)
+            return s
+
+    def drop(self, caller: Hashable) -> None:
+        """Forget a departed caller's sessions."""
+        with self._lock:
+            self._callers.pop(caller, None)
+
     def queue(self, caller: Hashable, ops: Sequence, order: OpOrder, enqueue: Callable[[Sequence], None]) -> int:
-        """``enqueue`` (called under this filter's lock, so numbered messages queue in number order) the ops
-        of ``order`` above ``caller``'s highest number so far; returns how many it was given."""
+        """``enqueue`` each run's ops not queued before (a batch a run; blocks the host behind other messages
+        of the same caller and session, so they queue in number order); returns how many it was given.
+        Raises the validation error of a run of the sender's own (``order.own_from``), also one that another
+        message carried and that failed there."""
         if order.count != len(ops):
             raise InvalidParamError(f"op order numbers {order.count} ops, the message holds {len(ops)}")
-        key = (caller, order.session)
-        with self._lock:
-            high = self._high.get(key, 0)
-            fresh: list = []
+        s = self._session(caller, order.session)
+        own = order.own_from or (1 << 64)
+        queued = 0
+        err: AclError | None = None
+        with s.lock:
             i = 0
             for first, count in order.runs:
-                fresh.extend(ops[i + max(0, high + 1 - first):i + count])     # the numbers above ``high``
+                last = first + count - 1
+                skip = max(0, s.high + 1 - first)
+                fresh = ops[i + skip:i + count]
                 i += count
-            last = order.runs[-1][0] + order.runs[-1][1] - 1 if order.runs else 0
-            self._high[key] = max(high, last)        # counted before queuing: a failed copy is not retried
-            self._high.move_to_end(key)
-            while len(self._high) > self._sessions:
-                self._high.popitem(last=False)
-            if fresh:
-                enqueue(fresh)
-            return len(fresh)
+                if not fresh:
+                    if first >= own and err is None:
+                        err = _take_failed(s, first, last)   # a run of mine another message carried and failed
+                    continue
+                s.high = last                                 # counted before queuing: not retried by a copy
+                try:
+                    enqueue(fresh)
+                    queued += len(fresh)
+                except AclError as e:
+                    if first >= own:
+                        err = err or e
+                    else:
+                        s.failed.append((first + skip, last, e))
+                        del s.failed[:-FAILED_PER_SESSION]
+        if err is not None:
+            raise err
+        return queued
+
+
+def _take_failed(s: _Session, first: int, last: int) -> AclError | None:
+    """The error of a carried run within [first, last] that failed, removed (it goes to one sender)."""
+    for k, (a, b, e) in enumerate(s.failed):
+        if a <= last and b >= first:
+            del s.failed[k]
+            return e
+    return None

@@ -458,6 +458,8 @@ class LaunchTemplates:
 
     def __init__(self):
         self._tids: dict = {}
+        self._last = 0            # ids are never reused, also across reset(): a message that refers to an id
+                                  # whose definition is still on its way is refused (unknown), never misread
 
     def reset(self) -> None:
         self._tids = {}
@@ -473,7 +475,8 @@ class LaunchTemplates:
             return {"stream": op.stream, "launch_ref": {"tid": tid}}
         if len(self._tids) >= self.MAX:
             return _op_dict(op)
-        tid = self._tids[key] = len(self._tids) + 1
+        self._last += 1
+        tid = self._tids[key] = self._last
         d = _launch_to_pb(op)
         d["launch"]["tid"] = tid
         return d
@@ -521,14 +524,17 @@ def is_unknown_template(e: AclError) -> bool:
     return e.code == ACL_ERROR_RT_INVALID_DEVICE_FUNCTION
 
 
-def submit_request(ops, templates: LaunchTemplates | None = None) -> "rms_pb2.SubmitRequest":
-    """A batch of :mod:`devices.tasks` ops -> ``SubmitRequest`` (the one encoder of stream ops).
-    Malformed ops (wrong types, out-of-range integers) and launches beyond the limits raise
-    InvalidParamError."""
+def submit_request(ops, templates: LaunchTemplates | None = None, plain: int = 0) -> "rms_pb2.SubmitRequest":
+    """A batch of :mod:`devices.tasks` ops -> ``SubmitRequest`` (the one encoder of stream ops); the first
+    ``plain`` ops in full, never as template references (ops carried for another thread's wait: the
+    templates they would refer to may still be on their way in that wait's message).  Malformed ops (wrong
+    types, out-of-range integers) and launches beyond the limits raise InvalidParamError."""
     if len(ops) > MAX_BATCH_OPS:
         raise InvalidParamError(f"a batch holds at most {MAX_BATCH_OPS} stream ops, not {len(ops)}")
     enc = templates.encode if templates is not None else _op_dict
     try:
+        if plain:
+            return rms_pb2.SubmitRequest(ops=[_op_dict(op) for op in ops[:plain]] + [enc(op) for op in ops[plain:]])
         return rms_pb2.SubmitRequest(ops=[enc(op) for op in ops])
     except (TypeError, ValueError, OverflowError, AttributeError) as e:
         raise InvalidParamError(f"cannot encode stream ops: {e}") from None
@@ -541,6 +547,7 @@ def set_order(msg, order: OpOrder | None) -> None:
         o.session = order.session
         o.run_first.extend(f for f, _ in order.runs)
         o.run_count.extend(c for _, c in order.runs)
+        o.own_from = order.own_from
 
 
 def order_of(msg) -> OpOrder | None:
@@ -550,7 +557,7 @@ def order_of(msg) -> OpOrder | None:
     o = msg.order
     if len(o.run_first) != len(o.run_count):
         raise InvalidParamError("op order: run_first and run_count differ in length")
-    return OpOrder(o.session, tuple(zip(o.run_first, o.run_count)))
+    return OpOrder(o.session, tuple(zip(o.run_first, o.run_count)), o.own_from)
 
 
 def op_to_pb(op) -> "rms_pb2.StreamOp":

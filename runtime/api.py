@@ -266,14 +266,17 @@ class LaunchQueue:
                     self._riding[first] = ops
                     self.batches_sent += 1
                     self.ops_sent += len(ops)
-                return Ride(carried + ops, OpOrder(self._session, tuple(runs)), first, len(ops))
+                return Ride(carried + ops, OpOrder(self._session, tuple(runs), first), len(ops))
         self.flush()
         return None
 
-    def landed(self, ride: "Ride") -> None:
-        """The wait that took ``ride`` has returned: its ops need not ride any longer."""
+    def landed(self, ride: "Ride", delivered: bool = True) -> None:
+        """The wait that took ``ride`` has returned: its own ops ride no longer (delivered, or the wait
+        failed), nor, when it returned normally (``delivered``), the other threads' ops it carried."""
+        runs = ride.order.runs if delivered else ride.order.runs[-1:] if ride.own else ()
         with self._lock:
-            self._riding.pop(ride.first, None)
+            for first, _ in runs:
+                self._riding.pop(first, None)
 
     def _carried(self) -> tuple[list, list[tuple[int, int]]]:
         """Lock held: the riding ops in number order, and their runs."""
@@ -292,6 +295,8 @@ class LaunchQueue:
         return first
 
     def flush(self, raise_errors: bool = True) -> None:
+        """Send the queued ops, behind the ops still riding on other threads' waits (host-blocking for the
+        hand-over, under this queue's lock: another thread's flush waits for it; only orders the device)."""
         with self._lock:
             ops, self._ops = self._ops, []
             err, self._deferred = (self._deferred, None) if raise_errors else (None, self._deferred)
@@ -301,10 +306,9 @@ class LaunchQueue:
                 send, order = ops, None
                 if self._riding:              # waits' ops not yet delivered go first, numbered
                     send, runs = self._carried()
-                    if ops:
-                        self._number(ops, runs)
-                        send = send + ops
-                    order = OpOrder(self._session, tuple(runs))
+                    first = self._number(ops, runs) if ops else 0
+                    send = send + ops
+                    order = OpOrder(self._session, tuple(runs), first)
                 try:
                     if order is None:
                         self.handle.submit(send)
@@ -329,11 +333,9 @@ class LaunchQueue:
 @dataclass(frozen=True)
 class Ride:
     """Ops a wait takes along (:meth:`LaunchQueue.take`): ``ops`` numbered by ``order``, of which the last
-    ``own`` were queued for this wait (numbered from ``first``; 0 when none) and the rest still ride on
-    other threads' waits."""
+    ``own`` were queued for this wait and the rest still ride on other threads' waits."""
     ops: list
     order: OpOrder
-    first: int
     own: int
 
 
@@ -723,8 +725,10 @@ class Device:
                 prof.submit(self.physical_id, ride.own, now, now)
         try:
             wait(target, timeout_ms, ops=ride.ops, order=ride.order)
-        finally:
-            self.queue.landed(ride)
+        except BaseException:
+            self.queue.landed(ride, delivered=False)
+            raise
+        self.queue.landed(ride)
 
     @_prof.api("Device.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:

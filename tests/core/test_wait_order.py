@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 
 from devices.device import Device, DeviceConfig
-from devices.errors import InvalidParamError
+from devices.errors import ACL_ERROR_RT_PARAM_INVALID, AclError, InvalidParamError
 from devices.submit_order import OpOrder, OrderFilter
-from devices.tasks import Memset
+from devices.kernel import TensorDesc
+from devices.tasks import Launch, Memset
 from driver.client import RemoteDevice
 from driver.service import serve
+from driver.wire import LaunchTemplates, submit_request
 from runtime.cluster.failover import wrap_handle
 
 TOKEN = "wait-order-token"
@@ -34,34 +36,74 @@ def test_order_parts_cut_runs_at_message_bounds():
     assert all(p.session == 7 for p in o.parts([5]))
 
 
-@pytest.mark.parametrize("runs", [((0, 1),), ((3, 0),), ((5, 2), (6, 1)), ((5, 2), (2, 1))])
+@pytest.mark.parametrize("runs", [(), ((0, 1),), ((3, 0),), ((5, 2), (6, 1)), ((5, 2), (2, 1))])
 def test_order_runs_must_ascend_and_hold_ops(runs):
     with pytest.raises(InvalidParamError):
         OpOrder(1, runs)
 
 
+def test_carried_ops_are_the_ones_numbered_below_own_from():
+    assert OpOrder(1, ((1, 2), (5, 3)), own_from=5).carried == 2
+    assert OpOrder(1, ((1, 2), (5, 3))).carried == 5                      # own_from 0: all carried
+    assert [p.carried for p in OpOrder(1, ((1, 2), (5, 3)), 5).parts([3, 2])] == [2, 0]
+
+
 def test_filter_queues_each_number_once_per_caller_and_session():
     f = OrderFilter(sessions=2)
     got: list = []
-    assert f.queue("a", ["x1", "x2"], OpOrder(1, ((1, 2),)), got.extend) == 2
-    assert f.queue("a", ["x1", "x2", "y3"], OpOrder(1, ((1, 2), (3, 1))), got.extend) == 1     # a resend + one new
-    assert f.queue("a", ["x1", "x2"], OpOrder(1, ((1, 2),)), got.extend) == 0                # late copy
-    assert f.queue("a", ["z2", "z3", "z4"], OpOrder(1, ((2, 3),)), got.extend) == 1          # overlaps: the tail
+    assert f.queue("a", ["x1", "x2"], OpOrder(1, ((1, 2),), 1), got.extend) == 2
+    assert f.queue("a", ["x1", "x2", "y3"], OpOrder(1, ((1, 2), (3, 1)), 3), got.extend) == 1   # a resend + one new
+    assert f.queue("a", ["x1", "x2"], OpOrder(1, ((1, 2),), 1), got.extend) == 0              # late copy
+    assert f.queue("a", ["z2", "z3", "z4"], OpOrder(1, ((2, 3),)), got.extend) == 1           # overlaps: the tail
     assert got == ["x1", "x2", "y3", "z4"]
-    assert f.queue("b", ["b1"], OpOrder(1, ((1, 1),)), got.extend) == 1       # another caller: its own numbers
-    assert f.queue("a", ["s1"], OpOrder(2, ((1, 1),)), got.extend) == 1       # another session too
+    assert f.queue("b", ["b1"], OpOrder(1, ((1, 1),), 1), got.extend) == 1    # another caller: its own numbers
+    assert f.queue("a", ["s1"], OpOrder(2, ((1, 1),), 1), got.extend) == 1    # another session too
     with pytest.raises(InvalidParamError):
-        f.queue("a", ["x"], OpOrder(1, ((9, 2),)), got.extend)                 # numbers 2 ops, holds 1
+        f.queue("a", ["x"], OpOrder(1, ((9, 2),)), got.extend)                  # numbers 2 ops, holds 1
 
 
-def test_filter_counts_a_failed_message_as_queued():
+def test_a_callers_sessions_never_push_out_another_callers():
+    f = OrderFilter(sessions=2)
+    got: list = []
+    f.queue("victim", ["v1"], OpOrder(1, ((1, 1),), 1), got.extend)
+    for session in range(2, 50):                                               # a tenant's many sessions
+        f.queue("other", ["o"], OpOrder(session, ((1, 1),), 1), got.extend)
+    assert f.queue("victim", ["v1"], OpOrder(1, ((1, 1),), 1), got.extend) == 0   # still remembered: once
+    f.drop("victim")                                                           # the client departed
+    assert f.queue("victim", ["v1"], OpOrder(1, ((1, 1),), 1), got.extend) == 1
+
+
+def test_a_carried_runs_error_goes_to_its_sender_and_the_carriers_ops_still_queue():
     f = OrderFilter()
+    queued: list = []
 
-    def refuse(ops):
-        raise InvalidParamError("bad op")
-    with pytest.raises(InvalidParamError):
-        f.queue(None, ["a", "b"], OpOrder(1, ((1, 2),)), refuse)
-    assert f.queue(None, ["a", "b"], OpOrder(1, ((1, 2),)), refuse) == 0       # its late copy: not again
+    def enqueue(ops):
+        if "bad" in ops:
+            queued.extend(ops[:ops.index("bad")])
+            raise InvalidParamError("bad op")
+        queued.extend(ops)
+    # B's flush carries A's run (1-2, failing at its second op) in front of B's own op 3
+    assert f.queue(None, ["a1", "bad", "b3"], OpOrder(1, ((1, 2), (3, 1)), 3), enqueue) == 1
+    assert queued == ["a1", "b3"]                              # A's op before the failure, and B's own
+    with pytest.raises(InvalidParamError):                      # A's own copy arrives: A gets its error
+        f.queue(None, ["a1", "bad"], OpOrder(1, ((1, 2),), 1), enqueue)
+    assert f.queue(None, ["a1", "bad"], OpOrder(1, ((1, 2),), 1), enqueue) == 0   # once
+    with pytest.raises(InvalidParamError):                      # a sender's own failing run: raised at once
+        f.queue(None, ["c4", "bad"], OpOrder(1, ((4, 2),), 4), enqueue)
+    assert queued == ["a1", "b3", "c4"]
+    assert f.queue(None, ["c4", "bad"], OpOrder(1, ((4, 2),), 4), enqueue) == 0   # its late copy: not again
+
+
+def test_template_ids_are_never_reused_and_carried_ops_travel_in_full():
+    t = LaunchTemplates()
+    op = Launch(0, "add", (TensorDesc(1 << 40, (4,)),), (TensorDesc(1 << 40, (4,)),))
+    first = t.encode(op)["launch"]["tid"]
+    assert t.encode(op) == {"stream": 0, "launch_ref": {"tid": first}}
+    t.reset()
+    assert t.encode(op)["launch"]["tid"] > first                # after a reset: a new id, never an old one
+    req = submit_request([op, op], t, plain=1)
+    assert [m.WhichOneof("op") for m in req.ops] == ["launch", "launch_ref"]
+    assert not req.ops[0].launch.tid                            # in full, defining nothing
 
 
 # ------------------------------------------------------------------------------------------ the race
@@ -174,7 +216,7 @@ def test_numbered_ops_sent_twice_over_grpc_run_once():
         p = c.malloc(64)
         s = c.create_stream()
         c.memset(p, 0, 64)
-        order = OpOrder(99, ((1, 1), (2, 1)))
+        order = OpOrder(99, ((1, 1), (2, 1)), 1)
         c.submit([Memset(s, p, 1, 8), Memset(s, p + 8, 2, 8)], order=order)
         c.synchronize_stream(s, ops=[Memset(s, p, 7, 8)], order=OpOrder(99, ((1, 1),)))      # a late copy of #1
         c.submit([Memset(s, p + 8, 5, 8), Memset(s, p + 16, 3, 8)], order=OpOrder(99, ((2, 2),)))   # #2 again, #3
@@ -188,3 +230,25 @@ def test_numbered_ops_sent_twice_over_grpc_run_once():
         c.close()
         server.stop(grace=None)
         dev.close()
+
+
+def test_a_riding_ops_error_goes_to_its_wait_not_to_the_thread_that_carried_it(held):
+    dev, h = held
+    x, _ = _tensors(dev)
+    s = dev.stream()
+    s.enqueue(Memset(s.sid, x.ptr + (32 << 20), 0, 16))     # past every allocation: the device refuses it
+    errors: list = []
+
+    def wait():
+        try:
+            s.synchronize()
+        except AclError as e:
+            errors.append(e)
+    t = _wait_held(h, wait)
+    s.memset(x.ptr, 7, 16)                         # this thread's own, valid op
+    dev.flush()                                    # carries the bad memset in front: no error of its own
+    h.release.set()
+    t.join(WAIT_S)
+    assert len(errors) == 1 and errors[0].code == ACL_ERROR_RT_PARAM_INVALID, errors   # the wait got it
+    s.synchronize()
+    assert (x.numpy().view(np.uint8) == 7).all()   # the carrier's own op ran
