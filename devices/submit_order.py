@@ -10,8 +10,8 @@ first is queued; the device drops the other (:class:`OrderFilter`: per caller an
 number queued so far).  Ops that no other message repeats are sent without numbers and queued as they come.
 
 Each run of a message is queued as a batch of its own: a run that fails validation part-way stops there
-(the ops before the failing one stay queued, as for any batch) and counts as queued to its end, so no copy
-queues it again.  The error goes to the run's sender: at once when the message is the sender's own, else
+(the ops before the failing one stay queued, as for any batch) and its batch counts as queued to its end
+(``OpOrder.ends``, also where a split message cut it), so no copy queues any of it again.  The error goes to the run's sender: at once when the message is the sender's own, else
 (another thread carried it) when the sender's own copy arrives; the carrier's own ops still queue.
 """
 from __future__ import annotations
@@ -30,19 +30,26 @@ FAILED_PER_SESSION = 16    #: carried runs whose failure waits for their sender'
 @dataclass(frozen=True)
 class OpOrder:
     """The numbers of a message's ops: ``runs`` of (first number, count) cover them in order, ascending;
-    numbers from ``own_from`` on are the sender's own ops (0: none are, the message only carries others')."""
+    numbers from ``own_from`` on are the sender's own ops (0: none are, the message only carries others').
+    ``ends``: the last number of the batch each run belongs to (a message split in several cuts batches;
+    empty: each run is a whole batch)."""
     session: int
     runs: tuple[tuple[int, int], ...]
     own_from: int = 0
+    ends: tuple[int, ...] = ()
 
     def __post_init__(self):
         if not self.runs:
             raise InvalidParamError("op order: no runs")
+        if not self.ends:
+            object.__setattr__(self, "ends", tuple(f + c - 1 for f, c in self.runs))
+        if len(self.ends) != len(self.runs):
+            raise InvalidParamError("op order: a batch end for each run")
         last = 0
-        for first, count in self.runs:
-            if first <= last or count < 1:
-                raise InvalidParamError(f"op order runs must ascend and hold ops: {self.runs}")
-            last = first + count - 1
+        for (first, count), end in zip(self.runs, self.ends):
+            if first <= last or count < 1 or end < first + count - 1:
+                raise InvalidParamError(f"op order runs must ascend and hold ops: {self.runs}, ends {self.ends}")
+            last = end
 
     @property
     def count(self) -> int:
@@ -62,16 +69,18 @@ class OpOrder:
         out, runs, i = [], list(self.runs), 0
         for size in sizes:
             part: list[tuple[int, int]] = []
+            ends: list[int] = []
             while size:
                 first, count = runs[i]
                 take = min(size, count)
                 part.append((first, take))
+                ends.append(self.ends[i])
                 size -= take
                 if take == count:
                     i += 1
                 else:
                     runs[i] = (first + take, count - take)
-            out.append(OpOrder(self.session, tuple(part), self.own_from))
+            out.append(OpOrder(self.session, tuple(part), self.own_from, tuple(ends)))
         return out
 
 
@@ -120,24 +129,26 @@ class OrderFilter:
         err: AclError | None = None
         with s.lock:
             i = 0
-            for first, count in order.runs:
+            for (first, count), end in zip(order.runs, order.ends):
                 last = first + count - 1
                 skip = max(0, s.high + 1 - first)
                 fresh = ops[i + skip:i + count]
                 i += count
+                mine = first >= own
+                if skip and mine and err is None:             # some of my run came in another message:
+                    err = _take_failed(s, first, min(last, first + skip - 1))   # did it fail there?
                 if not fresh:
-                    if first >= own and err is None:
-                        err = _take_failed(s, first, last)   # a run of mine another message carried and failed
                     continue
                 s.high = last                                 # counted before queuing: not retried by a copy
                 try:
                     enqueue(fresh)
                     queued += len(fresh)
                 except AclError as e:
-                    if first >= own:
+                    s.high = max(s.high, end)                 # nothing of the batch from the failing op on
+                    if mine:
                         err = err or e
                     else:
-                        s.failed.append((first + skip, last, e))
+                        s.failed.append((first, end, _bare(e)))
                         del s.failed[:-FAILED_PER_SESSION]
         if err is not None:
             raise err
@@ -145,9 +156,15 @@ class OrderFilter:
 
 
 def _take_failed(s: _Session, first: int, last: int) -> AclError | None:
-    """The error of a carried run within [first, last] that failed, removed (it goes to one sender)."""
+    """The error of a carried batch within [first, last] that failed, removed (it goes to one sender)."""
     for k, (a, b, e) in enumerate(s.failed):
         if a <= last and b >= first:
             del s.failed[k]
             return e
     return None
+
+
+def _bare(e: AclError) -> AclError:
+    """``e`` without its traceback and chained exceptions (kept, they would hold the message's ops)."""
+    e.__context__ = e.__cause__ = None
+    return e.with_traceback(None)

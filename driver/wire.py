@@ -17,6 +17,7 @@ Nothing here opens a socket; :mod:`driver.service` and :mod:`driver.client` do.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -458,8 +459,8 @@ class LaunchTemplates:
 
     def __init__(self):
         self._tids: dict = {}
-        self._last = 0            # ids are never reused, also across reset(): a message that refers to an id
-                                  # whose definition is still on its way is refused (unknown), never misread
+        self._ids = itertools.count(1)   # never reused, also across reset(): a message that refers to an id
+                                         # whose definition is still on its way is refused (unknown), never misread
 
     def reset(self) -> None:
         self._tids = {}
@@ -475,8 +476,7 @@ class LaunchTemplates:
             return {"stream": op.stream, "launch_ref": {"tid": tid}}
         if len(self._tids) >= self.MAX:
             return _op_dict(op)
-        self._last += 1
-        tid = self._tids[key] = self._last
+        tid = self._tids[key] = next(self._ids)
         d = _launch_to_pb(op)
         d["launch"]["tid"] = tid
         return d
@@ -548,6 +548,7 @@ def set_order(msg, order: OpOrder | None) -> None:
         o.run_first.extend(f for f, _ in order.runs)
         o.run_count.extend(c for _, c in order.runs)
         o.own_from = order.own_from
+        o.run_end.extend(order.ends)
 
 
 def order_of(msg) -> OpOrder | None:
@@ -557,7 +558,7 @@ def order_of(msg) -> OpOrder | None:
     o = msg.order
     if len(o.run_first) != len(o.run_count):
         raise InvalidParamError("op order: run_first and run_count differ in length")
-    return OpOrder(o.session, tuple(zip(o.run_first, o.run_count)), o.own_from)
+    return OpOrder(o.session, tuple(zip(o.run_first, o.run_count)), o.own_from, tuple(o.run_end))
 
 
 def op_to_pb(op) -> "rms_pb2.StreamOp":

@@ -251,32 +251,32 @@ class LaunchQueue:
             self._deferred = self._deferred or err
 
     def take(self) -> "Ride | None":
-        """The queued ops, handed over for a wait to send (counted as one batch), with the ops still riding
-        on other threads' waits in front; None when there are none.  A deferred error of an earlier flush
-        is raised instead (after sending them).  The caller hands the ride back to :meth:`landed`."""
+        """The queued ops, handed over for a wait to send (counted as one batch); None when there are none.
+        Ops still riding on other threads' waits are sent first, as a numbered Submit (host-blocking for the
+        hand-over), so a wait's message holds only its own.  A deferred error of an earlier flush is raised
+        instead (after sending them).  The caller hands the ride back to :meth:`landed` once the wait returns."""
         with self._lock:
             if self._deferred is None:
+                if self._riding:
+                    carried, runs = self._carried()
+                    self.handle.submit(carried, order=OpOrder(self._session, tuple(runs)))
+                    self._riding.clear()      # delivered: the waits that took them need not be overtaken
                 ops, self._ops = self._ops, []
-                if not ops and not self._riding:
+                if not ops:
                     return None
-                carried, runs = self._carried()
-                first = 0
-                if ops:
-                    first = self._number(ops, runs)
-                    self._riding[first] = ops
-                    self.batches_sent += 1
-                    self.ops_sent += len(ops)
-                return Ride(carried + ops, OpOrder(self._session, tuple(runs), first), len(ops))
+                first = self._number(ops, [])
+                self._riding[first] = ops
+                self.batches_sent += 1
+                self.ops_sent += len(ops)
+                return Ride(ops, OpOrder(self._session, ((first, len(ops)),), first))
         self.flush()
         return None
 
-    def landed(self, ride: "Ride", delivered: bool = True) -> None:
-        """The wait that took ``ride`` has returned: its own ops ride no longer (delivered, or the wait
-        failed), nor, when it returned normally (``delivered``), the other threads' ops it carried."""
-        runs = ride.order.runs if delivered else ride.order.runs[-1:] if ride.own else ()
+    def landed(self, ride: "Ride") -> None:
+        """The wait that took ``ride`` has returned normally: its ops were delivered and ride no longer (after
+        an error they ride on: the device queues them once whichever copy arrives)."""
         with self._lock:
-            for first, _ in runs:
-                self._riding.pop(first, None)
+            self._riding.pop(ride.order.runs[0][0], None)
 
     def _carried(self) -> tuple[list, list[tuple[int, int]]]:
         """Lock held: the riding ops in number order, and their runs."""
@@ -332,11 +332,9 @@ class LaunchQueue:
 
 @dataclass(frozen=True)
 class Ride:
-    """Ops a wait takes along (:meth:`LaunchQueue.take`): ``ops`` numbered by ``order``, of which the last
-    ``own`` were queued for this wait and the rest still ride on other threads' waits."""
+    """Ops a wait takes along (:meth:`LaunchQueue.take`), numbered by ``order``."""
     ops: list
     order: OpOrder
-    own: int
 
 
 # ---------------------------------------------------------------------------------------------- host stats
@@ -718,16 +716,11 @@ class Device:
         if ride is None:
             wait(target, timeout_ms)
             return
-        if ride.own:
-            prof = _prof.ACTIVE
-            if prof is not None:
-                now = _now()
-                prof.submit(self.physical_id, ride.own, now, now)
-        try:
-            wait(target, timeout_ms, ops=ride.ops, order=ride.order)
-        except BaseException:
-            self.queue.landed(ride, delivered=False)
-            raise
+        prof = _prof.ACTIVE
+        if prof is not None:
+            now = _now()
+            prof.submit(self.physical_id, len(ride.ops), now, now)
+        wait(target, timeout_ms, ops=ride.ops, order=ride.order)
         self.queue.landed(ride)
 
     @_prof.api("Device.synchronize")

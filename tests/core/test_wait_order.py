@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+import grpc
 import numpy as np
 import pytest
 
@@ -18,9 +19,10 @@ from devices.device import Device, DeviceConfig
 from devices.errors import ACL_ERROR_RT_PARAM_INVALID, AclError, InvalidParamError
 from devices.submit_order import OpOrder, OrderFilter
 from devices.kernel import TensorDesc
-from devices.tasks import Launch, Memset
+from devices.tasks import Launch, Memset, WriteH2D
 from driver.client import RemoteDevice
 from driver.service import serve
+from driver import wire
 from driver.wire import LaunchTemplates, submit_request
 from runtime.cluster.failover import wrap_handle
 
@@ -36,10 +38,12 @@ def test_order_parts_cut_runs_at_message_bounds():
     assert all(p.session == 7 for p in o.parts([5]))
 
 
-@pytest.mark.parametrize("runs", [(), ((0, 1),), ((3, 0),), ((5, 2), (6, 1)), ((5, 2), (2, 1))])
-def test_order_runs_must_ascend_and_hold_ops(runs):
+@pytest.mark.parametrize("runs, ends", [((), ()), (((0, 1),), ()), (((3, 0),), ()), (((5, 2), (6, 1)), ()),
+                                        (((5, 2), (2, 1)), ()), (((5, 2),), (5,)), (((1, 2), (4, 1)), (4, 4)),
+                                        (((1, 2),), (2, 3))])
+def test_order_runs_must_ascend_and_hold_ops(runs, ends):
     with pytest.raises(InvalidParamError):
-        OpOrder(1, runs)
+        OpOrder(1, runs, 0, ends)
 
 
 def test_carried_ops_are_the_ones_numbered_below_own_from():
@@ -73,15 +77,20 @@ def test_a_callers_sessions_never_push_out_another_callers():
     assert f.queue("victim", ["v1"], OpOrder(1, ((1, 1),), 1), got.extend) == 1
 
 
-def test_a_carried_runs_error_goes_to_its_sender_and_the_carriers_ops_still_queue():
-    f = OrderFilter()
-    queued: list = []
-
+def _device_like(queued: list):
+    """An enqueue that queues ops in order and refuses the op "bad" (the ops before it stay queued)."""
     def enqueue(ops):
         if "bad" in ops:
             queued.extend(ops[:ops.index("bad")])
             raise InvalidParamError("bad op")
         queued.extend(ops)
+    return enqueue
+
+
+def test_a_carried_runs_error_goes_to_its_sender_and_the_carriers_ops_still_queue():
+    f = OrderFilter()
+    queued: list = []
+    enqueue = _device_like(queued)
     # B's flush carries A's run (1-2, failing at its second op) in front of B's own op 3
     assert f.queue(None, ["a1", "bad", "b3"], OpOrder(1, ((1, 2), (3, 1)), 3), enqueue) == 1
     assert queued == ["a1", "b3"]                              # A's op before the failure, and B's own
@@ -92,6 +101,33 @@ def test_a_carried_runs_error_goes_to_its_sender_and_the_carriers_ops_still_queu
         f.queue(None, ["c4", "bad"], OpOrder(1, ((4, 2),), 4), enqueue)
     assert queued == ["a1", "b3", "c4"]
     assert f.queue(None, ["c4", "bad"], OpOrder(1, ((4, 2),), 4), enqueue) == 0   # its late copy: not again
+
+
+def test_a_batch_cut_by_a_split_message_is_one_batch():
+    o = OpOrder(1, ((1, 4), (5, 1)), own_from=5)
+    assert [(p.runs, p.ends) for p in o.parts([2, 3])] == [(((1, 2),), (4,)), (((3, 2), (5, 1)), (4, 5))]
+    queued: list = []
+    enqueue = _device_like(queued)
+    # B's flush, split: its first part carries A's batch 1-4 up to A's failing op 2
+    first, rest = OpOrder(1, ((1, 4), (5, 1)), 5).parts([2, 3])
+    f_queue(enqueue, ["a1", "bad"], first)                                # a carried failure: no error here
+    assert f_queue(enqueue, ["a3", "a4", "b5"], rest) == 1               # A's batch stops at its failure
+    assert queued == ["a1", "b5"]
+    with pytest.raises(InvalidParamError):                                # A's own message: A gets the error
+        f_queue(enqueue, ["a1", "bad", "a3", "a4"], OpOrder(1, ((1, 4),), 1))
+    # the other way round: A's own message, split, fails in its first part (it never sends the second);
+    # B's copy of the whole batch does not run what followed the failure
+    with pytest.raises(InvalidParamError):
+        f_queue(enqueue, ["a6", "bad"], OpOrder(1, ((6, 4),), 6).parts([2, 2])[0])
+    assert f_queue(enqueue, ["a6", "bad", "a8", "a9", "b10"], OpOrder(1, ((6, 4), (10, 1)), 10)) == 1
+    assert queued == ["a1", "b5", "a6", "b10"]
+
+
+_FILTER = OrderFilter()
+
+
+def f_queue(enqueue, ops, order):
+    return _FILTER.queue("split", ops, order, enqueue)
 
 
 def test_template_ids_are_never_reused_and_carried_ops_travel_in_full():
@@ -166,13 +202,28 @@ def _tensors(dev):
     return dev.from_numpy(np.zeros(4, np.float32)), dev.from_numpy(np.ones(4, np.float32))
 
 
-def _wait_held(h, target) -> threading.Thread:
-    """Start ``target`` (a wait) on a thread and return once its ops are taken but not yet delivered."""
-    t = threading.Thread(target=target)
-    h.armed = True
-    t.start()
-    assert h.taken.wait(WAIT_S), "the wait did not take the queued ops"
-    return t
+class _Waiter:
+    """``target`` (a wait) on a thread, started and held once it has taken the queued ops (not yet delivered)."""
+
+    def __init__(self, h, target):
+        self.h, self.errors = h, []
+        self.thread = threading.Thread(target=self._run, args=(target,))
+        h.armed = True
+        self.thread.start()
+        assert h.taken.wait(WAIT_S), "the wait did not take the queued ops"
+
+    def _run(self, target) -> None:
+        try:
+            target()
+        except Exception as e:       # noqa: BLE001 - reported by finish()
+            self.errors.append(e)
+
+    def finish(self) -> list:
+        """Release the held wait, wait for the thread, and return what it raised."""
+        self.h.release.set()
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive(), "the released wait did not return"
+        return self.errors
 
 
 def test_a_launch_queued_after_a_waits_ops_runs_after_them(held):
@@ -180,11 +231,10 @@ def test_a_launch_queued_after_a_waits_ops_runs_after_them(held):
     x, one = _tensors(dev)
     s = dev.stream()
     s.launch("add", [x, one], [x])                 # queued: rides on the wait below
-    t = _wait_held(h, s.synchronize)
+    w = _Waiter(h, s.synchronize)
     s.memset(x.ptr, 0, 16)                         # after the add in program order (this thread saw it queued)
     dev.flush()                                    # delivered now, with the riding add in front
-    h.release.set()
-    t.join(WAIT_S)
+    assert w.finish() == []
     s.synchronize()
     # add, then memset: 0; the memset overtaking the add, or the add's late copy run again: 1
     np.testing.assert_array_equal(x.numpy(), np.zeros(4, np.float32))
@@ -197,39 +247,13 @@ def test_an_event_wait_sees_a_record_riding_on_another_threads_wait(held):
     for _ in range(3):
         s.launch("add", [x, one], [x])
     e.record(s)
-    t = _wait_held(h, s.synchronize)
-    e.synchronize()                                # carries the riding ops: the record is there to wait for
-    np.testing.assert_array_equal(x.numpy(s), np.full(4, 3, np.float32))
-    assert e.query()
-    h.release.set()
-    t.join(WAIT_S)
+    w = _Waiter(h, s.synchronize)
+    e.synchronize()                                # sends the riding ops first: the record is there to wait for
+    seen = dev.handle.memcpy_d2h(x.ptr, 16)        # straight from the device: nothing else sent before
+    np.testing.assert_array_equal(np.frombuffer(bytes(seen), np.float32), np.full(4, 3, np.float32))
+    assert w.finish() == []
     s.synchronize()
     np.testing.assert_array_equal(x.numpy(), np.full(4, 3, np.float32))   # three adds, each once
-
-
-def test_numbered_ops_sent_twice_over_grpc_run_once():
-    dev = Device(DeviceConfig(device_id=1, arena_bytes=16 << 20, shm=False))
-    server = serve(dev, host="127.0.0.1", token=TOKEN, port=0)
-    c = RemoteDevice(server.address, TOKEN, 1, timeout_s=10.0)
-    try:
-        c.open_lease()
-        p = c.malloc(64)
-        s = c.create_stream()
-        c.memset(p, 0, 64)
-        order = OpOrder(99, ((1, 1), (2, 1)), 1)
-        c.submit([Memset(s, p, 1, 8), Memset(s, p + 8, 2, 8)], order=order)
-        c.synchronize_stream(s, ops=[Memset(s, p, 7, 8)], order=OpOrder(99, ((1, 1),)))      # a late copy of #1
-        c.submit([Memset(s, p + 8, 5, 8), Memset(s, p + 16, 3, 8)], order=OpOrder(99, ((2, 2),)))   # #2 again, #3
-        c.synchronize_stream(s)
-        got = c.memcpy_d2h(p, 24)
-        np.testing.assert_array_equal(np.frombuffer(bytes(got), np.uint8), np.repeat([1, 2, 3], 8).astype(np.uint8))
-        with pytest.raises(InvalidParamError):
-            c.submit([Memset(s, p, 0, 8)], order=OpOrder(99, ((4, 2),)))         # numbers 2 ops, sends 1
-        c.synchronize_stream(s)                                                   # the device keeps working
-    finally:
-        c.close()
-        server.stop(grace=None)
-        dev.close()
 
 
 def test_a_riding_ops_error_goes_to_its_wait_not_to_the_thread_that_carried_it(held):
@@ -237,18 +261,77 @@ def test_a_riding_ops_error_goes_to_its_wait_not_to_the_thread_that_carried_it(h
     x, _ = _tensors(dev)
     s = dev.stream()
     s.enqueue(Memset(s.sid, x.ptr + (32 << 20), 0, 16))     # past every allocation: the device refuses it
-    errors: list = []
-
-    def wait():
-        try:
-            s.synchronize()
-        except AclError as e:
-            errors.append(e)
-    t = _wait_held(h, wait)
+    w = _Waiter(h, s.synchronize)
     s.memset(x.ptr, 7, 16)                         # this thread's own, valid op
     dev.flush()                                    # carries the bad memset in front: no error of its own
-    h.release.set()
-    t.join(WAIT_S)
-    assert len(errors) == 1 and errors[0].code == ACL_ERROR_RT_PARAM_INVALID, errors   # the wait got it
+    errors = w.finish()
+    assert len(errors) == 1 and getattr(errors[0], "code", None) == ACL_ERROR_RT_PARAM_INVALID, errors
     s.synchronize()
     assert (x.numpy().view(np.uint8) == 7).all()   # the carrier's own op ran
+
+
+@pytest.fixture
+def served():
+    """A device served over gRPC and a leased client of it."""
+    dev = Device(DeviceConfig(device_id=1, arena_bytes=96 << 20, shm=False))
+    server = serve(dev, host="127.0.0.1", token=TOKEN, port=0)
+    c = RemoteDevice(server.address, TOKEN, 1, timeout_s=30.0)
+    try:
+        c.open_lease()
+        yield c, server
+    finally:
+        c.close()
+        server.stop(grace=None)
+        dev.close()
+
+
+def test_numbered_ops_sent_twice_over_grpc_run_once(served):
+    c, _ = served
+    p = c.malloc(64)
+    s = c.create_stream()
+    c.memset(p, 0, 64)
+    c.submit([Memset(s, p, 1, 8), Memset(s, p + 8, 2, 8)], order=OpOrder(99, ((1, 1), (2, 1)), 1))
+    c.synchronize_stream(s, ops=[Memset(s, p, 7, 8)], order=OpOrder(99, ((1, 1),)))       # a late copy of #1
+    c.submit([Memset(s, p + 8, 5, 8), Memset(s, p + 16, 3, 8)], order=OpOrder(99, ((2, 2),)))   # #2 again, #3
+    c.synchronize_stream(s)
+    got = np.frombuffer(bytes(c.memcpy_d2h(p, 24)), np.uint8)
+    np.testing.assert_array_equal(got, np.repeat([1, 2, 3], 8).astype(np.uint8))
+
+
+def test_a_numbered_batch_split_over_messages_runs_once(served):
+    c, _ = served
+    n = (wire.SUBMIT_SPLIT_BYTES // 2) + 1024      # two writes: more than one message holds
+    a, b = c.malloc(n), c.malloc(n)
+    s = c.create_stream()
+    ops = [WriteH2D(s, a, bytes([1]) * n), WriteH2D(s, b, bytes([2]) * n), Memset(s, a, 9, 4)]
+    before = c.rpc_count
+    c.submit(ops, order=OpOrder(5, ((1, 3),), 1))
+    assert c.rpc_count - before >= 2                # it was split
+    c.submit(ops[:2] + [Memset(s, a + 4, 8, 4)], order=OpOrder(5, ((1, 3),)))   # its copy, split the same way
+    c.synchronize_stream(s)
+    assert bytes(c.memcpy_d2h(a, 8)) == bytes([9] * 4 + [1] * 4)   # the memset ran once, after its write
+    assert bytes(c.memcpy_d2h(b, 4)) == bytes([2] * 4)
+
+
+def test_a_malformed_order_is_refused_by_the_device_which_keeps_working(served):
+    c, server = served
+    s = c.create_stream()
+    p = c.malloc(16)
+    ch = grpc.insecure_channel(server.address)
+    try:
+        stub = wire.ResourceManagementStub(ch)
+        meta = (("authorization", f"Bearer {TOKEN}"), ("vnpu-client", c.client_id))
+        op = wire.op_to_pb(Memset(s, p, 1, 4))
+        bad = [wire.rms.OpOrder(session=1, run_first=[1], run_count=[2]),      # numbers 2 ops, holds 1
+               wire.rms.OpOrder(session=1, run_first=[1, 2], run_count=[1]),   # a count missing
+               wire.rms.OpOrder(session=1),                                    # no runs
+               wire.rms.OpOrder(session=1, run_first=[3], run_count=[1], run_end=[2])]   # ends before it does
+        for order in bad:
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Submit(wire.rms.SubmitRequest(ops=[op], order=order), metadata=meta, timeout=10)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, order
+            assert dict(e.value.trailing_metadata())["vnpu-acl-code"] == str(ACL_ERROR_RT_PARAM_INVALID)
+    finally:
+        ch.close()
+    c.memset(p, 3, 16)                               # still serving
+    assert bytes(c.memcpy_d2h(p, 4)) == bytes([3] * 4)
