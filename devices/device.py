@@ -209,7 +209,7 @@ class Device:
         """Block until the stream is idle; ``ops`` are submitted first (a flush riding on the wait; ``order``
         as for :meth:`submit`)."""
         if ops:
-            self.submit(ops, owner, order)
+            self.submit(ops, owner, order=order)
         self.sched.synchronize_stream(sid, timeout_ms, owner)
 
     @_live
@@ -218,7 +218,7 @@ class Device:
         """Block until the event's latest record ran; ``ops`` are submitted first (a flush riding on the wait;
         ``order`` as for :meth:`submit`)."""
         if ops:
-            self.submit(ops, owner, order)
+            self.submit(ops, owner, order=order)
         self.sched.synchronize_event(eid, timeout_ms, owner)
 
     @_live
@@ -249,7 +249,7 @@ class Device:
 
     # ------------------------------------------------------------------ task submission
     @_live
-    def submit(self, ops: list[StreamOp] | tuple, owner=None, order: OpOrder | None = None) -> None:
+    def submit(self, ops: list[StreamOp] | tuple, owner=None, *, order: OpOrder | None = None) -> None:
         """Queue a batch of stream ops, in order.  Validation errors raise here (host-synchronous) and
         nothing of the batch from the failing op on is queued; execution errors surface at the next
         synchronize of the stream.  ``order``: the ops are numbered (:mod:`devices.submit_order`): those

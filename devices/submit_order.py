@@ -3,16 +3,17 @@
 A host thread that waits on a stream or event takes the ops queued so far and sends them *with* the wait (one
 round trip for "submit, then wait").  Until that call has returned, another thread's submit or query could
 overtake them -- a launch queued after them would run before them, a query of an event they record would
-not see it.  So the runtime numbers its ops (one counter per launch queue, a random ``session`` per queue)
-and, while a wait's ops ride, sends them again in front of any later submission (:class:`OpOrder` says
-which numbers a message holds and from which number on they are the sender's own).  Whichever copy arrives
-first is queued; the device drops the other (:class:`OrderFilter`: per caller and session, the highest
-number queued so far).  Ops that no other message repeats are sent without numbers and queued as they come.
+not see it.  So the runtime numbers a wait's ops (one counter per launch queue, a random ``session`` per
+queue) and, while the wait is in progress, the next flush or wait of another thread sends them again first
+(:class:`OpOrder` says which numbers a message holds and from which number on they are the sender's own).
+Whichever copy arrives first is queued; the device drops the other (:class:`OrderFilter`: per caller and
+session, the highest number queued so far).  Ops sent with no wait in progress go unnumbered and are queued
+as they come.
 
-Each run of a message is queued as a batch of its own: a run that fails validation part-way stops there
-(the ops before the failing one stay queued, as for any batch) and its batch counts as queued to its end
-(``OpOrder.ends``, also where a split message cut it), so no copy queues any of it again.  The error goes to the run's sender: at once when the message is the sender's own, else
-(another thread carried it) when the sender's own copy arrives; the carrier's own ops still queue.
+Each run of a message is queued as a batch of its own: a run that fails validation stops there, as any batch
+does, and its batch counts as queued to its end (``OpOrder.ends``, also where a split message cut it), so no
+copy queues any of it again.  The error goes to the run's sender: at once when the message is the sender's
+own, else (another thread carried it) when the sender's own copy arrives; the carrier's own ops still queue.
 """
 from __future__ import annotations
 

@@ -414,7 +414,7 @@ class RemoteDevice(DeviceCalls):
 
     # ------------------------------------------------------------------ streams / events
     # ------------------------------------------------------------------ work
-    def submit(self, ops, order: OpOrder | None = None) -> None:
+    def submit(self, ops, *, order: OpOrder | None = None) -> None:
         """Queue a batch of stream ops: one RPC (several only when inline H2D data would exceed the
         message limit; they go in order).  ``order``: the ops' numbers (:mod:`devices.submit_order`)."""
         ops = ops if isinstance(ops, (list, tuple)) else list(ops)
@@ -564,7 +564,7 @@ class RemoteDevice(DeviceCalls):
             except AclError as e:
                 if ops and wire.is_unknown_template(e):
                     self._templates.reset()          # the device forgot them (restarted): send in full
-                    self.submit(ops, order)
+                    self.submit(ops, order=order)
                 elif self.lost.is_set():
                     raise self._lost_error() from None
                 elif e.code not in _SYNC_TIMEOUT_CODES or last:
@@ -591,7 +591,7 @@ class RemoteDevice(DeviceCalls):
         if ops:
             self._ship_user_kernels(ops)
             if len(_split(ops)) > 1:
-                self.submit(ops, order)
+                self.submit(ops, order=order)
                 return [], None
         return ops, order
 

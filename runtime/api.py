@@ -210,10 +210,11 @@ def device(index: int = 0) -> "Device":
 class LaunchQueue:
     """Host-side batch of stream ops for one device.
 
-    A wait takes the queued ops to send them with it (:meth:`take`); until it has delivered them they
-    *ride*: every later submission from another thread sends them again in front of its own, numbered,
-    and the device queues each number once (:mod:`devices.submit_order`) -- so nothing sent later
-    overtakes them, and a query sees what they record."""
+    A wait takes the queued ops to send them with it (:meth:`take`), numbered; until the wait returns they
+    *ride*: the next flush or wait of any other thread first sends them as one numbered Submit, and the
+    device queues each number once whichever copy arrives first (:mod:`devices.submit_order`) -- so nothing
+    sent later overtakes them, and a query sees what they record.  Nothing rides in a single-threaded
+    program: its ops go unnumbered, a wait's with the wait (one round trip)."""
 
     def __init__(self, handle: DeviceHandle, batch_size: int):
         self.handle = handle
@@ -223,7 +224,7 @@ class LaunchQueue:
         self._deferred: AclError | None = None    # a failed flush's error, for this device's next flush
         self._session = secrets.randbits(62) + 1  # this queue's numbers, apart from other clients'
         self._numbered = 0                        # the last number given
-        self._riding: dict[int, list] = {}        # first number -> ops a wait took and has not delivered
+        self._riding: dict[int, list] = {}        # first number -> ops a wait in progress took
         self.batches_sent = 0
         self.ops_sent = 0
 
@@ -251,71 +252,62 @@ class LaunchQueue:
             self._deferred = self._deferred or err
 
     def take(self) -> "Ride | None":
-        """The queued ops, handed over for a wait to send (counted as one batch); None when there are none.
-        Ops still riding on other threads' waits are sent first, as a numbered Submit (host-blocking for the
-        hand-over), so a wait's message holds only its own.  A deferred error of an earlier flush is raised
-        instead (after sending them).  The caller hands the ride back to :meth:`landed` once the wait returns."""
+        """The queued ops, numbered, handed over for a wait to send (counted as one batch); None when there
+        are none.  Ops riding on other threads' waits are sent first (:meth:`_send_riding`), so a wait's
+        message holds only its own.  A deferred error of an earlier flush is raised instead (after sending
+        them).  The caller hands the ride back to :meth:`landed` when the wait returns or fails."""
         with self._lock:
             if self._deferred is None:
-                if self._riding:
-                    carried, runs = self._carried()
-                    self.handle.submit(carried, order=OpOrder(self._session, tuple(runs)))
-                    self._riding.clear()      # delivered: the waits that took them need not be overtaken
+                self._send_riding()
                 ops, self._ops = self._ops, []
                 if not ops:
                     return None
-                first = self._number(ops, [])
+                first = self._numbered + 1
+                self._numbered += len(ops)
                 self._riding[first] = ops
                 self.batches_sent += 1
                 self.ops_sent += len(ops)
-                return Ride(ops, OpOrder(self._session, ((first, len(ops)),), first))
+                return Ride(ops, OpOrder(self._session, ((first, len(ops)),), own_from=first))
         self.flush()
         return None
 
     def landed(self, ride: "Ride") -> None:
-        """The wait that took ``ride`` has returned normally: its ops were delivered and ride no longer (after
-        an error they ride on: the device queues them once whichever copy arrives)."""
+        """The wait that took ``ride`` has returned or failed: its ops ride no longer (a failed wait's ops
+        may or may not have reached the device, as for any failed call)."""
         with self._lock:
             self._riding.pop(ride.order.runs[0][0], None)
 
-    def _carried(self) -> tuple[list, list[tuple[int, int]]]:
-        """Lock held: the riding ops in number order, and their runs."""
+    def _send_riding(self) -> None:
+        """Lock held: send the ops riding on waits in progress as one numbered Submit (host-blocking for the
+        hand-over); they ride no longer.  Their errors are their waits' to report, not this caller's: the
+        device keeps a carried op's validation error for its wait's own copy, and what fails here (a lost
+        device, an op that cannot be encoded) fails that copy too."""
+        if not self._riding:
+            return
         ops: list = []
         runs: list[tuple[int, int]] = []
         for first, batch in self._riding.items():
             ops.extend(batch)
             runs.append((first, len(batch)))
-        return ops, runs
-
-    def _number(self, ops: list, runs: list[tuple[int, int]]) -> int:
-        """Lock held: number ``ops`` (appended to ``runs``); returns the first number."""
-        first = self._numbered + 1
-        self._numbered += len(ops)
-        runs.append((first, len(ops)))
-        return first
+        self._riding.clear()
+        try:
+            self.handle.submit(ops, order=OpOrder(self._session, tuple(runs)))
+        except AclError:
+            pass
 
     def flush(self, raise_errors: bool = True) -> None:
-        """Send the queued ops, behind the ops still riding on other threads' waits (host-blocking for the
-        hand-over, under this queue's lock: another thread's flush waits for it; only orders the device)."""
+        """Send the queued ops, behind the ops riding on other threads' waits (host-blocking for the hand-over,
+        under this queue's lock: another thread's flush waits for it; only orders the device)."""
         with self._lock:
+            self._send_riding()
             ops, self._ops = self._ops, []
             err, self._deferred = (self._deferred, None) if raise_errors else (None, self._deferred)
-            if ops or self._riding:
+            if ops:
                 prof = _prof.ACTIVE
                 t0 = _now() if prof is not None else 0.0
-                send, order = ops, None
-                if self._riding:              # waits' ops not yet delivered go first, numbered
-                    send, runs = self._carried()
-                    first = self._number(ops, runs) if ops else 0
-                    send = send + ops
-                    order = OpOrder(self._session, tuple(runs), first)
                 try:
-                    if order is None:
-                        self.handle.submit(send)
-                    else:
-                        self.handle.submit(send, order=order)
-                        self._riding.clear()  # delivered: the waits that took them need not be overtaken
-                    if prof is not None and ops:
+                    self.handle.submit(ops)
+                    if prof is not None:
                         prof.submit(self.handle.id, len(ops), t0, _now())
                 except AclError as e:
                     if not raise_errors:
@@ -323,9 +315,8 @@ class LaunchQueue:
                         return
                     err = err or e
                 finally:
-                    if ops:
-                        self.batches_sent += 1
-                        self.ops_sent += len(ops)
+                    self.batches_sent += 1
+                    self.ops_sent += len(ops)
         if err is not None:
             raise err
 
@@ -710,7 +701,8 @@ class Device:
         """A stream or event wait on this device (``wait``: the handle's ``synchronize_stream`` or
         ``synchronize_event``; blocks the host): other devices' queues flushed first, this device's queued
         ops (counted as one batch, and as a submit in an active profile) travel with the wait -- one round
-        trip on a remote device -- and ride in front of other threads' submissions until it returns."""
+        trip on a remote device, two when other threads' waits have ops riding -- and ride in front of
+        other threads' submissions until it returns (:class:`LaunchQueue`)."""
         self.rt.flush_all(skip=self)
         ride = self.queue.take()
         if ride is None:
@@ -720,8 +712,10 @@ class Device:
         if prof is not None:
             now = _now()
             prof.submit(self.physical_id, len(ride.ops), now, now)
-        wait(target, timeout_ms, ops=ride.ops, order=ride.order)
-        self.queue.landed(ride)
+        try:
+            wait(target, timeout_ms, ops=ride.ops, order=ride.order)
+        finally:
+            self.queue.landed(ride)
 
     @_prof.api("Device.synchronize")
     def synchronize(self, timeout_ms: float = -1) -> None:
@@ -990,7 +984,7 @@ class Event:
         """Block the host until the latest record has completed (-1: up to the runtime's
         :attr:`~Runtime.sync_timeout_s`); ACL_ERROR_RT_EVENT_SYNC_TIMEOUT when it has not by then.  Work
         queued for this device (also work queued after the record) travels with the wait: one round trip
-        on a remote device."""
+        on a remote device (see :meth:`Device.wait_riding`)."""
         t0 = _now()
         dev = self.device
         try:

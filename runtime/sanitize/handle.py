@@ -189,7 +189,7 @@ class SanitizedHandle:
         with self.session.lock:
             self.tracker.event_destroyed(eid)
 
-    def submit(self, ops, order: OpOrder | None = None) -> None:
+    def submit(self, ops, *, order: OpOrder | None = None) -> None:
         if order is not None:          # each numbered op issued once, in number order (devices.submit_order)
             self._order.queue(None, ops, order, self.submit)
             return
@@ -225,7 +225,7 @@ class SanitizedHandle:
     def synchronize_stream(self, sid: int, timeout_ms: float = -1, *, ops=(), order: OpOrder | None = None) -> None:
         """Ops riding on the synchronize are submitted first (one more round trip on a remote device)."""
         if ops:
-            self.submit(ops, order)
+            self.submit(ops, order=order)
         site = self.session.site()
         try:
             self.inner.synchronize_stream(sid, timeout_ms)
@@ -239,7 +239,7 @@ class SanitizedHandle:
     def synchronize_event(self, eid: int, timeout_ms: float = -1, *, ops=(), order: OpOrder | None = None) -> None:
         """Ops riding on the synchronize are submitted first (one more round trip on a remote device)."""
         if ops:
-            self.submit(ops, order)
+            self.submit(ops, order=order)
         site = self.session.site()
         try:
             self.inner.synchronize_event(eid, timeout_ms)

@@ -335,3 +335,19 @@ def test_a_malformed_order_is_refused_by_the_device_which_keeps_working(served):
         ch.close()
     c.memset(p, 3, 16)                               # still serving
     assert bytes(c.memcpy_d2h(p, 4)) == bytes([3] * 4)
+
+
+@pytest.mark.parametrize("held", ["grpc"], indirect=True)     # only a wire has ops it cannot carry
+def test_a_wait_whose_ops_cannot_be_sent_fails_alone_and_the_queue_keeps_working(held):
+    dev, h = held
+    x, one = _tensors(dev)
+    s = dev.stream()
+    s.launch("add", [x, one], [x], attrs={"alpha": 1 << 70})    # no message can hold this attribute
+    w = _Waiter(h, s.synchronize)
+    s.memset(x.ptr, 0, 16)
+    dev.flush()                                    # carries the unsendable launch: its error is not this thread's
+    errors = w.finish()
+    assert len(errors) == 1 and isinstance(errors[0], AclError), errors    # the wait that queued it fails
+    s.launch("add", [x, one], [x])                 # and the device and the queue keep working
+    s.synchronize()
+    np.testing.assert_array_equal(x.numpy(), np.ones(4, np.float32))
