@@ -7,8 +7,9 @@ not see it.  So the runtime numbers a wait's ops (one counter per launch queue, 
 queue) and, while the wait is in progress, the next flush or wait of another thread sends them again first
 (:class:`OpOrder` says which numbers a message holds and from which number on they are the sender's own).
 Whichever copy arrives first is queued; the device drops the other (:class:`OrderFilter`: per caller and
-session, the highest number queued so far).  Ops sent with no wait in progress go unnumbered and are queued
-as they come.
+session, the highest number any copy brought and the numbers below it none has brought yet -- a message
+overtaken by a later one whose carried copy was lost is still queued when it arrives).  Ops sent with no wait
+in progress go unnumbered and are queued as they come.
 
 Each run of a message is queued as a batch of its own: a run that fails validation stops there, as any batch
 does, and its batch counts as queued to its end (``OpOrder.ends``, also where a split message cut it), so no
@@ -26,6 +27,7 @@ from .errors import AclError, InvalidParamError
 
 SESSIONS_PER_CALLER = 64   #: sessions a filter remembers per caller (its least recently used go first)
 FAILED_PER_SESSION = 16    #: carried runs whose failure waits for their sender's copy, per session
+GAPS_PER_SESSION = 64      #: ranges of numbers overtaken by later ones, per session (the oldest go first)
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,37 @@ class OpOrder:
 
 @dataclass
 class _Session:
-    high: int = 0                                                  #: the highest number queued
+    high: int = 0                                                  #: the highest number any copy brought
+    #: numbers below ``high`` that no copy has brought yet (first, last), ascending: a message overtaken
+    #: by a later one (its carried copy lost) is still queued when it arrives, once
+    gaps: list[tuple[int, int]] = field(default_factory=list)
     failed: list[tuple[int, int, AclError]] = field(default_factory=list)   #: (first, last, error) of carried runs
     lock: threading.Lock = field(default_factory=threading.Lock)  #: held while its messages queue
+
+    def claim(self, first: int, last: int) -> list[tuple[int, int]]:
+        """Mark numbers [first, last] brought; returns the sub-ranges no copy had brought before."""
+        new: list[tuple[int, int]] = []
+        if first <= self.high:
+            kept: list[tuple[int, int]] = []
+            for a, b in self.gaps:
+                lo, hi = max(a, first), min(b, last)
+                if lo > hi:
+                    kept.append((a, b))
+                    continue
+                new.append((lo, hi))
+                if a < lo:
+                    kept.append((a, lo - 1))
+                if hi < b:
+                    kept.append((hi + 1, b))
+            self.gaps = kept
+        if last > self.high:
+            start = max(first, self.high + 1)
+            if start > self.high + 1:
+                self.gaps.append((self.high + 1, start - 1))
+                del self.gaps[:-GAPS_PER_SESSION]
+            new.append((start, last))
+            self.high = last
+        return new
 
 
 class OrderFilter:
@@ -132,20 +162,20 @@ class OrderFilter:
             i = 0
             for (first, count), end in zip(order.runs, order.ends):
                 last = first + count - 1
-                skip = max(0, s.high + 1 - first)
-                fresh = ops[i + skip:i + count]
+                new = s.claim(first, last)                    # counted before queuing: not retried by a copy
+                fresh = [op for a, b in new for op in ops[i + a - first:i + b - first + 1]] \
+                    if len(new) != 1 or new[0] != (first, last) else ops[i:i + count]
                 i += count
                 mine = first >= own
-                if skip and mine and err is None:             # some of my run came in another message:
-                    err = _take_failed(s, first, min(last, first + skip - 1))   # did it fail there?
+                if len(fresh) < count and mine and err is None:   # some of my run came in another message:
+                    err = _take_failed(s, first, last)            # did it fail there?
                 if not fresh:
                     continue
-                s.high = last                                 # counted before queuing: not retried by a copy
                 try:
                     enqueue(fresh)
                     queued += len(fresh)
                 except AclError as e:
-                    s.high = max(s.high, end)                 # nothing of the batch from the failing op on
+                    s.claim(first, end)                       # nothing of the batch from the failing op on
                     if mine:
                         err = err or e
                     else:

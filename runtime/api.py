@@ -214,7 +214,7 @@ class LaunchQueue:
     *ride*: the next flush or wait of any other thread first sends them as one numbered Submit, and the
     device queues each number once whichever copy arrives first (:mod:`devices.submit_order`) -- so nothing
     sent later overtakes them, and a query sees what they record.  Nothing rides in a single-threaded
-    program: its ops go unnumbered, a wait's with the wait (one round trip)."""
+    program when it flushes: a flush's ops go unnumbered, a wait's (numbered) with the wait, one round trip."""
 
     def __init__(self, handle: DeviceHandle, batch_size: int):
         self.handle = handle
@@ -279,9 +279,10 @@ class LaunchQueue:
 
     def _send_riding(self) -> None:
         """Lock held: send the ops riding on waits in progress as one numbered Submit (host-blocking for the
-        hand-over); they ride no longer.  Their errors are their waits' to report, not this caller's: the
-        device keeps a carried op's validation error for its wait's own copy, and what fails here (a lost
-        device, an op that cannot be encoded) fails that copy too."""
+        hand-over, in full: no launch-template references); delivered, they ride no longer.  Their errors are
+        their waits' to report, not this caller's: the device keeps a carried op's validation error for its
+        wait's own copy; a send that fails here (a lost device, an op that cannot be encoded) leaves them
+        riding, and the wait's own copy still arrives or fails on its own."""
         if not self._riding:
             return
         ops: list = []
@@ -289,11 +290,11 @@ class LaunchQueue:
         for first, batch in self._riding.items():
             ops.extend(batch)
             runs.append((first, len(batch)))
-        self._riding.clear()
         try:
             self.handle.submit(ops, order=OpOrder(self._session, tuple(runs)))
         except AclError:
-            pass
+            return
+        self._riding.clear()
 
     def flush(self, raise_errors: bool = True) -> None:
         """Send the queued ops, behind the ops riding on other threads' waits (host-blocking for the hand-over,

@@ -49,8 +49,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 ray="cluster or multinode or smoke or security"
-exit_after_atexit='import atexit, os, sys, pytest
+exit_after_atexit='import atexit, os, sys, threading, pytest
 rc = int(pytest.main())
+threading._shutdown()
 atexit._run_exitfuncs()
 sys.stdout.flush()
 sys.stderr.flush()
@@ -61,9 +62,9 @@ phase() {
   local name=$1 sel=$2 rc=0 ray_rc=0
   echo "== phase $name: $sel =="
   set -m                                       # the Ray part in a process group of its own, SIGINT not ignored
-  # its exit skips the C++ static destructors (after pytest and every atexit handler -- Ray's shutdown, the
-  # clusters' -- have run): Ray's core once crashed the finished process there (std::bad_alloc in its log
-  # sink, SIGSEGV, after every test had passed)
+  # its exit skips the C++ static destructors (after pytest, the join of non-daemon threads and every atexit
+  # handler -- Ray's shutdown, the clusters' -- as a normal exit does them): Ray's core once crashed the
+  # finished process there (std::bad_alloc in its log sink, SIGSEGV, after every test had passed)
   .venv/bin/python -c "$exit_after_atexit" -m "($ray) and ($sel)" -p no:cacheprovider >"$ray_log" 2>&1 &
   ray_pid=$!
   set +m

@@ -66,6 +66,16 @@ def test_filter_queues_each_number_once_per_caller_and_session():
         f.queue("a", ["x"], OpOrder(1, ((9, 2),)), got.extend)                  # numbers 2 ops, holds 1
 
 
+def test_a_message_overtaken_by_a_later_one_is_still_queued_once():
+    f = OrderFilter()
+    got: list = []
+    assert f.queue("a", ["w5", "w6"], OpOrder(1, ((5, 2),), 5), got.extend) == 2    # a later wait arrives first
+    assert f.queue("a", ["w2", "w3"], OpOrder(1, ((2, 2),), 2), got.extend) == 2    # the overtaken one: queued
+    assert f.queue("a", ["w1", "w2", "w3", "w4"], OpOrder(1, ((1, 4),)), got.extend) == 2   # only 1 and 4 were missing
+    assert f.queue("a", ["w1", "w2", "w3", "w4", "w5"], OpOrder(1, ((1, 5),)), got.extend) == 0
+    assert got == ["w5", "w6", "w2", "w3", "w1", "w4"]
+
+
 def test_a_callers_sessions_never_push_out_another_callers():
     f = OrderFilter(sessions=2)
     got: list = []
@@ -108,6 +118,10 @@ def test_a_batch_cut_by_a_split_message_is_one_batch():
     assert [(p.runs, p.ends) for p in o.parts([2, 3])] == [(((1, 2),), (4,)), (((3, 2), (5, 1)), (4, 5))]
     queued: list = []
     enqueue = _device_like(queued)
+    f = OrderFilter()
+
+    def f_queue(enqueue, ops, order):
+        return f.queue("split", ops, order, enqueue)
     # B's flush, split: its first part carries A's batch 1-4 up to A's failing op 2
     first, rest = OpOrder(1, ((1, 4), (5, 1)), 5).parts([2, 3])
     f_queue(enqueue, ["a1", "bad"], first)                                # a carried failure: no error here
@@ -121,13 +135,6 @@ def test_a_batch_cut_by_a_split_message_is_one_batch():
         f_queue(enqueue, ["a6", "bad"], OpOrder(1, ((6, 4),), 6).parts([2, 2])[0])
     assert f_queue(enqueue, ["a6", "bad", "a8", "a9", "b10"], OpOrder(1, ((6, 4), (10, 1)), 10)) == 1
     assert queued == ["a1", "b5", "a6", "b10"]
-
-
-_FILTER = OrderFilter()
-
-
-def f_queue(enqueue, ops, order):
-    return _FILTER.queue("split", ops, order, enqueue)
 
 
 def test_template_ids_are_never_reused_and_carried_ops_travel_in_full():
@@ -351,3 +358,62 @@ def test_a_wait_whose_ops_cannot_be_sent_fails_alone_and_the_queue_keeps_working
     s.launch("add", [x, one], [x])                 # and the device and the queue keep working
     s.synchronize()
     np.testing.assert_array_equal(x.numpy(), np.ones(4, np.float32))
+
+
+class _CarryFailsOnce:
+    """A device handle whose first numbered Submit (ops carried for a wait) fails as a broken link would."""
+
+    def __init__(self, inner):
+        self.inner, self.failed = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def submit(self, ops, *, order=None):
+        if order is not None and not self.failed:
+            self.failed += 1
+            raise AclError("link down (injected)", code=ACL_ERROR_RT_PARAM_INVALID)
+        self.inner.submit(ops, order=order)
+
+
+def test_ops_whose_carried_copy_was_lost_still_run_once(held):
+    dev, h = held
+    h.inner = flaky = _CarryFailsOnce(h.inner)
+    x, one = _tensors(dev)
+    s = dev.stream()
+    s.launch("add", [x, one], [x])
+    w = _Waiter(h, s.synchronize)
+    dev.flush()                                    # the carried copy is lost: no error here, the add rides on
+    s2 = dev.stream()
+    s2.launch("add", [x, one], [x])
+    s2.synchronize()                               # carries the add again (delivered now), then its own wait
+    assert flaky.failed == 1
+    assert w.finish() == []                        # the held copy arrives late: not run again
+    s.synchronize()
+    np.testing.assert_array_equal(x.numpy(), np.full(4, 2, np.float32))
+
+
+@pytest.mark.parametrize("held", ["grpc"], indirect=True)
+def test_one_thread_pays_one_round_trip_a_wait_and_a_flush(held):
+    dev, h = held
+    rpc = h.inner
+    x, one = _tensors(dev)
+    s = dev.stream()
+    s.synchronize()
+
+    def round_trips(fn) -> int:
+        before = (rpc.rpc_count, rpc.wait_continuations)
+        fn()
+        return (rpc.rpc_count - before[0]) - (rpc.wait_continuations - before[1])
+    for _ in range(3):
+        s.launch("add", [x, one], [x])
+        assert round_trips(s.synchronize) == 1     # the add rides on the wait, nothing else is sent
+        s.launch("add", [x, one], [x])
+        assert round_trips(dev.flush) == 1         # no ride of the wait before is left to send again
+    s.launch("add", [x, one], [x], attrs={"alpha": 1 << 70})   # a wait that fails before sending
+    with pytest.raises(AclError):
+        s.synchronize()
+    s.launch("add", [x, one], [x])
+    assert round_trips(dev.flush) == 1             # its ops ride no longer either
+    s.synchronize()
+    np.testing.assert_array_equal(x.numpy(), np.full(4, 7, np.float32))
