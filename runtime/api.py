@@ -382,8 +382,17 @@ class AllocTable:
 
     def add(self, ptr: int, size: int) -> None:
         with self._lock:
-            self._bisect.insort(self._starts, ptr)
-            self._sizes[ptr] = size
+            ls, sizes = self._starts, self._sizes   # live ranges under it were freed behind this table's back
+            i = max(0, self._bisect.bisect_right(ls, ptr) - 1)       # (a device reset, another path): gone
+            while i < len(ls) and ls[i] < ptr + size:
+                if ls[i] + sizes[ls[i]] > ptr:
+                    del sizes[ls[i]]
+                    del ls[i]
+                    self._gen += 1
+                else:
+                    i += 1
+            self._bisect.insort(ls, ptr)
+            sizes[ptr] = size
             fs = self._freed_starts                 # freed ranges under the new allocation are live again
             i = max(0, self._bisect.bisect_right(fs, ptr) - 1)
             while i < len(fs) and fs[i] < ptr + size:

@@ -40,6 +40,26 @@ def test_a_freed_allocation_is_remembered_with_its_size_and_a_live_one_bounds_it
     t.check(B + 5000, 4)
 
 
+def test_memory_freed_behind_the_tables_back_and_handed_out_again_replaces_its_entries():
+    """A device reset (or any free the table did not see) lets the device hand the same addresses out again:
+    the new allocation replaces the live entries under it -- a second entry at the same start left a start
+    without a size, and a later check raised KeyError (found in CI as a 500000 from acl.media)."""
+    t = AllocTable()
+    t.add(B + 1000, 100)
+    t.add(B + 1200, 100)
+    gen = t.gen
+    t.add(B + 1000, 16)                        # the same start again
+    t.add(B + 1250, 100)                       # over the tail of the other one
+    assert t.gen > gen                         # cached launch checks over the dropped ones do not hold
+    t.check(B + 1000, 16)
+    assert _refused(t, B + 1000, 17).startswith(f"access of 17 B at 0x{B + 1000:x} overruns its allocation (16 B")
+    t.remove(B + 1000)
+    assert _refused(t, B + 1000) == _uaf(B + 1000, 16, B + 1000)
+    t.check(B + 1200, 4)                       # the replaced one: left to the device
+    t.remove(B + 1200)                         # not live any more: nothing to record
+    t.check(B + 1250, 100)
+
+
 def test_an_allocation_over_freed_ranges_makes_exactly_those_live_again():
     """Freed [500, 600), [800, 900), [1000, 1100), [1150, 1200), [1300, 1400), [1400, 1500); a new allocation
     [900, 1300) overlaps the middle two: they are forgotten (memory in use again, left to the device past
