@@ -402,7 +402,9 @@ class AllocTable:
                 else:
                     i += 1
 
-    def remove(self, ptr: int) -> None:
+    def remove(self, ptr: int) -> int | None:
+        """Forget the live allocation at ``ptr`` (remembered as freed); returns its size (None: not this
+        table's)."""
         with self._lock:
             size = self._sizes.pop(ptr, None)
             if size is not None:
@@ -413,6 +415,7 @@ class AllocTable:
                 self._bisect.insort(self._freed_starts, ptr)
                 self._freed[ptr] = size
             self._gen += 1
+            return size
 
     def check(self, ptr: int, nbytes: int) -> None:
         """Raise MemoryAccessError (107000) for a range that overruns an allocation of this table or of
@@ -508,8 +511,13 @@ class Device:
             raise InvalidParamError(f"0x{ptr:x} is memory of the caching pool (a Tensor's), not a raw allocation: "
                                     "free the Tensor")
         self.queue.flush()
-        self.handle.free(ptr)
-        self.allocs.remove(ptr)
+        size = self.allocs.remove(ptr)          # first: once the device has it back, another thread's malloc
+        try:                                    # may get the same address, and its entry must stay
+            self.handle.free(ptr)
+        except BaseException:
+            if size is not None:
+                self.allocs.add(ptr, size)      # refused: still allocated
+            raise
 
     # -------------------------------------------------------------- pointer-level memory (host-synchronous)
     # Like aclrtMemcpy / aclrtMemset: the ops queued so far are sent first, but the streams are NOT

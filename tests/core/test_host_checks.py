@@ -217,3 +217,40 @@ def test_launch_defaults_other_devices_and_the_host_time_it_accounts(rt):
         big.free()
         far.free()
         s.destroy()
+
+
+class _MallocDuringFree:
+    """A device handle that, as the device takes a freed block back, lets another caller allocate (at once,
+    the same size: the device hands the same address out again) -- the interleaving of two threads."""
+
+    def __init__(self, inner):
+        self.inner, self.runtime_device, self.reused = inner, None, None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def free(self, ptr):
+        self.inner.free(ptr)
+        if self.runtime_device is not None:
+            dev, self.runtime_device = self.runtime_device, None
+            self.reused = dev.malloc(256)
+
+
+def test_an_address_freed_and_allocated_again_by_another_thread_stays_live():
+    from devices.device import Device, DeviceConfig
+    from runtime.cluster.failover import wrap_handle
+    inner = Device(DeviceConfig(device_id=0, arena_bytes=16 << 20, shm=False))
+    h = _MallocDuringFree(inner)
+    dev = wrap_handle(h)
+    try:
+        p = dev.malloc(256)
+        h.runtime_device = dev
+        dev.free(p)
+        assert h.reused == p                   # the same address, allocated while the free was returning
+        dev.check_range(p, 256)                # live: launches over it are not refused as use after free
+        dev.free(p)
+        with pytest.raises(MemoryAccessError):
+            dev.check_range(p, 4)
+    finally:
+        dev.rt.close()
+        inner.close()
