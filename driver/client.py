@@ -433,6 +433,7 @@ class RemoteDevice(DeviceCalls):
                 self._rpc(self._rms.Submit, self._submit_request(batch, part))
 
     def _submit_request(self, ops, order: OpOrder | None):
+        """A SubmitRequest of ``ops``: those ``order`` carries for other waits in full, numbered by it."""
         req = wire.submit_request(ops, self._templates, plain=order.carried if order is not None else 0)
         wire.set_order(req, order)
         return req
@@ -555,8 +556,9 @@ class RemoteDevice(DeviceCalls):
                 slice_ms = min(left, cap)
                 last = slice_ms >= left
             req = wire.message(rms.SynchronizeRequest, handle=handle, timeout_ms=slice_ms)
-            if ops:
-                req.ops.extend(self._submit_request(ops, order).ops)
+            if ops:                                  # carried ops (if any) in full; the numbers on this message
+                req.ops.extend(wire.submit_request(ops, self._templates,
+                                                   plain=order.carried if order is not None else 0).ops)
                 wire.set_order(req, order)
             try:
                 self._rpc(method, req, timeout=slice_ms / 1000.0 + self.timeout_s, interruptible=not short)

@@ -382,25 +382,25 @@ class AllocTable:
 
     def add(self, ptr: int, size: int) -> None:
         with self._lock:
-            ls, sizes = self._starts, self._sizes   # live ranges under it were freed behind this table's back
-            i = max(0, self._bisect.bisect_right(ls, ptr) - 1)       # (a device reset, another path): gone
-            while i < len(ls) and ls[i] < ptr + size:
-                if ls[i] + sizes[ls[i]] > ptr:
-                    del sizes[ls[i]]
-                    del ls[i]
-                    self._gen += 1
-                else:
-                    i += 1
-            self._bisect.insort(ls, ptr)
-            sizes[ptr] = size
-            fs = self._freed_starts                 # freed ranges under the new allocation are live again
-            i = max(0, self._bisect.bisect_right(fs, ptr) - 1)
-            while i < len(fs) and fs[i] < ptr + size:
-                if fs[i] + self._freed[fs[i]] > ptr:
-                    del self._freed[fs[i]]
-                    del fs[i]
-                else:
-                    i += 1
+            # live ranges under it were freed behind this table's back (a device reset, another path): gone
+            self._gen += self._drop_overlapping(self._starts, self._sizes, ptr, size)
+            self._bisect.insort(self._starts, ptr)
+            self._sizes[ptr] = size
+            # freed ranges under the new allocation are live again
+            self._drop_overlapping(self._freed_starts, self._freed, ptr, size)
+
+    def _drop_overlapping(self, starts: list[int], sizes: dict[int, int], ptr: int, size: int) -> int:
+        """Lock held: remove the ranges of ``starts``/``sizes`` that overlap [ptr, ptr + size); how many."""
+        n = 0
+        i = max(0, self._bisect.bisect_right(starts, ptr) - 1)
+        while i < len(starts) and starts[i] < ptr + size:
+            if starts[i] + sizes[starts[i]] > ptr:
+                del sizes[starts[i]]
+                del starts[i]
+                n += 1
+            else:
+                i += 1
+        return n
 
     def remove(self, ptr: int) -> int | None:
         """Forget the live allocation at ``ptr`` (remembered as freed); returns its size (None: not this
